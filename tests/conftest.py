@@ -1,0 +1,64 @@
+"""Shared fixtures: tiny real models exported to real ONNX files once per test session."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def export_onnx(model, example_inputs: tuple, path: Path, input_names: list[str], output_names: list[str],
+                dynamic_axes: dict | None = None, opset: int = 17) -> Path:
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, example_inputs, str(path), input_names=input_names,
+                          output_names=output_names, dynamic_axes=dynamic_axes, opset_version=opset,
+                          dynamo=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny_mlp_onnx(models_dir) -> Path:
+    """MLP: input 'input' float32 [batch, 16] -> 'logits' [batch, 4]; dynamic batch."""
+    import torch
+
+    from examples.models import tiny_mlp
+
+    return export_onnx(tiny_mlp.build(), (torch.randn(2, 16),), models_dir / "mlp.onnx", ["input"], ["logits"],
+                       {"input": {0: "batch"}, "logits": {0: "batch"}})
+
+
+@pytest.fixture(scope="session")
+def tiny_cnn_onnx(models_dir) -> Path:
+    """CNN: input 'input' float32 [batch, 3, 32, 32] -> 'logits' [batch, 10]; dynamic batch."""
+    import torch
+
+    from examples.models import tiny_cnn
+
+    return export_onnx(tiny_cnn.build(), (torch.randn(2, 3, 32, 32),), models_dir / "cnn.onnx", ["input"],
+                       ["logits"], {"input": {0: "batch"}, "logits": {0: "batch"}})
+
+
+@pytest.fixture(scope="session")
+def tiny_transformer_onnx(models_dir) -> Path:
+    """Encoder: 'input_ids' int64 [batch, seq] -> 'logits' [batch, 4]; dynamic batch and sequence."""
+    import torch
+
+    from examples.models import tiny_transformer
+
+    return export_onnx(tiny_transformer.build(), (torch.randint(0, 1000, (2, 16)),),
+                       models_dir / "encoder.onnx", ["input_ids"], ["logits"],
+                       {"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch"}})

@@ -1,0 +1,115 @@
+"""Canonical hashing of parameters, files and environment facts.
+
+Files are hashed with xxh3-128, streamed in 1 MiB blocks. A (size, mtime_ns, inode) record in the
+store's stat cache lets unchanged files skip re-reading entirely.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import xxhash
+
+CHUNK = 1 << 20
+
+
+def canonical_json(value: Any) -> str:
+    """Deterministic JSON: sorted keys, no whitespace, tuples as lists."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def hash_text(text: str) -> str:
+    return xxhash.xxh3_128_hexdigest(text.encode("utf-8"))
+
+
+def hash_value(value: Any) -> str:
+    return hash_text(canonical_json(value))
+
+
+def hash_file_content(path: Path) -> str:
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class StatCache(Protocol):
+    def get(self, path: str, size: int, mtime_ns: int, inode: int) -> str | None: ...
+
+    def put(self, path: str, size: int, mtime_ns: int, inode: int, digest: str) -> None: ...
+
+
+def hash_file(path: Path, cache: StatCache | None = None) -> str:
+    """Digest of a file's content, reusing a cached digest when size, mtime and inode are unchanged."""
+    st = path.stat()
+    key = str(path.resolve())
+    if cache is not None:
+        cached = cache.get(key, st.st_size, st.st_mtime_ns, st.st_ino)
+        if cached:
+            return cached
+    digest = hash_file_content(path)
+    if cache is not None:
+        cache.put(key, st.st_size, st.st_mtime_ns, st.st_ino, digest)
+    return digest
+
+
+def hash_path(path: Path, cache: StatCache | None = None) -> str:
+    """Digest of a file, or of a directory tree (relative names and file digests)."""
+    if path.is_dir():
+        entries = []
+        for root, dirs, files in os.walk(path):
+            dirs.sort()
+            for name in sorted(files):
+                full = Path(root) / name
+                entries.append((full.relative_to(path).as_posix(), hash_file(full, cache)))
+        return hash_value({"tree": entries})
+    return hash_file(path, cache)
+
+
+def node_key(
+    stage: str,
+    version: str,
+    params: Mapping[str, Any],
+    inputs: Mapping[str, str],
+    files: Mapping[str, str],
+    facts: Mapping[str, str],
+) -> str:
+    """The node key: what decides whether a stored result can be reused."""
+    return hash_value(
+        {
+            "stage": stage,
+            "version": version,
+            "params": params,
+            "inputs": dict(inputs),
+            "files": dict(files),
+            "facts": dict(facts),
+        }
+    )
+
+
+def diff_values(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Human-readable differences between two JSON-like values ("params.opset changed 17 -> 18")."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for k in sorted(set(old) | set(new), key=str):
+            path = f"{prefix}.{k}" if prefix else str(k)
+            if k not in old:
+                out.append(f"{path} added ({_short(new[k])})")
+            elif k not in new:
+                out.append(f"{path} removed (was {_short(old[k])})")
+            else:
+                out.extend(diff_values(old[k], new[k], path))
+        return out
+    if old != new:
+        return [f"{prefix} changed {_short(old)} -> {_short(new)}"]
+    return []
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = value if isinstance(value, str) else canonical_json(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,39 @@
+"""Stage discovery through the ``trtflow.stages`` entry-point group (built-in and third-party alike)."""
+
+from __future__ import annotations
+
+import functools
+from importlib import metadata
+
+from trtflow.errors import InternalError, RecipeError, did_you_mean
+from trtflow.stage import Stage
+
+GROUP = "trtflow.stages"
+
+
+@functools.lru_cache(maxsize=1)
+def stage_entry_points() -> dict[str, metadata.EntryPoint]:
+    return {ep.name: ep for ep in metadata.entry_points(group=GROUP)}
+
+
+def stage_names() -> list[str]:
+    return sorted(stage_entry_points())
+
+
+@functools.lru_cache(maxsize=None)
+def get_stage(name: str) -> Stage:
+    """Load a stage by name; an unknown name is a recipe error with a suggestion."""
+    eps = stage_entry_points()
+    if name not in eps:
+        hint = did_you_mean(name, list(eps))
+        raise RecipeError(
+            f"unknown stage {name!r}; installed stages: {', '.join(sorted(eps)) or 'none'}",
+            hint=hint or "install the package that provides it (it registers under the "
+            f"'{GROUP}' entry-point group)",
+        )
+    stage = eps[name].load()
+    if not isinstance(stage, Stage):
+        raise InternalError(f"entry point {eps[name].value!r} for stage {name!r} is not a trtflow Stage")
+    if stage.name != name:
+        raise InternalError(f"entry point {name!r} loads a stage that calls itself {stage.name!r}")
+    return stage
