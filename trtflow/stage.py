@@ -61,11 +61,15 @@ class StageParams(BaseModel):
 
 @dataclass(frozen=True)
 class Input:
-    """An input slot of a stage, filled by another node's output of the same kind."""
+    """An input slot of a stage, filled by another node's output of one of the accepted kinds."""
 
-    kind: str
+    kind: str | tuple[str, ...]
     description: str = ""
     optional: bool = False
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return (self.kind,) if isinstance(self.kind, str) else tuple(self.kind)
 
 
 @dataclass(frozen=True)
