@@ -38,6 +38,8 @@ class Location:
     column: int
 
     def __str__(self) -> str:
+        if self.line <= 0:
+            return self.file
         return f"{self.file}:{self.line}:{self.column}"
 
 

@@ -68,6 +68,18 @@ def resolve_user_path(path: str | Path, base: Path, allowed_roots: Sequence[Path
 def allowed_roots_for(recipe_dir: Path) -> list[Path]:
     """Directories recipe paths may point into: the recipe's folder, the working directory, extras."""
     roots = [recipe_dir.resolve(), Path.cwd().resolve()]
+    project = project_root(recipe_dir)
+    if project is not None:
+        roots.append(project)
     extra = os.environ.get("TRTFLOW_ALLOWED_PATHS", "")
     roots += [Path(p).resolve() for p in extra.split(os.pathsep) if p]
     return roots
+
+
+def project_root(start: Path) -> Path | None:
+    """The nearest ancestor of ``start`` that holds a .git directory or a pyproject.toml."""
+    current = start.resolve()
+    for folder in (current, *current.parents):
+        if (folder / ".git").exists() or (folder / "pyproject.toml").exists():
+            return folder
+    return None

@@ -20,7 +20,7 @@ def stage_names() -> list[str]:
     return sorted(stage_entry_points())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def get_stage(name: str) -> Stage:
     """Load a stage by name; an unknown name is a recipe error with a suggestion."""
     eps = stage_entry_points()

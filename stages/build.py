@@ -1,0 +1,865 @@
+"""The ``build`` stage: an ONNX model becomes a serialized TensorRT engine, through Polygraphy's loaders.
+
+One code path serves both flavours (full TensorRT and TensorRT-RTX): ``NetworkFromOnnxPath`` parses the
+model, ``CreateConfig`` / ``CreateConfigRTX`` configure the builder with ``Profile`` s, and
+``EngineBytesFromNetwork`` builds. Everything that can be checked before the build is checked first, with
+messages naming the input, option or flavour at fault: profile shapes against the model's inputs,
+builder options against what the flavour offers, precision against what the model carries.
+
+Outputs: the engine and its provenance (engine.json: flavour, version, GPU, builder options, profiles,
+ONNX digest, timing cache, build time, engine size), which the TensorRT runtime checks before loading.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from trtflow.stage import (
+    ENGINE,
+    METRICS,
+    ONNX,
+    Input,
+    Output,
+    RecipeError,
+    Stage,
+    StageContext,
+    StageFailed,
+    StageParams,
+    StageSkipped,
+)
+
+from ._tensorrt import (
+    FLAVOURS,
+    fact_name,
+    import_trt,
+    installed_version,
+    is_strongly_typed_only,
+    provenance,
+    resolve_backend,
+    timing_cache_name,
+)
+
+Precision = Literal["strongly-typed", "fp32", "fp16", "bf16", "int8", "fp8", "best"]
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i)?(b)?|b)?\s*$", re.IGNORECASE)
+_POWERS = {"k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def parse_size(value: int | str, what: str) -> int:
+    """Bytes from an int or a string: ``"4GiB"``/``"4G"`` (binary), ``"4GB"`` (decimal), ``"512"`` (bytes)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{what}: expected a size in bytes or a string like '4GiB', got {value!r}")
+    if isinstance(value, int):
+        size = value
+    else:
+        match = _SIZE.match(value)
+        if not match:
+            raise ValueError(f"{what}: cannot read {value!r} as a size; write bytes (1073741824) or '1GiB', "
+                             "'512MiB', '1GB'")
+        number, unit, binary, byte_suffix = match.groups()
+        scale = 1
+        if unit:
+            base = 1000 if byte_suffix and not binary else 1024
+            scale = base ** _POWERS[unit.lower()]
+        size = int(float(number) * scale)
+    if size < 0:
+        raise ValueError(f"{what}: a size cannot be negative, got {value!r}")
+    return size
+
+
+class ShapeRange(StageParams):
+    """Smallest, optimal and largest shape of one input in an optimization profile."""
+
+    min: list[int] = Field(description="Smallest shape the engine accepts for this input, e.g. [1, 3, 224, 224].")
+    opt: list[int] = Field(description="Shape TensorRT optimizes for (the most frequent one at run time).")
+    max: list[int] = Field(description="Largest shape the engine accepts for this input.")
+
+
+class ProfileSpec(StageParams):
+    """A named optimization profile: min/opt/max shapes for the model's inputs."""
+
+    name: str = Field(description="Profile name, shown in reports and used to pick the profile at run time.")
+    shapes: dict[str, ShapeRange] = Field(description="Shape ranges by model input name.")
+
+    @model_validator(mode="after")
+    def _ranges_are_consistent(self) -> ProfileSpec:
+        if not self.shapes:
+            raise ValueError(f"profile {self.name!r} gives no input shapes")
+        for input_name, shape in self.shapes.items():
+            ranks = {len(shape.min), len(shape.opt), len(shape.max)}
+            if len(ranks) != 1:
+                raise ValueError(
+                    f"profile {self.name!r}, input {input_name!r}: min, opt and max must have the same rank, got "
+                    f"min={shape.min} (rank {len(shape.min)}), opt={shape.opt} (rank {len(shape.opt)}), "
+                    f"max={shape.max} (rank {len(shape.max)})"
+                )
+            for axis, (lo, mid, hi) in enumerate(zip(shape.min, shape.opt, shape.max, strict=True)):
+                if lo < 0:
+                    raise ValueError(f"profile {self.name!r}, input {input_name!r}: dimension {axis} of min "
+                                     f"is negative ({lo}); profile shapes are concrete sizes")
+                if not lo <= mid <= hi:
+                    raise ValueError(
+                        f"profile {self.name!r}, input {input_name!r}: need min <= opt <= max in every "
+                        f"dimension, but dimension {axis} has min={lo}, opt={mid}, max={hi} "
+                        f"(min={shape.min}, opt={shape.opt}, max={shape.max})"
+                    )
+        return self
+
+
+class Params(StageParams):
+    """Parameters of the build stage."""
+
+    backend: Literal["auto", "tensorrt", "tensorrt-rtx"] = Field(
+        "auto",
+        description="TensorRT flavour: 'tensorrt' (full TensorRT, builds on a GPU), 'tensorrt-rtx' (TensorRT for "
+        "RTX, builds on CPU too) or 'auto' (full TensorRT if installed, else TensorRT-RTX).",
+    )
+    precision: Precision = Field(
+        "strongly-typed",
+        description="'strongly-typed': the ONNX model's types decide every layer's precision (run the convert "
+        "or quantize stage first for fp16/int8/fp8); the only mode of TensorRT-RTX and TensorRT >= 11. "
+        "fp32/fp16/bf16/int8/fp8/best: TensorRT 10 builder precision flags (int8 and fp8 need a model with "
+        "Q/DQ nodes). On strongly typed flavours int8/fp8/fp32 only assert what the model carries.",
+    )
+    profile: ProfileSpec | None = Field(
+        None, description="One optimization profile (min/opt/max shape per dynamic input); a recipe-level "
+        "profile name is resolved into this form.",
+    )
+    profiles: list[ProfileSpec] = Field(
+        default_factory=list,
+        description="Several optimization profiles in one engine (e.g. small and large batch); exclusive with "
+        "'profile'.",
+    )
+    optimization_level: int | None = Field(
+        None, ge=0, le=5,
+        description="Builder optimization level 0-5 (TensorRT default 3): higher searches longer for faster "
+        "kernels.",
+    )
+    workspace: int | str | None = Field(
+        None, description="Workspace memory pool limit: bytes or a string like '4GiB', '512MiB' (M = MiB, "
+        "MB = 10^6 bytes).",
+    )
+    memory_pool_limits: dict[str, int | str] = Field(
+        default_factory=dict,
+        description="Memory pool limits by pool name (workspace, tactic_dram, tactic_shared_memory, ...): bytes "
+        "or strings like '1GiB'.",
+    )
+    max_aux_streams: int | None = Field(
+        None, ge=0, description="Most auxiliary CUDA streams an engine may use (0 = single stream); default: "
+        "TensorRT's heuristics.",
+    )
+    tactic_sources: list[str] | None = Field(
+        None, description="Tactic sources to enable by name (full TensorRT: cublas, cublas_lt, cudnn, "
+        "edge_mask_convolutions, jit_convolutions; TensorRT-RTX: edge_mask_convolutions, jit_convolutions); "
+        "empty list disables all; default: the flavour's defaults.",
+    )
+    sparsity: bool = Field(False, description="Let the builder use structured-sparsity kernels where weights allow.")
+    hardware_compatibility: Literal["none", "ampere+", "same-compute-capability"] | None = Field(
+        None, description="Full TensorRT only: build an engine that also runs on other GPU architectures "
+        "('ampere+') or other GPUs of the same compute capability. TensorRT-RTX uses compute_capabilities.",
+    )
+    version_compatible: bool = Field(
+        False, description="Full TensorRT only: embed the lean runtime so newer TensorRT versions of the same "
+        "major version can load the engine.",
+    )
+    profiling_verbosity: Literal["layer_names_only", "detailed", "none"] = Field(
+        "layer_names_only",
+        description="How much layer information the engine keeps for profilers and the engine inspector "
+        "('detailed' adds layer parameters and makes the engine larger).",
+    )
+    timing_cache: Literal["use", "off"] = Field(
+        "use", description="'use': share one tactic timing cache per (TensorRT version, GPU) across builds "
+        "(loaded before, merged back after; never part of the cache key). TensorRT-RTX has no timing cache.",
+    )
+    fail_on_timing_cache_miss: bool = Field(
+        False, description="Full TensorRT only: fail the build when a tactic is not in the timing cache "
+        "(reproducible CI builds from a prepared cache).",
+    )
+    compute_capabilities: list[str] | None = Field(
+        None, description="TensorRT-RTX only: compute capabilities to compile for ahead of time, e.g. ['8.6', "
+        "'8.9', '12.0'], or ['current'] for the GPU of the building machine; default: TensorRT-RTX's portable "
+        "set.",
+    )
+
+    @field_validator("workspace")
+    @classmethod
+    def _workspace_bytes(cls, value: int | str | None) -> int | None:
+        return None if value is None else parse_size(value, "workspace")
+
+    @field_validator("memory_pool_limits")
+    @classmethod
+    def _pool_bytes(cls, value: dict[str, int | str]) -> dict[str, int]:
+        return {name.lower(): parse_size(size, f"memory_pool_limits.{name}") for name, size in value.items()}
+
+    @field_validator("tactic_sources")
+    @classmethod
+    def _tactic_names(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else [name.lower() for name in value]
+
+    @field_validator("compute_capabilities")
+    @classmethod
+    def _capabilities(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        normalized = [_normalize_capability(item) for item in value]
+        if not normalized:
+            raise ValueError("compute_capabilities is empty; leave it out for TensorRT-RTX's default targets")
+        if "current" in normalized and len(normalized) > 1:
+            raise ValueError("compute_capabilities: 'current' (the building GPU) cannot be combined with others")
+        return normalized
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> Params:
+        if self.profile is not None and self.profiles:
+            raise ValueError("give either 'profile' or 'profiles', not both")
+        names = [p.name for p in self.all_profiles()]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"profile names must be unique; repeated: {', '.join(duplicates)}")
+        if self.workspace is not None and "workspace" in self.memory_pool_limits:
+            raise ValueError("the workspace limit is given twice: in 'workspace' and in memory_pool_limits.workspace")
+        if self.fail_on_timing_cache_miss and self.timing_cache == "off":
+            raise ValueError("fail_on_timing_cache_miss needs timing_cache: use (there is no cache to miss)")
+        return self
+
+    def all_profiles(self) -> list[ProfileSpec]:
+        return [self.profile] if self.profile is not None else list(self.profiles)
+
+    def pool_limits(self) -> dict[str, int]:
+        limits = dict(self.memory_pool_limits)
+        if self.workspace is not None:
+            limits["workspace"] = int(self.workspace)
+        return limits
+
+
+def _normalize_capability(value: str) -> str:
+    text = str(value).strip().lower()
+    if text == "current":
+        return "current"
+    text = re.sub(r"^sm_?", "", text)
+    if re.fullmatch(r"\d+\.\d", text):
+        return text
+    if re.fullmatch(r"\d{2,3}", text):
+        return f"{text[:-1]}.{text[-1]}"
+    raise ValueError(f"compute_capabilities: cannot read {value!r}; write '8.6', 'sm86' or 'current'")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What the model carries (read with onnx, without loading external weights)
+
+_QUANTIZED_TYPES = {
+    "INT8": "int8", "UINT8": "int8", "INT4": "int4", "UINT4": "int4", "FLOAT4E2M1": "fp4",
+    "FLOAT8E4M3FN": "fp8", "FLOAT8E4M3FNUZ": "fp8", "FLOAT8E5M2": "fp8", "FLOAT8E5M2FNUZ": "fp8",
+}
+_REDUCED_FLOATS = {"FLOAT16": "fp16", "BFLOAT16": "bf16"}
+
+
+@dataclass
+class ModelFacts:
+    """The model's graph inputs (dims: int static, None dynamic; None for unknown rank) and its precisions."""
+
+    inputs: dict[str, list[int | None] | None] = field(default_factory=dict)
+    quantized_types: set[str] = field(default_factory=set)
+    reduced_floats: set[str] = field(default_factory=set)
+
+    @property
+    def has_qdq(self) -> bool:
+        return bool(self.quantized_types)
+
+
+def inspect_model(path: Path) -> ModelFacts:
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # onnx raises DecodeError and others for a bad file
+        raise StageFailed(f"cannot read the ONNX model {path}: {exc}",
+                          hint="check that the upstream stage wrote a valid .onnx file") from exc
+    graph = model.graph
+    type_name = onnx.TensorProto.DataType.Name
+    initializers = {init.name: init for init in graph.initializer}
+    constants = {
+        node.output[0]: attr.t
+        for node in graph.node if node.op_type == "Constant"
+        for attr in node.attribute if attr.name == "value"
+    }
+    facts = ModelFacts()
+    for value in graph.input:
+        if value.name in initializers or not value.type.HasField("tensor_type"):
+            continue
+        tensor_type = value.type.tensor_type
+        if not tensor_type.HasField("shape"):
+            facts.inputs[value.name] = None
+            continue
+        facts.inputs[value.name] = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+
+    def note_float(elem_type: int) -> None:
+        name = type_name(elem_type) if elem_type else ""
+        if name in _REDUCED_FLOATS:
+            facts.reduced_floats.add(_REDUCED_FLOATS[name])
+
+    for init in graph.initializer:
+        note_float(init.data_type)
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        if value.type.HasField("tensor_type"):
+            note_float(value.type.tensor_type.elem_type)
+    for node in graph.node:
+        if node.op_type == "Cast":
+            for attr in node.attribute:
+                if attr.name == "to":
+                    note_float(attr.i)
+        elif node.op_type == "Constant" and node.output[0] in constants:
+            note_float(constants[node.output[0]].data_type)
+        elif node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            facts.quantized_types.add(_qdq_type(node, initializers, constants, type_name))
+    return facts
+
+
+def _qdq_type(node: Any, initializers: Mapping[str, Any], constants: Mapping[str, Any], type_name: Any) -> str:
+    """The quantized type of a Q/DQ node: its zero point's type, else output_dtype, else the DQ input's."""
+    candidates = []
+    if len(node.input) > 2 and node.input[2]:
+        candidates.append(node.input[2])
+    for attr in node.attribute:
+        if attr.name == "output_dtype" and attr.i:
+            return _QUANTIZED_TYPES.get(type_name(attr.i), type_name(attr.i).lower())
+    if node.op_type == "DequantizeLinear":
+        candidates.append(node.input[0])
+    for name in candidates:
+        tensor = initializers.get(name) or constants.get(name)
+        if tensor is not None:
+            return _QUANTIZED_TYPES.get(type_name(tensor.data_type), type_name(tensor.data_type).lower())
+    return "int8"  # ONNX's default quantized type (uint8) when no zero point says otherwise
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checks before the build
+
+
+def check_profiles(profiles: list[ProfileSpec], inputs: Mapping[str, list[int | None] | None]) -> None:
+    """Every profile must name real inputs with matching rank and static dims, and cover every dynamic input."""
+    from trtflow.errors import did_you_mean
+
+    dynamic = sorted(name for name, dims in inputs.items() if dims is None or any(d is None for d in dims))
+    if not profiles and dynamic:
+        shapes = ", ".join(f"{n}{_show_dims(inputs[n])}" for n in dynamic)
+        raise StageFailed(
+            f"the model has dynamic inputs ({shapes}) but no optimization profile was given",
+            hint="add 'profile' (or 'profiles') with min/opt/max shapes for " + ", ".join(repr(n) for n in dynamic),
+        )
+    for spec in profiles:
+        for input_name, shape in spec.shapes.items():
+            if input_name not in inputs:
+                suggestion = did_you_mean(input_name, list(inputs))
+                raise StageFailed(
+                    f"profile {spec.name!r} gives shapes for {input_name!r}, which is not an input of the model"
+                    + (f"; {suggestion}" if suggestion else ""),
+                    hint=f"the model's inputs are: {', '.join(f'{n}{_show_dims(d)}' for n, d in inputs.items())}",
+                )
+            dims = inputs[input_name]
+            if dims is None:
+                continue
+            if len(shape.min) != len(dims):
+                raise StageFailed(
+                    f"profile {spec.name!r}, input {input_name!r}: the profile has rank {len(shape.min)} "
+                    f"(min={shape.min}) but the model input has rank {len(dims)} {_show_dims(dims)}",
+                    hint=f"give {len(dims)} dimensions for {input_name!r} in min, opt and max",
+                )
+            for axis, model_dim in enumerate(dims):
+                if model_dim is None:
+                    continue
+                given = {shape.min[axis], shape.opt[axis], shape.max[axis]}
+                if given != {model_dim}:
+                    raise StageFailed(
+                        f"profile {spec.name!r}, input {input_name!r}: dimension {axis} is fixed to {model_dim} in "
+                        f"the model {_show_dims(dims)} but the profile asks min={shape.min[axis]}, "
+                        f"opt={shape.opt[axis]}, max={shape.max[axis]}",
+                        hint=f"use {model_dim} for dimension {axis}, or export the model with that axis dynamic",
+                    )
+        missing = [name for name in dynamic if name not in spec.shapes]
+        if missing:
+            raise StageFailed(
+                f"profile {spec.name!r} gives no shapes for dynamic input(s) "
+                + ", ".join(f"{n}{_show_dims(inputs[n])}" for n in missing),
+                hint="every profile needs min/opt/max for every input with a dynamic dimension",
+            )
+
+
+def _show_dims(dims: list[int | None] | None) -> str:
+    if dims is None:
+        return "[unknown rank]"
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+@dataclass(frozen=True)
+class PrecisionPlan:
+    """How a precision request is carried out: a strongly typed network, or builder precision flags."""
+
+    strongly_typed: bool
+    flags: tuple[str, ...] = ()
+
+
+def plan_precision(precision: str, backend: str, version: str, facts: ModelFacts | None = None) -> PrecisionPlan:
+    """Decide strong typing and builder flags; refuse what the flavour or the model cannot do.
+
+    Without ``facts`` (before the model is known) only flavour-level rules are checked.
+    """
+    strongly_only = is_strongly_typed_only(backend, version)
+    flavour = f"{backend} {version}"
+    if precision == "strongly-typed":
+        return PrecisionPlan(True)
+    if precision in ("int8", "fp8"):
+        if facts is not None:
+            _require_quantized(precision, facts)
+        if strongly_only:
+            return PrecisionPlan(True)
+        return PrecisionPlan(False, (precision,))
+    if precision == "fp32":
+        if strongly_only and facts is not None and (facts.reduced_floats or facts.has_qdq):
+            carried = sorted(facts.reduced_floats | facts.quantized_types)
+            raise StageFailed(
+                f"precision: fp32 was asked, but the model carries {', '.join(carried)} tensors, and {flavour} "
+                "takes every layer's precision from the model (strongly typed)",
+                hint="set precision: strongly-typed to build the model as it is, or build the fp32 model",
+            )
+        return PrecisionPlan(strongly_only)
+    if strongly_only:
+        if precision == "best":
+            raise RecipeError(
+                f"'best' turns on every builder precision flag, but {flavour} builds strongly typed networks "
+                "only and has no precision flags",
+                field="precision",
+                hint="lower the model's precision before build (the convert stage for fp16/bf16, the quantize "
+                "stage for int8/fp8) and build with precision: strongly-typed",
+            )
+        raise RecipeError(
+            f"{precision} is a builder flag, but {flavour} builds strongly typed networks only: the ONNX "
+            "model's types decide each layer's precision",
+            field="precision",
+            hint=f"use the convert stage (precision: {precision}) before build, and build with precision: "
+            f"strongly-typed (a model that already computes in {precision} only needs precision: strongly-typed)",
+        )
+    if precision == "best":
+        flags = ["fp16", "bf16"]
+        if facts is not None and "int8" in facts.quantized_types:
+            flags.append("int8")
+        if facts is not None and "fp8" in facts.quantized_types:
+            flags.append("fp8")
+        return PrecisionPlan(False, tuple(flags))
+    return PrecisionPlan(False, (precision,))
+
+
+def _require_quantized(precision: str, facts: ModelFacts) -> None:
+    if not facts.has_qdq:
+        raise StageFailed(
+            f"precision: {precision} needs a quantized model (QuantizeLinear/DequantizeLinear nodes), but this "
+            "model has none; trtflow builds explicitly quantized models only (implicit calibration is "
+            "deprecated in TensorRT)",
+            hint=f"add the quantize stage (mode: {precision}) before build, or build with precision: strongly-typed",
+        )
+    if precision not in facts.quantized_types:
+        raise StageFailed(
+            f"precision: {precision} was asked, but the model's Q/DQ nodes quantize to "
+            f"{', '.join(sorted(facts.quantized_types))}",
+            hint=f"set precision: strongly-typed to build it as quantized, or re-quantize to {precision}",
+        )
+
+
+def check_flavour_options(params: Params, backend: str, version: str) -> None:
+    """Options the chosen flavour lacks are errors naming the option and the flavour."""
+    flavour = f"{backend} {version}"
+    if backend == "tensorrt-rtx":
+        if params.hardware_compatibility not in (None, "none"):
+            raise RecipeError(
+                f"not supported by {flavour} (its builder ignores it)",
+                field="hardware_compatibility",
+                hint="TensorRT-RTX engines are portable by default; choose target GPUs with compute_capabilities",
+            )
+        if params.version_compatible:
+            raise RecipeError(
+                f"not supported by {flavour}: it ships no lean runtime to embed in the engine",
+                field="version_compatible",
+                hint="leave it out; an engine is rebuilt when the tensorrt_rtx version changes",
+            )
+        if params.fail_on_timing_cache_miss:
+            raise RecipeError(
+                f"not supported by {flavour}: TensorRT-RTX has no timing cache (kernels are compiled just in "
+                "time)",
+                field="fail_on_timing_cache_miss",
+                hint="leave it out for tensorrt-rtx builds",
+            )
+    elif params.compute_capabilities is not None:
+        raise RecipeError(
+            f"a TensorRT-RTX option, not available in {flavour}, which builds for the GPU it runs on",
+            field="compute_capabilities",
+            hint="use hardware_compatibility: ampere+ for an engine that runs on several GPU architectures",
+        )
+    plan_precision(params.precision, backend, version)
+
+
+def _check(params: Params) -> None:
+    backend = resolve_backend(params.backend)
+    check_flavour_options(params, backend, installed_version(backend))
+
+
+def _backend_or_none(params: Params) -> str | None:
+    try:
+        return resolve_backend(params.backend)
+    except StageSkipped:
+        return None
+
+
+def _resources(params: Params) -> frozenset[str]:
+    backend = _backend_or_none(params)
+    if backend == "tensorrt" or params.compute_capabilities == ["current"]:
+        return frozenset({"gpu"})
+    return frozenset({"cpu"})
+
+
+def _environment(params: Params) -> list[str]:
+    backend = _backend_or_none(params)
+    if backend is None:
+        flavours = list(FLAVOURS) if params.backend == "auto" else [params.backend]
+    else:
+        flavours = [backend]
+    facts = ["polygraphy", *(fact_name(f) for f in flavours)]
+    # TensorRT-RTX compiles ahead of time for portable targets, so its engine depends on the GPU only when
+    # it is asked to compile for the building GPU.
+    if "tensorrt" in flavours or params.compute_capabilities == ["current"]:
+        facts.append("gpu")
+    return facts
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Builder options: our names -> Polygraphy's arguments, checked against the flavour's enums
+
+
+def _enum_member(enum: Any, name: str, option: str, flavour: str) -> Any:
+    from trtflow.errors import did_you_mean
+
+    members = {key.lower(): value for key, value in enum.__members__.items()}
+    if name not in members:
+        suggestion = did_you_mean(name, list(members))
+        raise RecipeError(
+            f"{name!r} is not available in {flavour}; available: {', '.join(sorted(members))}",
+            field=option,
+            hint=suggestion,
+        )
+    return members[name]
+
+
+def _config_arguments(params: Params, trt: Any, backend: str, plan: PrecisionPlan) -> tuple[dict, dict]:
+    """Keyword arguments for Polygraphy's CreateConfig(RTX), and the JSON record of what was applied."""
+    flavour = f"{backend} {trt.__version__}"
+    kwargs: dict[str, Any] = {}
+    record: dict[str, Any] = {"precision": params.precision, "strongly_typed": plan.strongly_typed,
+                              "precision_flags": list(plan.flags)}
+    if params.optimization_level is not None:
+        kwargs["builder_optimization_level"] = params.optimization_level
+        record["optimization_level"] = params.optimization_level
+    limits = params.pool_limits()
+    if limits:
+        kwargs["memory_pool_limits"] = {
+            _enum_member(trt.MemoryPoolType, name, "memory_pool_limits", flavour): size for name, size in limits.items()
+        }
+        record["memory_pool_limits"] = limits
+    if params.max_aux_streams is not None:
+        kwargs["max_aux_streams"] = params.max_aux_streams
+        record["max_aux_streams"] = params.max_aux_streams
+    if params.tactic_sources is not None:
+        kwargs["tactic_sources"] = [
+            _enum_member(trt.TacticSource, name, "tactic_sources", flavour) for name in params.tactic_sources
+        ]
+        record["tactic_sources"] = params.tactic_sources
+    if params.sparsity:
+        kwargs["sparse_weights"] = True
+        record["sparsity"] = True
+    if params.hardware_compatibility not in (None, "none"):
+        level = {"ampere+": "AMPERE_PLUS", "same-compute-capability": "SAME_COMPUTE_CAPABILITY"}
+        kwargs["hardware_compatibility_level"] = getattr(
+            trt.HardwareCompatibilityLevel, level[params.hardware_compatibility])
+        record["hardware_compatibility"] = params.hardware_compatibility
+    if params.version_compatible:
+        kwargs["version_compatible"] = True
+        record["version_compatible"] = True
+    kwargs["profiling_verbosity"] = getattr(trt.ProfilingVerbosity, params.profiling_verbosity.upper())
+    record["profiling_verbosity"] = params.profiling_verbosity
+    if params.fail_on_timing_cache_miss:
+        kwargs["error_on_timing_cache_miss"] = True
+        record["fail_on_timing_cache_miss"] = True
+    if backend == "tensorrt-rtx":
+        if params.compute_capabilities == ["current"]:
+            kwargs["use_gpu"] = True
+        elif params.compute_capabilities:
+            targets = []
+            for capability in params.compute_capabilities:
+                major, minor = capability.split(".")
+                if not hasattr(trt.ComputeCapability, f"SM{major}{minor}"):
+                    known = [m[2:-1] + "." + m[-1] for m in trt.ComputeCapability.__members__ if m.startswith("SM")]
+                    raise RecipeError(
+                        f"{capability} is not a target of {flavour}; available: "
+                        + ", ".join(known),
+                        field="compute_capabilities",
+                    )
+                targets.append((int(major), int(minor)))
+            kwargs["compute_capabilities"] = targets
+        if params.compute_capabilities:
+            record["compute_capabilities"] = params.compute_capabilities
+    else:
+        kwargs.update({flag: True for flag in plan.flags})
+    return kwargs, record
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Polygraphy's log -> the node's log; TensorRT's errors -> the failure message
+
+
+class _Relay(logging.Handler):
+    def __init__(self, ctx: StageContext) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.ctx = ctx
+        self.errors: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if record.levelno >= 40:
+            self.errors.append(message.strip())
+        # Polygraphy's own levels (START 22, FINISH 28, VERBOSE 10, ...) onto the standard ones.
+        level = next(lvl for lvl in (logging.ERROR, logging.WARNING, logging.INFO, logging.DEBUG)
+                     if record.levelno >= lvl or lvl == logging.DEBUG)
+        self.ctx.log.log(level, "polygraphy: %s", message)
+
+
+@contextmanager
+def _polygraphy_log_to(ctx: StageContext) -> Iterator[_Relay]:
+    from polygraphy.logger import G_LOGGER
+
+    relay = _Relay(ctx)
+    python_logger = logging.getLogger("Polygraphy")
+    previous = (G_LOGGER.use_python_logging_system, python_logger.level, python_logger.propagate)
+    G_LOGGER.use_python_logging_system = True
+    python_logger.setLevel(logging.DEBUG)
+    python_logger.propagate = False
+    python_logger.addHandler(relay)
+    try:
+        yield relay
+    finally:
+        python_logger.removeHandler(relay)
+        G_LOGGER.use_python_logging_system = previous[0]
+        python_logger.setLevel(previous[1])
+        python_logger.propagate = previous[2]
+
+
+def _progress_monitor(trt: Any, ctx: StageContext) -> Any:
+    """A TensorRT progress monitor that reports the top build phase and cancels the build when asked."""
+
+    class BuildProgress(trt.IProgressMonitor):
+        def __init__(self) -> None:
+            trt.IProgressMonitor.__init__(self)
+            self.steps: dict[str, int] = {}
+            self.top: str | None = None
+
+        def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+            self.steps[phase_name] = max(int(num_steps), 1)
+            if parent_phase is None and self.top is None:
+                self.top = phase_name
+
+        def step_complete(self, phase_name: str, step: int) -> bool:
+            if phase_name == self.top:
+                ctx.progress(0.2 + 0.7 * (step + 1) / self.steps[phase_name], f"building: {phase_name}")
+            return not ctx.cancelled
+
+        def phase_finish(self, phase_name: str) -> None:
+            if phase_name == self.top:
+                self.top = None
+
+    return BuildProgress()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The shared timing cache (full TensorRT only)
+
+
+def _merge_timing_caches(trt: Any, blobs: list[bytes]) -> bytes:
+    """Combine serialized timing caches of one TensorRT version into one (entries of later blobs win ties)."""
+    from polygraphy.backend.trt import util as trt_util
+
+    config = trt.Builder(trt_util.get_trt_logger()).create_builder_config()
+    merged = config.create_timing_cache(b"")
+    for blob in blobs:
+        if blob and not merged.combine(config.create_timing_cache(blob), ignore_mismatch=False):
+            raise StageFailed("could not merge timing caches: they come from different TensorRT versions or GPUs",
+                              hint="delete the shared timing cache file named in the log; the next build refills it")
+    return bytes(merged.serialize())
+
+
+def _digest(data: bytes | None) -> str | None:
+    if not data:
+        return None
+    import xxhash
+
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _io_record(count: int, get: Any) -> list[dict[str, Any]]:
+    tensors = []
+    for index in range(count):
+        tensor = get(index)
+        tensors.append({"name": tensor.name, "dtype": tensor.dtype.name.lower(), "shape": list(tensor.shape)})
+    return tensors
+
+
+def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
+    from trtflow.fingerprint import hash_file_content
+
+    backend = resolve_backend(params.backend)
+    check_flavour_options(params, backend, installed_version(backend))
+    model_path = inputs["model"]
+    facts = inspect_model(model_path)
+    profiles = params.all_profiles()
+    check_profiles(profiles, facts.inputs)
+
+    trt = import_trt(backend)
+    version = str(trt.__version__)
+    plan = plan_precision(params.precision, backend, version, facts)
+    config_kwargs, builder_record = _config_arguments(params, trt, backend, plan)
+    ctx.progress(0.05, f"building with {backend} {version}")
+
+    from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath, Profile
+    from polygraphy.exception import PolygraphyException
+
+    trt_profiles = []
+    for spec in profiles:
+        profile = Profile()
+        for input_name, shape in spec.shapes.items():
+            profile.add(input_name, shape.min, shape.opt, shape.max)
+        trt_profiles.append(profile)
+
+    has_timing_cache = backend == "tensorrt"
+    timing: dict[str, Any] = {"status": "off" if params.timing_cache == "off" else "used"}
+    if not has_timing_cache:
+        timing = {"status": f"unsupported by {backend}"}
+    shared = None
+    saved_cache = ctx.scratch / "timing-after.cache"
+    if has_timing_cache and params.timing_cache == "use":
+        name = timing_cache_name(backend, version, ctx.gpu)
+        shared = ctx.shared_cache(name)
+        loaded_cache = ctx.scratch / "timing-before.cache"
+        with shared.lock():
+            before = shared.read_bytes()
+        if before:
+            loaded_cache.write_bytes(before)
+            config_kwargs["load_timing_cache"] = str(loaded_cache)
+        timing.update({"name": name, "digest_before": _digest(before), "bytes_before": len(before or b"")})
+
+    config_class: Any = CreateConfig
+    if backend == "tensorrt-rtx":
+        from polygraphy.backend.tensorrt_rtx import CreateConfigRTX
+
+        config_class = CreateConfigRTX
+
+    monitor = _progress_monitor(trt, ctx)
+    with _polygraphy_log_to(ctx) as relay, warnings.catch_warnings():
+        # Polygraphy attaches an empty timing cache to every config; TensorRT-RTX deprecates that as a no-op.
+        warnings.filterwarnings("ignore", message=".*Timing cache operations are no-ops", category=DeprecationWarning)
+        try:
+            started = time.perf_counter()
+            builder, network, parser = NetworkFromOnnxPath(str(model_path), strongly_typed=plan.strongly_typed)()
+            parse_seconds = time.perf_counter() - started
+            ctx.progress(0.2, f"parsed {network.num_layers} layers")
+            config = config_class(profiles=trt_profiles or None, progress_monitor=monitor, **config_kwargs)
+            started = time.perf_counter()
+            engine = EngineBytesFromNetwork(
+                (builder, network, parser), config=config,
+                save_timing_cache=str(saved_cache) if shared is not None else None,
+            )()
+            build_seconds = time.perf_counter() - started
+        except PolygraphyException as exc:
+            if ctx.cancelled:
+                raise StageFailed("the build was cancelled") from None
+            details = "; ".join(dict.fromkeys(relay.errors)) or str(exc)
+            hint = "see the node's log for TensorRT's full output"
+            if params.fail_on_timing_cache_miss and "timing cache" in details.lower():
+                hint = ("the shared timing cache lacks a tactic this build needs: build once with "
+                        "fail_on_timing_cache_miss: false to fill it")
+            raise StageFailed(f"{backend} {version} could not build {model_path.name}: {details}", hint=hint) from None
+        inputs_record = _io_record(network.num_inputs, network.get_input)
+        outputs_record = _io_record(network.num_outputs, network.get_output)
+        layers = network.num_layers
+
+    engine_path = ctx.output("engine")
+    with open(engine_path, "wb") as f:
+        f.write(memoryview(engine))
+    engine_size = engine_path.stat().st_size
+    del engine
+
+    if shared is not None:
+        with shared.lock():
+            merged = _merge_timing_caches(trt, [shared.read_bytes() or b"", saved_cache.read_bytes()])
+            shared.replace_atomically(merged)
+        timing.update({"digest_after": _digest(merged), "bytes_after": len(merged)})
+
+    profiles_record = [spec.model_dump() for spec in profiles]
+    record = provenance(backend, trt, {
+        "builder": builder_record,
+        "profiles": profiles_record,
+        "onnx": {"file": model_path.name, "digest": hash_file_content(model_path),
+                 "size_bytes": model_path.stat().st_size, "inputs": facts.inputs},
+        "network": {"layers": layers, "inputs": inputs_record, "outputs": outputs_record},
+        "timing_cache": timing,
+        "parse_seconds": round(parse_seconds, 4),
+        "build_seconds": round(build_seconds, 4),
+        "engine_bytes": engine_size,
+    }, gpu_index=ctx.gpu)
+    ctx.output("provenance").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    ctx.progress(1.0, f"engine {engine_size} bytes in {build_seconds:.2f} s")
+    ctx.log.info("built %s with %s %s in %.2f s: %d bytes", model_path.name, backend, version, build_seconds,
+                 engine_size)
+    return {
+        "backend": backend,
+        "version": version,
+        "precision": params.precision,
+        "strongly_typed": plan.strongly_typed,
+        "precision_flags": list(plan.flags),
+        "profiles": [spec.name for spec in profiles],
+        "gpu": record["gpu"],
+        "engine_bytes": engine_size,
+        "build_seconds": round(build_seconds, 4),
+        "parse_seconds": round(parse_seconds, 4),
+        "layers": layers,
+        "timing_cache": timing["status"],
+        "onnx_digest": record["onnx"]["digest"],
+    }
+
+
+stage = Stage(
+    name="build",
+    version="1",
+    description="Build a TensorRT engine from an ONNX model through Polygraphy (full TensorRT or TensorRT-RTX), "
+    "with optimization profiles, builder options and a shared timing cache.",
+    params=Params,
+    run=run,
+    inputs={"model": Input(ONNX, "the ONNX model to build")},
+    outputs={
+        "engine": Output(ENGINE, "model.engine", "the serialized TensorRT engine"),
+        "provenance": Output(METRICS, "engine.json",
+                             "how and where the engine was built (flavour, version, GPU, options, profiles)"),
+    },
+    resources=_resources,
+    environment=_environment,
+    check=_check,
+)

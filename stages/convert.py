@@ -1,0 +1,332 @@
+"""Precision conversion of an ONNX model to fp16 or bf16 with NVIDIA ModelOpt AutoCast.
+
+AutoCast (``modelopt.onnx.autocast.convert_to_mixed_precision``) converts the model to the low precision
+but keeps in fp32 the nodes whose values would overflow it: it runs the model once on ONNX Runtime with
+reference inputs to measure ranges (``data_max``) and checks initializer magnitudes (``init_max``).
+The summary says how many nodes were converted and which stayed in fp32.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+from trtflow_stages._data import (
+    DataSource,
+    check_node_patterns,
+    check_op_types,
+    data_files,
+    private_model_copy,
+)
+
+from trtflow.stage import METRICS, ONNX, Input, Output, Stage, StageContext, StageFailed, StageParams, StageSkipped
+
+FP16_MAX = 65504.0
+AUTOCAST_DATA_MAX = 512.0  # modelopt.onnx.autocast.convert.DEFAULT_DATA_MAX
+_LOW_PRECISION_TYPES = {"fp16": 10, "bf16": 16}  # onnx.TensorProto.FLOAT16 / BFLOAT16
+_FLOAT32 = 1
+_MAX_NAMES_IN_SUMMARY = 50
+
+
+class Params(StageParams):
+    precision: Literal["fp16", "bf16"] = Field(
+        "fp16", description="Low precision to convert to. bf16 raises the model's opset to at least 22."
+    )
+    keep_io_types: bool = Field(
+        True,
+        description="Keep the model's inputs and outputs in their original type (fp32), with Cast nodes "
+        "inside the graph; false makes float I/O low precision too.",
+    )
+    op_types_to_exclude: list[str] | None = Field(
+        None, description="Keep every node of these op types (exact names, e.g. [Softmax]) in fp32."
+    )
+    nodes_to_exclude: list[str] | None = Field(
+        None, description="Keep nodes whose names match one of these regular expressions (re.match) in fp32."
+    )
+    op_types_to_include: list[str] | None = Field(
+        None, description="Force nodes of these op types to low precision, overriding the range checks."
+    )
+    nodes_to_include: list[str] | None = Field(
+        None,
+        description="Force nodes whose names match one of these regular expressions to low precision, "
+        "overriding the range checks.",
+    )
+    data_max: float | None = Field(
+        AUTOCAST_DATA_MAX,
+        gt=0,
+        description="Keep in fp32 the nodes whose input or output magnitudes (measured by running the model "
+        "on ONNX Runtime with the reference data) exceed this. AutoCast's default is 512, where fp16's "
+        "spacing is 0.5. null skips the reference run and the check.",
+    )
+    init_max: float = Field(
+        FP16_MAX,
+        gt=0,
+        description="Keep in fp32 the nodes with an initializer (weight) whose magnitude exceeds this. "
+        "Default: the largest fp16 value (65504).",
+    )
+    init_conversion_max_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="Initializers larger than this many bytes are cast at run time instead of converted "
+        "in the file. Default: convert all.",
+    )
+    max_depth_of_reduction: int | None = Field(
+        None,
+        ge=1,
+        description="Keep in fp32 the reductions (ReduceSum, MatMul...) that sum more than this many "
+        "elements, where low-precision accumulation loses accuracy. Default: no limit.",
+    )
+    calibration_data: DataSource | None = Field(
+        None,
+        description="Reference inputs for the data_max range check (axis 0 = samples). Default: AutoCast "
+        "generates random inputs in [-1, 1] (Polygraphy's DataLoader, fixed seed; dynamic dimensions = 1), "
+        "which may not reflect real ranges or may not run on models with shape-dependent graphs; the "
+        "summary then says reference_data: autocast-random.",
+    )
+    calibration_eps: list[str] = Field(
+        default_factory=lambda: ["cpu"],
+        description="ONNX Runtime execution providers for the reference run: 'cpu', 'cuda:N', 'trt'. "
+        "Anything but 'cpu' needs a GPU.",
+    )
+    opset: int | None = Field(
+        None, ge=13, description="Target opset. Default: the model's own, raised to 22 for bf16."
+    )
+
+    @field_validator("calibration_eps")
+    @classmethod
+    def _known_eps(cls, eps: list[str]) -> list[str]:
+        import re
+
+        if not eps:
+            raise ValueError("calibration_eps needs at least one execution provider, e.g. ['cpu']")
+        bad = [ep for ep in eps if not re.match(r"^(cpu|trt|cuda:\d+)$", ep)]
+        if bad:
+            raise ValueError(f"unknown calibration_eps {bad}; use 'cpu', 'cuda:N' or 'trt'")
+        return eps
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.data_max is not None and any(ep != "cpu" for ep in self.calibration_eps)
+
+    @property
+    def uses_data(self) -> bool:
+        return self.data_max is not None and self.calibration_data is not None
+
+
+def check(params: Params) -> None:
+    from trtflow.environment import gpus, module_available
+
+    if not module_available("modelopt"):
+        raise StageSkipped("NVIDIA ModelOpt is not installed", needs="pip install 'nvidia-modelopt[onnx]'")
+    if params.uses_gpu and not gpus():
+        raise StageSkipped(
+            f"calibration_eps {[ep for ep in params.calibration_eps if ep != 'cpu']} need an NVIDIA GPU and "
+            "this machine has none",
+            needs="an NVIDIA GPU, or calibration_eps: [cpu]",
+        )
+
+
+def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
+    import numpy as np
+    import onnx
+    from trtflow_stages._data import load_arrays, onnx_input_specs
+
+    model_path = private_model_copy(inputs["model"], ctx.scratch / "input")
+    check_node_patterns(model_path, {"nodes_to_exclude": params.nodes_to_exclude,
+                                     "nodes_to_include": params.nodes_to_include})
+    for field in ("op_types_to_exclude", "op_types_to_include"):
+        absent = check_op_types(model_path, field, getattr(params, field))
+        if absent:
+            ctx.log.warning("%s: the model has no node of op type %s (misspelt?)", field, absent)
+
+    reference_path: str | None = None
+    rows = 0
+    if params.uses_data:
+        assert params.calibration_data is not None
+        ctx.progress(0.05, f"loading reference data ({params.calibration_data.describe()})")
+        arrays = load_arrays(params.calibration_data, onnx_input_specs(model_path), ctx.resolve, ctx.log)
+        rows = min(int(a.shape[0]) for a in arrays.values())
+        reference_file = ctx.scratch / "reference.npz"
+        np.savez(reference_file, **arrays)
+        reference_path = str(reference_file)
+    elif params.calibration_data is not None:
+        ctx.log.info("data_max is null: no reference run, calibration_data is not used")
+    elif params.data_max is not None:
+        ctx.log.warning("no calibration_data: AutoCast measures ranges on random inputs in [-1, 1]")
+
+    original = onnx.load(str(model_path), load_external_data=False)
+    ctx.progress(0.2, f"converting to {params.precision} with ModelOpt AutoCast")
+    from modelopt.onnx.autocast import convert_to_mixed_precision
+
+    try:
+        with _forward_logs("modelopt.onnx.autocast", ctx.log):
+            converted = convert_to_mixed_precision(
+                onnx_path=str(model_path),
+                low_precision_type=params.precision,
+                nodes_to_exclude=params.nodes_to_exclude,
+                op_types_to_exclude=params.op_types_to_exclude,
+                nodes_to_include=params.nodes_to_include,
+                op_types_to_include=params.op_types_to_include,
+                data_max=np.inf if params.data_max is None else params.data_max,
+                init_max=params.init_max,
+                keep_io_types=params.keep_io_types,
+                calibration_data=reference_path,
+                init_conversion_max_bytes=params.init_conversion_max_bytes,
+                providers=list(params.calibration_eps),
+                max_depth_of_reduction=params.max_depth_of_reduction,
+                opset=params.opset,
+            )
+    except StageFailed:
+        raise
+    except Exception as error:
+        ctx.log.exception("AutoCast failed")
+        hint = "the node's log holds AutoCast's messages and the traceback"
+        if params.data_max is not None:
+            hint = ("AutoCast runs the fp32 model on ONNX Runtime to measure ranges: give calibration_data "
+                    "with real input shapes, or set data_max: null to skip that run; " + hint)
+        raise StageFailed(f"AutoCast {params.precision} conversion failed: {type(error).__name__}: {error}",
+                          hint=hint) from error
+
+    ctx.progress(0.9, "saving the converted model")
+    out = ctx.output("model")
+    try:
+        onnx.save(converted, str(out))
+    except ValueError as error:  # protobuf's 2 GB limit
+        raise StageFailed(f"cannot save the converted model as one file: {error}",
+                          hint="models over 2 GB need external data, which this stage does not write") from error
+    counts = precision_counts(converted, params.precision)
+    original_casts = sum(1 for node in original.graph.node if node.op_type == "Cast")
+    summary: dict[str, Any] = {
+        "precision": params.precision,
+        "keep_io_types": params.keep_io_types,
+        "reference_data": _reference_kind(params),
+        "reference_samples": rows,
+        "data_max": params.data_max,
+        "init_max": params.init_max,
+        "cast_nodes": {"before": original_casts, "after": counts.pop("cast_nodes")},
+        "inputs": _io_types(converted.graph.input, converted),
+        "outputs": _io_types(converted.graph.output, converted),
+        "size_bytes": {"before": inputs["model"].stat().st_size, "after": out.stat().st_size},
+        **counts,
+    }
+    ctx.output("summary").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    ctx.progress(1.0, f"{counts['converted_nodes']} nodes in {params.precision}, "
+                      f"{counts['fp32_nodes']} kept in fp32")
+    return summary
+
+
+def precision_counts(model: Any, precision: str) -> dict[str, Any]:
+    """Nodes computing in low precision vs fp32 (by their float outputs' types), initializer types."""
+    import onnx
+
+    try:
+        typed = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # inference is best effort: value_info of the model itself is used then
+        typed = model
+    graph = typed.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.value_info, *graph.input, *graph.output]}
+    types.update({init.name: init.data_type for init in graph.initializer})
+    low = _LOW_PRECISION_TYPES[precision]
+    converted: Counter[str] = Counter()
+    kept: Counter[str] = Counter()
+    kept_names: list[str] = []
+    casts = 0
+    for node in graph.node:
+        if node.op_type == "Cast":
+            casts += 1
+            continue
+        output_types = {types.get(name) for name in node.output if name}
+        if low in output_types:
+            converted[node.op_type] += 1
+        elif _FLOAT32 in output_types:
+            kept[node.op_type] += 1
+            kept_names.append(node.name)
+    initializer_types = Counter(
+        onnx.TensorProto.DataType.Name(init.data_type).lower() for init in graph.initializer
+    )
+    return {
+        "converted_nodes": sum(converted.values()),
+        "fp32_nodes": sum(kept.values()),
+        "converted_by_op_type": dict(sorted(converted.items())),
+        "fp32_by_op_type": dict(sorted(kept.items())),
+        "fp32_node_names": kept_names[:_MAX_NAMES_IN_SUMMARY],
+        "initializers_by_dtype": dict(sorted(initializer_types.items())),
+        "cast_nodes": casts,
+    }
+
+
+def _io_types(values: Any, model: Any) -> dict[str, str]:
+    import onnx
+
+    initializers = {init.name for init in model.graph.initializer}
+    return {
+        v.name: onnx.TensorProto.DataType.Name(v.type.tensor_type.elem_type).lower()
+        for v in values
+        if v.name not in initializers
+    }
+
+
+def _reference_kind(params: Params) -> str | None:
+    if params.data_max is None:
+        return None
+    if params.calibration_data is None:
+        return "autocast-random"
+    return "random" if params.calibration_data.is_random else params.calibration_data.kind
+
+
+class _Forward(logging.Handler):
+    def __init__(self, target: logging.Logger) -> None:
+        super().__init__()
+        self.target = target
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.target.log(record.levelno, "%s", record.getMessage())
+
+
+@contextmanager
+def _forward_logs(name: str, target: logging.Logger) -> Iterator[None]:
+    """Copy a library logger's records into the node's log while the library runs."""
+    source = logging.getLogger(name)
+    handler = _Forward(target)
+    source.addHandler(handler)
+    try:
+        yield
+    finally:
+        source.removeHandler(handler)
+
+
+def _files(params: Params) -> list[str]:
+    return data_files(params.calibration_data) if params.uses_data else []
+
+
+def _resources(params: Params) -> frozenset[str]:
+    return frozenset({"gpu"}) if params.uses_gpu else frozenset({"cpu"})
+
+
+def _environment(params: Params) -> list[str]:
+    facts = ["modelopt", "onnx", "onnxruntime", "numpy"]
+    return [*facts, "gpu"] if params.uses_gpu else facts
+
+
+stage = Stage(
+    name="convert",
+    version="1",
+    description="Convert an ONNX model to fp16/bf16 with ModelOpt AutoCast, keeping overflow-prone nodes fp32.",
+    params=Params,
+    run=run,
+    inputs={"model": Input(ONNX, "the fp32 ONNX model to convert")},
+    outputs={
+        "model": Output(ONNX, "model.onnx", "the mixed-precision ONNX model"),
+        "summary": Output(METRICS, "convert.json", "nodes converted / kept in fp32, by op type"),
+    },
+    resources=_resources,
+    environment=_environment,
+    files=_files,
+    check=check,
+)

@@ -1,0 +1,399 @@
+"""Post-training quantization of an ONNX model with NVIDIA ModelOpt (``modelopt.onnx.quantization``).
+
+ModelOpt inserts Q/DQ nodes (int8, fp8) or block-quantizes weights (int4) using calibration data; the
+result is an ONNX model that TensorRT builds into a quantized engine. Calibration runs on ONNX Runtime
+(CPU by default). The summary counts what was quantized, per op type.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+from trtflow_stages._data import (
+    DataSource,
+    check_node_patterns,
+    check_op_types,
+    data_files,
+    private_model_copy,
+)
+
+from trtflow.stage import (
+    METRICS,
+    ONNX,
+    EnvironmentUnavailable,
+    Input,
+    Output,
+    Stage,
+    StageContext,
+    StageFailed,
+    StageParams,
+    StageSkipped,
+)
+
+Mode = Literal["int8", "fp8", "int4", "nvfp4"]
+
+METHODS: dict[str, tuple[str, ...]] = {
+    "int8": ("entropy", "max"),
+    "fp8": ("entropy", "max"),
+    "int4": ("awq_clip", "awq_lite", "awq_full", "rtn", "rtn_dq"),
+    "nvfp4": ("max",),
+}
+# What ModelOpt uses when no method is given (modelopt/onnx/quantization/quantize.py).
+DEFAULT_METHOD = {"int8": "entropy", "fp8": "entropy", "int4": "awq_clip", "nvfp4": "max"}
+# int4 methods that read only the weights, so they need no calibration data.
+WEIGHT_ONLY_METHODS = ("rtn", "rtn_dq")
+# ModelOpt's ONNX PTQ converts the non-quantized rest of an int8/fp8 model to this by default.
+MODELOPT_DEFAULT_HIGH_PRECISION = "fp16"
+_EP_PATTERN = re.compile(r"^(cpu|trt|NvTensorRtRtx|cuda:\d+|dml:\d+)$")
+
+
+class Params(StageParams):
+    mode: Mode = Field(
+        ...,
+        description="Quantization mode: int8 and fp8 quantize activations and weights (Q/DQ pairs); int4 "
+        "quantizes Gemm/MatMul weights in blocks (weight-only); nvfp4 is accepted only if the installed "
+        "ModelOpt's ONNX quantizer supports it (0.47 does not: the stage says so before any work).",
+    )
+    calibration_method: str | None = Field(
+        None,
+        description="ModelOpt calibration algorithm. int8/fp8: 'entropy' (ModelOpt's default) or 'max'. "
+        "int4: 'awq_clip' (default), 'awq_lite', 'awq_full' (activation-aware, need calibration data), "
+        "'rtn' (round-to-nearest, Q/DQ) or 'rtn_dq' (round-to-nearest, DQ only), which need no data.",
+    )
+    calibration_data: DataSource | None = Field(
+        None,
+        description="Model inputs to calibrate with (axis 0 = samples). Required except for int4 'rtn' and "
+        "'rtn_dq'. Random data only when asked for via 'random:'; the summary then says calibrated: false.",
+    )
+    calibration_eps: list[str] = Field(
+        default_factory=lambda: ["cpu"],
+        description="ONNX Runtime execution providers used for calibration, in priority order: 'cpu', "
+        "'cuda:N', 'trt', 'dml:N', 'NvTensorRtRtx'. Anything but 'cpu' needs a GPU.",
+    )
+    op_types_to_quantize: list[str] | None = Field(
+        None,
+        description="Only quantize nodes of these op types (e.g. [Conv, Gemm]); default: every op type "
+        "ModelOpt supports. Exact names, no regular expressions. int8/fp8 only.",
+    )
+    op_types_to_exclude: list[str] | None = Field(
+        None, description="Never quantize nodes of these op types (exact names). int8/fp8 only."
+    )
+    nodes_to_quantize: list[str] | None = Field(
+        None,
+        description="Only quantize nodes whose names match one of these regular expressions. int8/fp8 only.",
+    )
+    nodes_to_exclude: list[str] | None = Field(
+        None, description="Never quantize nodes whose names match one of these regular expressions."
+    )
+    high_precision_dtype: Literal["fp32", "fp16", "bf16"] | None = Field(
+        None,
+        description="Precision of the parts of an int8/fp8 model that stay unquantized. Default: ModelOpt's "
+        "default for int8/fp8, fp16 (the fp32 rest of the model is converted to fp16, I/O types kept). "
+        "Not used by int4, which keeps the model's own precision.",
+    )
+    block_size: int | None = Field(
+        None, ge=1, description="int4 only: weights per quantization block (ModelOpt's default: 128)."
+    )
+    use_external_data_format: bool = Field(
+        False,
+        description="Store the quantized weights in a separate file (the 'weights' output, model.onnx_data, "
+        "which must sit beside model.onnx). ModelOpt also does so by itself for models over 2 GB.",
+    )
+    simplify: bool = Field(False, description="Let ModelOpt simplify the model (onnxsim) before quantizing.")
+
+    @field_validator("calibration_eps")
+    @classmethod
+    def _known_eps(cls, eps: list[str]) -> list[str]:
+        if not eps:
+            raise ValueError("calibration_eps needs at least one execution provider, e.g. ['cpu']")
+        bad = [ep for ep in eps if not _EP_PATTERN.match(ep)]
+        if bad:
+            raise ValueError(f"unknown calibration_eps {bad}; use 'cpu', 'cuda:N', 'trt', 'dml:N' or "
+                             "'NvTensorRtRtx'")
+        return eps
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Params:
+        methods = METHODS[self.mode]
+        if self.calibration_method is not None and self.calibration_method not in methods:
+            raise ValueError(
+                f"calibration_method {self.calibration_method!r} does not apply to mode {self.mode}; "
+                f"choose one of {list(methods)}"
+            )
+        if self.calibration_data is None and self.method not in WEIGHT_ONLY_METHODS:
+            raise ValueError(
+                f"mode {self.mode} with calibration_method {self.method!r} needs calibration_data (path, "
+                "callable, or random: for a smoke test); only int4 'rtn'/'rtn_dq' calibrate without data"
+            )
+        if self.mode == "int4":
+            unused = [name for name in ("op_types_to_quantize", "op_types_to_exclude", "nodes_to_quantize",
+                                        "high_precision_dtype") if getattr(self, name) is not None]
+            if unused:
+                raise ValueError(
+                    f"{', '.join(unused)} do not apply to int4 (ModelOpt quantizes every Gemm/MatMul weight "
+                    "in int4 mode); use nodes_to_exclude to keep some in full precision"
+                )
+        elif self.block_size is not None:
+            raise ValueError(f"block_size applies to int4 only, not to {self.mode}")
+        return self
+
+    @property
+    def method(self) -> str:
+        return self.calibration_method or DEFAULT_METHOD[self.mode]
+
+    @property
+    def uses_data(self) -> bool:
+        return self.calibration_data is not None and self.method not in WEIGHT_ONLY_METHODS
+
+    @property
+    def uses_gpu(self) -> bool:
+        return any(ep != "cpu" for ep in self.calibration_eps)
+
+
+@functools.lru_cache(maxsize=1)
+def supported_modes() -> tuple[str, ...]:
+    """Quantization modes the installed ModelOpt's ONNX quantizer accepts, read from its CLI's choices.
+
+    The CLI source is parsed rather than imported: importing ModelOpt takes seconds.
+    """
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("modelopt")
+    if spec is None or not spec.submodule_search_locations:
+        return ()
+    cli = Path(next(iter(spec.submodule_search_locations))) / "onnx" / "quantization" / "__main__.py"
+    try:
+        tree = ast.parse(cli.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        from modelopt.onnx.quantization.__main__ import get_parser
+
+        action = next(a for a in get_parser()._actions if a.dest == "quantize_mode")
+        return tuple(action.choices or ())
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and node.args
+                and isinstance(node.args[0], ast.Constant) and node.args[0].value == "--quantize_mode"):
+            for keyword in node.keywords:
+                if keyword.arg == "choices":
+                    return tuple(ast.literal_eval(keyword.value))
+    return ()
+
+
+def check(params: Params) -> None:
+    from trtflow.environment import dist_version, gpus
+
+    modes = supported_modes()
+    if not modes:
+        raise StageSkipped("NVIDIA ModelOpt is not installed", needs="pip install 'nvidia-modelopt[onnx]'")
+    if params.mode not in modes:
+        extra = ""
+        if params.mode == "nvfp4":
+            extra = (" NVFP4 checkpoints come from quantizing the PyTorch model with "
+                     "modelopt.torch.quantization (NVFP4 configs) and exporting it to ONNX, not from ONNX PTQ.")
+        raise EnvironmentUnavailable(
+            f"quantize mode {params.mode!r} is not supported by the installed ModelOpt "
+            f"{dist_version('nvidia-modelopt')} ONNX quantizer, which supports {list(modes)}.{extra}",
+            hint=f"use one of {list(modes)}, or install a ModelOpt release whose ONNX PTQ supports "
+            f"{params.mode}",
+        )
+    if params.uses_gpu and not gpus():
+        gpu_eps = [ep for ep in params.calibration_eps if ep != "cpu"]
+        raise StageSkipped(
+            f"calibration_eps {gpu_eps} need an NVIDIA GPU and this machine has none",
+            needs="an NVIDIA GPU, or calibration_eps: [cpu]",
+        )
+
+
+def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
+    import onnx
+    from trtflow_stages._data import load_arrays, onnx_input_specs
+
+    model_path = private_model_copy(inputs["model"], ctx.scratch / "input")
+    specs = onnx_input_specs(model_path)
+    calibration_data = None
+    rows = 0
+    if params.uses_data:
+        assert params.calibration_data is not None
+        ctx.progress(0.05, f"loading calibration data ({params.calibration_data.describe()})")
+        calibration_data = load_arrays(params.calibration_data, specs, ctx.resolve, ctx.log)
+        rows = min(int(a.shape[0]) for a in calibration_data.values())
+        if params.calibration_data.is_random:
+            ctx.log.warning("calibrating with RANDOM data: the scales say nothing about real inputs; use "
+                            "it for smoke tests only")
+    elif params.calibration_data is not None:
+        ctx.log.info("calibration_method %s reads only the weights: calibration_data is not used",
+                     params.method)
+
+    out_dir = ctx.scratch / "quantized"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    quantized_path = out_dir / "model.onnx"
+    log_file = ctx.scratch / "modelopt.log"
+    kwargs: dict[str, Any] = {}
+    if params.mode in ("int8", "fp8"):
+        kwargs.update(
+            op_types_to_quantize=params.op_types_to_quantize,
+            op_types_to_exclude=params.op_types_to_exclude,
+            nodes_to_quantize=params.nodes_to_quantize,
+            high_precision_dtype=params.high_precision_dtype or MODELOPT_DEFAULT_HIGH_PRECISION,
+        )
+    if params.block_size is not None:
+        kwargs["block_size"] = params.block_size
+
+    ctx.progress(0.1, f"quantizing to {params.mode} ({params.method}) with ModelOpt")
+    check_node_patterns(
+        model_path, {"nodes_to_quantize": params.nodes_to_quantize, "nodes_to_exclude": params.nodes_to_exclude}
+    )
+    for field in ("op_types_to_quantize", "op_types_to_exclude"):
+        absent = check_op_types(model_path, field, getattr(params, field))
+        if absent:
+            ctx.log.warning("%s: the model has no node of op type %s (misspelt?)", field, absent)
+    from modelopt.onnx.quantization import quantize
+
+    try:
+        quantize(
+            str(model_path),
+            quantize_mode=params.mode,
+            calibration_data=calibration_data,
+            calibration_method=params.method,
+            calibration_eps=list(params.calibration_eps),
+            nodes_to_exclude=params.nodes_to_exclude,
+            use_external_data_format=params.use_external_data_format,
+            simplify=params.simplify,
+            output_path=str(quantized_path),
+            log_level="INFO",
+            log_file=str(log_file),
+            **kwargs,
+        )
+    except StageFailed:
+        raise
+    except Exception as error:
+        ctx.log.exception("ModelOpt quantization failed")
+        raise StageFailed(
+            f"ModelOpt {params.mode} quantization ({params.method}) failed: {type(error).__name__}: {error}",
+            hint="the node's log holds ModelOpt's log and the traceback; try excluding the failing nodes "
+            "with nodes_to_exclude",
+        ) from error
+    finally:
+        _relay_log(log_file, ctx)
+    if not quantized_path.exists():
+        raise StageFailed(f"ModelOpt wrote no quantized model to {quantized_path}",
+                          hint="see ModelOpt's messages in the node's log")
+
+    ctx.progress(0.9, "counting quantized nodes")
+    model = onnx.load(str(quantized_path), load_external_data=False)
+    counts = count_quantized(model)
+    external = out_dir / "model.onnx_data"
+    shutil.move(str(quantized_path), ctx.output("model"))
+    if external.exists():
+        shutil.move(str(external), ctx.output("weights"))
+    data = params.calibration_data
+    summary: dict[str, Any] = {
+        "mode": params.mode,
+        "calibration_method": params.method,
+        "calibrated": bool(params.uses_data and data is not None and not data.uncalibrated),
+        "calibration_data": data.kind if params.uses_data and data is not None else None,
+        "calibration_samples": rows,
+        "calibration_eps": list(params.calibration_eps),
+        "high_precision_dtype": (params.high_precision_dtype or MODELOPT_DEFAULT_HIGH_PRECISION)
+        if params.mode in ("int8", "fp8") else None,
+        "opset": _opset(model),
+        "external_data": ctx.output("weights").exists(),
+        **counts,
+    }
+    if counts["quantized_nodes"] == 0:
+        ctx.log.warning("ModelOpt quantized no node: the model has no op it quantizes in %s mode, or the "
+                        "filters excluded all of them", params.mode)
+    ctx.output("summary").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    ctx.progress(1.0, f"{counts['quantized_nodes']} nodes quantized")
+    return summary
+
+
+def count_quantized(model: Any) -> dict[str, Any]:
+    """Q/DQ counts, the op types that consume dequantized tensors, and the quantized data types."""
+    import onnx
+
+    graph = model.graph
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    initializer_types = {init.name: init.data_type for init in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+    op_counts = Counter(node.op_type for node in graph.node)
+    quantized_nodes: dict[str, Any] = {}
+    dtypes: Counter[str] = Counter()
+    for node in graph.node:
+        if node.op_type != "DequantizeLinear":
+            continue
+        for consumer in consumers.get(node.output[0], []):
+            if consumer.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+                quantized_nodes[consumer.name or id(consumer)] = consumer.op_type
+        source = node.input[0]
+        elem_type = initializer_types.get(source)
+        producer = producers.get(source)
+        if elem_type is None and producer is not None and producer.op_type == "QuantizeLinear":
+            zero_point = producer.input[2] if len(producer.input) > 2 else ""
+            elem_type = initializer_types.get(zero_point)
+            if elem_type is None:
+                output_dtype = next((a.i for a in producer.attribute if a.name == "output_dtype"), 0)
+                elem_type = output_dtype or onnx.TensorProto.UINT8
+        if elem_type is not None:
+            dtypes[onnx.TensorProto.DataType.Name(elem_type).lower()] += 1
+    return {
+        "quantize_linear": op_counts.get("QuantizeLinear", 0),
+        "dequantize_linear": op_counts.get("DequantizeLinear", 0),
+        "quantized_nodes": len(quantized_nodes),
+        "quantized_by_op_type": dict(sorted(Counter(quantized_nodes.values()).items())),
+        "quantized_dtypes": dict(sorted(dtypes.items())),
+        "nodes": len(graph.node),
+    }
+
+
+def _opset(model: Any) -> int | None:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
+def _relay_log(log_file: Path, ctx: StageContext) -> None:
+    if log_file.exists():
+        for line in log_file.read_text(encoding="utf-8", errors="replace").splitlines():
+            ctx.log.info("%s", line)
+
+
+def _files(params: Params) -> list[str]:
+    return data_files(params.calibration_data) if params.uses_data else []
+
+
+def _resources(params: Params) -> frozenset[str]:
+    return frozenset({"gpu"}) if params.uses_gpu else frozenset({"cpu"})
+
+
+def _environment(params: Params) -> list[str]:
+    facts = ["modelopt", "onnx", "onnxruntime", "numpy"]
+    return [*facts, "gpu"] if params.uses_gpu else facts
+
+
+stage = Stage(
+    name="quantize",
+    version="1",
+    description="Post-training quantization (int8, fp8, int4) of an ONNX model with NVIDIA ModelOpt.",
+    params=Params,
+    run=run,
+    inputs={"model": Input(ONNX, "the fp32/fp16 ONNX model to quantize")},
+    outputs={
+        "model": Output(ONNX, "model.onnx", "the quantized ONNX model (Q/DQ nodes, int4 weights)"),
+        "summary": Output(METRICS, "quantize.json", "mode, method, calibration, quantized nodes by op type"),
+        "weights": Output("onnx_data", "model.onnx_data", "external weights of model.onnx, when written",
+                          optional=True),
+    },
+    resources=_resources,
+    environment=_environment,
+    files=_files,
+    check=check,
+)

@@ -1,0 +1,386 @@
+"""The `trtflow` command line: run, plan, status, show, report, schema, gc, verify, doctor."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from trtflow import __version__
+from trtflow.errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_INTERRUPTED, TrtflowError
+
+app = typer.Typer(
+    name="trtflow",
+    help="Turn trained models into fast, validated TensorRT engines from one YAML recipe.\n\n"
+    "Exit codes: 0 ok, 1 a stage or a gate failed, 2 bad recipe or usage, 3 this machine cannot run the "
+    "requested backend, 130 interrupted.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+RecipeArg = Annotated[Path, typer.Argument(help="Recipe YAML file.", show_default=False)]
+TargetsArg = Annotated[list[str] | None, typer.Argument(help="Only these nodes (and what they need).")]
+StoreOpt = Annotated[str | None, typer.Option("--store", help="Store directory [env TRTFLOW_STORE; default .trtflow]")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a recipe value: nodes.NAME.params.KEY=VALUE")]
+
+
+def _console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        print(f"trtflow {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """trtflow: declarative, resumable TensorRT pipelines."""
+
+
+# ----------------------------------------------------------------------------- run
+@app.command()
+def run(
+    recipe: RecipeArg,
+    targets: TargetsArg = None,
+    store: StoreOpt = None,
+    set_: SetOpt = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=0, help="Nodes to run at once [default: min(4, CPUs)].")] = 0,
+    keep_going: Annotated[bool, typer.Option("--keep-going", "-k",
+                                             help="After a failure, run everything that does not depend on it.")] = False,
+    require_gpu: Annotated[bool, typer.Option("--require-gpu",
+                                              help="Fail (exit 3) instead of skipping nodes whose backend "
+                                              "cannot run here.")] = False,
+    output_dir: Annotated[Path | None, typer.Option("--output-dir", help="Where outputs are materialised "
+                                                    "[default: build/<recipe>]")] = None,
+    lock_timeout: Annotated[float, typer.Option(help="Seconds to wait for another run building the same node.")]
+    = 6 * 3600.0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only failures and the summary.")] = False,
+) -> None:
+    """Run the stale nodes of a recipe, reusing everything that is up to date."""
+    from trtflow.environment import Environment
+    from trtflow.journal import Journal
+    from trtflow.pipeline import default_store, load_pipeline
+    from trtflow.plan import make_plan
+    from trtflow.runner import Runner, RunOptions, resume_command
+
+    started = time.perf_counter()
+    pipeline = load_pipeline(recipe, set_ or (), targets or ())
+    st = default_store(store)
+    st.ensure()
+    journal = Journal(st.db_path)
+    env = Environment.from_env()
+    steps = make_plan(pipeline.graph, st, env, pipeline.loaded.directory, journal)
+    options = RunOptions(
+        keep_going=keep_going, require_gpu=require_gpu, lock_timeout=lock_timeout,
+        output_dir=(output_dir or Path("build") / pipeline.name).absolute(),
+        command=resume_command(),
+    )
+    if jobs:
+        options.jobs = jobs
+    from trtflow.report.console import ConsoleHooks
+
+    hooks = ConsoleHooks(_console(), quiet=quiet)
+    runner = Runner(pipeline.graph, st, env, pipeline.loaded.path, journal, options, hooks)
+    summary = runner.run(steps)
+    hooks.finish(summary, steps, time.perf_counter() - started, options.output_dir, resume_command())
+    journal.close()
+    if summary.interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if not summary.ok:
+        only_env = all(r.status in ("fresh", "done", "cached") or (r.error and "--require-gpu" in r.error)
+                       or r.status == "blocked" for r in summary.results.values())
+        raise typer.Exit(EXIT_ENVIRONMENT if require_gpu and only_env else EXIT_FAILED)
+
+
+# ----------------------------------------------------------------------------- plan
+@app.command()
+def plan(
+    recipe: RecipeArg,
+    targets: TargetsArg = None,
+    store: StoreOpt = None,
+    set_: SetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of steps.")] = False,
+) -> None:
+    """Show which nodes are fresh or stale, and why, without running anything."""
+    from trtflow.environment import Environment
+    from trtflow.journal import Journal
+    from trtflow.pipeline import default_store, load_pipeline
+    from trtflow.plan import make_plan
+
+    pipeline = load_pipeline(recipe, set_ or (), targets or ())
+    st = default_store(store)
+    journal = Journal(st.db_path) if st.root.exists() else None
+    steps = make_plan(pipeline.graph, st, Environment.from_env(), pipeline.loaded.directory, journal)
+    if as_json:
+        print(json.dumps([s.as_json() for s in steps], indent=1))
+        return
+    from rich.table import Table
+
+    table = Table(box=None, show_header=True, header_style="bold", pad_edge=False)
+    for column in ("node", "stage", "status", "reason"):
+        table.add_column(column, overflow="fold")
+    for step in steps:
+        style = "green" if step.status == "fresh" else "yellow"
+        table.add_row(step.node.name, step.node.stage, f"[{style}]{step.status}[/]", step.reason)
+    console = _console()
+    console.print(table)
+    stale = sum(1 for s in steps if s.status == "stale")
+    console.print(f"{len(steps)} nodes: {len(steps) - stale} fresh, {stale} stale")
+
+
+# ----------------------------------------------------------------------------- status
+@app.command()
+def status(
+    recipe: Annotated[Path | None, typer.Argument(help="Limit to this recipe.")] = None,
+    store: StoreOpt = None,
+    runs: Annotated[int, typer.Option(help="How many recent runs to list.")] = 5,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Recent runs and the state of each node in the latest one."""
+    from trtflow.journal import Journal
+    from trtflow.pipeline import default_store
+    from trtflow.recipe.load import load_recipe
+
+    st = default_store(store)
+    if not st.db_path.exists():
+        raise TrtflowError(f"no trtflow runs recorded in {st.root}", hint="run `trtflow run RECIPE` first")
+    journal = Journal(st.db_path)
+    name = load_recipe(recipe).recipe.name if recipe else None
+    recent = journal.runs(runs, name)
+    latest_nodes = journal.node_runs(recent[0]["id"]) if recent else []
+    if as_json:
+        print(json.dumps({"runs": recent, "nodes": latest_nodes}, indent=1, default=str))
+        return
+    from rich.table import Table
+
+    console = _console()
+    table = Table(title="recent runs", box=None, header_style="bold")
+    for col in ("run", "recipe", "started", "duration", "status"):
+        table.add_column(col)
+    for r in recent:
+        duration = f"{r['ended'] - r['started']:.1f}s" if r["ended"] else "-"
+        table.add_row(r["id"], r["recipe"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started"])),
+                      duration, r["status"])
+    console.print(table)
+    if latest_nodes:
+        nodes = Table(title=f"nodes of run {recent[0]['id']}", box=None, header_style="bold")
+        for col in ("node", "stage", "status", "time", "detail"):
+            nodes.add_column(col, overflow="fold")
+        for n in latest_nodes:
+            nodes.add_row(n["node"], n["stage"], n["status"], f"{n['duration']:.1f}s" if n["duration"] else "-",
+                          n["error"] or n["reason"] or "")
+        console.print(nodes)
+
+
+# ----------------------------------------------------------------------------- show
+@app.command()
+def show(
+    recipe: RecipeArg,
+    node: Annotated[str, typer.Argument(help="Node name (as listed by `trtflow plan`).")],
+    store: StoreOpt = None,
+    set_: SetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Everything about one node: params, key, inputs, outputs, log, timings, summary."""
+    from trtflow.environment import Environment
+    from trtflow.errors import did_you_mean
+    from trtflow.journal import Journal
+    from trtflow.pipeline import default_store, load_pipeline
+    from trtflow.plan import make_plan
+
+    pipeline = load_pipeline(recipe, set_ or ())
+    if node not in pipeline.graph.nodes:
+        raise TrtflowError(f"no node {node!r} in recipe {pipeline.name!r}",
+                           hint=did_you_mean(node, list(pipeline.graph.nodes)) or "see `trtflow plan`")
+    st = default_store(store)
+    journal = Journal(st.db_path) if st.db_path.exists() else None
+    steps = {s.node.name: s for s in make_plan(pipeline.graph.select([node]), st, Environment.from_env(),
+                                                pipeline.loaded.directory, journal)}
+    step = steps[node]
+    manifest = step.manifest
+    if manifest is None:
+        ref = st.read_ref(pipeline.name, node)
+        manifest = st.read_manifest(ref) if ref else None
+    last = journal.last_node_run(node, pipeline.name) if journal else None
+    info = {
+        "node": node, "stage": step.node.stage, "status": step.status, "reason": step.reason, "key": step.key,
+        "params": step.node.params, "matrix": step.node.matrix,
+        "inputs": {s: [f"{n}.{o}" for n, o in refs] for s, refs in step.node.upstream.items()},
+        "facts": step.parts.facts if step.parts else None,
+        "outputs": {k: {**v, "path": str(st.object_path(v["digest"]))}
+                    for k, v in (manifest or {}).get("outputs", {}).items()},
+        "summary": (manifest or {}).get("summary"),
+        "built_key": (manifest or {}).get("key"),
+        "duration": (manifest or {}).get("duration"),
+        "last_run": last,
+    }
+    if as_json:
+        print(json.dumps(info, indent=1, default=str))
+        return
+    from rich.pretty import Pretty
+
+    console = _console()
+    console.print(f"[bold]{node}[/] ({step.node.stage}): {step.status}: {step.reason}")
+    for key in ("key", "built_key", "inputs", "params", "matrix", "facts", "outputs", "summary", "duration"):
+        if info[key] not in (None, {}, []):
+            console.print(f"[bold]{key}[/]:", Pretty(info[key]))
+    if last:
+        console.print(f"[bold]last run[/]: {last['status']} in run {last['run_id']}"
+                      + (f", {last['duration']:.1f}s" if last["duration"] else "")
+                      + (f", log {last['log_path']}" if last["log_path"] else ""))
+        if last.get("error"):
+            console.print(f"[bold]error[/]: {last['error']}")
+
+
+# ----------------------------------------------------------------------------- report
+@app.command()
+def report(
+    recipe: RecipeArg,
+    store: StoreOpt = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="json, markdown, html or junit")] = "markdown",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")] = None,
+) -> None:
+    """Report of the latest run of a recipe (JSON, Markdown, HTML, or JUnit XML for CI)."""
+    from trtflow.journal import Journal
+    from trtflow.pipeline import default_store
+    from trtflow.recipe.load import load_recipe
+    from trtflow.report import render
+
+    name = load_recipe(recipe).recipe.name
+    st = default_store(store)
+    if not st.db_path.exists():
+        raise TrtflowError(f"no runs recorded in {st.root}", hint="run `trtflow run` first")
+    journal = Journal(st.db_path)
+    text = render(journal, name, fmt)
+    if output:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+        _console(stderr=True).print(f"wrote {output}")
+    else:
+        sys.stdout.write(text)
+
+
+# ----------------------------------------------------------------------------- schema
+@app.command()
+def schema(
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the schema to this file.")] = None,
+) -> None:
+    """Print the recipe JSON Schema (with every installed stage's parameters)."""
+    from trtflow.schema_export import recipe_json_schema
+
+    text = json.dumps(recipe_json_schema(), indent=2) + "\n"
+    if output:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+        _console(stderr=True).print(f"wrote {output}")
+    else:
+        sys.stdout.write(text)
+
+
+# ----------------------------------------------------------------------------- gc / verify
+@app.command()
+def gc(
+    store: StoreOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only say what would be removed.")] = False,
+) -> None:
+    """Remove store objects and manifests that no recipe's latest build refers to."""
+    from trtflow.maintenance import collect_garbage
+    from trtflow.pipeline import default_store
+
+    result = collect_garbage(default_store(store), dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    _console().print(f"{verb} {result.manifests} manifests, {result.objects} objects "
+                     f"({result.bytes / 1e6:.1f} MB), {result.tmp_dirs} scratch dirs; kept {result.kept_manifests} "
+                     "manifests")
+
+
+@app.command()
+def verify(
+    store: StoreOpt = None,
+    fix: Annotated[bool, typer.Option("--fix", help="Remove damaged objects and the manifests that use them, "
+                                      "so the next run rebuilds them.")] = False,
+) -> None:
+    """Re-hash every stored object and check every manifest; exit 1 if anything is damaged."""
+    from trtflow.maintenance import verify_store
+    from trtflow.pipeline import default_store
+
+    st = default_store(store)
+    report_ = verify_store(st, fix=fix)
+    console = _console()
+    for problem in report_.problems:
+        console.print(f"[red]damaged[/]: {problem}")
+    console.print(f"checked {report_.objects} objects and {report_.manifests} manifests: "
+                  + ("clean" if not report_.problems else f"{len(report_.problems)} problems"
+                     + (" (fixed: the next run rebuilds them)" if fix else " (run `trtflow verify --fix`)")))
+    if report_.problems and not fix:
+        raise typer.Exit(EXIT_FAILED)
+
+
+# ----------------------------------------------------------------------------- doctor
+@app.command()
+def doctor(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """What this machine has: Python, libraries, TensorRT flavours, GPUs, and which backends build/run here."""
+    from trtflow.doctor import diagnose
+
+    info = diagnose()
+    if as_json:
+        print(json.dumps(info, indent=1))
+        return
+    from rich.table import Table
+
+    console = _console()
+    facts = Table(title="environment", box=None, header_style="bold", show_header=False)
+    facts.add_column("what")
+    facts.add_column("value", overflow="fold")
+    for k, v in info["facts"].items():
+        facts.add_row(k, str(v))
+    console.print(facts)
+    backends = Table(title="backends", box=None, header_style="bold")
+    for col in ("backend", "build", "run", "why"):
+        backends.add_column(col, overflow="fold")
+    for b in info["backends"]:
+        backends.add_row(b["backend"], "yes" if b["build"] else "no", "yes" if b["run"] else "no", b["why"])
+    console.print(backends)
+    console.print("stages: " + ", ".join(f"{s['name']} ({s['version']})" for s in info["stages"]))
+
+
+def main() -> None:
+    """Console-script entry point: maps errors to documented exit codes."""
+    try:
+        app(standalone_mode=True)
+    except TrtflowError as exc:
+        from rich.markup import escape
+
+        console = _console(stderr=True)
+        console.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)
+        if exc.hint:
+            console.print(f"  [bold]hint:[/] {escape(exc.hint)}")
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:
+        import traceback
+
+        traceback.print_exc()
+        print(f"\ninternal error in trtflow {__version__}: {type(exc).__name__}: {exc}\n"
+              "This is a bug in trtflow; please report it with the traceback above.", file=sys.stderr)
+        sys.exit(70)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""The pipeline graph: concrete nodes joined by typed artifact edges, checked before any work runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from trtflow.errors import RecipeError, did_you_mean
+from trtflow.recipe.expand import ConcreteNode
+from trtflow.stage import Stage
+
+
+@dataclass
+class Graph:
+    nodes: dict[str, ConcreteNode]  # in topological order
+    stages: dict[str, Stage]
+    recipe_name: str
+
+    def upstream(self, name: str) -> list[str]:
+        seen: list[str] = []
+        for refs in self.nodes[name].upstream.values():
+            for node, _ in refs:
+                if node not in seen:
+                    seen.append(node)
+        return seen
+
+    def downstream(self, name: str) -> list[str]:
+        return [n for n, node in self.nodes.items()
+                if any(src == name for refs in node.upstream.values() for src, _ in refs)]
+
+    def closure_upstream(self, targets: list[str]) -> set[str]:
+        keep: set[str] = set()
+        stack = list(targets)
+        while stack:
+            name = stack.pop()
+            if name not in keep:
+                keep.add(name)
+                stack.extend(self.upstream(name))
+        return keep
+
+    def select(self, targets: list[str]) -> Graph:
+        """The sub-graph needed to produce ``targets`` (node names or template names)."""
+        names: list[str] = []
+        for target in targets:
+            matched = [n for n, node in self.nodes.items() if n == target or node.template == target]
+            if not matched:
+                raise RecipeError(f"no node named {target!r} in recipe {self.recipe_name!r}",
+                                  hint=did_you_mean(target, list(self.nodes)) or "see `trtflow plan`")
+            names.extend(matched)
+        keep = self.closure_upstream(names)
+        return Graph({n: node for n, node in self.nodes.items() if n in keep}, self.stages, self.recipe_name)
+
+
+def build_graph(nodes: list[ConcreteNode], get_stage: Callable[[str], Stage], recipe_name: str) -> Graph:
+    """Resolve input references, check kinds, duplicates and cycles, and order nodes topologically."""
+    by_name: dict[str, ConcreteNode] = {}
+    for node in nodes:
+        if node.name in by_name:
+            other = by_name[node.name]
+            raise RecipeError(
+                f"duplicate node name {node.name!r} (also defined at {other.location or 'an earlier node'})",
+                node.location, "name", hint="give every node (and matrix variant) a unique name",
+            )
+        by_name[node.name] = node
+    by_template: dict[str, list[ConcreteNode]] = {}
+    for node in nodes:
+        by_template.setdefault(node.template, []).append(node)
+    stages = {node.stage: get_stage(node.stage) for node in nodes}
+
+    for node in nodes:
+        stage = stages[node.stage]
+        unknown = set(node.input_refs) - set(stage.inputs)
+        for slot in sorted(unknown):
+            raise RecipeError(
+                f"node {node.name!r}: stage {node.stage!r} has no input {slot!r}", node.location, f"inputs.{slot}",
+                hint=did_you_mean(slot, list(stage.inputs)) or f"its inputs: {', '.join(stage.inputs) or 'none'}",
+            )
+        for slot, spec in stage.inputs.items():
+            refs = node.input_refs.get(slot)
+            if refs is None:
+                if spec.optional:
+                    continue
+                node.upstream[slot] = [_default_input(node, slot, spec.kinds, nodes, stages)]
+                continue
+            resolved: list[tuple[str, str]] = []
+            for ref in refs:
+                resolved.extend(_resolve_ref(node, slot, spec.kinds, ref, by_name, by_template, stages))
+            if len(resolved) > 1:
+                raise RecipeError(
+                    f"node {node.name!r}: input {slot!r} takes one artifact but the references give "
+                    f"{len(resolved)}: {', '.join(f'{n}.{o}' for n, o in resolved)}",
+                    node.location, f"inputs.{slot}", hint="refer to a single node or matrix variant",
+                )
+            node.upstream[slot] = resolved
+    order = _topological_order(nodes)
+    return Graph({n.name: n for n in order}, stages, recipe_name)
+
+
+def _outputs_of_kind(stage: Stage, kinds: tuple[str, ...]) -> list[str]:
+    return [name for name, out in stage.outputs.items() if out.kind in kinds]
+
+
+def _default_input(node: ConcreteNode, slot: str, kinds: tuple[str, ...], nodes: list[ConcreteNode],
+                   stages: dict[str, Stage]) -> tuple[str, str]:
+    earlier = [n for n in nodes if n.index < node.index and _outputs_of_kind(stages[n.stage], kinds)]
+    if not earlier:
+        raise RecipeError(
+            f"node {node.name!r} needs input {slot!r} ({'/'.join(kinds)}) but no earlier node produces one",
+            node.location, f"inputs.{slot}", hint=f"add `inputs: {{{slot}: <node>}}` or a node that produces it",
+        )
+    template = max(n.index for n in earlier)
+    candidates = _matching_variants([n for n in earlier if n.index == template], node)
+    if len(candidates) != 1:
+        names = ", ".join(c.name for c in candidates)
+        raise RecipeError(
+            f"node {node.name!r}: input {slot!r} is ambiguous; it could come from any of: {names}",
+            node.location, f"inputs.{slot}",
+            hint="give the node the same matrix key as its input, or name the input explicitly",
+        )
+    source = candidates[0]
+    return source.name, _outputs_of_kind(stages[source.stage], kinds)[0]
+
+
+def _matching_variants(candidates: list[ConcreteNode], node: ConcreteNode) -> list[ConcreteNode]:
+    """Keep the variants whose matrix values agree with ``node`` on every key they share."""
+    def agrees(other: ConcreteNode) -> bool:
+        shared = set(other.matrix) & set(node.matrix)
+        return all(_same(other.matrix[k], node.matrix[k]) for k in shared)
+
+    return [c for c in candidates if agrees(c)]
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a == b
+
+
+def _resolve_ref(node: ConcreteNode, slot: str, kinds: tuple[str, ...], ref: str,
+                 by_name: dict[str, ConcreteNode], by_template: dict[str, list[ConcreteNode]],
+                 stages: dict[str, Stage]) -> list[tuple[str, str]]:
+    target, _, output = ref.partition(".") if ref not in by_name and ref not in by_template else (ref, "", "")
+    if target not in by_name and target not in by_template:
+        # node names may contain dots: try the longest prefix that names a node
+        parts = ref.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            head = ".".join(parts[:cut])
+            if head in by_name or head in by_template:
+                target, output = head, ".".join(parts[cut:])
+                break
+    if target in by_name:
+        sources = [by_name[target]]
+    elif target in by_template:
+        sources = _matching_variants(by_template[target], node)
+        if len(sources) > 1:
+            raise RecipeError(
+                f"node {node.name!r}: input {slot!r} refers to {target!r}, which has {len(sources)} variants "
+                f"({', '.join(s.name for s in sources)})",
+                node.location, f"inputs.{slot}",
+                hint="give this node the same matrix keys, or refer to one variant by its full name",
+            )
+    else:
+        candidates = list(by_name) + [t for t in by_template if t not in by_name]
+        raise RecipeError(
+            f"node {node.name!r}: input {slot!r} refers to unknown node {target!r}", node.location,
+            f"inputs.{slot}", hint=did_you_mean(target, candidates) or f"nodes: {', '.join(candidates)}",
+        )
+    if not sources:
+        raise RecipeError(
+            f"node {node.name!r}: no variant of {target!r} matches this node's matrix values "
+            f"{node.matrix}", node.location, f"inputs.{slot}",
+        )
+    resolved = []
+    for source in sources:
+        if source.name == node.name:
+            raise RecipeError(f"node {node.name!r} uses its own output as input {slot!r}", node.location,
+                              f"inputs.{slot}")
+        stage = stages[source.stage]
+        if output:
+            if output not in stage.outputs:
+                raise RecipeError(
+                    f"node {node.name!r}: {source.name!r} has no output {output!r}", node.location,
+                    f"inputs.{slot}",
+                    hint=did_you_mean(output, list(stage.outputs)) or f"its outputs: {', '.join(stage.outputs)}",
+                )
+            if stage.outputs[output].kind not in kinds:
+                raise RecipeError(
+                    f"node {node.name!r}: input {slot!r} takes {'/'.join(kinds)} but {source.name}.{output} is "
+                    f"{stage.outputs[output].kind}", node.location, f"inputs.{slot}",
+                )
+            resolved.append((source.name, output))
+        else:
+            matching = _outputs_of_kind(stage, kinds)
+            if not matching:
+                raise RecipeError(
+                    f"node {node.name!r}: input {slot!r} takes {'/'.join(kinds)} but {source.name!r} "
+                    f"({source.stage}) produces none; its outputs: "
+                    f"{', '.join(f'{n} ({o.kind})' for n, o in stage.outputs.items()) or 'none'}",
+                    node.location, f"inputs.{slot}",
+                )
+            resolved.append((source.name, matching[0]))
+    return resolved
+
+
+def _topological_order(nodes: list[ConcreteNode]) -> list[ConcreteNode]:
+    by_name = {n.name: n for n in nodes}
+    deps = {n.name: {src for refs in n.upstream.values() for src, _ in refs} for n in nodes}
+    order: list[ConcreteNode] = []
+    done: set[str] = set()
+    remaining = [n.name for n in nodes]
+    while remaining:
+        ready = [name for name in remaining if deps[name] <= done]
+        if not ready:
+            cycle = _find_cycle(deps, set(remaining))
+            first = by_name[cycle[0]]
+            raise RecipeError(f"the nodes form a cycle: {' -> '.join(cycle)}", first.location, "inputs",
+                              hint="a node cannot depend, directly or not, on its own output")
+        for name in ready:
+            order.append(by_name[name])
+            done.add(name)
+        remaining = [name for name in remaining if name not in done]
+    return order
+
+
+def _find_cycle(deps: dict[str, set[str]], within: set[str]) -> list[str]:
+    start = sorted(within)[0]
+    path = [start]
+    seen = {start: 0}
+    current = start
+    while True:
+        nxt = sorted(d for d in deps[current] if d in within)[0]
+        if nxt in seen:
+            return [*path[seen[nxt]:], nxt]
+        seen[nxt] = len(path)
+        path.append(nxt)
+        current = nxt

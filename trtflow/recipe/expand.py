@@ -1,0 +1,155 @@
+"""Expand a recipe into concrete nodes: matrix fan-out, stage defaults, named profiles, param validation."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from trtflow.errors import Location, RecipeError, did_you_mean
+from trtflow.recipe.load import LoadedRecipe, validation_error
+from trtflow.recipe.schema import NodeSpec, Recipe
+
+_MATRIX_REF = re.compile(r"\$\{\{\s*matrix\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+_LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.]+")
+
+
+@dataclass
+class ConcreteNode:
+    """A node after matrix expansion, with validated parameters and unresolved input references."""
+
+    name: str
+    template: str
+    stage: str
+    params: dict[str, Any]  # validated and JSON-ready (model_dump(mode="json"))
+    params_model: Any
+    input_refs: dict[str, list[str]]
+    explicit_inputs: bool
+    matrix: dict[str, Any]
+    timeout: float | None
+    index: int  # position of the template in the recipe
+    location: Location | None
+    description: str | None = None
+    upstream: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # slot -> [(node, output)]
+
+
+def expand(loaded: LoadedRecipe, stages: Any | None = None) -> list[ConcreteNode]:
+    """Turn recipe nodes into concrete nodes. ``stages`` maps a name to a Stage (default: the registry)."""
+    if stages is None:
+        from trtflow.registry import get_stage as stages_get
+    else:
+        stages_get = stages.__getitem__ if not callable(stages) else stages
+    recipe = loaded.recipe
+    out: list[ConcreteNode] = []
+    for index, spec in enumerate(recipe.nodes):
+        if not spec.enabled:
+            continue
+        node_loc = loaded.location("nodes", index)
+        try:
+            stage = stages_get(spec.stage)
+        except RecipeError as exc:
+            raise RecipeError(exc.message, loaded.location("nodes", index, "stage"), f"nodes[{index}].stage",
+                              hint=exc.hint) from None
+        except KeyError:
+            raise RecipeError(f"unknown stage {spec.stage!r}", loaded.location("nodes", index, "stage"),
+                              f"nodes[{index}].stage") from None
+        field_names = set(stage.params.model_fields)
+        for combo in _combinations(spec, loaded, index):
+            name = _variant_name(spec.name, combo)
+            params = dict(recipe.defaults.get(spec.stage, {}))
+            params.update(_substitute(spec.params, combo, loaded, ("nodes", index, "params")))
+            for key, value in combo.items():
+                if key in field_names and key not in spec.params:
+                    params[key] = value
+            params = _resolve_profiles(params, recipe, loaded, index)
+            from pydantic import ValidationError
+
+            try:
+                model = stage.params.model_validate(params)
+            except ValidationError as exc:
+                raise validation_error(exc, loaded.marks, ("nodes", index, "params"), stage.params,
+                                       what=f"parameters of node {name!r}") from None
+            refs = {
+                slot: [_substitute(r, combo, loaded, ("nodes", index, "inputs", slot))
+                       for r in (ref if isinstance(ref, list) else [ref])]
+                for slot, ref in spec.inputs.items()
+            }
+            out.append(ConcreteNode(
+                name=name, template=spec.name, stage=spec.stage,
+                params=model.model_dump(mode="json"), params_model=model,
+                input_refs=refs, explicit_inputs=bool(spec.inputs), matrix=combo,
+                timeout=spec.timeout, index=index, location=node_loc, description=spec.description,
+            ))
+    return out
+
+
+def _combinations(spec: NodeSpec, loaded: LoadedRecipe, index: int) -> list[dict[str, Any]]:
+    if not spec.matrix:
+        return [{}]
+    for key, values in spec.matrix.items():
+        if not values:
+            raise RecipeError(f"matrix key {key!r} has no values", loaded.location("nodes", index, "matrix", key),
+                              f"nodes[{index}].matrix.{key}")
+    keys = list(spec.matrix)
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(spec.matrix[k] for k in keys))]
+
+
+def _label(value: Any, position: int) -> str:
+    if isinstance(value, dict) and isinstance(value.get("name"), str):
+        value = value["name"]
+    if isinstance(value, (str, int, float, bool)):
+        text = _LABEL_UNSAFE.sub("_", str(value).lower()).strip("_")
+        return text or str(position)
+    return str(position)
+
+
+def _variant_name(template: str, combo: dict[str, Any]) -> str:
+    if not combo:
+        return template
+    return "-".join([template, *(_label(v, i) for i, v in enumerate(combo.values()))])
+
+
+def _substitute(value: Any, combo: dict[str, Any], loaded: LoadedRecipe, path: tuple) -> Any:
+    if isinstance(value, dict):
+        return {k: _substitute(v, combo, loaded, (*path, k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, combo, loaded, (*path, i)) for i, v in enumerate(value)]
+    if not isinstance(value, str) or "${{" not in value:
+        return value
+
+    def lookup(key: str) -> Any:
+        if key not in combo:
+            raise RecipeError(
+                f"${{{{ matrix.{key} }}}} used but the node has no matrix key {key!r}",
+                loaded.location(*path), ".".join(str(p) for p in path),
+                hint=did_you_mean(key, list(combo)) or f"matrix keys: {', '.join(combo) or 'none'}",
+            )
+        return combo[key]
+
+    whole = _MATRIX_REF.fullmatch(value.strip())
+    if whole:
+        return lookup(whole.group(1))
+    return _MATRIX_REF.sub(lambda m: str(lookup(m.group(1))), value)
+
+
+def _resolve_profiles(params: dict[str, Any], recipe: Recipe, loaded: LoadedRecipe, index: int) -> dict[str, Any]:
+    def resolve(name: Any, path: tuple) -> Any:
+        if not isinstance(name, str):
+            return name
+        if name not in recipe.profiles:
+            raise RecipeError(
+                f"unknown profile {name!r}", loaded.location(*path), ".".join(str(p) for p in path),
+                hint=did_you_mean(name, list(recipe.profiles))
+                or f"profiles defined in the recipe: {', '.join(recipe.profiles) or 'none'}",
+            )
+        shapes = {inp: rng.model_dump() for inp, rng in recipe.profiles[name].items()}
+        return {"name": name, "shapes": shapes}
+
+    out = dict(params)
+    base = ("nodes", index, "params")
+    if "profile" in out:
+        out["profile"] = resolve(out["profile"], (*base, "profile"))
+    if isinstance(out.get("profiles"), list):
+        out["profiles"] = [resolve(p, (*base, "profiles", i)) for i, p in enumerate(out["profiles"])]
+    return out

@@ -1,0 +1,72 @@
+"""Pydantic models of a recipe file. Stage parameters are validated later, against each stage's Params."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+NODE_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ShapeRange(Strict):
+    """The shapes one input may take in an optimization profile."""
+
+    min: list[int] = Field(description="Smallest shape the engine must accept, e.g. [1, 3, 224, 224].")
+    opt: list[int] = Field(description="Shape TensorRT optimizes for: the most common one at run time.")
+    max: list[int] = Field(description="Largest shape the engine must accept.")
+
+
+class NodeSpec(Strict):
+    """One node of the pipeline: a stage with its parameters and where its inputs come from."""
+
+    name: str = Field(
+        pattern=NODE_NAME_PATTERN,
+        description="Unique node name (letters, digits, '_', '-', '.'). Matrix variants get suffixes.",
+    )
+    stage: str = Field(description="Stage to run: export, simplify, quantize, convert, build, validate, "
+                       "benchmark, or any stage a plugin registers.")
+    description: str | None = Field(default=None, description="Free text shown by `trtflow show`.")
+    params: dict[str, Any] = Field(default_factory=dict, description="The stage's parameters (see its schema).")
+    inputs: dict[str, str | list[str]] = Field(
+        default_factory=dict,
+        description="Input slot -> reference 'node' or 'node.output'. An omitted required slot takes the "
+        "nearest earlier node that produces the right kind of artifact.",
+    )
+    matrix: dict[str, list[Any]] = Field(
+        default_factory=dict,
+        description="Fan the node out over every combination of these values. A key that is a stage "
+        "parameter sets it; every key is available as ${{ matrix.KEY }} in params and inputs.",
+    )
+    timeout: float | None = Field(default=None, gt=0, description="Seconds before the node is killed as hung.")
+    enabled: bool = Field(default=True, description="Set to false to leave the node out of the pipeline.")
+
+
+class Recipe(Strict):
+    """A trtflow recipe: named shape profiles, per-stage defaults and the nodes of the pipeline."""
+
+    version: Literal[1] = Field(default=1, description="Recipe format version.")
+    name: str = Field(pattern=NODE_NAME_PATTERN, description="Recipe name; outputs go to build/<name>/.")
+    description: str | None = Field(default=None, description="What this pipeline produces.")
+    extends: str | None = Field(
+        default=None, description="Path of a base recipe (relative to this file) whose settings this "
+        "one extends; nodes with the same name are merged, others appended."
+    )
+    profiles: dict[str, dict[str, ShapeRange]] = Field(
+        default_factory=dict,
+        description="Named optimization profiles: profile name -> input name -> {min, opt, max}. A stage "
+        "parameter 'profile' (a name) or 'profiles' (a list of names) refers to them.",
+    )
+    defaults: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Default parameters per stage name, e.g. {build: {backend: tensorrt-rtx}}.",
+    )
+    nodes: list[NodeSpec] = Field(min_length=1, description="The pipeline's nodes, in a sensible order.")
+
+
+RECIPE_TOP_KEYS = tuple(Recipe.model_fields)
+NODE_KEYS = tuple(NodeSpec.model_fields)
