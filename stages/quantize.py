@@ -216,6 +216,13 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     from trtflow_stages._data import load_arrays, onnx_input_specs
 
     model_path = private_model_copy(inputs["model"], ctx.scratch / "input")
+    check_node_patterns(
+        model_path, {"nodes_to_quantize": params.nodes_to_quantize, "nodes_to_exclude": params.nodes_to_exclude}
+    )
+    for field in ("op_types_to_quantize", "op_types_to_exclude"):
+        absent = check_op_types(model_path, field, getattr(params, field))
+        if absent:
+            ctx.log.warning("%s: the model has no node of op type %s (misspelt?)", field, absent)
     specs = onnx_input_specs(model_path)
     calibration_data = None
     rows = 0
@@ -247,13 +254,6 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         kwargs["block_size"] = params.block_size
 
     ctx.progress(0.1, f"quantizing to {params.mode} ({params.method}) with ModelOpt")
-    check_node_patterns(
-        model_path, {"nodes_to_quantize": params.nodes_to_quantize, "nodes_to_exclude": params.nodes_to_exclude}
-    )
-    for field in ("op_types_to_quantize", "op_types_to_exclude"):
-        absent = check_op_types(model_path, field, getattr(params, field))
-        if absent:
-            ctx.log.warning("%s: the model has no node of op type %s (misspelt?)", field, absent)
     from modelopt.onnx.quantization import quantize
 
     try:

@@ -41,7 +41,8 @@ from ._data import DataSource, InputSpec, data_files, iter_batches, load_arrays,
 
 Precision = Literal["fp32", "tf32", "fp16", "bf16", "int8", "fp8", "int4", "fp4"]
 ErrorStat = Literal["elemwise", "max", "mean", "median"]
-BackendName = Literal["auto", "tensorrt", "tensorrt-rtx"]
+BackendName = Literal["auto", "onnxruntime", "tensorrt", "tensorrt-rtx"]
+TRT_FLAVOURS = ("tensorrt", "tensorrt-rtx")
 
 # Default gates per precision the candidate was built in: (atol, rtol, check_error_stat, min cosine).
 # An element (elemwise) or a statistic passes when its absolute error <= atol OR its relative error <= rtol
@@ -120,7 +121,9 @@ class Params(StageParams):
         default_factory=dict, description="Gates on task metrics, e.g. {top1_agreement: {min: 0.99}}."
     )
     backend: BackendName = Field(
-        "auto", description="TensorRT flavour for an engine candidate; 'auto' takes the one that built it."
+        "auto", description="How the candidate runs: 'onnxruntime' (an ONNX candidate, CPU), 'tensorrt' or "
+        "'tensorrt-rtx' (an engine candidate, GPU; checked before the stage starts), or 'auto': from the "
+        "candidate's kind, an engine with the flavour that built it (engine.json).",
     )
 
     @model_validator(mode="after")
@@ -181,7 +184,17 @@ def load_user_function(reference: str, resolve: Callable[[str], Path], what: str
 
 # -- declarations ---------------------------------------------------------------------------------------------
 def _check(params: Params) -> None:
-    """Nothing to check without inputs: an engine candidate is checked when its provenance is known."""
+    """An engine candidate named by its flavour must be runnable here; with 'auto' `run` checks it first."""
+    if params.backend in TRT_FLAVOURS:
+        from ._trt_runtime import runtime_available, runtime_needs
+
+        reason = runtime_available(params.backend)
+        if reason:
+            raise StageSkipped(f"cannot run the engine candidate: {reason}", needs=runtime_needs(params.backend))
+
+
+def _resources(params: Params) -> frozenset[str]:
+    return frozenset({"gpu"}) if params.backend in TRT_FLAVOURS else frozenset({"cpu"})
 
 
 def _files(params: Params) -> list[str]:
@@ -246,22 +259,19 @@ def _join(iterations: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return joined
 
 
-def _candidate_kind(path: Path, specs_error: list[str]) -> str:
-    """'onnx' or 'engine' from the file (the slot accepts both kinds)."""
-    with open(path, "rb") as f:
-        head = f.read(64)
+def candidate_kind(path: Path) -> str:
+    """'onnx' or 'engine': by file name (the runner keeps producers' file names), else by content."""
     if path.suffix == ".onnx":
         return "onnx"
     if path.suffix in (".engine", ".plan", ".trt"):
         return "engine"
-    try:
-        import onnx
+    import onnx
 
-        onnx.load(str(path), load_external_data=False)
-        return "onnx"
-    except Exception:
-        specs_error.append(f"{path.name} ({len(head)} bytes read) is not an ONNX model; treated as an engine")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # not a protobuf ONNX model
         return "engine"
+    return "onnx" if model.ir_version > 0 and len(model.graph.node) > 0 else "engine"
 
 
 def _batch_size(params: Params, specs: Sequence[InputSpec]) -> tuple[int, bool]:
@@ -448,17 +458,20 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         raise RecipeError("give exactly one reference: the 'reference' input (an ONNX model) or the "
                           "'reference_outputs' param (a .npz of saved outputs)",
                           field="reference_outputs")
-    notes: list[str] = []
     candidate_path = inputs["candidate"]
-    kind = _candidate_kind(candidate_path, notes)
-    for note in notes:
-        ctx.log.info(note)
+    kind = candidate_kind(candidate_path)
+    if kind == "onnx" and params.backend in TRT_FLAVOURS:
+        raise RecipeError(f"backend {params.backend} runs engines, but the candidate is an ONNX model",
+                          field="backend", hint="connect the build stage's engine, or set backend: onnxruntime")
+    if kind == "engine" and params.backend == "onnxruntime":
+        raise RecipeError("backend onnxruntime runs ONNX models, but the candidate is an engine", field="backend",
+                          hint="set backend: auto (or the engine's TensorRT flavour)")
 
     session = None
     candidate_desc = "onnxruntime (CPU)"
     if kind == "engine":
         manifest = read_provenance(inputs.get("provenance"))
-        flavour = engine_backend(params.backend, manifest)
+        flavour = engine_backend("auto" if params.backend == "auto" else params.backend, manifest)
         reason = runtime_available(flavour, ctx.gpu)
         if reason:
             raise StageSkipped(f"cannot run the engine candidate: {reason}", needs=runtime_needs(flavour))
@@ -559,7 +572,7 @@ stage = Stage(
         "provenance": Input(METRICS, "engine.json of an engine candidate (from the build stage)", optional=True),
     },
     outputs={"metrics": Output(METRICS, "validate.json", "per-output errors, cosine similarity, verdicts")},
-    resources=frozenset({"cpu"}),
+    resources=_resources,
     environment=_environment,
     files=_files,
     check=_check,

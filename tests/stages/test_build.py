@@ -391,3 +391,21 @@ def test_declarations_follow_the_flavour():
         with pytest.raises(StageSkipped) as info:
             build.stage.check(full)
         assert "NVIDIA's index" in info.value.needs
+
+
+@needs_rtx
+def test_modelopt_int8_cnn_builds(tmp_path, tiny_cnn_onnx):
+    """A CNN quantized by ModelOpt (per-channel conv weights, activation Q/DQ) builds as a strongly typed int8."""
+    import numpy as np
+    from modelopt.onnx.quantization import quantize
+
+    quantized = tmp_path / "cnn_int8.onnx"
+    calibration = {"input": np.random.default_rng(0).random((8, 3, 32, 32), dtype=np.float32)}
+    quantize(onnx_path=str(tiny_cnn_onnx), quantize_mode="int8", calibration_data=calibration,
+             output_path=str(quantized), calibration_eps=["cpu"])
+    assert build.inspect_model(quantized).quantized_types == {"int8"}
+
+    result, manifest = build_engine(tmp_path / "out", quantized, precision="int8", profile=CNN_DYNAMIC)
+    assert result.summary["strongly_typed"] is True
+    assert manifest["network"]["layers"] > 100  # the Q/DQ layers are in the network TensorRT-RTX compiled
+    assert result.outputs["engine"].stat().st_size > 100_000

@@ -119,6 +119,17 @@ def test_int4_awq_lite_on_the_transformer(tmp_path, tiny_transformer_onnx):
     assert not any(name.startswith("/head/") for name in consumers)
 
 
+def test_external_data_goes_to_the_weights_output(tmp_path, tiny_cnn_onnx):
+    result = quantize(tmp_path, tiny_cnn_onnx, mode="int8", use_external_data_format=True,
+                      calibration_data={"random": {"num_samples": 2}})
+    assert result.summary["external_data"] is True
+    weights = result.outputs["weights"]
+    assert weights.name == "model.onnx_data" and weights.parent == result.outputs["model"].parent
+    assert weights.stat().st_size > result.outputs["model"].stat().st_size
+    out = ort_run(result.outputs["model"], {"input": np.zeros((1, 3, 32, 32), np.float32)})
+    assert out.shape == (1, 10)
+
+
 def test_nvfp4_is_refused_before_any_work(tmp_path, tiny_mlp_onnx):
     if "nvfp4" in supported_modes():
         pytest.skip("this ModelOpt's ONNX quantizer supports nvfp4")
