@@ -14,6 +14,7 @@ Pure Python (no numpy), so it is cheap to import and easy to test.
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -22,14 +23,21 @@ ENQUEUE_BOUND_RATIO = 0.8  # trtexec: enqueue median > 0.8 x GPU compute median
 UNSTABLE_CV_PERCENT = 2.5  # trtexec: GPU compute coefficient of variation above 2.5%
 
 
+def _f32(value: float) -> float:
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
 def percentile(sorted_values: Sequence[float], p: float) -> float:
-    """trtexec's percentile of ascending ``sorted_values`` (no interpolation); inf when empty."""
+    """trtexec's percentile of ascending ``sorted_values`` (no interpolation); inf when empty.
+
+    The excluded count is computed in float32 as trtexec does, so e.g. p90 of 100 values excludes 10
+    (float64 arithmetic would give 9.999... and exclude 9)."""
     if not 0.0 <= p <= 100.0:
         raise ValueError(f"percentile must be in [0, 100], got {p}")
     count = len(sorted_values)
     if count == 0:
         return math.inf
-    exclude = int((1.0 - p / 100.0) * count)
+    exclude = int(_f32(_f32(1.0 - _f32(_f32(p) / 100.0)) * count))
     return float(sorted_values[max(count - 1 - exclude, 0)])
 
 

@@ -337,7 +337,9 @@ def _qdq_type(node: Any, initializers: Mapping[str, Any], constants: Mapping[str
     if node.op_type == "DequantizeLinear":
         candidates.append(node.input[0])
     for name in candidates:
-        tensor = initializers.get(name) or constants.get(name)
+        tensor = initializers.get(name)
+        if tensor is None:
+            tensor = constants.get(name)
         if tensor is not None:
             return _QUANTIZED_TYPES.get(type_name(tensor.data_type), type_name(tensor.data_type).lower())
     return "int8"  # ONNX's default quantized type (uint8) when no zero point says otherwise
@@ -715,6 +717,19 @@ def _digest(data: bytes | None) -> str | None:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _error_summary(errors: list[str]) -> str:
+    """TensorRT's and Polygraphy's error lines, without severity tags and the parser's node banners."""
+    lines = []
+    for error in errors:
+        text = re.sub(r"^\[[E!]\]\s*", "", error.strip())
+        if "--- Begin node ---" in text or "--- End node ---" in text:
+            continue
+        text = " ".join(text.split())
+        if text and text not in lines:
+            lines.append(text)
+    return "; ".join(lines)
+
+
 def _io_record(count: int, get: Any) -> list[dict[str, Any]]:
     tensors = []
     for index in range(count):
@@ -791,8 +806,11 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         except PolygraphyException as exc:
             if ctx.cancelled:
                 raise StageFailed("the build was cancelled") from None
-            details = "; ".join(dict.fromkeys(relay.errors)) or str(exc)
+            details = _error_summary(relay.errors) or str(exc)
             hint = "see the node's log for TensorRT's full output"
+            if "could not parse onnx" in details.lower():
+                hint = (f"the ONNX parser of {backend} {version} rejected the node named above: run the simplify "
+                        "stage, export with another opset, or replace the operator; the node's log has the details")
             if params.fail_on_timing_cache_miss and "timing cache" in details.lower():
                 hint = ("the shared timing cache lacks a tactic this build needs: build once with "
                         "fail_on_timing_cache_miss: false to fill it")

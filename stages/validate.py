@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -237,7 +238,10 @@ def engine_session_runner(session: Any, name: str) -> Any:
             return meta
 
         def infer_impl(self, feed_dict: dict) -> dict:
-            return session.infer(feed_dict)
+            start = time.perf_counter()
+            outputs = session.infer(feed_dict)
+            self.inference_time = time.perf_counter() - start
+            return outputs
 
         def deactivate_impl(self) -> None:
             session.__exit__(None, None, None)

@@ -13,6 +13,22 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
+def _ensure_example_plugin() -> None:
+    """Install the example plugin (examples/plugin) the way a user installs a third-party stage package."""
+    import subprocess
+    from importlib import metadata
+
+    if any(ep.name == "synth" for ep in metadata.entry_points(group="trtflow.stages")):
+        return
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e",
+                    str(REPO / "examples" / "plugin")], check=True)
+    metadata.entry_points.cache_clear() if hasattr(metadata.entry_points, "cache_clear") else None
+
+
+def pytest_sessionstart(session) -> None:
+    _ensure_example_plugin()
+
+
 def export_onnx(model, example_inputs: tuple, path: Path, input_names: list[str], output_names: list[str],
                 dynamic_axes: dict | None = None, opset: int = 17) -> Path:
     import torch

@@ -258,7 +258,7 @@ def report(
     from trtflow.journal import Journal
     from trtflow.pipeline import default_store
     from trtflow.recipe.load import load_recipe
-    from trtflow.report import render
+    from trtflow.report.formats import render
 
     name = load_recipe(recipe).recipe.name
     st = default_store(store)

@@ -79,6 +79,12 @@ def main(job_file: str) -> int:
             exc = RuntimeError("stage called sys.exit()")
         log.error("stage raised:\n%s", traceback.format_exc())
         result = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "traceback": True}
+    if result["status"] != "ok":
+        # Partial outputs are discarded anyway; removing them first frees the space a full disk needs to
+        # record why the stage failed.
+        import shutil
+
+        shutil.rmtree(Path(job["scratch"]) / "out", ignore_errors=True)
     _write_result(result_path, result)
     return 0 if result["status"] == "ok" else 1
 

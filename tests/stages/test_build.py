@@ -222,6 +222,10 @@ def test_rtx_compute_capability_targets(tmp_path, tiny_cnn_onnx):
     assert manifest["builder"]["compute_capabilities"] == ["8.6", "8.9", "12.0"]
     assert result.outputs["engine"].stat().st_size > 10_000
 
+    with pytest.raises(RecipeError, match=r"compute_capabilities: 9.0 is not a target of tensorrt-rtx .*available: "
+                                          r"7.5, 8.0, 8.6, 8.9, 12.0"):
+        build_engine(tmp_path / "hopper", tiny_cnn_onnx, profile=CNN_DYNAMIC, compute_capabilities=["9.0"])
+
     # TensorRT-RTX refuses fp32 GEMMs for Turing: the builder's own error reaches the message.
     with pytest.raises(StageFailed, match=r"could not build cnn.onnx: .*Turing \(SM75\)"):
         build_engine(tmp_path / "turing", tiny_cnn_onnx, profile=CNN_DYNAMIC, compute_capabilities=["7.5"])
@@ -409,3 +413,22 @@ def test_modelopt_int8_cnn_builds(tmp_path, tiny_cnn_onnx):
     assert result.summary["strongly_typed"] is True
     assert manifest["network"]["layers"] > 100  # the Q/DQ layers are in the network TensorRT-RTX compiled
     assert result.outputs["engine"].stat().st_size > 100_000
+
+
+@needs_rtx
+def test_unparseable_model_names_the_node_and_what_to_do(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("MyCustomOp", ["x"], ["y"], domain="com.example")], "custom",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    onnx.save(model, str(tmp_path / "custom.onnx"))
+
+    with pytest.raises(StageFailed) as info:
+        build_engine(tmp_path / "out", tmp_path / "custom.onnx")
+    assert "could not build custom.onnx" in info.value.message
+    assert "operator: MyCustomOp" in info.value.message and "Could not parse ONNX correctly" in info.value.message
+    assert "--- Begin node ---" not in info.value.message
+    assert "ONNX parser of tensorrt-rtx" in info.value.hint

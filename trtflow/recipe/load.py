@@ -21,6 +21,7 @@ from trtflow.errors import Location, RecipeError, did_you_mean
 from trtflow.recipe.schema import Recipe
 
 Path_ = tuple[Any, ...]
+KEY = "<key>"  # a path ending in KEY marks where the mapping key itself is written
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _ALLOWED_TAGS = {
@@ -52,6 +53,11 @@ class Marks:
             if not key:
                 return None
             key = key[:-1]
+
+    def find_key(self, path: Iterable[Any]) -> Location | None:
+        """Where the mapping key that names ``path`` is written (for "unknown key" errors)."""
+        key = tuple(path)
+        return self.by_path.get((*key, KEY)) or self.find(key)
 
     def subtree(self, prefix: Path_) -> dict[Path_, Location]:
         n = len(prefix)
@@ -102,7 +108,7 @@ class _Converter:
             self.loader.flatten_mapping(node)
             result: dict[Any, Any] = {}
             for key_node, value_node in node.value:
-                key = self.convert(key_node, (*path, "<key>"))
+                key = self.convert(key_node, (*path, KEY, KEY))
                 if isinstance(key, (dict, list)):
                     raise RecipeError("a mapping key must be a plain value", _location(self.file, key_node.start_mark))
                 if key in result:
@@ -110,10 +116,9 @@ class _Converter:
                         f"duplicate key {key!r}", _location(self.file, key_node.start_mark),
                         hint="each key may appear once in a mapping",
                     )
-                self.marks[(*path, key)] = _location(self.file, key_node.start_mark)
+                self.marks[(*path, key, KEY)] = _location(self.file, key_node.start_mark)
                 result[key] = self.convert(value_node, (*path, key))
-                self.marks[(*path, key)] = _location(self.file, key_node.start_mark)
-            self.marks.pop((*path, "<key>"), None)
+            self.marks.pop((*path, KEY, KEY), None)
             return result
         if isinstance(node, yaml.SequenceNode):
             return [self.convert(item, (*path, i)) for i, item in enumerate(node.value)]
@@ -306,7 +311,7 @@ def validation_error(exc: Any, marks: Marks, prefix: Path_, model: Any = None,
     for err in exc.errors():
         loc = tuple(err.get("loc", ()))
         full = (*prefix, *loc)
-        location = marks.find(full)
+        location = marks.find_key(full) if err.get("type") == "extra_forbidden" else marks.find(full)
         first_loc = first_loc or location
         field_name = ".".join(str(p) for p in full) or "(root)"
         message = err.get("msg", "invalid value")

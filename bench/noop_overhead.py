@@ -1,0 +1,121 @@
+"""Orchestration overhead: time no-op re-runs of synthetic pipelines (and DVC's, where installed).
+
+Generates pipelines of N cheap nodes (the example plugin's `synth` stage, which writes a small file),
+runs each once, then times `trtflow run` of the unchanged recipe as a whole process (median of --repeat).
+Where `dvc` is installed, builds the same DAG as a DVC pipeline (each stage a tiny file-writing command)
+and times `dvc repro` the same way. Also times `trtflow --help` and `trtflow plan`, and checks that the
+no-op path imports none of torch, onnx, onnxruntime, polygraphy or modelopt.
+
+    python bench/noop_overhead.py --sizes 50 500 --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HEAVY = ("torch", "onnx", "onnxruntime", "polygraphy", "modelopt", "tensorrt", "tensorrt_rtx")
+
+
+def trtflow_cmd() -> list[str]:
+    exe = shutil.which("trtflow")
+    return [exe] if exe else [sys.executable, "-m", "trtflow.cli"]
+
+
+def dag(n: int) -> list[tuple[str, str | None]]:
+    """A layered DAG: node i depends on node i // 2 (a binary tree), so there is real fan-out."""
+    return [(f"n{i:04d}", None if i == 0 else f"n{(i - 1) // 2:04d}") for i in range(n)]
+
+
+def write_trtflow_recipe(folder: Path, n: int) -> Path:
+    lines = [f"name: noop{n}", "nodes:"]
+    for name, parent in dag(n):
+        lines.append(f"  - name: {name}")
+        lines.append("    stage: synth")
+        lines.append(f"    params: {{text: {name}, size: 64}}")
+        if parent:
+            lines.append(f"    inputs: {{source: {parent}}}")
+    path = folder / "recipe.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_dvc_pipeline(folder: Path, n: int) -> None:
+    lines = ["stages:"]
+    for name, parent in dag(n):
+        deps = f"\n    deps: [out/{parent}.txt]" if parent else ""
+        lines.append(f"  {name}:\n    cmd: mkdir -p out && echo {name} > out/{name}.txt{deps}\n    outs: [out/{name}.txt]")
+    (folder / "dvc.yaml").write_text("\n".join(lines) + "\n")
+
+
+def timed(cmd: list[str], cwd: Path, repeat: int, env: dict | None = None) -> list[float]:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
+        times.append(time.perf_counter() - start)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return times
+
+
+def heavy_imports(cwd: Path, recipe: Path) -> list[str]:
+    code = ("import sys, runpy; sys.argv = ['trtflow', 'run', %r]\n"
+            "try:\n    runpy.run_module('trtflow.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print('MODULES', ' '.join(sorted(sys.modules)))" % str(recipe))
+    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True).stdout
+    modules = next((line.split()[1:] for line in out.splitlines() if line.startswith("MODULES")), [])
+    return sorted({m.split(".")[0] for m in modules} & set(HEAVY))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[50, 500])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--no-dvc", action="store_true", help="Do not compare with DVC even if installed.")
+    args = parser.parse_args()
+    tf = trtflow_cmd()
+    dvc = None if args.no_dvc else shutil.which("dvc")
+    root = Path(tempfile.mkdtemp(prefix="trtflow-bench-"))
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, PYTHONDONTWRITEBYTECODE="
+          f"{os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}, dvc: {dvc or 'not installed'}")
+    try:
+        help_t = statistics.median(timed([*tf, "--help"], root, args.repeat))
+        print(f"trtflow --help: median {help_t:.3f} s")
+        for n in args.sizes:
+            folder = root / f"tf{n}"
+            folder.mkdir()
+            recipe = write_trtflow_recipe(folder, n)
+            start = time.perf_counter()
+            timed([*tf, "run", "-q", "-j", str(os.cpu_count() or 2), str(recipe)], folder, 1)
+            first = time.perf_counter() - start
+            noop = timed([*tf, "run", "-q", str(recipe)], folder, args.repeat)
+            plan = timed([*tf, "plan", str(recipe)], folder, args.repeat)
+            line = (f"{n:4d} nodes: first run {first:6.2f} s | no-op run median {statistics.median(noop):.3f} s "
+                    f"(min {min(noop):.3f}) | plan median {statistics.median(plan):.3f} s")
+            if dvc:
+                dfolder = root / f"dvc{n}"
+                dfolder.mkdir()
+                subprocess.run(["git", "init", "-q"], cwd=dfolder, check=True)
+                subprocess.run([dvc, "init", "-q"], cwd=dfolder, check=True)
+                write_dvc_pipeline(dfolder, n)
+                timed([dvc, "repro", "-q"], dfolder, 1)
+                dnoop = timed([dvc, "repro", "-q"], dfolder, args.repeat)
+                ratio = statistics.median(noop) / statistics.median(dnoop)
+                line += f" | dvc repro no-op median {statistics.median(dnoop):.3f} s | trtflow/dvc {ratio:.2f}x"
+            print(line, flush=True)
+            heavy = heavy_imports(folder, recipe)
+            print(f"      no-op run imports heavy modules: {', '.join(heavy) if heavy else 'none'}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Reliability tests: crashes, interruption, concurrency, bad input and untrusted files."""

@@ -1,0 +1,42 @@
+"""Fixtures of the reliability tests: the test stages as plugins, and `trtflow` run as a real subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from .plugins import activate_in_process, subprocess_env, write_plugin_distribution
+
+
+@pytest.fixture(scope="session")
+def plugin_paths(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    paths = write_plugin_distribution(tmp_path_factory.mktemp("plugins"))
+    activate_in_process(paths)
+    return paths
+
+
+@pytest.fixture(scope="session")
+def plugin_env(plugin_paths: list[str]) -> dict[str, str]:
+    return subprocess_env(plugin_paths)
+
+
+TRTFLOW = [sys.executable, "-m", "trtflow.cli"]
+
+
+@pytest.fixture
+def trtflow(tmp_path: Path, plugin_env: dict[str, str]) -> Callable[..., subprocess.CompletedProcess]:
+    """Run `trtflow ARGS` in tmp_path (store in tmp_path/store unless --store is given); capture output."""
+
+    def call(*args: str, timeout: float = 120, cwd: Path | None = None,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        argv = [*TRTFLOW, *args]
+        if args and args[0] in ("run", "plan", "verify", "status", "show", "gc") and "--store" not in args:
+            argv += ["--store", str(tmp_path / "store")]
+        return subprocess.run(argv, cwd=cwd or tmp_path, env=env or plugin_env, capture_output=True, text=True,
+                              timeout=timeout)
+
+    return call

@@ -1,0 +1,65 @@
+"""A stage that misbehaves on purpose, registered as a real plugin (``trtflow.stages`` entry point).
+
+It stands for any third-party or built-in stage that raises an unexpected exception, exits the process,
+crashes with a signal, hangs, or leaves a half-written output behind. Each mode first writes part of its
+output, so the tests can check that the runner discards partial outputs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from trtflow.stage import FILE, Input, Output, Stage, StageContext, StageParams
+
+Mode = Literal["ok", "raise", "exit", "sys_exit_0", "segfault", "hang", "fill"]
+
+
+class Params(StageParams):
+    mode: Mode = Field(default="ok", description="How the stage behaves after writing half of its output.")
+    size: int = Field(default=4096, ge=2, description="Bytes of the complete output.")
+    text: str = Field(default="", description="Text mixed into the output (makes distinct node keys).")
+
+
+def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
+    seed = (params.text.encode() or b"x") + (inputs["source"].read_bytes()[:64] if "source" in inputs else b"")
+    data = (seed * (params.size // len(seed) + 1))[: params.size]
+    target = ctx.output("data")
+    with open(target, "wb") as f:
+        f.write(data[: params.size // 2])
+        f.flush()
+        if params.mode == "raise":
+            raise RuntimeError("faulty stage raised on purpose")
+        if params.mode == "exit":
+            os._exit(7)
+        if params.mode == "sys_exit_0":
+            sys.exit(0)
+        if params.mode == "segfault":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if params.mode == "hang":
+            ctx.log.info("hanging on purpose")
+            time.sleep(3600)
+        if params.mode == "fill":
+            chunk = b"\0" * (1 << 20)
+            while True:  # until the disk is full: the OSError escapes as an unexpected error
+                f.write(chunk)
+                f.flush()
+        f.write(data[params.size // 2:])
+    return {"bytes": params.size}
+
+
+stage = Stage(
+    name="faulty",
+    version="1",
+    description="Misbehaves on purpose (tests of crash handling).",
+    params=Params,
+    run=run,
+    inputs={"source": Input(FILE, "Optional file mixed into the output.", optional=True)},
+    outputs={"data": Output(FILE, "data.bin", "Deterministic bytes.")},
+)

@@ -1,0 +1,39 @@
+"""Fault injection: `trtflow run` killed (SIGKILL) or interrupted (SIGINT) at random points resumes exactly.
+
+Runs the harness of bench/kill_resume.py (which runs it at a larger count) on a 7-node pipeline of the
+deterministic `synth` stage; see that file for what each trial checks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.kill_resume import NODES, run_trials
+
+
+def _check(trials: list, wanted: int) -> None:
+    interrupted = [t for t in trials if t.interrupted]
+    assert len(interrupted) >= wanted, f"only {len(interrupted)} of {len(trials)} signals landed mid-run"
+    failures = [f"trial {t.index} (SIG{t.signal.upper()} after {t.delay:.2f}s): {'; '.join(t.problems)}"
+                for t in trials if not t.ok]
+    assert not failures, "\n".join(failures)
+    # The random kill points must cover the interesting cases: before any commit and after some commits.
+    committed = [len(t.committed_before) for t in interrupted]
+    assert 0 in committed, committed
+    assert any(0 < c < len(NODES) for c in committed), committed
+
+
+@pytest.mark.slow
+def test_sigkill_at_20_random_points_resumes_identically(tmp_path: Path, plugin_env: dict[str, str]) -> None:
+    _, trials = run_trials(20, ["kill"], seed=20, workdir=tmp_path, env=plugin_env, verify_cli=False)
+    _check(trials, 20)
+
+
+@pytest.mark.slow
+def test_sigint_at_10_random_points_exits_130_and_resumes_identically(tmp_path: Path,
+                                                                        plugin_env: dict[str, str]) -> None:
+    _, trials = run_trials(10, ["int"], seed=10, workdir=tmp_path, env=plugin_env, verify_cli=True)
+    _check(trials, 10)
+    assert all(t.exit_code == 130 for t in trials if t.interrupted)

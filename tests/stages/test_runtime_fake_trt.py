@@ -1,0 +1,216 @@
+"""The engine paths of validate and benchmark, and the TensorRT runtime interface.
+
+No TensorRT engine can execute on the machines that run this suite (no GPU; TensorRT-RTX refuses the
+datacenter GPUs we could borrow), so the ``*_fake_trt*`` tests substitute `FakeEngineSession` for the
+`EngineSession` that `_trt_runtime.open_engine` returns, and `FakeTimer` for the cuda-python harness. Both
+fakes stand for TensorRT execution on a GPU: the session computes its outputs with ONNX Runtime on the ONNX
+model the engine would have been built from; the timer calls each enqueue on the host clock.
+Everything around them (provenance, data, shapes, comparison, statistics, gates, reports) is real.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+from trtflow.errors import GateFailed, StageFailed, StageSkipped
+from trtflow.testing import run_stage
+from trtflow_stages import _trt_runtime, benchmark, validate
+from trtflow_stages._cuda_timing import TimingRun
+from trtflow_stages._data import onnx_input_specs
+from trtflow_stages._stats import QueryTiming
+from trtflow_stages._trt_runtime import DeviceTensor
+
+
+class FakeEngineSession:
+    """Stands for a TensorRT execution context: runs the source ONNX model with ONNX Runtime."""
+
+    def __init__(self, onnx_path: Path, output_scale: float = 1.0, log: list | None = None) -> None:
+        import onnxruntime as ort
+
+        self.onnx_path = onnx_path
+        self.output_scale = output_scale
+        self.session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+        self.log = log if log is not None else []
+        self.entered = False
+        self.enqueues = 0
+        self.feed: dict = {}
+
+    def __enter__(self) -> FakeEngineSession:
+        self.entered = True
+        self.log.append(("enter", id(self)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.entered = False
+        self.log.append(("exit", id(self)))
+
+    def input_specs(self):
+        return onnx_input_specs(self.onnx_path)
+
+    def output_names(self):
+        return [o.name for o in self.session.get_outputs()]
+
+    def infer(self, feed):
+        assert self.entered, "infer() outside the session's with-block"
+        outputs = self.session.run(None, dict(feed))
+        return {name: value * self.output_scale for name, value in zip(self.output_names(), outputs, strict=True)}
+
+    def prepare(self, feed):
+        assert self.entered, "prepare() outside the session's with-block"
+        self.feed = {name: np.array(value) for name, value in feed.items()}
+        outputs = self.session.run(None, self.feed)
+        tensors = [DeviceTensor(name, True, tuple(a.shape), a.dtype.name, 0x1000 + i, a.nbytes)
+                   for i, (name, a) in enumerate(self.feed.items())]
+        tensors += [DeviceTensor(name, False, tuple(a.shape), a.dtype.name, 0x2000 + i, a.nbytes)
+                    for i, (name, a) in enumerate(zip(self.output_names(), outputs, strict=True))]
+        return tensors
+
+    def enqueue(self, stream: int) -> bool:
+        self.enqueues += 1
+        self.session.run(None, self.feed)
+        return True
+
+    def fork(self) -> FakeEngineSession:
+        return FakeEngineSession(self.onnx_path, self.output_scale, self.log)
+
+
+class FakeTimer:
+    """Stands for the cuda-python harness on a GPU: calls each enqueue and times it on the host clock."""
+
+    instances: ClassVar[list] = []
+
+    def __init__(self) -> None:
+        self.streams: list[int] = []
+        self.work: list = []
+        self.options = None
+        FakeTimer.instances.append(self)
+
+    def __enter__(self) -> FakeTimer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def new_stream(self) -> int:
+        self.streams.append(100 + len(self.streams))
+        return self.streams[-1]
+
+    def pinned_array(self, shape, dtype):
+        return np.zeros(shape, dtype)
+
+    def time(self, work, options) -> TimingRun:
+        self.work, self.options = list(work), options
+        origin = time.perf_counter_ns()
+        trace = []
+        for _ in range(options.min_iterations):
+            for index, item in enumerate(work):
+                start = (time.perf_counter_ns() - origin) / 1e6
+                assert item.enqueue(item.stream) is not False
+                end = (time.perf_counter_ns() - origin) / 1e6
+                trace.append(QueryTiming(index, start, end, start, start, start, end, end, end))
+        graphs = [False] * len(work)
+        failures = [f"stream {i}: CUDA graph capture failed (fake harness); timed plain enqueues"
+                    for i in range(len(work))] if options.use_cuda_graph else []
+        return TimingRun(trace=trace, cuda_graph=graphs, graph_failures=failures)
+
+
+@pytest.fixture
+def engine_files(tmp_path):
+    engine = tmp_path / "model.engine"
+    engine.write_bytes(b"serialized engine stand-in")
+    provenance = tmp_path / "engine.json"
+    provenance.write_text(json.dumps({"backend": "tensorrt-rtx", "version": "1.7.1.116"}))
+    return engine, provenance
+
+
+def _fake_runtime(monkeypatch, onnx_path: Path, output_scale: float = 1.0) -> list:
+    opened: list = []
+
+    def open_engine(engine_path, provenance_path, backend="auto", gpu_index=None):
+        opened.append((Path(engine_path).name, Path(provenance_path).name if provenance_path else None, backend))
+        return FakeEngineSession(onnx_path, output_scale)
+
+    monkeypatch.setattr(_trt_runtime, "runtime_available", lambda *args, **kwargs: None)
+    monkeypatch.setattr(_trt_runtime, "open_engine", open_engine)
+    return opened
+
+
+def test_validate_engine_candidate_fake_trt(monkeypatch, tiny_cnn_onnx, engine_files, tmp_path):
+    engine, provenance = engine_files
+    opened = _fake_runtime(monkeypatch, tiny_cnn_onnx)
+    data = {"random": {"seed": 0, "num_samples": 4}}
+    result = run_stage(validate.stage, {"data": data, "batch_size": 2},
+                       {"reference": tiny_cnn_onnx, "candidate": engine, "provenance": provenance},
+                       workdir=tmp_path / "same")
+    metrics = json.loads(result.outputs["metrics"].read_text())
+    assert metrics["passed"] and metrics["candidate"] == "tensorrt-rtx engine"
+    assert opened == [("model.engine", "engine.json", "tensorrt-rtx")]  # the flavour came from engine.json
+
+    _fake_runtime(monkeypatch, tiny_cnn_onnx, output_scale=2.0)
+    with pytest.raises(GateFailed) as failure:
+        run_stage(validate.stage, {"data": data, "batch_size": 2, "expect": "fp16"},
+                  {"reference": tiny_cnn_onnx, "candidate": engine, "provenance": provenance},
+                  workdir=tmp_path / "scaled")
+    assert "logits:" in str(failure.value) and "elements exceed both atol 0.01 and rtol 0.01" in str(failure.value)
+
+
+def test_benchmark_tensorrt_path_fake_trt(monkeypatch, tiny_cnn_onnx, engine_files, tmp_path):
+    engine, provenance = engine_files
+    _fake_runtime(monkeypatch, tiny_cnn_onnx)
+    FakeTimer.instances.clear()
+    monkeypatch.setattr(benchmark, "_cuda_timer", FakeTimer)
+    params = {"backend": "tensorrt-rtx", "streams": 2, "include_host_transfers": True, "min_iterations": 4,
+              "warmup_ms": 0, "batch_sizes": [1, 4], "shapes": {"input": [1, 3, 32, 32]}}
+    result = run_stage(benchmark.stage, params, {"model": engine, "provenance": provenance}, workdir=tmp_path)
+    metrics = json.loads(result.outputs["metrics"].read_text())
+    assert metrics["backend"] == "tensorrt-rtx" and metrics["device"] == "cuda"
+    assert [p["batch_size"] for p in metrics["points"]] == [1, 4]
+
+    first, second = FakeTimer.instances
+    for timer, batch in ((first, 1), (second, 4)):
+        assert len(timer.work) == 2 and len(set(timer.streams)) == 2  # two contexts on two streams
+        sessions = [item.enqueue.__self__ for item in timer.work]
+        assert len(set(sessions)) == 2  # the opened session and a fork of it
+        assert sessions[1].enqueues == 4  # a fresh fork per batch size
+        input_bytes = batch * 3 * 32 * 32 * 4
+        for item in timer.work:
+            assert [c.nbytes for c in item.h2d] == [input_bytes] and [c.nbytes for c in item.d2h] == [batch * 40]
+            assert item.h2d[0].dst == 0x1000 and item.d2h[0].src == 0x2000
+        assert timer.options.use_cuda_graph and timer.options.include_host_transfers
+    assert first.work[0].enqueue.__self__ is second.work[0].enqueue.__self__  # re-prepared, not re-opened
+    assert first.work[0].enqueue.__self__.enqueues == 8
+    point = metrics["points"][1]
+    assert point["runs_on"] == "tensorrt-rtx engine, 2 stream(s)" and point["report"]["queries"] == 8
+    assert point["report"]["cuda_graph"] is False
+    assert {"multi-stream", "no-cuda-graph"} <= {w["flag"] for w in point["report"]["warnings"]}
+
+
+def test_open_engine_checks_provenance_before_loading(tmp_path):
+    """Real: a provenance from another TensorRT-RTX version is refused before anything is deserialised."""
+    engine = tmp_path / "model.engine"
+    engine.write_bytes(b"never read")
+    provenance = tmp_path / "engine.json"
+    provenance.write_text(json.dumps({"backend": "tensorrt-rtx", "version": "0.0.1"}))
+    if _trt_runtime.runtime_available("tensorrt-rtx") == "backend 'tensorrt-rtx' is not installed here":
+        pytest.skip("tensorrt-rtx is not installed")
+    with pytest.raises((StageFailed, StageSkipped)) as refused:
+        _trt_runtime.open_engine(engine, provenance, "auto")
+    if isinstance(refused.value, StageFailed):
+        assert "engine built for tensorrt-rtx 0.0.1" in str(refused.value)
+    provenance.write_text("{not json")
+    with pytest.raises(StageFailed, match="cannot read engine provenance"):
+        _trt_runtime.open_engine(engine, provenance, "auto")
+
+
+def test_runtime_available_names_the_reason():
+    reason = _trt_runtime.runtime_available("auto")
+    if reason is None:
+        pytest.skip("engines can execute here")
+    assert "GPU" in reason or "installed" in reason
+    assert "compute capability 7.5, 8.6, 8.9, 12.0, 12.1" in _trt_runtime.runtime_needs("tensorrt-rtx")

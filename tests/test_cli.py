@@ -1,0 +1,111 @@
+"""End-to-end CLI tests: the real `trtflow` command on the shipped quickstart recipe, in a temp directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
+
+
+def trtflow(*args: str, cwd: Path, check: int | None = 0) -> subprocess.CompletedProcess:
+    env = dict(os.environ, COLUMNS="200", TRTFLOW_STORE=str(cwd / "store"))
+    proc = subprocess.run([sys.executable, "-m", "trtflow.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=900)
+    if check is not None:
+        assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    """The export -> simplify part of the quickstart, run once for the tests of this module."""
+    cwd = tmp_path_factory.mktemp("cli")
+    proc = trtflow("run", str(QUICKSTART), "simplify", cwd=cwd)
+    assert "export" in proc.stdout and "done in" in proc.stdout
+    assert (cwd / "build" / "quickstart" / "simplify" / "model.onnx").is_file()
+    return cwd
+
+
+def test_second_run_does_nothing(built):
+    proc = trtflow("run", str(QUICKSTART), "simplify", cwd=built)
+    assert "Nothing to do: all 2 nodes are up to date" in proc.stdout
+
+
+def test_plan_json_and_changed_parameter(built):
+    steps = json.loads(trtflow("plan", "--json", str(QUICKSTART), "simplify", cwd=built).stdout)
+    assert [(s["node"], s["status"]) for s in steps] == [("export", "fresh"), ("simplify", "fresh")]
+    assert {"node", "stage", "status", "reason"} <= set(steps[0])
+    changed = json.loads(trtflow("plan", "--json", "--set", "nodes.export.params.opset=18", str(QUICKSTART),
+                                 "simplify", cwd=built).stdout)
+    assert changed[0]["status"] == "stale" and changed[0]["reason"] == "params.opset changed 17 -> 18"
+    assert changed[1]["status"] == "stale"
+    table = trtflow("plan", str(QUICKSTART), "simplify", cwd=built).stdout
+    assert "fresh" in table and "2 nodes: 2 fresh, 0 stale" in table
+
+
+def test_changing_one_parameter_reruns_only_that_node_and_downstream(built):
+    proc = trtflow("run", "--set", "nodes.simplify.params.check_n=1", str(QUICKSTART), "simplify", cwd=built)
+    assert "▶ simplify" in proc.stdout and "▶ export" not in proc.stdout
+    assert "params.check_n changed 3 -> 1" in proc.stdout
+    assert "1 built" in proc.stdout and "1 up to date" in proc.stdout
+
+
+def test_show_status_report_verify(built):
+    shown = json.loads(trtflow("show", "--json", str(QUICKSTART), "export", cwd=built).stdout)
+    assert shown["status"] == "fresh" and shown["params"]["opset"] == 17 and shown["key"]
+    assert shown["outputs"]["model"]["filename"] == "model.onnx" and shown["summary"]["checked"] is True
+    assert shown["last_run"]["log_path"] is None or shown["last_run"]["status"] in ("done", "fresh")
+    status = json.loads(trtflow("status", "--json", cwd=built).stdout)
+    assert status["runs"] and status["runs"][0]["recipe"] == "quickstart"
+    junit = trtflow("report", "-f", "junit", str(QUICKSTART), cwd=built).stdout
+    suite = ET.fromstring(junit)
+    assert suite.tag == "testsuite" and suite.get("failures") == "0"
+    assert {case.get("name") for case in suite} >= {"export", "simplify"}
+    markdown = trtflow("report", str(QUICKSTART), cwd=built).stdout
+    assert "# trtflow report: quickstart" in markdown and "| export | export |" in markdown
+    assert "checked on 2 objects" not in trtflow("verify", cwd=built).stdout
+    assert "clean" in trtflow("verify", cwd=built).stdout
+
+
+def test_schema_documents_stage_params(tmp_path):
+    schema = json.loads(trtflow("schema", cwd=tmp_path).stdout)
+    assert schema["title"] == "trtflow recipe"
+    export_params = schema["$defs"]["export_params"]
+    assert export_params["properties"]["opset"]["description"]
+    assert any(b["if"]["properties"]["stage"]["const"] == "simplify" for b in schema["$defs"]["NodeSpec"]["allOf"])
+    shipped = json.loads((REPO / "schema" / "recipe.schema.json").read_text())
+    assert shipped == schema, "schema/recipe.schema.json is stale: run `trtflow schema -o schema/recipe.schema.json`"
+
+
+def test_doctor_lists_backends(tmp_path):
+    info = json.loads(trtflow("doctor", "--json", cwd=tmp_path).stdout)
+    backends = {b["backend"]: b for b in info["backends"]}
+    assert set(backends) >= {"tensorrt", "tensorrt-rtx", "onnxruntime", "torch"}
+    assert backends["onnxruntime"]["run"] is True
+    assert {s["name"] for s in info["stages"]} >= {"export", "simplify"}
+
+
+def test_recipe_error_exit_code_and_location(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nnodes:\n  - name: a\n    stage: exprot\n")
+    proc = trtflow("plan", str(bad), cwd=tmp_path, check=2)
+    assert "bad.yaml:4:12" in proc.stderr and "did you mean 'export'" in proc.stderr
+
+
+def test_failing_factory_names_node_log_and_resume_command(tmp_path):
+    (tmp_path / "broken.py").write_text("def build():\n    raise ValueError('weights missing')\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: broken\nnodes:\n  - name: export\n    stage: export\n    params:\n"
+                      "      model: python:broken.py:build\n      inputs: {x: {shape: [1, 4]}}\n")
+    proc = trtflow("run", str(recipe), cwd=tmp_path, check=1)
+    assert "export" in proc.stdout and "ValueError: weights missing" in proc.stdout
+    assert "log:" in proc.stdout and "export.log" in proc.stdout
+    assert f"trtflow run {recipe}" in proc.stdout

@@ -1,0 +1,127 @@
+"""Reports of a run: JSON, Markdown, HTML and JUnit XML (for CI dashboards)."""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from typing import Any
+from xml.sax.saxutils import escape as xml_escape
+
+from trtflow.errors import UsageError
+from trtflow.journal import Journal
+
+FORMATS = ("json", "markdown", "html", "junit")
+
+
+def collect(journal: Journal, recipe: str) -> dict[str, Any]:
+    """The latest run of ``recipe`` with every node's state, timing and summary (metrics)."""
+    runs = journal.runs(1, recipe)
+    if not runs:
+        raise UsageError(f"no runs of recipe {recipe!r} recorded", hint="run `trtflow run` first")
+    run = runs[0]
+    nodes = []
+    for row in journal.node_runs(run["id"]):
+        summary = json.loads(row["summary"]) if row["summary"] else {}
+        if row["status"] == "fresh" and not summary:
+            last = journal.last_executed(row["node"], recipe)
+            if last and last["summary"]:
+                summary = json.loads(last["summary"])
+        nodes.append({k: row[k] for k in ("node", "stage", "status", "reason", "duration", "log_path", "error",
+                                          "key")} | {"summary": summary})
+    return {"recipe": recipe, "run": run, "nodes": nodes}
+
+
+def render(journal: Journal, recipe: str, fmt: str) -> str:
+    data = collect(journal, recipe)
+    if fmt == "json":
+        return json.dumps(data, indent=1, default=str) + "\n"
+    if fmt == "markdown":
+        return to_markdown(data)
+    if fmt == "html":
+        return to_html(data)
+    if fmt == "junit":
+        return to_junit(data)
+    raise UsageError(f"unknown report format {fmt!r}", hint=f"choose one of {', '.join(FORMATS)}")
+
+
+def _flat_metrics(summary: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    if isinstance(summary, dict):
+        for k, v in summary.items():
+            out += _flat_metrics(v, f"{prefix}{k}.")
+    elif isinstance(summary, (int, float, str, bool)) or summary is None:
+        out.append((prefix.rstrip("."), summary))
+    return out
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def to_markdown(data: dict[str, Any]) -> str:
+    run = data["run"]
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["started"]))
+    lines = [f"# trtflow report: {data['recipe']}", "",
+             f"Run `{run['id']}` started {when}, status **{run['status']}**.", "",
+             "| node | stage | status | time | detail |", "|---|---|---|---|---|"]
+    for n in data["nodes"]:
+        duration = f"{n['duration']:.1f}s" if n["duration"] else ""
+        detail = (n["error"] or n["reason"] or "").replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| {n['node']} | {n['stage']} | {n['status']} | {duration} | {detail} |")
+    for n in data["nodes"]:
+        metrics = _flat_metrics(n["summary"])
+        if metrics:
+            lines += ["", f"## {n['node']} ({n['stage']})", "", "| metric | value |", "|---|---|"]
+            lines += [f"| {k} | {_fmt(v)} |" for k, v in metrics[:200]]
+    return "\n".join(lines) + "\n"
+
+
+def to_html(data: dict[str, Any]) -> str:
+    rows = "".join(
+        f"<tr class='{html.escape(n['status'])}'><td>{html.escape(n['node'])}</td><td>{html.escape(n['stage'])}</td>"
+        f"<td>{html.escape(n['status'])}</td><td>{(n['duration'] or 0):.1f}s</td>"
+        f"<td>{html.escape(n['error'] or n['reason'] or '')}</td></tr>"
+        for n in data["nodes"]
+    )
+    sections = ""
+    for n in data["nodes"]:
+        metrics = _flat_metrics(n["summary"])
+        if metrics:
+            body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(_fmt(v))}</td></tr>" for k, v in metrics)
+            sections += f"<h2>{html.escape(n['node'])}</h2><table>{body}</table>"
+    return (
+        "<!doctype html><meta charset='utf-8'><title>trtflow report</title><style>"
+        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
+        "padding:4px 8px}.failed,.gate_failed{background:#fdd}.skipped,.blocked{background:#ffd}</style>"
+        f"<h1>trtflow report: {html.escape(data['recipe'])}</h1><p>run {html.escape(data['run']['id'])}: "
+        f"{html.escape(data['run']['status'])}</p><table><tr><th>node</th><th>stage</th><th>status</th>"
+        f"<th>time</th><th>detail</th></tr>{rows}</table>{sections}\n"
+    )
+
+
+def to_junit(data: dict[str, Any]) -> str:
+    """One test case per node: failed and gate-failed nodes are failures, skipped ones are skipped."""
+    cases = []
+    failures = skipped = 0
+    for n in data["nodes"]:
+        name = xml_escape(n["node"])
+        attrs = f'classname="trtflow.{xml_escape(data["recipe"])}.{xml_escape(n["stage"])}" name="{name}" ' \
+                f'time="{(n["duration"] or 0):.3f}"'
+        message = xml_escape(n["error"] or n["reason"] or "", {'"': "&quot;"})
+        if n["status"] in ("failed", "gate_failed"):
+            failures += 1
+            body = f'<failure message="{message}">log: {xml_escape(n["log_path"] or "")}</failure>'
+        elif n["status"] in ("skipped", "blocked", "interrupted"):
+            skipped += 1
+            body = f'<skipped message="{message}"/>'
+        else:
+            body = ""
+        cases.append(f"  <testcase {attrs}>{body}</testcase>")
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f'<testsuite name="trtflow.{xml_escape(data["recipe"])}" tests="{len(cases)}" failures="{failures}" '
+        f'skipped="{skipped}">\n' + "\n".join(cases) + "\n</testsuite>\n"
+    )
