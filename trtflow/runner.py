@@ -430,20 +430,28 @@ class Runner:
             shutil.rmtree(scratch, ignore_errors=True)
 
     def _link_inputs(self, node: Any, scratch: Path) -> dict[str, str]:
+        """Hard-link each input into ``scratch/in/<slot>/``, with the source node's other outputs beside it.
+
+        Siblings travel along so that companion files stay together: an ONNX model's external weights
+        (``model.onnx_data``) or an engine's provenance manifest (``engine.json``).
+        """
         inputs: dict[str, str] = {}
         for slot, refs in node.upstream.items():
             src_node, out_name = refs[0]
-            digest = self._digests[(src_node, out_name)]
             stage = self.graph.stages[self.graph.nodes[src_node].stage]
-            filename = stage.outputs[out_name].filename
-            target = scratch / "in" / slot / filename
-            target.parent.mkdir(parents=True, exist_ok=True)
-            source = self.store.object_path(digest)
-            try:
-                os.link(source, target)
-            except OSError:
-                shutil.copyfile(source, target)
-            inputs[slot] = str(target)
+            folder = scratch / "in" / slot
+            folder.mkdir(parents=True, exist_ok=True)
+            for name, out in stage.outputs.items():
+                digest = self._digests.get((src_node, name))
+                if digest is None:
+                    continue
+                target = folder / out.filename
+                source = self.store.object_path(digest)
+                try:
+                    os.link(source, target)
+                except OSError:
+                    shutil.copyfile(source, target)
+            inputs[slot] = str(folder / stage.outputs[out_name].filename)
         return inputs
 
     def _finish(self, res: NodeResult, started: float) -> NodeResult:

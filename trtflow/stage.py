@@ -4,6 +4,10 @@ A stage is a `Stage` object exposed through the ``trtflow.stages`` entry-point g
 cheap to import (no torch, onnx, TensorRT at module level): the planner imports it to read the
 declarations, and the no-op path of ``trtflow run`` must stay fast. Heavy imports go inside ``run``.
 
+Each input arrives as a path in a private folder; the other outputs of the node that produced it lie in
+the same folder (``inputs["model"].parent``), so an ONNX model's external weights or an engine's
+provenance manifest travel with it.
+
 The stage writes each declared output to ``ctx.output(name)`` and may return a JSON-serialisable summary
 (metrics, counts) that is stored in the node's manifest and shown in reports. It writes nothing outside
 ``ctx.scratch`` / ``ctx.output(...)``; the runner commits the outputs atomically.
