@@ -108,6 +108,14 @@ def runtime_available(backend: str, gpu_index: int | None = None, need_cuda_pyth
     return None
 
 
+def provenance_for(engine_path: Path, explicit: Path | None = None) -> Path | None:
+    """The engine's engine.json: the explicit input, else the build stage's manifest beside the engine."""
+    if explicit is not None:
+        return explicit
+    beside = Path(engine_path).parent / "engine.json"
+    return beside if beside.is_file() else None
+
+
 def read_provenance(provenance_path: Path | None) -> dict[str, Any] | None:
     if provenance_path is None:
         return None

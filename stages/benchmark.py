@@ -385,16 +385,24 @@ def latency_gates(point: Mapping[str, Any], params: Params) -> list[str]:
 
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
     from ._stats import report_host_latencies
-    from ._trt_runtime import engine_backend, open_engine, read_provenance, runtime_available, runtime_needs
+    from ._trt_runtime import (
+        engine_backend,
+        open_engine,
+        provenance_for,
+        read_provenance,
+        runtime_available,
+        runtime_needs,
+    )
     from .validate import candidate_kind, load_user_function
 
     model = inputs.get("model")
     kind = candidate_kind(model) if model is not None else None
+    provenance = provenance_for(model, inputs.get("provenance")) if kind == "engine" else None
     backend = params.backend
     if backend == "auto":
         if kind is None:
             raise RecipeError("backend auto needs a model input (an ONNX model or an engine)", field="backend")
-        backend = engine_backend("auto", read_provenance(inputs.get("provenance"))) if kind == "engine" \
+        backend = engine_backend("auto", read_provenance(provenance)) if kind == "engine" \
             else "onnxruntime"
     if backend in TRT_FLAVOURS and kind != "engine":
         raise RecipeError(f"backend {backend} needs an engine as the model input, got "
@@ -408,7 +416,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         reason = runtime_available(backend, ctx.gpu, need_cuda_python=True)
         if reason:
             raise StageSkipped(f"cannot benchmark on {backend}: {reason}", needs=runtime_needs(backend))
-        session = open_engine(model, inputs.get("provenance"), backend, ctx.gpu)
+        session = open_engine(model, provenance, backend, ctx.gpu)
         specs = session.input_specs()
     elif model is not None and kind == "onnx":
         specs = onnx_input_specs(model)

@@ -455,7 +455,14 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     import numpy as np
     from polygraphy.comparator import Comparator
 
-    from ._trt_runtime import engine_backend, open_engine, read_provenance, runtime_available, runtime_needs
+    from ._trt_runtime import (
+        engine_backend,
+        open_engine,
+        provenance_for,
+        read_provenance,
+        runtime_available,
+        runtime_needs,
+    )
 
     has_reference = "reference" in inputs
     if has_reference == (params.reference_outputs is not None):
@@ -474,14 +481,15 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     session = None
     candidate_desc = "onnxruntime (CPU)"
     if kind == "engine":
-        manifest = read_provenance(inputs.get("provenance"))
+        provenance = provenance_for(candidate_path, inputs.get("provenance"))
+        manifest = read_provenance(provenance)
         flavour = engine_backend("auto" if params.backend == "auto" else params.backend, manifest)
         reason = runtime_available(flavour, ctx.gpu)
         if reason:
             raise StageSkipped(f"cannot run the engine candidate: {reason}", needs=runtime_needs(flavour))
         if manifest is None:
             ctx.log.warning("no provenance (engine.json) for the engine: its flavour/version/GPU are not checked")
-        session = open_engine(candidate_path, inputs.get("provenance"), flavour, ctx.gpu)
+        session = open_engine(candidate_path, provenance, flavour, ctx.gpu)
         candidate_desc = f"{flavour} engine"
 
     # The inputs: from the reference model when there is one, else from the candidate.

@@ -145,9 +145,9 @@ def test_validate_engine_candidate_fake_trt(monkeypatch, tiny_cnn_onnx, engine_f
     engine, provenance = engine_files
     opened = _fake_runtime(monkeypatch, tiny_cnn_onnx)
     data = {"random": {"seed": 0, "num_samples": 4}}
+    # No provenance input: the build stage's engine.json beside the engine is found.
     result = run_stage(validate.stage, {"data": data, "batch_size": 2},
-                       {"reference": tiny_cnn_onnx, "candidate": engine, "provenance": provenance},
-                       workdir=tmp_path / "same")
+                       {"reference": tiny_cnn_onnx, "candidate": engine}, workdir=tmp_path / "same")
     metrics = json.loads(result.outputs["metrics"].read_text())
     assert metrics["passed"] and metrics["candidate"] == "tensorrt-rtx engine"
     assert opened == [("model.engine", "engine.json", "tensorrt-rtx")]  # the flavour came from engine.json
@@ -161,13 +161,13 @@ def test_validate_engine_candidate_fake_trt(monkeypatch, tiny_cnn_onnx, engine_f
 
 
 def test_benchmark_tensorrt_path_fake_trt(monkeypatch, tiny_cnn_onnx, engine_files, tmp_path):
-    engine, provenance = engine_files
+    engine, _ = engine_files  # engine.json lies beside it
     _fake_runtime(monkeypatch, tiny_cnn_onnx)
     FakeTimer.instances.clear()
     monkeypatch.setattr(benchmark, "_cuda_timer", FakeTimer)
     params = {"backend": "tensorrt-rtx", "streams": 2, "include_host_transfers": True, "min_iterations": 4,
               "warmup_ms": 0, "batch_sizes": [1, 4], "shapes": {"input": [1, 3, 32, 32]}}
-    result = run_stage(benchmark.stage, params, {"model": engine, "provenance": provenance}, workdir=tmp_path)
+    result = run_stage(benchmark.stage, params, {"model": engine}, workdir=tmp_path)
     metrics = json.loads(result.outputs["metrics"].read_text())
     assert metrics["backend"] == "tensorrt-rtx" and metrics["device"] == "cuda"
     assert [p["batch_size"] for p in metrics["points"]] == [1, 4]
