@@ -68,6 +68,7 @@ class Trial:
     signal: str
     delay: float
     interrupted: bool = False  # the signal arrived before the run finished
+    during_startup: bool = False  # ... and before the run was recorded (Python still starting)
     exit_code: int | None = None
     committed_before: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -112,10 +113,15 @@ class Harness:
 
     @staticmethod
     def _journal(store: Path) -> tuple[list[tuple[str, str, str]], dict[str, str]]:
+        """(node runs, {run id: status} in start order); empty while no run has been recorded yet."""
+        if not (store / "trtflow.db").exists():
+            return [], {}
         conn = sqlite3.connect(str(store / "trtflow.db"))
         try:
             rows = conn.execute("SELECT run_id, node, status FROM node_runs").fetchall()
             runs = dict(conn.execute("SELECT id, status FROM runs ORDER BY started").fetchall())
+        except sqlite3.OperationalError:  # the journal's tables were not created yet
+            return [], {}
         finally:
             conn.close()
         return rows, runs
@@ -166,14 +172,20 @@ class Harness:
             output, _ = proc.communicate()
             result.problems.append("trtflow run did not exit within 60 s of the signal")
         result.exit_code = proc.returncode
-        if sig == "int" and result.interrupted and proc.returncode not in (130, 0):
-            result.problems.append(f"SIGINT: expected exit code 130, got {proc.returncode}: {output[-800:]}")
+        _, runs = self._journal(store)
+        result.during_startup = result.interrupted and not runs
+        if sig == "int" and result.interrupted:
+            if result.during_startup:
+                # Ctrl-C while Python itself is still importing, before trtflow's code runs: Python's own
+                # handling applies (exit by SIGINT, which shells report as 130, or a failed import).
+                if proc.returncode not in (130, -signal.SIGINT) and "KeyboardInterrupt" not in output:
+                    result.problems.append(f"SIGINT during start-up: exit code {proc.returncode}: {output[-800:]}")
+            elif proc.returncode not in (130, 0):
+                result.problems.append(f"SIGINT: expected exit code 130, got {proc.returncode}: {output[-800:]}")
+            elif proc.returncode == 130 and "interrupted" not in runs.values():
+                result.problems.append(f"SIGINT: the run was not recorded as interrupted: {runs}")
         if sig == "kill" and result.interrupted and proc.returncode not in (-signal.SIGKILL, 0):
             result.problems.append(f"SIGKILL: unexpected exit code {proc.returncode}")
-        if sig == "int" and result.interrupted and proc.returncode == 130 and store.joinpath("trtflow.db").exists():
-            _, runs = self._journal(store)
-            if "interrupted" not in runs.values():
-                result.problems.append(f"SIGINT: the run was not recorded as interrupted: {runs}")
         before = self._manifests(store) if store.exists() else {}
         result.committed_before = sorted(before)
 
@@ -253,8 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     bad = [t for t in trials if not t.ok]
     by_signal = {s: sum(1 for t in interrupted if t.signal == s) for s in signals}
     partial = sum(1 for t in interrupted if 0 < len(t.committed_before) < len(NODES))
+    startup = sum(1 for t in interrupted if t.during_startup)
     print(f"reference run {harness.reference_seconds:.2f}s; {len(trials)} trials, signals landed mid-run: "
-          f"{by_signal}; {partial} with some nodes already committed; {time.perf_counter() - started:.0f}s total")
+          f"{by_signal} ({startup} before the run was recorded, {partial} after some nodes were committed); "
+          f"{time.perf_counter() - started:.0f}s total")
     for t in bad:
         print(f"trial {t.index} (SIG{t.signal.upper()} after {t.delay:.2f}s): " + "; ".join(t.problems))
     print(f"{len(good)}/{len(interrupted)} resumed identical")

@@ -73,7 +73,7 @@ def allowed_roots_for(recipe_dir: Path) -> list[Path]:
         roots.append(project)
     extra = os.environ.get("TRTFLOW_ALLOWED_PATHS", "")
     roots += [Path(p).resolve() for p in extra.split(os.pathsep) if p]
-    return roots
+    return list(dict.fromkeys(roots))
 
 
 def project_root(start: Path) -> Path | None:

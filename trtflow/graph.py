@@ -11,6 +11,10 @@ from trtflow.recipe.expand import ConcreteNode
 from trtflow.stage import Stage
 
 
+class NoMatchingVariant(RecipeError):
+    """A reference to a matrix node none of whose variants agrees with the referring node's matrix."""
+
+
 @dataclass
 class Graph:
     nodes: dict[str, ConcreteNode]  # in topological order
@@ -84,8 +88,19 @@ def build_graph(nodes: list[ConcreteNode], get_stage: Callable[[str], Stage], re
                 node.upstream[slot] = [_default_input(node, slot, spec.kinds, nodes, stages)]
                 continue
             resolved: list[tuple[str, str]] = []
-            for ref in refs:
-                resolved.extend(_resolve_ref(node, slot, spec.kinds, ref, by_name, by_template, stages))
+            if len(refs) == 1:
+                resolved = _resolve_ref(node, slot, spec.kinds, refs[0], by_name, by_template, stages)
+            else:  # a list offers alternatives: keep the variants whose matrix values agree with this node
+                for ref in refs:
+                    try:
+                        resolved.extend(_resolve_ref(node, slot, spec.kinds, ref, by_name, by_template, stages))
+                    except NoMatchingVariant:
+                        continue
+                if not resolved:
+                    raise RecipeError(
+                        f"node {node.name!r}: none of {', '.join(refs)} has a variant matching this node's "
+                        f"matrix values {node.matrix}", node.location, f"inputs.{slot}",
+                    )
             if len(resolved) > 1:
                 raise RecipeError(
                     f"node {node.name!r}: input {slot!r} takes one artifact but the references give "
@@ -165,7 +180,7 @@ def _resolve_ref(node: ConcreteNode, slot: str, kinds: tuple[str, ...], ref: str
             f"inputs.{slot}", hint=did_you_mean(target, candidates) or f"nodes: {', '.join(candidates)}",
         )
     if not sources:
-        raise RecipeError(
+        raise NoMatchingVariant(
             f"node {node.name!r}: no variant of {target!r} matches this node's matrix values "
             f"{node.matrix}", node.location, f"inputs.{slot}",
         )

@@ -148,3 +148,28 @@ def test_select_keeps_upstream_only(tmp_path):
     assert list(graph.select(["b"]).nodes) == ["a", "b"]
     with pytest.raises(RecipeError, match="no node named 'x'"):
         graph.select(["x"])
+
+
+def test_a_list_of_references_offers_alternatives_matched_by_matrix(tmp_path):
+    graph = graph_of(tmp_path, """\
+        name: m
+        nodes:
+          - {name: base, stage: source}
+          - {name: half, stage: consume, matrix: {dtype: [fp16]}, inputs: {model: base}}
+          - {name: quant, stage: consume, matrix: {dtype: [int8, fp8]}, inputs: {model: base}}
+          - name: use
+            stage: consume
+            matrix: {dtype: [fp16, int8, fp8]}
+            inputs: {model: [half, quant]}
+        """)
+    assert graph.nodes["use-fp16"].upstream == {"model": [("half-fp16", "out")]}
+    assert graph.nodes["use-fp8"].upstream == {"model": [("quant-fp8", "out")]}
+    with pytest.raises(RecipeError, match="none of half, quant has a variant"):
+        graph_of(tmp_path, """\
+            name: m
+            nodes:
+              - {name: base, stage: source}
+              - {name: half, stage: consume, matrix: {dtype: [fp16]}, inputs: {model: base}}
+              - {name: quant, stage: consume, matrix: {dtype: [int8]}, inputs: {model: base}}
+              - {name: use, stage: consume, matrix: {dtype: [bf16]}, inputs: {model: [half, quant]}}
+            """)

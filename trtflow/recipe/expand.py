@@ -55,6 +55,7 @@ def expand(loaded: LoadedRecipe, stages: Any | None = None) -> list[ConcreteNode
             raise RecipeError(f"unknown stage {spec.stage!r}", loaded.location("nodes", index, "stage"),
                               f"nodes[{index}].stage") from None
         field_names = set(stage.params.model_fields)
+        _check_matrix_keys(spec, field_names, recipe, loaded, index)
         for combo in _combinations(spec, loaded, index):
             name = _variant_name(spec.name, combo)
             params = dict(recipe.defaults.get(spec.stage, {}))
@@ -93,6 +94,35 @@ def _combinations(spec: NodeSpec, loaded: LoadedRecipe, index: int) -> list[dict
                               f"nodes[{index}].matrix.{key}")
     keys = list(spec.matrix)
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(spec.matrix[k] for k in keys))]
+
+
+def _check_matrix_keys(spec: NodeSpec, field_names: set[str], recipe: Recipe, loaded: LoadedRecipe,
+                       index: int) -> None:
+    """A matrix key must set a parameter, be used as ${{ matrix.KEY }}, or pair variants with another node."""
+    used: set[str] = set()
+
+    def collect(value: Any) -> None:
+        if isinstance(value, dict):
+            for v in value.values():
+                collect(v)
+        elif isinstance(value, list):
+            for v in value:
+                collect(v)
+        elif isinstance(value, str):
+            used.update(_MATRIX_REF.findall(value))
+
+    collect([spec.params, spec.inputs])
+    elsewhere = {k for i, n in enumerate(recipe.nodes) if i != index for k in n.matrix}
+    for key in spec.matrix:
+        if key in field_names or key in used or key in elsewhere:
+            continue
+        raise RecipeError(
+            f"matrix key {key!r} is not a parameter of stage {spec.stage!r}, is not used as "
+            f"${{{{ matrix.{key} }}}}, and no other node has it: every variant would be the same",
+            loaded.marks.find_key(("nodes", index, "matrix", key)), f"nodes[{index}].matrix.{key}",
+            hint=did_you_mean(key, sorted(field_names | elsewhere))
+            or f"parameters of {spec.stage}: {', '.join(sorted(field_names))}",
+        )
 
 
 def _label(value: Any, position: int) -> str:

@@ -159,7 +159,11 @@ def parse_yaml(text: str, file: str) -> tuple[Any, Marks]:
             mark = exc.problem_mark or exc.context_mark
             loc = _location(file, mark) if mark is not None else Location(file, 0, 0)
             problem = exc.problem or exc.context or "invalid YAML"
-            raise RecipeError(f"YAML syntax error: {problem}", loc) from None
+            lines = text.split("\n")
+            line = lines[mark.line] if mark is not None and 0 <= mark.line < len(lines) else ""
+            tab = mark is not None and 0 <= mark.column < len(line) and line[mark.column] == "\t"
+            raise RecipeError(f"YAML syntax error: {problem}" + (" (a tab)" if tab else ""), loc,
+                              hint="YAML indents with spaces, never tabs" if tab else None) from None
         except yaml.YAMLError as exc:
             raise RecipeError(f"YAML error: {exc}", Location(file, 0, 0)) from None
         if node is None:

@@ -1,0 +1,423 @@
+"""A catalogue of bad inputs: each gives a clear error naming what is wrong, where, and the right exit code.
+
+Recipe-level errors are checked in-process (load_pipeline + plan raise RecipeError, exit code 2) and a
+sample of them again through the real CLI. Errors that only a stage can find (corrupt ONNX files,
+profiles that do not fit the model, calibration data of the wrong shape, an unavailable backend) run the
+real CLI on tiny real models; their "location" is the node named in the message. docs/errors.md lists
+the same errors for users, with their fixes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from reliability.plugins import activate_in_process, subprocess_env, write_plugin_distribution
+from trtflow.environment import Environment
+from trtflow.errors import EXIT_USAGE, RecipeError
+from trtflow.pipeline import load_pipeline
+from trtflow.plan import make_plan
+from trtflow.store import Store
+
+
+@dataclass
+class Bad:
+    id: str
+    recipe: str
+    message: str  # a regular expression the error message must match
+    where: str  # "recipe.yaml:LINE" (file and line in the message) or "node:NAME" (node named in the message)
+    files: dict[str, str | bytes] = field(default_factory=dict)  # other files next to the recipe
+    overrides: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    symlinks: dict[str, str] = field(default_factory=dict)  # link name -> target (relative to tmp_path)
+    hint: str | None = None  # a regular expression the hint must match
+
+
+def r(text: str) -> str:
+    return textwrap.dedent(text).lstrip("\n")
+
+
+SYNTH = "  - {name: a, stage: synth}\n"
+
+CATALOGUE: list[Bad] = [
+    # ------------------------------------------------------------------ YAML itself
+    Bad("yaml-unclosed-flow", r("""
+        name: x
+        nodes:
+          - {name: a, stage: synth
+        """), r"YAML syntax error: did not find expected ',' or '}'", "recipe.yaml:4"),
+    Bad("yaml-bad-indentation", r("""
+        name: x
+        nodes:
+          - name: a
+             stage: synth
+        """), r"YAML syntax error: mapping values are not allowed in this context", "recipe.yaml:4"),
+    Bad("yaml-tab-indent", "name: x\nnodes:\n\t- name: a\n", r"YAML syntax error: found character that cannot start any token \(a tab\)",
+        "recipe.yaml:3", hint="never tabs"),
+    Bad("yaml-duplicate-key", r("""
+        name: x
+        nodes:
+          - name: a
+            stage: synth
+            stage: export
+        """), r"duplicate key 'stage'", "recipe.yaml:5", hint="each key may appear once"),
+    Bad("yaml-python-object-tag", r("""
+        name: x
+        nodes:
+          - name: a
+            stage: !!python/object/apply:os.system ["echo pwned"]
+        """), r"YAML tag 'tag:yaml.org,2002:python/object/apply:os.system' is not allowed", "recipe.yaml:4",
+        hint="never construct objects"),
+    Bad("yaml-custom-tag", r("""
+        name: x
+        nodes: !include other.yaml
+        """), r"YAML tag '!include' is not allowed", "recipe.yaml:2"),
+    Bad("yaml-binary-tag", "name: x\nnodes:\n  - {name: a, stage: synth, params: {text: !!binary aGVsbG8=}}\n",
+        r"YAML tag 'tag:yaml.org,2002:binary' is not allowed", "recipe.yaml:3"),
+    Bad("yaml-complex-key", "name: x\n? [a, b]\n: 1\nnodes:\n" + SYNTH, r"a mapping key must be a plain value",
+        "recipe.yaml:2"),
+    Bad("yaml-billion-laughs", "name: x\n" + "\n".join(
+        [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" if i else "l0: &l0 [lol, lol, lol, lol]"
+         for i in range(8)]) + "\nnodes:\n" + SYNTH,
+        r"recipe expands to more than 200000 values \(too many aliases\?\)", "recipe.yaml:"),
+    Bad("empty-file", "", r"the recipe is empty", "recipe.yaml:1", hint="needs at least 'name' and 'nodes'"),
+    Bad("comments-only", "# nothing here\n", r"the recipe is empty", "recipe.yaml:1"),
+    Bad("not-a-mapping", "- name: a\n  stage: synth\n", r"a recipe must be a mapping with 'name' and 'nodes'",
+        "recipe.yaml:1"),
+    Bad("not-utf8", b"name: caf\xe9\nnodes: []\n", r"cannot read recipe .*recipe.yaml.*utf-8", "recipe.yaml"),
+    # ------------------------------------------------------------------ recipe schema
+    Bad("missing-name", "nodes:\n" + SYNTH, r"required field 'name' is missing", "recipe.yaml:1"),
+    Bad("missing-nodes", "name: x\n", r"required field 'nodes' is missing", "recipe.yaml:1"),
+    Bad("no-nodes", "name: x\nnodes: []\n", r"nodes: List should have at least 1 item", "recipe.yaml:2"),
+    Bad("unknown-top-level-key", "name: x\nnode:\n" + SYNTH,
+        r"unknown key 'node'; did you mean 'nodes'\?", "recipe.yaml:2"),
+    Bad("unknown-node-key", r("""
+        name: x
+        nodes:
+          - name: a
+            stage: synth
+            parmas: {size: 3}
+        """), r"nodes\.0\.parmas: unknown key 'parmas'; did you mean 'params'\?", "recipe.yaml:5"),
+    Bad("nodes-not-a-list", "name: x\nnodes:\n  a: {stage: synth}\n", r"nodes: Input should be a valid list",
+        "recipe.yaml:3"),
+    Bad("params-not-a-mapping", "name: x\nnodes:\n  - {name: a, stage: synth, params: [1, 2]}\n",
+        r"nodes\.0\.params: Input should be a valid dictionary", "recipe.yaml:3"),
+    Bad("bad-node-name", "name: x\nnodes:\n  - {name: my node, stage: synth}\n",
+        r"nodes\.0\.name: String should match pattern .* \(got 'my node'\)", "recipe.yaml:3"),
+    Bad("bad-recipe-name", "name: my/recipe\nnodes:\n" + SYNTH, r"name: String should match pattern",
+        "recipe.yaml:1"),
+    Bad("unsupported-version", "version: 2\nname: x\nnodes:\n" + SYNTH, r"version: Input should be 1 \(got 2\)",
+        "recipe.yaml:1"),
+    Bad("enabled-not-bool", "name: x\nnodes:\n  - {name: a, stage: synth, enabled: maybe}\n",
+        r"nodes\.0\.enabled: Input should be a valid boolean", "recipe.yaml:3"),
+    Bad("timeout-not-positive", "name: x\nnodes:\n  - {name: a, stage: synth, timeout: 0}\n",
+        r"nodes\.0\.timeout: Input should be greater than 0", "recipe.yaml:3"),
+    Bad("profile-not-shapes", r("""
+        name: x
+        profiles:
+          small: {input: {min: [1, 16], opt: [1, 16]}}
+        nodes:
+          - {name: a, stage: synth}
+        """), r"profiles\.small\.input\.max: required field 'max' is missing", "recipe.yaml:3"),
+    # ------------------------------------------------------------------ stages and their parameters
+    Bad("unknown-stage", "name: x\nnodes:\n  - {name: a, stage: synht}\n", r"unknown stage 'synht'",
+        "recipe.yaml:3", hint="did you mean 'synth'"),
+    Bad("unknown-param", r("""
+        name: x
+        nodes:
+          - name: a
+            stage: synth
+            params:
+              szie: 3
+        """), r"nodes\.0\.params\.szie: unknown key 'szie'; did you mean 'size'\?", "recipe.yaml:6"),
+    Bad("param-wrong-type", r("""
+        name: x
+        nodes:
+          - name: a
+            stage: synth
+            params:
+              size: big
+        """), r"nodes\.0\.params\.size: Input should be a valid integer.*\(got 'big'\)", "recipe.yaml:6"),
+    Bad("param-out-of-range", "name: x\nnodes:\n  - {name: a, stage: synth, params: {size: -5}}\n",
+        r"params\.size: Input should be greater than or equal to 0 \(got -5\)", "recipe.yaml:3"),
+    Bad("param-infinite", "name: x\nnodes:\n  - {name: a, stage: synth, params: {size: .inf}}\n",
+        r"params\.size: .*\(got inf\)", "recipe.yaml:3"),
+    Bad("stage-defaults-unknown-param", r("""
+        name: x
+        defaults:
+          synth: {colour: red}
+        nodes:
+          - {name: a, stage: synth}
+        """), r"parameters of node 'a'|unknown key 'colour'", "recipe.yaml:"),
+    Bad("export-model-form", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: resnet50}}\n",
+        r"params\.model: Value error, expected python:path/file.py:factory", "recipe.yaml:3"),
+    Bad("export-torch-without-inputs",
+        "name: x\nnodes:\n  - {name: e, stage: export, params: {model: 'python:m.py:build'}}\n",
+        r"'inputs' is required to export a PyTorch model", "recipe.yaml:3", files={"m.py": "def build(): ...\n"}),
+    Bad("build-shapes-min-greater-than-opt", r("""
+        name: x
+        profiles:
+          bs: {input: {min: [8, 16], opt: [1, 16], max: [8, 16]}}
+        nodes:
+          - {name: e, stage: export, params: {model: m.onnx}}
+          - {name: b, stage: build, params: {profile: bs}}
+        """), r"need min <= opt <= max in every dimension, but dimension 0 has min=8, opt=1, max=8",
+        "recipe.yaml:6", files={"m.onnx": "x"}),
+    Bad("build-shapes-wrong-rank", r("""
+        name: x
+        profiles:
+          bs: {input: {min: [1, 16], opt: [1, 16, 1], max: [1, 16]}}
+        nodes:
+          - {name: e, stage: export, params: {model: m.onnx}}
+          - {name: b, stage: build, params: {profile: bs}}
+        """), r"min, opt and max must have the same rank, got min=\[1, 16\] \(rank 2\), opt=\[1, 16, 1\] \(rank 3\)",
+        "recipe.yaml:6", files={"m.onnx": "x"}),
+    Bad("build-unknown-profile", r("""
+        name: x
+        profiles:
+          batch1: {input: {min: [1, 16], opt: [1, 16], max: [1, 16]}}
+        nodes:
+          - {name: e, stage: export, params: {model: m.onnx}}
+          - {name: b, stage: build, params: {profile: batch_1}}
+        """), r"unknown profile 'batch_1'", "recipe.yaml:6", files={"m.onnx": "x"}, hint="did you mean 'batch1'"),
+    Bad("build-bad-workspace", r("""
+        name: x
+        nodes:
+          - {name: e, stage: export, params: {model: m.onnx}}
+          - {name: b, stage: build, params: {workspace: lots}}
+        """), r"workspace: cannot read 'lots' as a size", "recipe.yaml:4", files={"m.onnx": "x"}),
+    # ------------------------------------------------------------------ the graph
+    Bad("duplicate-node-name", r("""
+        name: x
+        nodes:
+          - {name: a, stage: synth}
+          - {name: a, stage: synth, params: {text: other}}
+        """), r"duplicate node name 'a' \(also defined at recipe.yaml:3", "recipe.yaml:4"),
+    Bad("matrix-variant-names-collide", r("""
+        name: x
+        nodes:
+          - name: a
+            stage: synth
+            matrix: {text: [a b, a_b]}
+        """), r"duplicate node name 'a-a_b'", "recipe.yaml:3", hint="unique name"),
+    Bad("unknown-input-node", r("""
+        name: x
+        nodes:
+          - {name: source_node, stage: synth}
+          - {name: b, stage: synth, inputs: {source: sorce_node}}
+        """), r"node 'b': input 'source' refers to unknown node 'sorce_node'", "recipe.yaml:4",
+        hint="did you mean 'source_node'"),
+    Bad("unknown-input-slot", r("""
+        name: x
+        nodes:
+          - {name: a, stage: synth}
+          - {name: b, stage: synth, inputs: {sauce: a}}
+        """), r"node 'b': stage 'synth' has no input 'sauce'", "recipe.yaml:4", hint="did you mean 'source'"),
+    Bad("unknown-output", r("""
+        name: x
+        nodes:
+          - {name: a, stage: synth}
+          - {name: b, stage: synth, inputs: {source: a.dat}}
+        """), r"node 'b': 'a' has no output 'dat'", "recipe.yaml:4", hint="did you mean 'data'"),
+    Bad("self-reference", "name: x\nnodes:\n  - {name: a, stage: synth, inputs: {source: a}}\n",
+        r"node 'a' uses its own output as input 'source'", "recipe.yaml:3"),
+    Bad("cycle", r("""
+        name: x
+        nodes:
+          - {name: a, stage: synth, inputs: {source: c}}
+          - {name: b, stage: synth, inputs: {source: a}}
+          - {name: c, stage: synth, inputs: {source: b}}
+        """), r"the nodes form a cycle: a -> c -> b -> a", "recipe.yaml:3"),
+    Bad("two-artifacts-for-one-input", r("""
+        name: x
+        nodes:
+          - {name: a, stage: synth}
+          - {name: b, stage: synth}
+          - {name: c, stage: synth, inputs: {source: [a, b]}}
+        """), r"input 'source' takes one artifact but the references give 2", "recipe.yaml:5"),
+    Bad("missing-required-input", "name: x\nnodes:\n  - {name: s, stage: simplify}\n",
+        r"node 's' needs input 'model' \(onnx\) but no earlier node produces one", "recipe.yaml:3"),
+    Bad("input-of-wrong-kind", r("""
+        name: x
+        nodes:
+          - {name: a, stage: synth}
+          - {name: s, stage: simplify, inputs: {model: a}}
+        """), r"input 'model' takes onnx but 'a' \(synth\) produces none", "recipe.yaml:4"),
+    Bad("ambiguous-matrix-input", r("""
+        name: x
+        nodes:
+          - {name: a, stage: synth, matrix: {text: [x, y]}}
+          - {name: b, stage: synth, inputs: {source: a}}
+        """), r"input 'source' refers to 'a', which has 2 variants \(a-x, a-y\)", "recipe.yaml:4"),
+    # ------------------------------------------------------------------ matrix
+    Bad("matrix-empty-values", "name: x\nnodes:\n  - {name: a, stage: synth, matrix: {size: []}}\n",
+        r"matrix key 'size' has no values", "recipe.yaml:3"),
+    Bad("matrix-misspelled-key", r("""
+        name: x
+        nodes:
+          - name: a
+            stage: synth
+            matrix:
+              sise: [1, 2]
+        """), r"matrix key 'sise' is not a parameter of stage 'synth'", "recipe.yaml:6",
+        hint="did you mean 'size'"),
+    Bad("matrix-reference-without-key", r("""
+        name: x
+        nodes:
+          - name: a
+            stage: synth
+            matrix: {size: [1, 2]}
+            params: {text: "${{ matrix.sizes }}"}
+        """), r"\$\{\{ matrix.sizes \}\} used but the node has no matrix key 'sizes'", "recipe.yaml:6",
+        hint="did you mean 'size'"),
+    Bad("matrix-not-a-list", "name: x\nnodes:\n  - {name: a, stage: synth, matrix: {size: 3}}\n",
+        r"matrix\.size: Input should be a valid list", "recipe.yaml:3"),
+    # ------------------------------------------------------------------ variables, extends, --set
+    Bad("env-var-not-set", "name: x\nnodes:\n  - {name: a, stage: synth, params: {text: '${TRTFLOW_TEST_UNSET}'}}\n",
+        r"environment variable 'TRTFLOW_TEST_UNSET' is not set", "recipe.yaml:3",
+        hint=r"export TRTFLOW_TEST_UNSET=\.\.\."),
+    Bad("extends-missing", "extends: base.yaml\nname: x\nnodes:\n" + SYNTH, r"base recipe 'base.yaml' not found",
+        "recipe.yaml:1"),
+    Bad("extends-cycle", "extends: base.yaml\nname: x\nnodes:\n" + SYNTH,
+        r"recipes extend each other in a cycle", "base.yaml:1",
+        files={"base.yaml": "extends: recipe.yaml\nname: base\nnodes:\n" + SYNTH}),
+    Bad("extends-not-a-string", "extends: [a.yaml]\nname: x\nnodes:\n" + SYNTH,
+        r"'extends' must be a path to a base recipe", "recipe.yaml:1"),
+    Bad("set-without-equals", "name: x\nnodes:\n" + SYNTH, r"expected KEY.PATH=VALUE", "--set nodes.a.params.size",
+        overrides=("nodes.a.params.size",)),
+    Bad("set-unknown-node", "name: x\nnodes:\n" + SYNTH, r"no node named 'b'", "--set nodes.b.params.size=3",
+        overrides=("nodes.b.params.size=3",)),
+    Bad("set-wrong-type", "name: x\nnodes:\n" + SYNTH, r"params\.size: Input should be a valid integer",
+        "--set nodes.a.params.size=big", overrides=("nodes.a.params.size=big",)),
+    # ------------------------------------------------------------------ files a recipe points at
+    Bad("model-file-missing", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: missing.onnx}}\n",
+        r"node 'e': file 'missing.onnx' not found", "recipe.yaml:3"),
+    Bad("model-path-escapes-with-dotdot",
+        "name: x\nnodes:\n  - {name: e, stage: export, params: {model: ../../../../../../etc/x.onnx}}\n",
+        r"node 'e': path '\.\./.*x\.onnx' resolves to /etc/x\.onnx, outside the allowed directories",
+        "recipe.yaml:3", hint="TRTFLOW_ALLOWED_PATHS"),
+    Bad("model-absolute-path-outside", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: /etc/x.onnx}}\n",
+        r"node 'e': path '/etc/x\.onnx' resolves to /etc/x\.onnx, outside the allowed directories",
+        "recipe.yaml:3"),
+    Bad("model-symlink-out", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: link.onnx}}\n",
+        r"node 'e': path 'link\.onnx' resolves to .*outside/secret\.onnx, outside the allowed directories",
+        "recipe.yaml:3", symlinks={"project/link.onnx": "outside/secret.onnx"}),
+    Bad("model-dangling-symlink", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: gone.onnx}}\n",
+        r"node 'e': file 'gone\.onnx' not found", "recipe.yaml:3", symlinks={"project/gone.onnx": "project/nowhere"}),
+    Bad("python-model-file-missing",
+        "name: x\nnodes:\n  - name: e\n    stage: export\n    params:\n      model: python:nope.py:build\n"
+        "      inputs: {input: {shape: [1, 16]}}\n",
+        r"node 'e': file 'nope\.py' not found", "recipe.yaml:3"),
+]
+
+
+def _materialise(case: Bad, tmp_path: Path) -> Path:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("")  # the project root bounds where recipe paths may point
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.onnx").write_text("secret")
+    recipe = project / "recipe.yaml"
+    for name, content in {"recipe.yaml": case.recipe, **case.files}.items():
+        path = project / name
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+    for link, target in case.symlinks.items():
+        (tmp_path / link).symlink_to(tmp_path / target)
+    return recipe
+
+
+@pytest.fixture(scope="module")
+def plugin_paths_module(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    paths = write_plugin_distribution(tmp_path_factory.mktemp("plugins"))
+    activate_in_process(paths)
+    return paths
+
+
+def _assert_matches(case: Bad, error: RecipeError) -> None:
+    text = str(error)
+    assert re.search(case.message, error.message, re.S), f"{case.id}: message does not match:\n{text}"
+    if case.where.startswith("node:"):
+        assert f"'{case.where[5:]}'" in error.message, f"{case.id}: node not named:\n{text}"
+    else:
+        assert case.where in error.message, f"{case.id}: location {case.where!r} not in:\n{text}"
+    if case.hint:
+        assert error.hint and re.search(case.hint, error.hint), f"{case.id}: hint {error.hint!r}"
+    assert "Traceback" not in text
+    assert error.exit_code == EXIT_USAGE
+
+
+@pytest.mark.parametrize("case", CATALOGUE, ids=lambda c: c.id)
+def test_bad_recipe_is_a_recipe_error_naming_the_place(case: Bad, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       plugin_paths_module: list[str]) -> None:
+    recipe = _materialise(case, tmp_path)
+    monkeypatch.chdir(recipe.parent)
+    monkeypatch.delenv("TRTFLOW_ALLOWED_PATHS", raising=False)
+    for name, value in case.env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(RecipeError) as info:
+        pipeline = load_pipeline(recipe, case.overrides)
+        make_plan(pipeline.graph, Store(tmp_path / "store"), Environment.from_env(), pipeline.loaded.directory)
+    _assert_matches(case, info.value)
+
+
+def test_catalogue_is_large_and_unique() -> None:
+    ids = [c.id for c in CATALOGUE]
+    assert len(ids) == len(set(ids))
+    assert len(ids) + len(CLI_CASES) + len(STAGE_CASES) >= 40
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The same kind of errors through the real command line: message on stderr, no traceback, exit code.
+
+CLI_CASES = [
+    # (id, args after the recipe path, recipe text, expected stderr regex, exit code)
+    ("cli-recipe-not-found", ["run", "nope.yaml"], None, r"error: recipe file not found: nope\.yaml", 2),
+    ("cli-recipe-is-a-directory", ["plan", "."], None, r"error: cannot read recipe .*Is a directory", 2),
+    ("cli-yaml-syntax", ["plan", "recipe.yaml"], "name: x\nnodes: [\n",
+     r"error: recipe\.yaml:3:1: YAML syntax error", 2),
+    ("cli-unknown-stage", ["run", "recipe.yaml"], "name: x\nnodes:\n  - {name: a, stage: biuld}\n",
+     r"error: recipe\.yaml:3:\d+: nodes\[0\]\.stage: unknown stage 'biuld'.*\n.*hint: did you mean 'build'\?", 2),
+    ("cli-cycle", ["run", "recipe.yaml"],
+     "name: x\nnodes:\n  - {name: a, stage: synth, inputs: {source: b}}\n"
+     "  - {name: b, stage: synth, inputs: {source: a}}\n", r"error: recipe\.yaml:3:\d+: inputs: the nodes form a cycle",
+     2),
+    ("cli-env-var-unset", ["run", "recipe.yaml"],
+     "name: x\nnodes:\n  - {name: a, stage: synth, params: {text: '${TRTFLOW_TEST_UNSET}'}}\n",
+     r"error: recipe\.yaml:3:\d+: environment variable 'TRTFLOW_TEST_UNSET' is not set", 2),
+    ("cli-unknown-target", ["run", "recipe.yaml", "alpah"], "name: x\nnodes:\n  - {name: alpha, stage: synth}\n",
+     r"error: no node named 'alpah' in recipe 'x'\n.*hint: did you mean 'alpha'\?", 2),
+    ("cli-bad-option", ["run", "recipe.yaml", "--jobs", "-1"], "name: x\nnodes:\n  - {name: a, stage: synth}\n",
+     r"Invalid value for '--jobs' / '-j'", 2),
+    ("cli-show-unknown-node", ["show", "recipe.yaml", "alpah"], "name: x\nnodes:\n  - {name: alpha, stage: synth}\n",
+     r"error: no node 'alpah' in recipe 'x'\n.*hint: did you mean 'alpha'\?", 1),
+]
+
+
+@pytest.mark.parametrize(("case_id", "args", "recipe", "stderr", "code"), CLI_CASES, ids=[c[0] for c in CLI_CASES])
+def test_bad_input_through_the_cli(case_id: str, args: list[str], recipe: str | None, stderr: str, code: int,
+                                   tmp_path: Path, plugin_paths_module: list[str]) -> None:
+    if recipe is not None:
+        (tmp_path / "recipe.yaml").write_text(recipe)
+    env = subprocess_env(plugin_paths_module)
+    env.pop("TRTFLOW_TEST_UNSET", None)
+    proc = subprocess.run([sys.executable, "-m", "trtflow.cli", *args, "--store", str(tmp_path / "store")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    assert re.search(stderr, proc.stderr), proc.stderr
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Errors only a stage can find, through the real CLI on tiny real models. The location is the node.
+
+STAGE_CASES: list[str] = []
