@@ -472,40 +472,9 @@ def _arrays_from_callable(reference: str, ctx_resolve: Callable[[str], Path]) ->
 
 
 def _load_function(reference: str, ctx_resolve: Callable[[str], Path]) -> Callable[[], Any]:
-    import importlib
-    import importlib.util
-    import sys
+    from trtflow.callables import load_callable
 
-    python_file = _python_file_of(reference)
-    function_name = reference.rpartition(":")[2]
-    if python_file is not None:
-        path = ctx_resolve(python_file)
-        if not path.is_file():
-            raise StageFailed(f"data callable file {python_file} not found (looked at {path})",
-                              hint="paths are relative to the recipe file")
-        module_name = f"_trtflow_data_{abs(hash(str(path)))}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception as error:
-            sys.modules.pop(module_name, None)
-            raise StageFailed(f"importing {path} for data callable failed: {type(error).__name__}: {error}",
-                              hint="run the file with python to debug it") from error
-    else:
-        module_path = reference.partition(":")[0]
-        try:
-            module = importlib.import_module(module_path)
-        except ImportError as error:
-            raise StageFailed(f"cannot import module {module_path!r} for data callable {reference}: {error}",
-                              hint="install the package, or use 'python:path/to/file.py:function'") from error
-    function = getattr(module, function_name, None)
-    if not callable(function):
-        raise StageFailed(f"data callable {reference}: {function_name!r} is not a function of that module",
-                          hint=f"define def {function_name}(): ... returning {{input name: array}}")
-    return function
+    return load_callable(reference, ctx_resolve, "data callable")
 
 
 # Model-file helpers shared by the stages that hand a model to ModelOpt.

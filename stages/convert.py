@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
+
+from trtflow.stage import METRICS, ONNX, Input, Output, Stage, StageContext, StageFailed, StageParams, StageSkipped
 from trtflow_stages._data import (
     DataSource,
     check_node_patterns,
@@ -24,8 +26,6 @@ from trtflow_stages._data import (
     data_files,
     private_model_copy,
 )
-
-from trtflow.stage import METRICS, ONNX, Input, Output, Stage, StageContext, StageFailed, StageParams, StageSkipped
 
 FP16_MAX = 65504.0
 AUTOCAST_DATA_MAX = 512.0  # modelopt.onnx.autocast.convert.DEFAULT_DATA_MAX
@@ -135,6 +135,7 @@ def check(params: Params) -> None:
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
     import numpy as np
     import onnx
+
     from trtflow_stages._data import load_arrays, onnx_input_specs
 
     model_path = private_model_copy(inputs["model"], ctx.scratch / "input")

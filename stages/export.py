@@ -108,7 +108,7 @@ def _sample_inputs(params: Params) -> dict[str, Any]:
 def _build_model(ctx: StageContext, params: Params) -> Any:
     import torch
 
-    factory = ctx.load_callable(params.model)
+    factory = ctx.load_callable(params.model, "model factory")
     try:
         model = factory(**params.factory_args)
     except Exception as exc:

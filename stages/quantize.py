@@ -16,13 +16,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
-from trtflow_stages._data import (
-    DataSource,
-    check_node_patterns,
-    check_op_types,
-    data_files,
-    private_model_copy,
-)
 
 from trtflow.stage import (
     METRICS,
@@ -35,6 +28,13 @@ from trtflow.stage import (
     StageFailed,
     StageParams,
     StageSkipped,
+)
+from trtflow_stages._data import (
+    DataSource,
+    check_node_patterns,
+    check_op_types,
+    data_files,
+    private_model_copy,
 )
 
 Mode = Literal["int8", "fp8", "int4", "nvfp4"]
@@ -213,6 +213,7 @@ def check(params: Params) -> None:
 
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
     import onnx
+
     from trtflow_stages._data import load_arrays, onnx_input_specs
 
     model_path = private_model_copy(inputs["model"], ctx.scratch / "input")

@@ -147,40 +147,9 @@ def resolved_tolerance(params: Params, output: str) -> dict[str, Any]:
 # -- user code ----------------------------------------------------------------------------------------------
 def load_user_function(reference: str, resolve: Callable[[str], Path], what: str) -> Callable[..., Any]:
     """Import ``package.module:function`` or ``python:path/to/file.py:function`` (path via ``resolve``)."""
-    import importlib
-    import importlib.util
-    import sys
+    from trtflow.callables import load_callable
 
-    target, sep, name = reference.rpartition(":")
-    if not sep or not name.isidentifier():
-        raise RecipeError(f"{what} {reference!r}: expected 'package.module:function' or "
-                          "'python:path/to/file.py:function'")
-    if target.startswith("python:"):
-        path = resolve(target[len("python:"):])
-        if not path.is_file():
-            raise StageFailed(f"{what} file {target[len('python:'):]} not found (looked at {path})",
-                              hint="paths are relative to the recipe file")
-        module_name = f"_trtflow_user_{abs(hash(str(path)))}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception as error:
-            sys.modules.pop(module_name, None)
-            raise StageFailed(f"importing {path} for {what} failed: {type(error).__name__}: {error}",
-                              hint="run the file with python to debug it") from error
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as error:
-            raise StageFailed(f"cannot import module {target!r} for {what} {reference}: {error}",
-                              hint="install the package, or use 'python:path/to/file.py:function'") from error
-    function = getattr(module, name, None)
-    if not callable(function):
-        raise StageFailed(f"{what} {reference}: {name!r} is not a function of {target}")
-    return function
+    return load_callable(reference, resolve, what)
 
 
 # -- declarations ---------------------------------------------------------------------------------------------

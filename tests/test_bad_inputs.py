@@ -420,4 +420,146 @@ def test_bad_input_through_the_cli(case_id: str, args: list[str], recipe: str | 
 # ---------------------------------------------------------------------------------------------------------
 # Errors only a stage can find, through the real CLI on tiny real models. The location is the node.
 
-STAGE_CASES: list[str] = []
+STAGE_RECIPE = """\
+name: stages
+profiles:
+  wrong_input: {images: {min: [1, 16], opt: [2, 16], max: [4, 16]}}
+  wrong_rank: {input: {min: [1, 16, 1], opt: [2, 16, 1], max: [4, 16, 1]}}
+nodes:
+  - {name: garbage, stage: export, params: {model: garbage.onnx}}
+  - {name: truncated, stage: export, params: {model: truncated.onnx}}
+  - {name: empty, stage: export, params: {model: empty.onnx}}
+  - {name: good, stage: export, params: {model: mlp.onnx}}
+  - name: pickled_checkpoint
+    stage: export
+    params:
+      model: python:tiny_mlp.py:build
+      checkpoint: evil.pt
+      inputs: {input: {shape: [1, 16]}}
+  - name: factory_raises
+    stage: export
+    params:
+      model: python:tiny_mlp.py:broken
+      inputs: {input: {shape: [1, 16]}}
+  - {name: calib_wrong_name, stage: quantize, inputs: {model: good},
+     params: {mode: int8, calibration_data: {path: calib_wrong_name.npz}}}
+  - {name: calib_wrong_shape, stage: quantize, inputs: {model: good},
+     params: {mode: int8, calibration_data: {path: calib_wrong_shape.npz}}}
+  - {name: calib_wrong_dtype, stage: quantize, inputs: {model: good},
+     params: {mode: int8, calibration_data: {path: calib_wrong_dtype.npz}}}
+  - {name: calib_pickled, stage: quantize, inputs: {model: good},
+     params: {mode: int8, calibration_data: {path: calib_pickled.npy}}}
+  - {name: profile_wrong_input, stage: build, params: {backend: tensorrt-rtx, profile: wrong_input},
+     inputs: {model: good}}
+  - {name: profile_wrong_rank, stage: build, params: {backend: tensorrt-rtx, profile: wrong_rank},
+     inputs: {model: good}}
+  - {name: backend_unavailable, stage: build, params: {backend: tensorrt}, inputs: {model: good}}
+"""
+
+EVIL_PICKLE = """\
+import os
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED",))
+"""
+
+# (node, status, message regex): status is what the CLI prints for the node ("failed" or "skipped").
+STAGE_CASES = [
+    ("garbage", "failed", r"'garbage\.onnx' is not a loadable ONNX file: .*\n\s+hint: re-export it"),
+    ("truncated", "failed", r"'truncated\.onnx' is not a loadable ONNX file"),
+    ("empty", "failed", r"(not a loadable ONNX file|does not pass onnx\.checker)"),
+    ("pickled_checkpoint", "failed", r"cannot load checkpoint 'evil\.pt' with weights_only=True"),
+    ("factory_raises", "failed", r"tiny_mlp\.py:broken' raised ValueError: this factory is broken"),
+    ("calib_wrong_name", "failed", r"the data does not match the model inputs:\n\s+- input 'input' is missing"),
+    ("calib_wrong_shape", "failed", r"input 'input': dimension 1 is 15, the model expects 16"),
+    ("calib_wrong_dtype", "failed", r"input 'input'.*(dtype|float64|int32)"),
+    ("calib_pickled", "failed", r"(pickle|allow_pickle)"),
+    ("profile_wrong_input", "failed", r"profile 'wrong_input' gives shapes for 'images', which is not an input"),
+    ("profile_wrong_rank", "failed", r"profile 'wrong_rank', input 'input': the profile has rank 3"),
+    ("backend_unavailable", "skipped", r"backend 'tensorrt' is not installed here.*needs: .*pip install"),
+]
+
+
+@pytest.fixture(scope="module")
+def stage_project(tiny_mlp_onnx: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import numpy as np
+    import torch
+
+    project = tmp_path_factory.mktemp("stage-errors")
+    (project / "pyproject.toml").write_text("")
+    (project / "recipe.yaml").write_text(STAGE_RECIPE)
+    data = tiny_mlp_onnx.read_bytes()
+    (project / "mlp.onnx").write_bytes(data)
+    (project / "truncated.onnx").write_bytes(data[: len(data) // 2])
+    (project / "garbage.onnx").write_bytes(b"\x00\xffnot an onnx file" * 40)
+    (project / "empty.onnx").write_bytes(b"")
+    mlp_source = (Path(__file__).resolve().parents[1] / "examples" / "models" / "tiny_mlp.py").read_text()
+    (project / "tiny_mlp.py").write_text(mlp_source + "\n\ndef broken():\n    raise ValueError('this factory is broken')\n")
+    (project / "evil.py").write_text(EVIL_PICKLE)
+    sys.path.insert(0, str(project))
+    try:
+        import evil
+
+        torch.save(evil.Evil(), project / "evil.pt")
+    finally:
+        sys.path.remove(str(project))
+        sys.modules.pop("evil", None)
+    np.savez(project / "calib_wrong_name.npz", images=np.zeros((8, 16), np.float32))
+    np.savez(project / "calib_wrong_shape.npz", input=np.zeros((8, 15), np.float32))
+    np.savez(project / "calib_wrong_dtype.npz", input=np.zeros((8, 16), np.int32))
+    np.save(project / "calib_pickled.npy", np.array([{"input": 1}], dtype=object), allow_pickle=True)
+    return project
+
+
+@pytest.fixture(scope="module")
+def stage_run(stage_project: Path, plugin_paths_module: list[str]) -> subprocess.CompletedProcess:
+    env = subprocess_env(plugin_paths_module)
+    return subprocess.run([sys.executable, "-m", "trtflow.cli", "run", "recipe.yaml", "--keep-going", "-j", "2",
+                           "--store", str(stage_project / "store")], cwd=stage_project, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("node", "status", "message"), STAGE_CASES, ids=[c[0] for c in STAGE_CASES])
+def test_stage_level_bad_input_fails_that_node_with_a_clear_message(node: str, status: str, message: str,
+                                                                    stage_run: subprocess.CompletedProcess,
+                                                                    stage_project: Path) -> None:
+    out = stage_run.stdout
+    assert stage_run.returncode == 1, out + stage_run.stderr
+    assert "Traceback" not in stage_run.stderr and "internal error" not in out + stage_run.stderr
+    block = re.search(rf"^[✗-] {re.escape(node)}\s+{status}: (.*?)(?=^[▶✓✗-] |^Failed|\Z)", out, re.M | re.S)
+    assert block, f"no '{status}' line for node {node!r}:\n{out}"
+    assert re.search(message, block.group(1), re.S), f"{node}: {block.group(1)}"
+    if status == "failed":
+        assert re.search(r"log:\s+\S+/" + re.escape(node) + r"\.log", block.group(1)), block.group(1)
+    manifests = {m["node"] for _, m in Store(stage_project / "store").iter_manifests() if m}
+    assert node not in manifests and "good" in manifests
+    assert not (stage_project / "PWNED").exists(), "unpickling the checkpoint ran code"
+
+
+@pytest.mark.slow
+def test_unavailable_backend_with_require_gpu_exits_3(stage_project: Path, stage_run: subprocess.CompletedProcess,
+                                                      plugin_paths_module: list[str]) -> None:
+    proc = subprocess.run([sys.executable, "-m", "trtflow.cli", "run", "recipe.yaml", "backend_unavailable",
+                           "--require-gpu", "--store", str(stage_project / "store")], cwd=stage_project,
+                          env=subprocess_env(plugin_paths_module), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert re.search(r"backend_unavailable\s+failed: backend 'tensorrt' is not installed here.*--require-gpu",
+                     proc.stdout), proc.stdout
+
+
+def test_missing_calibration_file_is_a_recipe_error(tmp_path: Path, plugin_paths_module: list[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "pyproject.toml").write_text("")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("name: x\nnodes:\n  - {name: e, stage: export, params: {model: m.onnx}}\n"
+                      "  - {name: q, stage: quantize, params: {mode: int8, calibration_data: {path: calib.npz}}}\n")
+    (tmp_path / "m.onnx").write_bytes(b"placeholder: never read, the planner only hashes it")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RecipeError) as info:
+        pipeline = load_pipeline(recipe)
+        make_plan(pipeline.graph, Store(tmp_path / "store"), Environment.from_env(), pipeline.loaded.directory)
+    assert "recipe.yaml:4" in info.value.message
+    assert re.search(r"node 'q': file 'calib\.npz' not found", info.value.message), info.value.message

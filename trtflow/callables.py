@@ -8,12 +8,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtflow.errors import RecipeError, TrtflowError
-from trtflow.fsutil import resolve_user_path
+from trtflow.errors import RecipeError, StageFailed
 
 PYTHON_PREFIX = "python:"
 
@@ -51,39 +50,49 @@ def callable_files(spec: str) -> list[str]:
     return []
 
 
-def load_callable(spec: str, base_dir: Path, allowed_roots: Sequence[Path]) -> Callable[..., Any]:
-    """Import and return the callable named by ``spec`` (runs the user's module code)."""
-    target, attr = split_spec(spec)
+def load_callable(spec: str, resolve: Callable[[str], Path], what: str = "callable") -> Callable[..., Any]:
+    """Import and return the callable named by ``spec`` (this runs the user's module code).
+
+    ``resolve`` turns the file of a ``python:`` spec into a checked path (``StageContext.resolve``);
+    ``what`` names the callable's role in error messages ("model factory", "data callable", ...).
+    """
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr.isidentifier() or target == "python":
+        raise RecipeError(f"{what} {spec!r}: expected 'python:path/to/file.py:function' or 'package.module:function'")
     if target.startswith(PYTHON_PREFIX):
-        path = resolve_user_path(target[len(PYTHON_PREFIX):], base_dir, allowed_roots)
+        relative = target[len(PYTHON_PREFIX):]
+        path = resolve(relative)
         if not path.is_file():
-            raise TrtflowError(f"python file {str(path)!r} named by {spec!r} does not exist")
-        name = f"trtflow_user_{abs(hash(str(path)))}"
+            raise StageFailed(f"{what} file {relative!r} not found (looked at {path})",
+                               hint="paths are relative to the recipe file")
+        name = f"_trtflow_user_{abs(hash(str(path)))}"
         module_spec = importlib.util.spec_from_file_location(name, path)
         if module_spec is None or module_spec.loader is None:
-            raise TrtflowError(f"cannot load python file {str(path)!r}")
+            raise StageFailed(f"cannot load {what} file {str(path)!r} as Python")
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[name] = module
         if str(path.parent) not in sys.path:
             sys.path.insert(0, str(path.parent))
-        module_spec.loader.exec_module(module)
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as exc:
+            sys.modules.pop(name, None)
+            raise StageFailed(f"importing {relative} for the {what} failed: {type(exc).__name__}: {exc}",
+                               hint="run the file with python to debug it") from exc
     else:
         cwd = str(Path.cwd())
         if cwd not in sys.path:
             sys.path.insert(0, cwd)
         try:
             module = importlib.import_module(target)
-        except ModuleNotFoundError as exc:
-            raise TrtflowError(f"cannot import module {target!r} named by {spec!r}: {exc}",
-                               hint="install it, or use python:path/to/file.py:function") from None
-    try:
-        fn = getattr(module, attr)
-    except AttributeError:
-        public = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
+        except ImportError as exc:
+            raise StageFailed(f"cannot import module {target!r} for the {what} {spec!r}: {exc}",
+                               hint="install it, or use python:path/to/file.py:function") from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
         from trtflow.errors import did_you_mean
 
-        raise TrtflowError(f"{target!r} has no attribute {attr!r}",
-                           hint=did_you_mean(attr, public) or f"callables there: {', '.join(public[:10])}") from None
-    if not callable(fn):
-        raise TrtflowError(f"{spec!r} is not callable")
+        public = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
+        raise StageFailed(f"{what} {spec!r}: {target} has no function {attr!r}",
+                           hint=did_you_mean(attr, public) or f"functions there: {', '.join(public[:10]) or 'none'}")
     return fn

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -45,8 +44,9 @@ def _version_callback(value: bool) -> None:
 
 @app.callback()
 def _main(
-    version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True,
-                                          help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version and exit.")
+    ] = False,
 ) -> None:
     """trtflow: declarative, resumable TensorRT pipelines."""
 
@@ -59,15 +59,18 @@ def run(
     store: StoreOpt = None,
     set_: SetOpt = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=0, help="Nodes to run at once [default: min(4, CPUs)].")] = 0,
-    keep_going: Annotated[bool, typer.Option("--keep-going", "-k",
-                                             help="After a failure, run everything that does not depend on it.")] = False,
-    require_gpu: Annotated[bool, typer.Option("--require-gpu",
-                                              help="Fail (exit 3) instead of skipping nodes whose backend "
-                                              "cannot run here.")] = False,
-    output_dir: Annotated[Path | None, typer.Option("--output-dir", help="Where outputs are materialised "
-                                                    "[default: build/<recipe>]")] = None,
-    lock_timeout: Annotated[float, typer.Option(help="Seconds to wait for another run building the same node.")]
-    = 6 * 3600.0,
+    keep_going: Annotated[
+        bool, typer.Option("--keep-going", "-k", help="After a failure, run everything that does not depend on it.")
+    ] = False,
+    require_gpu: Annotated[
+        bool,
+        typer.Option("--require-gpu", help="Fail (exit 3) instead of skipping nodes whose backend cannot run here."),
+    ] = False,
+    output_dir: Annotated[
+        Path | None, typer.Option("--output-dir", help="Where outputs are materialised [default: build/<recipe>]")
+    ] = None,
+    lock_timeout: Annotated[float, typer.Option(help="Seconds to wait for another run building the same node.")] = 6
+    * 3600.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only failures and the summary.")] = False,
 ) -> None:
     """Run the stale nodes of a recipe, reusing everything that is up to date."""
@@ -85,7 +88,9 @@ def run(
     env = Environment.from_env()
     steps = make_plan(pipeline.graph, st, env, pipeline.loaded.directory, journal)
     options = RunOptions(
-        keep_going=keep_going, require_gpu=require_gpu, lock_timeout=lock_timeout,
+        keep_going=keep_going,
+        require_gpu=require_gpu,
+        lock_timeout=lock_timeout,
         output_dir=(output_dir or Path("build") / pipeline.name).absolute(),
         command=resume_command(),
     )
@@ -101,8 +106,10 @@ def run(
     if summary.interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
     if not summary.ok:
-        only_env = all(r.status in ("fresh", "done", "cached") or (r.error and "--require-gpu" in r.error)
-                       or r.status == "blocked" for r in summary.results.values())
+        only_env = all(
+            r.status in ("fresh", "done", "cached") or (r.error and "--require-gpu" in r.error) or r.status == "blocked"
+            for r in summary.results.values()
+        )
         raise typer.Exit(EXIT_ENVIRONMENT if require_gpu and only_env else EXIT_FAILED)
 
 
@@ -173,16 +180,26 @@ def status(
         table.add_column(col)
     for r in recent:
         duration = f"{r['ended'] - r['started']:.1f}s" if r["ended"] else "-"
-        table.add_row(r["id"], r["recipe"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started"])),
-                      duration, r["status"])
+        table.add_row(
+            r["id"],
+            r["recipe"],
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started"])),
+            duration,
+            r["status"],
+        )
     console.print(table)
     if latest_nodes:
         nodes = Table(title=f"nodes of run {recent[0]['id']}", box=None, header_style="bold")
         for col in ("node", "stage", "status", "time", "detail"):
             nodes.add_column(col, overflow="fold")
         for n in latest_nodes:
-            nodes.add_row(n["node"], n["stage"], n["status"], f"{n['duration']:.1f}s" if n["duration"] else "-",
-                          n["error"] or n["reason"] or "")
+            nodes.add_row(
+                n["node"],
+                n["stage"],
+                n["status"],
+                f"{n['duration']:.1f}s" if n["duration"] else "-",
+                n["error"] or n["reason"] or "",
+            )
         console.print(nodes)
 
 
@@ -204,12 +221,18 @@ def show(
 
     pipeline = load_pipeline(recipe, set_ or ())
     if node not in pipeline.graph.nodes:
-        raise TrtflowError(f"no node {node!r} in recipe {pipeline.name!r}",
-                           hint=did_you_mean(node, list(pipeline.graph.nodes)) or "see `trtflow plan`")
+        raise TrtflowError(
+            f"no node {node!r} in recipe {pipeline.name!r}",
+            hint=did_you_mean(node, list(pipeline.graph.nodes)) or "see `trtflow plan`",
+        )
     st = default_store(store)
     journal = Journal(st.db_path) if st.db_path.exists() else None
-    steps = {s.node.name: s for s in make_plan(pipeline.graph.select([node]), st, Environment.from_env(),
-                                                pipeline.loaded.directory, journal)}
+    steps = {
+        s.node.name: s
+        for s in make_plan(
+            pipeline.graph.select([node]), st, Environment.from_env(), pipeline.loaded.directory, journal
+        )
+    }
     step = steps[node]
     manifest = step.manifest
     if manifest is None:
@@ -217,12 +240,18 @@ def show(
         manifest = st.read_manifest(ref) if ref else None
     last = journal.last_node_run(node, pipeline.name) if journal else None
     info = {
-        "node": node, "stage": step.node.stage, "status": step.status, "reason": step.reason, "key": step.key,
-        "params": step.node.params, "matrix": step.node.matrix,
+        "node": node,
+        "stage": step.node.stage,
+        "status": step.status,
+        "reason": step.reason,
+        "key": step.key,
+        "params": step.node.params,
+        "matrix": step.node.matrix,
         "inputs": {s: [f"{n}.{o}" for n, o in refs] for s, refs in step.node.upstream.items()},
         "facts": step.parts.facts if step.parts else None,
-        "outputs": {k: {**v, "path": str(st.object_path(v["digest"]))}
-                    for k, v in (manifest or {}).get("outputs", {}).items()},
+        "outputs": {
+            k: {**v, "path": str(st.object_path(v["digest"]))} for k, v in (manifest or {}).get("outputs", {}).items()
+        },
         "summary": (manifest or {}).get("summary"),
         "built_key": (manifest or {}).get("key"),
         "duration": (manifest or {}).get("duration"),
@@ -239,9 +268,11 @@ def show(
         if info[key] not in (None, {}, []):
             console.print(f"[bold]{key}[/]:", Pretty(info[key]))
     if last:
-        console.print(f"[bold]last run[/]: {last['status']} in run {last['run_id']}"
-                      + (f", {last['duration']:.1f}s" if last["duration"] else "")
-                      + (f", log {last['log_path']}" if last["log_path"] else ""))
+        console.print(
+            f"[bold]last run[/]: {last['status']} in run {last['run_id']}"
+            + (f", {last['duration']:.1f}s" if last["duration"] else "")
+            + (f", log {last['log_path']}" if last["log_path"] else "")
+        )
         if last.get("error"):
             console.print(f"[bold]error[/]: {last['error']}")
 
@@ -303,16 +334,22 @@ def gc(
 
     result = collect_garbage(default_store(store), dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
-    _console().print(f"{verb} {result.manifests} manifests, {result.objects} objects "
-                     f"({result.bytes / 1e6:.1f} MB), {result.tmp_dirs} scratch dirs; kept {result.kept_manifests} "
-                     "manifests")
+    _console().print(
+        f"{verb} {result.manifests} manifests, {result.objects} objects "
+        f"({result.bytes / 1e6:.1f} MB), {result.tmp_dirs} scratch dirs; kept {result.kept_manifests} "
+        "manifests"
+    )
 
 
 @app.command()
 def verify(
     store: StoreOpt = None,
-    fix: Annotated[bool, typer.Option("--fix", help="Remove damaged objects and the manifests that use them, "
-                                      "so the next run rebuilds them.")] = False,
+    fix: Annotated[
+        bool,
+        typer.Option(
+            "--fix", help="Remove damaged objects and the manifests that use them, so the next run rebuilds them."
+        ),
+    ] = False,
 ) -> None:
     """Re-hash every stored object and check every manifest; exit 1 if anything is damaged."""
     from trtflow.maintenance import verify_store
@@ -323,9 +360,15 @@ def verify(
     console = _console()
     for problem in report_.problems:
         console.print(f"[red]damaged[/]: {problem}")
-    console.print(f"checked {report_.objects} objects and {report_.manifests} manifests: "
-                  + ("clean" if not report_.problems else f"{len(report_.problems)} problems"
-                     + (" (fixed: the next run rebuilds them)" if fix else " (run `trtflow verify --fix`)")))
+    console.print(
+        f"checked {report_.objects} objects and {report_.manifests} manifests: "
+        + (
+            "clean"
+            if not report_.problems
+            else f"{len(report_.problems)} problems"
+            + (" (fixed: the next run rebuilds them)" if fix else " (run `trtflow verify --fix`)")
+        )
+    )
     if report_.problems and not fix:
         raise typer.Exit(EXIT_FAILED)
 
@@ -377,8 +420,11 @@ def main() -> None:
         import traceback
 
         traceback.print_exc()
-        print(f"\ninternal error in trtflow {__version__}: {type(exc).__name__}: {exc}\n"
-              "This is a bug in trtflow; please report it with the traceback above.", file=sys.stderr)
+        print(
+            f"\ninternal error in trtflow {__version__}: {type(exc).__name__}: {exc}\n"
+            "This is a bug in trtflow; please report it with the traceback above.",
+            file=sys.stderr,
+        )
         sys.exit(70)
 
 

@@ -196,11 +196,11 @@ class StageContext:
 
         return resolve_user_path(path, self.recipe_dir, self._allowed_roots)
 
-    def load_callable(self, spec: str) -> Any:
+    def load_callable(self, spec: str, what: str = "callable") -> Any:
         """Import the user callable ``python:file.py:function`` or ``module:function`` named in params."""
         from trtflow.callables import load_callable
 
-        return load_callable(spec, self.recipe_dir, self._allowed_roots)
+        return load_callable(spec, self.resolve, what)
 
     def progress(self, fraction: float | None, message: str = "") -> None:
         """Report progress (0..1, or None when unknown); shown live by the CLI."""

@@ -206,7 +206,7 @@ def test_callable_errors_are_reported(tmp_path, monkeypatch):
         load_arrays(DataSource(callable="python:d.py:boom"), MLP_SPECS, resolver(tmp_path))
     with pytest.raises(StageFailed, match="returned str"):
         load_arrays(DataSource(callable="python:d.py:text"), MLP_SPECS, resolver(tmp_path))
-    with pytest.raises(StageFailed, match="'absent' is not a function"):
+    with pytest.raises(StageFailed, match="has no function 'absent'"):
         load_arrays(DataSource(callable="python:d.py:absent"), MLP_SPECS, resolver(tmp_path))
     with pytest.raises(StageFailed, match="cannot import module"):
         load_arrays(DataSource(callable="no_such_module_xyz:f"), MLP_SPECS, resolver(tmp_path))
