@@ -38,6 +38,7 @@ class Bad:
     env: dict[str, str] = field(default_factory=dict)
     symlinks: dict[str, str] = field(default_factory=dict)  # link name -> target (relative to tmp_path)
     hint: str | None = None  # a regular expression the hint must match
+    fifos: tuple[str, ...] = ()  # named pipes to create next to the recipe
 
 
 def r(text: str) -> str:
@@ -311,6 +312,14 @@ CATALOGUE: list[Bad] = [
         "recipe.yaml:3", symlinks={"project/link.onnx": "outside/secret.onnx"}),
     Bad("model-dangling-symlink", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: gone.onnx}}\n",
         r"node 'e': file 'gone\.onnx' not found", "recipe.yaml:3", symlinks={"project/gone.onnx": "project/nowhere"}),
+    Bad("model-is-a-named-pipe", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: pipe.onnx}}\n",
+        r"node 'e': 'pipe\.onnx' is not a regular file or directory", "recipe.yaml:3", fifos=("pipe.onnx",)),
+    Bad("model-missing-behind-stale-upstream", r("""
+        name: x
+        nodes:
+          - {name: e, stage: export, params: {model: m.onnx}}
+          - {name: q, stage: quantize, params: {mode: int8, calibration_data: {path: calib.npz}}}
+        """), r"node 'q': file 'calib\.npz' not found", "recipe.yaml:4", files={"m.onnx": "never read"}),
     Bad("python-model-file-missing",
         "name: x\nnodes:\n  - name: e\n    stage: export\n    params:\n      model: python:nope.py:build\n"
         "      inputs: {input: {shape: [1, 16]}}\n",
@@ -331,6 +340,8 @@ def _materialise(case: Bad, tmp_path: Path) -> Path:
             path.write_bytes(content)
         else:
             path.write_text(content)
+    for fifo in case.fifos:
+        os.mkfifo(project / fifo)
     for link, target in case.symlinks.items():
         (tmp_path / link).symlink_to(tmp_path / target)
     return recipe
@@ -548,18 +559,3 @@ def test_unavailable_backend_with_require_gpu_exits_3(stage_project: Path, stage
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert re.search(r"backend_unavailable\s+failed: backend 'tensorrt' is not installed here.*--require-gpu",
                      proc.stdout), proc.stdout
-
-
-def test_missing_calibration_file_is_a_recipe_error(tmp_path: Path, plugin_paths_module: list[str],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "pyproject.toml").write_text("")
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text("name: x\nnodes:\n  - {name: e, stage: export, params: {model: m.onnx}}\n"
-                      "  - {name: q, stage: quantize, params: {mode: int8, calibration_data: {path: calib.npz}}}\n")
-    (tmp_path / "m.onnx").write_bytes(b"placeholder: never read, the planner only hashes it")
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(RecipeError) as info:
-        pipeline = load_pipeline(recipe)
-        make_plan(pipeline.graph, Store(tmp_path / "store"), Environment.from_env(), pipeline.loaded.directory)
-    assert "recipe.yaml:4" in info.value.message
-    assert re.search(r"node 'q': file 'calib\.npz' not found", info.value.message), info.value.message

@@ -69,40 +69,29 @@ def run(
     output_dir: Annotated[
         Path | None, typer.Option("--output-dir", help="Where outputs are materialised [default: build/<recipe>]")
     ] = None,
-    lock_timeout: Annotated[float, typer.Option(help="Seconds to wait for another run building the same node.")] = 6
-    * 3600.0,
+    lock_timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for another run building the same node.")
+    ] = 21600.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only failures and the summary.")] = False,
 ) -> None:
     """Run the stale nodes of a recipe, reusing everything that is up to date."""
-    from trtflow.environment import Environment
-    from trtflow.journal import Journal
-    from trtflow.pipeline import default_store, load_pipeline
-    from trtflow.plan import make_plan
-    from trtflow.runner import Runner, RunOptions, resume_command
+    from trtflow import api
+    from trtflow.report.console import ConsoleHooks
+    from trtflow.runner import RunOptions, resume_command
 
     started = time.perf_counter()
-    pipeline = load_pipeline(recipe, set_ or (), targets or ())
-    st = default_store(store)
-    st.ensure()
-    journal = Journal(st.db_path)
-    env = Environment.from_env()
-    steps = make_plan(pipeline.graph, st, env, pipeline.loaded.directory, journal)
     options = RunOptions(
         keep_going=keep_going,
         require_gpu=require_gpu,
         lock_timeout=lock_timeout,
-        output_dir=(output_dir or Path("build") / pipeline.name).absolute(),
+        output_dir=output_dir.absolute() if output_dir else None,
         command=resume_command(),
     )
     if jobs:
         options.jobs = jobs
-    from trtflow.report.console import ConsoleHooks
-
     hooks = ConsoleHooks(_console(), quiet=quiet)
-    runner = Runner(pipeline.graph, st, env, pipeline.loaded.path, journal, options, hooks)
-    summary = runner.run(steps)
+    _, steps, summary = api.run(recipe, targets or (), set_ or (), store, options, hooks)
     hooks.finish(summary, steps, time.perf_counter() - started, options.output_dir, resume_command())
-    journal.close()
     if summary.interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
     if not summary.ok:
@@ -123,15 +112,9 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of steps.")] = False,
 ) -> None:
     """Show which nodes are fresh or stale, and why, without running anything."""
-    from trtflow.environment import Environment
-    from trtflow.journal import Journal
-    from trtflow.pipeline import default_store, load_pipeline
-    from trtflow.plan import make_plan
+    from trtflow import api
 
-    pipeline = load_pipeline(recipe, set_ or (), targets or ())
-    st = default_store(store)
-    journal = Journal(st.db_path) if st.root.exists() else None
-    steps = make_plan(pipeline.graph, st, Environment.from_env(), pipeline.loaded.directory, journal)
+    steps = api.plan(recipe, targets or (), set_ or (), store)
     if as_json:
         print(json.dumps([s.as_json() for s in steps], indent=1))
         return

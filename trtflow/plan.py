@@ -67,16 +67,8 @@ def key_parts(graph: Graph, node: ConcreteNode, output_digests: dict[tuple[str, 
               env: Environment, recipe_dir: Path, stat_cache: StatCache | None) -> KeyParts | None:
     """The key ingredients of ``node``, or None if an input's digest is not known yet (upstream stale)."""
     stage = graph.stages[node.stage]
-    inputs: dict[str, str] = {}
-    sources: dict[str, str] = {}
-    for slot, refs in node.upstream.items():
-        for i, ref in enumerate(refs):
-            label = slot if len(refs) == 1 else f"{slot}[{i}]"
-            digest = output_digests.get(ref)
-            if digest is None:
-                return None
-            inputs[label] = digest
-            sources[label] = f"{ref[0]}.{ref[1]}"
+    # Files first, even when an upstream node is stale: a missing or misplaced file is found at plan time,
+    # not after hours of upstream work.
     files: dict[str, str] = {}
     roots = allowed_roots_for(recipe_dir)
     for ref in stage.files_for(node.params_model):
@@ -87,11 +79,24 @@ def key_parts(graph: Graph, node: ConcreteNode, output_digests: dict[tuple[str, 
         if not path.exists():
             raise RecipeError(f"node {node.name!r}: file {ref!r} not found (looked at {path})", node.location,
                               hint="check the path; recipe paths are relative to the recipe file")
+        if not (path.is_file() or path.is_dir()):
+            raise RecipeError(f"node {node.name!r}: {ref!r} is not a regular file or directory ({path})",
+                              node.location, hint="point at the model or data file itself")
         try:
             files[ref] = hash_path(path, stat_cache)
         except OSError as exc:
             raise RecipeError(f"node {node.name!r}: cannot read {ref!r}: {exc.strerror or exc}",
                               node.location) from None
+    inputs: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    for slot, refs in node.upstream.items():
+        for i, ref in enumerate(refs):
+            label = slot if len(refs) == 1 else f"{slot}[{i}]"
+            digest = output_digests.get(ref)
+            if digest is None:
+                return None
+            inputs[label] = digest
+            sources[label] = f"{ref[0]}.{ref[1]}"
     facts = env.facts(stage.environment_for(node.params_model))
     return KeyParts(node.stage, stage.version, node.params, inputs, sources, files, facts)
 

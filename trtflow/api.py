@@ -1,0 +1,45 @@
+"""The Python API: plan and run recipes from code (the CLI is a thin layer over these functions)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from trtflow.environment import Environment
+from trtflow.journal import Journal
+from trtflow.pipeline import Pipeline, default_store, load_pipeline
+from trtflow.plan import Step, make_plan
+from trtflow.runner import Hooks, Runner, RunOptions, RunSummary, resume_command
+
+
+def plan(recipe: str | Path, targets: Sequence[str] = (), overrides: Sequence[str] = (),
+         store: str | Path | None = None) -> list[Step]:
+    """Which nodes of ``recipe`` are fresh or stale, and why. Runs nothing."""
+    pipeline = load_pipeline(recipe, overrides, targets)
+    st = default_store(store)
+    journal = Journal(st.db_path) if st.root.exists() else None
+    try:
+        return make_plan(pipeline.graph, st, Environment.from_env(), pipeline.loaded.directory, journal)
+    finally:
+        if journal is not None:
+            journal.close()
+
+
+def run(recipe: str | Path, targets: Sequence[str] = (), overrides: Sequence[str] = (),
+        store: str | Path | None = None, options: RunOptions | None = None,
+        hooks: Hooks | None = None) -> tuple[Pipeline, list[Step], RunSummary]:
+    """Run the stale nodes of ``recipe``; returns the pipeline, the plan and the per-node results."""
+    pipeline = load_pipeline(recipe, overrides, targets)
+    st = default_store(store)
+    st.ensure()
+    journal = Journal(st.db_path)
+    try:
+        env = Environment.from_env()
+        steps = make_plan(pipeline.graph, st, env, pipeline.loaded.directory, journal)
+        options = options or RunOptions(command=resume_command(["run", str(recipe)]))
+        if options.output_dir is None:
+            options.output_dir = (Path("build") / pipeline.name).absolute()
+        summary = Runner(pipeline.graph, st, env, pipeline.loaded.path, journal, options, hooks).run(steps)
+        return pipeline, steps, summary
+    finally:
+        journal.close()
