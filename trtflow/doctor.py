@@ -7,8 +7,9 @@ from typing import Any
 from trtflow.environment import ABSENT, Environment, gpus, module_available
 from trtflow.registry import get_stage, stage_names
 
-# Compute capabilities TensorRT-RTX runs on (Ampere, Ada, Blackwell consumer/workstation parts).
-RTX_RUNTIME_CC = ("8.0", "8.6", "8.7", "8.9", "12.0", "12.1")
+# Compute capabilities TensorRT-RTX engines run on (NVIDIA's RTX support matrix: Turing, Ampere GA10x, Ada,
+# Blackwell GB20x). The engine may not import the stages; stages/_trt_runtime.py keeps the same list.
+RTX_RUNTIME_CC = ("7.5", "8.6", "8.9", "12.0", "12.1")
 
 
 def diagnose() -> dict[str, Any]:
