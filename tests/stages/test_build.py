@@ -105,13 +105,13 @@ def test_transformer_with_dynamic_batch_and_sequence(tmp_path, tiny_transformer_
 
 
 @pytest.fixture(scope="module")
-def fp16_cnn_onnx(tiny_cnn_onnx, models_dir) -> Path:
+def fp16_cnn_onnx(tiny_cnn_onnx, tmp_path_factory) -> Path:
     """The CNN with float16 weights and compute, float32 inputs and outputs (as the convert stage makes it)."""
     import onnx
     from onnxconverter_common import float16
 
     model = float16.convert_float_to_float16(onnx.load(str(tiny_cnn_onnx)), keep_io_types=True)
-    path = models_dir / "cnn_fp16.onnx"
+    path = tmp_path_factory.mktemp("fp16") / "cnn_fp16.onnx"
     onnx.save(model, str(path))
     return path
 

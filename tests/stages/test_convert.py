@@ -106,10 +106,22 @@ def test_bf16_transformer_with_random_reference(tmp_path, tiny_transformer_onnx)
     assert result.summary["converted_by_op_type"]["MatMul"] > 0
 
 
-def test_reference_run_failure_is_explained(tmp_path, tiny_transformer_onnx):
-    """AutoCast's own random inputs set every dynamic dim to 1, which this export's Reshapes reject."""
+def reshape_needs_even_batch(path: Path) -> Path:
+    """x [batch, 6] -> Reshape [-1, 4]: only even batches work, so a reference run at batch 1 fails."""
+    from onnx import helper
+
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"])]
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [-1, 4])
+    graph = helper.make_graph(nodes, "reshape", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [shape])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_reference_run_failure_is_explained(tmp_path):
+    """AutoCast's own random inputs set every dynamic dim to 1, which this model's Reshape rejects."""
     with pytest.raises(StageFailed) as caught:
-        convert(tmp_path, tiny_transformer_onnx)
+        convert(tmp_path, reshape_needs_even_batch(tmp_path / "reshape.onnx"))
     assert "AutoCast fp16 conversion failed" in str(caught.value)
     assert "give calibration_data with real input shapes, or set data_max: null" in caught.value.hint
 

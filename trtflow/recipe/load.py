@@ -88,6 +88,7 @@ class _Converter:
         self.loader = loader
         self.marks: dict[Path_, Location] = {}
         self.count = 0
+        self.merged: dict[int, int] = {}  # id of a mapping node -> how many of its pairs came from `<<:` merges
 
     def convert(self, node: yaml.Node, path: Path_) -> Any:
         self.count += 1
@@ -105,17 +106,24 @@ class _Converter:
                 hint="remove the tag; recipes never construct objects",
             )
         if isinstance(node, yaml.MappingNode):
-            self.loader.flatten_mapping(node)
+            merged = self.merged.get(id(node))
+            if merged is None:  # first visit (an alias visits the same node again, already flattened)
+                own = sum(1 for key_node, _ in node.value if key_node.tag != "tag:yaml.org,2002:merge")
+                self.loader.flatten_mapping(node)
+                merged = self.merged[id(node)] = len(node.value) - own
             result: dict[Any, Any] = {}
-            for key_node, value_node in node.value:
+            written_here: set[Any] = set()  # keys written in this mapping, not brought in by a `<<:` merge
+            for index, (key_node, value_node) in enumerate(node.value):
                 key = self.convert(key_node, (*path, KEY, KEY))
                 if isinstance(key, (dict, list)):
                     raise RecipeError("a mapping key must be a plain value", _location(self.file, key_node.start_mark))
-                if key in result:
-                    raise RecipeError(
-                        f"duplicate key {key!r}", _location(self.file, key_node.start_mark),
-                        hint="each key may appear once in a mapping",
-                    )
+                if index >= merged:
+                    if key in written_here:
+                        raise RecipeError(
+                            f"duplicate key {key!r}", _location(self.file, key_node.start_mark),
+                            hint="each key may appear once in a mapping",
+                        )
+                    written_here.add(key)
                 self.marks[(*path, key, KEY)] = _location(self.file, key_node.start_mark)
                 result[key] = self.convert(value_node, (*path, key))
             self.marks.pop((*path, KEY, KEY), None)
