@@ -138,17 +138,22 @@ def open_engine(engine_path: Path, provenance_path: Path | None, backend: str = 
                 gpu_index: int | None = None) -> EngineSession:
     """Check the engine's provenance against this machine, then deserialise it; returns an `EngineSession`."""
     manifest = read_provenance(provenance_path)
+    if manifest is None:
+        raise StageFailed(f"{engine_path} has no provenance manifest (engine.json) beside it; trtflow loads only "
+                          "engines whose provenance and digest it can check",
+                          hint="build the engine with the build stage (it writes engine.json next to the engine)")
     flavour = engine_backend(backend, manifest)
-    if manifest is not None:
-        check_provenance(manifest, flavour, gpu_index=gpu_index)
+    check_provenance(manifest, flavour, gpu_index=gpu_index)
     reason = runtime_available(flavour, gpu_index)
     if reason:
         raise StageSkipped(reason, needs=runtime_needs(flavour))
+    data = Path(engine_path).read_bytes()
+    verify_engine_digest(data, manifest, engine_path)
     trt = import_trt(flavour)
     from polygraphy.backend.trt import engine_from_bytes
 
     try:
-        engine = engine_from_bytes(Path(engine_path).read_bytes())
+        engine = engine_from_bytes(data)
     except Exception as error:  # Polygraphy raises PolygraphyException with TensorRT's own message
         raise StageFailed(f"{flavour} could not deserialise {engine_path}: {error}",
                           hint="re-build the engine with this TensorRT version on this GPU") from error
@@ -156,6 +161,22 @@ def open_engine(engine_path: Path, provenance_path: Path | None, backend: str = 
         raise StageFailed(f"{flavour} could not deserialise {engine_path} (see the log for TensorRT's reason)",
                           hint="re-build the engine with this TensorRT version on this GPU")
     return TrtEngineSession(trt, engine)
+
+
+def verify_engine_digest(data: bytes, manifest: dict, engine_path: Path) -> None:
+    """Refuse an engine whose bytes are not the ones its build recorded (xxh3-128 digest)."""
+    import xxhash
+
+    expected = manifest.get("engine_digest")
+    if not expected:
+        raise StageFailed(f"the provenance of {engine_path} records no engine digest (built by an older trtflow)",
+                          hint="re-build the engine: `trtflow run` after bumping nothing re-uses it, so delete its "
+                          "store entry with `trtflow verify --fix` or change a build parameter")
+    actual = xxhash.xxh3_128_hexdigest(data)
+    if actual != expected:
+        raise StageFailed(f"{engine_path} does not match its provenance: digest {actual[:16]}... but the build "
+                          f"recorded {expected[:16]}...; the file was changed after it was built",
+                          hint="run `trtflow verify --fix` and then `trtflow run` to re-build it")
 
 
 class TrtEngineSession:

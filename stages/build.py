@@ -842,6 +842,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         "parse_seconds": round(parse_seconds, 4),
         "build_seconds": round(build_seconds, 4),
         "engine_bytes": engine_size,
+        "engine_digest": hash_file_content(engine_path),
     }, gpu_index=ctx.gpu)
     ctx.output("provenance").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     ctx.progress(1.0, f"engine {engine_size} bytes in {build_seconds:.2f} s")

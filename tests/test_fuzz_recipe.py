@@ -140,6 +140,9 @@ def node(draw: st.DrawFn, names: list[str]) -> Any:
 @st.composite
 def recipes(draw: st.DrawFn) -> Any:
     names = draw(st.lists(st.sampled_from(NAMES), min_size=1, max_size=5, unique=True))
+    if draw(st.integers(0, 4)) < 2:  # schema-valid: reaches matrix expansion, the graph checks and the planner
+        good = [n for n in names if n and " " not in n and not n[0].isdigit()] or ["a"]
+        return {"name": "r", "nodes": draw(st.lists(wellformed_node(good), min_size=1, max_size=5))}
     recipe: dict[Any, Any] = {}
     if draw(st.integers(0, 9)):
         recipe["name"] = draw(st.one_of(st.sampled_from(["r", "fuzz", "r", "bad name", ""]), scalars))
