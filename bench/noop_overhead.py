@@ -51,7 +51,8 @@ def write_dvc_pipeline(folder: Path, n: int) -> None:
     lines = ["stages:"]
     for name, parent in dag(n):
         deps = f"\n    deps: [out/{parent}.txt]" if parent else ""
-        lines.append(f"  {name}:\n    cmd: mkdir -p out && echo {name} > out/{name}.txt{deps}\n    outs: [out/{name}.txt]")
+        command = f"mkdir -p out && echo {name} > out/{name}.txt"
+        lines.append(f"  {name}:\n    cmd: {command}{deps}\n    outs: [out/{name}.txt]")
     (folder / "dvc.yaml").write_text("\n".join(lines) + "\n")
 
 
@@ -67,9 +68,9 @@ def timed(cmd: list[str], cwd: Path, repeat: int, env: dict | None = None) -> li
 
 
 def heavy_imports(cwd: Path, recipe: Path) -> list[str]:
-    code = ("import sys, runpy; sys.argv = ['trtflow', 'run', %r]\n"
+    code = (f"import sys, runpy; sys.argv = ['trtflow', 'run', {str(recipe)!r}]\n"
             "try:\n    runpy.run_module('trtflow.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-            "print('MODULES', ' '.join(sorted(sys.modules)))" % str(recipe))
+            "print('MODULES', ' '.join(sorted(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True).stdout
     modules = next((line.split()[1:] for line in out.splitlines() if line.startswith("MODULES")), [])
     return sorted({m.split(".")[0] for m in modules} & set(HEAVY))

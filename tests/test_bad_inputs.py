@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
 from reliability.plugins import activate_in_process, subprocess_env, write_plugin_distribution
+
 from trtflow.environment import Environment
 from trtflow.errors import EXIT_USAGE, RecipeError
 from trtflow.pipeline import load_pipeline

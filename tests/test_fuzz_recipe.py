@@ -18,8 +18,8 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from reliability.plugins import activate_in_process, write_plugin_distribution
+
 from trtflow.environment import Environment
 from trtflow.errors import EXIT_USAGE, RecipeError
 from trtflow.pipeline import load_pipeline

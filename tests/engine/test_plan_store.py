@@ -60,7 +60,7 @@ def setup(tmp_path: Path, text: str = RECIPE, overrides=()):
 
 
 def plan_of(tmp_path, store, env=None, overrides=()):
-    loaded, graph = setup(tmp_path, overrides=overrides)
+    _, graph = setup(tmp_path, overrides=overrides)
     return {s.node.name: s for s in make_plan(graph, store, env or Environment({"python": "3.11"}), tmp_path)}
 
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-from trtflow_stages import build
-from trtflow_stages._tensorrt import installed_version
 
 from trtflow.environment import module_available
 from trtflow.fingerprint import hash_file_content
 from trtflow.stage import RecipeError, StageContext, StageFailed, StageSkipped
 from trtflow.testing import run_stage
+from trtflow_stages import build
+from trtflow_stages._tensorrt import installed_version
 
 needs_rtx = pytest.mark.skipif(not module_available("tensorrt_rtx"), reason="needs tensorrt-rtx (pip install "
                                "tensorrt-rtx-cu13)")

@@ -11,10 +11,10 @@ import onnx
 import pytest
 from onnx import TensorProto
 from pydantic import ValidationError
-from trtflow_stages.convert import Params, stage
 
 from trtflow.stage import StageFailed
 from trtflow.testing import run_stage
+from trtflow_stages.convert import Params, stage
 
 
 def convert(tmp_path: Path, model: Path, **params):

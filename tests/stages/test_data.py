@@ -12,6 +12,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from pydantic import ValidationError
+
+from trtflow.stage import StageFailed
 from trtflow_stages._data import (
     DataSource,
     InputSpec,
@@ -24,8 +26,6 @@ from trtflow_stages._data import (
     onnx_input_specs,
     private_model_copy,
 )
-
-from trtflow.stage import StageFailed
 
 
 def two_input_model(path: Path, image_shape=(1, 3, 4, 4), mask_shape=("batch", 4)) -> Path:

@@ -6,9 +6,9 @@ import json
 
 import pytest
 import xxhash
-from trtflow_stages import _trt_runtime
 
 from trtflow.stage import StageFailed
+from trtflow_stages import _trt_runtime
 
 
 def test_engine_without_provenance_is_refused(tmp_path):
@@ -29,9 +29,8 @@ def test_changed_engine_bytes_are_refused():
 
 
 def test_build_records_the_engine_digest(tmp_path, tiny_mlp_onnx):
-    from trtflow_stages.build import stage
-
     from trtflow.testing import run_stage
+    from trtflow_stages.build import stage
 
     profile = {"name": "b", "shapes": {"input": {"min": [1, 16], "opt": [2, 16], "max": [4, 16]}}}
     result = run_stage(stage, {"backend": "tensorrt-rtx", "profile": profile}, {"model": tiny_mlp_onnx}, tmp_path)

@@ -11,12 +11,12 @@ import numpy as np
 import onnx
 import pytest
 from pydantic import ValidationError
-from trtflow_stages import quantize as quantize_stage
-from trtflow_stages.quantize import Params, count_quantized, stage, supported_modes
 
 from trtflow.environment import gpus
 from trtflow.stage import EnvironmentUnavailable, StageFailed, StageSkipped
 from trtflow.testing import run_stage
+from trtflow_stages import quantize as quantize_stage
+from trtflow_stages.quantize import Params, count_quantized, stage, supported_modes
 
 
 def cnn_data(tmp_path: Path, samples: int = 16, **overrides) -> str:
