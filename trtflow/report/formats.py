@@ -79,6 +79,35 @@ def to_markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _latency_rows(data: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """(label, median ms, p99 ms) for every benchmark point in the run."""
+    rows = []
+    for n in data["nodes"]:
+        for point in n["summary"].get("points", []) if isinstance(n["summary"], dict) else []:
+            if isinstance(point, dict) and isinstance(point.get("median_ms"), (int, float)):
+                label = f"{n['node']} (batch {point.get('batch_size', '?')})"
+                rows.append((label, float(point["median_ms"]), float(point.get("p99_ms") or point["median_ms"])))
+    return rows
+
+
+def latency_chart_svg(rows: list[tuple[str, float, float]]) -> str:
+    """A horizontal bar chart of median (dark) and p99 (light) latency per benchmark point, as inline SVG."""
+    if not rows:
+        return ""
+    label_w, bar_w, row_h = 260, 420, 26
+    top = max(p99 for _, _, p99 in rows) or 1.0
+    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{label_w + bar_w + 120}' "
+             f"height='{row_h * len(rows) + 30}' font-family='sans-serif' font-size='12'>"]
+    for i, (label, median, p99) in enumerate(rows):
+        y = 10 + i * row_h
+        parts.append(f"<text x='{label_w - 6}' y='{y + 15}' text-anchor='end'>{html.escape(label)}</text>")
+        parts.append(f"<rect x='{label_w}' y='{y + 2}' width='{bar_w * p99 / top:.1f}' height='18' fill='#9ecae1'/>")
+        parts.append(f"<rect x='{label_w}' y='{y + 2}' width='{bar_w * median / top:.1f}' height='18' fill='#3182bd'/>")
+        parts.append(f"<text x='{label_w + bar_w * p99 / top + 6:.1f}' y='{y + 15}'>{median:.3g} / {p99:.3g} ms</text>")
+    parts.append(f"<text x='{label_w}' y='{row_h * len(rows) + 25}'>median (dark) and p99 (light) latency</text>")
+    return "".join(parts) + "</svg>"
+
+
 def to_html(data: dict[str, Any]) -> str:
     rows = "".join(
         f"<tr class='{html.escape(n['status'])}'><td>{html.escape(n['node'])}</td><td>{html.escape(n['stage'])}</td>"
@@ -86,7 +115,8 @@ def to_html(data: dict[str, Any]) -> str:
         f"<td>{html.escape(n['error'] or n['reason'] or '')}</td></tr>"
         for n in data["nodes"]
     )
-    sections = ""
+    chart = latency_chart_svg(_latency_rows(data))
+    sections = f"<h2>latency</h2>{chart}" if chart else ""
     for n in data["nodes"]:
         metrics = _flat_metrics(n["summary"])
         if metrics:
