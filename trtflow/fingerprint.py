@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -15,6 +16,7 @@ from typing import Any, Protocol
 import xxhash
 
 CHUNK = 1 << 20
+RACY_WINDOW_NS = 2_000_000_000
 
 
 def canonical_json(value: Any) -> str:
@@ -53,7 +55,9 @@ def hash_file(path: Path, cache: StatCache | None = None) -> str:
         if cached:
             return cached
     digest = hash_file_content(path)
-    if cache is not None:
+    # A file modified within the last couple of seconds could change again without its mtime moving on
+    # coarse-grained filesystems: do not trust the shortcut for it yet.
+    if cache is not None and time.time_ns() - st.st_mtime_ns > RACY_WINDOW_NS:
         cache.put(key, st.st_size, st.st_mtime_ns, st.st_ino, digest)
     return digest
 

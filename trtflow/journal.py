@@ -20,9 +20,6 @@ CREATE TABLE IF NOT EXISTS node_runs (
     PRIMARY KEY (run_id, node)
 );
 CREATE INDEX IF NOT EXISTS node_runs_node ON node_runs(node, started);
-CREATE TABLE IF NOT EXISTS events (
-    run_id TEXT, time REAL, node TEXT, event TEXT, detail TEXT
-);
 CREATE TABLE IF NOT EXISTS stat_cache (
     path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, inode INTEGER, digest TEXT
 );
@@ -71,10 +68,6 @@ class Journal:
             (run_id, node, stage, key, status, reason, started, ended, duration, log_path, error,
              json.dumps(summary) if summary is not None else None),
         )
-
-    def event(self, run_id: str, node: str | None, event: str, detail: str = "") -> None:
-        self.conn.execute("INSERT INTO events (run_id, time, node, event, detail) VALUES (?, ?, ?, ?, ?)",
-                          (run_id, time.time(), node, event, detail))
 
     def runs(self, limit: int = 10, recipe: str | None = None) -> list[dict[str, Any]]:
         query = "SELECT * FROM runs"
