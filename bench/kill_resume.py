@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import sqlite3
@@ -180,10 +181,15 @@ class Harness:
                 # handling applies (exit by SIGINT, which shells report as 130, or a failed import).
                 if proc.returncode not in (130, -signal.SIGINT) and "KeyboardInterrupt" not in output:
                     result.problems.append(f"SIGINT during start-up: exit code {proc.returncode}: {output[-800:]}")
-            elif proc.returncode not in (130, 0):
+            elif proc.returncode == 130:
+                if list(runs.values())[-1] not in ("interrupted", "ok"):  # "ok": it had just finished
+                    result.problems.append(f"SIGINT: the run was not recorded as interrupted: {runs}")
+            elif proc.returncode == -signal.SIGINT:
+                # Only while Python shuts down after the work and its summary are done (shells show 130).
+                if not re.search(r"^(Done|Failed|Nothing to do|interrupted)", output, re.M):
+                    result.problems.append(f"SIGINT: killed by the signal before finishing: {output[-800:]}")
+            elif proc.returncode != 0:
                 result.problems.append(f"SIGINT: expected exit code 130, got {proc.returncode}: {output[-800:]}")
-            elif proc.returncode == 130 and "interrupted" not in runs.values():
-                result.problems.append(f"SIGINT: the run was not recorded as interrupted: {runs}")
         if sig == "kill" and result.interrupted and proc.returncode not in (-signal.SIGKILL, 0):
             result.problems.append(f"SIGKILL: unexpected exit code {proc.returncode}")
         before = self._manifests(store) if store.exists() else {}
@@ -201,6 +207,8 @@ class Harness:
                 result.problems.append(f"{node} was committed before the kill but its manifest was rewritten")
         rows, runs = self._journal(store)
         resume_run = list(runs)[-1]  # ordered by start time
+        if runs[resume_run] != "ok" or "running" in runs.values():
+            result.problems.append(f"runs not closed properly: {runs}")
         for run_id, node, status in rows:
             if run_id == resume_run and node in before and status == "done":
                 result.problems.append(f"{node} had finished before the kill but ran again")

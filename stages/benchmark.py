@@ -111,6 +111,11 @@ class Params(StageParams):
     max_latency_ms_p95: float | None = Field(None, gt=0, description="Gate: p95 latency at most this.")
     max_latency_ms_p99: float | None = Field(None, gt=0, description="Gate: p99 latency at most this.")
     max_latency_ms_mean: float | None = Field(None, gt=0, description="Gate: mean latency at most this.")
+    max_regression_percent: float | None = Field(
+        None, gt=0,
+        description="Gate: fail when the median latency of a batch size is more than this many percent above "
+        "the last successful run of this node (e.g. after a TensorRT upgrade or a model change). The first run "
+        "sets the baseline.")
     min_throughput_qps: float | None = Field(None, gt=0, description="Gate: throughput (samples/s) at least "
                                              "this.")
 
@@ -367,6 +372,24 @@ def _cuda_timer() -> Any:
     return CudaTimer(device=0)  # the runner narrows CUDA_VISIBLE_DEVICES to the node's GPU
 
 
+def regression_gates(points: list[Mapping[str, Any]], params: Params,
+                     previous: Mapping[str, Any] | None) -> list[str]:
+    """Compare each batch size's median latency with the last successful run of this node."""
+    if params.max_regression_percent is None or not previous:
+        return []
+    before = {p.get("batch_size"): p.get("median_ms") for p in previous.get("points", []) if isinstance(p, dict)}
+    failures = []
+    for point in points:
+        old = before.get(point["batch_size"])
+        new = point["report"]["latency_ms"]["median"]
+        if isinstance(old, (int, float)) and old > 0:
+            change = (new / old - 1.0) * 100.0
+            if change > params.max_regression_percent:
+                failures.append(f"batch {point['batch_size']}: median latency {new:.4g} ms is {change:.1f}% above the "
+                                f"previous run's {old:.4g} ms (max_regression_percent {params.max_regression_percent:g})")
+    return failures
+
+
 def latency_gates(point: Mapping[str, Any], params: Params) -> list[str]:
     failures = []
     latency = point["report"]["latency_ms"]
@@ -471,6 +494,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
             session.__exit__(None, None, None)
 
     failures = [message for point in points for message in latency_gates(point, params)]
+    failures += regression_gates(points, params, ctx.previous_summary)
     metrics = {
         "backend": backend,
         "device": "cuda" if backend in TRT_FLAVOURS else params.device,

@@ -60,8 +60,9 @@ CATALOGUE: list[Bad] = [
           - name: a
              stage: synth
         """), r"YAML syntax error: mapping values are not allowed in this context", "recipe.yaml:4"),
-    Bad("yaml-tab-indent", "name: x\nnodes:\n\t- name: a\n", r"YAML syntax error: found character that cannot start any token \(a tab\)",
-        "recipe.yaml:3", hint="never tabs"),
+    Bad("yaml-tab-indent", "name: x\nnodes:\n\t- name: a\n",
+        r"YAML syntax error: found character that cannot start any token \(a tab\)", "recipe.yaml:3",
+        hint="never tabs"),
     Bad("yaml-duplicate-key", r("""
         name: x
         nodes:
@@ -507,7 +508,8 @@ def stage_project(tiny_mlp_onnx: Path, tmp_path_factory: pytest.TempPathFactory)
     (project / "garbage.onnx").write_bytes(b"\x00\xffnot an onnx file" * 40)
     (project / "empty.onnx").write_bytes(b"")
     mlp_source = (Path(__file__).resolve().parents[1] / "examples" / "models" / "tiny_mlp.py").read_text()
-    (project / "tiny_mlp.py").write_text(mlp_source + "\n\ndef broken():\n    raise ValueError('this factory is broken')\n")
+    broken = "\n\ndef broken():\n    raise ValueError('this factory is broken')\n"
+    (project / "tiny_mlp.py").write_text(mlp_source + broken)
     (project / "evil.py").write_text(EVIL_PICKLE)
     sys.path.insert(0, str(project))
     try:

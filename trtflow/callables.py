@@ -1,6 +1,8 @@
-"""Load user code named in a recipe: ``python:path/to/file.py:function`` or ``package.module:function``.
+"""Load user code named in a recipe: ``python:path/to/file.py:function`` or ``python:package.module:function``.
 
-This is the only way a recipe runs code, and it is explicit: the recipe names the file or module.
+This is the only way a recipe runs code, and it is explicit: every such entry starts with ``python:``. A bare
+``package.module:function`` is refused (``os:system`` would otherwise run a shell command from a recipe that
+shows no sign of running code).
 """
 
 from __future__ import annotations
@@ -29,22 +31,40 @@ def split_spec(spec: str) -> tuple[str, str]:
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr.isidentifier() or target == "python":
         raise RecipeError(f"{spec!r} is not a callable reference",
-                          hint="write python:path/to/file.py:function or package.module:function")
+                          hint="write python:path/to/file.py:function or python:package.module:function")
     return target, attr
 
 
+def _require_python_prefix(spec: str, target: str, what: str) -> None:
+    if not target.startswith(PYTHON_PREFIX):
+        raise RecipeError(f"{what} {spec!r} would import and run module {target!r}; a recipe runs code only "
+                          "where it says python:", hint=f"write 'python:{spec}' if you mean to run it")
+
+
+def _module_of(target: str) -> str | None:
+    """The dotted module named by a ``python:`` target, or None when it names a .py file."""
+    body = target[len(PYTHON_PREFIX):]
+    if body.endswith(".py") or "/" in body or "\\" in body:
+        return None
+    return body if body and all(part.isidentifier() for part in body.split(".")) else None
+
+
 def callable_files(spec: str) -> list[str]:
-    """Recipe paths whose content defines the callable (for node keys): the .py file of a python: spec."""
+    """Recipe paths whose content defines the callable (for node keys): its .py file. Imports nothing."""
     target, _ = split_spec(spec)
-    if target.startswith(PYTHON_PREFIX):
+    _require_python_prefix(spec, target, "callable")
+    module = _module_of(target)
+    if module is None:
         return [target[len(PYTHON_PREFIX):]]
-    found = importlib.util.find_spec(target.split(".")[0])
-    if found is None:
-        return []
-    try:
-        module_spec = importlib.util.find_spec(target)
-    except (ImportError, ValueError):
-        return []
+    from importlib.machinery import PathFinder
+
+    parts = module.split(".")
+    top = sys.modules.get(parts[0])
+    module_spec = top.__spec__ if top is not None else importlib.util.find_spec(parts[0])
+    for i in range(1, len(parts)):  # walk down without importing the parent packages (plan runs no code)
+        if module_spec is None or not module_spec.submodule_search_locations:
+            return []
+        module_spec = PathFinder.find_spec(".".join(parts[: i + 1]), list(module_spec.submodule_search_locations))
     if module_spec is not None and module_spec.origin and module_spec.origin.endswith(".py"):
         return [module_spec.origin]
     return []
@@ -58,8 +78,11 @@ def load_callable(spec: str, resolve: Callable[[str], Path], what: str = "callab
     """
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr.isidentifier() or target == "python":
-        raise RecipeError(f"{what} {spec!r}: expected 'python:path/to/file.py:function' or 'package.module:function'")
-    if target.startswith(PYTHON_PREFIX):
+        raise RecipeError(f"{what} {spec!r}: expected 'python:path/to/file.py:function' or "
+                          "'python:package.module:function'")
+    _require_python_prefix(spec, target, what)
+    module_name = _module_of(target)
+    if module_name is None:
         relative = target[len(PYTHON_PREFIX):]
         path = resolve(relative)
         if not path.is_file():
@@ -84,15 +107,15 @@ def load_callable(spec: str, resolve: Callable[[str], Path], what: str = "callab
         if cwd not in sys.path:
             sys.path.insert(0, cwd)
         try:
-            module = importlib.import_module(target)
+            module = importlib.import_module(module_name)
         except ImportError as exc:
-            raise StageFailed(f"cannot import module {target!r} for the {what} {spec!r}: {exc}",
+            raise StageFailed(f"cannot import module {module_name!r} for the {what} {spec!r}: {exc}",
                                hint="install it, or use python:path/to/file.py:function") from exc
     fn = getattr(module, attr, None)
     if not callable(fn):
         from trtflow.errors import did_you_mean
 
         public = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
-        raise StageFailed(f"{what} {spec!r}: {target} has no function {attr!r}",
+        raise StageFailed(f"{what} {spec!r}: {module_name or target} has no function {attr!r}",
                            hint=did_you_mean(attr, public) or f"functions there: {', '.join(public[:10]) or 'none'}")
     return fn

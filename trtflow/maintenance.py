@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass, field
 
@@ -75,6 +76,12 @@ def verify_store(store: Store, fix: bool = False) -> VerifyReport:
     damaged: set[str] = set()
     for obj in store.iter_objects():
         report.objects += 1
+        if obj.is_symlink():  # objects are regular files; a link may point anywhere, outside the store too
+            damaged.add(obj.name)
+            report.problems.append(f"object {obj.relative_to(store.root)} is a symbolic link to {os.readlink(obj)}")
+            if fix:
+                obj.unlink()
+            continue
         try:
             actual = hash_file_content(obj)
         except OSError as exc:

@@ -71,7 +71,11 @@ def key_parts(graph: Graph, node: ConcreteNode, output_digests: dict[tuple[str, 
     # not after hours of upstream work.
     files: dict[str, str] = {}
     roots = allowed_roots_for(recipe_dir)
-    for ref in stage.files_for(node.params_model):
+    try:
+        refs = stage.files_for(node.params_model)
+    except RecipeError as exc:
+        raise RecipeError(f"node {node.name!r}: {exc.message}", node.location, hint=exc.hint) from None
+    for ref in refs:
         try:
             path = resolve_user_path(ref, recipe_dir, roots)
         except TrtflowError as exc:

@@ -25,6 +25,7 @@ from typing import Any
 
 from trtflow.environment import Environment
 from trtflow.errors import TrtflowError
+from trtflow.fingerprint import hash_file_content
 from trtflow.fsutil import allowed_roots_for
 from trtflow.graph import Graph
 from trtflow.journal import Journal
@@ -305,7 +306,7 @@ class Runner:
             except Timeout:
                 return self._finish(NodeResult(
                     node.name, node.stage, FAILED, step.reason, key,
-                    error=f"waited {self.options.lock_timeout:.0f} s for another trtflow run building this node",
+                    error=f"waited {self.options.lock_timeout:g} s for another trtflow run building this node",
                     hint=f"check for a stuck run (`trtflow status`); its lock is {self.store.lock_path(key)}",
                 ), started)
         try:
@@ -351,7 +352,11 @@ class Runner:
             shutil.rmtree(scratch)
         scratch.mkdir(parents=True)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        inputs = self._link_inputs(node, scratch)
+        try:
+            inputs = self._link_inputs(node, scratch)
+        except TrtflowError as exc:
+            shutil.rmtree(scratch, ignore_errors=True)
+            return NodeResult(node.name, node.stage, FAILED, step.reason, key, error=exc.message, hint=exc.hint)
         job = {
             "node": node.name, "stage": node.stage, "params": node.params, "inputs": inputs,
             "scratch": str(scratch), "recipe_dir": str(self.recipe_dir), "cache_dir": str(self.store.cache_dir),
@@ -451,6 +456,14 @@ class Runner:
                     os.link(source, target)
                 except OSError:
                     shutil.copyfile(source, target)
+                # A stage reads only inputs whose bytes are still those committed (an engine is never
+                # deserialised from a file that changed since its build).
+                actual = hash_file_content(target)
+                if actual != digest:
+                    raise TrtflowError(
+                        f"the stored output {src_node}.{name} ({source}) changed after it was committed "
+                        f"(content digest {actual}, recorded {digest}); it is not used",
+                        hint="run `trtflow verify --fix`, then run again: the damaged node is rebuilt")
             inputs[slot] = str(folder / stage.outputs[out_name].filename)
         return inputs
 

@@ -168,8 +168,12 @@ class StageContext:
         allowed_roots: Sequence[Path] = (),
         logger: logging.Logger | None = None,
         progress_file: Path | None = None,
+        previous_summary: Mapping[str, Any] | None = None,
     ) -> None:
         self.node = node
+        #: The summary this node returned the last time it succeeded (any settings), or None: lets a stage
+        #: gate on regressions, e.g. a benchmark that got slower after a TensorRT upgrade.
+        self.previous_summary = dict(previous_summary) if previous_summary else None
         self.scratch = scratch
         self.recipe_dir = recipe_dir
         self.facts = dict(facts or {})

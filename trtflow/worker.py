@@ -56,7 +56,7 @@ def main(job_file: str) -> int:
             node=job["node"], scratch=Path(job["scratch"]), recipe_dir=Path(job["recipe_dir"]),
             outputs=stage.outputs, cache_dir=Path(job["cache_dir"]), facts=job["facts"], gpu=job.get("gpu"),
             allowed_roots=[Path(p) for p in job["allowed_roots"]], logger=log,
-            progress_file=Path(job["progress_file"]),
+            progress_file=Path(job["progress_file"]), previous_summary=job.get("previous_summary"),
         )
         signal.signal(signal.SIGTERM, lambda *_: (ctx.cancel(), sys.exit(143)))
         log.info("stage %s %s starting; params %s", stage.name, stage.version, json.dumps(job["params"]))

@@ -9,6 +9,7 @@ kept, that the message names the node and its log, and that fixing the recipe re
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -207,3 +208,20 @@ def _cli() -> str:
 
     script = Path(sys.executable).with_name("trtflow")
     return shlex.quote(str(script)) if script.exists() else f"{shlex.quote(sys.executable)} -m trtflow.cli"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions (the tmpfs test covers root)")
+def test_store_directory_without_write_permission_is_a_clear_error(tmp_path: Path, trtflow) -> None:
+    recipe = tmp_path / "ro.yaml"
+    recipe.write_text("name: ro\nnodes:\n  - {name: one, stage: synth}\n")
+    store = tmp_path / "store"
+    assert trtflow("run", str(recipe)).returncode == 0
+    before = sorted(p.relative_to(store) for p in store.rglob("*") if "logs" not in p.parts)
+    store.chmod(0o555)
+    try:
+        proc = trtflow("run", str(recipe), "--set", "nodes.one.params.text=changed")
+    finally:
+        store.chmod(0o755)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"error: the store {store} is not writable" in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(p.relative_to(store) for p in store.rglob("*") if "logs" not in p.parts) == before

@@ -136,3 +136,16 @@ def test_tensorrt_backend_is_skipped_in_check_without_a_runtime():
     with pytest.raises(StageSkipped) as skipped:
         benchmark.stage.check(params)
     assert skipped.value.needs and "tensorrt-rtx" in skipped.value.reason
+
+
+def test_regression_gate_compares_with_the_previous_run():
+    from trtflow_stages.benchmark import Params, regression_gates
+
+    params = Params(backend="onnxruntime", max_regression_percent=10)
+    point = {"batch_size": 4, "report": {"latency_ms": {"median": 12.0}}}
+    assert regression_gates([point], params, None) == []
+    assert regression_gates([point], params, {"points": [{"batch_size": 4, "median_ms": 11.5}]}) == []
+    failures = regression_gates([point], params, {"points": [{"batch_size": 4, "median_ms": 10.0}]})
+    assert failures == ["batch 4: median latency 12 ms is 20.0% above the previous run's 10 ms "
+                        "(max_regression_percent 10)"]
+    assert regression_gates([point], params, {"points": [{"batch_size": 8, "median_ms": 1.0}]}) == []
