@@ -385,8 +385,9 @@ def regression_gates(points: list[Mapping[str, Any]], params: Params,
         if isinstance(old, (int, float)) and old > 0:
             change = (new / old - 1.0) * 100.0
             if change > params.max_regression_percent:
-                failures.append(f"batch {point['batch_size']}: median latency {new:.4g} ms is {change:.1f}% above the "
-                                f"previous run's {old:.4g} ms (max_regression_percent {params.max_regression_percent:g})")
+                failures.append(f"batch {point['batch_size']}: median latency {new:.4g} ms is {change:.1f}% above "
+                                f"the previous run's {old:.4g} ms (max_regression_percent "
+                                f"{params.max_regression_percent:g})")
     return failures
 
 

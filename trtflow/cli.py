@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -89,7 +90,7 @@ def run(
     )
     if jobs:
         options.jobs = jobs
-    hooks = ConsoleHooks(_console(), quiet=quiet)
+    hooks = ConsoleHooks(_console, quiet=quiet)
     _, steps, summary = api.run(recipe, targets or (), set_ or (), store, options, hooks)
     hooks.finish(summary, steps, time.perf_counter() - started, options.output_dir, resume_command())
     if summary.interrupted:
@@ -118,18 +119,24 @@ def plan(
     if as_json:
         print(json.dumps([s.as_json() for s in steps], indent=1))
         return
-    from rich.table import Table
+    _print_plan(steps)
 
-    table = Table(box=None, show_header=True, header_style="bold", pad_edge=False)
-    for column in ("node", "stage", "status", "reason"):
-        table.add_column(column, overflow="fold")
-    for step in steps:
-        style = "green" if step.status == "fresh" else "yellow"
-        table.add_row(step.node.name, step.node.stage, f"[{style}]{step.status}[/]", step.reason)
-    console = _console()
-    console.print(table)
+
+def _print_plan(steps: list[Any]) -> None:
+    """An aligned table of nodes; plain text (rich is not imported: `trtflow plan` must start fast)."""
+    rows = [(s.node.name, s.node.stage, s.status, s.reason) for s in steps]
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(("node", "stage", "status"))]
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    paint = {"fresh": "\033[32m", "stale": "\033[33m"}
+    lines = ["  ".join(h.ljust(w) for h, w in zip(("node", "stage", "status"), widths, strict=True)) + "  reason"]
+    for name, stage, status, reason in rows:
+        cell = status.ljust(widths[2])
+        if color:
+            cell = f"{paint.get(status, '')}{cell}\033[0m"
+        lines.append(f"{name.ljust(widths[0])}  {stage.ljust(widths[1])}  {cell}  {reason}")
     stale = sum(1 for s in steps if s.status == "stale")
-    console.print(f"{len(steps)} nodes: {len(steps) - stale} fresh, {stale} stale")
+    lines.append(f"{len(steps)} nodes: {len(steps) - stale} fresh, {stale} stale")
+    print("\n".join(lines))
 
 
 # ----------------------------------------------------------------------------- status
@@ -292,11 +299,12 @@ def report(
 @app.command()
 def schema(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the schema to this file.")] = None,
+    builtin: Annotated[bool, typer.Option("--builtin", help="Only the stages that ship with trtflow.")] = False,
 ) -> None:
     """Print the recipe JSON Schema (with every installed stage's parameters)."""
     from trtflow.schema_export import recipe_json_schema
 
-    text = json.dumps(recipe_json_schema(), indent=2) + "\n"
+    text = json.dumps(recipe_json_schema(builtin_only=builtin), indent=2) + "\n"
     if output:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(text, encoding="utf-8")
@@ -386,6 +394,8 @@ def doctor(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 
 def main() -> None:
     """Console-script entry point: maps errors to documented exit codes."""
+    # pydantic scans every installed distribution for its plugins on first use; a CLI run needs none.
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     try:
         app(standalone_mode=True)
     except TrtflowError as exc:

@@ -16,8 +16,12 @@ def stage_entry_points() -> dict[str, metadata.EntryPoint]:
     return {ep.name: ep for ep in metadata.entry_points(group=GROUP)}
 
 
-def stage_names() -> list[str]:
-    return sorted(stage_entry_points())
+def stage_names(builtin_only: bool = False) -> list[str]:
+    """Installed stage names; ``builtin_only`` keeps those that ship with trtflow itself."""
+    eps = stage_entry_points()
+    if builtin_only:
+        return sorted(n for n, ep in eps.items() if ep.dist is not None and ep.dist.name == "trtflow")
+    return sorted(eps)
 
 
 @functools.cache

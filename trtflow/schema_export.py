@@ -10,8 +10,11 @@ from trtflow.registry import get_stage, stage_names
 SCHEMA_ID = "https://trtflow.dev/schema/recipe.schema.json"
 
 
-def recipe_json_schema() -> dict[str, Any]:
-    """JSON Schema for recipe files; each node's ``params`` is checked against its stage's Params."""
+def recipe_json_schema(builtin_only: bool = False) -> dict[str, Any]:
+    """JSON Schema for recipe files; each node's ``params`` is checked against its stage's Params.
+
+    ``builtin_only`` leaves out stages that plugins installed here add (for the schema trtflow ships).
+    """
     schema = Recipe.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["$id"] = SCHEMA_ID
@@ -19,7 +22,7 @@ def recipe_json_schema() -> dict[str, Any]:
     defs = schema.setdefault("$defs", {})
     branches = []
     stages = []
-    for name in stage_names():
+    for name in stage_names(builtin_only):
         stage = get_stage(name)
         stages.append(name)
         params_schema = stage.params.model_json_schema(ref_template="#/$defs/{model}")

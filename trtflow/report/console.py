@@ -6,8 +6,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
-
 from trtflow.plan import Step
 from trtflow.runner import CACHED, DONE, FRESH, SKIPPED, Hooks, NodeResult, RunSummary
 
@@ -15,6 +13,13 @@ _MARKS = {
     DONE: "[green]✓[/]", CACHED: "[green]✓[/]", FRESH: "[green]✓[/]", SKIPPED: "[yellow]-[/]",
     "failed": "[red]✗[/]", "gate_failed": "[red]✗[/]", "blocked": "[yellow]-[/]", "interrupted": "[yellow]![/]",
 }
+
+
+def escape(text: str) -> str:
+    """Escape rich markup (imported lazily: the no-op path never needs rich)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
 
 
 def _rel(path: Path | str | None) -> str:
@@ -27,12 +32,20 @@ def _rel(path: Path | str | None) -> str:
 
 
 class ConsoleHooks(Hooks):
+    """Prints run events. ``console`` is a rich Console or a zero-argument factory making one on first use."""
+
     def __init__(self, console: Any, quiet: bool = False) -> None:
-        self.console = console
+        self._console = console
         self.quiet = quiet
         self.width = 12
         self.status: Any = None
         self.running: dict[str, str] = {}
+
+    @property
+    def console(self) -> Any:
+        if callable(self._console) and not hasattr(self._console, "print"):
+            self._console = self._console()
+        return self._console
 
     def _print(self, text: str) -> None:
         self.console.print(text, highlight=False)
@@ -115,7 +128,7 @@ class ConsoleHooks(Hooks):
             self._print(f"[yellow]interrupted[/]: {done} nodes finished and were saved. Resume with:\n  {resume}")
             return
         if done == 0 and reused == 0 and fresh == total:
-            self._print(f"Nothing to do: all {total} nodes are up to date ({seconds:.2f}s).")
+            print(f"Nothing to do: all {total} nodes are up to date ({seconds:.2f}s).", flush=True)
         else:
             skipped = summary.count(SKIPPED)
             failed = summary.count("failed", "gate_failed")
