@@ -430,9 +430,12 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
             else "onnxruntime"
     if backend in TRT_FLAVOURS and kind != "engine":
         raise RecipeError(f"backend {backend} needs an engine as the model input, got "
-                          f"{'nothing' if kind is None else 'an ONNX model'}", field="backend")
+                          f"{'nothing' if kind is None else 'an ONNX model'}", field="backend",
+                          hint="wire it in the recipe: `inputs: {model: <build node>}`")
     if backend == "onnxruntime" and kind != "onnx":
-        raise RecipeError("backend onnxruntime needs an ONNX model as the model input", field="backend")
+        raise RecipeError(f"backend onnxruntime needs an ONNX model as the model input, got "
+                          f"{'nothing' if kind is None else 'an engine'}", field="backend",
+                          hint="wire it in the recipe: `inputs: {model: <node with an ONNX output>}`")
 
     session = None
     if backend in TRT_FLAVOURS:

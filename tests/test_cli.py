@@ -133,3 +133,19 @@ def test_quickstart_runs_the_whole_pipeline_for_real(tmp_path):
     assert quantize["calibrated"] is True
     again = trtflow("run", str(QUICKSTART), cwd=tmp_path)
     assert "Nothing to do: all 6 nodes are up to date" in again.stdout
+
+
+def test_benchmark_regression_gate_uses_the_previous_run(tmp_path):
+    """A benchmark re-run after its input changed compares with the last successful run of the node."""
+    (tmp_path / "m.py").write_text((REPO / "examples" / "models" / "tiny_mlp.py").read_text())
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "name: reg\nnodes:\n"
+        "  - {name: export, stage: export, params: {model: 'python:m.py:build', inputs: {input: {shape: [1, 16]}}}}\n"
+        "  - name: bench\n    stage: benchmark\n    inputs: {model: export}\n"
+        "    params: {backend: onnxruntime, shapes: {input: [1, 16]}, min_duration_s: 0.2, warmup_ms: 20,\n"
+        "             max_regression_percent: 0.001}\n")
+    trtflow("run", str(recipe), cwd=tmp_path)
+    # a different export (hidden width) is a different model: the benchmark re-runs against the baseline
+    proc = trtflow("run", "--set", "nodes.export.params.factory_args.hidden=4096", str(recipe), cwd=tmp_path, check=1)
+    assert "quality gate failed" in proc.stdout and "above the previous run's" in proc.stdout

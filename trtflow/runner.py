@@ -364,6 +364,7 @@ class Runner:
             "allowed_roots": [str(p) for p in allowed_roots_for(self.recipe_dir)],
             "progress_file": str(scratch / "progress.jsonl"), "result_file": str(scratch / "result.json"),
             "parent_pid": os.getpid(),
+            "previous_summary": self._previous_summary(node.name),
         }
         job_file = scratch / "job.json"
         job_file.write_text(json.dumps(job), encoding="utf-8")
@@ -433,6 +434,12 @@ class Runner:
                               summary=manifest.get("summary", {}), outputs=outputs)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+
+    def _previous_summary(self, node: str) -> dict[str, Any] | None:
+        """The summary of this node's last successful run (whatever its settings), for regression gates."""
+        key = self.store.read_ref(self.graph.recipe_name, node)
+        manifest = self.store.read_manifest(key) if key else None
+        return (manifest or {}).get("summary") or None
 
     def _link_inputs(self, node: Any, scratch: Path) -> dict[str, str]:
         """Hard-link each input into ``scratch/in/<slot>/``, with the source node's other outputs beside it.
