@@ -42,9 +42,6 @@ _LOG = logging.getLogger(__name__)
 DEFAULT_FLOAT_RANGE = (-1.0, 1.0)
 DEFAULT_INT_RANGE = (0.0, 100.0)
 
-_PYTHON_PREFIX = "python:"
-_MODULE_REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*$")
-_FUNCTION_NAME = re.compile(r"^[A-Za-z_]\w*$")
 
 
 @dataclass(frozen=True)
@@ -151,8 +148,8 @@ class DataSource(StageParams):
     callable: str | None = Field(
         None,
         description="A function returning a dict {input name: numpy array} (axis 0 = samples x batch) or a "
-        "list of such dicts (concatenated). Either 'package.module:function' (an importable module) or "
-        "'python:path/to/file.py:function' (a file relative to the recipe). THIS RUNS YOUR CODE: it is "
+        "list of such dicts (concatenated). Either 'python:package.module:function' (an importable module) "
+        "or 'python:path/to/file.py:function' (a file relative to the recipe). THIS RUNS YOUR CODE: it is "
         "the only place where a data source executes Python, and only when you write it here.",
     )
     random: RandomData | None = Field(
@@ -164,20 +161,9 @@ class DataSource(StageParams):
     @field_validator("callable")
     @classmethod
     def _callable_reference(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        if value.startswith(_PYTHON_PREFIX):
-            file_part, sep, function = value[len(_PYTHON_PREFIX):].rpartition(":")
-            if not sep or not file_part.endswith(".py") or not _FUNCTION_NAME.match(function):
-                raise ValueError(
-                    f"callable {value!r}: expected 'python:path/to/file.py:function_name'"
-                )
-        elif not _MODULE_REF.match(value):
-            raise ValueError(
-                f"callable {value!r}: expected 'package.module:function_name' or "
-                "'python:path/to/file.py:function_name'"
-            )
-        return value
+        from trtflow.callables import validate_spec
+
+        return value if value is None else validate_spec(value)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> DataSource:
@@ -211,12 +197,6 @@ class DataSource(StageParams):
         return f"random (seed {self.random.seed}, {self.random.num_samples} samples)"
 
 
-def _python_file_of(reference: str) -> str | None:
-    if not reference.startswith(_PYTHON_PREFIX):
-        return None
-    return reference[len(_PYTHON_PREFIX):].rpartition(":")[0]
-
-
 def data_files(source: DataSource | None) -> list[str]:
     """Recipe paths whose content the data depends on (hashed into node keys)."""
     if source is None:
@@ -224,8 +204,9 @@ def data_files(source: DataSource | None) -> list[str]:
     if source.path is not None:
         return [source.path]
     if source.callable is not None:
-        python_file = _python_file_of(source.callable)
-        return [python_file] if python_file else []
+        from trtflow.callables import callable_files
+
+        return callable_files(source.callable)
     return []
 
 

@@ -67,7 +67,7 @@ class Params(StageParams):
     )
     torch_model: str | None = Field(
         None, description="For backend torch: a factory returning a torch.nn.Module, "
-        "'package.module:factory' or 'python:path/to/file.py:factory'. THIS RUNS YOUR CODE."
+        "'python:package.module:factory' or 'python:path/to/file.py:factory'. THIS RUNS YOUR CODE."
     )
     shapes: dict[str, list[int]] = Field(
         default_factory=dict, description="Per input name, the concrete shape to run (batch included). "
@@ -119,6 +119,13 @@ class Params(StageParams):
     min_throughput_qps: float | None = Field(None, gt=0, description="Gate: throughput (samples/s) at least "
                                              "this.")
 
+    @field_validator("torch_model")
+    @classmethod
+    def _code_reference(cls, value: str | None) -> str | None:
+        from trtflow.callables import validate_spec
+
+        return value if value is None else validate_spec(value)
+
     @field_validator("batch_sizes")
     @classmethod
     def _positive(cls, sizes: list[int]) -> list[int]:
@@ -129,7 +136,7 @@ class Params(StageParams):
     @model_validator(mode="after")
     def _consistent(self) -> Params:
         if self.backend == "torch" and not self.torch_model:
-            raise ValueError("backend torch needs torch_model: 'package.module:factory' or "
+            raise ValueError("backend torch needs torch_model: 'python:package.module:factory' or "
                              "'python:path/to/file.py:factory'")
         if self.torch_model and self.backend != "torch":
             raise ValueError(f"torch_model is only used by backend torch, not {self.backend}")
@@ -177,9 +184,11 @@ def _environment(params: Params) -> list[str]:
 
 
 def _files(params: Params) -> list[str]:
+    from trtflow.callables import callable_files
+
     files = data_files(params.data)
-    if params.torch_model and params.torch_model.startswith("python:"):
-        files.append(params.torch_model[len("python:"):].rpartition(":")[0])
+    if params.torch_model:
+        files += callable_files(params.torch_model)
     return files
 
 

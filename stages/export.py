@@ -30,7 +30,7 @@ class InputDef(StageParams):
 
 class Params(StageParams):
     model: str = Field(
-        description="The model: 'python:path/to/file.py:factory' or 'package.module:factory' (a function "
+        description="The model: 'python:path/to/file.py:factory' or 'python:package.module:factory' (a function "
         "returning a torch.nn.Module; this runs that code), or a path to an existing .onnx file.",
     )
     factory_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the factory.")
@@ -54,11 +54,11 @@ class Params(StageParams):
     @field_validator("model")
     @classmethod
     def _model_form(cls, value: str) -> str:
-        from trtflow.callables import is_callable_spec
+        from trtflow.callables import validate_spec
 
-        if value.endswith(".onnx") or is_callable_spec(value):
+        if value.endswith(".onnx") and not value.startswith("python:"):
             return value
-        raise ValueError("expected python:path/file.py:factory, package.module:factory, or a path to a .onnx file")
+        return validate_spec(value)
 
     @model_validator(mode="after")
     def _inputs_for_torch(self) -> Params:

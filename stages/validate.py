@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from trtflow.stage import (
     ENGINE,
@@ -115,7 +115,7 @@ class Params(StageParams):
     )
     task_metric: str | None = Field(
         None, description="A function (reference_outputs, candidate_outputs) -> {metric name: float}, each "
-        "argument a dict {output name: array of all rows}: 'package.module:function' or "
+        "argument a dict {output name: array of all rows}: 'python:package.module:function' or "
         "'python:path/to/file.py:function'. THIS RUNS YOUR CODE."
     )
     task_thresholds: dict[str, Bound] = Field(
@@ -126,6 +126,13 @@ class Params(StageParams):
         "'tensorrt-rtx' (an engine candidate, GPU; checked before the stage starts), or 'auto': from the "
         "candidate's kind, an engine with the flavour that built it (engine.json).",
     )
+
+    @field_validator("task_metric")
+    @classmethod
+    def _code_reference(cls, value: str | None) -> str | None:
+        from trtflow.callables import validate_spec
+
+        return value if value is None else validate_spec(value)
 
     @model_validator(mode="after")
     def _thresholds_need_metric(self) -> Params:
@@ -146,7 +153,7 @@ def resolved_tolerance(params: Params, output: str) -> dict[str, Any]:
 
 # -- user code ----------------------------------------------------------------------------------------------
 def load_user_function(reference: str, resolve: Callable[[str], Path], what: str) -> Callable[..., Any]:
-    """Import ``package.module:function`` or ``python:path/to/file.py:function`` (path via ``resolve``)."""
+    """Import ``python:package.module:function`` or ``python:path/to/file.py:function`` (path via ``resolve``)."""
     from trtflow.callables import load_callable
 
     return load_callable(reference, resolve, what)

@@ -159,7 +159,8 @@ CATALOGUE: list[Bad] = [
           - {name: a, stage: synth}
         """), r"parameters of node 'a'|unknown key 'colour'", "recipe.yaml:"),
     Bad("export-model-form", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: resnet50}}\n",
-        r"params\.model: Value error, expected python:path/file.py:factory", "recipe.yaml:3"),
+        r"params\.model: Value error, 'resnet50': expected python:path/to/file.py:function or "
+        r"python:package\.module:function", "recipe.yaml:3"),
     Bad("export-torch-without-inputs",
         "name: x\nnodes:\n  - {name: e, stage: export, params: {model: 'python:m.py:build'}}\n",
         r"'inputs' is required to export a PyTorch model", "recipe.yaml:3", files={"m.py": "def build(): ...\n"}),

@@ -26,7 +26,7 @@ from trtflow.pipeline import load_pipeline
 from trtflow.plan import make_plan
 from trtflow.store import Store
 
-GENERATED, MUTATED = 1000, 3000  # examples per run (about 20 s and 10 s on one CI core)
+GENERATED, MUTATED = 2500, 6000  # examples per run (about 20 s and 14 s on one CI core)
 FUZZ = settings(derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.function_scoped_fixture])

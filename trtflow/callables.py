@@ -20,10 +20,27 @@ PYTHON_PREFIX = "python:"
 
 
 def is_callable_spec(spec: str) -> bool:
-    if spec.startswith(PYTHON_PREFIX):
-        return True
-    module, sep, attr = spec.rpartition(":")
-    return bool(sep and module and attr.isidentifier() and all(p.isidentifier() for p in module.split(".")))
+    """True for ``python:path/file.py:function`` and ``python:package.module:function``."""
+    try:
+        validate_spec(spec)
+    except ValueError:
+        return False
+    return True
+
+
+def validate_spec(spec: str) -> str:
+    """Check the form of a code reference (for pydantic validators); returns it unchanged."""
+    target, sep, attr = spec.rpartition(":")
+    expected = "expected python:path/to/file.py:function or python:package.module:function"
+    if not spec.startswith(PYTHON_PREFIX):
+        raise ValueError(f"{spec!r}: {expected} (a recipe runs code only where it says python:; write "
+                         f"'python:{spec}' if you mean to run it)")
+    if not sep or not attr.isidentifier() or target in ("python", ""):
+        raise ValueError(f"{spec!r}: {expected}")
+    if _module_of(target) is None and not target.endswith(".py"):
+        raise ValueError(f"{spec!r}: {expected} ({target[len(PYTHON_PREFIX):]!r} is neither a .py file nor a "
+                         "dotted module name)")
+    return spec
 
 
 def split_spec(spec: str) -> tuple[str, str]:

@@ -201,7 +201,7 @@ class StageContext:
         return resolve_user_path(path, self.recipe_dir, self._allowed_roots)
 
     def load_callable(self, spec: str, what: str = "callable") -> Any:
-        """Import the user callable ``python:file.py:function`` or ``module:function`` named in params."""
+        """Import the user callable named in params (``python:file.py:function`` or ``python:pkg.module:function``)."""
         from trtflow.callables import load_callable
 
         return load_callable(spec, self.resolve, what)

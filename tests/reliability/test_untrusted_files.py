@@ -49,7 +49,8 @@ nodes:
 """)
     proc = trtflow("run", "recipe.yaml")
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "node 'e': callable 'os:system' would import and run module 'os'" in proc.stderr
+    assert "'os:system': expected python:path/to/file.py:function" in proc.stderr
+    assert "a recipe runs code only where it says python:" in proc.stderr
     assert "write 'python:os:system' if you mean to run it" in proc.stderr
     assert not (tmp_path / "PWNED").exists()
 

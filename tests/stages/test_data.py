@@ -90,14 +90,15 @@ def test_specs_of_a_broken_file_fail_clearly(tmp_path):
 # --- the DataSource model -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fields, got", [({}, "none of them"), ({"path": "a.npz", "callable": "m:f"},
+@pytest.mark.parametrize("fields, got", [({}, "none of them"), ({"path": "a.npz", "callable": "python:m:f"},
                                                                  "path and callable")])
 def test_data_source_needs_exactly_one(fields, got):
     with pytest.raises(ValidationError, match=f"exactly one of 'path', 'callable' or 'random'; got {got}"):
         DataSource(**fields)
 
 
-@pytest.mark.parametrize("ref", ["nocolon", "python:file.txt:f", "python:file.py", "mod:1bad", "a b:f"])
+@pytest.mark.parametrize("ref", ["nocolon", "python:dir/file.txt:f", "python:file.py", "mod:1bad", "a b:f",
+                                 "os:system"])
 def test_bad_callable_references_are_rejected(ref):
     with pytest.raises(ValidationError, match="expected"):
         DataSource(callable=ref)
@@ -119,7 +120,7 @@ def test_flags_and_data_files():
     assert data_files(None) == [] and data_files(random) == []
     assert data_files(DataSource(path="data/calib")) == ["data/calib"]
     assert data_files(DataSource(callable="python:tools/data.py:make")) == ["tools/data.py"]
-    assert data_files(DataSource(callable="mypkg.data:make")) == []
+    assert data_files(DataSource(callable="python:mypkg_not_installed.data:make")) == []
 
 
 # --- loading ------------------------------------------------------------------------------------------------
@@ -196,7 +197,7 @@ def test_module_callable_returning_a_dict(tmp_path, monkeypatch):
         "import numpy as np\n\ndef make():\n    return {'input': np.ones((4, 16), dtype=np.float32)}\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    arrays = load_arrays(DataSource(callable="calibmod_for_test:make"), MLP_SPECS, resolver(tmp_path))
+    arrays = load_arrays(DataSource(callable="python:calibmod_for_test:make"), MLP_SPECS, resolver(tmp_path))
     assert arrays["input"].shape == (4, 16)
 
 
@@ -209,7 +210,7 @@ def test_callable_errors_are_reported(tmp_path, monkeypatch):
     with pytest.raises(StageFailed, match="has no function 'absent'"):
         load_arrays(DataSource(callable="python:d.py:absent"), MLP_SPECS, resolver(tmp_path))
     with pytest.raises(StageFailed, match="cannot import module"):
-        load_arrays(DataSource(callable="no_such_module_xyz:f"), MLP_SPECS, resolver(tmp_path))
+        load_arrays(DataSource(callable="python:no_such_module_xyz:f"), MLP_SPECS, resolver(tmp_path))
 
 
 def test_random_data_follows_specs_ranges_and_seed(two_input, caplog):
