@@ -50,6 +50,12 @@ def _flat_metrics(summary: Any, prefix: str = "") -> list[tuple[str, Any]]:
     if isinstance(summary, dict):
         for k, v in summary.items():
             out += _flat_metrics(v, f"{prefix}{k}.")
+    elif isinstance(summary, list) and all(isinstance(v, dict) for v in summary):
+        for i, v in enumerate(summary):
+            label = v.get("batch_size", i) if isinstance(v.get("batch_size"), int) else i
+            out += _flat_metrics(v, f"{prefix}{'batch' if label != i else ''}{label}.")
+    elif isinstance(summary, list):
+        out.append((prefix.rstrip("."), ", ".join(str(v) for v in summary)))
     elif isinstance(summary, (int, float, str, bool)) or summary is None:
         out.append((prefix.rstrip("."), summary))
     return out
