@@ -157,7 +157,7 @@ CATALOGUE: list[Bad] = [
           synth: {colour: red}
         nodes:
           - {name: a, stage: synth}
-        """), r"parameters of node 'a'|unknown key 'colour'", "recipe.yaml:"),
+        """), r"unknown key 'colour'", "recipe.yaml:3:"),
     Bad("export-model-form", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: resnet50}}\n",
         r"params\.model: Value error, 'resnet50': expected python:path/to/file.py:function or "
         r"python:package\.module:function", "recipe.yaml:3"),

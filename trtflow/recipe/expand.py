@@ -69,7 +69,8 @@ def expand(loaded: LoadedRecipe, stages: Any | None = None) -> list[ConcreteNode
             try:
                 model = stage.params.model_validate(params)
             except ValidationError as exc:
-                raise validation_error(exc, loaded.marks, ("nodes", index, "params"), stage.params,
+                marks = _marks_with_defaults(loaded, index, spec.stage, spec.params)
+                raise validation_error(exc, marks, ("nodes", index, "params"), stage.params,
                                        what=f"parameters of node {name!r}") from None
             refs = {
                 slot: [_substitute(r, combo, loaded, ("nodes", index, "inputs", slot))
@@ -83,6 +84,17 @@ def expand(loaded: LoadedRecipe, stages: Any | None = None) -> list[ConcreteNode
                 timeout=spec.timeout, index=index, location=node_loc, description=spec.description,
             ))
     return out
+
+
+def _marks_with_defaults(loaded: LoadedRecipe, index: int, stage: str, own: dict[str, Any]) -> Any:
+    """Marks where parameters inherited from `defaults:` point at the defaults section, not at the node."""
+    from trtflow.recipe.load import Marks
+
+    by_path = dict(loaded.marks.by_path)
+    for (*rest,), location in loaded.marks.subtree(("defaults", stage)).items():
+        if rest and rest[0] not in own:
+            by_path[("nodes", index, "params", *rest)] = location
+    return Marks(by_path)
 
 
 def _combinations(spec: NodeSpec, loaded: LoadedRecipe, index: int) -> list[dict[str, Any]]:
