@@ -16,8 +16,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,35 +117,36 @@ class Runner:
         self.store.ensure()
         self._reap_dead_runs()
         results: dict[str, NodeResult] = {}
-        with self._db_lock:
-            self.journal.start_run(self.run_id, self.graph.recipe_name, str(self.recipe_path), self.options.command)
-        self.hooks.on_run_start(self.run_id, steps)
-        fresh = [s for s in steps if s.status == FRESH]
-        self._record_fresh(fresh, results)
         pending = [s for s in steps if s.status != FRESH]
-        if any("gpu" in self.graph.stages[s.node.stage].resources_for(s.node.params_model) for s in pending):
-            from trtflow.environment import gpus
-
-            self._gpu_free = [g.index for g in gpus()] or [-1]
-        else:
-            self._gpu_free = [-1]
         interrupted = False
-        previous_handler = None
-        if threading.current_thread() is threading.main_thread():
-            previous_handler = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+        on_main_thread = threading.current_thread() is threading.main_thread()
+        previous_handler = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt) if on_main_thread else None
         try:
+            # a run is either not recorded at all or recorded as running, never half-way
+            with _signals_deferred(on_main_thread), self._db_lock:
+                self.journal.start_run(self.run_id, self.graph.recipe_name, str(self.recipe_path),
+                                       self.options.command)
+            self.hooks.on_run_start(self.run_id, steps)
+            self._record_fresh([s for s in steps if s.status == FRESH], results)
+            if any("gpu" in self.graph.stages[s.node.stage].resources_for(s.node.params_model) for s in pending):
+                from trtflow.environment import gpus
+
+                self._gpu_free = [g.index for g in gpus()] or [-1]
+            else:
+                self._gpu_free = [-1]
             self._schedule(pending, results)
         except KeyboardInterrupt:
             interrupted = True
-            self._interrupt(pending, results)
-        finally:
+        with _signals_deferred(on_main_thread):  # the closing bookkeeping cannot be interrupted half-way
+            if interrupted:
+                self._interrupt(pending, results)
             if previous_handler is not None:
                 signal.signal(signal.SIGTERM, previous_handler)
-        summary = RunSummary(self.run_id, results, interrupted)
-        status = "interrupted" if interrupted else ("ok" if summary.ok else "failed")
-        with self._db_lock:
-            self.journal.end_run(self.run_id, status)
-        self._cleanup_tmp()
+            summary = RunSummary(self.run_id, results, interrupted)
+            status = "interrupted" if interrupted else ("ok" if summary.ok else "failed")
+            with self._db_lock:
+                self.journal.end_run(self.run_id, status)
+            self._cleanup_tmp()
         return summary
 
     # ------------------------------------------------------------------ scheduling
@@ -525,6 +527,24 @@ class Runner:
 
     def _cleanup_tmp(self) -> None:
         shutil.rmtree(self.store.tmp_dir / self.run_id, ignore_errors=True)
+
+
+@contextmanager
+def _signals_deferred(active: bool) -> Iterator[None]:
+    """Hold SIGINT/SIGTERM until the block is done (main thread only), then act on the last one received."""
+    if not active:
+        yield
+        return
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        raise KeyboardInterrupt
 
 
 def _pid_alive(pid: int) -> bool:
