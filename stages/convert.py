@@ -23,9 +23,9 @@ from trtflow_stages._data import (
     DataSource,
     check_node_patterns,
     check_op_types,
-    data_files,
     private_model_copy,
 )
+from trtflow_stages._modelopt import modelopt_environment, modelopt_files, modelopt_resources
 
 FP16_MAX = 65504.0
 AUTOCAST_DATA_MAX = 512.0  # modelopt.onnx.autocast.convert.DEFAULT_DATA_MAX
@@ -302,19 +302,6 @@ def _forward_logs(name: str, target: logging.Logger) -> Iterator[None]:
         source.removeHandler(handler)
 
 
-def _files(params: Params) -> list[str]:
-    return data_files(params.calibration_data) if params.uses_data else []
-
-
-def _resources(params: Params) -> frozenset[str]:
-    return frozenset({"gpu"}) if params.uses_gpu else frozenset({"cpu"})
-
-
-def _environment(params: Params) -> list[str]:
-    facts = ["modelopt", "onnx", "onnxruntime", "numpy"]
-    return [*facts, "gpu"] if params.uses_gpu else facts
-
-
 stage = Stage(
     name="convert",
     version="1",
@@ -326,8 +313,8 @@ stage = Stage(
         "model": Output(ONNX, "model.onnx", "the mixed-precision ONNX model"),
         "summary": Output(METRICS, "convert.json", "nodes converted / kept in fp32, by op type"),
     },
-    resources=_resources,
-    environment=_environment,
-    files=_files,
+    resources=modelopt_resources,
+    environment=modelopt_environment,
+    files=modelopt_files,
     check=check,
 )

@@ -33,9 +33,9 @@ from trtflow_stages._data import (
     DataSource,
     check_node_patterns,
     check_op_types,
-    data_files,
     private_model_copy,
 )
+from trtflow_stages._modelopt import modelopt_environment, modelopt_files, modelopt_resources
 
 Mode = Literal["int8", "fp8", "int4", "nvfp4"]
 
@@ -367,19 +367,6 @@ def _relay_log(log_file: Path, ctx: StageContext) -> None:
             ctx.log.info("%s", line)
 
 
-def _files(params: Params) -> list[str]:
-    return data_files(params.calibration_data) if params.uses_data else []
-
-
-def _resources(params: Params) -> frozenset[str]:
-    return frozenset({"gpu"}) if params.uses_gpu else frozenset({"cpu"})
-
-
-def _environment(params: Params) -> list[str]:
-    facts = ["modelopt", "onnx", "onnxruntime", "numpy"]
-    return [*facts, "gpu"] if params.uses_gpu else facts
-
-
 stage = Stage(
     name="quantize",
     version="1",
@@ -393,8 +380,8 @@ stage = Stage(
         "weights": Output("onnx_data", "model.onnx_data", "external weights of model.onnx, when written",
                           optional=True),
     },
-    resources=_resources,
-    environment=_environment,
-    files=_files,
+    resources=modelopt_resources,
+    environment=modelopt_environment,
+    files=modelopt_files,
     check=check,
 )

@@ -37,6 +37,16 @@ def _console(stderr: bool = False) -> Any:
     return Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
+def _emit(text: str, output: Path | None) -> None:
+    """Write ``text`` to ``output`` (saying so on stderr) or to stdout."""
+    if output:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+        _console(stderr=True).print(f"wrote {output}")
+    else:
+        sys.stdout.write(text)
+
+
 def _version_callback(value: bool) -> None:
     if value:
         print(f"trtflow {__version__}")
@@ -287,12 +297,7 @@ def report(
         raise TrtflowError(f"no runs recorded in {st.root}", hint="run `trtflow run` first")
     journal = Journal(st.db_path)
     text = render(journal, name, fmt)
-    if output:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text, encoding="utf-8")
-        _console(stderr=True).print(f"wrote {output}")
-    else:
-        sys.stdout.write(text)
+    _emit(text, output)
 
 
 # ----------------------------------------------------------------------------- schema
@@ -305,12 +310,7 @@ def schema(
     from trtflow.schema_export import recipe_json_schema
 
     text = json.dumps(recipe_json_schema(builtin_only=builtin), indent=2) + "\n"
-    if output:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text, encoding="utf-8")
-        _console(stderr=True).print(f"wrote {output}")
-    else:
-        sys.stdout.write(text)
+    _emit(text, output)
 
 
 # ----------------------------------------------------------------------------- gc / verify
