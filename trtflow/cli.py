@@ -193,13 +193,13 @@ def status(
         for col in ("node", "stage", "status", "time", "detail"):
             nodes.add_column(col, overflow="fold")
         for n in latest_nodes:
-            nodes.add_row(
-                n["node"],
-                n["stage"],
-                n["status"],
-                f"{n['duration']:.1f}s" if n["duration"] else "-",
-                n["error"] or n["reason"] or "",
-            )
+            duration, detail = n["duration"], n["error"] or n["reason"] or ""
+            if n["status"] == "fresh":
+                built = journal.last_executed(n["node"], recent[0]["recipe"])
+                if built and built["status"] == "done":
+                    duration = built["duration"]
+                    detail = f"up to date (built in run {built['run_id']})"
+            nodes.add_row(n["node"], n["stage"], n["status"], f"{duration:.1f}s" if duration else "-", detail)
         console.print(nodes)
 
 

@@ -79,7 +79,7 @@ class Journal:
         return self._rows(query, (*args, limit))
 
     def node_runs(self, run_id: str) -> list[dict[str, Any]]:
-        return self._rows("SELECT * FROM node_runs WHERE run_id = ? ORDER BY started IS NULL, started", (run_id,))
+        return self._rows("SELECT * FROM node_runs WHERE run_id = ? ORDER BY rowid", (run_id,))
 
     def last_node_run(self, node: str, recipe: str | None = None) -> dict[str, Any] | None:
         query = ("SELECT n.* FROM node_runs n JOIN runs r ON r.id = n.run_id WHERE n.node = ?"
