@@ -78,3 +78,15 @@ def tiny_transformer_onnx(models_dir) -> Path:
     return export_onnx(tiny_transformer.build(), (torch.randint(0, 1000, (2, 16)),),
                        models_dir / "encoder.onnx", ["input_ids"], ["logits"],
                        {"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch"}})
+
+
+@pytest.fixture(scope="session")
+def tiny_cnn_fp16_onnx(tiny_cnn_onnx, tmp_path_factory) -> Path:
+    """The CNN with float16 weights and compute, float32 inputs and outputs (like the convert stage's output)."""
+    import onnx
+    from onnxconverter_common import float16
+
+    model = float16.convert_float_to_float16(onnx.load(str(tiny_cnn_onnx)), keep_io_types=True)
+    path = tmp_path_factory.mktemp("fp16") / "cnn_fp16.onnx"
+    onnx.save(model, str(path))
+    return path

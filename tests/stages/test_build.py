@@ -104,21 +104,11 @@ def test_transformer_with_dynamic_batch_and_sequence(tmp_path, tiny_transformer_
     assert result.outputs["engine"].stat().st_size > 100_000
 
 
-@pytest.fixture(scope="module")
-def fp16_cnn_onnx(tiny_cnn_onnx, tmp_path_factory) -> Path:
-    """The CNN with float16 weights and compute, float32 inputs and outputs (as the convert stage makes it)."""
-    import onnx
-    from onnxconverter_common import float16
-
-    model = float16.convert_float_to_float16(onnx.load(str(tiny_cnn_onnx)), keep_io_types=True)
-    path = tmp_path_factory.mktemp("fp16") / "cnn_fp16.onnx"
-    onnx.save(model, str(path))
-    return path
 
 
 @needs_rtx
-def test_fp16_model_builds_strongly_typed(tmp_path, fp16_cnn_onnx, tiny_cnn_onnx):
-    result, manifest = build_engine(tmp_path / "fp16", fp16_cnn_onnx, profile=CNN_DYNAMIC)
+def test_fp16_model_builds_strongly_typed(tmp_path, tiny_cnn_fp16_onnx, tiny_cnn_onnx):
+    result, manifest = build_engine(tmp_path / "fp16", tiny_cnn_fp16_onnx, profile=CNN_DYNAMIC)
     fp32, _ = build_engine(tmp_path / "fp32", tiny_cnn_onnx, profile=CNN_DYNAMIC)
 
     assert manifest["network"]["inputs"][0]["dtype"] == "float"  # I/O kept in fp32 around fp16 compute
@@ -191,7 +181,7 @@ def test_fp8_on_an_int8_model_names_what_the_model_carries(tmp_path):
 
 
 @needs_rtx
-def test_rtx_asked_for_fp16_flags_fails_before_building(tmp_path, tiny_cnn_onnx, fp16_cnn_onnx):
+def test_rtx_asked_for_fp16_flags_fails_before_building(tmp_path, tiny_cnn_onnx, tiny_cnn_fp16_onnx):
     with pytest.raises(RecipeError) as info:
         build_engine(tmp_path / "a", tiny_cnn_onnx, precision="fp16", profile=CNN_DYNAMIC)
     assert "strongly typed networks only" in info.value.message
@@ -205,14 +195,14 @@ def test_rtx_asked_for_fp16_flags_fails_before_building(tmp_path, tiny_cnn_onnx,
 
     # The hint also covers a model that already computes in fp16.
     with pytest.raises(RecipeError) as info:
-        build_engine(tmp_path / "b", fp16_cnn_onnx, precision="fp16", profile=CNN_DYNAMIC)
+        build_engine(tmp_path / "b", tiny_cnn_fp16_onnx, precision="fp16", profile=CNN_DYNAMIC)
     assert "already computes in fp16 only needs precision: strongly-typed" in info.value.hint
 
 
 @needs_rtx
-def test_fp32_request_on_an_fp16_model_is_refused_on_rtx(tmp_path, fp16_cnn_onnx):
+def test_fp32_request_on_an_fp16_model_is_refused_on_rtx(tmp_path, tiny_cnn_fp16_onnx):
     with pytest.raises(StageFailed, match=r"carries fp16 tensors"):
-        build_engine(tmp_path, fp16_cnn_onnx, precision="fp32", profile=CNN_DYNAMIC)
+        build_engine(tmp_path, tiny_cnn_fp16_onnx, precision="fp32", profile=CNN_DYNAMIC)
 
 
 @needs_rtx

@@ -36,14 +36,6 @@ def cnn_perturbed(tiny_cnn_onnx, tmp_path_factory) -> Path:
     return _scaled_copy(tiny_cnn_onnx, tmp_path_factory.mktemp("perturbed") / "cnn_scaled.onnx", "fc.weight", 1.5)
 
 
-@pytest.fixture(scope="module")
-def cnn_fp16(tiny_cnn_onnx, tmp_path_factory) -> Path:
-    from onnxconverter_common import float16
-
-    model = float16.convert_float_to_float16(onnx.load(str(tiny_cnn_onnx)), keep_io_types=True)
-    path = tmp_path_factory.mktemp("fp16") / "cnn_fp16.onnx"
-    onnx.save(model, str(path))
-    return path
 
 
 def _validate(tmp_path, reference, candidate, recipe_dir=None, **params):
@@ -84,12 +76,12 @@ def test_perturbed_weights_fail_with_output_statistic_and_ratio(tiny_cnn_onnx, c
     assert not _metrics_after_gate(tmp_path)["passed"]
 
 
-def test_fp16_model_passes_fp16_defaults_and_fails_fp32_defaults(tiny_cnn_onnx, cnn_fp16, tmp_path):
-    passed = _validate(tmp_path / "fp16", tiny_cnn_onnx, cnn_fp16, expect="fp16")
+def test_fp16_model_passes_fp16_defaults_and_fails_fp32_defaults(tiny_cnn_onnx, tiny_cnn_fp16_onnx, tmp_path):
+    passed = _validate(tmp_path / "fp16", tiny_cnn_onnx, tiny_cnn_fp16_onnx, expect="fp16")
     logits = json.loads(passed.outputs["metrics"].read_text())["outputs"]["logits"]
     assert logits["passed"] and 0 < logits["max_abs_error"] < 1e-2
     with pytest.raises(GateFailed) as failure:
-        _validate(tmp_path / "fp32", tiny_cnn_onnx, cnn_fp16, expect="fp32")
+        _validate(tmp_path / "fp32", tiny_cnn_onnx, tiny_cnn_fp16_onnx, expect="fp32")
     assert "elements exceed both atol 1e-05 and rtol 1e-05" in str(failure.value)
     assert failure.value.metrics["outputs"]["logits"]["mismatched_elements"] > 0
 
