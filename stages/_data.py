@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator, model_validator
 
-from trtflow.stage import StageFailed, StageParams
+from trtflow.stage import CodeReference, StageFailed, StageParams
 
 if TYPE_CHECKING:
     import numpy as np
@@ -145,7 +145,7 @@ class DataSource(StageParams):
         "a .npy file for a single-input model, or a directory of such files (read in sorted order and "
         "concatenated). Relative to the recipe. Files are read with allow_pickle=False.",
     )
-    callable: str | None = Field(
+    callable: CodeReference | None = Field(
         None,
         description="A function returning a dict {input name: numpy array} (axis 0 = samples x batch) or a "
         "list of such dicts (concatenated). Either 'python:package.module:function' (an importable module) "
@@ -157,13 +157,6 @@ class DataSource(StageParams):
         description="Generate random inputs from the model's input specs. Only when asked for explicitly: "
         "results computed from random data are marked as not calibrated / not representative.",
     )
-
-    @field_validator("callable")
-    @classmethod
-    def _callable_reference(cls, value: str | None) -> str | None:
-        from trtflow.callables import validate_spec
-
-        return value if value is None else validate_spec(value)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> DataSource:

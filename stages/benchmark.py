@@ -28,6 +28,7 @@ from trtflow.stage import (
     ENGINE,
     METRICS,
     ONNX,
+    CodeReference,
     GateFailed,
     Input,
     Output,
@@ -65,7 +66,7 @@ class Params(StageParams):
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="Device for onnxruntime (CPU or CUDA execution provider) and torch backends."
     )
-    torch_model: str | None = Field(
+    torch_model: CodeReference | None = Field(
         None, description="For backend torch: a factory returning a torch.nn.Module, "
         "'python:package.module:factory' or 'python:path/to/file.py:factory'. THIS RUNS YOUR CODE."
     )
@@ -118,13 +119,6 @@ class Params(StageParams):
         "sets the baseline.")
     min_throughput_qps: float | None = Field(None, gt=0, description="Gate: throughput (samples/s) at least "
                                              "this.")
-
-    @field_validator("torch_model")
-    @classmethod
-    def _code_reference(cls, value: str | None) -> str | None:
-        from trtflow.callables import validate_spec
-
-        return value if value is None else validate_spec(value)
 
     @field_validator("batch_sizes")
     @classmethod

@@ -21,12 +21,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from trtflow.stage import (
     ENGINE,
     METRICS,
     ONNX,
+    CodeReference,
     GateFailed,
     Input,
     Output,
@@ -113,7 +114,7 @@ class Params(StageParams):
         None, description="A .npz of reference outputs (one array per output name, rows stacked along axis "
         "0 in the order of the data) used instead of a reference model. Relative to the recipe."
     )
-    task_metric: str | None = Field(
+    task_metric: CodeReference | None = Field(
         None, description="A function (reference_outputs, candidate_outputs) -> {metric name: float}, each "
         "argument a dict {output name: array of all rows}: 'python:package.module:function' or "
         "'python:path/to/file.py:function'. THIS RUNS YOUR CODE."
@@ -126,13 +127,6 @@ class Params(StageParams):
         "'tensorrt-rtx' (an engine candidate, GPU; checked before the stage starts), or 'auto': from the "
         "candidate's kind, an engine with the flavour that built it (engine.json).",
     )
-
-    @field_validator("task_metric")
-    @classmethod
-    def _code_reference(cls, value: str | None) -> str | None:
-        from trtflow.callables import validate_spec
-
-        return value if value is None else validate_spec(value)
 
     @model_validator(mode="after")
     def _thresholds_need_metric(self) -> Params:

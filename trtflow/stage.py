@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from trtflow.errors import (
     EnvironmentUnavailable,
@@ -35,6 +35,7 @@ from trtflow.errors import (
 )
 
 __all__ = [
+    "CodeReference",
     "EnvironmentUnavailable",
     "GateFailed",
     "Input",
@@ -55,6 +56,16 @@ ENGINE = "engine"
 METRICS = "metrics"
 CALIBRATION = "calibration"
 FILE = "file"
+
+
+def _check_code_reference(value: str) -> str:
+    from trtflow.callables import validate_spec
+
+    return validate_spec(value)
+
+
+#: A parameter naming user code: ``python:path/to/file.py:function`` or ``python:package.module:function``.
+CodeReference = Annotated[str, AfterValidator(_check_code_reference)]
 
 
 class StageParams(BaseModel):
