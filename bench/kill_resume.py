@@ -134,8 +134,8 @@ class Harness:
             if proc.returncode != 0 or "clean" not in proc.stdout:
                 return [f"trtflow verify: rc {proc.returncode}: {proc.stdout.strip()} {proc.stderr.strip()}"]
             return []
-        from trtflow.maintenance import verify_store
-        from trtflow.store import Store
+        from trtflow.storage.maintenance import verify_store
+        from trtflow.storage.store import Store
 
         return list(verify_store(Store(store)).problems)
 

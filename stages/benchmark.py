@@ -32,6 +32,7 @@ from trtflow.stage import (
     GateFailed,
     Input,
     Output,
+    ProfileSpec,
     RecipeError,
     Stage,
     StageContext,
@@ -41,20 +42,9 @@ from trtflow.stage import (
 )
 
 from ._data import DataSource, InputSpec, RandomData, data_files, load_arrays, onnx_input_specs
+from ._tensorrt import FLAVOURS as TRT_FLAVOURS
 
 Backend = Literal["auto", "tensorrt", "tensorrt-rtx", "onnxruntime", "torch"]
-TRT_FLAVOURS = ("tensorrt", "tensorrt-rtx")
-
-
-class ShapeRange(StageParams):
-    min: list[int] = Field(..., description="Smallest shape of the input.")
-    opt: list[int] = Field(..., description="Shape the engine is tuned for; the benchmark runs this one.")
-    max: list[int] = Field(..., description="Largest shape of the input.")
-
-
-class ProfileSpec(StageParams):
-    name: str = Field("profile", description="Name of the profile (from the recipe's profiles: section).")
-    shapes: dict[str, ShapeRange] = Field(..., description="Per input name, its min/opt/max shapes.")
 
 
 class Params(StageParams):

@@ -31,6 +31,7 @@ from trtflow.stage import (
     ONNX,
     Input,
     Output,
+    ProfileSpec,
     RecipeError,
     Stage,
     StageContext,
@@ -76,45 +77,6 @@ def parse_size(value: int | str, what: str) -> int:
     if size < 0:
         raise ValueError(f"{what}: a size cannot be negative, got {value!r}")
     return size
-
-
-class ShapeRange(StageParams):
-    """Smallest, optimal and largest shape of one input in an optimization profile."""
-
-    min: list[int] = Field(description="Smallest shape the engine accepts for this input, e.g. [1, 3, 224, 224].")
-    opt: list[int] = Field(description="Shape TensorRT optimizes for (the most frequent one at run time).")
-    max: list[int] = Field(description="Largest shape the engine accepts for this input.")
-
-
-class ProfileSpec(StageParams):
-    """A named optimization profile: min/opt/max shapes for the model's inputs."""
-
-    name: str = Field(description="Profile name, shown in reports and used to pick the profile at run time.")
-    shapes: dict[str, ShapeRange] = Field(description="Shape ranges by model input name.")
-
-    @model_validator(mode="after")
-    def _ranges_are_consistent(self) -> ProfileSpec:
-        if not self.shapes:
-            raise ValueError(f"profile {self.name!r} gives no input shapes")
-        for input_name, shape in self.shapes.items():
-            ranks = {len(shape.min), len(shape.opt), len(shape.max)}
-            if len(ranks) != 1:
-                raise ValueError(
-                    f"profile {self.name!r}, input {input_name!r}: min, opt and max must have the same rank, got "
-                    f"min={shape.min} (rank {len(shape.min)}), opt={shape.opt} (rank {len(shape.opt)}), "
-                    f"max={shape.max} (rank {len(shape.max)})"
-                )
-            for axis, (lo, mid, hi) in enumerate(zip(shape.min, shape.opt, shape.max, strict=True)):
-                if lo < 0:
-                    raise ValueError(f"profile {self.name!r}, input {input_name!r}: dimension {axis} of min "
-                                     f"is negative ({lo}); profile shapes are concrete sizes")
-                if not lo <= mid <= hi:
-                    raise ValueError(
-                        f"profile {self.name!r}, input {input_name!r}: need min <= opt <= max in every "
-                        f"dimension, but dimension {axis} has min={lo}, opt={mid}, max={hi} "
-                        f"(min={shape.min}, opt={shape.opt}, max={shape.max})"
-                    )
-        return self
 
 
 class Params(StageParams):

@@ -40,11 +40,11 @@ from trtflow.stage import (
 )
 
 from ._data import DataSource, InputSpec, data_files, iter_batches, load_arrays, onnx_input_specs
+from ._tensorrt import FLAVOURS as TRT_FLAVOURS
 
 Precision = Literal["fp32", "tf32", "fp16", "bf16", "int8", "fp8", "int4", "fp4"]
 ErrorStat = Literal["elemwise", "max", "mean", "median"]
 BackendName = Literal["auto", "onnxruntime", "tensorrt", "tensorrt-rtx"]
-TRT_FLAVOURS = ("tensorrt", "tensorrt-rtx")
 
 # Default gates per precision the candidate was built in: (atol, rtol, check_error_stat, min cosine).
 # An element (elemwise) or a statistic passes when its absolute error <= atol OR its relative error <= rtol

@@ -24,7 +24,7 @@ from trtflow.environment import Environment
 from trtflow.errors import EXIT_USAGE, RecipeError
 from trtflow.pipeline import load_pipeline
 from trtflow.plan import make_plan
-from trtflow.store import Store
+from trtflow.storage.store import Store
 
 
 @dataclass
@@ -172,7 +172,7 @@ CATALOGUE: list[Bad] = [
           - {name: e, stage: export, params: {model: m.onnx}}
           - {name: b, stage: build, params: {profile: bs}}
         """), r"need min <= opt <= max in every dimension, but dimension 0 has min=8, opt=1, max=8",
-        "recipe.yaml:6", files={"m.onnx": "x"}),
+        "recipe.yaml:3", files={"m.onnx": "x"}),
     Bad("build-shapes-wrong-rank", r("""
         name: x
         profiles:
@@ -181,7 +181,7 @@ CATALOGUE: list[Bad] = [
           - {name: e, stage: export, params: {model: m.onnx}}
           - {name: b, stage: build, params: {profile: bs}}
         """), r"min, opt and max must have the same rank, got min=\[1, 16\] \(rank 2\), opt=\[1, 16, 1\] \(rank 3\)",
-        "recipe.yaml:6", files={"m.onnx": "x"}),
+        "recipe.yaml:3", files={"m.onnx": "x"}),
     Bad("build-unknown-profile", r("""
         name: x
         profiles:

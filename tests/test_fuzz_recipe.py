@@ -24,7 +24,7 @@ from trtflow.environment import Environment
 from trtflow.errors import EXIT_USAGE, RecipeError
 from trtflow.pipeline import load_pipeline
 from trtflow.plan import make_plan
-from trtflow.store import Store
+from trtflow.storage.store import Store
 
 GENERATED, MUTATED = 2500, 6000  # examples per run (about 20 s and 14 s on one CI core)
 FUZZ = settings(derandomize=True, deadline=None, database=None,

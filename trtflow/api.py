@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trtflow.environment import Environment
-from trtflow.journal import Journal
 from trtflow.pipeline import Pipeline, default_store, load_pipeline
 from trtflow.plan import Step, make_plan
 from trtflow.runner import Hooks, Runner, RunOptions, RunSummary, resume_command
+from trtflow.storage.journal import Journal
 
 
 def plan(recipe: str | Path, targets: Sequence[str] = (), overrides: Sequence[str] = (),

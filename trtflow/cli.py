@@ -158,9 +158,9 @@ def status(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Recent runs and the state of each node in the latest one."""
-    from trtflow.journal import Journal
     from trtflow.pipeline import default_store
     from trtflow.recipe.load import load_recipe
+    from trtflow.storage.journal import Journal
 
     st = default_store(store)
     if not st.db_path.exists():
@@ -215,9 +215,9 @@ def show(
     """Everything about one node: params, key, inputs, outputs, log, timings, summary."""
     from trtflow.environment import Environment
     from trtflow.errors import did_you_mean
-    from trtflow.journal import Journal
     from trtflow.pipeline import default_store, load_pipeline
     from trtflow.plan import make_plan
+    from trtflow.storage.journal import Journal
 
     pipeline = load_pipeline(recipe, set_ or ())
     if node not in pipeline.graph.nodes:
@@ -286,10 +286,10 @@ def report(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")] = None,
 ) -> None:
     """Report of the latest run of a recipe (JSON, Markdown, HTML, or JUnit XML for CI)."""
-    from trtflow.journal import Journal
     from trtflow.pipeline import default_store
     from trtflow.recipe.load import load_recipe
     from trtflow.report.formats import render
+    from trtflow.storage.journal import Journal
 
     name = load_recipe(recipe).recipe.name
     st = default_store(store)
@@ -320,8 +320,8 @@ def gc(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only say what would be removed.")] = False,
 ) -> None:
     """Remove store objects and manifests that no recipe's latest build refers to."""
-    from trtflow.maintenance import collect_garbage
     from trtflow.pipeline import default_store
+    from trtflow.storage.maintenance import collect_garbage
 
     result = collect_garbage(default_store(store), dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
@@ -343,8 +343,8 @@ def verify(
     ] = False,
 ) -> None:
     """Re-hash every stored object and check every manifest; exit 1 if anything is damaged."""
-    from trtflow.maintenance import verify_store
     from trtflow.pipeline import default_store
+    from trtflow.storage.maintenance import verify_store
 
     st = default_store(store)
     report_ = verify_store(st, fix=fix)

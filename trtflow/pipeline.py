@@ -11,7 +11,7 @@ from trtflow.graph import Graph, build_graph
 from trtflow.recipe.expand import expand
 from trtflow.recipe.load import LoadedRecipe, load_recipe
 from trtflow.registry import get_stage
-from trtflow.store import Store
+from trtflow.storage.store import Store
 
 
 @dataclass

@@ -16,7 +16,7 @@ from trtflow.fingerprint import StatCache, diff_values, hash_path, node_key
 from trtflow.fsutil import allowed_roots_for, resolve_user_path
 from trtflow.graph import Graph
 from trtflow.recipe.expand import ConcreteNode
-from trtflow.store import Store
+from trtflow.storage.store import Store
 
 FRESH = "fresh"
 STALE = "stale"

@@ -28,9 +28,9 @@ from trtflow.errors import TrtflowError
 from trtflow.fingerprint import hash_file_content
 from trtflow.fsutil import allowed_roots_for
 from trtflow.graph import Graph
-from trtflow.journal import Journal
 from trtflow.plan import FRESH, Step, key_parts
-from trtflow.store import Store
+from trtflow.storage.journal import Journal
+from trtflow.storage.store import Store
 
 DONE, CACHED, FAILED, GATE_FAILED, SKIPPED, BLOCKED, INTERRUPTED = (
     "done", "cached", "failed", "gate_failed", "skipped", "blocked", "interrupted")

@@ -33,6 +33,7 @@ from trtflow.errors import (
     StageSkipped,
     TrtflowError,
 )
+from trtflow.recipe.schema import ProfileSpec, ShapeRange
 
 __all__ = [
     "CodeReference",
@@ -40,7 +41,9 @@ __all__ = [
     "GateFailed",
     "Input",
     "Output",
+    "ProfileSpec",
     "RecipeError",
+    "ShapeRange",
     "SharedCache",
     "Stage",
     "StageContext",

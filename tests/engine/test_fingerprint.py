@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from trtflow.fingerprint import diff_values, hash_file, hash_file_content, hash_path
-from trtflow.journal import Journal
+from trtflow.storage.journal import Journal
 
 
 class CountingCache:

@@ -11,13 +11,13 @@ import pytest
 from tests.engine.toystages import get_stage
 from trtflow.environment import Environment
 from trtflow.graph import build_graph
-from trtflow.journal import Journal
-from trtflow.maintenance import collect_garbage, verify_store
 from trtflow.plan import make_plan
 from trtflow.recipe.expand import expand
 from trtflow.recipe.load import load_recipe
 from trtflow.runner import Runner, RunOptions
-from trtflow.store import Store
+from trtflow.storage.journal import Journal
+from trtflow.storage.maintenance import collect_garbage, verify_store
+from trtflow.storage.store import Store
 
 RECIPE = """\
 name: toy
@@ -152,7 +152,7 @@ def test_interrupted_commit_leaves_no_manifest(tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("trtflow.store.atomic_write_text", boom)
+    monkeypatch.setattr("trtflow.storage.store.atomic_write_text", boom)
     with pytest.raises(OSError):
         store.commit("k" * 32, {"node": "x"}, out, {"out": ("out.txt", "onnx")})
     assert store.read_manifest("k" * 32) is None

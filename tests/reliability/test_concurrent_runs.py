@@ -14,8 +14,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from trtflow.maintenance import verify_store
-from trtflow.store import Store
+from trtflow.storage.maintenance import verify_store
+from trtflow.storage.store import Store
 
 from .conftest import TRTFLOW
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from trtflow.maintenance import verify_store
-from trtflow.store import Store
+from trtflow.storage.maintenance import verify_store
+from trtflow.storage.store import Store
 
 RECIPE = """\
 name: faults
@@ -163,7 +163,7 @@ set +e
 echo "rc=$?" >> {tmp_path}/run.out
 {_cli()} verify --store {tmp_path}/mnt/store > {tmp_path}/verify.out 2>&1
 echo "rc=$?" >> {tmp_path}/verify.out
-python -c "import json,sys; from trtflow.store import Store; s=Store(sys.argv[1]); \
+python -c "import json,sys; from trtflow.storage.store import Store; s=Store(sys.argv[1]); \
 print(json.dumps(sorted(m['node'] for _, m in s.iter_manifests())))" {tmp_path}/mnt/store > {tmp_path}/nodes.out
 ls -A {tmp_path}/mnt/store/tmp > {tmp_path}/tmp.out
 """

@@ -14,8 +14,8 @@ import pytest
 
 from trtflow.errors import TrtflowError
 from trtflow.fsutil import resolve_user_path
-from trtflow.maintenance import verify_store
-from trtflow.store import Store
+from trtflow.storage.maintenance import verify_store
+from trtflow.storage.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
 

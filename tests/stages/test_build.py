@@ -299,7 +299,7 @@ def test_dynamic_inputs_must_be_covered(tmp_path, tiny_transformer_onnx, tiny_cn
 
 
 def test_profile_ranges_are_checked_when_params_are_read():
-    with pytest.raises(ValidationError, match=r"input 'input': need min <= opt <= max in every dimension, but "
+    with pytest.raises(ValidationError, match=r"shapes.input\n.*need min <= opt <= max in every dimension, but "
                                               r"dimension 0 has min=4, opt=2, max=8"):
         build.Params(profile=profile("p", input=([4, 3], [2, 3], [8, 3])))
     with pytest.raises(ValidationError, match=r"min, opt and max must have the same rank"):
@@ -365,7 +365,9 @@ def test_sizes_and_capabilities_are_parsed():
 
 
 def test_every_param_is_described():
-    for model in (build.Params, build.ProfileSpec, build.ShapeRange):
+    from trtflow.stage import ProfileSpec, ShapeRange
+
+    for model in (build.Params, ProfileSpec, ShapeRange):
         for name, info in model.model_fields.items():
             assert info.description, f"{model.__name__}.{name} has no description"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 NODE_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
 
@@ -13,12 +13,45 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ShapeRange(Strict):
-    """The shapes one input may take in an optimization profile."""
+class ShapeRange(BaseModel):
+    """Smallest, optimal and largest shape of one input in an optimization profile."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     min: list[int] = Field(description="Smallest shape the engine must accept, e.g. [1, 3, 224, 224].")
     opt: list[int] = Field(description="Shape TensorRT optimizes for: the most common one at run time.")
     max: list[int] = Field(description="Largest shape the engine must accept.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ShapeRange:
+        ranks = {len(self.min), len(self.opt), len(self.max)}
+        if len(ranks) != 1:
+            raise ValueError(
+                f"min, opt and max must have the same rank, got min={self.min} (rank {len(self.min)}), "
+                f"opt={self.opt} (rank {len(self.opt)}), max={self.max} (rank {len(self.max)})")
+        for axis, (lo, mid, hi) in enumerate(zip(self.min, self.opt, self.max, strict=True)):
+            if lo < 0:
+                raise ValueError(f"dimension {axis} of min is negative ({lo}); profile shapes are concrete sizes")
+            if not lo <= mid <= hi:
+                raise ValueError(
+                    f"need min <= opt <= max in every dimension, but dimension {axis} has min={lo}, opt={mid}, "
+                    f"max={hi} (min={self.min}, opt={self.opt}, max={self.max})")
+        return self
+
+
+class ProfileSpec(BaseModel):
+    """A named optimization profile: min/opt/max shapes for the model's inputs (as stages receive it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field("profile", description="Profile name (from the recipe's profiles: section).")
+    shapes: dict[str, ShapeRange] = Field(description="Shape ranges by model input name.")
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> ProfileSpec:
+        if not self.shapes:
+            raise ValueError(f"profile {self.name!r} gives no input shapes")
+        return self
 
 
 class NodeSpec(Strict):

@@ -9,7 +9,7 @@ from typing import Any
 from xml.sax.saxutils import escape as xml_escape
 
 from trtflow.errors import UsageError
-from trtflow.journal import Journal
+from trtflow.storage.journal import Journal
 
 FORMATS = ("json", "markdown", "html", "junit")
 

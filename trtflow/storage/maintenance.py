@@ -7,7 +7,7 @@ import shutil
 from dataclasses import dataclass, field
 
 from trtflow.fingerprint import hash_file_content
-from trtflow.store import Store
+from trtflow.storage.store import Store
 
 
 @dataclass
@@ -54,7 +54,7 @@ def collect_garbage(store: Store, dry_run: bool = False) -> GcResult:
 def _running_run_ids(store: Store) -> set[str]:
     if not store.db_path.exists():
         return set()
-    from trtflow.journal import Journal
+    from trtflow.storage.journal import Journal
 
     journal = Journal(store.db_path)
     try:
