@@ -52,6 +52,7 @@ class Step:
     parts: KeyParts | None = None
     manifest: dict[str, Any] | None = None
     waits_for: list[str] = field(default_factory=list)
+    gate_failures: list[str] = field(default_factory=list)
 
     @property
     def reason(self) -> str:
@@ -102,7 +103,24 @@ def key_parts(graph: Graph, node: ConcreteNode, output_digests: dict[tuple[str, 
             inputs[label] = digest
             sources[label] = f"{ref[0]}.{ref[1]}"
     facts = env.facts(stage.environment_for(node.params_model))
-    return KeyParts(node.stage, stage.version, node.params, inputs, sources, files, facts)
+    keyed_params = {k: v for k, v in node.params.items() if k not in stage.gate_params}
+    return KeyParts(node.stage, stage.version, keyed_params, inputs, sources, files, facts)
+
+
+def judge(graph: Graph, node: ConcreteNode, manifest: dict[str, Any], recipe_dir: Path) -> list[str]:
+    """The failures of the node's quality gates on its stored summary (empty: passed, or no gate)."""
+    from trtflow.stage import GateContext
+
+    stage = graph.stages[node.stage]
+    if stage.gate is None:
+        return []
+    roots = allowed_roots_for(recipe_dir)
+    gate_ctx = GateContext(previous=manifest.get("previous_summary"), facts=manifest.get("facts", {}),
+                           resolve=lambda path: resolve_user_path(path, recipe_dir, roots))
+    try:
+        return stage.judge(node.params_model, manifest.get("summary") or {}, gate_ctx)
+    except TrtflowError as exc:
+        return [exc.message]
 
 
 def explain(parts: KeyParts, previous: dict[str, Any] | None) -> list[str]:
@@ -149,7 +167,9 @@ def make_plan(graph: Graph, store: Store, env: Environment, recipe_dir: Path,
         if manifest is not None and store.complete(manifest):
             for out_name, out in manifest["outputs"].items():
                 digests[(name, out_name)] = out["digest"]
-            steps.append(Step(node, FRESH, ["up to date"], key, parts, manifest))
+            failures = judge(graph, node, manifest, recipe_dir)
+            reasons = ["up to date"] if not failures else [f"gate failed last run: {'; '.join(failures)}"]
+            steps.append(Step(node, FRESH, reasons, key, parts, manifest, gate_failures=failures))
             status[name] = FRESH
             continue
         if manifest is not None:

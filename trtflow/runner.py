@@ -28,7 +28,7 @@ from trtflow.errors import TrtflowError
 from trtflow.fingerprint import hash_file_content
 from trtflow.fsutil import allowed_roots_for
 from trtflow.graph import Graph
-from trtflow.plan import FRESH, Step, key_parts
+from trtflow.plan import FRESH, Step, judge, key_parts
 from trtflow.storage.journal import Journal
 from trtflow.storage.store import Store
 
@@ -128,7 +128,7 @@ class Runner:
                                        self.options.command)
             self.hooks.on_run_start(self.run_id, steps)
             self._record_fresh([s for s in steps if s.status == FRESH], results)
-            if any("gpu" in self.graph.stages[s.node.stage].resources_for(s.node.params_model) for s in pending):
+            if any(self.graph.stages[s.node.stage].resources_for(s.node.params_model).gpu for s in pending):
                 from trtflow.environment import gpus
 
                 self._gpu_free = [g.index for g in gpus()] or [-1]
@@ -158,10 +158,12 @@ class Runner:
             for out_name, out in manifest.get("outputs", {}).items():
                 self._digests[(step.node.name, out_name)] = out["digest"]
             outputs = self.store.materialize(manifest, out_dir / step.node.name) if out_dir else {}
-            results[step.node.name] = NodeResult(step.node.name, step.node.stage, FRESH, "up to date", step.key,
-                                                 outputs=outputs, summary=manifest.get("summary", {}))
+            status, error = (GATE_FAILED, "; ".join(step.gate_failures)) if step.gate_failures else (FRESH, None)
+            results[step.node.name] = NodeResult(step.node.name, step.node.stage, status, step.reason, step.key,
+                                                 error=error, outputs=outputs, summary=manifest.get("summary", {}),
+                                                 hint=_gate_hint(error))
             summary = manifest.get("summary")
-            rows.append((self.run_id, step.node.name, step.node.stage, step.key, FRESH, "up to date",
+            rows.append((self.run_id, step.node.name, step.node.stage, step.key, status, step.reason,
                          json.dumps(summary) if summary else None))
         if rows:
             with self._db_lock:
@@ -202,7 +204,7 @@ class Runner:
                     continue
                 if not self._inputs_ready(step, results) or len(running) >= self.options.jobs:
                     continue
-                needs_gpu = "gpu" in self.graph.stages[step.node.stage].resources_for(step.node.params_model)
+                needs_gpu = self.graph.stages[step.node.stage].resources_for(step.node.params_model).gpu > 0
                 gpu: int | None = None
                 if needs_gpu:
                     if not self._gpu_free:
@@ -330,8 +332,16 @@ class Runner:
             self._digests[(node, out_name)] = out["digest"]
         self.store.write_ref(self.graph.recipe_name, node, key)
         outputs = self._materialize(node, manifest)
-        return NodeResult(node, manifest.get("stage", ""), CACHED, why, key, outputs=outputs,
-                          summary=manifest.get("summary", {}))
+        res = NodeResult(node, manifest.get("stage", ""), CACHED, why, key, outputs=outputs,
+                         summary=manifest.get("summary", {}))
+        return self._apply_gate(res, manifest)
+
+    def _apply_gate(self, res: NodeResult, manifest: dict[str, Any]) -> NodeResult:
+        failures = judge(self.graph, self.graph.nodes[res.node], manifest, self.recipe_dir)
+        if failures:
+            res.status, res.error = GATE_FAILED, "; ".join(failures)
+            res.hint = _gate_hint(res.error)
+        return res
 
     def _skipped(self, node: str, stage: str, key: str | None, reason: str, needs: str | None) -> NodeResult:
         if self.options.require_gpu:
@@ -418,7 +428,8 @@ class Runner:
                                   error=f"stage {node.stage!r} finished without writing outputs {missing}")
             manifest = dict(parts.as_manifest(), node=node.name, recipe=self.graph.recipe_name,
                             summary=result.get("summary") or {}, run_id=self.run_id,
-                            started=started, duration=time.time() - started)
+                            started=started, duration=time.time() - started,
+                            previous_summary=self._previous_summary(node.name))
             outputs_spec = {n: (o.filename, o.kind) for n, o in stage.outputs.items()}
             try:
                 manifest = self.store.commit(key, manifest, scratch / "out", outputs_spec)
@@ -431,8 +442,8 @@ class Runner:
                 self._digests[(node.name, out_name)] = out["digest"]
             self.store.write_ref(self.graph.recipe_name, node.name, key)
             outputs = self._materialize(node.name, manifest)
-            return NodeResult(node.name, node.stage, DONE, step.reason, key, log_path=log_path,
-                              summary=manifest.get("summary", {}), outputs=outputs)
+            return self._apply_gate(NodeResult(node.name, node.stage, DONE, step.reason, key, log_path=log_path,
+                                               summary=manifest.get("summary", {}), outputs=outputs), manifest)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -582,6 +593,13 @@ def _read_result(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def _gate_hint(error: str | None) -> str | None:
+    if not error:
+        return None
+    return ("the measurements are cached: change the threshold to re-judge them without re-running, or change "
+            "the model; `trtflow show RECIPE NODE` lists the metrics")
 
 
 def resume_command(argv: list[str] | None = None) -> str:

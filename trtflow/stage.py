@@ -38,11 +38,13 @@ from trtflow.recipe.schema import ProfileSpec, ShapeRange
 __all__ = [
     "CodeReference",
     "EnvironmentUnavailable",
+    "GateContext",
     "GateFailed",
     "Input",
     "Output",
     "ProfileSpec",
     "RecipeError",
+    "Resources",
     "ShapeRange",
     "SharedCache",
     "Stage",
@@ -52,6 +54,9 @@ __all__ = [
     "StageSkipped",
     "TrtflowError",
 ]
+
+#: The file (in a node's scratch folder) naming the native call in progress, read after a crash.
+NATIVE_STEP_FILE = "native_step.json"
 
 # Artifact kinds that flow along graph edges. Stages may use their own kinds too (any string).
 ONNX = "onnx"
@@ -104,16 +109,69 @@ ParamsFn = Callable[[Any], Any]
 
 
 @dataclass(frozen=True)
+class Resources:
+    """What a node needs while it runs; the scheduler starts a node only when all of it is free.
+
+    ``exclusive``: nothing else runs beside it (on its GPU, and no CPU-heavy node on its host): for
+    benchmarks, whose timings other work would disturb. ``memory_mb``: peak host memory; None lets the engine
+    use the stage's ``memory`` estimate. ``compute_capability`` ("9.0", ">=8.0") and ``gpu_name`` (a substring
+    of the GPU's name) restrict which GPU class may run a GPU node.
+    """
+
+    cpu: float = 1.0
+    gpu: int = 0
+    exclusive: bool = False
+    memory_mb: int | None = None
+    compute_capability: str | None = None
+    gpu_name: str | None = None
+
+    @classmethod
+    def of(cls, value: Resources | frozenset[str] | set[str] | Sequence[str]) -> Resources:
+        """Accept the older declaration form: a set of "cpu" / "gpu"."""
+        if isinstance(value, Resources):
+            return value
+        names = set(value)
+        unknown = names - {"cpu", "gpu"}
+        if unknown:
+            raise ValueError(f"unknown resource names {sorted(unknown)}; use Resources(cpu=..., gpu=...)")
+        return cls(cpu=1.0, gpu=1 if "gpu" in names else 0)
+
+
+@dataclass(frozen=True)
+class GateContext:
+    """What a quality gate sees besides the params and the node's summary."""
+
+    #: The summary of the node's previous successful run under another key (for regression gates), or None.
+    previous: Mapping[str, Any] | None = None
+    #: The environment facts the node was keyed with (GPU, TensorRT version, ...).
+    facts: Mapping[str, str] = field(default_factory=dict)
+    #: Resolves a recipe path (relative to the recipe file, inside the project), e.g. a baseline file.
+    resolve: Callable[[str], Path] | None = None
+
+
+#: ``gate(params, summary, gate_ctx) -> failure messages`` (empty: the gate passes).
+GateFn = Callable[[Any, Mapping[str, Any], GateContext], list[str]]
+#: ``memory(params, input_sizes) -> bytes``: peak host memory of a node, from its inputs' sizes by slot.
+MemoryFn = Callable[[Any, Mapping[str, int]], int]
+
+
+@dataclass(frozen=True)
 class Stage:
     """Everything the engine needs to know about a stage.
 
-    - ``resources``: subset of {"cpu", "gpu"}; a callable receives the validated params.
+    - ``resources``: `Resources`, or a subset of {"cpu", "gpu"}; a callable receives the validated params.
     - ``environment``: names of environment facts (see `trtflow.environment.FACTS`) the result depends
       on; they are part of the node key. A callable receives the validated params.
     - ``files``: a callable returning the paths (relative to the recipe) whose content the result depends
       on beyond its graph inputs (a model file, calibration data); they are hashed into the node key.
     - ``check``: called before any work with the params; raises `StageSkipped` (backend cannot run here)
       or `EnvironmentUnavailable`/`RecipeError` with a clear message.
+    - ``gate`` / ``gate_params``: quality gates applied by the engine to the summary ``run`` returned, on a
+      fresh run and again on every cached reuse; ``gate_params`` (top-level param names) only configure gates,
+      so they are left out of the node key: changing a threshold re-judges the cached measurements.
+    - ``memory``: peak host memory estimate (bytes) from the input sizes, for memory-aware scheduling.
+    - ``version``: bump it for a behaviour change the code digest cannot see (e.g. a dependency's default).
+      The node key also holds a digest of the stage's module and the modules of its package it imports.
     """
 
     name: str
@@ -123,19 +181,26 @@ class Stage:
     run: Callable[[StageContext, dict[str, Path], Any], Mapping[str, Any] | None]
     inputs: Mapping[str, Input] = field(default_factory=dict)
     outputs: Mapping[str, Output] = field(default_factory=dict)
-    resources: frozenset[str] | Callable[[Any], frozenset[str]] = frozenset({"cpu"})
+    resources: Resources | frozenset[str] | Callable[[Any], Resources | frozenset[str]] = frozenset({"cpu"})
     environment: Sequence[str] | Callable[[Any], Sequence[str]] = ()
     files: Callable[[Any], Sequence[str]] | None = None
     check: Callable[[Any], None] | None = None
+    gate: GateFn | None = None
+    gate_params: tuple[str, ...] = ()
+    memory: MemoryFn | None = None
 
-    def resources_for(self, params: Any) -> frozenset[str]:
-        return frozenset(self.resources(params) if callable(self.resources) else self.resources)
+    def resources_for(self, params: Any) -> Resources:
+        return Resources.of(self.resources(params) if callable(self.resources) else self.resources)
 
     def environment_for(self, params: Any) -> tuple[str, ...]:
         return tuple(self.environment(params) if callable(self.environment) else self.environment)
 
     def files_for(self, params: Any) -> tuple[str, ...]:
         return tuple(self.files(params)) if self.files else ()
+
+    def judge(self, params: Any, summary: Mapping[str, Any], gate_ctx: GateContext) -> list[str]:
+        """Failure messages of the stage's gates for this summary (empty when it passes or has no gate)."""
+        return list(self.gate(params, summary, gate_ctx)) if self.gate is not None else []
 
 
 class SharedCache:
@@ -198,6 +263,7 @@ class StageContext:
         self._allowed_roots = [Path(p).resolve() for p in (allowed_roots or [recipe_dir])]
         self._progress_file = progress_file
         self._cancelled = threading.Event()
+        self._native_steps: list[dict[str, Any]] = []
         self.out_dir = scratch / "out"
         self.out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -229,6 +295,34 @@ class StageContext:
             with open(self._progress_file, "a", encoding="utf-8") as f:
                 f.write(line + "\n")
         self.log.info("progress %s %s", "" if fraction is None else f"{fraction:.0%}", message)
+
+    @contextmanager
+    def native_step(self, library: str, what: str, repro: str | None = None,
+                    hint: str | None = None) -> Iterator[None]:
+        """Mark a call into native code that may crash the process (a segfault, an abort, the OOM killer).
+
+        If the process dies inside the block, the engine reports "crashed in ``library`` while ``what``" with
+        the native trace, ``repro`` (the smallest command that reproduces the crash) and ``hint`` (a known
+        cause the stage detected beforehand). Blocks may nest; the innermost one is reported.
+        """
+        import json
+        import time
+
+        from trtflow.fsutil import atomic_write_text
+
+        record = {"library": library, "what": what, "repro": repro, "hint": hint, "started": time.time()}
+        self._native_steps.append(record)
+        path = self.scratch / NATIVE_STEP_FILE
+        atomic_write_text(path, json.dumps(record))
+        self.log.info("native step: %s: %s", library, what)
+        try:
+            yield
+        finally:
+            self._native_steps.pop()
+            if self._native_steps:
+                atomic_write_text(path, json.dumps(self._native_steps[-1]))
+            else:
+                path.unlink(missing_ok=True)
 
     def shared_cache(self, name: str) -> SharedCache:
         """A shared mutable cache file under the store, e.g. ``timing/tensorrt-10.13-sm90.cache``."""

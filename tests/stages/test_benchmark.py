@@ -85,7 +85,7 @@ def test_onnxruntime_cnn_benchmark_with_batch_sweep(tiny_cnn_onnx, tmp_path):
         assert 0 < latency["min"] <= latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
         assert report["throughput_qps"] == pytest.approx(
             report["queries"] * point["batch_size"] / report["wall_time_ms"] * 1000)
-    assert benchmark.stage.resources_for(benchmark.Params()) == frozenset({"cpu"})
+    assert benchmark.stage.resources_for(benchmark.Params()).gpu == 0
 
 
 def test_profile_opt_shapes_are_run(tiny_mlp_onnx, tmp_path):
@@ -130,7 +130,7 @@ def test_latency_gate_failure_names_statistic_and_ratio(tiny_mlp_onnx, tmp_path)
 def test_tensorrt_backend_is_skipped_in_check_without_a_runtime():
     """Real check: this machine cannot execute engines (and cuda-python finds no device)."""
     params = benchmark.Params.model_validate({"backend": "tensorrt-rtx"})
-    assert benchmark.stage.resources_for(params) == frozenset({"gpu"})
+    assert benchmark.stage.resources_for(params).gpu == 1
     if cuda_unavailable_reason() is None:
         pytest.skip("a CUDA device is visible here")
     with pytest.raises(StageSkipped) as skipped:

@@ -375,10 +375,10 @@ def test_every_param_is_described():
 @needs_rtx
 def test_declarations_follow_the_flavour():
     rtx = build.Params(backend="tensorrt-rtx")
-    assert build.stage.resources_for(rtx) == {"cpu"}
+    assert build.stage.resources_for(rtx).gpu == 0
     assert build.stage.environment_for(rtx) == ("polygraphy", "tensorrt_rtx")
     on_gpu = build.Params(backend="tensorrt-rtx", compute_capabilities=["current"])
-    assert build.stage.resources_for(on_gpu) == {"gpu"}
+    assert build.stage.resources_for(on_gpu).gpu == 1
     assert build.stage.environment_for(on_gpu) == ("polygraphy", "tensorrt_rtx", "gpu")
     if not module_available("tensorrt"):
         assert build.stage.environment_for(build.Params()) == ("polygraphy", "tensorrt_rtx")

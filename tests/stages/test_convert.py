@@ -143,10 +143,10 @@ def test_params():
     with pytest.raises(ValidationError, match="unknown calibration_eps"):
         Params.model_validate({"calibration_eps": ["tensorrt"]})
     with_file = Params.model_validate({"calibration_data": {"callable": "python:gen.py:make"}})
-    assert stage.files_for(with_file) == ("gen.py",) and stage.resources_for(with_file) == {"cpu"}
+    assert stage.files_for(with_file) == ("gen.py",) and stage.resources_for(with_file).gpu == 0
     no_reference = Params.model_validate({"calibration_data": {"path": "a.npz"}, "data_max": None})
     assert stage.files_for(no_reference) == ()
-    assert stage.resources_for(Params.model_validate({"calibration_eps": ["cuda:0"]})) == {"gpu"}
+    assert stage.resources_for(Params.model_validate({"calibration_eps": ["cuda:0"]})).gpu == 1
     schema = Params.model_json_schema()
     assert all(field.get("description") for field in schema["properties"].values())
 

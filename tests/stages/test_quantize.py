@@ -194,13 +194,13 @@ def test_params_are_validated(params, message):
 def test_declarations_follow_params():
     python_data = Params.model_validate({"mode": "int8", "calibration_data": {"callable": "python:d.py:f"}})
     assert stage.files_for(python_data) == ("d.py",)
-    assert stage.resources_for(python_data) == {"cpu"}
+    assert stage.resources_for(python_data).gpu == 0
     assert set(stage.environment_for(python_data)) >= {"modelopt", "onnx", "onnxruntime"}
     rtn = Params.model_validate({"mode": "int4", "calibration_method": "rtn", "calibration_data": {"path": "a"}})
     assert stage.files_for(rtn) == ()  # rtn reads no data, so the data is not part of its key
     on_gpu = Params.model_validate({"mode": "int8", "calibration_data": {"path": "a.npz"},
                                     "calibration_eps": ["cuda:0", "cpu"]})
-    assert stage.resources_for(on_gpu) == {"gpu"} and "gpu" in stage.environment_for(on_gpu)
+    assert stage.resources_for(on_gpu).gpu == 1 and "gpu" in stage.environment_for(on_gpu)
     schema = Params.model_json_schema()
     assert all(field.get("description") for field in schema["properties"].values())
 

@@ -187,4 +187,4 @@ def test_engine_candidate_is_skipped_without_a_runtime(tiny_mlp_onnx, tmp_path):
     with pytest.raises(StageSkipped) as checked:
         validate.stage.check(params)
     assert "GPU" in checked.value.reason or "not installed" in checked.value.reason
-    assert validate.stage.resources_for(params) == frozenset({"gpu"})
+    assert validate.stage.resources_for(params).gpu == 1
