@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from trtflow.environment import Environment
 from trtflow.pipeline import Pipeline, default_store, load_pipeline
@@ -43,3 +44,22 @@ def run(recipe: str | Path, targets: Sequence[str] = (), overrides: Sequence[str
         return pipeline, steps, summary
     finally:
         journal.close()
+
+
+def latest_results(recipe: str | Path, overrides: Sequence[str] = (),
+                   store: str | Path | None = None) -> dict[str, dict[str, Any]]:
+    """Per node of ``recipe``: the stored result its latest run used (key, stage, summary, facts, outputs).
+
+    Nodes with no stored result are left out. Reads only the store: runs nothing.
+    """
+    pipeline = load_pipeline(recipe, overrides)
+    st = default_store(store)
+    results: dict[str, dict[str, Any]] = {}
+    for name, node in pipeline.graph.nodes.items():
+        key = st.read_ref(pipeline.name, name)
+        manifest = st.read_manifest(key) if key else None
+        if manifest is None:
+            continue
+        results[name] = {"key": key, "stage": node.stage, "summary": manifest.get("summary") or {},
+                         "facts": manifest.get("facts") or {}, "outputs": manifest.get("outputs") or {}}
+    return results

@@ -392,11 +392,36 @@ def doctor(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     console.print("stages: " + ", ".join(f"{s['name']} ({s['version']})" for s in info["stages"]))
 
 
+COMMANDS_GROUP = "trtflow.commands"
+
+
+def _add_plugin_commands(argv: list[str]) -> None:
+    """Register subcommands from the ``trtflow.commands`` entry-point group (e.g. `init`, `debug`).
+
+    An entry point names a `typer.Typer` (a command group) or a function (one command). Only the command being
+    run is imported, so plugins cost nothing on other commands; `--help` imports them all to list them.
+    """
+    from importlib.metadata import entry_points
+
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for ep in entry_points(group=COMMANDS_GROUP):
+        if ep.name in {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}:
+            continue
+        if wanted is not None and ep.name != wanted:
+            continue
+        target = ep.load()
+        if isinstance(target, typer.Typer):
+            app.add_typer(target, name=ep.name)
+        else:
+            app.command(ep.name)(target)
+
+
 def main() -> None:
     """Console-script entry point: maps errors to documented exit codes."""
     # pydantic scans every installed distribution for its plugins on first use; a CLI run needs none.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     try:
+        _add_plugin_commands(sys.argv[1:])
         app(standalone_mode=True)
     except TrtflowError as exc:
         from rich.markup import escape
