@@ -44,7 +44,18 @@ from trtflow.execution.results import (
 )
 from trtflow.execution.scheduler import Allocation, Capacity, Scheduler, available_memory, default_memory_need
 from trtflow.graph import Graph
-from trtflow.plan import FRESH, SKIP, KeyContext, KeyParts, Step, explain, judge, key_parts, previous_manifest
+from trtflow.plan import (
+    FRESH,
+    SKIP,
+    KeyContext,
+    KeyParts,
+    Step,
+    explain,
+    judge,
+    key_parts,
+    node_resources,
+    previous_manifest,
+)
 from trtflow.recipe.expand import ConcreteNode
 from trtflow.storage.journal import Journal
 from trtflow.storage.lock import SHARED, StoreLock
@@ -330,7 +341,7 @@ class Runner:
             return res
         if stop or not all(u in results for u in upstream):
             return "wait"
-        resources = self.graph.stages[node.stage].resources_for(node.params_model)
+        resources = node_resources(self.graph, node)
         never = scheduler.can_ever_run(resources)
         if never is not None:
             res = self._skipped(node.name, node.stage, step.key, f"{never} (not run here; never cached)",
@@ -342,7 +353,7 @@ class Runner:
 
     def _memory_need(self, node: ConcreteNode) -> int:
         stage = self.graph.stages[node.stage]
-        declared = stage.resources_for(node.params_model).memory_mb
+        declared = node_resources(self.graph, node).memory_mb
         sizes: dict[str, int] = {}
         for slot, refs in node.upstream.items():
             sizes[slot] = sum(self._sizes.get(ref, 0) for ref in refs)

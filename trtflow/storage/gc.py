@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtflow.errors import StoreError
 from trtflow.storage.journal import Journal
 from trtflow.storage.lock import EXCLUSIVE, StoreLock
 from trtflow.storage.refs import RecipeRefs
@@ -51,7 +52,13 @@ def collect_garbage(store: Store, keep_days: float = 0.0, dry_run: bool = False,
         return report
     store.check_format()
     with StoreLock(store.root).held(EXCLUSIVE, "trtflow gc" + (" --dry-run" if dry_run else ""), wait_s, on_wait):
-        _collect(store, keep_days, dry_run, report)
+        try:
+            _collect(store, keep_days, dry_run, report)
+        except OSError as exc:
+            raise StoreError(f"gc could not change the store {store.root}: {exc.strerror or exc}"
+                             + (f" ({exc.filename})" if exc.filename else ""),
+                             hint="a read-only store cannot be collected; mount it writable, or run gc where it "
+                             "is writable") from None
     return report
 
 
