@@ -78,8 +78,8 @@ class Runner:
         self.options = options or RunOptions()
         self.hooks = hooks or Hooks()
         self.kctx = KeyContext.for_recipe(recipe.path.parent, env, journal)
-        self.executor = executor or _make_executor(self.options, store)
         self.run_id = new_run_id()
+        self.executor = executor or _make_executor(self.options, store, self.run_id)
         self._cancel = threading.Event()
         self._digests: dict[tuple[str, str], str] = {}
         self._sizes: dict[tuple[str, str], int] = {}
@@ -614,7 +614,7 @@ def upstream_pending(upstream: list[str], results: dict[str, NodeResult]) -> boo
     return any(u not in results for u in upstream)
 
 
-def _make_executor(options: RunOptions, store: Store) -> Executor:
+def _make_executor(options: RunOptions, store: Store, run_id: str) -> Executor:
     if options.executor == "inline":
         from trtflow.execution.local import InlineExecutor
 
@@ -625,7 +625,7 @@ def _make_executor(options: RunOptions, store: Store) -> Executor:
         return RayExecutor(store, options)
     from trtflow.execution.local import LocalExecutor
 
-    return LocalExecutor(store.root, options.kill_grace)
+    return LocalExecutor(store.root, options.kill_grace, server_log=store.root / "logs" / run_id / "fork-server.log")
 
 
 def _last_progress(path: Path) -> tuple[float | None, str]:

@@ -50,6 +50,8 @@ def collect_garbage(store: Store, keep_days: float = 0.0, dry_run: bool = False,
     report = GcReport(dry_run=dry_run)
     if not store.root.exists():
         return report
+    if not dry_run:
+        store.ensure()  # migrates an older store first: its refs become roots in today's form
     store.check_format()
     with StoreLock(store.root).held(EXCLUSIVE, "trtflow gc" + (" --dry-run" if dry_run else ""), wait_s, on_wait):
         try:
@@ -92,6 +94,8 @@ def _collect(store: Store, keep_days: float, dry_run: bool, report: GcReport) ->
         key = path.stem
         if key in roots and manifest is not None:
             report.kept_results += 1
+            if manifest.get("run_id"):
+                keep_runs.add(str(manifest["run_id"]))  # the logs of the run that built a kept result
             live_digests.update(o.get("digest", "") for o in manifest.get("outputs", {}).values())
         else:
             doomed.append((path, manifest))
@@ -134,6 +138,8 @@ def _collect(store: Store, keep_days: float, dry_run: bool, report: GcReport) ->
     latest_journal_runs = _latest_run_per_recipe(store)
     for log_dir in _children(store.root / "logs"):
         run_id = log_dir.name
+        if not log_dir.is_dir():
+            continue
         if run_id in keep_runs or run_id in latest_journal_runs or _run_started(run_id) >= keep_since:
             continue
         report.removals.append(Removal("log", "-", run_id, _tree_size(log_dir), _age(log_dir, now),
