@@ -74,3 +74,24 @@ def test_a_directory_remote_that_cannot_be_written_is_named(tmp_path: Path) -> N
 def test_bad_remote_urls_are_usage_errors(url: str, message: str) -> None:
     with pytest.raises(UsageError, match=message):
         RemoteCache(url)
+
+
+def test_missing_credentials_are_reported_with_what_to_set(s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role to find here
+    with pytest.raises(RemoteError, match=f"no usable AWS credentials for s3://{s3_bucket}/p") as err:
+        RemoteCache(f"s3://{s3_bucket}/p").get_manifest("0" * 32)
+    assert "AWS_PROFILE" in str(err.value)
+
+
+def test_credentials_come_from_the_shared_credentials_file(s3_bucket: str, monkeypatch: pytest.MonkeyPatch,
+                                                           tmp_path: Path) -> None:
+    credentials = tmp_path / "credentials"
+    credentials.write_text("[ci]\naws_access_key_id = fromfile\naws_secret_access_key = fromfile\n")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_PROFILE", "ci")
+    assert RemoteCache(f"s3://{s3_bucket}/p").get_manifest("0" * 32) is None

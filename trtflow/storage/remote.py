@@ -410,11 +410,13 @@ class RemoteCache:
         try:
             info = json.loads(raw)
             version, hash_name = info["format"], info["hash"]
+            if not isinstance(version, int) or isinstance(version, bool):
+                raise TypeError(version)
         except (ValueError, TypeError, KeyError):
             raise RemoteError(f"{self.url} has an unreadable {FORMAT_FILE}: not a trtflow remote cache",
                               hint="point --remote / TRTFLOW_REMOTE at a trtflow cache or at an empty "
                                    "location") from None
-        if not isinstance(version, int) or version > REMOTE_FORMAT:
+        if version > REMOTE_FORMAT:
             raise RemoteError(f"{self.url} is a trtflow remote cache of format {version}, newer than this "
                               f"trtflow reads (up to {REMOTE_FORMAT})",
                               hint="upgrade trtflow on this machine, or use another remote")
