@@ -137,7 +137,7 @@ def measure(size_mb: int, work: Path, remotes: dict[str, Remote], repeat: int) -
             consumer.ensure()
             samples.setdefault(f"{kind} push", []).append(timed(cache.push, key, producer))
             samples.setdefault(f"{kind} pull", []).append(timed(pull_node, cache, key, consumer))
-            assert consumer.complete(manifest) and consumer.read_manifest(key) == manifest
+            assert consumer.intact(manifest) and consumer.read_manifest(key) == manifest
             shutil.rmtree(consumer.root)
             remote.remove(url)  # moto keeps objects in memory: one copy at a time
     shutil.rmtree(producer.root)

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from tests.storage.conftest import commit_node, make_store, node_key, raw_remote
+from trtflow.errors import TrtflowError
 from trtflow.fingerprint import hash_file_content
-from trtflow.storage.maintenance import verify_store
 from trtflow.storage.remote import REMOTE_FORMAT, RemoteCache, RemoteCorrupt, RemoteError
 from trtflow.storage.store import Store
+from trtflow.storage.verify import verify_store
 
 
 def object_path(digest: str) -> str:
@@ -80,7 +81,7 @@ def test_objects_the_store_already_has_are_not_pulled_again(remote: RemoteCache,
     remote.pull(remote.get_manifest(first), consumer)
     second_manifest = remote.get_manifest(second)
     remote.pull(second_manifest, consumer)
-    assert consumer.complete(second_manifest)
+    assert consumer.intact(second_manifest)
     assert verify_store(consumer).problems == []
 
 
@@ -298,3 +299,35 @@ def test_a_node_the_store_already_has_is_kept_as_it_is(remote: RemoteCache, prod
     local = commit_node(consumer, key, {"engine": b"local build"}, tmp_path)
     assert remote.pull(remote.get_manifest(key), consumer) == local
     assert consumer.read_manifest(key) == local
+
+
+def test_a_damaged_local_object_is_never_pushed(remote_url: str, remote: RemoteCache, producer: Store,
+                                                tmp_path: Path) -> None:
+    key = node_key("rotten")
+    committed = commit_node(producer, key, {"engine": b"good bytes"}, tmp_path)
+    damaged = producer.object_path(committed["outputs"]["engine"]["digest"])
+    damaged.chmod(0o644)
+    damaged.write_bytes(b"bad bytes!")  # same size, other content
+    with pytest.raises(TrtflowError, match=r"outputs \['engine'\] are missing or damaged"):
+        remote.push(key, producer)
+    assert remote.get_manifest(key) is None
+    assert not raw_remote(remote_url).exists(object_path(committed["outputs"]["engine"]["digest"]))
+
+
+def test_pulled_objects_are_recorded_in_the_stat_cache(remote: RemoteCache, producer: Store, consumer: Store,
+                                                       tmp_path: Path) -> None:
+    """The store's stat cache (the journal) then vouches for them: the next run does not re-hash them."""
+    from trtflow.storage.journal import Journal
+
+    key = node_key("stat cache")
+    committed = commit_node(producer, key, {"engine": b"e" * 10_000}, tmp_path)
+    remote.push(key, producer)
+    journal = Journal(consumer.db_path)
+    try:
+        remote.pull(remote.get_manifest(key), consumer, journal)
+        out = committed["outputs"]["engine"]
+        path = consumer.object_path(out["digest"])
+        st = path.stat()
+        assert journal.get(str(path), st.st_size, st.st_mtime_ns, st.st_ino) == out["digest"]
+    finally:
+        journal.close()

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.storage.conftest import commit_node, make_store, node_key, raw_remote
-from trtflow.storage.maintenance import verify_store
 from trtflow.storage.remote import RemoteCache
 from trtflow.storage.store import Store
+from trtflow.storage.verify import verify_store
 
 BUILDERS = 4
 

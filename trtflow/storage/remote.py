@@ -36,8 +36,9 @@ from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
 from trtflow.errors import EXIT_ENVIRONMENT, TrtflowError, UsageError
-from trtflow.fingerprint import hash_file_content
-from trtflow.fsutil import atomic_write_text, fsync_dir
+from trtflow.fingerprint import StatCache, hash_file_content
+from trtflow.fsutil import fsync_dir
+from trtflow.storage.store import FORMAT as STORE_FORMAT
 from trtflow.storage.store import READ_ONLY, Store
 
 log = logging.getLogger("trtflow.remote")
@@ -347,6 +348,9 @@ def _manifest_problem(key: str, manifest: Any) -> str | None:
         return "not a JSON object"
     if manifest.get("key", key) != key:
         return f"it belongs to key {manifest.get('key')!r}"
+    written_as = manifest.get("format", 1)
+    if not isinstance(written_as, int) or isinstance(written_as, bool) or written_as > STORE_FORMAT:
+        return f"it has manifest format {written_as!r}, newer than this trtflow's stores ({STORE_FORMAT})"
     outputs = manifest.get("outputs")
     if not isinstance(outputs, dict):
         return "it has no outputs"
@@ -458,12 +462,14 @@ class RemoteCache:
         return manifest
 
     # ----- pull
-    def pull(self, manifest: Mapping[str, Any], store: Store) -> dict[str, Any]:
+    def pull(self, manifest: Mapping[str, Any], store: Store, stat_cache: StatCache | None = None) -> dict[str, Any]:
         """Copy a node's outputs into ``store``, each verified by size and digest, then its manifest; return the
         manifest now in the store.
 
-        A node the store already has complete is left as it is (its manifest is returned). Objects the store
-        already has (with their recorded size, the store's own rule) are not copied. Raises
+        A node the store already has intact is left as it is (its manifest is returned); objects the store already
+        has intact are not copied (``stat_cache``: the store's, to skip re-hashing unchanged objects; pulled objects
+        are recorded in it). Call it while holding the store lock shared, as a run does, so gc cannot collect the
+        objects before the manifest names them. Raises
         RemoteCorrupt, naming the object, if one is missing or does not match; the store is left without
         the node's manifest then, and a corrupt object is removed from the remote.
         """
@@ -475,19 +481,22 @@ class RemoteCache:
         if problem:
             raise RemoteCorrupt(f"the remote manifest of node {key} at {self.url} is unusable: {problem}")
         local = store.read_manifest(key)
-        if local is not None and not _manifest_problem(key, local) and store.complete(local):
+        if local is not None and not _manifest_problem(key, local) and store.intact(local, stat_cache):
             return local  # built or pulled here meanwhile: keep what the store's refs may already point at
         self.check()
         copied = nbytes = present = 0
         for name, out in _unique_outputs(manifest):
-            target = store.object_path(out["digest"])
-            if _has_size(target, out["size"]):
+            if store.object_intact(out["digest"], out["size"], stat_cache):
                 present += 1
                 continue
+            target = store.object_path(out["digest"])
             self._pull_object(key, name, out, target)
+            if stat_cache is not None:
+                st = target.stat()
+                stat_cache.put(str(target), st.st_size, st.st_mtime_ns, st.st_ino, out["digest"])
             copied += 1
             nbytes += out["size"]
-        atomic_write_text(store.manifest_path(key), json.dumps(dict(manifest), indent=1, sort_keys=True))
+        store.write_manifest(key, manifest)
         log.info("pulled node %s from %s: %d objects (%d bytes), %d already here", key, self.url, copied, nbytes,
                  present)
         return dict(manifest)
@@ -536,8 +545,10 @@ class RemoteCache:
             log.warning("could not remove the corrupt object %s from %s: %s", path, self.url, exc)
 
     # ----- push
-    def push(self, key: str, store: Store) -> Transfer:
+    def push(self, key: str, store: Store, stat_cache: StatCache | None = None) -> Transfer:
         """Upload a committed node: its objects (put-if-absent), then its manifest (put-if-absent).
+
+        The local objects are checked first (``stat_cache`` as for ``pull``): a damaged store never spreads.
 
         A remote object of the wrong size is replaced. A remote manifest already there is kept if it is usable
         and its objects are all present; otherwise ours replaces it.
@@ -551,9 +562,11 @@ class RemoteCache:
             raise TrtflowError(f"cannot push node {key}: the local store {store.root} has no readable manifest "
                                "for it", hint="push only committed nodes; `trtflow verify` checks the store") from None
         problem = _manifest_problem(key, manifest)
-        if problem or not store.complete(manifest):
-            raise TrtflowError(f"cannot push node {key}: its local manifest is unusable or its objects are "
-                               f"missing ({problem or 'incomplete'})", hint="`trtflow verify --fix` repairs the store")
+        damaged = [] if problem else store.damaged_outputs(manifest, stat_cache)
+        if problem or damaged:
+            raise TrtflowError(f"cannot push node {key}: " + (f"its local manifest is unusable: {problem}" if problem
+                               else f"its outputs {damaged} are missing or damaged in {store.root}"),
+                               hint="`trtflow verify --fix` repairs the store; the next run rebuilds the node")
         self._ensure_format_written()
         uploaded = nbytes = present = 0
         for _, out in _unique_outputs(manifest):
@@ -597,10 +610,3 @@ def _unique_outputs(manifest: Mapping[str, Any]) -> list[tuple[str, Mapping[str,
     for name, out in manifest["outputs"].items():
         seen.setdefault(out["digest"], (name, out))
     return list(seen.values())
-
-
-def _has_size(path: Path, size: int) -> bool:
-    try:
-        return path.stat().st_size == size
-    except OSError:
-        return False
