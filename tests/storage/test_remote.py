@@ -331,3 +331,23 @@ def test_pulled_objects_are_recorded_in_the_stat_cache(remote: RemoteCache, prod
         assert journal.get(str(path), st.st_size, st.st_mtime_ns, st.st_ino) == out["digest"]
     finally:
         journal.close()
+
+
+def test_outputs_uploaded_by_a_storeless_worker_are_collected_into_a_store(remote: RemoteCache, consumer: Store,
+                                                                           tmp_path: Path) -> None:
+    """The Ray executor's path: a worker uploads what it wrote; the driver collects the verified objects."""
+    out_dir = tmp_path / "worker-scratch" / "out"
+    out_dir.mkdir(parents=True)
+    (out_dir / "model.engine").write_bytes(b"engine" * 1000)
+    (out_dir / "engine.json").write_text('{"provenance": 1}')
+    spec = {"engine": ("model.engine", "engine"), "provenance": ("engine.json", "json"),
+            "timing": ("timing.cache", "timing_cache")}  # an optional output the stage did not write
+    stored = remote.upload_outputs(out_dir, spec)
+    assert set(stored) == {"engine", "provenance"}
+    assert stored["engine"]["digest"] == hash_file_content(out_dir / "model.engine")
+
+    transfer = remote.pull_objects(stored, consumer, node="build")
+    assert (transfer.objects, transfer.present) == (2, 0)
+    for name, out in stored.items():
+        assert consumer.object_path(out["digest"]).read_bytes() == (out_dir / spec[name][0]).read_bytes()
+    assert remote.pull_objects(stored, consumer, node="build").present == 2

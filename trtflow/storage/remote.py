@@ -342,11 +342,11 @@ def _manifest_path(key: str) -> str:
     return f"nodes/{key[:2]}/{key}.json"
 
 
-def _manifest_problem(key: str, manifest: Any) -> str | None:
-    """Why a manifest cannot be used for ``key`` (None: it can)."""
+def _manifest_problem(key: str | None, manifest: Any) -> str | None:
+    """Why a manifest cannot be used for ``key`` (None: it can; key None: only its outputs are checked)."""
     if not isinstance(manifest, dict):
         return "not a JSON object"
-    if manifest.get("key", key) != key:
+    if key is not None and manifest.get("key", key) != key:
         return f"it belongs to key {manifest.get('key')!r}"
     written_as = manifest.get("format", 1)
     if not isinstance(written_as, int) or isinstance(written_as, bool) or written_as > STORE_FORMAT:
@@ -483,23 +483,34 @@ class RemoteCache:
         local = store.read_manifest(key)
         if local is not None and not _manifest_problem(key, local) and store.intact(local, stat_cache):
             return local  # built or pulled here meanwhile: keep what the store's refs may already point at
+        transfer = self.pull_objects(manifest["outputs"], store, stat_cache, node=key)
+        store.write_manifest(key, manifest)
+        log.info("pulled node %s from %s: %d objects (%d bytes), %d already here", key, self.url, transfer.objects,
+                 transfer.bytes, transfer.present)
+        return dict(manifest)
+
+    def pull_objects(self, outputs: Mapping[str, Any], store: Store, stat_cache: StatCache | None = None, *,
+                     node: str = "?") -> Transfer:
+        """Copy the objects of ``outputs`` (name -> {digest, size, filename, kind}) into ``store``, verified; no
+        manifest. For an executor whose workers fetch their inputs, or whose driver collects outputs that a worker
+        uploaded with ``upload_outputs``. ``node`` names the node in errors. Raises RemoteCorrupt as ``pull``."""
+        problem = _manifest_problem(None, {"outputs": outputs})
+        if problem:
+            raise RemoteCorrupt(f"the outputs of node {node} are unusable: {problem}")
         self.check()
         copied = nbytes = present = 0
-        for name, out in _unique_outputs(manifest):
+        for name, out in _unique_outputs(outputs):
             if store.object_intact(out["digest"], out["size"], stat_cache):
                 present += 1
                 continue
             target = store.object_path(out["digest"])
-            self._pull_object(key, name, out, target)
+            self._pull_object(node, name, out, target)
             if stat_cache is not None:
                 st = target.stat()
                 stat_cache.put(str(target), st.st_size, st.st_mtime_ns, st.st_ino, out["digest"])
             copied += 1
             nbytes += out["size"]
-        store.write_manifest(key, manifest)
-        log.info("pulled node %s from %s: %d objects (%d bytes), %d already here", key, self.url, copied, nbytes,
-                 present)
-        return dict(manifest)
+        return Transfer(objects=copied, bytes=nbytes, present=present)
 
     def _pull_object(self, key: str, name: str, out: Mapping[str, Any], target: Path) -> None:
         digest, size = out["digest"], out["size"]
@@ -569,24 +580,12 @@ class RemoteCache:
                                hint="`trtflow verify --fix` repairs the store; the next run rebuilds the node")
         self._ensure_format_written()
         uploaded = nbytes = present = 0
-        for _, out in _unique_outputs(manifest):
-            path, local = _object_path(out["digest"]), store.object_path(out["digest"])
-            remote_size = self._backend.size(path)
-            if remote_size == out["size"]:
+        for _, out in _unique_outputs(manifest["outputs"]):
+            if self._upload_object(out["digest"], out["size"], store.object_path(out["digest"])):
+                uploaded += 1
+                nbytes += out["size"]
+            else:
                 present += 1
-                continue
-            if remote_size is None:
-                if self._backend.create(path, local):
-                    uploaded += 1
-                    nbytes += out["size"]
-                else:
-                    present += 1  # pushed by someone else meanwhile: same name, same content
-                continue
-            log.warning("replacing remote object %s at %s: %d bytes instead of %d", out["digest"], self.url,
-                        remote_size, out["size"])
-            self._backend.replace(path, local)
-            uploaded += 1
-            nbytes += out["size"]
         written = self._backend.create(_manifest_path(key), raw)
         if not written and not self._remote_node_usable(key):
             log.warning("replacing the unusable remote manifest of %s at %s", key, self.url)
@@ -596,17 +595,45 @@ class RemoteCache:
                  present)
         return Transfer(objects=uploaded, bytes=nbytes, present=present, manifest_written=written)
 
+    def upload_outputs(self, out_dir: Path, outputs: Mapping[str, tuple[str, str]]) -> dict[str, dict[str, Any]]:
+        """Upload the files a node wrote (``outputs``: name -> (filename, kind), as for ``Store.commit``) as objects,
+        put-if-absent; return their manifest entries (name -> {digest, size, filename, kind}). Outputs whose file
+        is absent (optional ones) are left out. For an executor whose workers keep no store: the driver then pulls
+        the objects (``pull_objects``) and commits the manifest."""
+        self._ensure_format_written()
+        stored: dict[str, dict[str, Any]] = {}
+        for name, (filename, kind) in outputs.items():
+            path = out_dir / filename
+            if not path.exists():
+                continue
+            digest, size = hash_file_content(path), path.stat().st_size
+            self._upload_object(digest, size, path)
+            stored[name] = {"digest": digest, "size": size, "filename": filename, "kind": kind}
+        return stored
+
+    def _upload_object(self, digest: str, size: int, local: Path) -> bool:
+        """Put one object if the remote lacks it (or has it with another size); True if this call uploaded it."""
+        path = _object_path(digest)
+        remote_size = self._backend.size(path)
+        if remote_size == size:
+            return False
+        if remote_size is None:
+            return self._backend.create(path, local)  # False: pushed by someone else meanwhile, same content
+        log.warning("replacing remote object %s at %s: %d bytes instead of %d", digest, self.url, remote_size, size)
+        self._backend.replace(path, local)
+        return True
+
     def _remote_node_usable(self, key: str) -> bool:
         manifest = self.get_manifest(key)
         if manifest is None:
             return False
         return all(self._backend.size(_object_path(out["digest"])) == out["size"]
-                   for _, out in _unique_outputs(manifest))
+                   for _, out in _unique_outputs(manifest["outputs"]))
 
 
-def _unique_outputs(manifest: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+def _unique_outputs(outputs: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
     """(name, output) per distinct digest: two outputs with one content are one object."""
     seen: dict[str, tuple[str, Mapping[str, Any]]] = {}
-    for name, out in manifest["outputs"].items():
+    for name, out in outputs.items():
         seen.setdefault(out["digest"], (name, out))
     return list(seen.values())
