@@ -12,7 +12,15 @@ from typing import Annotated, Any
 import typer
 
 from trtflow import __version__
-from trtflow.errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STORE, TrtflowError, UsageError
+from trtflow.errors import (
+    EXIT_ENVIRONMENT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_STORE,
+    StoreError,
+    TrtflowError,
+    UsageError,
+)
 
 app = typer.Typer(
     name="trtflow",
@@ -253,7 +261,11 @@ def show(
         manifest = step.manifest
         if manifest is None and current.get(name):
             manifest = st.read_manifest(current[name])
-        last = journal.last_node_run(name, pipeline.identity.id) if journal else None
+        try:
+            last = journal.last_node_run(name, pipeline.identity.id) if journal else None
+        except StoreError as exc:  # the journal is history: show what the store knows, and say what is missing
+            _console(stderr=True).print(f"warning: no run history: {exc.message}", markup=False)
+            journal, last = None, None
         infos.append({
             "node": name, "stage": step.node.stage, "status": step.status, "reason": step.reason, "key": step.key,
             "params": step.node.params, "matrix": step.node.matrix,
