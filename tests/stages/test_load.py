@@ -6,6 +6,7 @@ event, so that the queue's contents are known exactly when the batcher decides; 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -149,7 +150,7 @@ def test_closed_loop_keeps_n_in_flight_and_each_client_waits_for_its_reply():
     assert sorted(by_client) == [0, 1, 2]
     for requests in by_client.values():
         requests.sort(key=lambda r: r.arrival_ns)
-        for before, after in zip(requests, requests[1:], strict=False):
+        for before, after in itertools.pairwise(requests):
             assert after.arrival_ns >= before.done_ns  # the next request only after the reply
     summary = _load.summarize_run(run)
     assert summary["concurrency"] == 3 and summary["request_samples"] == 2 and summary["throughput_qps"] > 0
@@ -184,7 +185,7 @@ def test_open_loop_latency_counts_the_queue_from_the_arrival():
 def test_poisson_arrivals_have_the_requested_rate():
     arrivals = _load.poisson_arrivals(1000.0, 0, 20 * 10**9, seed=7)
     assert abs(len(arrivals) / 20.0 - 1000.0) < 30  # 20000 expected, sd ~141
-    gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
     mean = sum(gaps) / len(gaps)
     share_above_mean = sum(1 for g in gaps if g > mean) / len(gaps)
     assert abs(share_above_mean - 0.3679) < 0.02  # exponential gaps: P(gap > mean) = 1/e
