@@ -404,6 +404,24 @@ def highest_rate_meeting_budget(points: Sequence[Mapping[str, Any]]) -> dict[str
     return max(meeting, key=lambda p: p["arrival_rate_qps"]) if meeting else None
 
 
+def next_rate_to_try(points: Sequence[Mapping[str, Any]], tolerance: float = 0.05) -> float | None:
+    """The arrival rate to probe next when searching for the highest rate that meets the budget, from the points
+    measured so far: double the best passing rate until one misses, halve the lowest rate while none passes, then
+    bisect between the best pass and the lowest miss above it; None once those are within ``tolerance``."""
+    if not points:
+        raise ValueError("a rate search starts from at least one measured rate")
+    passing = [p["arrival_rate_qps"] for p in points if p.get("meets_budget")]
+    failing = [p["arrival_rate_qps"] for p in points if not p.get("meets_budget")]
+    if not passing:
+        return min(failing) / 2
+    best = max(passing)
+    above = [rate for rate in failing if rate > best]
+    if not above:
+        return best * 2
+    low_miss = min(above)
+    return None if low_miss <= best * (1 + tolerance) else (best + low_miss) / 2
+
+
 def merge_runs(runs: Sequence[LoadRun]) -> LoadRun:
     """One record of several replicas (one per GPU) run at the same time: their requests together, over the
     window they all covered."""

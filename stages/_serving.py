@@ -24,6 +24,7 @@ from ._load import (
     Server,
     highest_rate_meeting_budget,
     merge_runs,
+    next_rate_to_try,
     run_level,
     summarize_run,
     warm_up,
@@ -172,10 +173,14 @@ def measure_load(ctx: StageContext, params: Params, backend: str, device: str, m
                 _serving(spec, where, streams, batching, warm_sizes, timer_factory) as (serve, used):
             settings = settings or dict(used)
             warnings += _cpu_warnings(used, streams, device)
-            group = []
-            for level in levels:
+            group: list[dict[str, Any]] = []
+            searched = 0
+            queue = list(levels)
+            while queue:
+                level = queue.pop(0)
                 what = (f"concurrency {int(level.value)}" if level.mode == "closed"
                         else f"{level.value:g} requests/s")
+                total = max(total, done + 1 + len(queue))
                 ctx.progress(0.5 + 0.5 * done / total, f"load: {what}, {streams} stream(s), {gpus} GPU(s)")
                 summary = summarize_run(serve(level), params.latency_budget_ms)
                 done += 1
@@ -185,6 +190,7 @@ def measure_load(ctx: StageContext, params: Params, backend: str, device: str, m
                                  summary["throughput_qps"], summary["latency_ms"]["p50"], summary["latency_ms"]["p99"])
                 else:
                     entry = _open_entry(summary, level.value, streams, gpus)
+                    entry["searched"] = searched > 0
                     group.append(entry)
                     open_loop.append(entry)
                     ctx.log.info("open loop %g/s: %.1f samples/s, p99 %.4g ms, mean batch %.2f", level.value,
@@ -193,6 +199,12 @@ def measure_load(ctx: StageContext, params: Params, backend: str, device: str, m
                     warnings.append({"flag": "generator-behind", "message": f"{what}: {summary['delayed_sends']} "
                                      "requests were sent more than 1 ms late (the host was too busy); their latency "
                                      "still counts from the intended time"})
+                if not queue and group and searched < params.rate_search_probes:
+                    rate = next_rate_to_try(group)
+                    if rate is not None:
+                        searched += 1
+                        queue.append(Level("open", rate, 1, params.load_warmup_s, params.load_duration_s,
+                                           params.seed))
             if params.latency_budget_ms is not None and group:
                 top = highest_rate_meeting_budget(group)
                 best.append({"streams": streams, "gpus": gpus, "latency_budget_ms": params.latency_budget_ms,

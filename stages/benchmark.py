@@ -141,6 +141,11 @@ class Params(StageParams):
         None, gt=0, description="Open-loop p99 latency budget: requests over it are counted late, and the "
         "highest arrival rate whose p99 meets it is reported.",
     )
+    rate_search_probes: int = Field(
+        0, ge=0, le=20, description="With latency_budget_ms and arrival_rate_qps: this many more open-loop levels "
+        "searching for the highest rate whose p99 meets the budget (doubling the best listed rate until one "
+        "misses, then bisecting).",
+    )
     load_duration_s: float = Field(3.0, gt=0, description="Measured time per load level.")
     load_warmup_s: float = Field(0.5, ge=0, description="Unmeasured time at the start of each load level.")
     gpus: Literal["all"] | int = Field(
@@ -231,6 +236,9 @@ class Params(StageParams):
         if (self.dynamic_batching or self.latency_budget_ms) and not self.has_load:
             raise ValueError("dynamic_batching and latency_budget_ms apply to serving load: give concurrency "
                              "or arrival_rate_qps")
+        if self.rate_search_probes and not (self.latency_budget_ms and self.arrival_rate_qps):
+            raise ValueError("rate_search_probes needs latency_budget_ms and at least one arrival_rate_qps to "
+                             "start from")
         if self.dynamic_batching and self.request_size and self.request_size > self.dynamic_batching.max_batch_size:
             raise ValueError(f"request_size {self.request_size} exceeds dynamic_batching.max_batch_size "
                              f"{self.dynamic_batching.max_batch_size}")

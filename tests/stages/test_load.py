@@ -252,3 +252,22 @@ def test_dynamic_batching_params_are_checked():
     assert DynamicBatching(max_batch_size=8, preferred_batch_sizes=[8, 4, 4]).preferred_batch_sizes == [4, 8]
     with pytest.raises(ValueError, match="exceed max_batch_size"):
         DynamicBatching(max_batch_size=4, preferred_batch_sizes=[8])
+
+
+def test_rate_search_doubles_halves_then_bisects():
+    def point(rate: float, meets: bool) -> dict:
+        return {"arrival_rate_qps": rate, "meets_budget": meets}
+
+    assert _load.next_rate_to_try([point(100, True)]) == 200
+    assert _load.next_rate_to_try([point(100, False)]) == 50
+    assert _load.next_rate_to_try([point(100, True), point(200, False)]) == 150
+    assert _load.next_rate_to_try([point(100, True), point(104, False)]) is None  # within 5%: done
+    # a noisy miss below the best pass is not the bound: the lowest miss above it is
+    assert _load.next_rate_to_try([point(80, False), point(100, True), point(400, False)]) == 250
+
+    capacity = 1234.0  # a server that meets the budget up to this rate
+    tried = [point(100, True)]
+    while (rate := _load.next_rate_to_try(tried)) is not None and len(tried) < 20:
+        tried.append(point(rate, rate <= capacity))
+    best = _load.highest_rate_meeting_budget(tried)["arrival_rate_qps"]
+    assert capacity / 1.05 <= best <= capacity and len(tried) <= 10
