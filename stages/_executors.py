@@ -135,9 +135,8 @@ class TorchExecutor(Executor):
         self._torch = torch
         self._min_batch = spec.min_batch
         self._device = torch.device("cuda", 0) if spec.device == "cuda" else torch.device("cpu")
-        with torch.inference_mode():
-            self._module = factory().to(self._device).eval()
-            self._inputs = [torch.from_numpy(array).to(self._device) for array in spec.feed.values()]
+        self._module = factory().to(self._device).eval()
+        self._inputs = [torch.from_numpy(array).to(self._device) for array in spec.feed.values()]
         if spec.device == "cuda":
             torch.cuda.synchronize(self._device)
         self.settings = {

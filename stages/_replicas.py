@@ -17,7 +17,7 @@ from typing import Any
 from trtflow.stage import StageFailed
 
 from ._executors import ExecutorSpec, open_executor
-from ._load import DynamicBatching, Level, LoadRun, Server, run_level, warm_up
+from ._load import DynamicBatching, Level, LoadRun, Server, run_level, steady_interpreter, warm_up
 
 START_TIMEOUT_S = 600.0  # loading a large model (and importing torch) on a busy host is slow
 
@@ -30,8 +30,8 @@ def _replica_main(spec: ExecutorSpec, device: str, instances: int, batching: Dyn
         with open_executor(spec) as executor:
             runs = executor.instances(instances)
             warm_up(runs, warm_sizes)
-            with Server(runs, batching) as server:
-                conn.send(("ready", executor.settings))
+            with steady_interpreter() as quiet, Server(runs, batching) as server:
+                conn.send(("ready", dict(executor.settings, **quiet)))
                 while (level := conn.recv()) is not None:
                     barrier.wait()
                     run = run_level(server, level)

@@ -26,6 +26,7 @@ from ._load import (
     merge_runs,
     next_rate_to_try,
     run_level,
+    steady_interpreter,
     summarize_run,
     warm_up,
 )
@@ -81,8 +82,8 @@ def _serving(spec: ExecutorSpec, devices: Sequence[str] | None, instances: int, 
         with open_executor(spec, timer_factory) as executor:
             runs = executor.instances(instances)
             warm_up(runs, warm_sizes)
-            with Server(runs, batching) as server:
-                yield (lambda level: run_level(server, level)), executor.settings
+            with steady_interpreter() as quiet, Server(runs, batching) as server:
+                yield (lambda level: run_level(server, level)), dict(executor.settings, **quiet)
         return
     from ._replicas import Replicas
 
@@ -94,7 +95,11 @@ def _serving(spec: ExecutorSpec, devices: Sequence[str] | None, instances: int, 
                                  level.request_samples, level.warmup_s, level.duration_s, level.seed + index)
                            for index in range(count)]
             timeout = 2 * (level.warmup_s + level.duration_s) + 120.0
-            return merge_runs(replicas.run(per_replica, timeout))
+            runs = replicas.run(per_replica, timeout)
+            per_gpu = [round(summarize_run(run)["throughput_qps"], 3) for run in runs]
+            merged = merge_runs(runs)
+            merged.settings["throughput_qps_per_gpu"] = per_gpu
+            return merged
 
         yield run, dict(replicas.settings[0], devices=list(devices))
 
@@ -107,7 +112,9 @@ def _closed_entry(summary: Mapping[str, Any], streams: int, gpus: int) -> dict[s
     if gpus > 1:
         entry["concurrency_per_gpu"] = per_gpu
     entry.update({key: summary[key] for key in ("requests", "requests_per_s", "request_samples", "queue_ms",
-                                                "mean_batch_size", "unfinished")})
+                                                "service_ms", "mean_batch_size", "unfinished")})
+    if "throughput_qps_per_gpu" in summary:
+        entry["throughput_qps_per_gpu"] = summary["throughput_qps_per_gpu"]
     entry["latency_ms"].update(mean=summary["latency_ms"]["mean"], max=summary["latency_ms"]["max"])
     return entry
 
@@ -151,7 +158,9 @@ def measure_load(ctx: StageContext, params: Params, backend: str, device: str, m
     if params.gpus != 1:
         devices = _visible_gpus(params.gpus)
         gpu_count = len(devices)
-    warm_sizes = sorted({1, closed_request, largest, *(batching.preferred_batch_sizes if batching else [])})
+    # the batcher forms any size up to its maximum: warm every one, or the first use of a size (a kernel loaded
+    # lazily, a shape-specific set-up) stalls a measured request
+    warm_sizes = list(range(1, largest + 1)) if batching else sorted({1, closed_request})
 
     plans: list[tuple[int, int, list[Level]]] = []  # (streams, gpus, levels)
     for streams in params.stream_counts:

@@ -51,7 +51,7 @@ from trtflow.stage import (
 )
 
 from ._data import DataSource, InputSpec, RandomData, data_files, load_arrays, onnx_input_specs
-from ._load import DynamicBatching
+from ._load import DynamicBatching, steady_interpreter
 from ._ort import OrtOptions
 from ._tensorrt import FLAVOURS as TRT_FLAVOURS
 
@@ -639,6 +639,9 @@ def _method(params: Params, backend: str, device: str, runs_on: str) -> dict[str
                       device_resident_io=device == "cuda" and not params.include_host_transfers)
     else:
         method.update(timing="CUDA events" if device == "cuda" else "host clock", device=device)
+    if backend not in TRT_FLAVOURS:
+        with steady_interpreter() as interpreter:  # what the timing loops ran under
+            method["interpreter"] = interpreter
     return method
 
 
@@ -697,7 +700,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         if not params.shapes:
             raise RecipeError("backend torch without an ONNX model needs shapes: {input name: shape}",
                               field="shapes")
-        specs = [InputSpec(name, params.input_dtypes.get(name, "float32"), tuple(shape))
+        # the module takes any batch: dimension 0 stays dynamic (for batch sweeps and dynamic batching)
+        specs = [InputSpec(name, params.input_dtypes.get(name, "float32"), (None, *shape[1:]))
                  for name, shape in params.shapes.items()]
     base_shapes = resolve_shapes(specs, params)
     torch_module = None
@@ -753,7 +757,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
                             call, how = _torch_call(torch_module, specs, feed, params.device), \
                                 f"torch {params.device}"
                         timing = cuda_event_timing if backend == "torch" and device == "cuda" else host_timing
-                        with ctx.native_step(backend, f"timing batch {batch_size}"):
+                        with ctx.native_step(backend, f"timing batch {batch_size}"), steady_interpreter():
                             latencies, wall_ms = timing(call, params.warmup_ms, params.min_iterations,
                                                         params.min_duration_s)
                         report = report_host_latencies(latencies, wall_ms, batch_size,

@@ -222,6 +222,7 @@ def test_summary_of_a_run_from_request_records():
     assert summary["latency_ms"]["p50"] == 7.0 and summary["latency_ms"]["max"] == 22.0
     assert summary["queue_ms"]["p99"] == 22.0  # the unfinished one queued until the cutoff
     assert summary["mean_batch_size"] == 2.0
+    assert summary["service_ms"] == {"p50": 1.0, "p99": 5.0, "max": 5.0}  # dispatch to done, of the finished
     assert summary["late_requests"] == 2 and summary["meets_budget"] is False
     assert summary["unfinished"] == 1 and summary["delayed_sends"] == 1 and summary["saturated"] is True
 
