@@ -21,7 +21,7 @@ import logging
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, redirect_stdout
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,23 +35,28 @@ _REDUCED_FLOATS = (10, 16)  # onnx.TensorProto.FLOAT16, BFLOAT16
 
 
 @contextmanager
-def quiet_stdout() -> Iterator[None]:
-    """Silence what libraries print to standard output (ModelOpt's and Polygraphy's logs) while they run."""
+def quiet_output() -> Iterator[None]:
+    """Silence what libraries print (ModelOpt's and Polygraphy's logs, progress bars) while they run; their
+    failures still arrive as exceptions."""
     import io
     import os
     import sys
 
-    sys.stdout.flush()
-    saved = os.dup(1)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
+    for fd in saved:
+        os.dup2(devnull, fd)
     try:
-        with redirect_stdout(io.StringIO()):
+        with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
             yield
     finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
         os.close(devnull)
 
 
@@ -236,7 +241,7 @@ class Evaluator:
         self.steps += 1
         work = self.workdir / f"step-{self.steps}"
         try:
-            with quiet_stdout():
+            with quiet_output():
                 result = run_stage(get_stage(self.target.stage), self.params_for(excluded),
                                    {"model": self.target.fp32_model}, workdir=work,
                                    recipe_dir=self.target.recipe_dir)
@@ -249,13 +254,16 @@ class Evaluator:
         from .validate import compare_outputs
 
         candidate = run_model(model, self.batches)
-        with quiet_stdout():
+        with quiet_output():
             report = compare_outputs(self.reference, candidate, self.target.validate.params_model)
         failures = [m for entry in report.values() for m in entry["failures"]]
         return Evaluation(tuple(excluded), not failures, report, failures)
 
+    def key(self, excluded: Sequence[str]) -> tuple[frozenset[str], str]:
+        return frozenset(excluded), json.dumps(self.extra_params, sort_keys=True)
+
     def __call__(self, excluded: Sequence[str]) -> Evaluation:
-        key = (frozenset(excluded), json.dumps(self.extra_params, sort_keys=True))
+        key = self.key(excluded)
         if key not in self.cache:
             evaluation = self.evaluate_model(self.model_for(excluded), excluded)
             self.cache[key] = evaluation
@@ -354,7 +362,7 @@ def layer_errors(reference: Path, candidate: Path, feed: Mapping[str, Any]) -> l
     relative error (||c - r|| / ||r||) of its output, the largest of its inputs', and what it added."""
     import numpy as np
 
-    with quiet_stdout():
+    with quiet_output():
         ref_model = _all_outputs(reference)
         ref_values = _run_all(ref_model, feed)
         cand_values = _run_all(_all_outputs(candidate), feed)
@@ -458,6 +466,7 @@ def find_nodes_to_keep(evaluator: Evaluator, lowered: Sequence[tuple[str, str]],
     """
     target = evaluator.target
     before = evaluator.evaluate_model(target.candidate_model)
+    evaluator.cache[evaluator.key([])] = before
     if before.passed:
         return DebugResult(target.producer.name, target.stage, before, None, [], [],
                            message="the candidate already passes its accuracy gate: nothing to change")
@@ -489,7 +498,7 @@ def find_nodes_to_keep(evaluator: Evaluator, lowered: Sequence[tuple[str, str]],
     def passes_types(types: list[str]) -> bool:
         return evaluator([n for n in names if op_of[n] in types]).passed
 
-    kept_types = minimize(passes_types, [], op_types, budget)
+    kept_types = minimize(passes_types, [], op_types, budget) if len(op_types) > 1 else op_types
     within = [n for n in names if op_of[n] in kept_types]
     kept = minimize(lambda chosen: evaluator(chosen).passed, [], within, budget)
     after = evaluator(kept)
