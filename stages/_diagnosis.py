@@ -124,7 +124,7 @@ def ort_run_repro(model: Path, feed: Mapping[str, Any], options: OrtOptions | No
 
 def onnxsim_repro(model: Path, test_shapes: Mapping[str, Sequence[int]] | None = None) -> str:
     """The onnxsim command line that simplifies ``model`` with the same check shapes."""
-    command = f"onnxsim {_q(model)} /tmp/simplified.onnx"
+    command = f"onnxsim {_q(model)} \"${{TMPDIR:-/tmp}}/simplified.onnx\""
     if test_shapes:
         command += " --test-input-shape " + " ".join(
             _q(f"{name}:{','.join(str(d) for d in shape)}") for name, shape in test_shapes.items())
@@ -135,7 +135,7 @@ def autocast_repro(model: Path, precision: str, calibration_data: Path | None = 
                    options: Mapping[str, Any] | None = None) -> str:
     """ModelOpt AutoCast's command line (``python -m modelopt.onnx.autocast``) for the same conversion."""
     parts = [shlex.quote(sys.executable), "-m modelopt.onnx.autocast", "--onnx_path", _q(model),
-             "--output_path /tmp/converted.onnx", "--low_precision_type", precision]
+             "--output_path \"${TMPDIR:-/tmp}/converted.onnx\"", "--low_precision_type", precision]
     if calibration_data is not None:
         parts += ["--calibration_data", _q(calibration_data)]
     parts += _cli_options(options)
@@ -146,7 +146,8 @@ def quantize_repro(model: Path, mode: str, method: str, calibration_data: Path |
                    options: Mapping[str, Any] | None = None) -> str:
     """ModelOpt's ONNX PTQ command line (``python -m modelopt.onnx.quantization``) for the same quantization."""
     parts = [shlex.quote(sys.executable), "-m modelopt.onnx.quantization", "--onnx_path", _q(model),
-             "--output_path /tmp/quantized.onnx", "--quantize_mode", mode, "--calibration_method", method]
+             "--output_path \"${TMPDIR:-/tmp}/quantized.onnx\"", "--quantize_mode", mode,
+             "--calibration_method", method]
     if calibration_data is not None:
         parts += ["--calibration_data_path", _q(calibration_data)]
     parts += _cli_options(options)
@@ -172,7 +173,7 @@ def trt_build_repro(model: Path, backend: str, profiles: Sequence[Any] = (), str
                     flags: Sequence[str] = ()) -> str:
     """Polygraphy's command line that parses and builds ``model`` with the same flavour, profiles and typing."""
     prefix = "POLYGRAPHY_USE_TENSORRT_RTX=1 " if backend == "tensorrt-rtx" else ""
-    parts = [f"{prefix}polygraphy convert {_q(model)} --convert-to trt -o /tmp/model.engine"]
+    parts = [f"{prefix}polygraphy convert {_q(model)} --convert-to trt -o \"${{TMPDIR:-/tmp}}/model.engine\""]
     if strongly_typed:
         parts.append("--strongly-typed")
     parts += [f"--{flag}" for flag in flags]
