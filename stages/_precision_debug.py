@@ -112,8 +112,9 @@ def resolve_target(recipe: str | Path, node_name: str, overrides: Sequence[str] 
                              "tolerances of one", hint="add a validate node with this node as its candidate")
         node = checks[0]
     if node.stage != "validate":
-        raise DebugError(f"{node_name!r} is a {node.stage} node; give a validate node (or the convert/quantize node "
-                         "it checks)", hint=f"validate nodes: {[n for n, v in nodes.items() if v.stage == 'validate']}")
+        raise DebugError(f"{node_name!r} runs the {node.stage} stage; give a validate node (or the convert/quantize "
+                         "node it checks)",
+                         hint=f"validate nodes: {[n for n, v in nodes.items() if v.stage == 'validate']}")
     producer_name = _producer_of(nodes, node)
     if producer_name is None or nodes[producer_name].stage not in DEBUGGABLE:
         stage = nodes[producer_name].stage if producer_name else "none"

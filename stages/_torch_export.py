@@ -180,7 +180,7 @@ def export_dynamo(model: Any, binding: Binding, tensors: Mapping[str, Any], targ
     args, kwargs = binding.call_arguments(tensors)
     program = torch.onnx.export(model, args, kwargs=kwargs or None, dynamo=True, input_names=binding.order,
                                 output_names=list(output_names), opset_version=opset,
-                                dynamic_shapes=dynamic_shapes, external_data=False)
+                                dynamic_shapes=dynamic_shapes)
     program.save(str(target))
     if any(identifier != name for identifier, name in renamed.items()):
         _rename_dims(target, renamed)
