@@ -904,4 +904,5 @@ stage = Stage(
     resources=_resources,
     environment=_environment,
     check=_check,
+    preload=("onnx", "numpy"),
 )

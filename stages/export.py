@@ -591,4 +591,5 @@ stage = Stage(
     outputs={"model": Output(ONNX, "model.onnx", "The exported ONNX model.")},
     environment=_environment,
     files=_files,
+    preload=("torch", "onnx", "onnxruntime"),
 )
