@@ -26,6 +26,7 @@ to the store's objects there), which the engine keeps when a node crashes. This 
 
 from __future__ import annotations
 
+import functools
 import logging
 import shlex
 import sys
@@ -433,15 +434,29 @@ def _available_memory() -> int | None:
 
 def ort_findings(model_path: Path, options: OrtOptions | None = None,
                  providers: Sequence[str] | None = None) -> list[Finding]:
-    """Known causes of ONNX Runtime failures on ``model_path`` (a few graph checks)."""
+    """Known causes of ONNX Runtime failures on ``model_path`` (a few graph checks, cached per file version)."""
     try:
-        model = _load(model_path)
-    except Exception as error:  # an unreadable model: ONNX Runtime says so itself
-        _LOG.info("cannot read %s for diagnosis: %s", model_path, error)
+        stat = Path(model_path).stat()
+    except OSError:
         return []
-    findings = dim_name_findings(model) + ort_optimizer_findings(model, options, providers)
-    del model
-    return findings + memory_findings(model_path, 3.0, "an ONNX Runtime session")
+    graph = _graph_findings(str(model_path), stat.st_mtime_ns, stat.st_size,
+                            options.model_dump_json() if options is not None else None,
+                            tuple(providers) if providers else None)
+    return [*graph, *memory_findings(model_path, 3.0, "an ONNX Runtime session")]
+
+
+@functools.lru_cache(maxsize=8)
+def _graph_findings(path: str, mtime_ns: int, size: int, options_json: str | None,
+                    providers: tuple[str, ...] | None) -> tuple[Finding, ...]:
+    from ._ort import OrtOptions
+
+    try:
+        model = _load(path)
+    except Exception as error:  # an unreadable model: ONNX Runtime says so itself
+        _LOG.info("cannot read %s for diagnosis: %s", path, error)
+        return ()
+    options = OrtOptions.model_validate_json(options_json) if options_json is not None else None
+    return (*dim_name_findings(model), *ort_optimizer_findings(model, options, providers))
 
 
 # ---------------------------------------------------------------------------------------------------------
