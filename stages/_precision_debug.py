@@ -252,12 +252,18 @@ class Evaluator:
         return result.outputs["model"]
 
     def evaluate_model(self, model: Path, excluded: Sequence[str] = ()) -> Evaluation:
-        from .validate import compare_outputs
+        """The validate node's verdict on ``model``: its output comparison and its task metric gates."""
+        from .validate import compare_outputs, evaluate_task_metric, load_user_function
 
+        params = self.target.validate.params_model
         candidate = run_model(model, self.batches)
         with quiet_output():
-            report = compare_outputs(self.reference, candidate, self.target.validate.params_model)
+            report = compare_outputs(self.reference, candidate, params)
         failures = [m for entry in report.values() for m in entry["failures"]]
+        if params.task_metric:
+            function = load_user_function(params.task_metric, _context(self.target, self.workdir).resolve,
+                                          "task metric")
+            failures += evaluate_task_metric(function, self.reference, candidate, params)[1]
         return Evaluation(tuple(excluded), not failures, report, failures)
 
     def key(self, excluded: Sequence[str]) -> tuple[frozenset[str], str]:
