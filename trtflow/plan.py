@@ -95,8 +95,10 @@ def key_parts(graph: Graph, node: ConcreteNode, output_digests: dict[tuple[str, 
     inputs: dict[str, str] = {}
     sources: dict[str, str] = {}
     for slot, refs in node.upstream.items():
+        many = stage.inputs[slot].many
         for i, ref in enumerate(refs):
-            label = slot if len(refs) == 1 else f"{slot}[{i}]"
+            # a many-slot's entries are keyed by their producer, so renaming a candidate re-runs the chooser
+            label = f"{slot}[{ref[0]}.{ref[1]}]" if many else slot if len(refs) == 1 else f"{slot}[{i}]"
             digest = output_digests.get(ref)
             if digest is None:
                 return None

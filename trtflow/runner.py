@@ -234,19 +234,37 @@ class Runner:
                 results[step.node.name] = res
                 self.hooks.on_node_end(res)
                 if res.status not in SUCCESS and not (res.status == SKIPPED and not self.options.require_gpu):
-                    if not self.options.keep_going:
+                    if not self.options.keep_going and not self._gate_failure_absorbed(res):
                         stop_submitting = True
 
     def _inputs_ready(self, step: Step, results: dict[str, NodeResult]) -> bool:
-        return all(results.get(u) is not None and results[u].status in SUCCESS
+        return all(results.get(u) is not None and self._usable(step.node, u, results[u])
                    for u in self.graph.upstream(step.node.name))
 
     def _failed_upstream(self, step: Step, results: dict[str, NodeResult]) -> str | None:
         for u in self.graph.upstream(step.node.name):
             r = results.get(u)
-            if r is not None and r.status not in SUCCESS:
+            if r is not None and not self._usable(step.node, u, r):
                 return u
         return None
+
+    def _gate_failure_absorbed(self, result: NodeResult) -> bool:
+        """A failed gate whose committed outputs only feed slots that accept them (candidates of a chooser)
+        does not stop a fail-fast run: the chooser still runs and reports the excluded candidate."""
+        consumers = self.graph.downstream(result.node)
+        return result.status == GATE_FAILED and bool(consumers) and all(
+            self._usable(self.graph.nodes[c], result.node, result) for c in consumers)
+
+    def _usable(self, consumer: Any, producer: str, result: NodeResult) -> bool:
+        """A producer's outputs may feed ``consumer``: it succeeded, or its gate failed on committed outputs and
+        every slot it feeds accepts that (a chooser excludes the candidate instead of being blocked)."""
+        if result.status in SUCCESS:
+            return True
+        if result.status != GATE_FAILED:
+            return False
+        specs = self.graph.stages[consumer.stage].inputs
+        feeds = [(slot, out) for slot, refs in consumer.upstream.items() for src, out in refs if src == producer]
+        return all(specs[slot].accept_gate_failed and (producer, out) in self._digests for slot, out in feeds)
 
     def _poll_progress(self) -> None:
         for node, path in list(self._progress_files.items()):
@@ -376,6 +394,7 @@ class Runner:
             "progress_file": str(scratch / "progress.jsonl"), "result_file": str(scratch / "result.json"),
             "parent_pid": os.getpid(),
             "previous_summary": self._previous_summary(node.name),
+            "input_sources": self._input_sources(node),
         }
         job_file = scratch / "job.json"
         job_file.write_text(json.dumps(job), encoding="utf-8")
@@ -453,38 +472,58 @@ class Runner:
         manifest = self.store.read_manifest(key) if key else None
         return (manifest or {}).get("summary") or None
 
-    def _link_inputs(self, node: Any, scratch: Path) -> dict[str, str]:
+    def _link_inputs(self, node: Any, scratch: Path) -> dict[str, str | list[str]]:
         """Hard-link each input into ``scratch/in/<slot>/``, with the source node's other outputs beside it.
 
         Siblings travel along so that companion files stay together: an ONNX model's external weights
-        (``model.onnx_data``) or an engine's provenance manifest (``engine.json``).
+        (``model.onnx_data``) or an engine's provenance manifest (``engine.json``). A many-slot gets a list:
+        each artifact in ``scratch/in/<slot>/<producer node>/``.
         """
-        inputs: dict[str, str] = {}
+        inputs: dict[str, str | list[str]] = {}
+        specs = self.graph.stages[node.stage].inputs
         for slot, refs in node.upstream.items():
-            src_node, out_name = refs[0]
-            stage = self.graph.stages[self.graph.nodes[src_node].stage]
-            folder = scratch / "in" / slot
-            folder.mkdir(parents=True, exist_ok=True)
-            for name, out in stage.outputs.items():
-                digest = self._digests.get((src_node, name))
-                if digest is None:
-                    continue
-                target = folder / out.filename
-                source = self.store.object_path(digest)
-                try:
-                    os.link(source, target)
-                except OSError:
-                    shutil.copyfile(source, target)
-                # A stage reads only inputs whose bytes are still those committed (an engine is never
-                # deserialised from a file that changed since its build).
-                actual = hash_file_content(target)
-                if actual != digest:
-                    raise TrtflowError(
-                        f"the stored output {src_node}.{name} ({source}) changed after it was committed "
-                        f"(content digest {actual}, recorded {digest}); it is not used",
-                        hint="run `trtflow verify --fix`, then run again: the damaged node is rebuilt")
-            inputs[slot] = str(folder / stage.outputs[out_name].filename)
+            if specs[slot].many:
+                inputs[slot] = [self._link_one(src, out, scratch / "in" / slot / src) for src, out in refs]
+            else:
+                inputs[slot] = self._link_one(*refs[0], scratch / "in" / slot)
         return inputs
+
+    def _input_sources(self, node: Any) -> dict[str, list[dict[str, Any]]]:
+        """Per slot, where each input came from: the producer's name, template, matrix and own inputs."""
+        sources: dict[str, list[dict[str, Any]]] = {}
+        for slot, refs in node.upstream.items():
+            sources[slot] = []
+            for src, _ in refs:
+                producer = self.graph.nodes[src]
+                sources[slot].append({
+                    "node": src, "template": producer.template, "matrix": producer.matrix,
+                    "inputs": {s: [n for n, _ in r] for s, r in producer.upstream.items()},
+                })
+        return sources
+
+    def _link_one(self, src_node: str, out_name: str, folder: Path) -> str:
+        stage = self.graph.stages[self.graph.nodes[src_node].stage]
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, out in stage.outputs.items():
+            digest = self._digests.get((src_node, name))
+            if digest is None:
+                continue
+            target = folder / out.filename
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source = self.store.object_path(digest)
+            try:
+                os.link(source, target)
+            except OSError:
+                shutil.copyfile(source, target)
+            # A stage reads only inputs whose bytes are still those committed (an engine is never
+            # deserialised from a file that changed since its build).
+            actual = hash_file_content(target)
+            if actual != digest:
+                raise TrtflowError(
+                    f"the stored output {src_node}.{name} ({source}) changed after it was committed "
+                    f"(content digest {actual}, recorded {digest}); it is not used",
+                    hint="run `trtflow verify --fix`, then run again: the damaged node is rebuilt")
+        return str(folder / stage.outputs[out_name].filename)
 
     def _finish(self, res: NodeResult, started: float) -> NodeResult:
         res.duration = time.time() - started

@@ -57,10 +57,12 @@ def main(job_file: str) -> int:
             outputs=stage.outputs, cache_dir=Path(job["cache_dir"]), facts=job["facts"], gpu=job.get("gpu"),
             allowed_roots=[Path(p) for p in job["allowed_roots"]], logger=log,
             progress_file=Path(job["progress_file"]), previous_summary=job.get("previous_summary"),
+            input_sources=job.get("input_sources"),
         )
         signal.signal(signal.SIGTERM, lambda *_: (ctx.cancel(), sys.exit(143)))
         log.info("stage %s %s starting; params %s", stage.name, stage.version, json.dumps(job["params"]))
-        inputs = {slot: Path(p) for slot, p in job["inputs"].items()}
+        inputs = {slot: [Path(each) for each in p] if isinstance(p, list) else Path(p)
+                  for slot, p in job["inputs"].items()}
         summary = stage.run(ctx, inputs, params) or {}
         result = {"status": "ok", "summary": dict(summary)}
     except StageSkipped as exc:

@@ -159,7 +159,8 @@ class Store:
                     continue
             except OSError:
                 pass
-            tmp = dest / f".{out['filename']}.tmp-{os.getpid()}"
+            target.parent.mkdir(parents=True, exist_ok=True)  # a filename may hold sub-folders (1/model.onnx)
+            tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
             try:
                 os.link(src, tmp)
             except OSError:
