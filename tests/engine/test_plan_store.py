@@ -167,16 +167,3 @@ def test_gc_keeps_latest_builds_only(tmp_path):
     assert result.manifests == 3 and result.objects >= 1
     assert len(list(store.iter_objects())) == before - result.objects
     assert all(s.status == "fresh" for s in plan_of(tmp_path, store, overrides=["nodes.a.params.value=bye"]).values())
-
-
-def test_html_report_draws_benchmark_latency():
-    from trtflow.report.formats import to_html
-
-    data = {
-        "recipe": "r", "run": {"id": "run1", "status": "ok", "started": 0.0},
-        "nodes": [{"node": "bench", "stage": "benchmark", "status": "done", "reason": "", "duration": 1.0,
-                   "log_path": None, "error": None, "key": "k",
-                   "summary": {"points": [{"batch_size": 4, "median_ms": 2.0, "p99_ms": 3.5}]}}],
-    }
-    page = to_html(data)
-    assert page.count("<rect") == 2 and "bench (batch 4)" in page and "2 / 3.5 ms" in page
