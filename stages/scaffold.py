@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
-from trtflow.stage import RecipeError, TrtflowError
+from trtflow.errors import RecipeError, TrtflowError  # not trtflow.stage: `trtflow --help` imports this module
 
 DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")

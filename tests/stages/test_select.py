@@ -179,3 +179,52 @@ def test_gather_refuses_one_candidate_and_mixed_kinds(tmp_path, tiny_mlp_onnx):
     mixed_sources = {"candidates": [*sources["candidates"], {"node": "build", "matrix": {}, "inputs": {}}]}
     with pytest.raises(RecipeError, match=r"mix ONNX models \(simplify, quantize\) and engines \(build\)"):
         gather(mixed, mixed_sources, Params())
+
+
+def _benchmark_file(folder: Path, batches: dict[int, float]) -> Path:
+    path = folder / "benchmark.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"backend": "onnxruntime", "device": "cpu", "points": [
+        {"batch_size": b, "report": {"latency_ms": {"p50": ms, "p99": ms * 2}, "throughput_qps": b / ms * 1e3,
+                                     "flags": []}} for b, ms in batches.items()]}))
+    return path
+
+
+def _run(tmp_path: Path, inputs: dict, sources: dict, params: dict):
+    from trtflow.stage import StageContext
+    from trtflow_stages.select import run, stage
+
+    ctx = StageContext("select", tmp_path / "scratch", tmp_path, stage.outputs, tmp_path / "cache",
+                       input_sources=sources)
+    return ctx, run(ctx, inputs, Params.model_validate(params))
+
+
+def test_run_writes_the_selection_and_the_winner(tmp_path, tiny_mlp_onnx):
+    inputs, sources = _files(tmp_path, tiny_mlp_onnx)
+    (tmp_path / "candidates" / "quantize" / "model.onnx_data").write_bytes(b"external weights")
+    inputs["benchmarks"], sources["benchmarks"] = [], []
+    for name, ms in (("simplify", 2.0), ("quantize", 1.0)):
+        inputs["benchmarks"].append(_benchmark_file(tmp_path / "benchmarks" / f"benchmark-{name}", {1: ms}))
+        sources["benchmarks"].append({"node": f"benchmark-{name}", "inputs": {"model": [name]}})
+    ctx, summary = _run(tmp_path, inputs, sources, {"baseline": "simplify"})
+    written = json.loads((ctx.out_dir / "selection.json").read_text())
+    assert written == summary and written["selected"] == "quantize"
+    assert written["artifact"] == {"candidate": "quantize", "kind": "onnx",
+                                   "files": ["model.onnx", "model.onnx_data"]}
+    assert (ctx.out_dir / "model.onnx_data").read_bytes() == b"external weights"
+    assert by_name(written)["quantize"]["speedup"] == pytest.approx(2.0)
+
+
+def test_run_wiring_errors(tmp_path, tiny_mlp_onnx):
+    inputs, sources = _files(tmp_path, tiny_mlp_onnx)
+    with pytest.raises(RecipeError, match="needs benchmark results but no benchmarks are wired"):
+        _run(tmp_path, inputs, sources, {})
+    inputs["benchmarks"] = [_benchmark_file(tmp_path / "b1", {1: 1.0}), _benchmark_file(tmp_path / "b2", {1: 1.0})]
+    sources["benchmarks"] = [{"node": "b1", "inputs": {"model": ["quantize"]}},
+                             {"node": "b2", "inputs": {"model": ["quantize"]}}]
+    with pytest.raises(RecipeError, match="candidate 'quantize' has two benchmarks: b1 and b2"):
+        _run(tmp_path, inputs, sources, {})
+    sources["benchmarks"][1]["inputs"] = {"model": ["simplify"]}
+    with pytest.raises(RecipeError, match="baseline 'simplfy' is not a candidate") as error:
+        _run(tmp_path, inputs, sources, {"baseline": "simplfy"})
+    assert "simplify" in (error.value.hint or "")
