@@ -83,3 +83,15 @@ def project_root(start: Path) -> Path | None:
         if (folder / ".git").exists() or (folder / "pyproject.toml").exists():
             return folder
     return None
+
+
+def project_root_of(recipe_path: Path) -> Path:
+    """The recipe's project: the nearest ancestor with .git or pyproject.toml, else the recipe's own folder."""
+    folder = Path(recipe_path).resolve().parent
+    return project_root(folder) or folder
+
+
+def recipe_id(recipe_path: Path) -> str:
+    """A recipe file's identity: its path relative to its project root, in POSIX form."""
+    path = Path(recipe_path).resolve()
+    return path.relative_to(project_root_of(path)).as_posix()

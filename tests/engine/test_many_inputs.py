@@ -13,7 +13,7 @@ import pytest
 
 from trtflow import api
 from trtflow.errors import RecipeError
-from trtflow.runner import RunOptions
+from trtflow.execution.results import RunOptions
 
 PLUGIN = Path(__file__).resolve().parent / "many_plugin"
 

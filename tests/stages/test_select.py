@@ -228,3 +228,27 @@ def test_run_wiring_errors(tmp_path, tiny_mlp_onnx):
     with pytest.raises(RecipeError, match="baseline 'simplfy' is not a candidate") as error:
         _run(tmp_path, inputs, sources, {"baseline": "simplfy"})
     assert "simplify" in (error.value.hint or "")
+
+
+def test_engine_candidates_bring_their_provenance(tmp_path):
+    inputs: dict = {"candidates": [], "benchmarks": []}
+    sources: dict = {"candidates": [], "benchmarks": []}
+    for name, ms in (("build-fp16-bs8", 2.0), ("build-int8-bs8", 1.5)):
+        folder = tmp_path / "candidates" / name
+        folder.mkdir(parents=True)
+        (folder / "model.engine").write_bytes(f"engine {name}".encode())
+        (folder / "engine.json").write_text(json.dumps({
+            "backend": "tensorrt", "builder": {"precision": "strongly-typed"},
+            "profiles": [{"name": "bs8", "shapes": {"input": {"min": [1, 4], "opt": [8, 4], "max": [8, 4]}}}]}))
+        inputs["candidates"].append(folder / "model.engine")
+        sources["candidates"].append({"node": name, "matrix": {"dtype": name.split("-")[1], "profile": "bs8"},
+                                      "inputs": {"model": ["quantize"]}})
+        inputs["benchmarks"].append(_benchmark_file(tmp_path / "benchmarks" / name, {8: ms}))
+        sources["benchmarks"].append({"node": f"benchmark-{name}", "inputs": {"model": [name]}})
+    ctx, summary = _run(tmp_path, inputs, sources, {"constraints": {"validation": "not_required"}})
+    rows = by_name(summary)
+    assert summary["selected"] == "build-int8-bs8"
+    assert rows["build-fp16-bs8"]["precision"] == "fp16" and rows["build-fp16-bs8"]["profiles"] == ["bs8"]
+    assert summary["artifact"]["files"] == ["model.engine", "engine.json"]
+    assert (ctx.out_dir / "model.engine").read_bytes() == b"engine build-int8-bs8"
+    assert json.loads((ctx.out_dir / "engine.json").read_text())["backend"] == "tensorrt"
