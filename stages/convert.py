@@ -317,4 +317,5 @@ stage = Stage(
     environment=modelopt_environment,
     files=modelopt_files,
     check=check,
+    preload=("modelopt.onnx.autocast", "onnxruntime", "numpy"),
 )

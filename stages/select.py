@@ -261,4 +261,5 @@ stage = Stage(
         "provenance": Output(METRICS, "engine.json", "the selected engine's provenance", optional=True),
     },
     gate=gate,
+    preload=("onnx", "numpy"),
 )

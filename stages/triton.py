@@ -391,4 +391,5 @@ stage = Stage(
         "provenance": Output("metrics", f"{MODEL_FOLDER}/1/engine.json", "how the engine was built", optional=True),
     },
     environment=("onnx",),
+    preload=("onnx", "google.protobuf.text_format"),
 )

@@ -12,7 +12,15 @@ from typing import Annotated, Any
 import typer
 
 from trtflow import __version__
-from trtflow.errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STORE, TrtflowError, UsageError
+from trtflow.errors import (
+    EXIT_ENVIRONMENT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_STORE,
+    StoreError,
+    TrtflowError,
+    UsageError,
+)
 
 app = typer.Typer(
     name="trtflow",
@@ -253,7 +261,11 @@ def show(
         manifest = step.manifest
         if manifest is None and current.get(name):
             manifest = st.read_manifest(current[name])
-        last = journal.last_node_run(name, pipeline.identity.id) if journal else None
+        try:
+            last = journal.last_node_run(name, pipeline.identity.id) if journal else None
+        except StoreError as exc:  # the journal is history: show what the store knows, and say what is missing
+            _console(stderr=True).print(f"warning: no run history: {exc.message}", markup=False)
+            journal, last = None, None
         infos.append({
             "node": name, "stage": step.node.stage, "status": step.status, "reason": step.reason, "key": step.key,
             "params": step.node.params, "matrix": step.node.matrix,
@@ -352,14 +364,11 @@ def gc(
                               on_wait=lambda msg: _console(stderr=True).print(msg))
     verb = "would remove" if dry_run else "removed"
     if report_.removals and (dry_run or len(report_.removals) <= 50):
-        from rich.table import Table
-
-        table = Table(box=None, header_style="bold")
-        for col in ("what", "recipe", "node", "size", "age", "why"):
-            table.add_column(col, overflow="fold")
-        for r in report_.removals:
-            table.add_row(r.what, r.recipe, r.node, _size(r.size), _age(r.age_s), r.why)
-        console.print(table)
+        rows = [(r.what, r.recipe, r.node, _size(r.size), _age(r.age_s), r.why) for r in report_.removals]
+        header = ("what", "recipe", "node", "size", "age", "why")
+        widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header[:-1])]
+        for row in [header, *rows]:
+            print("  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1])
     results, result_bytes = report_.total("result")
     objects, object_bytes = report_.total("object")
     logs, _ = report_.total("log")

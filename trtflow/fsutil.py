@@ -92,6 +92,8 @@ def project_root_of(recipe_path: Path) -> Path:
 
 
 def recipe_id(recipe_path: Path) -> str:
-    """A recipe file's identity: its path relative to its project root, in POSIX form."""
+    """A recipe file's identity: its path relative to its project root, in POSIX form (so it is the same in every
+    clone of the project); the absolute path for a recipe outside any project."""
     path = Path(recipe_path).resolve()
-    return path.relative_to(project_root_of(path)).as_posix()
+    root = project_root(path.parent)
+    return path.relative_to(root).as_posix() if root is not None else path.as_posix()

@@ -24,6 +24,7 @@ from trtflow.fingerprint import StatCache, diff_values, hash_path, hash_value
 from trtflow.fsutil import allowed_roots_for, project_root, resolve_user_path
 from trtflow.graph import Graph
 from trtflow.recipe.expand import ConcreteNode
+from trtflow.stage import Resources
 from trtflow.storage.store import Store
 
 FRESH = "fresh"
@@ -286,9 +287,17 @@ def damaged_note(store: Store, key: str) -> dict[str, Any] | None:
         return None
 
 
+def node_resources(graph: Graph, node: ConcreteNode) -> Resources:
+    """What a node needs: its stage's declaration, overridden by the recipe's ``resources:``."""
+    from dataclasses import replace
+
+    declared = graph.stages[node.stage].resources_for(node.params_model)
+    return replace(declared, **node.resources) if node.resources else declared
+
+
 def planned_device(graph: Graph, node: ConcreteNode) -> GpuInfo | None:
     """The GPU a GPU node would run on here: the first visible one its requirements accept."""
-    resources = graph.stages[node.stage].resources_for(node.params_model)
+    resources = node_resources(graph, node)
     if resources.gpu <= 0:
         return None
     from trtflow.environment import gpus

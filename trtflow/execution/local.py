@@ -37,8 +37,10 @@ POLL_S = 0.1
 class LocalExecutor:
     name = "local"
 
-    def __init__(self, store_root: Path, kill_grace: float = 5.0, use_fork_server: bool | None = None) -> None:
+    def __init__(self, store_root: Path, kill_grace: float = 5.0, use_fork_server: bool | None = None,
+                 server_log: Path | None = None) -> None:
         self.store_root = store_root
+        self.server_log = server_log or store_root / "logs" / "fork-server.log"
         self.kill_grace = kill_grace
         if use_fork_server is None:
             use_fork_server = sys.platform.startswith("linux") and not os.environ.get("TRTFLOW_NO_FORK_SERVER")
@@ -51,9 +53,8 @@ class LocalExecutor:
 
     def start(self) -> None:
         if self.use_fork_server and self._server is None:
-            log_dir = self.store_root / "logs"
-            log_dir.mkdir(parents=True, exist_ok=True)
-            self._server_log = open(log_dir / "fork-server.log", "ab")  # noqa: SIM115 (kept open while it runs)
+            self.server_log.parent.mkdir(parents=True, exist_ok=True)
+            self._server_log = open(self.server_log, "ab")  # noqa: SIM115 (kept open while it runs)
             self._server = ForkServerClient(stderr=self._server_log)
 
     def pid_of(self, node: str) -> int | None:

@@ -53,6 +53,7 @@ class RunSummary:
     interrupted: bool = False
     cleared: list[str] = field(default_factory=list)  # output folders whose outdated files were removed
     problems: list[str] = field(default_factory=list)  # run-level problems (journal could not be written, ...)
+    warnings: list[str] = field(default_factory=list)  # things the user should know that fail nothing
 
     def count(self, *statuses: str) -> int:
         return sum(1 for r in self.results.values() if r.status in statuses)

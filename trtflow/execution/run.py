@@ -44,7 +44,18 @@ from trtflow.execution.results import (
 )
 from trtflow.execution.scheduler import Allocation, Capacity, Scheduler, available_memory, default_memory_need
 from trtflow.graph import Graph
-from trtflow.plan import FRESH, SKIP, KeyContext, KeyParts, Step, explain, judge, key_parts, previous_manifest
+from trtflow.plan import (
+    FRESH,
+    SKIP,
+    KeyContext,
+    KeyParts,
+    Step,
+    explain,
+    judge,
+    key_parts,
+    node_resources,
+    previous_manifest,
+)
 from trtflow.recipe.expand import ConcreteNode
 from trtflow.storage.journal import Journal
 from trtflow.storage.lock import SHARED, StoreLock
@@ -67,13 +78,18 @@ class Runner:
         self.options = options or RunOptions()
         self.hooks = hooks or Hooks()
         self.kctx = KeyContext.for_recipe(recipe.path.parent, env, journal)
-        self.executor = executor or _make_executor(self.options, store)
         self.run_id = new_run_id()
+        self.executor = executor or _make_executor(self.options, store, self.run_id)
+        self.remote = _open_remote(self.options.remote)
+        self._keys: dict[str, str] = {}  # node -> key of the result this run used
         self._cancel = threading.Event()
         self._digests: dict[tuple[str, str], str] = {}
         self._sizes: dict[tuple[str, str], int] = {}
         self._refs_lock = threading.Lock()
+        self._pending_refs: dict[str, str] = {}
+        self._refs_flushed = 0.0
         self._problems: list[str] = []
+        self._warnings: list[str] = []
         self._critical_depth = 0
         self._pending_signal = False
         self._scratch: dict[str, Path] = {}
@@ -107,6 +123,7 @@ class Runner:
                 self._restore_signal_handlers(previous)
                 self.executor.close()
         summary.problems = list(dict.fromkeys(self._problems))
+        summary.warnings = list(dict.fromkeys(self._warnings))
         return summary
 
     def _finish(self, steps: list[Step], summary: RunSummary) -> None:
@@ -118,6 +135,7 @@ class Runner:
                     summary.results[step.node.name] = res
                     self._journal_node(res)
         shutil.rmtree(self.store.tmp_dir / self.run_id, ignore_errors=True)  # frees space a full disk may need
+        self._flush_refs(force=True)
         status = "interrupted" if summary.interrupted else ("ok" if summary.ok and not self._problems else "failed")
         self._journal("recording the end of the run", lambda: self.journal.end_run(self.run_id, status))
 
@@ -173,12 +191,22 @@ class Runner:
         if res.peak_rss:
             self._journal("recording memory", lambda: self.journal.set_peak_rss(self.run_id, res.node, res.peak_rss))
 
+    REFS_FLUSH_S = 1.0
+
     def _record_refs(self, keys: dict[str, str]) -> None:
-        if not keys:
-            return
+        """Note which results this run used; written at most once a second (and at the end), so that a run of
+        thousands of cheap nodes does not rewrite its refs thousands of times."""
+        with self._refs_lock:
+            self._pending_refs.update(keys)
+
+    def _flush_refs(self, force: bool = False) -> None:
+        with self._refs_lock:
+            if not self._pending_refs or (not force and time.monotonic() - self._refs_flushed < self.REFS_FLUSH_S):
+                return
+            keys, self._pending_refs = self._pending_refs, {}
+            self._refs_flushed = time.monotonic()
         try:
-            with self._refs_lock:
-                self.store.refs.update(self.recipe, self.run_id, self.recipe_nodes, keys)
+            self.store.refs.update(self.recipe, self.run_id, self.recipe_nodes, keys)
         except (OSError, StoreError) as exc:
             detail = exc.strerror if isinstance(exc, OSError) else exc.message
             self._problems.append(f"could not record which results this run used (refs): {detail}; the results "
@@ -215,6 +243,7 @@ class Runner:
             keys[step.node.name] = step.key
         self._journal("recording up-to-date nodes", lambda: self.journal.record_nodes(rows))
         self._record_refs(keys)
+        self._flush_refs(force=True)
 
     def _retract_outdated(self, pending: list[Step]) -> list[str]:
         """Remove outputs under build/ that belong to a previous key of a node that is about to change."""
@@ -231,6 +260,8 @@ class Runner:
         return cleared
 
     def _remember_outputs(self, node: str, manifest: dict[str, Any]) -> None:
+        if manifest.get("key"):
+            self._keys[node] = manifest["key"]
         for out_name, out in manifest.get("outputs", {}).items():
             self._digests[(node, out_name)] = out["digest"]
             self._sizes[(node, out_name)] = int(out.get("size", 0))
@@ -247,6 +278,9 @@ class Runner:
     # ------------------------------------------------------------------ scheduling
     def _capacity(self) -> Capacity:
         memory = self.options.memory_limit or int(available_memory() * 0.9)
+        cluster = getattr(self.executor, "capacity", None)
+        if cluster is not None:
+            return cluster(self.options.jobs, memory)
         return Capacity(float(max(1, self.options.jobs)), memory, list(gpus()))
 
     def _schedule(self, pending: list[Step], results: dict[str, NodeResult]) -> None:
@@ -287,6 +321,7 @@ class Runner:
                         continue
                     done, _ = wait(list(running), timeout=0.25, return_when=FIRST_COMPLETED)
                     self._poll_progress([s for s, _ in running.values()])
+                    self._flush_refs()
                     for future in done:
                         step, alloc = running.pop(future)
                         scheduler.release(alloc)
@@ -330,7 +365,7 @@ class Runner:
             return res
         if stop or not all(u in results for u in upstream):
             return "wait"
-        resources = self.graph.stages[node.stage].resources_for(node.params_model)
+        resources = node_resources(self.graph, node)
         never = scheduler.can_ever_run(resources)
         if never is not None:
             res = self._skipped(node.name, node.stage, step.key, f"{never} (not run here; never cached)",
@@ -342,7 +377,7 @@ class Runner:
 
     def _memory_need(self, node: ConcreteNode) -> int:
         stage = self.graph.stages[node.stage]
-        declared = stage.resources_for(node.params_model).memory_mb
+        declared = node_resources(self.graph, node).memory_mb
         sizes: dict[str, int] = {}
         for slot, refs in node.upstream.items():
             sizes[slot] = sum(self._sizes.get(ref, 0) for ref in refs)
@@ -419,9 +454,45 @@ class Runner:
             reused = self._reuse(node, key, "built meanwhile by another trtflow run")
             if reused is not None:
                 return reused
+            if self._pull(node, key):
+                reused = self._reuse(node, key, f"pulled from the remote cache {self.remote.url}")
+                if reused is not None:
+                    return reused
             return self._build(step, parts, key, allocation, previous, started)
         finally:
             lock.release()
+
+    def _pull(self, node: ConcreteNode, key: str) -> bool:
+        """Fetch the node's result from the remote cache, verified; False if it has none (or a damaged one)."""
+        if self.remote is None:
+            return False
+        from trtflow.storage.remote import RemoteError
+
+        try:
+            manifest = self.remote.get_manifest(key)
+            if manifest is None:
+                return False
+            self.hooks.on_node_waiting(node.name, f"pulling from the remote cache {self.remote.url}")
+            self.remote.pull(manifest, self.store, self.journal)
+            return True
+        except RemoteError as exc:
+            self._warnings.append(f"{node.name}: not taken from the remote cache: {exc.message}")
+            return False
+        except OSError as exc:
+            self._warnings.append(f"{node.name}: pulling from the remote cache failed: {exc.strerror or exc}")
+            return False
+
+    def _push(self, node: str, key: str) -> None:
+        if self.remote is None:
+            return
+        from trtflow.storage.remote import RemoteError
+
+        try:
+            self.remote.push(key, self.store, self.journal)
+        except (RemoteError, TrtflowError) as exc:
+            self._warnings.append(f"{node}: not pushed to the remote cache: {exc.message}")
+        except OSError as exc:
+            self._warnings.append(f"{node}: pushing to the remote cache failed: {exc.strerror or exc}")
 
     def _key_lock(self, node: str, key: str) -> Any:
         from filelock import FileLock, Timeout
@@ -498,8 +569,12 @@ class Runner:
             self.run_id, node.name, node.stage, key, "running", step.reason, started=started,
             log_path=str(log_path)))
         try:
+            input_objects: dict[str, dict[str, dict[str, Any]]] = {}
             try:
-                inputs = self._link_inputs(node, scratch)
+                if getattr(self.executor, "remote_inputs", False):
+                    inputs, input_objects = self._remote_inputs(node)
+                else:
+                    inputs = self._link_inputs(node, scratch)
             except TrtflowError as exc:
                 return failed(exc.message, exc.hint)
             except OSError as exc:
@@ -511,7 +586,8 @@ class Runner:
                       allowed_roots=[str(p) for p in self.kctx.allowed_roots],
                       device=allocation.device.visible_id if allocation.device else None,
                       previous_summary=previous_summary, timeout=node.timeout, preload=list(stage.preload),
-                      parent_pid=os.getpid(), input_sources=self._input_sources(node))
+                      parent_pid=os.getpid(), input_objects=input_objects,
+                      input_sources=self._input_sources(node))
             try:
                 outcome = self.executor.execute(job, self._cancel)
             except OSError as exc:
@@ -539,6 +615,8 @@ class Runner:
         if outcome.status != protocol.OK:
             return NodeResult(node.name, node.stage, FAILED, step.reason, key, error=outcome.error,
                               hint=outcome.hint, summary=outcome.summary, **common)
+        if outcome.stored_outputs is not None:
+            return self._commit_stored(step, parts, key, outcome, log_path, previous_summary, started)
         missing = [n for n, o in stage.outputs.items() if not o.optional and not (job.out_dir / o.filename).exists()]
         if missing:
             return NodeResult(node.name, node.stage, FAILED, step.reason, key,
@@ -555,9 +633,14 @@ class Runner:
                               error=f"the stage finished, but storing its outputs failed: {exc.strerror or exc}",
                               hint="free disk space or fix the store's permissions, then run again: nothing was "
                               "committed for this node and finished nodes are intact", **common)
+        return self._committed(node, key, manifest, step.reason, common)
+
+    def _committed(self, node: ConcreteNode, key: str, manifest: dict[str, Any], reason: str,
+                   common: dict[str, Any]) -> NodeResult:
         self._remember_outputs(node.name, manifest)
         self._record_refs({node.name: key})
-        res = NodeResult(node.name, node.stage, DONE, step.reason, key, summary=manifest.get("summary", {}), **common)
+        self._push(node.name, key)
+        res = NodeResult(node.name, node.stage, DONE, reason, key, summary=manifest.get("summary", {}), **common)
         try:
             res.outputs = self._materialize(node.name, manifest)
         except OSError as exc:
@@ -565,6 +648,52 @@ class Runner:
             res.status, res.error, res.hint = FAILED, err.message, err.hint
             return res
         return self._apply_gate(res, manifest)
+
+    def _commit_stored(self, step: Step, parts: KeyParts, key: str, outcome: Outcome, log_path: Path,
+                       previous_summary: dict[str, Any] | None, started: float) -> NodeResult:
+        """Commit outputs an executor already put in the remote cache: pull them (verified), then the manifest."""
+        from trtflow.storage.remote import RemoteError
+
+        node = step.node
+        common = {"log_path": log_path, "peak_rss": outcome.peak_rss}
+        assert self.remote is not None and outcome.stored_outputs is not None
+        try:
+            self.remote.pull_objects(outcome.stored_outputs, self.store, self.journal, node=node.name)
+            manifest = dict(parts.as_manifest(), node=node.name, recipe=self.recipe.name, recipe_id=self.recipe.id,
+                            summary=outcome.summary, run_id=self.run_id, started=started,
+                            duration=time.time() - started, previous_summary=previous_summary,
+                            peak_rss=outcome.peak_rss, outputs=outcome.stored_outputs, key=key,
+                            format=2, committed=time.time())
+            self.store.write_manifest(key, manifest)
+        except RemoteError as exc:
+            return NodeResult(node.name, node.stage, FAILED, step.reason, key, error=exc.message, hint=exc.hint,
+                              **common)
+        except OSError as exc:
+            return NodeResult(node.name, node.stage, FAILED, step.reason, key,
+                              error=f"the stage finished, but storing its outputs failed: {exc.strerror or exc}",
+                              hint="free disk space, then run again", **common)
+        return self._committed(node, key, manifest, step.reason, common)
+
+    def _remote_inputs(self, node: ConcreteNode
+                       ) -> tuple[dict[str, str | list[str]], dict[str, dict[str, dict[str, Any]]]]:
+        """For executors whose workers fetch inputs from the remote cache: which objects each slot needs (pushed
+        there first if this store has them from an earlier run), and the file name of each slot's input."""
+        assert self.remote is not None
+        inputs: dict[str, str | list[str]] = {}
+        objects: dict[str, dict[str, dict[str, Any]]] = {}
+        specs = self.graph.stages[node.stage].inputs
+        for slot, refs in node.upstream.items():
+            names = []
+            for src_node, out_name in refs:
+                # a many-slot's artifacts each get their own folder, in/<slot>/<producer node>/
+                place = f"{slot}/{src_node}" if specs[slot].many else slot
+                manifest = self.store.read_manifest(self._keys[src_node]) or {}
+                self._push(src_node, self._keys[src_node])
+                objects[place] = dict(manifest.get("outputs", {}))
+                names.append(f"{src_node}/{objects[place][out_name]['filename']}" if specs[slot].many
+                             else objects[place][out_name]["filename"])
+            inputs[slot] = names if specs[slot].many else names[0]
+        return inputs, objects
 
     def _link_inputs(self, node: ConcreteNode, scratch: Path) -> dict[str, str | list[str]]:
         """Hard-link each input into ``scratch/in/<slot>/``, with the source node's other outputs beside it.
@@ -639,7 +768,15 @@ def upstream_pending(upstream: list[str], results: dict[str, NodeResult]) -> boo
     return any(u not in results for u in upstream)
 
 
-def _make_executor(options: RunOptions, store: Store) -> Executor:
+def _open_remote(url: str | None) -> Any:
+    if not url:
+        return None
+    from trtflow.storage.remote import RemoteCache
+
+    return RemoteCache(url)
+
+
+def _make_executor(options: RunOptions, store: Store, run_id: str) -> Executor:
     if options.executor == "inline":
         from trtflow.execution.local import InlineExecutor
 
@@ -650,7 +787,7 @@ def _make_executor(options: RunOptions, store: Store) -> Executor:
         return RayExecutor(store, options)
     from trtflow.execution.local import LocalExecutor
 
-    return LocalExecutor(store.root, options.kill_grace)
+    return LocalExecutor(store.root, options.kill_grace, server_log=store.root / "logs" / run_id / "fork-server.log")
 
 
 def _last_progress(path: Path) -> tuple[float | None, str]:

@@ -196,6 +196,8 @@ class ConsoleHooks(Hooks):
                         + ", ".join(escape(n) for n in summary.cleared))
         for problem in summary.problems:
             self._print(f"[red]problem[/]: {escape(problem)}")
+        for warning in summary.warnings:
+            self._print(f"[yellow]warning[/]: {escape(warning)}")
         if summary.interrupted:
             self._print(f"[yellow]interrupted[/]: {done} nodes finished and were saved. Resume with:\n  {resume}")
             return

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtflow.errors import StoreError
 from trtflow.storage.journal import Journal
 from trtflow.storage.lock import EXCLUSIVE, StoreLock
 from trtflow.storage.refs import RecipeRefs
@@ -49,9 +50,17 @@ def collect_garbage(store: Store, keep_days: float = 0.0, dry_run: bool = False,
     report = GcReport(dry_run=dry_run)
     if not store.root.exists():
         return report
+    if not dry_run:
+        store.ensure()  # migrates an older store first: its refs become roots in today's form
     store.check_format()
     with StoreLock(store.root).held(EXCLUSIVE, "trtflow gc" + (" --dry-run" if dry_run else ""), wait_s, on_wait):
-        _collect(store, keep_days, dry_run, report)
+        try:
+            _collect(store, keep_days, dry_run, report)
+        except OSError as exc:
+            raise StoreError(f"gc could not change the store {store.root}: {exc.strerror or exc}"
+                             + (f" ({exc.filename})" if exc.filename else ""),
+                             hint="a read-only store cannot be collected; mount it writable, or run gc where it "
+                             "is writable") from None
     return report
 
 
@@ -85,6 +94,8 @@ def _collect(store: Store, keep_days: float, dry_run: bool, report: GcReport) ->
         key = path.stem
         if key in roots and manifest is not None:
             report.kept_results += 1
+            if manifest.get("run_id"):
+                keep_runs.add(str(manifest["run_id"]))  # the logs of the run that built a kept result
             live_digests.update(o.get("digest", "") for o in manifest.get("outputs", {}).values())
         else:
             doomed.append((path, manifest))
@@ -127,6 +138,8 @@ def _collect(store: Store, keep_days: float, dry_run: bool, report: GcReport) ->
     latest_journal_runs = _latest_run_per_recipe(store)
     for log_dir in _children(store.root / "logs"):
         run_id = log_dir.name
+        if not log_dir.is_dir():
+            continue
         if run_id in keep_runs or run_id in latest_journal_runs or _run_started(run_id) >= keep_since:
             continue
         report.removals.append(Removal("log", "-", run_id, _tree_size(log_dir), _age(log_dir, now),

@@ -103,6 +103,8 @@ class RefStore:
     def _read(self, folder: Path) -> RecipeRefs | None:
         try:
             data = json.loads((folder / "current.json").read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return _legacy(folder)
         except (OSError, ValueError):
             return None
         if not isinstance(data, dict):
@@ -154,6 +156,22 @@ class RefStore:
             if len(kept) != len(records):
                 atomic_write_text(folder / "history.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
         return len(records) - len(kept)
+
+
+def _legacy(folder: Path) -> RecipeRefs | None:
+    """A first-release refs folder (``refs/<recipe name>/<node>`` files holding keys), read without migrating it."""
+    nodes = {}
+    try:
+        for ref in folder.iterdir():
+            if ref.is_file() and not ref.name.startswith("."):
+                nodes[ref.name] = {"key": ref.read_text(encoding="utf-8").strip(), "run_id": None,
+                                   "time": ref.stat().st_mtime}
+    except OSError:
+        return None
+    if not nodes:
+        return None
+    return RecipeRefs(folder, f"(recipe named {folder.name!r}, from an older trtflow)", folder.name, None, None, 0.0,
+                      nodes, legacy=True)
 
 
 def migrate_legacy_refs(root: Path) -> int:

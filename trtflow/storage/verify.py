@@ -38,10 +38,15 @@ def verify_store(store: Store, fix: bool = False, wait_s: float = 60.0, on_wait:
     store.check_format()
     mode = EXCLUSIVE if fix else SHARED
     with StoreLock(store.root).held(mode, "trtflow verify" + (" --fix" if fix else ""), wait_s, on_wait):
-        damaged = _check_objects(store, fix, report)
-        _check_manifests(store, damaged, fix, report)
-        _check_refs(store, fix, report)
-        _check_journal(store, fix, report)
+        try:
+            damaged = _check_objects(store, fix, report)
+            _check_manifests(store, damaged, fix, report)
+            _check_refs(store, fix, report)
+            _check_journal(store, fix, report)
+        except OSError as exc:
+            raise StoreError(f"verify could not {'repair' if fix else 'read'} the store {store.root}: "
+                             f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else ""),
+                             hint="check the store's permissions and free space") from None
     return report
 
 
