@@ -43,6 +43,8 @@ def accuracy_latency(rows: Sequence[dict[str, Any]], latency_title: str) -> str:
               for r in rows if r["operating_latency"] is not None and r["cosine"] is not None]
     if not points:
         return ""
+    for i, point in enumerate(sorted(points, key=lambda p: p["latency_ms"])):
+        point["above"] = i % 2 == 0  # neighbours' labels go above and below: close points stay legible
     alt = _altair()
     data = alt.Data(values=points)
     x = alt.X("latency_ms:Q", title=latency_title, scale=alt.Scale(zero=False, nice=True))
@@ -53,8 +55,10 @@ def accuracy_latency(rows: Sequence[dict[str, Any]], latency_title: str) -> str:
         x=x, y=y, color=_status_color(alt),
         shape=alt.Shape("pareto:N", title="Pareto front", scale=alt.Scale(domain=[True, False],
                                                                           range=["diamond", "circle"])))
-    labels = alt.Chart(data).mark_text(align="left", dx=9, dy=-6, fontSize=11).encode(x=x, y=y, text="candidate:N")
-    chart = (front + dots + labels).properties(width=WIDTH, height=HEIGHT,
+    labels = [alt.Chart(data).transform_filter(alt.datum.above == above)
+              .mark_text(align="left", dx=8, dy=-9 if above else 13, fontSize=11)
+              .encode(x=x, y=y, text="candidate:N") for above in (True, False)]
+    chart = alt.layer(front, dots, *labels).properties(width=WIDTH, height=HEIGHT,
                                                title="accuracy against latency (dashed: Pareto front)")
     return render_svg(chart)
 
