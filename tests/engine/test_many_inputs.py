@@ -89,6 +89,13 @@ def test_gate_failed_producer_feeds_an_accepting_slot_without_stopping_the_run(t
     assert [e["folder"] for e in gathered] == ["single", "emit-a", "emit-bbb", "emit-cc"]
 
 
+def test_wired_to_an_optional_output_that_was_not_written(tmp_path, many_stages):
+    _, _, summary = run(tmp_path, RECIPE.replace("[single, emit]", "[single.extra]"))
+    result = summary.results["gather"]
+    assert result.status == "failed"
+    assert result.error.startswith("input(s) not produced: items <- single.extra (optional outputs")
+
+
 def test_many_slot_recipe_errors(tmp_path, many_stages):
     with pytest.raises(RecipeError, match="needs input 'items': a list of nodes"):
         run(tmp_path, RECIPE.replace("    inputs: {items: [single, emit]}\n", ""))

@@ -432,7 +432,14 @@ class Runner:
             parts = key_parts(self.graph, node, self._digests, self.kctx, allocation.device)
         except TrtflowError as exc:
             return NodeResult(node.name, node.stage, FAILED, step.reason, error=exc.message, hint=exc.hint)
-        assert parts is not None, "the inputs of a ready node are known"
+        if parts is None:  # every upstream node finished, yet one did not write an (optional) output wired here
+            missing = [f"{slot} <- {src}.{out}" for slot, refs in node.upstream.items() for src, out in refs
+                       if (src, out) not in self._digests]
+            return NodeResult(node.name, node.stage, FAILED, step.reason,
+                              error=f"input(s) not produced: {', '.join(missing)} (optional outputs their node did "
+                              "not write this time)",
+                              hint="wire an output the upstream node writes in this case, e.g. select.engine when "
+                              "the candidates are engines")
         key = parts.key
         previous = previous_manifest(self.store, self.recipe.id, node.name)
         if step.parts is None or step.key != key:  # planned before its inputs were known: say what changed

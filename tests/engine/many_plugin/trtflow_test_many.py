@@ -41,7 +41,9 @@ def _gather(ctx: StageContext, inputs: dict[str, Any], params: GatherParams) -> 
     return {"count": len(entries)}
 
 
-emit = Stage("emit", "1", "writes a value", EmitParams, _emit, outputs={"text": Output("text", "value.txt")},
+emit = Stage("emit", "1", "writes a value", EmitParams, _emit,
+             outputs={"text": Output("text", "value.txt"),
+                      "extra": Output("text", "extra/never.txt", "never written", optional=True)},
              gate=_emit_gate, gate_params=("min_length",))
 gather = Stage("gather", "1", "gathers values", GatherParams, _gather,
                inputs={"items": Input("text", "every value", many=True, accept_gate_failed=True)},
