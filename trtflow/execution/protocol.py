@@ -22,7 +22,8 @@ class Job:
     node: str
     stage: str
     params: dict[str, Any]
-    inputs: dict[str, str]  # slot -> path of the input file (its source node's other outputs beside it)
+    inputs: dict[str, str | list[str]]  # slot -> path of the input file (its source node's other outputs beside
+    # it); a many-slot: a list of paths, each in a folder named after its producer
     scratch: str  # private folder; outputs go to scratch/out
     recipe_dir: str
     cache_dir: str
@@ -36,6 +37,8 @@ class Job:
     parent_pid: int = 0
     # for executors that run nodes elsewhere: where each input's bytes come from (slot -> {filename: digest})
     input_objects: dict[str, dict[str, str]] = field(default_factory=dict)
+    # slot -> per input: its producer's node, template, matrix and own inputs (StageContext.input_sources)
+    input_sources: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def gpu(self) -> int | None:
