@@ -221,7 +221,7 @@ def judge(graph: Graph, node: ConcreteNode, manifest: Mapping[str, Any], kctx: K
     if stage.gate is None:
         return []
     gate_ctx = GateContext(previous=manifest.get("previous_summary"), facts=manifest.get("facts", {}),
-                           resolve=kctx.resolve)
+                           resolve=kctx.resolve, node=node.name)
     try:
         return stage.judge(node.params_model, manifest.get("summary") or {}, gate_ctx)
     except TrtflowError as exc:

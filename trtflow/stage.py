@@ -181,6 +181,8 @@ class GateContext:
     facts: Mapping[str, str] = field(default_factory=dict)
     #: Resolves a recipe path (relative to the recipe file, inside the project), e.g. a baseline file.
     resolve: Callable[[str], Path] | None = None
+    #: The node being judged (its name in the recipe).
+    node: str = ""
 
 
 #: ``gate(params, summary, gate_ctx) -> failure messages`` (empty: the gate passes).
@@ -286,10 +288,13 @@ class StageContext:
         progress_file: Path | None = None,
         previous_summary: Mapping[str, Any] | None = None,
         input_sources: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+        ran_alone: bool | None = None,
     ) -> None:
         self.node = node
         #: Per input slot, one entry per artifact (in the order of ``inputs[slot]``): the producing node's
         #: ``node`` name, ``template``, ``matrix`` values and ``inputs`` (its own slots -> producer node names).
+        #: True when the engine ran nothing beside this node (an exclusive node, e.g. a benchmark); None: unknown.
+        self.ran_alone = ran_alone
         self.input_sources = {slot: [dict(entry) for entry in entries]
                               for slot, entries in (input_sources or {}).items()}
         #: The summary this node returned the last time it succeeded (any settings), or None: lets a stage

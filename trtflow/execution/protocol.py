@@ -30,7 +30,8 @@ class Job:
     log_path: str
     facts: dict[str, str] = field(default_factory=dict)
     allowed_roots: list[str] = field(default_factory=list)
-    device: str | None = None  # CUDA_VISIBLE_DEVICES for the node (a GPU or MIG UUID), None: no GPU
+    device: str | None = None  # CUDA_VISIBLE_DEVICES for the node (GPU or MIG UUIDs, comma-separated), None: no GPU
+    ran_alone: bool = False  # the scheduler ran nothing beside it (an exclusive node)
     previous_summary: dict[str, Any] | None = None
     timeout: float | None = None
     preload: list[str] = field(default_factory=list)  # modules worth importing once in a warm server
@@ -42,7 +43,7 @@ class Job:
 
     @property
     def gpu(self) -> int | None:
-        """The CUDA ordinal the stage uses: the node sees its device alone, as device 0."""
+        """The CUDA ordinal the stage uses: the node sees only its devices, the first as device 0."""
         return 0 if self.device else None
 
     @property

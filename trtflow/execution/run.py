@@ -57,6 +57,7 @@ from trtflow.plan import (
     previous_manifest,
 )
 from trtflow.recipe.expand import ConcreteNode
+from trtflow.stage import NATIVE_STEP_FILE
 from trtflow.storage.journal import Journal
 from trtflow.storage.lock import SHARED, StoreLock
 from trtflow.storage.refs import RecipeIdentity
@@ -237,6 +238,8 @@ class Runner:
             results[step.node.name] = NodeResult(step.node.name, step.node.stage, status, step.reason, step.key,
                                                  error=error, hint=GATE_HINT if error else None, outputs=outputs,
                                                  summary=manifest.get("summary", {}))
+            if error:  # up to date, but its cached measurements fail the gate as it stands now: say so
+                self.hooks.on_node_end(results[step.node.name])
             summary = manifest.get("summary")
             rows.append((self.run_id, step.node.name, step.node.stage, step.key, status, step.reason,
                          json.dumps(summary) if summary else None))
@@ -600,10 +603,25 @@ class Runner:
             except OSError as exc:
                 return failed(f"could not start the stage process: {exc.strerror or exc}",
                               "free disk space and memory, then run again")
+            if outcome.status == protocol.CRASHED and (scratch / NATIVE_STEP_FILE).exists():
+                self._keep_for_repro(node.name, scratch, outcome)
             return self._conclude(step, parts, key, outcome, job, log_path, previous_summary, started)
         finally:
             self._scratch.pop(node.name, None)
             shutil.rmtree(scratch, ignore_errors=True)
+
+    def _keep_for_repro(self, node: str, scratch: Path, outcome: Outcome) -> None:
+        """Keep a crashed node's scratch (its inputs) where the reproduction command can still find them."""
+        kept = self.store.root / "crashes" / self.run_id / node
+        try:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(scratch), kept)
+        except OSError:
+            return
+        for field_name in ("error", "hint"):
+            text = getattr(outcome, field_name)
+            if text:
+                setattr(outcome, field_name, text.replace(str(scratch), str(kept)))
 
     def _conclude(self, step: Step, parts: KeyParts, key: str, outcome: Outcome, job: Job, log_path: Path,
                   previous_summary: dict[str, Any] | None, started: float) -> NodeResult:
