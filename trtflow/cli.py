@@ -101,6 +101,9 @@ def run(
     remote: Annotated[str | None, typer.Option(
         "--remote", help="A remote cache shared by several stores: a directory or s3://bucket/prefix "
         "[env TRTFLOW_REMOTE].")] = None,
+    no_push: Annotated[bool, typer.Option(
+        "--no-push", help="Only pull from the remote cache; never upload (e.g. CI runs of untrusted changes).")
+    ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only failures and the summary.")] = False,
 ) -> None:
     """Run the stale nodes of a recipe, reusing everything that is up to date."""
@@ -120,6 +123,7 @@ def run(
         executor=executor,
         ray_address=ray_address or os.environ.get("RAY_ADDRESS"),
         remote=remote or os.environ.get("TRTFLOW_REMOTE") or None,
+        push=not no_push,
     )
     if jobs:
         options.jobs = jobs

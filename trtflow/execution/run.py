@@ -99,6 +99,8 @@ class Runner:
     # ------------------------------------------------------------------ public
     def run(self, steps: list[Step]) -> RunSummary:
         self.store.ensure()
+        if self.remote is not None:
+            self.remote.check()  # an unreachable or foreign remote stops the run before any work
         results: dict[str, NodeResult] = {}
         summary = RunSummary(self.run_id, results)
         lock = StoreLock(self.store.root)
@@ -493,7 +495,7 @@ class Runner:
             return False
 
     def _push(self, node: str, key: str) -> None:
-        if self.remote is None:
+        if self.remote is None or not self.options.push:
             return
         from trtflow.storage.remote import RemoteError
 
