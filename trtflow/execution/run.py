@@ -494,8 +494,9 @@ class Runner:
             self._warnings.append(f"{node.name}: pulling from the remote cache failed: {exc.strerror or exc}")
             return False
 
-    def _push(self, node: str, key: str) -> None:
-        if self.remote is None or not self.options.push:
+    def _push(self, node: str, key: str, force: bool = False) -> None:
+        """Upload a committed result (``force``: also under --no-push, for workers that read inputs there)."""
+        if self.remote is None or not (self.options.push or force):
             return
         from trtflow.storage.remote import RemoteError
 
@@ -715,7 +716,7 @@ class Runner:
                 # a many-slot's artifacts each get their own folder, in/<slot>/<producer node>/
                 place = f"{slot}/{src_node}" if specs[slot].many else slot
                 manifest = self.store.read_manifest(self._keys[src_node]) or {}
-                self._push(src_node, self._keys[src_node])
+                self._push(src_node, self._keys[src_node], force=True)
                 objects[place] = dict(manifest.get("outputs", {}))
                 names.append(f"{src_node}/{objects[place][out_name]['filename']}" if specs[slot].many
                              else objects[place][out_name]["filename"])
