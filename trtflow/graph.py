@@ -29,6 +29,18 @@ class Graph:
                     seen.append(node)
         return seen
 
+    def input_sources(self, name: str) -> dict[str, list[dict[str, Any]]]:
+        """Per input slot of ``name``, where each input comes from: the producer's name, template, matrix and own
+        inputs (what a stage sees as ``ctx.input_sources``)."""
+        sources: dict[str, list[dict[str, Any]]] = {}
+        for slot, refs in self.nodes[name].upstream.items():
+            sources[slot] = []
+            for src, _ in refs:
+                producer = self.nodes[src]
+                sources[slot].append({"node": src, "template": producer.template, "matrix": producer.matrix,
+                                      "inputs": {s: [n for n, _ in r] for s, r in producer.upstream.items()}})
+        return sources
+
     def downstream(self, name: str) -> list[str]:
         return [n for n, node in self.nodes.items()
                 if any(src == name for refs in node.upstream.values() for src, _ in refs)]

@@ -600,7 +600,7 @@ class Runner:
                       device=allocation.device.visible_id if allocation.device else None,
                       previous_summary=previous_summary, timeout=node.timeout, preload=list(stage.preload),
                       parent_pid=os.getpid(), input_objects=input_objects,
-                      input_sources=self._input_sources(node))
+                      input_sources=self.graph.input_sources(node.name))
             try:
                 outcome = self.executor.execute(job, self._cancel)
             except OSError as exc:
@@ -761,17 +761,6 @@ class Runner:
             except OSError:
                 shutil.copyfile(source, target)
         return str(folder / stage.outputs[out_name].filename)
-
-    def _input_sources(self, node: ConcreteNode) -> dict[str, list[dict[str, Any]]]:
-        """Per slot, where each input came from: the producer's name, template, matrix and own inputs."""
-        sources: dict[str, list[dict[str, Any]]] = {}
-        for slot, refs in node.upstream.items():
-            sources[slot] = []
-            for src, _ in refs:
-                producer = self.graph.nodes[src]
-                sources[slot].append({"node": src, "template": producer.template, "matrix": producer.matrix,
-                                      "inputs": {s: [n for n, _ in r] for s, r in producer.upstream.items()}})
-        return sources
 
     def _usable(self, consumer: ConcreteNode, producer: str, result: NodeResult) -> bool:
         """A producer's outputs may feed ``consumer``: it succeeded, or its gate failed on committed outputs and
