@@ -101,6 +101,9 @@ def run(
     remote: Annotated[str | None, typer.Option(
         "--remote", help="A remote cache shared by several stores: a directory or s3://bucket/prefix "
         "[env TRTFLOW_REMOTE].")] = None,
+    memory: Annotated[str | None, typer.Option(
+        "--memory", help="Host memory the nodes running at once may use together, e.g. 16G [default: what the "
+        "machine has free].")] = None,
     no_push: Annotated[bool, typer.Option(
         "--no-push", help="Only pull from the remote cache; never upload (e.g. CI runs of untrusted changes).")
     ] = False,
@@ -124,6 +127,7 @@ def run(
         ray_address=ray_address or os.environ.get("RAY_ADDRESS"),
         remote=remote or os.environ.get("TRTFLOW_REMOTE") or None,
         push=not no_push,
+        memory_limit=_parse_size(memory) if memory else None,
     )
     if jobs:
         options.jobs = jobs
@@ -380,6 +384,16 @@ def gc(
     console.print(f"{verb} {results} results ({_size(result_bytes)}), {objects} other objects "
                   f"({_size(object_bytes)}), {logs} log folders, {scratch} scratch folders; kept "
                   f"{report_.kept_results} results ({report_.kept_objects} objects)")
+
+
+def _parse_size(text: str) -> int:
+    """"16G", "512M", "2.5GiB", "1000000" -> bytes."""
+    import re
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    if not match:
+        raise UsageError(f"--memory {text!r}: expected a size such as 16G, 512M or 2.5GiB")
+    return int(float(match.group(1)) * 1024 ** "_kmgt".index(match.group(2) or "_"))
 
 
 def _size(n: int) -> str:
