@@ -210,7 +210,7 @@ def compare_accuracy(baseline: Mapping[str, Any], summary: Mapping[str, Any], fa
 # -- gates ----------------------------------------------------------------------------------------------------
 def _entry(baseline: str, node: str | None, stage: str, gate_ctx: Any) -> tuple[dict[str, Any], Path]:
     path = gate_ctx.resolve(baseline) if gate_ctx.resolve is not None else Path(baseline)
-    node = node or getattr(gate_ctx, "node", None)
+    node = node or gate_ctx.node or None
     return baseline_node(read_baseline(path), stage, node, path), path
 
 

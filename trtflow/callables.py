@@ -99,11 +99,14 @@ def callable_files(spec: str) -> list[str]:
     return [origin] if origin else []
 
 
-def load_callable(spec: str, resolve: Callable[[str], Path], what: str = "callable") -> Callable[..., Any]:
+def load_callable(spec: str, resolve: Callable[[str], Path], what: str = "callable",
+                  project_root: Path | None = None) -> Callable[..., Any]:
     """Import and return the callable named by ``spec`` (this runs the user's module code).
 
     ``resolve`` turns the file of a ``python:`` spec into a checked path (``StageContext.resolve``);
-    ``what`` names the callable's role in error messages ("model factory", "data callable", ...).
+    ``what`` names the callable's role in error messages ("model factory", "data callable", ...);
+    ``project_root``: where a ``python:package.module`` of the project is found (appended to the module path,
+    after installed packages, so a project module never shadows one of them; never the working directory).
     """
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr.isidentifier() or target == "python":
@@ -132,9 +135,8 @@ def load_callable(spec: str, resolve: Callable[[str], Path], what: str = "callab
             raise StageFailed(f"importing {relative} for the {what} failed: {type(exc).__name__}: {exc}",
                                hint="run the file with python to debug it") from exc
     else:
-        cwd = str(Path.cwd())
-        if cwd not in sys.path:
-            sys.path.insert(0, cwd)
+        if project_root is not None and str(project_root) not in sys.path:
+            sys.path.append(str(project_root))
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:

@@ -43,6 +43,8 @@ class KeyContext:
     allowed_roots: tuple[Path, ...]
     env: Environment
     stat_cache: StatCache | None = None
+    # what this plan has already worked out, so that a recipe of thousands of nodes costs linear time
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def for_recipe(cls, recipe_dir: Path, env: Environment, stat_cache: StatCache | None = None) -> KeyContext:
@@ -133,6 +135,12 @@ def _substitute(value: Any, table: Mapping[str, Any]) -> Any:
 
 def _code_of_callable(spec: str, kctx: KeyContext) -> CodeDigest | None:
     """Digest of the code a `python:` reference runs (its file or module, and the project files it imports)."""
+    if ("code", spec) not in kctx.memo:
+        kctx.memo[("code", spec)] = _hash_callable(spec, kctx)
+    return kctx.memo[("code", spec)]
+
+
+def _hash_callable(spec: str, kctx: KeyContext) -> CodeDigest | None:
     from trtflow.callables import module_origin, split_spec
 
     target, _ = split_spec(spec)
@@ -270,12 +278,17 @@ def explain(parts: KeyParts, previous: Mapping[str, Any] | None, damaged_note: M
     return reasons or ["no record of a previous build with these settings"]
 
 
-def previous_manifest(store: Store, recipe_id: str | None, node: str) -> dict[str, Any] | None:
-    """The manifest of the result this recipe file's node used last (for explanations and regression gates)."""
+def previous_manifest(store: Store, recipe_id: str | None, node: str,
+                      refs: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """The manifest of the result this recipe file's node used last (for explanations and regression gates).
+
+    ``refs``: the recipe's refs read once by the caller (node -> key), so planning stays linear in nodes.
+    """
     if recipe_id is None:
         return None
-    entry = store.refs.entry(recipe_id, node)
-    return store.read_manifest(entry["key"]) if entry and entry.get("key") else None
+    current = refs if refs is not None else store.refs.current(recipe_id)
+    key = current.get(node)
+    return store.read_manifest(key) if key else None
 
 
 def damaged_note(store: Store, key: str) -> dict[str, Any] | None:
@@ -309,6 +322,7 @@ def make_plan(graph: Graph, store: Store, env: Environment, recipe_dir: Path,
               stat_cache: StatCache | None = None, recipe_id: str | None = None) -> list[Step]:
     """Classify every node of ``graph`` as fresh, stale or skipped, with reasons. Pure: runs no stage."""
     kctx = KeyContext.for_recipe(recipe_dir, env, stat_cache)
+    refs = store.refs.current(recipe_id) if recipe_id is not None else {}
     steps: list[Step] = []
     digests: dict[tuple[str, str], str] = {}
     status: dict[str, str] = {}
@@ -332,7 +346,7 @@ def make_plan(graph: Graph, store: Store, env: Environment, recipe_dir: Path,
                 bad = store.damaged_outputs(manifest, stat_cache)
                 reasons = [f"stored output {', '.join(bad)} missing or damaged (will be rebuilt)"]
             else:
-                reasons = explain(parts, previous_manifest(store, recipe_id, name), damaged_note(store, key))
+                reasons = explain(parts, previous_manifest(store, recipe_id, name, refs), damaged_note(store, key))
             step = Step(node, STALE, reasons, key, parts)
         skipped = _skip_reason(graph, node)
         if skipped is not None:

@@ -332,8 +332,9 @@ class StageContext:
     def load_callable(self, spec: str, what: str = "callable") -> Any:
         """Import the user callable named in params (``python:file.py:function`` or ``python:pkg.module:function``)."""
         from trtflow.callables import load_callable
+        from trtflow.fsutil import project_root
 
-        return load_callable(spec, self.resolve, what)
+        return load_callable(spec, self.resolve, what, project_root(self.recipe_dir) or self.recipe_dir)
 
     def progress(self, fraction: float | None, message: str = "") -> None:
         """Report progress (0..1, or None when unknown); shown live by the CLI."""

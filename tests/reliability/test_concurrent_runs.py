@@ -80,7 +80,7 @@ def test_two_recipes_sharing_nodes_build_the_shared_ones_once(tmp_path: Path, pl
     assert done == Counter({"base": 1, "left": 1, "right": 1, "tip": 1, "only_one": 1, "only_two": 1})
     assert verify_store(Store(store)).problems == []
     refs = Store(store).refs
-    assert refs.current("one.yaml")["tip"] == refs.current("two.yaml")["tip"]  # refs are per recipe file
+    assert refs.current(str(one))["tip"] == refs.current(str(two))["tip"]  # per recipe file (absolute: no project)
 
 
 def _wait_until_running(store: Path, node: str, proc: subprocess.Popen) -> None:

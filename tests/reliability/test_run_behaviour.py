@@ -163,3 +163,37 @@ def test_a_failed_gate_is_a_cached_result_rejudged_when_the_threshold_changes(tm
     plan, results = _run(tmp_path, 0.4)
     assert RUNS == ["g"], "a new threshold re-judges the cached measurement"
     assert results["g"].status == "fresh" and results["after"].status == "done"
+
+
+def test_a_journal_write_that_hits_a_full_disk_fails_the_run_cleanly(tmp_path: Path, monkeypatch) -> None:
+    """Injection: SQLite reports a full disk while a finished node is recorded. The node's result is committed,
+    the run ends "failed" with the store's message (exit 4 in the CLI), and nothing escapes as an internal error."""
+    from trtflow.storage import journal as journal_module
+
+    real = journal_module.Journal.node_state
+
+    def full(self, run_id, node, stage, key, status, *args, **kwargs):
+        if status == "done":
+            raise journal_module.StoreFull("no space left on the disk holding the store /x while recording node a")
+        return real(self, run_id, node, stage, key, status, *args, **kwargs)
+
+    monkeypatch.setattr(journal_module.Journal, "node_state", full)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\nnodes:\n  - {name: a, stage: source, params: {value: v}}\n")
+    loaded = load_recipe(recipe)
+    graph = build_graph(expand(loaded, get_stage), get_stage, "r")
+    store = Store(tmp_path / "store")
+    store.ensure()
+    env = Environment({"python": "3.11"})
+    journal = Journal(store.db_path)
+    identity = identity_of(loaded.path, "r")
+    summary = Runner(graph, store, env, identity, journal, RunOptions(jobs=1),
+                     executor=InlineExecutor(graph.stages)).run(make_plan(graph, store, env, tmp_path, journal,
+                                                                           identity.id))
+    assert summary.results["a"].status == "done" and not summary.ok
+    assert any("no space left" in p for p in summary.problems)
+    assert journal.runs(1)[0]["status"] == "failed"
+    monkeypatch.undo()
+    again = make_plan(graph, store, env, tmp_path, journal, identity.id)
+    assert again[0].status == "fresh"  # the committed result is there: the next run resumes from it
+    journal.close()

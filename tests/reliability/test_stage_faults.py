@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,7 +165,7 @@ set +e
 echo "rc=$?" >> {tmp_path}/run.out
 {_cli()} verify --store {tmp_path}/mnt/store > {tmp_path}/verify.out 2>&1
 echo "rc=$?" >> {tmp_path}/verify.out
-python -c "import json,sys; from trtflow.storage.store import Store; s=Store(sys.argv[1]); \
+{shlex.quote(sys.executable)} -c "import json,sys; from trtflow.storage.store import Store; s=Store(sys.argv[1]); \
 print(json.dumps(sorted(m['node'] for _, m in s.iter_manifests())))" {tmp_path}/mnt/store > {tmp_path}/nodes.out
 ls -A {tmp_path}/mnt/store/tmp > {tmp_path}/tmp.out
 """

@@ -83,6 +83,7 @@ class Runner:
         self.executor = executor or _make_executor(self.options, store, self.run_id)
         self.remote = _open_remote(self.options.remote)
         self._keys: dict[str, str] = {}  # node -> key of the result this run used
+        self._refs_at_start = store.refs.current(recipe.id)  # what the previous runs used: "previous" results
         self._cancel = threading.Event()
         self._digests: dict[tuple[str, str], str] = {}
         self._sizes: dict[tuple[str, str], int] = {}
@@ -446,7 +447,7 @@ class Runner:
                               hint="wire an output the upstream node writes in this case, e.g. select.engine when "
                               "the candidates are engines")
         key = parts.key
-        previous = previous_manifest(self.store, self.recipe.id, node.name)
+        previous = previous_manifest(self.store, self.recipe.id, node.name, self._refs_at_start)
         if step.parts is None or step.key != key:  # planned before its inputs were known: say what changed
             step.reasons = explain(parts, previous)
         reused = self._reuse(node, key, "identical result already in the store")
