@@ -42,6 +42,7 @@ def serve() -> None:
     from trtflow.execution.worker import die_with_parent
 
     die_with_parent(int(os.environ.get("TRTFLOW_FORKSERVER_PARENT", "0")))
+    _warm_engine()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner decides what a Ctrl-C stops
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -82,6 +83,29 @@ def _reply(message: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def _warm_engine() -> None:
+    """What every node process needs, done once here: the worker, the stage contract, the stage registry."""
+    try:
+        from trtflow.execution import worker  # noqa: F401
+        from trtflow.registry import stage_entry_points
+
+        stage_entry_points()
+    except Exception as exc:  # a node process then does it (and reports what fails)
+        print(f"trtflow fork server: warming up failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def _load_stage(name: str | None) -> None:
+    """Import the node's stage module once here (stage modules are cheap to import by contract)."""
+    if not name:
+        return
+    try:
+        from trtflow.registry import get_stage
+
+        get_stage(name)
+    except Exception:  # the node process imports it again and reports the error properly
+        return
+
+
 def _preload(modules: list[str]) -> None:
     import importlib
 
@@ -96,6 +120,7 @@ def _preload(modules: list[str]) -> None:
 
 def _spawn(message: dict[str, Any], children: dict[int, int], server_fds: list[int]) -> None:
     _preload(list(message.get("preload") or []))
+    _load_stage(message.get("stage"))
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -200,13 +225,14 @@ class ForkServerClient:
     def alive(self) -> bool:
         return self._proc.poll() is None
 
-    def spawn(self, job_file: Path, log: Path, env: dict[str, str | None], preload: list[str]) -> Child:
+    def spawn(self, job_file: Path, log: Path, env: dict[str, str | None], preload: list[str],
+              stage: str | None = None) -> Child:
         with self._lock:
             self._next += 1
             child = Child(self._next)
             self._children[child.id] = child
             message = {"op": "spawn", "id": child.id, "job_file": str(job_file), "log": str(log), "env": env,
-                       "preload": preload}
+                       "preload": preload, "stage": stage}
             try:
                 assert self._proc.stdin is not None
                 self._proc.stdin.write((json.dumps(message) + "\n").encode())

@@ -101,7 +101,7 @@ class LocalExecutor:
     def _start(self, job: Job, env: dict[str, str | None]) -> _Handle:
         if self._server is not None and self._server.alive:
             try:
-                child = self._server.spawn(job.job_file, Path(job.log_path), env, job.preload)
+                child = self._server.spawn(job.job_file, Path(job.log_path), env, job.preload, job.stage)
                 return _ServerHandle(child)
             except ServerGone:
                 pass

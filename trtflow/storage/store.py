@@ -277,7 +277,10 @@ def _read_index(dest: Path) -> dict[str, Any]:
 
 
 def _write_index(dest: Path, data: dict[str, Any]) -> None:
-    atomic_write_text(dest / INDEX, json.dumps(data, indent=1))
+    """Replace the folder's index atomically; not fsynced: it only saves copies, and a lost one means a re-copy."""
+    tmp = dest / f".{INDEX}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    os.replace(tmp, dest / INDEX)
 
 
 def _same_file(path: Path, record: Mapping[str, Any]) -> bool:
