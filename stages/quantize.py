@@ -453,6 +453,10 @@ def _name_unnamed_nodes(model_path: Path) -> None:
     onnx.save(model, str(model_path))
 
 
+# Consumers of a dequantized tensor that do not compute on its values (Shape reads only its dimensions).
+_NOT_COMPUTING_ON_VALUES = ("QuantizeLinear", "DequantizeLinear", "Shape", "Size")
+
+
 def count_quantized(model: Any) -> dict[str, Any]:
     """Q/DQ counts, the op types that consume dequantized tensors, and the quantized data types."""
     import onnx
@@ -471,7 +475,7 @@ def count_quantized(model: Any) -> dict[str, Any]:
         if node.op_type != "DequantizeLinear":
             continue
         for consumer in consumers.get(node.output[0], []):
-            if consumer.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+            if consumer.op_type not in _NOT_COMPUTING_ON_VALUES:
                 quantized_nodes[consumer.name or id(consumer)] = consumer.op_type
         source = node.input[0]
         elem_type = initializer_types.get(source)

@@ -86,6 +86,35 @@ def test_data_max_keeps_large_activations_fp32(tmp_path, tiny_cnn_onnx):
     assert relaxed.summary["reference_samples"] == 0
 
 
+def test_streamed_reference_run_decides_as_autocasts_own(tmp_path, tiny_cnn_onnx):
+    """The batch-by-batch reference run gives AutoCast the statistics its own runner computes from all batches."""
+    from modelopt.onnx.autocast import convert_to_mixed_precision
+
+    rng = np.random.default_rng(3)
+    images = rng.standard_normal((6, 3, 32, 32)).astype(np.float32) * np.array([1, 40, 300], "f4")[:, None, None]
+    for folder in ("streamed", "by3"):
+        (tmp_path / folder).mkdir()
+        np.savez(tmp_path / folder / "ref.npz", input=images)
+    params = {"data_max": 64.0, "calibration_data": {"path": "ref.npz"}}
+    streamed = convert(tmp_path / "streamed", tiny_cnn_onnx, **params)
+    own = convert_to_mixed_precision(onnx_path=str(tiny_cnn_onnx), low_precision_type="fp16", data_max=64.0,
+                                     keep_io_types=True, calibration_data=str(tmp_path / "by3" / "ref.npz"))
+    assert 0 < streamed.summary["fp32_nodes"] < streamed.summary["fp32_nodes"] + streamed.summary["converted_nodes"]
+    assert streamed.summary["reference_samples"] == 6 and streamed.summary["reference_batch_size"] == 1
+    assert onnx.load(str(streamed.outputs["model"])).graph == own.graph
+    # Batches of 3 measure the same ranges.
+    by_three = convert(tmp_path / "by3", tiny_cnn_onnx, calibration_batch_size=3, **params)
+    assert by_three.outputs["model"].read_bytes() == streamed.outputs["model"].read_bytes()
+
+
+def test_reference_run_reports_progress_per_batch(tmp_path, tiny_cnn_onnx, caplog):
+    np.savez(tmp_path / "ref.npz", input=np.zeros((4, 3, 32, 32), np.float32))
+    with caplog.at_level("INFO", logger="trtflow.test.convert"):
+        result = convert(tmp_path, tiny_cnn_onnx, calibration_data={"path": "ref.npz"}, calibration_batch_size=2)
+    assert result.summary["reference_batch_size"] == 2
+    assert "reference run: batch 1/2" in caplog.text and "reference run: batch 2/2" in caplog.text
+
+
 def test_io_types_follow_keep_io_types(tmp_path, tiny_cnn_onnx):
     result = convert(tmp_path, tiny_cnn_onnx, keep_io_types=False, data_max=None)
     model = onnx.load(str(result.outputs["model"]))

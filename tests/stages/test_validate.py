@@ -223,3 +223,80 @@ def test_engine_candidate_is_skipped_without_a_runtime(tiny_mlp_onnx, tmp_path):
         validate.stage.check(params)
     assert "GPU" in checked.value.reason or "not installed" in checked.value.reason
     assert validate.stage.resources_for(params).gpu == 1
+
+
+def _fp16_quantize_model(path: Path, scale: float) -> Path:
+    """x float32 -> fp16 -> QuantizeLinear/DequantizeLinear (int8, fp16 scale) -> fp32: the int8 rounding alone."""
+    from onnx import TensorProto
+
+    nodes = [helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16, name="to_fp16"),
+             helper.make_node("QuantizeLinear", ["x16", "scale", "zero"], ["q"], name="quantize"),
+             helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["d16"], name="dequantize"),
+             helper.make_node("Cast", ["d16"], ["y"], to=TensorProto.FLOAT, name="to_fp32")]
+    inits = [numpy_helper.from_array(np.array(scale, np.float16), "scale"),
+             numpy_helper.from_array(np.array(0, np.int8), "zero")]
+    graph = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 64])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    onnx.save(model, str(path))
+    return path
+
+
+def test_onnxruntime_fp16_quantize_rounding_is_measured_as_tensorrt_computes_it(tmp_path):
+    """ONNX Runtime's CPU QuantizeLinear truncates fp16 inputs; the candidate is rewritten to round as specified."""
+    from onnx import TensorProto
+
+    from trtflow_stages._ort_fixes import fix_for_onnxruntime, truncates_fp16_quantize
+
+    scale = 0.0078125  # 1/128: exact in fp16, so the only error left is the int8 rounding
+    candidate = _fp16_quantize_model(tmp_path / "qdq.onnx", scale)
+    identity = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "id",
+                                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+                                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 64])])
+    onnx.save(helper.make_model(identity, opset_imports=[helper.make_opsetid("", 19)]), str(tmp_path / "id.onnx"))
+    data = {"random": {"seed": 0, "num_samples": 4, "ranges": {"x": [-0.9, 0.9]}}}
+    result, _ = _validate(tmp_path / "run", tmp_path / "id.onnx", candidate, data=data)
+    # Rounding to nearest errs by at most half a step (plus the fp16 cast of x: under 5e-4 here); truncation
+    # toward zero errs by up to a whole step.
+    bound = scale / 2 + 5e-4
+    assert result.summary["outputs"]["y"]["max_abs_error"] <= bound
+    rewrites = result.summary["onnxruntime_rewrites"]
+    assert bool(rewrites) == truncates_fp16_quantize()
+    if rewrites:
+        assert "1 QuantizeLinear node(s) with float16 input run in float32" in rewrites[0]
+        assert "onnxruntime#18576" in rewrites[0]
+        import onnxruntime as ort
+
+        x = np.random.default_rng(1).uniform(-0.9, 0.9, (8, 64)).astype(np.float32)
+        as_is = ort.InferenceSession(str(candidate), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        assert np.abs(as_is - x).max() > bound  # what validate would have reported without the rewrite
+        fixed_path, _ = fix_for_onnxruntime(candidate, tmp_path / "fixed")
+        fixed = ort.InferenceSession(str(fixed_path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        assert np.abs(fixed - x).max() <= bound
+
+
+def test_onnxruntime_session_options_are_applied(tiny_cnn_onnx, tmp_path):
+    options = {"graph_optimization_level": "disable", "disabled_optimizers": ["NchwcTransformer"],
+               "intra_op_threads": 1}
+    result, failures = _validate(tmp_path, tiny_cnn_onnx, tiny_cnn_onnx, onnxruntime=options)
+    assert failures == [] and result.summary["onnxruntime"]["graph_optimization_level"] == "disable"
+    with pytest.raises(ValueError, match="graph_optimization_level"):
+        validate.Params.model_validate({"data": RANDOM, "onnxruntime": {"graph_optimization_level": "max"}})
+
+
+def test_a_failed_quantized_candidate_names_the_likely_cause(tiny_cnn_onnx, cnn_perturbed, tmp_path):
+    """The producer's summary travels beside the candidate: the gate message uses it to point at the cause."""
+    import shutil
+
+    folder = tmp_path / "from-quantize"
+    folder.mkdir()
+    shutil.copyfile(cnn_perturbed, folder / "model.onnx")
+    (folder / "quantize.json").write_text(json.dumps({"mode": "int8", "calibrated": False, "quantize_ops": "modelopt",
+                                                      "calibration_data": "random"}))
+    result, failures = _validate(tmp_path / "run", tiny_cnn_onnx, folder / "model.onnx", expect="int8",
+                                 tolerances={"min_cosine_similarity": 0.99999})
+    assert result.summary["candidate_origin"]["stage"] == "quantize"
+    cause = failures[-1]
+    assert "calibrated on random data" in cause and "quantize_ops: weighted" in cause
+    assert "trtflow debug precision RECIPE validate" in cause
