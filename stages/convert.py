@@ -36,7 +36,12 @@ from trtflow_stages._data import (
     check_op_types,
     private_model_copy,
 )
-from trtflow_stages._modelopt import modelopt_environment, modelopt_files, modelopt_resources
+from trtflow_stages._modelopt import (
+    convert_memory,
+    modelopt_environment,
+    modelopt_files,
+    modelopt_resources,
+)
 
 FP16_MAX = 65504.0
 AUTOCAST_DATA_MAX = 512.0  # modelopt.onnx.autocast.convert.DEFAULT_DATA_MAX
@@ -182,7 +187,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     elif params.data_max is not None:
         ctx.log.warning("no calibration_data: AutoCast measures ranges on random inputs in [-1, 1]")
 
-    original = onnx.load(str(model_path), load_external_data=False)
+    original_casts = _count_op(model_path, "Cast")
     ctx.progress(0.1, f"converting to {params.precision} with ModelOpt AutoCast")
     from modelopt.onnx.autocast import convert_to_mixed_precision
 
@@ -233,7 +238,6 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         raise StageFailed(f"cannot save the converted model as one file: {error}",
                           hint="models over 2 GB need external data, which this stage does not write") from error
     counts = precision_counts(converted, params.precision)
-    original_casts = sum(1 for node in original.graph.node if node.op_type == "Cast")
     summary: dict[str, Any] = {
         "precision": params.precision,
         "keep_io_types": params.keep_io_types,
@@ -294,6 +298,14 @@ def precision_counts(model: Any, precision: str) -> dict[str, Any]:
     }
 
 
+def _count_op(model_path: Path, op_type: str) -> int:
+    """Nodes of ``op_type`` in a model file (the model is not kept: the conversion needs the memory)."""
+    import onnx
+
+    return sum(1 for node in onnx.load(str(model_path), load_external_data=False).graph.node
+               if node.op_type == op_type)
+
+
 def _io_types(values: Any, model: Any) -> dict[str, str]:
     import onnx
 
@@ -349,4 +361,5 @@ stage = Stage(
     environment=modelopt_environment,
     files=modelopt_files,
     check=check,
+    memory=convert_memory,
 )
