@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -45,12 +45,28 @@ def modelopt_environment(params: Any) -> list[str]:
 
 GIB = 1 << 30
 #: Resident memory of a worker once numpy, onnx, ONNX Runtime and ModelOpt are imported (measured: ~0.45 GiB).
-LIBRARY_BASELINE = int(0.5 * GIB)
+LIBRARY_BASELINE = int(0.6 * GIB)
+
+# Peak memory per byte of the input model, fitted to ViT runs at widths 768 and depths 2, 4 and 12 (63, 119 and
+# 346 MB; bench/vit_memory.py, calibration batch 1) and rounded up. convert: AutoCast's copies of the model,
+# the reference run's session and every intermediate tensor of one batch (measured 0.90, 1.29 and ~2.9 GiB).
+# quantize: ModelOpt's and ONNX Runtime's copies of the model during calibration and the fp16 conversion
+# (measured 1.09, 1.61 and 4.77 GiB).
+CONVERT_COPIES = 8.0
+QUANTIZE_COPIES = 14.0
 
 
 def model_memory(model_bytes: int, copies: float, activations: int = 0) -> int:
     """Peak memory of a stage holding ``copies`` copies of a model of ``model_bytes`` plus ``activations``."""
     return LIBRARY_BASELINE + int(copies * model_bytes) + activations
+
+
+def convert_memory(params: Any, input_sizes: Mapping[str, int]) -> int:
+    return model_memory(input_sizes.get("model", 0), CONVERT_COPIES)
+
+
+def quantize_memory(params: Any, input_sizes: Mapping[str, int]) -> int:
+    return model_memory(input_sizes.get("model", 0), QUANTIZE_COPIES)
 
 
 # -- calibration data in batches ----------------------------------------------------------------------------------

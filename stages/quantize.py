@@ -37,7 +37,12 @@ from trtflow_stages._data import (
     check_op_types,
     private_model_copy,
 )
-from trtflow_stages._modelopt import modelopt_environment, modelopt_files, modelopt_resources
+from trtflow_stages._modelopt import (
+    modelopt_environment,
+    modelopt_files,
+    modelopt_resources,
+    quantize_memory,
+)
 
 Mode = Literal["int8", "fp8", "int4", "nvfp4"]
 QuantizeOps = Literal["auto", "weighted", "modelopt"]
@@ -272,7 +277,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
                             "it for smoke tests only")
 
         def calibration_progress(done: int, total: int) -> None:
-            ctx.progress(0.1 + 0.7 * done / total, f"calibrating: batch {done}/{total}")
+            then = "; computing scales and writing the model" if done == total else ""
+            ctx.progress(0.1 + 0.7 * done / total, f"calibrating: batch {done}/{total}{then}")
 
         reader = calibration_reader(dataset, batch_size, calibration_progress)
     elif params.calibration_data is not None:
@@ -525,4 +531,5 @@ stage = Stage(
     environment=modelopt_environment,
     files=modelopt_files,
     check=check,
+    memory=quantize_memory,
 )

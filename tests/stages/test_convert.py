@@ -185,3 +185,32 @@ def test_module_is_cheap_to_import():
             "print(sorted({'numpy', 'onnx', 'onnxruntime', 'modelopt'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_memory_estimate_covers_the_measured_peak(tmp_path):
+    """convert's declared memory is an upper bound of a real run's peak RSS (measured in a fresh process)."""
+    import textwrap
+
+    import torch
+
+    from examples.models import vit
+    from tests.conftest import export_onnx
+
+    model = export_onnx(vit.build(image_size=64, patch=16, dim=256, depth=4, heads=4, mlp_dim=1024, num_classes=100),
+                        (torch.randn(2, 3, 64, 64),), tmp_path / "vit.onnx", ["images"], ["logits"],
+                        {"images": {0: "batch"}})
+    np.savez(tmp_path / "ref.npz", images=np.random.default_rng(0).standard_normal((8, 3, 64, 64)).astype("f4"))
+    script = textwrap.dedent("""
+        import resource
+        from trtflow.testing import run_stage
+        from trtflow_stages.convert import stage
+        run_stage(stage, {"calibration_data": {"path": "ref.npz"}}, {"model": "vit.onnx"}, workdir="work",
+                  recipe_dir=".")
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak = int(done.stdout.split()[-1])
+    estimate = stage.memory(Params(), {"model": model.stat().st_size})
+    assert peak < estimate, f"peak {peak / 2**30:.2f} GiB > estimate {estimate / 2**30:.2f} GiB"
