@@ -536,4 +536,5 @@ stage = Stage(
     environment=_environment,
     files=_files,
     check=_check,
+    preload=("onnxruntime", "numpy"),
 )

@@ -843,4 +843,5 @@ stage = Stage(
     resources=_resources,
     environment=_environment,
     check=_check,
+    preload=("onnx", "numpy"),
 )

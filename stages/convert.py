@@ -362,4 +362,5 @@ stage = Stage(
     files=modelopt_files,
     check=check,
     memory=convert_memory,
+    preload=("modelopt.onnx.autocast", "onnxruntime", "numpy"),
 )

@@ -262,4 +262,5 @@ stage = Stage(
     outputs={"model": Output(ONNX, "model.onnx", "The exported ONNX model.")},
     environment=_environment,
     files=_files,
+    preload=("torch", "onnx", "onnxruntime"),
 )

@@ -532,4 +532,5 @@ stage = Stage(
     files=modelopt_files,
     check=check,
     memory=quantize_memory,
+    preload=("modelopt.onnx.quantization", "onnxruntime", "numpy"),
 )

@@ -93,4 +93,5 @@ stage = Stage(
     inputs={"model": Input(ONNX, "The ONNX model to simplify.")},
     outputs={"model": Output(ONNX, "model.onnx", "The simplified ONNX model.")},
     environment=("onnx", "onnxsim", "onnxruntime"),
+    preload=("onnxsim", "onnx", "onnxruntime"),
 )

@@ -717,4 +717,5 @@ stage = Stage(
     gate=gate,
     gate_params=GATE_PARAMS,
     memory=memory,
+    preload=("polygraphy", "onnxruntime", "numpy", "torch"),
 )

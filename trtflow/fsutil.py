@@ -83,3 +83,17 @@ def project_root(start: Path) -> Path | None:
         if (folder / ".git").exists() or (folder / "pyproject.toml").exists():
             return folder
     return None
+
+
+def project_root_of(recipe_path: Path) -> Path:
+    """The recipe's project: the nearest ancestor with .git or pyproject.toml, else the recipe's own folder."""
+    folder = Path(recipe_path).resolve().parent
+    return project_root(folder) or folder
+
+
+def recipe_id(recipe_path: Path) -> str:
+    """A recipe file's identity: its path relative to its project root, in POSIX form (so it is the same in every
+    clone of the project); the absolute path for a recipe outside any project."""
+    path = Path(recipe_path).resolve()
+    root = project_root(path.parent)
+    return path.relative_to(root).as_posix() if root is not None else path.as_posix()

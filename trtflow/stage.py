@@ -125,6 +125,18 @@ class Resources:
     compute_capability: str | None = None
     gpu_name: str | None = None
 
+    def accepts(self, gpu: Any) -> bool:
+        """Whether a GPU (`trtflow.environment.GpuInfo`) meets ``compute_capability`` and ``gpu_name``."""
+        if self.gpu_name and self.gpu_name.lower() not in gpu.name.lower():
+            return False
+        wanted = (self.compute_capability or "").strip()
+        if not wanted:
+            return True
+        have = _cc(gpu.compute_capability)
+        if wanted.startswith(">="):
+            return have >= _cc(wanted[2:])
+        return have == _cc(wanted.removeprefix("sm"))
+
     @classmethod
     def of(cls, value: Resources | frozenset[str] | set[str] | Sequence[str]) -> Resources:
         """Accept the older declaration form: a set of "cpu" / "gpu"."""
@@ -135,6 +147,17 @@ class Resources:
         if unknown:
             raise ValueError(f"unknown resource names {sorted(unknown)}; use Resources(cpu=..., gpu=...)")
         return cls(cpu=1.0, gpu=1 if "gpu" in names else 0)
+
+
+def _cc(text: str) -> tuple[int, ...]:
+    """"9.0" / "90" / "sm90" -> (9, 0)."""
+    text = text.strip().lower().removeprefix("sm")
+    if "." not in text and text.isdigit() and len(text) >= 2:
+        text = f"{text[:-1]}.{text[-1]}"
+    try:
+        return tuple(int(p) for p in text.split("."))
+    except ValueError:
+        return (-1,)
 
 
 @dataclass(frozen=True)
@@ -170,6 +193,8 @@ class Stage:
       fresh run and again on every cached reuse; ``gate_params`` (top-level param names) only configure gates,
       so they are left out of the node key: changing a threshold re-judges the cached measurements.
     - ``memory``: peak host memory estimate (bytes) from the input sizes, for memory-aware scheduling.
+    - ``preload``: heavy modules ``run`` imports (torch, onnx, ...): a warm process imports them once and forks
+      the nodes from it. Only modules whose import starts no thread and does not initialise CUDA belong here.
     - ``version``: bump it for a behaviour change the code digest cannot see (e.g. a dependency's default).
       The node key also holds a digest of the stage's module and the modules of its package it imports.
     """
@@ -188,6 +213,7 @@ class Stage:
     gate: GateFn | None = None
     gate_params: tuple[str, ...] = ()
     memory: MemoryFn | None = None
+    preload: tuple[str, ...] = ()
 
     def resources_for(self, params: Any) -> Resources:
         return Resources.of(self.resources(params) if callable(self.resources) else self.resources)

@@ -15,21 +15,23 @@ FORMATS = ("json", "markdown", "html", "junit")
 
 
 def collect(journal: Journal, recipe: str) -> dict[str, Any]:
-    """The latest run of ``recipe`` with every node's state, timing and summary (metrics)."""
+    """The latest run of the recipe file ``recipe`` (its project-relative path) with every node's state, timing
+    and summary (metrics)."""
     runs = journal.runs(1, recipe)
     if not runs:
         raise UsageError(f"no runs of recipe {recipe!r} recorded", hint="run `trtflow run` first")
+    recipe_file, recipe = recipe, runs[0]["recipe"] or recipe
     run = runs[0]
     nodes = []
     for row in journal.node_runs(run["id"]):
         summary = json.loads(row["summary"]) if row["summary"] else {}
         if row["status"] == "fresh" and not summary:
-            last = journal.last_executed(row["node"], recipe)
+            last = journal.last_executed(row["node"], recipe_file)
             if last and last["summary"]:
                 summary = json.loads(last["summary"])
         nodes.append({k: row[k] for k in ("node", "stage", "status", "reason", "duration", "log_path", "error",
                                           "key")} | {"summary": summary})
-    return {"recipe": recipe, "run": run, "nodes": nodes}
+    return {"recipe": recipe, "recipe_file": recipe_file, "run": run, "nodes": nodes}
 
 
 def render(journal: Journal, recipe: str, fmt: str) -> str:
