@@ -7,10 +7,10 @@ by default: 86.6M parameters), with synthetic images for calibration and validat
                        -> quantize (int8, ModelOpt)  -> validate-int8
                        -> build-fp16 / build-int8 (TensorRT-RTX, built on the CPU; --no-build skips them)
 
-runs it at the given -j, and prints per node: wall time (from the run's JSON report), peak RSS of the node's
-worker process (the kernel's high-water mark VmHWM, read from /proc/<pid>/status while the process lives;
-the worker runs the stage in-process, ModelOpt and ONNX Runtime included), the result, and the figures
-measured on the same model before this work (issue 13) beside them.
+runs it at the given -j, and prints per node what `trtflow show --json` recorded for its latest run: wall time,
+peak RSS (the engine's measure: ru_maxrss of the process that ran the node, which runs the stage in-process,
+ModelOpt and ONNX Runtime included), the result, and the figures measured on the same model before this work
+(issue 13) beside them.
 
     python bench/vit_memory.py                       # ViT-B/16, the issue's data sizes (32 / 16 images)
     python bench/vit_memory.py --depth 2             # ViT-B width, 2 layers: a quick, smaller run
@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,56 +133,23 @@ nodes:
     return recipe
 
 
-class PeakMemory:
-    """Polls /proc for `trtflow.worker` processes and keeps each node's highest VmHWM (peak RSS)."""
-
-    def __init__(self, store: Path, interval: float = 0.05) -> None:
-        self.store = str(store.resolve())
-        self.interval = interval
-        self.peaks: dict[str, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def __enter__(self) -> PeakMemory:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _poll(self) -> None:
-        while not self._stop.is_set():
-            for pid in os.listdir("/proc"):
-                if not pid.isdigit():
-                    continue
-                node = self._node_of(pid)
-                if node is None:
-                    continue
-                peak = _hwm(pid)
-                if peak is not None:
-                    self.peaks[node] = max(self.peaks.get(node, 0), peak)
-            self._stop.wait(self.interval)
-
-    def _node_of(self, pid: str) -> str | None:
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            return None
-        if b"trtflow.worker" not in argv:
-            return None
-        job = argv[argv.index(b"trtflow.worker") + 1].decode()
-        return Path(job).parent.name if job.startswith(self.store) else None
-
-
-def _hwm(pid: str) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return None
-    return None
+def node_records(trtflow: list[str], recipe: Path, store: Path, names: list[str]) -> dict[str, dict]:
+    """Per node: status, summary, duration and peak RSS of its latest run, from `trtflow show --json`."""
+    records: dict[str, dict] = {}
+    for name in names:
+        shown = subprocess.run([*trtflow, "show", str(recipe), name, "--store", str(store), "--json"],
+                               cwd=recipe.parent, capture_output=True, text=True)
+        if shown.returncode != 0:
+            continue
+        infos = json.loads(shown.stdout)
+        for info in infos if isinstance(infos, list) else [infos]:
+            last = info.get("last_run") or {}
+            records[info["node"]] = {
+                "stage": info["stage"], "status": last.get("status") or info["status"],
+                "summary": info.get("summary") or json.loads(last.get("summary") or "null") or {},
+                "duration": last.get("duration"), "peak_rss": last.get("peak_rss") or info.get("peak_rss"),
+            }
+    return records
 
 
 def gib(value: int | None) -> str:
@@ -193,7 +158,7 @@ def gib(value: int | None) -> str:
 
 def result_text(node: dict) -> str:
     summary = node.get("summary") or {}
-    status = node.get("status", "?")
+    status = node.get("status") or "?"
     if node.get("stage") == "validate" and summary:
         cosines = [o.get("cosine_similarity") for o in (summary.get("outputs") or {}).values()]
         cosine = f"cosine {cosines[0]:.4f}" if cosines and cosines[0] is not None else ""
@@ -237,30 +202,27 @@ def main() -> int:
           f"{args.calibration_samples} calibration / {args.validation_samples} validation images; "
           f"-j {args.jobs or 'default'}; work folder {workdir}", flush=True)
     started = time.perf_counter()
-    with PeakMemory(store) as memory:
-        run = subprocess.run([*trtflow, "run", str(recipe), "--store", str(store), "-j", str(args.jobs), "-k",
-                              "-q"], cwd=workdir)
+    run = subprocess.run([*trtflow, "run", str(recipe), "--store", str(store), "-j", str(args.jobs), "-k", "-q"],
+                         cwd=workdir)
     total = time.perf_counter() - started
-    report = json.loads(subprocess.run([*trtflow, "report", str(recipe), "--store", str(store), "-f", "json"],
-                                       cwd=workdir, capture_output=True, text=True, check=True).stdout)
-    nodes = report.get("nodes", [])
+    nodes = node_records(trtflow, recipe, store, ["export", "simplify", "convert", "quantize", "validate", "build"])
     is_vit_b = shape == Shape(224, 16, 768, 12, 12, 3072, 1000) and args.calibration_samples == 32
     header = f"{'node':<15} {'wall':>8} {'peak RSS':>10}  {'result':<32}"
     if is_vit_b:
         header += f" | before: {'wall':>7} {'peak RSS':>9}  result"
     print(header)
     print("-" * len(header))
-    for node in nodes:
-        name = node["node"]
+    for name, node in nodes.items():
         duration = node.get("duration")
         line = (f"{name:<15} {'-' if duration is None else f'{duration:.1f} s':>8} "
-                f"{gib(memory.peaks.get(name)):>10}  {result_text(node):<32}")
+                f"{gib(node.get('peak_rss')):>10}  {result_text(node):<32}")
         if is_vit_b and name in BEFORE:
             wall, rss, result = BEFORE[name]
             line += f" | {'':8}{wall:>7} {rss:>9}  {result}"
         print(line)
+    peaks = [n["peak_rss"] for n in nodes.values() if n.get("peak_rss")]
     print(f"total {total:.1f} s, trtflow run exit code {run.returncode}; the largest node peaked at "
-          f"{gib(max(memory.peaks.values(), default=None))} (fp32 model ~{shape.parameters() * 4 / 2**30:.2f} GiB)")
+          f"{gib(max(peaks, default=None))} (fp32 model ~{shape.parameters() * 4 / 2**30:.2f} GiB)")
     return run.returncode
 
 
