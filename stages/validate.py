@@ -503,7 +503,7 @@ def judge_task_metrics(values: Mapping[str, float], thresholds: Mapping[str, Bou
     return failures
 
 
-def likely_cause(params: Params, summary: Mapping[str, Any]) -> str:
+def likely_cause(params: Params, summary: Mapping[str, Any], node: str = "") -> str:
     """What most likely made the candidate differ, and what to do next, from what its producer recorded."""
     origin = summary.get("candidate_origin") or {}
     causes: list[str] = []
@@ -527,9 +527,33 @@ def likely_cause(params: Params, summary: Mapping[str, Any]) -> str:
     else:
         causes.append(f"the candidate should compute what the reference computes in {params.expect}: a conversion "
                       "or runtime changed the computation")
-    node = summary.get("node") or "NODE"
+    node = node or summary.get("node") or "NODE"
     return (f"likely cause: {'; '.join(causes)}. Next: find the first layer that diverges with "
             f"`trtflow debug precision RECIPE {node}`; the measurements are in {node}'s validate.json")
+
+
+def compare_outputs(reference: Mapping[str, Any], candidate: Mapping[str, Any],
+                    params: Params) -> dict[str, dict[str, Any]]:
+    """`measure_outputs`, each output with its tolerance and verdict under ``params`` (for callers that judge
+    in-process, e.g. precision debugging)."""
+    outputs = measure_outputs(reference, candidate)
+    for name, entry in outputs.items():
+        tolerance = resolved_tolerance(params, name)
+        failures = judge_output(name, entry, tolerance)
+        entry.update(tolerance=tolerance, passed=not failures, failures=failures)
+    return outputs
+
+
+def evaluate_task_metric(function: Callable[..., Any], reference: Mapping[str, Any], candidate: Mapping[str, Any],
+                         params: Params) -> tuple[dict[str, Any], list[str]]:
+    """The task metric's values with their bounds and verdicts under ``params``, and the failure messages."""
+    values = measure_task_metric(function, reference, candidate, params)
+    failures = judge_task_metrics(values, params.task_thresholds)
+    metrics: dict[str, Any] = {key: {"value": value} for key, value in values.items()}
+    for key, bound in params.task_thresholds.items():
+        metrics[key].update(min=bound.min, max=bound.max,
+                            passed=not any(f.startswith(f"task metric {key} ") for f in failures))
+    return metrics, failures
 
 
 #: Params that only configure gates: left out of the node key, so changing them re-judges cached measurements.
@@ -543,8 +567,15 @@ def gate(params: Params, summary: Mapping[str, Any], gate_ctx: GateContext) -> l
         failures += judge_output(name, entry, resolved_tolerance(params, name))
     failures += judge_task_metrics(summary.get("task_metrics") or {}, params.task_thresholds)
     if failures:
-        failures.append(likely_cause(params, summary))
+        failures.append(likely_cause(params, summary, gate_ctx.node))
     return failures
+
+
+def _plain(value: Any) -> Any:
+    """JSON form of params models (tolerances, bounds) and numpy scalars in the metrics."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump()
+    return float(value)
 
 
 # -- memory ---------------------------------------------------------------------------------------------------
@@ -668,7 +699,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
                     hint="save reference outputs for exactly the rows of the data (same order)")
 
     ctx.progress(0.92, "comparing")
-    outputs = measure_outputs(reference, candidate)
+    outputs = compare_outputs(reference, candidate, params)
     task_metrics: dict[str, float] = {}
     if params.task_metric:
         function = load_user_function(params.task_metric, ctx.resolve, "task metric")
@@ -689,7 +720,13 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         "outputs": outputs,
         "task_metrics": task_metrics,
     }
-    ctx.output("metrics").write_text(json.dumps(metrics, indent=2, default=float) + "\n", encoding="utf-8")
+    # The verdict under this run's thresholds, for readers of validate.json; the engine re-judges the
+    # measurements with `gate` whenever the thresholds change, without running again.
+    failures = gate(params, metrics, GateContext(node=ctx.node))
+    metrics.update(passed=not failures, failures=failures,
+                   judged_with={name: getattr(params, name) for name in GATE_PARAMS})
+    metrics = json.loads(json.dumps(metrics, default=_plain))
+    ctx.output("metrics").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     worst = min((entry["cosine_similarity"] for entry in outputs.values()), default=math.nan)
     ctx.progress(1.0, f"measured {len(outputs)} output(s) on {rows} rows; lowest cosine similarity {worst:.4f}")
     return metrics

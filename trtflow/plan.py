@@ -198,8 +198,10 @@ def key_parts(graph: Graph, node: ConcreteNode, output_digests: Mapping[tuple[st
     inputs: dict[str, str] = {}
     sources: dict[str, str] = {}
     for slot, slot_refs in node.upstream.items():
+        many = stage.inputs[slot].many
         for i, ref in enumerate(slot_refs):
-            label = slot if len(slot_refs) == 1 else f"{slot}[{i}]"
+            # a many-slot's entries are keyed by their producer, so renaming a candidate re-runs the chooser
+            label = f"{slot}[{ref[0]}.{ref[1]}]" if many else slot if len(slot_refs) == 1 else f"{slot}[{i}]"
             digest = output_digests.get(ref)
             if digest is None:
                 return None
@@ -219,7 +221,7 @@ def judge(graph: Graph, node: ConcreteNode, manifest: Mapping[str, Any], kctx: K
     if stage.gate is None:
         return []
     gate_ctx = GateContext(previous=manifest.get("previous_summary"), facts=manifest.get("facts", {}),
-                           resolve=kctx.resolve)
+                           resolve=kctx.resolve, node=node.name)
     try:
         return stage.judge(node.params_model, manifest.get("summary") or {}, gate_ctx)
     except TrtflowError as exc:

@@ -156,16 +156,3 @@ def test_gc_keeps_latest_builds_only(tmp_path):
     removed = [r for r in result.removals if r.what == "result"]
     assert len(removed) == 3 and all(r.why.startswith("superseded") for r in removed)
     assert all(s.status == "fresh" for s in plan_of(tmp_path, store, overrides=["nodes.a.params.value=bye"]).values())
-
-
-def test_html_report_draws_benchmark_latency():
-    from trtflow.report.formats import to_html
-
-    data = {
-        "recipe": "r", "run": {"id": "run1", "status": "ok", "started": 0.0},
-        "nodes": [{"node": "bench", "stage": "benchmark", "status": "done", "reason": "", "duration": 1.0,
-                   "log_path": None, "error": None, "key": "k",
-                   "summary": {"points": [{"batch_size": 4, "median_ms": 2.0, "p99_ms": 3.5}]}}],
-    }
-    page = to_html(data)
-    assert page.count("<rect") == 2 and "bench (batch 4)" in page and "2 / 3.5 ms" in page

@@ -22,24 +22,28 @@ class Job:
     node: str
     stage: str
     params: dict[str, Any]
-    inputs: dict[str, str]  # slot -> path of the input file (its source node's other outputs beside it)
+    inputs: dict[str, str | list[str]]  # slot -> path of the input file (its source node's other outputs beside
+    # it); a many-slot: a list of paths, each in a folder named after its producer
     scratch: str  # private folder; outputs go to scratch/out
     recipe_dir: str
     cache_dir: str
     log_path: str
     facts: dict[str, str] = field(default_factory=dict)
     allowed_roots: list[str] = field(default_factory=list)
-    device: str | None = None  # CUDA_VISIBLE_DEVICES for the node (a GPU or MIG UUID), None: no GPU
+    device: str | None = None  # CUDA_VISIBLE_DEVICES for the node (GPU or MIG UUIDs, comma-separated), None: no GPU
+    ran_alone: bool = False  # the scheduler ran nothing beside it (an exclusive node)
     previous_summary: dict[str, Any] | None = None
     timeout: float | None = None
     preload: list[str] = field(default_factory=list)  # modules worth importing once in a warm server
     parent_pid: int = 0
     # for executors that run nodes elsewhere: where each input's bytes come from (slot -> {filename: digest})
     input_objects: dict[str, dict[str, str]] = field(default_factory=dict)
+    # slot -> per input: its producer's node, template, matrix and own inputs (StageContext.input_sources)
+    input_sources: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def gpu(self) -> int | None:
-        """The CUDA ordinal the stage uses: the node sees its device alone, as device 0."""
+        """The CUDA ordinal the stage uses: the node sees only its devices, the first as device 0."""
         return 0 if self.device else None
 
     @property

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.environment import GpuInfo
-from trtflow.errors import EnvironmentUnavailable, UsageError
-from trtflow.execution.protocol import CRASHED, INTERRUPTED, OK, Job, Outcome
+from trtflow.errors import EnvironmentUnavailable, TrtflowError, UsageError
+from trtflow.execution.protocol import CRASHED, FAILED, INTERRUPTED, OK, Job, Outcome
 from trtflow.execution.results import RunOptions
 from trtflow.execution.scheduler import Capacity
 from trtflow.storage.store import Store
@@ -45,7 +45,9 @@ class RayExecutor:
                 raise UsageError("a Ray cluster of several machines moves artifacts through a remote cache",
                                  hint="add --remote DIR_ON_SHARED_STORAGE or --remote s3://bucket/prefix "
                                  "(or set TRTFLOW_REMOTE)")
-            options.remote = str(store.root / "ray-remote")  # a local cluster: a directory beside the store
+            implicit = store.root / "ray-remote"  # a local cluster: a directory beside the store is the remote
+            implicit.mkdir(parents=True, exist_ok=True)
+            options.remote = str(implicit)
         self.remote_url = options.remote
         self._gpu_nodes: dict[str, str] = {}  # GPU visible id -> Ray node id
         self._refs: dict[str, Any] = {}
@@ -131,7 +133,16 @@ class RayExecutor:
                     return Outcome(INTERRUPTED, error="interrupted")
             try:
                 result, log_text = ray.get(ref)
-            except Exception as exc:  # the task failed for good (retries exhausted) or was cancelled
+            except ray.exceptions.RayTaskError as exc:  # our task code raised: say what, not "a worker died"
+                if cancel.is_set():
+                    return Outcome(INTERRUPTED, error="interrupted")
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, TrtflowError):
+                    return Outcome(FAILED, error=cause.message, hint=cause.hint)
+                return Outcome(CRASHED, error=f"the Ray task of node {job.node} raised "
+                               f"{type(cause or exc).__name__}: {str(cause or exc).strip().splitlines()[-1]}",
+                               hint="see the Ray worker's log (/tmp/ray/session_latest/logs on that machine)")
+            except Exception as exc:  # the worker died (retries exhausted), the task was cancelled, the node was lost
                 if cancel.is_set():
                     return Outcome(INTERRUPTED, error="interrupted")
                 return Outcome(CRASHED, error=f"the Ray task of node {job.node} failed after {MAX_RETRIES} retries: "
@@ -188,14 +199,19 @@ def _run_node(job_data: dict[str, Any], outputs: dict[str, tuple[str, str]], rem
     work = Path(tempfile.mkdtemp(prefix=f"trtflow-{job.node}-"))
     try:
         cache = Store(work / "inputs")
-        inputs: dict[str, str] = {}
-        for slot, objects in job.input_objects.items():
+        inputs_dir = work / "scratch" / "in"
+        for place, objects in job.input_objects.items():  # place: "<slot>", or "<slot>/<producer>" in a many-slot
             remote.pull_objects(objects, cache, node=job.node)
-            folder = work / "scratch" / "in" / slot
+            folder = inputs_dir / place
             folder.mkdir(parents=True, exist_ok=True)
             for out in objects.values():
-                os.link(cache.object_path(out["digest"]), folder / out["filename"])
-            inputs[slot] = str(folder / Path(job.inputs[slot]).name)
+                target = folder / out["filename"]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.link(cache.object_path(out["digest"]), target)
+        inputs: dict[str, str | list[str]] = {
+            slot: [str(inputs_dir / slot / rel) for rel in names] if isinstance(names, list)
+            else str(inputs_dir / slot / names)
+            for slot, names in job.inputs.items()}
         local = Job(**{**job_data, "inputs": inputs, "scratch": str(work / "scratch"),
                        "log_path": str(work / "node.log"), "cache_dir": str(work / "caches"), "device": None,
                        "parent_pid": os.getpid()})

@@ -57,6 +57,7 @@ from trtflow.plan import (
     previous_manifest,
 )
 from trtflow.recipe.expand import ConcreteNode
+from trtflow.stage import NATIVE_STEP_FILE
 from trtflow.storage.journal import Journal
 from trtflow.storage.lock import SHARED, StoreLock
 from trtflow.storage.refs import RecipeIdentity
@@ -237,6 +238,8 @@ class Runner:
             results[step.node.name] = NodeResult(step.node.name, step.node.stage, status, step.reason, step.key,
                                                  error=error, hint=GATE_HINT if error else None, outputs=outputs,
                                                  summary=manifest.get("summary", {}))
+            if error:  # up to date, but its cached measurements fail the gate as it stands now: say so
+                self.hooks.on_node_end(results[step.node.name])
             summary = manifest.get("summary")
             rows.append((self.run_id, step.node.name, step.node.stage, step.key, status, step.reason,
                          json.dumps(summary) if summary else None))
@@ -338,7 +341,7 @@ class Runner:
                 raise
 
     def _stops_run(self, res: NodeResult) -> bool:
-        if self.options.keep_going:
+        if self.options.keep_going or self._gate_failure_absorbed(res):
             return False
         return res.status not in SUCCESS and not (res.status == SKIPPED and not self.options.require_gpu)
 
@@ -351,7 +354,7 @@ class Runner:
         """"wait", a result that ends the node without running it, or the allocation to run it with."""
         node = step.node
         upstream = self.graph.upstream(node.name)
-        failed = next((u for u in upstream if u in results and results[u].status not in SUCCESS), None)
+        failed = next((u for u in upstream if u in results and not self._usable(node, u, results[u])), None)
         if failed is not None:
             up = results[failed]
             skipped = up.status == SKIPPED or (up.status == BLOCKED and up.reason.endswith("cannot run here"))
@@ -432,7 +435,14 @@ class Runner:
             parts = key_parts(self.graph, node, self._digests, self.kctx, allocation.device)
         except TrtflowError as exc:
             return NodeResult(node.name, node.stage, FAILED, step.reason, error=exc.message, hint=exc.hint)
-        assert parts is not None, "the inputs of a ready node are known"
+        if parts is None:  # every upstream node finished, yet one did not write an (optional) output wired here
+            missing = [f"{slot} <- {src}.{out}" for slot, refs in node.upstream.items() for src, out in refs
+                       if (src, out) not in self._digests]
+            return NodeResult(node.name, node.stage, FAILED, step.reason,
+                              error=f"input(s) not produced: {', '.join(missing)} (optional outputs their node did "
+                              "not write this time)",
+                              hint="wire an output the upstream node writes in this case, e.g. select.engine when "
+                              "the candidates are engines")
         key = parts.key
         previous = previous_manifest(self.store, self.recipe.id, node.name)
         if step.parts is None or step.key != key:  # planned before its inputs were known: say what changed
@@ -586,16 +596,32 @@ class Runner:
                       allowed_roots=[str(p) for p in self.kctx.allowed_roots],
                       device=allocation.device.visible_id if allocation.device else None,
                       previous_summary=previous_summary, timeout=node.timeout, preload=list(stage.preload),
-                      parent_pid=os.getpid(), input_objects=input_objects)
+                      parent_pid=os.getpid(), input_objects=input_objects,
+                      input_sources=self._input_sources(node))
             try:
                 outcome = self.executor.execute(job, self._cancel)
             except OSError as exc:
                 return failed(f"could not start the stage process: {exc.strerror or exc}",
                               "free disk space and memory, then run again")
+            if outcome.status == protocol.CRASHED and (scratch / NATIVE_STEP_FILE).exists():
+                self._keep_for_repro(node.name, scratch, outcome)
             return self._conclude(step, parts, key, outcome, job, log_path, previous_summary, started)
         finally:
             self._scratch.pop(node.name, None)
             shutil.rmtree(scratch, ignore_errors=True)
+
+    def _keep_for_repro(self, node: str, scratch: Path, outcome: Outcome) -> None:
+        """Keep a crashed node's scratch (its inputs) where the reproduction command can still find them."""
+        kept = self.store.root / "crashes" / self.run_id / node
+        try:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(scratch), kept)
+        except OSError:
+            return
+        for field_name in ("error", "hint"):
+            text = getattr(outcome, field_name)
+            if text:
+                setattr(outcome, field_name, text.replace(str(scratch), str(kept)))
 
     def _conclude(self, step: Step, parts: KeyParts, key: str, outcome: Outcome, job: Job, log_path: Path,
                   previous_summary: dict[str, Any] | None, started: float) -> NodeResult:
@@ -673,51 +699,94 @@ class Runner:
                               hint="free disk space, then run again", **common)
         return self._committed(node, key, manifest, step.reason, common)
 
-    def _remote_inputs(self, node: ConcreteNode) -> tuple[dict[str, str], dict[str, dict[str, dict[str, Any]]]]:
+    def _remote_inputs(self, node: ConcreteNode
+                       ) -> tuple[dict[str, str | list[str]], dict[str, dict[str, dict[str, Any]]]]:
         """For executors whose workers fetch inputs from the remote cache: which objects each slot needs (pushed
         there first if this store has them from an earlier run), and the file name of each slot's input."""
         assert self.remote is not None
-        inputs: dict[str, str] = {}
+        inputs: dict[str, str | list[str]] = {}
         objects: dict[str, dict[str, dict[str, Any]]] = {}
+        specs = self.graph.stages[node.stage].inputs
         for slot, refs in node.upstream.items():
-            src_node, out_name = refs[0]
-            manifest = self.store.read_manifest(self._keys[src_node]) or {}
-            self._push(src_node, self._keys[src_node])
-            objects[slot] = dict(manifest.get("outputs", {}))
-            inputs[slot] = objects[slot][out_name]["filename"]
+            names = []
+            for src_node, out_name in refs:
+                # a many-slot's artifacts each get their own folder, in/<slot>/<producer node>/
+                place = f"{slot}/{src_node}" if specs[slot].many else slot
+                manifest = self.store.read_manifest(self._keys[src_node]) or {}
+                self._push(src_node, self._keys[src_node])
+                objects[place] = dict(manifest.get("outputs", {}))
+                names.append(f"{src_node}/{objects[place][out_name]['filename']}" if specs[slot].many
+                             else objects[place][out_name]["filename"])
+            inputs[slot] = names if specs[slot].many else names[0]
         return inputs, objects
 
-    def _link_inputs(self, node: ConcreteNode, scratch: Path) -> dict[str, str]:
+    def _link_inputs(self, node: ConcreteNode, scratch: Path) -> dict[str, str | list[str]]:
         """Hard-link each input into ``scratch/in/<slot>/``, with the source node's other outputs beside it.
 
         Siblings travel along so that companion files stay together: an ONNX model's external weights
         (``model.onnx_data``) or an engine's provenance manifest (``engine.json``). Objects are immutable and
-        checked against their digest before use (re-hashed when their size, mtime or inode changed).
+        checked against their digest before use (re-hashed when their size, mtime or inode changed). A many-slot
+        gets a list: each artifact in ``scratch/in/<slot>/<producer node>/``.
         """
-        inputs: dict[str, str] = {}
+        inputs: dict[str, str | list[str]] = {}
+        specs = self.graph.stages[node.stage].inputs
         for slot, refs in node.upstream.items():
-            src_node, out_name = refs[0]
-            stage = self.graph.stages[self.graph.nodes[src_node].stage]
-            folder = scratch / "in" / slot
-            folder.mkdir(parents=True, exist_ok=True)
-            for name, out in stage.outputs.items():
-                digest = self._digests.get((src_node, name))
-                if digest is None:
-                    continue
-                source = self.store.object_path(digest)
-                # re-hashed in full, not trusted on its (size, mtime, inode): a stage never reads damaged bytes
-                if not self.store.object_intact(digest, self._sizes.get((src_node, name), -1)):
-                    raise TrtflowError(
-                        f"the stored output {src_node}.{name} ({source}) is missing or changed after it was "
-                        "committed; it is not used",
-                        hint="run `trtflow verify --fix`, then run again: the damaged node is rebuilt")
-                target = folder / out.filename
-                try:
-                    os.link(source, target)
-                except OSError:
-                    shutil.copyfile(source, target)
-            inputs[slot] = str(folder / stage.outputs[out_name].filename)
+            if specs[slot].many:
+                inputs[slot] = [self._link_one(src, out, scratch / "in" / slot / src) for src, out in refs]
+            else:
+                inputs[slot] = self._link_one(*refs[0], scratch / "in" / slot)
         return inputs
+
+    def _link_one(self, src_node: str, out_name: str, folder: Path) -> str:
+        stage = self.graph.stages[self.graph.nodes[src_node].stage]
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, out in stage.outputs.items():
+            digest = self._digests.get((src_node, name))
+            if digest is None:
+                continue
+            source = self.store.object_path(digest)
+            # re-hashed in full, not trusted on its (size, mtime, inode): a stage never reads damaged bytes
+            if not self.store.object_intact(digest, self._sizes.get((src_node, name), -1)):
+                raise TrtflowError(
+                    f"the stored output {src_node}.{name} ({source}) is missing or changed after it was "
+                    "committed; it is not used",
+                    hint="run `trtflow verify --fix`, then run again: the damaged node is rebuilt")
+            target = folder / out.filename
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(source, target)
+            except OSError:
+                shutil.copyfile(source, target)
+        return str(folder / stage.outputs[out_name].filename)
+
+    def _input_sources(self, node: ConcreteNode) -> dict[str, list[dict[str, Any]]]:
+        """Per slot, where each input came from: the producer's name, template, matrix and own inputs."""
+        sources: dict[str, list[dict[str, Any]]] = {}
+        for slot, refs in node.upstream.items():
+            sources[slot] = []
+            for src, _ in refs:
+                producer = self.graph.nodes[src]
+                sources[slot].append({"node": src, "template": producer.template, "matrix": producer.matrix,
+                                      "inputs": {s: [n for n, _ in r] for s, r in producer.upstream.items()}})
+        return sources
+
+    def _usable(self, consumer: ConcreteNode, producer: str, result: NodeResult) -> bool:
+        """A producer's outputs may feed ``consumer``: it succeeded, or its gate failed on committed outputs and
+        every slot it feeds accepts that (a chooser excludes the candidate instead of being blocked)."""
+        if result.status in SUCCESS:
+            return True
+        if result.status != GATE_FAILED:
+            return False
+        specs = self.graph.stages[consumer.stage].inputs
+        feeds = [(slot, out) for slot, refs in consumer.upstream.items() for src, out in refs if src == producer]
+        return all(specs[slot].accept_gate_failed and (producer, out) in self._digests for slot, out in feeds)
+
+    def _gate_failure_absorbed(self, result: NodeResult) -> bool:
+        """A failed gate whose committed outputs only feed slots that accept them (candidates of a chooser)
+        does not stop a fail-fast run: the chooser still runs and reports the excluded candidate."""
+        consumers = self.graph.downstream(result.node)
+        return result.status == GATE_FAILED and bool(consumers) and all(
+            self._usable(self.graph.nodes[c], result.node, result) for c in consumers)
 
 
 def upstream_pending(upstream: list[str], results: dict[str, NodeResult]) -> bool:

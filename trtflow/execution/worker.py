@@ -60,10 +60,11 @@ def run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: loggin
             node=job.node, scratch=Path(job.scratch), recipe_dir=Path(job.recipe_dir), outputs=stage.outputs,
             cache_dir=Path(job.cache_dir), facts=job.facts, gpu=job.gpu,
             allowed_roots=[Path(p) for p in job.allowed_roots], logger=log, progress_file=job.progress_file,
-            previous_summary=job.previous_summary,
+            previous_summary=job.previous_summary, input_sources=job.input_sources, ran_alone=job.ran_alone,
         )
         log.info("stage %s %s starting; params %s", stage.name, stage.version, json.dumps(job.params))
-        inputs = {slot: Path(p) for slot, p in job.inputs.items()}
+        inputs = {slot: [Path(each) for each in p] if isinstance(p, list) else Path(p)
+                  for slot, p in job.inputs.items()}
         summary = stage.run(ctx, inputs, params) or {}
         result: dict[str, Any] = {"status": OK, "summary": dict(summary)}
     except StageSkipped as exc:

@@ -146,6 +146,19 @@ def _collect(store: Store, keep_days: float, dry_run: bool, report: GcReport) ->
                                        "logs of a run no recipe's latest results come from"))
         if not dry_run:
             shutil.rmtree(log_dir, ignore_errors=True)
+    for crash_dir in _children(store.root / "crashes"):
+        run_id = crash_dir.name
+        if run_id in keep_runs or run_id in latest_journal_runs or _run_started(run_id) >= keep_since:
+            continue
+        report.removals.append(Removal("crash", "-", crash_dir.name, _tree_size(crash_dir), _age(crash_dir, now),
+                                       "inputs kept to reproduce a crash of a run that is no longer the latest"))
+        if not dry_run:
+            shutil.rmtree(crash_dir, ignore_errors=True)
+    for partial in store.objects.glob("*/.*") if store.objects.exists() else []:
+        report.removals.append(Removal("scratch", "-", partial.name, partial.lstat().st_size, _age(partial, now),
+                                       "a partial download or copy left by a killed run"))
+        if not dry_run:
+            _force_unlink(partial)
     for refs in forgotten:
         report.removals.append(Removal("refs", refs.recipe_id, "-", 0, now - refs.updated,
                                        f"the recipe file {refs.path} no longer exists"))

@@ -362,12 +362,19 @@ def _manifest_problem(key: str | None, manifest: Any) -> str | None:
             return f"output {name!r} has no valid digest"
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             return f"output {name!r} has no valid size"
-        if (not isinstance(filename, str) or filename in ("", ".", "..")
-                or any(c in filename for c in "/\\\0")):
+        if not _safe_relative_name(filename):
             return f"output {name!r} has an unsafe file name {filename!r}"
         if not isinstance(out.get("kind"), str):
             return f"output {name!r} has no kind"
     return None
+
+
+def _safe_relative_name(filename: object) -> bool:
+    """A file name that stays inside its folder: relative, POSIX, no '..', '.', empty parts, backslash or NUL."""
+    if not isinstance(filename, str) or not filename or filename.startswith("/") or "\\" in filename \
+            or "\0" in filename:
+        return False
+    return all(part not in ("", ".", "..") for part in filename.split("/"))
 
 
 def _check_key(key: str) -> None:

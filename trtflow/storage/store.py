@@ -290,6 +290,7 @@ def _same_file(path: Path, record: Mapping[str, Any]) -> bool:
 
 def _copy_atomically(source: Path, target: Path) -> None:
     """Copy (a reflink where the filesystem offers one: copy_file_range) to a temp name, then rename."""
+    target.parent.mkdir(parents=True, exist_ok=True)  # an output's file name may hold folders (1/model.onnx)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
         shutil.copyfile(source, tmp)
