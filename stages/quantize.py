@@ -516,7 +516,7 @@ def _relay_log(log_file: Path, ctx: StageContext) -> None:
 
 stage = Stage(
     name="quantize",
-    version="1",
+    version="2",
     description="Post-training quantization (int8, fp8, int4) of an ONNX model with NVIDIA ModelOpt.",
     params=Params,
     run=run,

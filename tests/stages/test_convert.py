@@ -213,4 +213,5 @@ def test_memory_estimate_covers_the_measured_peak(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     peak = int(done.stdout.split()[-1])
     estimate = stage.memory(Params(), {"model": model.stat().st_size})
+    print(f"peak {peak / 2**30:.3f} GiB, estimate {estimate / 2**30:.3f} GiB")
     assert peak < estimate, f"peak {peak / 2**30:.2f} GiB > estimate {estimate / 2**30:.2f} GiB"
