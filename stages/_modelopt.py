@@ -49,11 +49,11 @@ LIBRARY_BASELINE = int(0.6 * GIB)
 
 # Peak memory per byte of the input model, fitted to ViT runs at widths 768 and depths 2, 4 and 12 (63, 119 and
 # 346 MB; bench/vit_memory.py, calibration batch 1) and rounded up. convert: AutoCast's copies of the model,
-# the reference run's session and every intermediate tensor of one batch (measured 0.90, 1.29 and ~2.9 GiB).
+# the reference run's session and every intermediate tensor of one batch (measured 0.77, 1.29 and 2.96 GiB).
 # quantize: ModelOpt's and ONNX Runtime's copies of the model during calibration and the fp16 conversion
-# (measured 1.09, 1.61 and 4.77 GiB).
+# (measured 1.09, 1.61 and 4.55-4.87 GiB).
 CONVERT_COPIES = 8.0
-QUANTIZE_COPIES = 14.0
+QUANTIZE_COPIES = 15.0
 
 
 def model_memory(model_bytes: int, copies: float, activations: int = 0) -> int:
