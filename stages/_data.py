@@ -1,10 +1,11 @@
 """Model-input data shared by the stages that feed a model: quantize calibration, validate and benchmark.
 
 A recipe names where the data comes from with a `DataSource`: a ``.npz``/``.npy`` file or a directory of
-them, a Python callable, or explicitly requested random data. `load_arrays` turns any of them into one
-array per model input, stacked along axis 0 (the form ModelOpt's ``calibration_data`` takes), and
-`check_arrays` compares those arrays with the model's inputs so that a mismatch is reported by name before
-any library sees it.
+them, a Python callable, or explicitly requested random data. `open_dataset` checks it against the model's
+inputs (`check_arrays`: a mismatch is reported by name before any library sees it) and gives a `Dataset`
+that is read batch by batch, so a stage's memory does not grow with the size of the data set (files are
+read from disk one batch at a time). `load_arrays` reads it whole: one array per model input, stacked along
+axis 0.
 
 Heavy libraries (numpy, onnx) are imported inside functions: stage modules import this one at plan time.
 """
@@ -26,15 +27,19 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = [
+    "ArrayHeader",
     "DataSource",
+    "Dataset",
     "InputSpec",
     "RandomData",
+    "batch_rows",
     "check_arrays",
     "data_files",
     "iter_batches",
     "load_arrays",
     "num_rows",
     "onnx_input_specs",
+    "open_dataset",
 ]
 
 _LOG = logging.getLogger(__name__)
@@ -214,17 +219,34 @@ def load_arrays(
     ctx_resolve: Callable[[str], Path],
     log: logging.Logger | None = None,
 ) -> dict[str, np.ndarray]:
-    """One array per model input, stacked along axis 0, checked against ``specs`` (see `check_arrays`)."""
+    """One array per model input, stacked along axis 0, checked against ``specs`` (see `check_arrays`).
+
+    This holds the whole data set in memory; stages that feed a model batch by batch use `open_dataset`.
+    """
+    return open_dataset(source, specs, ctx_resolve, log).read_all()
+
+
+def open_dataset(
+    source: DataSource,
+    specs: Sequence[InputSpec],
+    ctx_resolve: Callable[[str], Path],
+    log: logging.Logger | None = None,
+) -> Dataset:
+    """The data of ``source`` checked against ``specs``, to be read batch by batch (see `Dataset`).
+
+    Files are checked from their headers and read only when batches are drawn; a callable's result and
+    random data are held in memory.
+    """
     log = log or _LOG
     if source.random is not None:
-        arrays = _random_arrays(source.random, specs, log)
+        parts: list[_Part] = [_MemoryPart(_random_arrays(source.random, specs, log), "random data")]
     elif source.path is not None:
-        arrays = _arrays_from_path(ctx_resolve(source.path), specs, source.path)
+        parts = _parts_from_path(ctx_resolve(source.path), specs, source.path)
     else:
         assert source.callable is not None
-        arrays = _arrays_from_callable(source.callable, ctx_resolve)
-    check_arrays(arrays, specs)
-    return arrays
+        parts = [_MemoryPart(arrays, origin) for arrays, origin in _arrays_from_callable(source.callable,
+                                                                                         ctx_resolve)]
+    return Dataset(parts, specs)
 
 
 def iter_batches(
@@ -244,6 +266,21 @@ def iter_batches(
         if drop_last and start + batch_size > total:
             return
         yield {name: a[start : start + batch_size] for name, a in arrays.items()}
+
+
+def batch_rows(specs: Sequence[InputSpec], requested: int | None) -> tuple[int, bool]:
+    """(rows per model call, whether a short last batch is dropped): a static batch dimension fixes both.
+
+    Default: the static batch dimension, or 1 when it is dynamic (the least memory per call). Raises
+    ValueError when ``requested`` contradicts a static batch dimension.
+    """
+    static = {s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], int) and s.shape[0] > 0}
+    if static:
+        batch = static.pop()
+        if requested is not None and requested != batch:
+            raise ValueError(f"batch size {requested} but the model's batch dimension is fixed at {batch}")
+        return batch, True
+    return requested or 1, False
 
 
 def check_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[InputSpec]) -> None:
@@ -352,69 +389,23 @@ def _random_arrays(random: RandomData, specs: Sequence[InputSpec], log: logging.
     return arrays
 
 
-def _arrays_from_path(path: Path, specs: Sequence[InputSpec], shown: str) -> dict[str, Any]:
+def _parts_from_path(path: Path, specs: Sequence[InputSpec], shown: str) -> list[_Part]:
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".npz", ".npy"))
         if not files:
             raise StageFailed(f"data directory {shown} ({path}) holds no .npz or .npy file",
                               hint="put the input arrays there as .npz (one array per input) or .npy")
-        return _concatenate([_read_file(f, specs) for f in files], [str(f) for f in files])
+        return [_FilePart(f, specs) for f in files]
     if not path.exists():
         raise StageFailed(f"data file {shown} not found (looked at {path})",
                           hint="paths are relative to the recipe file")
-    return _read_file(path, specs)
+    if path.suffix not in (".npz", ".npy"):
+        raise StageFailed(f"data file {path} is neither .npz nor .npy",
+                          hint="save arrays with numpy.savez (several inputs) or numpy.save (one input)")
+    return [_FilePart(path, specs)]
 
 
-def _read_file(path: Path, specs: Sequence[InputSpec]) -> dict[str, Any]:
-    import numpy as np
-
-    try:
-        if path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as archive:
-                return {name: archive[name] for name in archive.files}
-        if path.suffix == ".npy":
-            array = np.load(path, allow_pickle=False)
-            if len(specs) != 1:
-                raise StageFailed(
-                    f"{path} holds a single array but the model has {len(specs)} inputs "
-                    f"{[s.name for s in specs]}",
-                    hint="save the data as .npz with one array per input: np.savez(path, "
-                    + ", ".join(f"{s.name}=..." for s in specs) + ")",
-                )
-            return {specs[0].name: array}
-    except StageFailed:
-        raise
-    except (ValueError, OSError) as error:
-        raise StageFailed(f"cannot read data file {path}: {error}",
-                          hint="save arrays with numpy.savez / numpy.save (no pickled objects)") from error
-    raise StageFailed(f"data file {path} is neither .npz nor .npy",
-                      hint="save arrays with numpy.savez (several inputs) or numpy.save (one input)")
-
-
-def _concatenate(parts: Sequence[Mapping[str, Any]], origins: Sequence[str]) -> dict[str, Any]:
-    import numpy as np
-
-    if not parts:
-        return {}
-    names = list(parts[0])
-    for part, origin in zip(parts, origins, strict=True):
-        if sorted(part) != sorted(names):
-            raise StageFailed(
-                f"{origin} holds arrays {sorted(part)} but {origins[0]} holds {sorted(names)}",
-                hint="every data file must hold the same inputs",
-            )
-    if len(parts) == 1:
-        return dict(parts[0])
-    try:
-        return {name: np.concatenate([np.asarray(p[name]) for p in parts], axis=0) for name in names}
-    except ValueError as error:
-        raise StageFailed(
-            f"cannot stack data from {len(parts)} parts along axis 0: {error}",
-            hint="every part must give each input the same dtype and non-batch shape",
-        ) from error
-
-
-def _arrays_from_callable(reference: str, ctx_resolve: Callable[[str], Path]) -> dict[str, Any]:
+def _arrays_from_callable(reference: str, ctx_resolve: Callable[[str], Path]) -> list[tuple[dict[str, Any], str]]:
     import numpy as np
 
     function = _load_function(reference, ctx_resolve)
@@ -438,11 +429,256 @@ def _arrays_from_callable(reference: str, ctx_resolve: Callable[[str], Path]) ->
         if not isinstance(part, Mapping):
             raise StageFailed(f"data callable {reference}: item {index} is {type(part).__name__}, not a dict "
                               "{input name: numpy array}")
-    converted = [{str(k): np.asarray(v) for k, v in part.items()} for part in parts]
-    if not converted:
+    if not parts:
         raise StageFailed(f"data callable {reference} returned no data (an empty list)",
                           hint="return at least one sample")
-    return _concatenate(converted, [f"{reference} item {i}" for i in range(len(converted))])
+    return [({str(k): np.asarray(v) for k, v in part.items()}, f"{reference} item {index}")
+            for index, part in enumerate(parts)]
+
+
+# -- reading data batch by batch -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArrayHeader:
+    """The shape and dtype of an array, known without reading its data (duck-types what `check_arrays` reads)."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+class _RowReader:
+    """Reads consecutive rows (slices along axis 0) of one array."""
+
+    def read(self, count: int) -> Any:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the file the rows come from (nothing for arrays in memory)."""
+
+
+class _Part:
+    """One source of rows for every input: an .npz/.npy file or a dict of arrays."""
+
+    origin: str
+    headers: dict[str, ArrayHeader]
+
+    def open(self) -> dict[str, _RowReader]:
+        raise NotImplementedError
+
+
+class _ArrayRows(_RowReader):
+    def __init__(self, array: Any) -> None:
+        self.array = array
+        self.position = 0
+
+    def read(self, count: int) -> Any:
+        rows = self.array[self.position : self.position + count]
+        self.position += len(rows)
+        return rows
+
+
+class _MemoryPart(_Part):
+    def __init__(self, arrays: Mapping[str, Any], origin: str) -> None:
+        self.arrays = dict(arrays)
+        self.origin = origin
+        self.headers = {name: ArrayHeader(tuple(a.shape), a.dtype) for name, a in self.arrays.items()}
+
+    def open(self) -> dict[str, _RowReader]:
+        return {name: _ArrayRows(array) for name, array in self.arrays.items()}
+
+
+class _StreamRows(_RowReader):
+    """Rows of a C-ordered .npy stream (a file or an archive member), read sequentially."""
+
+    def __init__(self, stream: Any, header: ArrayHeader) -> None:
+        self.stream = stream
+        self.header = header
+        self.row_bytes = header.dtype.itemsize * int(_product(header.shape[1:]))
+        self.remaining = header.shape[0]
+
+    def read(self, count: int) -> Any:
+        import numpy as np
+
+        count = min(count, self.remaining)
+        data = self.stream.read(count * self.row_bytes)
+        if len(data) != count * self.row_bytes:
+            raise StageFailed(f"data file ended early: {len(data)} of {count * self.row_bytes} bytes read",
+                              hint="the file is truncated; save it again")
+        self.remaining -= count
+        return np.frombuffer(data, dtype=self.header.dtype).reshape((count, *self.header.shape[1:])).copy()
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+class _FilePart(_Part):
+    """A .npy file (for a single-input model) or an .npz archive (one array per input), read by rows."""
+
+    def __init__(self, path: Path, specs: Sequence[InputSpec]) -> None:
+        self.path = path
+        self.origin = str(path)
+        self.specs = specs
+        if path.suffix == ".npy" and len(specs) != 1:
+            raise StageFailed(
+                f"{path} holds a single array but the model has {len(specs)} inputs {[s.name for s in specs]}",
+                hint="save the data as .npz with one array per input: np.savez(path, "
+                + ", ".join(f"{s.name}=..." for s in specs) + ")",
+            )
+        self.headers = {}
+        for name, (stream, header, _) in self._streams().items():
+            stream.close()
+            self.headers[name] = header
+
+    def _streams(self) -> dict[str, tuple[Any, ArrayHeader, bool]]:
+        """name -> (open stream positioned after the header, header, fortran order)."""
+        import zipfile
+
+        try:
+            if self.path.suffix == ".npy":
+                stream = open(self.path, "rb")  # noqa: SIM115 (the row reader closes it)
+                return {self.specs[0].name: (stream, *_read_header(stream, self.path))}
+            archive = zipfile.ZipFile(self.path)
+            streams = {}
+            for member in archive.namelist():
+                if not member.endswith(".npy"):
+                    continue
+                stream = archive.open(member)
+                streams[member[: -len(".npy")]] = (stream, *_read_header(stream, self.path))
+            return streams
+        except StageFailed:
+            raise
+        except (ValueError, OSError, zipfile.BadZipFile) as error:
+            raise StageFailed(f"cannot read data file {self.path}: {error}",
+                              hint="save arrays with numpy.savez / numpy.save (no pickled objects)") from error
+
+    def open(self) -> dict[str, _RowReader]:
+        readers: dict[str, _RowReader] = {}
+        for name, (stream, header, fortran_order) in self._streams().items():
+            if fortran_order:  # rows are not contiguous on disk: read the array whole
+                import numpy as np
+
+                stream.close()
+                with np.load(self.path, allow_pickle=False) as data:
+                    array = data if self.path.suffix == ".npy" else data[name]
+                    readers[name] = _ArrayRows(np.ascontiguousarray(array))
+            else:
+                readers[name] = _StreamRows(stream, header)
+        return readers
+
+
+def _read_header(stream: Any, path: Path) -> tuple[ArrayHeader, bool]:
+    import numpy as np
+    from numpy.lib import format as npy
+
+    version = npy.read_magic(stream)
+    reader = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}.get(version)
+    if reader is None:
+        raise StageFailed(f"cannot read data file {path}: .npy format version {version} is not supported",
+                          hint="save arrays with numpy.savez / numpy.save")
+    shape, fortran_order, dtype = reader(stream)
+    dtype = np.dtype(dtype)
+    if dtype.hasobject:
+        raise StageFailed(f"cannot read data file {path}: it holds Python objects (pickled), which are refused",
+                          hint="save arrays with numpy.savez / numpy.save (no pickled objects)")
+    return ArrayHeader(tuple(int(d) for d in shape), dtype), bool(fortran_order)
+
+
+def _product(values: Sequence[int]) -> int:
+    result = 1
+    for value in values:
+        result *= value
+    return result
+
+
+class Dataset:
+    """Model inputs drawn batch by batch: only the batch being used is in memory (for file sources).
+
+    Checked against the model's input specs when opened (names, dtypes, ranks, static dimensions, row counts);
+    every call of `batches` reads the data again from its start.
+    """
+
+    def __init__(self, parts: Sequence[_Part], specs: Sequence[InputSpec]) -> None:
+        self.parts = list(parts)
+        self.specs = list(specs)
+        first = self.parts[0]
+        for part in self.parts[1:]:
+            if sorted(part.headers) != sorted(first.headers):
+                raise StageFailed(
+                    f"{part.origin} holds arrays {sorted(part.headers)} but {first.origin} holds "
+                    f"{sorted(first.headers)}",
+                    hint="every data file must hold the same inputs",
+                )
+            for name, header in part.headers.items():
+                reference = first.headers[name]
+                if header.dtype != reference.dtype or header.shape[1:] != reference.shape[1:]:
+                    raise StageFailed(
+                        f"cannot stack data from {len(self.parts)} parts along axis 0: {name!r} is "
+                        f"{header.dtype}{list(header.shape)} in {part.origin} but {reference.dtype}"
+                        f"{list(reference.shape)} in {first.origin}",
+                        hint="every part must give each input the same dtype and non-batch shape",
+                    )
+        combined = {
+            name: ArrayHeader((sum(p.headers[name].shape[0] for p in self.parts), *header.shape[1:])
+                              if header.ndim else header.shape, header.dtype)
+            for name, header in first.headers.items()
+        }
+        check_arrays(combined, specs)
+        for part in self.parts:
+            rows = {name: h.shape[0] for name, h in part.headers.items() if h.ndim}
+            if len(set(rows.values())) > 1:
+                raise StageFailed(f"{part.origin}: inputs have different numbers of rows along axis 0: {rows}",
+                                  hint="give every input the same number of samples in each file")
+        self.rows = sum(next(iter(p.headers.values())).shape[0] for p in self.parts)
+        self.nbytes = sum(h.dtype.itemsize * _product(h.shape) for p in self.parts for h in p.headers.values())
+
+    def row_bytes(self) -> int:
+        """Bytes of one row of every input together."""
+        return self.nbytes // max(self.rows, 1)
+
+    def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
+        return self.rows // batch_size if drop_last else -(-self.rows // batch_size)
+
+    def batches(self, batch_size: int, drop_last: bool = False) -> Iterator[dict[str, np.ndarray]]:
+        """Consecutive batches of ``batch_size`` rows of every input (the last one may be shorter)."""
+        import numpy as np
+
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        pending: list[dict[str, Any]] = []
+        pending_rows = 0
+        for part in self.parts:
+            readers = part.open()
+            try:
+                while True:
+                    chunk = {name: reader.read(batch_size - pending_rows) for name, reader in readers.items()}
+                    rows = len(next(iter(chunk.values())))
+                    if rows == 0:
+                        break
+                    pending.append(chunk)
+                    pending_rows += rows
+                    if pending_rows == batch_size:
+                        yield _join_chunks(pending, np)
+                        pending, pending_rows = [], 0
+            finally:
+                for reader in readers.values():
+                    reader.close()
+        if pending and not drop_last:
+            yield _join_chunks(pending, np)
+
+    def read_all(self) -> dict[str, np.ndarray]:
+        """Every row of every input in memory (one array per input)."""
+        return next(self.batches(self.rows))
+
+
+def _join_chunks(chunks: Sequence[Mapping[str, Any]], np: Any) -> dict[str, Any]:
+    if len(chunks) == 1:
+        return dict(chunks[0])
+    return {name: np.concatenate([chunk[name] for chunk in chunks], axis=0) for name in chunks[0]}
 
 
 def _load_function(reference: str, ctx_resolve: Callable[[str], Path]) -> Callable[[], Any]:

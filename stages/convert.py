@@ -12,13 +12,24 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from trtflow.stage import METRICS, ONNX, Input, Output, Stage, StageContext, StageFailed, StageParams, StageSkipped
+from trtflow.stage import (
+    METRICS,
+    ONNX,
+    Input,
+    Output,
+    RecipeError,
+    Stage,
+    StageContext,
+    StageFailed,
+    StageParams,
+    StageSkipped,
+)
 from trtflow_stages._data import (
     DataSource,
     check_node_patterns,
@@ -26,7 +37,12 @@ from trtflow_stages._data import (
     private_model_copy,
 )
 from trtflow_stages._diagnosis import autocast_repro, modelopt_step
-from trtflow_stages._modelopt import modelopt_environment, modelopt_files, modelopt_resources
+from trtflow_stages._modelopt import (
+    convert_memory,
+    modelopt_environment,
+    modelopt_files,
+    modelopt_resources,
+)
 
 FP16_MAX = 65504.0
 AUTOCAST_DATA_MAX = 512.0  # modelopt.onnx.autocast.convert.DEFAULT_DATA_MAX
@@ -90,6 +106,13 @@ class Params(StageParams):
         "which may not reflect real ranges or may not run on models with shape-dependent graphs; the "
         "summary then says reference_data: autocast-random.",
     )
+    calibration_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Rows of calibration_data per reference-run call. Default: the model's static batch "
+        "dimension, or 1 when it is dynamic. The run holds every intermediate tensor of one batch, so memory "
+        "grows with this, not with the number of samples.",
+    )
     calibration_eps: list[str] = Field(
         default_factory=lambda: ["cpu"],
         description="ONNX Runtime execution providers for the reference run: 'cpu', 'cuda:N', 'trt'. "
@@ -143,7 +166,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     import numpy as np
     import onnx
 
-    from trtflow_stages._data import load_arrays, onnx_input_specs
+    from trtflow_stages._data import batch_rows, onnx_input_specs, open_dataset
+    from trtflow_stages._modelopt import streamed_reference_run
 
     model_path = private_model_copy(inputs["model"], ctx.scratch / "input")
     check_node_patterns(model_path, {"nodes_to_exclude": params.nodes_to_exclude,
@@ -153,29 +177,43 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         if absent:
             ctx.log.warning("%s: the model has no node of op type %s (misspelt?)", field, absent)
 
+    dataset = None
+    batch_size = 1
     reference_path: str | None = None
-    rows = 0
     if params.uses_data:
         assert params.calibration_data is not None
-        ctx.progress(0.05, f"loading reference data ({params.calibration_data.describe()})")
-        arrays = load_arrays(params.calibration_data, onnx_input_specs(model_path), ctx.resolve, ctx.log)
-        rows = min(int(a.shape[0]) for a in arrays.values())
+        ctx.progress(0.05, f"reading reference data ({params.calibration_data.describe()})")
+        specs = onnx_input_specs(model_path)
+        dataset = open_dataset(params.calibration_data, specs, ctx.resolve, ctx.log)
+        try:
+            batch_size, _ = batch_rows(specs, params.calibration_batch_size)
+        except ValueError as error:
+            raise RecipeError(str(error), field="calibration_batch_size",
+                              hint="leave calibration_batch_size out to use the model's batch") from None
+        # The first batch alone goes to a file: for the reproduction command and the ONNX Runtime check.
         reference_file = ctx.scratch / "reference.npz"
-        np.savez(reference_file, **arrays)
+        np.savez(reference_file, **next(dataset.batches(batch_size)))
         reference_path = str(reference_file)
     elif params.calibration_data is not None:
         ctx.log.info("data_max is null: no reference run, calibration_data is not used")
     elif params.data_max is not None:
         ctx.log.warning("no calibration_data: AutoCast measures ranges on random inputs in [-1, 1]")
 
-    original = onnx.load(str(model_path), load_external_data=False)
-    ctx.progress(0.2, f"converting to {params.precision} with ModelOpt AutoCast")
+    original_casts = _count_op(model_path, "Cast")
+    ctx.progress(0.1, f"converting to {params.precision} with ModelOpt AutoCast")
     from modelopt.onnx.autocast import convert_to_mixed_precision
+
+    def reference_progress(done: int, total: int) -> None:
+        ctx.progress(0.1 + 0.7 * done / total, f"reference run: batch {done}/{total}")
 
     repro = _autocast_repro(model_path, params, reference_path)
     try:
-        with _forward_logs("modelopt.onnx.autocast", ctx.log), \
-                modelopt_step(ctx, model_path, f"converting to {params.precision} (AutoCast)", repro):
+        with _forward_logs("modelopt.onnx.autocast", ctx.log), ExitStack() as stack:
+            if dataset is not None:
+                stack.enter_context(streamed_reference_run(dataset, batch_size, str(ctx.scratch),
+                                                           reference_progress))
+            stack.enter_context(modelopt_step(ctx, model_path, f"converting to {params.precision} (AutoCast)",
+                                              repro))
             converted = convert_to_mixed_precision(
                 onnx_path=str(model_path),
                 low_precision_type=params.precision,
@@ -186,13 +224,13 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
                 data_max=np.inf if params.data_max is None else params.data_max,
                 init_max=params.init_max,
                 keep_io_types=params.keep_io_types,
-                calibration_data=reference_path,
+                calibration_data=None,
                 init_conversion_max_bytes=params.init_conversion_max_bytes,
                 providers=list(params.calibration_eps),
                 max_depth_of_reduction=params.max_depth_of_reduction,
                 opset=params.opset,
             )
-    except StageFailed:
+    except (StageFailed, RecipeError):
         raise
     except Exception as error:
         ctx.log.exception("AutoCast failed")
@@ -202,6 +240,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
                     "with real input shapes, or set data_max: null to skip that run; " + hint)
         raise StageFailed(f"AutoCast {params.precision} conversion failed: {type(error).__name__}: {error}",
                           hint=hint) from error
+    rows = dataset.rows if dataset is not None else 0
 
     dim_names = _clean_dim_names(ctx, converted)
     ctx.progress(0.85, "saving the converted model")
@@ -213,12 +252,12 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
                           hint="models over 2 GB need external data, which this stage does not write") from error
     ort_check = _check_on_onnx_runtime(ctx, params, out, reference_path) if params.check else None
     counts = precision_counts(converted, params.precision)
-    original_casts = sum(1 for node in original.graph.node if node.op_type == "Cast")
     summary: dict[str, Any] = {
         "precision": params.precision,
         "keep_io_types": params.keep_io_types,
         "reference_data": _reference_kind(params),
         "reference_samples": rows,
+        "reference_batch_size": batch_size if dataset is not None else None,
         "data_max": params.data_max,
         "init_max": params.init_max,
         "cast_nodes": {"before": original_casts, "after": counts.pop("cast_nodes")},
@@ -351,6 +390,14 @@ def precision_counts(model: Any, precision: str) -> dict[str, Any]:
     }
 
 
+def _count_op(model_path: Path, op_type: str) -> int:
+    """Nodes of ``op_type`` in a model file (the model is not kept: the conversion needs the memory)."""
+    import onnx
+
+    return sum(1 for node in onnx.load(str(model_path), load_external_data=False).graph.node
+               if node.op_type == op_type)
+
+
 def _io_types(values: Any, model: Any) -> dict[str, str]:
     import onnx
 
@@ -406,5 +453,6 @@ stage = Stage(
     environment=modelopt_environment,
     files=modelopt_files,
     check=check,
+    memory=convert_memory,
     preload=("modelopt.onnx.autocast", "onnxruntime", "numpy"),
 )

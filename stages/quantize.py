@@ -12,6 +12,7 @@ import json
 import re
 import shutil
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +24,7 @@ from trtflow.stage import (
     EnvironmentUnavailable,
     Input,
     Output,
+    RecipeError,
     Stage,
     StageContext,
     StageFailed,
@@ -35,9 +37,15 @@ from trtflow_stages._data import (
     check_op_types,
     private_model_copy,
 )
-from trtflow_stages._modelopt import modelopt_environment, modelopt_files, modelopt_resources
+from trtflow_stages._modelopt import (
+    modelopt_environment,
+    modelopt_files,
+    modelopt_resources,
+    quantize_memory,
+)
 
 Mode = Literal["int8", "fp8", "int4", "nvfp4"]
+QuantizeOps = Literal["auto", "weighted", "modelopt"]
 
 METHODS: dict[str, tuple[str, ...]] = {
     "int8": ("entropy", "max"),
@@ -51,6 +59,8 @@ DEFAULT_METHOD = {"int8": "entropy", "fp8": "entropy", "int4": "awq_clip", "nvfp
 WEIGHT_ONLY_METHODS = ("rtn", "rtn_dq")
 # ModelOpt's ONNX PTQ converts the non-quantized rest of an int8/fp8 model to this by default.
 MODELOPT_DEFAULT_HIGH_PRECISION = "fp16"
+# The ops whose inputs "weighted" placement quantizes: those that multiply an activation by a weight.
+WEIGHTED_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 _EP_PATTERN = re.compile(r"^(cpu|trt|NvTensorRtRtx|cuda:\d+|dml:\d+)$")
 
 
@@ -71,6 +81,24 @@ class Params(StageParams):
         None,
         description="Model inputs to calibrate with (axis 0 = samples). Required except for int4 'rtn' and "
         "'rtn_dq'. Random data only when asked for via 'random:'; the summary then says calibrated: false.",
+    )
+    calibration_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Rows of calibration_data per calibration call. Default: the model's static batch "
+        "dimension, or 1 when it is dynamic. Calibration holds the calibrated tensors of one batch, so memory "
+        "grows with this, not with the number of samples.",
+    )
+    quantize_ops: QuantizeOps = Field(
+        "auto",
+        description="Which nodes get Q/DQ (int8/fp8). 'weighted': only the inputs and weights of Conv, "
+        "ConvTranspose, Gemm and MatMul-with-a-weight nodes; MatMuls of two activations (attention scores and "
+        "attention-weighted values), residual Adds, LayerNorm, Softmax and GELU stay in high precision. "
+        "'modelopt': ModelOpt's own placement, which also quantizes residual Adds, pooling, LayerNorm inputs "
+        "and attention MatMuls, for TensorRT's int8 fusions. 'auto' (default): 'weighted' for int8 models with "
+        "attention or LayerNormalization (per-tensor int8 on attention probabilities and the residual stream "
+        "loses most of a transformer's accuracy), 'modelopt' otherwise (CNNs, fp8). Ignored when "
+        "op_types_to_quantize or nodes_to_quantize choose the nodes.",
     )
     calibration_eps: list[str] = Field(
         default_factory=lambda: ["cpu"],
@@ -132,9 +160,14 @@ class Params(StageParams):
                 f"mode {self.mode} with calibration_method {self.method!r} needs calibration_data (path, "
                 "callable, or random: for a smoke test); only int4 'rtn'/'rtn_dq' calibrate without data"
             )
+        if self.quantize_ops != "auto" and (self.op_types_to_quantize or self.nodes_to_quantize):
+            raise ValueError(f"quantize_ops: {self.quantize_ops} and op_types_to_quantize/nodes_to_quantize both "
+                             "choose the nodes to quantize; give one of them")
         if self.mode == "int4":
             unused = [name for name in ("op_types_to_quantize", "op_types_to_exclude", "nodes_to_quantize",
                                         "high_precision_dtype") if getattr(self, name) is not None]
+            if self.quantize_ops != "auto":
+                unused.append("quantize_ops")
             if unused:
                 raise ValueError(
                     f"{', '.join(unused)} do not apply to int4 (ModelOpt quantizes every Gemm/MatMul weight "
@@ -214,7 +247,8 @@ def check(params: Params) -> None:
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
     import onnx
 
-    from trtflow_stages._data import load_arrays, onnx_input_specs
+    from trtflow_stages._data import batch_rows, onnx_input_specs, open_dataset
+    from trtflow_stages._modelopt import calibration_reader
 
     model_path = private_model_copy(inputs["model"], ctx.scratch / "input")
     check_node_patterns(
@@ -225,25 +259,40 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         if absent:
             ctx.log.warning("%s: the model has no node of op type %s (misspelt?)", field, absent)
     specs = onnx_input_specs(model_path)
-    calibration_data = None
+    reader = None
     rows = 0
+    batch_size = None
     if params.uses_data:
         assert params.calibration_data is not None
-        ctx.progress(0.05, f"loading calibration data ({params.calibration_data.describe()})")
-        calibration_data = load_arrays(params.calibration_data, specs, ctx.resolve, ctx.log)
-        rows = min(int(a.shape[0]) for a in calibration_data.values())
+        ctx.progress(0.05, f"reading calibration data ({params.calibration_data.describe()})")
+        dataset = open_dataset(params.calibration_data, specs, ctx.resolve, ctx.log)
+        rows = dataset.rows
+        try:
+            batch_size, _ = batch_rows(specs, params.calibration_batch_size)
+        except ValueError as error:
+            raise RecipeError(str(error), field="calibration_batch_size",
+                              hint="leave calibration_batch_size out to use the model's batch") from None
         if params.calibration_data.is_random:
             ctx.log.warning("calibrating with RANDOM data: the scales say nothing about real inputs; use "
                             "it for smoke tests only")
+
+        def calibration_progress(done: int, total: int) -> None:
+            then = "; computing scales and writing the model" if done == total else ""
+            ctx.progress(0.1 + 0.7 * done / total, f"calibrating: batch {done}/{total}{then}")
+
+        reader = calibration_reader(dataset, batch_size, calibration_progress)
     elif params.calibration_data is not None:
         ctx.log.info("calibration_method %s reads only the weights: calibration_data is not used",
                      params.method)
 
+    placement = choose_placement(model_path, params)
+    ctx.log.info("Q/DQ placement: %s (%s)", placement.name, placement.reason)
     out_dir = ctx.scratch / "quantized"
     out_dir.mkdir(parents=True, exist_ok=True)
     quantized_path = out_dir / "model.onnx"
     log_file = ctx.scratch / "modelopt.log"
     kwargs: dict[str, Any] = {}
+    nodes_to_exclude = list(params.nodes_to_exclude or [])
     if params.mode in ("int8", "fp8"):
         kwargs.update(
             op_types_to_quantize=params.op_types_to_quantize,
@@ -251,6 +300,9 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
             nodes_to_quantize=params.nodes_to_quantize,
             high_precision_dtype=params.high_precision_dtype or MODELOPT_DEFAULT_HIGH_PRECISION,
         )
+        if placement.name == "weighted":
+            kwargs.update(op_types_to_quantize=list(placement.op_types), disable_mha_qdq=True)
+            nodes_to_exclude += [f"{re.escape(name)}$" for name in placement.unquantized_matmuls]
     if params.block_size is not None:
         kwargs["block_size"] = params.block_size
 
@@ -258,21 +310,23 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     from modelopt.onnx.quantization import quantize
 
     try:
-        quantize(
-            str(model_path),
-            quantize_mode=params.mode,
-            calibration_data=calibration_data,
-            calibration_method=params.method,
-            calibration_eps=list(params.calibration_eps),
-            nodes_to_exclude=params.nodes_to_exclude,
-            use_external_data_format=params.use_external_data_format,
-            simplify=params.simplify,
-            output_path=str(quantized_path),
-            log_level="INFO",
-            log_file=str(log_file),
-            **kwargs,
-        )
-    except StageFailed:
+        with ctx.native_step("modelopt", f"quantizing the model to {params.mode} (calibration runs the model "
+                             "on ONNX Runtime)"):
+            quantize(
+                str(model_path),
+                quantize_mode=params.mode,
+                calibration_data_reader=reader,
+                calibration_method=params.method,
+                calibration_eps=list(params.calibration_eps),
+                nodes_to_exclude=nodes_to_exclude or None,
+                use_external_data_format=params.use_external_data_format,
+                simplify=params.simplify,
+                output_path=str(quantized_path),
+                log_level="INFO",
+                log_file=str(log_file),
+                **kwargs,
+            )
+    except (StageFailed, RecipeError):
         raise
     except Exception as error:
         ctx.log.exception("ModelOpt quantization failed")
@@ -301,6 +355,10 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         "calibrated": bool(params.uses_data and data is not None and not data.uncalibrated),
         "calibration_data": data.kind if params.uses_data and data is not None else None,
         "calibration_samples": rows,
+        "calibration_batch_size": batch_size,
+        "quantize_ops": placement.name,
+        "quantize_ops_reason": placement.reason,
+        "unquantized_activation_matmuls": len(placement.unquantized_matmuls),
         "calibration_eps": list(params.calibration_eps),
         "high_precision_dtype": (params.high_precision_dtype or MODELOPT_DEFAULT_HIGH_PRECISION)
         if params.mode in ("int8", "fp8") else None,
@@ -314,6 +372,95 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     ctx.output("summary").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     ctx.progress(1.0, f"{counts['quantized_nodes']} nodes quantized")
     return summary
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which nodes get Q/DQ: ``name`` ('weighted', 'modelopt', 'custom', 'int4'), why, and what it leaves out."""
+
+    name: str
+    reason: str
+    op_types: tuple[str, ...] = ()
+    unquantized_matmuls: tuple[str, ...] = ()
+
+
+def choose_placement(model_path: Path, params: Params) -> Placement:
+    """Resolve ``quantize_ops`` for this model (see the param's description)."""
+    if params.mode not in ("int8", "fp8"):
+        return Placement("int4", "int4 quantizes the weights of every Gemm/MatMul")
+    if params.op_types_to_quantize or params.nodes_to_quantize:
+        return Placement("custom", "op_types_to_quantize / nodes_to_quantize choose the nodes")
+    graph = _graph_facts(model_path)
+    if params.quantize_ops == "modelopt":
+        return Placement("modelopt", "set in the recipe")
+    attention = (f"{len(graph.activation_matmuls)} MatMul(s) of two activations (attention)"
+                 if graph.activation_matmuls else "")
+    norms = f"{graph.layer_norms} LayerNormalization node(s)" if graph.layer_norms else ""
+    transformer_like = " and ".join(part for part in (attention, norms) if part)
+    if params.quantize_ops == "weighted":
+        reason = "set in the recipe"
+    elif params.mode == "int8" and transformer_like:
+        reason = (f"the model has {transformer_like}: int8 on attention probabilities and on the residual "
+                  "stream loses most of a transformer's accuracy")
+    else:
+        why = ("fp8 keeps the range of attention and residual tensors" if transformer_like
+               else "no attention or LayerNormalization (a CNN-like model)")
+        return Placement("modelopt", f"{why}: ModelOpt's placement, which also quantizes residual Adds and "
+                         "pooling for TensorRT's int8 fusions")
+    if graph.unnamed:
+        _name_unnamed_nodes(model_path)
+        graph = _graph_facts(model_path)
+    present = tuple(op for op in WEIGHTED_OP_TYPES if op in graph.op_types)
+    return Placement("weighted", reason, present, tuple(graph.activation_matmuls))
+
+
+@dataclass
+class _GraphFacts:
+    op_types: set[str]
+    activation_matmuls: list[str]
+    layer_norms: int
+    unnamed: int
+
+
+def _graph_facts(model_path: Path) -> _GraphFacts:
+    """Op types, MatMuls without a constant operand, LayerNorm count and unnamed nodes, weights not loaded."""
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    constant = {init.name for init in graph.initializer}
+    activation_matmuls = []
+    for node in graph.node:
+        inputs = [name for name in node.input if name]
+        if node.op_type == "Constant" or (inputs and all(name in constant for name in inputs)):
+            constant.update(node.output)
+        elif node.op_type == "MatMul" and not any(name in constant for name in inputs):
+            activation_matmuls.append(node.name)
+    return _GraphFacts(
+        op_types={node.op_type for node in graph.node},
+        activation_matmuls=activation_matmuls,
+        layer_norms=sum(node.op_type == "LayerNormalization" for node in graph.node),
+        unnamed=sum(not node.name for node in graph.node),
+    )
+
+
+def _name_unnamed_nodes(model_path: Path) -> None:
+    """Give every node a name (in our private copy), so that excluded nodes can be named to ModelOpt."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    taken = {node.name for node in model.graph.node}
+    for index, node in enumerate(model.graph.node):
+        if not node.name:
+            name = f"{node.op_type}_{index}"
+            while name in taken:
+                name += "_"
+            node.name = name
+            taken.add(name)
+    onnx.save(model, str(model_path))
+
+
+# Consumers of a dequantized tensor that do not compute on its values (Shape reads only its dimensions).
+_NOT_COMPUTING_ON_VALUES = ("QuantizeLinear", "DequantizeLinear", "Shape", "Size")
 
 
 def count_quantized(model: Any) -> dict[str, Any]:
@@ -334,7 +481,7 @@ def count_quantized(model: Any) -> dict[str, Any]:
         if node.op_type != "DequantizeLinear":
             continue
         for consumer in consumers.get(node.output[0], []):
-            if consumer.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+            if consumer.op_type not in _NOT_COMPUTING_ON_VALUES:
                 quantized_nodes[consumer.name or id(consumer)] = consumer.op_type
         source = node.input[0]
         elem_type = initializer_types.get(source)
@@ -369,7 +516,7 @@ def _relay_log(log_file: Path, ctx: StageContext) -> None:
 
 stage = Stage(
     name="quantize",
-    version="1",
+    version="2",
     description="Post-training quantization (int8, fp8, int4) of an ONNX model with NVIDIA ModelOpt.",
     params=Params,
     run=run,
@@ -384,5 +531,6 @@ stage = Stage(
     environment=modelopt_environment,
     files=modelopt_files,
     check=check,
+    memory=quantize_memory,
     preload=("modelopt.onnx.quantization", "onnxruntime", "numpy"),
 )

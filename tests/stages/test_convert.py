@@ -86,6 +86,35 @@ def test_data_max_keeps_large_activations_fp32(tmp_path, tiny_cnn_onnx):
     assert relaxed.summary["reference_samples"] == 0
 
 
+def test_streamed_reference_run_decides_as_autocasts_own(tmp_path, tiny_cnn_onnx):
+    """The batch-by-batch reference run gives AutoCast the statistics its own runner computes from all batches."""
+    from modelopt.onnx.autocast import convert_to_mixed_precision
+
+    rng = np.random.default_rng(3)
+    images = rng.standard_normal((6, 3, 32, 32)).astype(np.float32) * np.array([1, 40, 300], "f4")[:, None, None]
+    for folder in ("streamed", "by3"):
+        (tmp_path / folder).mkdir()
+        np.savez(tmp_path / folder / "ref.npz", input=images)
+    params = {"data_max": 64.0, "calibration_data": {"path": "ref.npz"}}
+    streamed = convert(tmp_path / "streamed", tiny_cnn_onnx, **params)
+    own = convert_to_mixed_precision(onnx_path=str(tiny_cnn_onnx), low_precision_type="fp16", data_max=64.0,
+                                     keep_io_types=True, calibration_data=str(tmp_path / "by3" / "ref.npz"))
+    assert 0 < streamed.summary["fp32_nodes"] < streamed.summary["fp32_nodes"] + streamed.summary["converted_nodes"]
+    assert streamed.summary["reference_samples"] == 6 and streamed.summary["reference_batch_size"] == 1
+    assert onnx.load(str(streamed.outputs["model"])).graph == own.graph
+    # Batches of 3 measure the same ranges.
+    by_three = convert(tmp_path / "by3", tiny_cnn_onnx, calibration_batch_size=3, **params)
+    assert by_three.outputs["model"].read_bytes() == streamed.outputs["model"].read_bytes()
+
+
+def test_reference_run_reports_progress_per_batch(tmp_path, tiny_cnn_onnx, caplog):
+    np.savez(tmp_path / "ref.npz", input=np.zeros((4, 3, 32, 32), np.float32))
+    with caplog.at_level("INFO", logger="trtflow.test.convert"):
+        result = convert(tmp_path, tiny_cnn_onnx, calibration_data={"path": "ref.npz"}, calibration_batch_size=2)
+    assert result.summary["reference_batch_size"] == 2
+    assert "reference run: batch 1/2" in caplog.text and "reference run: batch 2/2" in caplog.text
+
+
 def test_io_types_follow_keep_io_types(tmp_path, tiny_cnn_onnx):
     result = convert(tmp_path, tiny_cnn_onnx, keep_io_types=False, data_max=None)
     model = onnx.load(str(result.outputs["model"]))
@@ -156,3 +185,33 @@ def test_module_is_cheap_to_import():
             "print(sorted({'numpy', 'onnx', 'onnxruntime', 'modelopt'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_memory_estimate_covers_the_measured_peak(tmp_path):
+    """convert's declared memory is an upper bound of a real run's peak RSS (measured in a fresh process)."""
+    import textwrap
+
+    import torch
+
+    from examples.models import vit
+    from tests.conftest import export_onnx
+
+    model = export_onnx(vit.build(image_size=64, patch=16, dim=256, depth=4, heads=4, mlp_dim=1024, num_classes=100),
+                        (torch.randn(2, 3, 64, 64),), tmp_path / "vit.onnx", ["images"], ["logits"],
+                        {"images": {0: "batch"}})
+    np.savez(tmp_path / "ref.npz", images=np.random.default_rng(0).standard_normal((8, 3, 64, 64)).astype("f4"))
+    script = textwrap.dedent("""
+        import resource
+        from trtflow.testing import run_stage
+        from trtflow_stages.convert import stage
+        run_stage(stage, {"calibration_data": {"path": "ref.npz"}}, {"model": "vit.onnx"}, workdir="work",
+                  recipe_dir=".")
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak = int(done.stdout.split()[-1])
+    estimate = stage.memory(Params(), {"model": model.stat().st_size})
+    print(f"peak {peak / 2**30:.3f} GiB, estimate {estimate / 2**30:.3f} GiB")
+    assert peak < estimate, f"peak {peak / 2**30:.2f} GiB > estimate {estimate / 2**30:.2f} GiB"

@@ -17,6 +17,7 @@ from trtflow.stage import StageFailed
 from trtflow_stages._data import (
     DataSource,
     InputSpec,
+    batch_rows,
     check_arrays,
     check_node_patterns,
     check_op_types,
@@ -24,6 +25,7 @@ from trtflow_stages._data import (
     iter_batches,
     load_arrays,
     onnx_input_specs,
+    open_dataset,
     private_model_copy,
 )
 
@@ -348,3 +350,69 @@ def test_module_is_cheap_to_import():
             "print(sorted({'numpy', 'onnx', 'torch', 'modelopt'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# --- reading batch by batch ---------------------------------------------------------------------------------
+
+
+def test_dataset_batches_run_across_files_in_order(tmp_path):
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    for index in range(3):
+        np.savez(folder / f"part{index}.npz", input=np.full((3, 16), index, dtype=np.float32))
+    dataset = open_dataset(DataSource(path="calib"), MLP_SPECS, resolver(tmp_path))
+    assert dataset.rows == 9 and dataset.num_batches(2) == 5 and dataset.num_batches(2, drop_last=True) == 4
+    firsts = [batch["input"][:, 0].tolist() for batch in dataset.batches(2)]
+    assert firsts == [[0, 0], [0, 1], [1, 1], [2, 2], [2]]
+    assert [b["input"][:, 0].tolist() for b in dataset.batches(4, drop_last=True)] == [[0, 0, 0, 1], [1, 1, 2, 2]]
+    # Every pass reads the data again from its start.
+    assert [b["input"].shape[0] for b in dataset.batches(9)] == [9]
+
+
+def test_dataset_reads_npy_and_fortran_ordered_arrays(tmp_path):
+    x = np.arange(5 * 16, dtype=np.float32).reshape(5, 16)
+    np.save(tmp_path / "x.npy", x)
+    np.savez(tmp_path / "f.npz", input=np.asfortranarray(x))
+    for name in ("x.npy", "f.npz"):
+        dataset = open_dataset(DataSource(path=name), MLP_SPECS, resolver(tmp_path))
+        np.testing.assert_array_equal(np.concatenate([b["input"] for b in dataset.batches(2)]), x)
+
+
+def test_dataset_is_checked_from_headers_before_reading(tmp_path, two_input):
+    np.savez(tmp_path / "bad.npz", image=np.zeros((3, 3, 4, 4), np.float32), mask=np.zeros((2, 4), np.int64))
+    with pytest.raises(StageFailed, match=r"different numbers of rows along axis 0: \{'image': 3, 'mask': 2\}"):
+        open_dataset(DataSource(path="bad.npz"), onnx_input_specs(two_input), resolver(tmp_path))
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    np.savez(folder / "a.npz", input=np.zeros((2, 16), np.float32))
+    np.savez(folder / "b.npz", input=np.zeros((2, 16), np.float64))
+    with pytest.raises(StageFailed, match=r"'input' is float64\[2, 16\] in .*b.npz but float32\[2, 16\]"):
+        open_dataset(DataSource(path="parts"), MLP_SPECS, resolver(tmp_path))
+
+
+def test_dataset_holds_one_batch_not_the_data_set(tmp_path):
+    """Drawing batches of a 32 MB file allocates about one batch (numpy reports its allocations to tracemalloc)."""
+    import tracemalloc
+
+    width = 8192
+    specs = [InputSpec(name="x", dtype="float32", shape=("batch", width))]
+    np.savez(tmp_path / "big.npz", x=np.ones((1024, width), np.float32))  # 32 MiB
+    dataset = open_dataset(DataSource(path="big.npz"), specs, resolver(tmp_path))
+    batch_bytes = 16 * width * 4  # 0.5 MiB
+    tracemalloc.start()
+    try:
+        rows = sum(batch["x"].shape[0] for batch in dataset.batches(16))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert rows == 1024
+    assert peak < 6 * batch_bytes, f"peak {peak / 2**20:.1f} MiB while reading 0.5 MiB batches"
+
+
+def test_batch_rows_follow_a_static_batch():
+    dynamic = [InputSpec("x", "float32", ("batch", 4))]
+    static = [InputSpec("x", "float32", (8, 4))]
+    assert batch_rows(dynamic, None) == (1, False) and batch_rows(dynamic, 4) == (4, False)
+    assert batch_rows(static, None) == (8, True) and batch_rows(static, 8) == (8, True)
+    with pytest.raises(ValueError, match="batch size 4 but the model's batch dimension is fixed at 8"):
+        batch_rows(static, 4)

@@ -219,3 +219,80 @@ def test_module_is_cheap_to_import():
             "print(sorted({'numpy', 'onnx', 'onnxruntime', 'modelopt'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# --- int8 defaults that hold on transformers and CNNs ------------------------------------------------------------
+
+
+def synthetic_images(count: int, seed: int, size: int = 32) -> np.ndarray:
+    """Smooth images normalised like ImageNet inputs: blocky low frequencies plus texture."""
+    rng = np.random.default_rng(seed)
+    coarse = rng.normal(0.0, 1.0, (count, 3, 4, 4)).astype(np.float32)
+    images = coarse.repeat(size // 4, axis=2).repeat(size // 4, axis=3)
+    return (images + rng.normal(0.0, 0.25, images.shape)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def small_vit_onnx(tmp_path_factory) -> Path:
+    """ViT-like: 'input' float32 [batch, 3, 32, 32] -> 'logits' [batch, 10]; 17 tokens, 2 blocks, width 64."""
+    import torch
+
+    from examples.models import vit
+    from tests.conftest import export_onnx
+
+    path = tmp_path_factory.mktemp("vit") / "vit.onnx"
+    return export_onnx(vit.build_small(), (torch.randn(2, 3, 32, 32),), path, ["input"], ["logits"],
+                       {"input": {0: "batch"}, "logits": {0: "batch"}})
+
+
+def int8_cosine(tmp_path: Path, model: Path, **params) -> tuple[float, dict]:
+    """Quantize with real ModelOpt, then measure the output's cosine similarity with the validate stage."""
+    from trtflow_stages import validate
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    np.savez(tmp_path / "calib.npz", input=synthetic_images(32, 1))
+    np.savez(tmp_path / "val.npz", input=synthetic_images(16, 2))
+    result = quantize(tmp_path, model, mode="int8", calibration_data={"path": "calib.npz"}, **params)
+    measured = run_stage(validate.stage, {"data": {"path": "val.npz"}, "expect": "int8", "batch_size": 4},
+                         {"reference": model, "candidate": result.outputs["model"]},
+                         workdir=tmp_path / "validate", recipe_dir=tmp_path)
+    return measured.summary["outputs"]["logits"]["cosine_similarity"], result.summary
+
+
+@pytest.mark.slow
+def test_int8_default_keeps_a_vit_accurate(tmp_path, small_vit_onnx):
+    cosine, summary = int8_cosine(tmp_path / "auto", small_vit_onnx)
+    assert summary["quantize_ops"] == "weighted" and "MatMul(s) of two activations" in summary["quantize_ops_reason"]
+    assert summary["unquantized_activation_matmuls"] == 4  # q @ k^T and attn @ v in both blocks
+    assert summary["quantized_by_op_type"] == {"Conv": 1, "MatMul": 8}  # patch embedding, qkv, proj, mlp x2
+    assert cosine > 0.999
+    # ModelOpt's own placement also quantizes the attention MatMuls, LayerNorm inputs and residual Adds.
+    modelopt_cosine, modelopt = int8_cosine(tmp_path / "modelopt", small_vit_onnx, quantize_ops="modelopt")
+    assert {"Add", "LayerNormalization"} <= set(modelopt["quantized_by_op_type"])
+    assert modelopt_cosine < cosine and 1 - modelopt_cosine > 10 * (1 - cosine)
+
+
+@pytest.mark.slow
+def test_int8_default_keeps_modelopts_placement_for_a_cnn(tmp_path, tiny_cnn_onnx):
+    cosine, summary = int8_cosine(tmp_path, tiny_cnn_onnx)
+    assert summary["quantize_ops"] == "modelopt" and "CNN" in summary["quantize_ops_reason"]
+    assert summary["quantized_by_op_type"] == {"Add": 3, "Conv": 9, "GlobalAveragePool": 1}
+    assert cosine > 0.999
+
+
+def test_quantize_ops_cannot_be_combined_with_explicit_node_choices():
+    with pytest.raises(ValidationError, match="give one of them"):
+        Params.model_validate({"mode": "int8", "calibration_data": {"path": "x.npz"}, "quantize_ops": "weighted",
+                               "op_types_to_quantize": ["Conv"]})
+    explicit = Params.model_validate({"mode": "int8", "calibration_data": {"path": "x.npz"},
+                                      "op_types_to_quantize": ["Conv"]})
+    assert explicit.quantize_ops == "auto"
+
+
+def test_calibration_reports_progress_per_batch(tmp_path, tiny_mlp_onnx, caplog):
+    np.savez(tmp_path / "calib.npz", input=np.random.default_rng(0).standard_normal((6, 16)).astype(np.float32))
+    with caplog.at_level("INFO", logger="trtflow.test.quantize"):
+        result = quantize(tmp_path, tiny_mlp_onnx, mode="int8", calibration_method="max",
+                          calibration_data={"path": "calib.npz"}, calibration_batch_size=3)
+    assert result.summary["calibration_batch_size"] == 3 and result.summary["calibration_samples"] == 6
+    assert "calibrating: batch 1/2" in caplog.text and "calibrating: batch 2/2" in caplog.text

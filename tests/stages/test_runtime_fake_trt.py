@@ -18,7 +18,8 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from trtflow.errors import GateFailed, StageFailed, StageSkipped
+from trtflow.errors import StageFailed, StageSkipped
+from trtflow.stage import GateContext
 from trtflow.testing import run_stage
 from trtflow_stages import _trt_runtime, benchmark, validate
 from trtflow_stages._cuda_timing import TimingRun
@@ -185,15 +186,17 @@ def test_validate_engine_candidate_fake_trt(monkeypatch, tiny_cnn_onnx, engine_f
     result = run_stage(validate.stage, {"data": data, "batch_size": 2},
                        {"reference": tiny_cnn_onnx, "candidate": engine}, workdir=tmp_path / "same")
     metrics = json.loads(result.outputs["metrics"].read_text())
-    assert metrics["passed"] and metrics["candidate"] == "tensorrt-rtx engine"
+    assert metrics["candidate"] == "tensorrt-rtx engine"
+    assert validate.stage.judge(validate.Params.model_validate({"data": data}), result.summary, GateContext()) == []
     assert opened == [("model.engine", "engine.json", "tensorrt-rtx")]  # the flavour came from engine.json
 
     _fake_runtime(monkeypatch, tiny_cnn_onnx, output_scale=2.0)
-    with pytest.raises(GateFailed) as failure:
-        run_stage(validate.stage, {"data": data, "batch_size": 2, "expect": "fp16"},
-                  {"reference": tiny_cnn_onnx, "candidate": engine, "provenance": provenance},
-                  workdir=tmp_path / "scaled")
-    assert "logits:" in str(failure.value) and "elements exceed both atol 0.01 and rtol 0.01" in str(failure.value)
+    params = {"data": data, "batch_size": 2, "expect": "fp16"}
+    scaled = run_stage(validate.stage, params,
+                       {"reference": tiny_cnn_onnx, "candidate": engine, "provenance": provenance},
+                       workdir=tmp_path / "scaled")
+    failures = validate.stage.judge(validate.Params.model_validate(params), scaled.summary, GateContext())
+    assert failures[0].startswith("logits: elements exceed both atol 0.01 and rtol 0.01")
 
 
 def test_benchmark_tensorrt_path_fake_trt(monkeypatch, tiny_cnn_onnx, engine_files, tmp_path):
