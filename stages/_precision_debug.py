@@ -177,12 +177,22 @@ def load_batches(target: Target, scratch: Path, max_rows: int | None = None) -> 
 
 
 def run_model(path: Path, batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Outputs over all batches, joined along axis 0."""
-    import numpy as np
+    """Outputs over all batches, joined along axis 0 (computed as validate computes them: with the ONNX Runtime
+    work-arounds of `_ort_fixes`, so an int8 model with an fp16 remainder is not judged with a truncating op)."""
+    import tempfile
 
     from ._ort import create_session
+    from ._ort_fixes import fix_for_onnxruntime
 
-    session = create_session(path)
+    with tempfile.TemporaryDirectory(prefix="trtflow-debug-") as workdir:
+        fixed, _ = fix_for_onnxruntime(path, Path(workdir))
+        session = create_session(fixed)
+        return _run_batches(session, batches)
+
+
+def _run_batches(session: Any, batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    import numpy as np
+
     names = [o.name for o in session.get_outputs()]
     parts: dict[str, list[Any]] = {n: [] for n in names}
     for batch in batches:

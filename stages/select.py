@@ -156,8 +156,12 @@ def gather(inputs: Mapping[str, Any], sources: Mapping[str, Sequence[Mapping[str
                 raise RecipeError(
                     f"candidate {owner!r} has two {slot}: {existing['node']} and {source['node']}",
                     field=f"inputs.{slot}", hint=f"give each candidate one {attribute} node")
-            setattr(candidates[owner], attribute, reader(_read_json(Path(path), f"{attribute} of {owner}"),
-                                                         source["node"]))
+            record = reader(_read_json(Path(path), f"{attribute} of {owner}"), source["node"])
+            if slot == "validations" and "gate_failures" in source:
+                # the engine's verdict under today's thresholds beats the one the file was written with
+                record["passed"] = not source["gate_failures"]
+                record["failures"] = list(source["gate_failures"])
+            setattr(candidates[owner], attribute, record)
     return list(candidates.values()), paths
 
 

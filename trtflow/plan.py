@@ -77,17 +77,23 @@ class KeyParts:
     input_sources: dict[str, str]  # same keys -> "node.output"
     files: dict[str, str]  # project-relative path -> digest (recipe files and the code callables import)
     facts: dict[str, str]
+    # for slots that take results whose gate failed (a chooser): each producer's current gate failures, so a
+    # threshold change upstream (which re-judges without re-running) still re-runs the chooser
+    verdicts: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
-        return hash_value({"format": KEY_FORMAT, "stage": self.stage, "version": self.version, "code": self.code,
-                           "params": self.keyed_params, "inputs": self.inputs,
-                           "files": sorted(set(self.files.values())), "facts": self.facts})
+        ingredients = {"format": KEY_FORMAT, "stage": self.stage, "version": self.version, "code": self.code,
+                       "params": self.keyed_params, "inputs": self.inputs,
+                       "files": sorted(set(self.files.values())), "facts": self.facts}
+        if self.verdicts:
+            ingredients["verdicts"] = self.verdicts
+        return hash_value(ingredients)
 
     def as_manifest(self) -> dict[str, Any]:
         return {"stage": self.stage, "version": self.version, "code": self.code, "code_files": self.code_files,
                 "params": self.params, "inputs": self.inputs, "input_sources": self.input_sources,
-                "files": self.files, "facts": self.facts}
+                "files": self.files, "facts": self.facts, "verdicts": self.verdicts}
 
 
 @dataclass
@@ -156,7 +162,7 @@ def _hash_callable(spec: str, kctx: KeyContext) -> CodeDigest | None:
 
 
 def key_parts(graph: Graph, node: ConcreteNode, output_digests: Mapping[tuple[str, str], str], kctx: KeyContext,
-              device: GpuInfo | None = None) -> KeyParts | None:
+              device: GpuInfo | None = None, verdicts: Mapping[str, list[str]] | None = None) -> KeyParts | None:
     """The key ingredients of ``node``, or None if an input's digest is not known yet (upstream stale)."""
     stage = graph.stages[node.stage]
     # Files first, even when an upstream node is stale: a missing or misplaced file is found at plan time,
@@ -217,8 +223,11 @@ def key_parts(graph: Graph, node: ConcreteNode, output_digests: Mapping[tuple[st
             sources[label] = f"{ref[0]}.{ref[1]}"
     facts = kctx.env.facts(stage.environment_for(node.params_model), device)
     code = stage_code(stage.run.__module__, kctx.stat_cache)
+    judged = {src: sorted((verdicts or {}).get(src, []))
+              for slot, slot_refs in node.upstream.items() if stage.inputs[slot].accept_gate_failed
+              for src, _ in slot_refs}
     return KeyParts(node.stage, stage.version, code.digest, code.files, _substitute(params, shown),
-                    _substitute(params, keyed), inputs, sources, files, facts)
+                    _substitute(params, keyed), inputs, sources, files, facts, judged)
 
 
 def judge(graph: Graph, node: ConcreteNode, manifest: Mapping[str, Any], kctx: KeyContext) -> list[str]:
@@ -270,6 +279,11 @@ def explain(parts: KeyParts, previous: Mapping[str, Any] | None, damaged_note: M
                 reasons.append(f"file {path} added")
         elif old_files[path] != parts.files[path]:
             reasons.append(f"file {path} changed")
+    old_verdicts = previous.get("verdicts") or {}
+    for src in sorted(set(old_verdicts) | set(parts.verdicts)):
+        if old_verdicts.get(src) != parts.verdicts.get(src):
+            now = "fails its gate" if parts.verdicts.get(src) else "passes its gate"
+            reasons.append(f"{src} now {now} (its thresholds changed)")
     old_inputs = previous.get("inputs", {})
     for slot in sorted(set(old_inputs) | set(parts.inputs)):
         if old_inputs.get(slot) != parts.inputs.get(slot):
@@ -323,11 +337,12 @@ def make_plan(graph: Graph, store: Store, env: Environment, recipe_dir: Path,
     """Classify every node of ``graph`` as fresh, stale or skipped, with reasons. Pure: runs no stage."""
     kctx = KeyContext.for_recipe(recipe_dir, env, stat_cache)
     refs = store.refs.current(recipe_id) if recipe_id is not None else {}
+    verdicts: dict[str, list[str]] = {}
     steps: list[Step] = []
     digests: dict[tuple[str, str], str] = {}
     status: dict[str, str] = {}
     for name, node in graph.nodes.items():
-        parts = key_parts(graph, node, digests, kctx, planned_device(graph, node))
+        parts = key_parts(graph, node, digests, kctx, planned_device(graph, node), verdicts)
         if parts is None:
             stale_up = [u for u in graph.upstream(name) if status.get(u) != FRESH]
             step = Step(node, STALE, [f"upstream {', '.join(stale_up)} will run first"], waits_for=stale_up)
@@ -338,6 +353,7 @@ def make_plan(graph: Graph, store: Store, env: Environment, recipe_dir: Path,
                 for out_name, out in manifest["outputs"].items():
                     digests[(name, out_name)] = out["digest"]
                 failures = judge(graph, node, manifest, kctx)
+                verdicts[name] = failures
                 reasons = ["up to date"] if not failures else [f"gate failed last run: {'; '.join(failures)}"]
                 steps.append(Step(node, FRESH, reasons, key, parts, manifest, gate_failures=failures))
                 status[name] = FRESH

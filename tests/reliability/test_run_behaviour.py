@@ -24,7 +24,7 @@ from trtflow.pipeline import identity_of
 from trtflow.plan import make_plan
 from trtflow.recipe.expand import expand
 from trtflow.recipe.load import load_recipe
-from trtflow.stage import GateContext, Output, Resources, Stage, StageContext, StageParams
+from trtflow.stage import GateContext, Input, Output, Resources, Stage, StageContext, StageParams
 from trtflow.storage.journal import Journal
 from trtflow.storage.store import Store
 
@@ -129,11 +129,28 @@ GATED = Stage("gated", "1", "measures, then the engine judges", GatedParams, _me
               outputs={"metrics": Output("onnx", "metrics.json")}, gate=_gate, gate_params=("minimum",))
 
 
+class ChooserParams(StageParams):
+    pass
+
+
+def _choose(ctx: StageContext, inputs: dict[str, Path], params: ChooserParams) -> dict[str, Any]:
+    RUNS.append(ctx.node)
+    verdicts = {e["node"]: e.get("gate_failures") for e in ctx.input_sources["candidate"]}
+    ctx.output("choice").write_text(repr(verdicts))
+    return {"verdicts": verdicts}
+
+
+CHOOSER = Stage("chooser", "1", "reads its candidates' current verdicts", ChooserParams, _choose,
+                inputs={"candidate": Input("onnx", accept_gate_failed=True)},
+                outputs={"choice": Output("onnx", "choice.txt")})
+
+
 def _run(tmp_path: Path, minimum: float) -> tuple[dict, dict]:
-    stages = dict(STAGES, gated=GATED)
+    stages = dict(STAGES, gated=GATED, chooser=CHOOSER)
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"name: r\nnodes:\n  - {{name: g, stage: gated, params: {{value: 0.5, minimum: {minimum}}}}}\n"
-                      "  - {name: after, stage: consume, inputs: {model: g}}\n")
+                      "  - {name: after, stage: consume, inputs: {model: g}}\n"
+                      "  - {name: pick, stage: chooser, inputs: {candidate: g}}\n")
     lookup = stages.__getitem__
     loaded = load_recipe(recipe)
     graph = build_graph(expand(loaded, lookup), lookup, "r")
@@ -143,7 +160,8 @@ def _run(tmp_path: Path, minimum: float) -> tuple[dict, dict]:
     journal = Journal(store.db_path)
     identity = identity_of(loaded.path, "r")
     steps = make_plan(graph, store, env, tmp_path, journal, identity.id)
-    summary = Runner(graph, store, env, identity, journal, RunOptions(jobs=1, output_dir=tmp_path / "build"),
+    summary = Runner(graph, store, env, identity, journal,
+                     RunOptions(jobs=1, output_dir=tmp_path / "build", keep_going=True),
                      executor=InlineExecutor(graph.stages)).run(steps)
     journal.close()
     return {s.node.name: s for s in steps}, summary.results
@@ -155,14 +173,18 @@ def test_a_failed_gate_is_a_cached_result_rejudged_when_the_threshold_changes(tm
     plan, results = _run(tmp_path, 0.9)
     assert results["g"].status == "gate_failed" and "score 0.5 < 0.9" in results["g"].error
     assert results["after"].status == "blocked"
+    assert results["pick"].status == "done", "a chooser takes candidates whose gate failed, with their verdict"
+    assert results["pick"].summary["verdicts"] == {"g": ["score 0.5 < 0.9"]}
     assert (tmp_path / "build" / "g" / "metrics.json").exists(), "a failed gate still writes its metrics"
     plan, results = _run(tmp_path, 0.9)
-    assert RUNS == ["g"], "an unchanged failing node must not be measured again"
+    assert RUNS == ["g", "pick"], "an unchanged failing node must not be measured again"
     assert plan["g"].status == "fresh" and plan["g"].reason.startswith("gate failed last run: score 0.5 < 0.9")
-    assert results["g"].status == "gate_failed"
+    assert results["g"].status == "gate_failed" and plan["pick"].status == "fresh"
     plan, results = _run(tmp_path, 0.4)
-    assert RUNS == ["g"], "a new threshold re-judges the cached measurement"
+    assert RUNS == ["g", "pick", "pick"], "a new threshold re-judges the measurement and re-runs the chooser only"
+    assert plan["pick"].status == "stale" and "g now passes its gate" in plan["pick"].reason
     assert results["g"].status == "fresh" and results["after"].status == "done"
+    assert results["pick"].summary["verdicts"] == {"g": []}
 
 
 def test_a_journal_write_that_hits_a_full_disk_fails_the_run_cleanly(tmp_path: Path, monkeypatch) -> None:

@@ -83,6 +83,7 @@ class Runner:
         self.executor = executor or _make_executor(self.options, store, self.run_id)
         self.remote = _open_remote(self.options.remote)
         self._keys: dict[str, str] = {}  # node -> key of the result this run used
+        self._verdicts: dict[str, list[str]] = {}  # node -> its gate's failures as judged in this run
         self._refs_at_start = store.refs.current(recipe.id)  # what the previous runs used: "previous" results
         self._cancel = threading.Event()
         self._digests: dict[tuple[str, str], str] = {}
@@ -234,6 +235,7 @@ class Runner:
             outputs: dict[str, Path] = {}
             error = "; ".join(step.gate_failures) or None
             status = GATE_FAILED if step.gate_failures else FRESH
+            self._verdicts[step.node.name] = list(step.gate_failures)
             try:
                 outputs = self._materialize(step.node.name, manifest)
             except OSError as exc:
@@ -385,8 +387,9 @@ class Runner:
         stage = self.graph.stages[node.stage]
         declared = node_resources(self.graph, node).memory_mb
         sizes: dict[str, int] = {}
-        for slot, refs in node.upstream.items():
-            sizes[slot] = sum(self._sizes.get(ref, 0) for ref in refs)
+        for slot, refs in node.upstream.items():  # an input travels with its producer's other outputs
+            producers = {src for src, _ in refs}
+            sizes[slot] = sum(size for (src, _), size in self._sizes.items() if src in producers)
         if declared is not None:
             estimate = declared << 20
         elif stage.memory is not None:
@@ -435,7 +438,7 @@ class Runner:
         node = step.node
         stage = self.graph.stages[node.stage]
         try:
-            parts = key_parts(self.graph, node, self._digests, self.kctx, allocation.device)
+            parts = key_parts(self.graph, node, self._digests, self.kctx, allocation.device, self._verdicts)
         except TrtflowError as exc:
             return NodeResult(node.name, node.stage, FAILED, step.reason, error=exc.message, hint=exc.hint)
         if parts is None:  # every upstream node finished, yet one did not write an (optional) output wired here
@@ -548,6 +551,7 @@ class Runner:
 
     def _apply_gate(self, res: NodeResult, manifest: dict[str, Any]) -> NodeResult:
         failures = judge(self.graph, self.graph.nodes[res.node], manifest, self.kctx)
+        self._verdicts[res.node] = failures
         if failures:
             res.status, res.error, res.hint = GATE_FAILED, "; ".join(failures), GATE_HINT
         return res
@@ -601,7 +605,7 @@ class Runner:
                       device=allocation.device.visible_id if allocation.device else None,
                       previous_summary=previous_summary, timeout=node.timeout, preload=list(stage.preload),
                       parent_pid=os.getpid(), input_objects=input_objects,
-                      input_sources=self.graph.input_sources(node.name))
+                      input_sources=self._judged_sources(node.name))
             try:
                 outcome = self.executor.execute(job, self._cancel)
             except OSError as exc:
@@ -762,6 +766,16 @@ class Runner:
             except OSError:
                 shutil.copyfile(source, target)
         return str(folder / stage.outputs[out_name].filename)
+
+    def _judged_sources(self, node: str) -> dict[str, list[dict[str, Any]]]:
+        """Where each input comes from, with the producer's gate verdict as judged now (thresholds may have
+        changed since its files were written)."""
+        sources = self.graph.input_sources(node)
+        for entries in sources.values():
+            for entry in entries:
+                if entry["node"] in self._verdicts:
+                    entry["gate_failures"] = list(self._verdicts[entry["node"]])
+        return sources
 
     def _usable(self, consumer: ConcreteNode, producer: str, result: NodeResult) -> bool:
         """A producer's outputs may feed ``consumer``: it succeeded, or its gate failed on committed outputs and
