@@ -68,7 +68,8 @@ def test_many_slot_gets_every_variant_with_its_source(tmp_path, many_stages):
     gathered = json.loads((tmp_path / "build" / "gather" / "gathered.json").read_text())
     assert [(e["folder"], e["text"]) for e in gathered] == [
         ("single", "zz"), ("emit-a", "a"), ("emit-bbb", "bbb"), ("emit-cc", "cc")]
-    assert gathered[1]["source"] == {"node": "emit-a", "template": "emit", "matrix": {"value": "a"}, "inputs": {}}
+    assert gathered[1]["source"] == {"node": "emit-a", "template": "emit", "matrix": {"value": "a"}, "inputs": {},
+                                     "gate_failures": []}  # the engine's verdict, as judged in this run
 
 
 def test_many_slot_keyed_by_producer_names(tmp_path, many_stages):

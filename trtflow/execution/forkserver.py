@@ -138,7 +138,7 @@ def _spawn(message: dict[str, Any], children: dict[int, int], server_fds: list[i
 
             exit_now(code)
     children[pid] = message["id"]
-    _reply({"id": message["id"], "pid": pid})
+    _reply({"id": message["id"], "pid": pid, "base_rss": _own_rss()})
 
 
 def _become_node(message: dict[str, Any], server_fds: list[int]) -> None:
@@ -168,6 +168,18 @@ def _become_node(message: dict[str, Any], server_fds: list[int]) -> None:
 
     gpus.cache_clear()  # the node may see another set of GPUs than the server
     die_with_parent(server_pid)
+
+
+def _own_rss() -> int:
+    """This server's resident memory, which a forked node shares until it writes to it."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return 0
+    return 0
 
 
 def _reap(children: dict[int, int]) -> None:
@@ -201,6 +213,7 @@ class Child:
     pid: int | None = None
     exit_code: int | None = None
     maxrss: int | None = None
+    base_rss: int = 0  # the server's memory the node started out sharing
 
 
 class ServerGone(RuntimeError):
@@ -259,6 +272,7 @@ class ForkServerClient:
                 continue
             if "pid" in message:
                 child.pid = message["pid"]
+                child.base_rss = int(message.get("base_rss") or 0)
                 child.started.set()
             elif "exit" in message:
                 child.exit_code = message["exit"]

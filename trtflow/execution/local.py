@@ -156,7 +156,10 @@ class _ServerHandle(_Handle):
     def wait(self, timeout: float | None) -> bool:
         if not self.child.exited.wait(timeout):
             return False
-        self.exit_code, self.maxrss = self.child.exit_code, self.child.maxrss
+        self.exit_code = self.child.exit_code
+        # the node's own memory: what it reached beyond the pages it shares with the server it was forked from
+        if self.child.maxrss is not None:
+            self.maxrss = max(0, self.child.maxrss - self.child.base_rss)
         return True
 
 

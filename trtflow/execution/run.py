@@ -122,6 +122,7 @@ class Runner:
                     self._schedule(pending, results)
                 except KeyboardInterrupt:
                     summary.interrupted = True
+                summary.interrupted = summary.interrupted or self._cancel.is_set()
                 with self._critical():  # the closing bookkeeping cannot be interrupted half-way
                     self._finish(steps, summary)
             finally:
@@ -235,7 +236,8 @@ class Runner:
             outputs: dict[str, Path] = {}
             error = "; ".join(step.gate_failures) or None
             status = GATE_FAILED if step.gate_failures else FRESH
-            self._verdicts[step.node.name] = list(step.gate_failures)
+            if self.graph.stages[step.node.stage].gate is not None:
+                self._verdicts[step.node.name] = list(step.gate_failures)
             try:
                 outputs = self._materialize(step.node.name, manifest)
             except OSError as exc:
@@ -303,6 +305,8 @@ class Runner:
             try:
                 stop = False
                 while waiting or running:
+                    if self._cancel.is_set():  # a signal whose KeyboardInterrupt was swallowed (e.g. in a callback)
+                        raise KeyboardInterrupt
                     for step in list(waiting):
                         verdict = self._before_start(step, results, scheduler, stop)
                         if verdict == "wait":
@@ -551,7 +555,8 @@ class Runner:
 
     def _apply_gate(self, res: NodeResult, manifest: dict[str, Any]) -> NodeResult:
         failures = judge(self.graph, self.graph.nodes[res.node], manifest, self.kctx)
-        self._verdicts[res.node] = failures
+        if self.graph.stages[self.graph.nodes[res.node].stage].gate is not None:
+            self._verdicts[res.node] = failures
         if failures:
             res.status, res.error, res.hint = GATE_FAILED, "; ".join(failures), GATE_HINT
         return res
