@@ -16,9 +16,8 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +92,6 @@ class Runner:
         self._refs_flushed = 0.0
         self._problems: list[str] = []
         self._warnings: list[str] = []
-        self._critical_depth = 0
-        self._pending_signal = False
         self._scratch: dict[str, Path] = {}
         self._started: dict[str, float] = {}
 
@@ -111,23 +108,23 @@ class Runner:
             self._reap_dead_runs()
             previous = self._install_signal_handlers()
             try:
-                with self._critical():  # a run is either not recorded at all or recorded as running
-                    self.journal.start_run(self.run_id, self.recipe.name, str(self.recipe.path),
-                                           self.options.command, self.recipe.id)
+                self.journal.start_run(self.run_id, self.recipe.name, str(self.recipe.path),
+                                       self.options.command, self.recipe.id)
                 try:
                     self.hooks.on_run_start(self.run_id, steps)
                     self._record_fresh([s for s in steps if s.status == FRESH], results)
                     pending = [s for s in steps if s.status != FRESH]
+                    self._stop_if_cancelled()
                     summary.cleared = self._retract_outdated(pending)
+                    self._stop_if_cancelled()
                     self._schedule(pending, results)
-                except KeyboardInterrupt:
+                except KeyboardInterrupt:  # a signal (see _install_signal_handlers) or Ctrl-C inside a library
                     summary.interrupted = True
                 summary.interrupted = summary.interrupted or self._cancel.is_set()
-                with self._critical():  # the closing bookkeeping cannot be interrupted half-way
-                    self._finish(steps, summary)
+                self._finish(steps, summary)
             finally:
-                self._restore_signal_handlers(previous)
                 self.executor.close()
+                self._restore_signal_handlers(previous)
         summary.problems = list(dict.fromkeys(self._problems))
         summary.warnings = list(dict.fromkeys(self._warnings))
         return summary
@@ -147,17 +144,17 @@ class Runner:
 
     # ------------------------------------------------------------------ signals
     def _install_signal_handlers(self) -> dict[int, Any] | None:
+        """SIGINT/SIGTERM only set the cancel event; the runner stops at its next safe point.
+
+        A KeyboardInterrupt raised at an arbitrary bytecode (inside a print, a journal write, a library's
+        callback) can leave shared state half-updated, so the handler never raises: the scheduling loop checks the
+        event at least every 0.25 s and running nodes are told through the same event.
+        """
         if threading.current_thread() is not threading.main_thread():
             return None
 
         def handler(signum: int, frame: Any) -> None:
-            if self._cancel.is_set():
-                return  # already stopping: a second Ctrl-C must not cut the closing bookkeeping short
-            if self._critical_depth:
-                self._pending_signal = True
-                return
             self._cancel.set()
-            raise KeyboardInterrupt
 
         return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
 
@@ -166,16 +163,8 @@ class Runner:
         for sig, handler in (previous or {}).items():
             signal.signal(sig, handler)
 
-    @contextmanager
-    def _critical(self) -> Iterator[None]:
-        self._critical_depth += 1
-        try:
-            yield
-        finally:
-            self._critical_depth -= 1
-        if not self._critical_depth and self._pending_signal and not self._cancel.is_set():
-            self._pending_signal = False
-            self._cancel.set()
+    def _stop_if_cancelled(self) -> None:
+        if self._cancel.is_set():
             raise KeyboardInterrupt
 
     # ------------------------------------------------------------------ bookkeeping
@@ -305,8 +294,7 @@ class Runner:
             try:
                 stop = False
                 while waiting or running:
-                    if self._cancel.is_set():  # a signal whose KeyboardInterrupt was swallowed (e.g. in a callback)
-                        raise KeyboardInterrupt
+                    self._stop_if_cancelled()
                     for step in list(waiting):
                         verdict = self._before_start(step, results, scheduler, stop)
                         if verdict == "wait":
