@@ -48,6 +48,10 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+PROJECT_MARKERS = (".git", "pyproject.toml")
+ALLOWED_PATHS_ENV = "TRTFLOW_ALLOWED_PATHS"
+
+
 def resolve_user_path(path: str | Path, base: Path, allowed_roots: Sequence[Path]) -> Path:
     """Resolve a path from a recipe relative to ``base``; refuse one that escapes ``allowed_roots``."""
     candidate = Path(os.path.expandvars(str(path))).expanduser()
@@ -59,27 +63,39 @@ def resolve_user_path(path: str | Path, base: Path, allowed_roots: Sequence[Path
         raise TrtflowError(
             f"path {str(path)!r} resolves to {resolved}, outside the allowed directories "
             f"({', '.join(str(r) for r in roots)})",
-            hint="keep model and data files under the project directory, or add the directory to "
-            "TRTFLOW_ALLOWED_PATHS (os.pathsep-separated)",
+            hint=f"keep model and data files under the project directory, or add the directory to "
+            f"{ALLOWED_PATHS_ENV} (os.pathsep-separated)",
         )
     return resolved
 
 
+def project_root_of(recipe_path: str | Path) -> Path:
+    """The project a recipe belongs to: the nearest folder, from the recipe's own folder upwards, that holds
+    a ``.git`` (directory or file) or a ``pyproject.toml``; the recipe's own folder when there is none.
+
+    Recipe paths may point anywhere inside it (and into ``TRTFLOW_ALLOWED_PATHS``); the working directory
+    plays no part, so a recipe means the same from wherever it is run.
+    """
+    return _project_folder(Path(recipe_path).resolve().parent)
+
+
+def _project_folder(folder: Path) -> Path:
+    for candidate in (folder, *folder.parents):
+        if any((candidate / marker).exists() for marker in PROJECT_MARKERS):
+            return candidate
+    return folder
+
+
+def recipe_id(recipe_path: str | Path) -> str:
+    """A recipe's identity: its file's path relative to its project root, in POSIX form."""
+    path = Path(recipe_path).resolve()
+    return path.relative_to(project_root_of(path)).as_posix()
+
+
 def allowed_roots_for(recipe_dir: Path) -> list[Path]:
-    """Directories recipe paths may point into: the recipe's folder, the working directory, extras."""
-    roots = [recipe_dir.resolve(), Path.cwd().resolve()]
-    project = project_root(recipe_dir)
-    if project is not None:
-        roots.append(project)
-    extra = os.environ.get("TRTFLOW_ALLOWED_PATHS", "")
-    roots += [Path(p).resolve() for p in extra.split(os.pathsep) if p]
+    """Directories the paths of a recipe in ``recipe_dir`` may point into: its project root, then the
+    directories listed in ``TRTFLOW_ALLOWED_PATHS`` (the explicit escape hatch)."""
+    roots = [_project_folder(Path(recipe_dir).resolve())]
+    extra = os.environ.get(ALLOWED_PATHS_ENV, "")
+    roots += [Path(p).expanduser().resolve() for p in extra.split(os.pathsep) if p]
     return list(dict.fromkeys(roots))
-
-
-def project_root(start: Path) -> Path | None:
-    """The nearest ancestor of ``start`` that holds a .git directory or a pyproject.toml."""
-    current = start.resolve()
-    for folder in (current, *current.parents):
-        if (folder / ".git").exists() or (folder / "pyproject.toml").exists():
-            return folder
-    return None
