@@ -53,20 +53,42 @@ ALLOWED_PATHS_ENV = "TRTFLOW_ALLOWED_PATHS"
 
 
 def resolve_user_path(path: str | Path, base: Path, allowed_roots: Sequence[Path]) -> Path:
-    """Resolve a path from a recipe relative to ``base``; refuse one that escapes ``allowed_roots``."""
-    candidate = Path(os.path.expandvars(str(path))).expanduser()
-    if not candidate.is_absolute():
-        candidate = base / candidate
-    resolved = candidate.resolve()
+    """Resolve a path from a recipe relative to ``base`` (the recipe's folder).
+
+    Refuses, with a TrtflowError, a path that escapes ``allowed_roots`` (symbolic links followed), a folder
+    that holds the recipe itself (its content would include the recipe, and usually the store), and a path
+    that cannot be resolved or looked at (a NUL byte, a name too long, a symbolic link loop, no permission).
+    A path that does not exist is returned: the caller says what it expected there.
+    """
+    try:
+        candidate = Path(os.path.expandvars(str(path))).expanduser()
+        if not candidate.is_absolute():
+            candidate = base / candidate
+        resolved = candidate.resolve()
+        os.lstat(resolved)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except (OSError, RuntimeError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise TrtflowError(f"path {_shown(path)} cannot be used: {reason}", hint="check the path") from None
     roots = [Path(r).resolve() for r in allowed_roots]
     if roots and not any(resolved == r or r in resolved.parents for r in roots):
         raise TrtflowError(
-            f"path {str(path)!r} resolves to {resolved}, outside the allowed directories "
+            f"path {_shown(path)} resolves to {resolved}, outside the allowed directories "
             f"({', '.join(str(r) for r in roots)})",
             hint=f"keep model and data files under the project directory, or add the directory to "
             f"{ALLOWED_PATHS_ENV} (os.pathsep-separated)",
         )
+    recipe_dir = Path(base).resolve()
+    if resolved == recipe_dir or resolved in recipe_dir.parents:
+        raise TrtflowError(f"path {_shown(path)} resolves to {resolved}, a folder that holds the recipe itself",
+                           hint="point at the model or data file, or at a folder of data, not at the project")
     return resolved
+
+
+def _shown(path: str | Path, limit: int = 200) -> str:
+    text = repr(str(path))
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(str(path))} characters)"
 
 
 def project_root_of(recipe_path: str | Path) -> Path:

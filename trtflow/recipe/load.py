@@ -20,7 +20,7 @@ from typing import Any
 from trtflow.errors import Location, RecipeError, TrtflowError, did_you_mean
 from trtflow.fsutil import allowed_roots_for, resolve_user_path
 from trtflow.recipe.schema import Recipe
-from trtflow.recipe.yaml_data import KEY, Budget, Path_, YamlSyntaxError, compose
+from trtflow.recipe.yaml_data import KEY, Budget, Path_, Place, YamlSyntaxError, compose
 
 __all__ = ["KEY", "LoadedRecipe", "Marks", "apply_overrides", "load_recipe", "parse_yaml", "validation_error"]
 
@@ -32,33 +32,33 @@ _ENV_PATTERN = re.compile(r"\$\$\{|\$\{(?!\{)([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*
 
 @dataclass
 class Marks:
-    """Source locations of values in a loaded recipe, keyed by their path from the root."""
+    """Source locations of values in a loaded recipe: (file, line, column) keyed by their path from the root."""
 
-    by_path: dict[Path_, Location] = field(default_factory=dict)
+    by_path: dict[Path_, Place] = field(default_factory=dict)
 
     def find(self, path: Iterable[Any]) -> Location | None:
         """The location of ``path``, or of its nearest ancestor that has one."""
         key = tuple(path)
         while True:
             if key in self.by_path:
-                return self.by_path[key]
+                return Location(*self.by_path[key])
             if not key:
                 return None
             key = key[:-1]
 
     def find_key(self, path: Iterable[Any]) -> Location | None:
         """Where the mapping key that names ``path`` is written (for "unknown key" errors)."""
-        key = tuple(path)
-        return self.by_path.get((*key, KEY)) or self.find(key)
+        key = (*path, KEY)
+        return Location(*self.by_path[key]) if key in self.by_path else self.find(key[:-1])
 
-    def subtree(self, prefix: Path_) -> dict[Path_, Location]:
+    def subtree(self, prefix: Path_) -> dict[Path_, Place]:
         n = len(prefix)
         return {p[n:]: loc for p, loc in self.by_path.items() if p[:n] == prefix}
 
-    def children(self, prefix: Path_) -> dict[Any, dict[Path_, Location]]:
+    def children(self, prefix: Path_) -> dict[Any, dict[Path_, Place]]:
         """The marks under each child of ``prefix``, by child (one pass: `subtree` per child is quadratic)."""
         n = len(prefix)
-        out: dict[Any, dict[Path_, Location]] = {}
+        out: dict[Any, dict[Path_, Place]] = {}
         for p, loc in self.by_path.items():
             if len(p) > n and p[:n] == prefix:
                 out.setdefault(p[n], {})[p[n + 1:]] = loc
@@ -79,7 +79,7 @@ class LoadedRecipe:
         return self.marks.find(path)
 
 
-def interpolate(text: str, where: Location) -> str:
+def interpolate(text: str, where: Place) -> str:
     """Expand ``${VAR}`` and ``${VAR:-default}`` from the environment; ``$${`` stands for a literal ``${``."""
     if "$" not in text:
         return text
@@ -92,7 +92,7 @@ def interpolate(text: str, where: Location) -> str:
         if value is None:
             if default is not None:
                 return default
-            raise RecipeError(f"environment variable {name!r} is not set", where,
+            raise RecipeError(f"environment variable {name!r} is not set", Location(*where),
                               hint=f"export {name}=... before running, or write ${{{name}:-default}}")
         return value
 
@@ -221,7 +221,7 @@ def apply_overrides(data: dict, marks: Marks, overrides: Sequence[str], budget: 
         if len(parts) > budget.limits.max_depth:
             raise RecipeError(f"a key path of {len(parts)} parts (at most {budget.limits.max_depth})", where)
         value: Any = ""
-        value_marks: dict[Path_, Location] = {}
+        value_marks: dict[Path_, Place] = {}
         if raw.strip():
             try:
                 value, value_marks = compose(raw, where.file, budget, depth=len(parts))
@@ -250,7 +250,7 @@ def apply_overrides(data: dict, marks: Marks, overrides: Sequence[str], budget: 
         n = len(prefix)
         marks.by_path = {p: loc for p, loc in marks.by_path.items() if p[:n] != prefix}
         marks.by_path.update({(*prefix, *p): loc for p, loc in value_marks.items()})
-        marks.by_path[prefix] = where
+        marks.by_path[prefix] = (where.file, where.line, where.column)
 
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe:

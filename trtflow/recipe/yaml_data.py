@@ -10,6 +10,7 @@ booleans and null; any other tag is refused. Every value's location is recorded 
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ import yaml
 from trtflow.errors import Location, RecipeError
 
 Path_ = tuple[Any, ...]
+Place = tuple[str, int, int]  # file, line, column (1-based): a Location that is cheap to make by the 100,000
 KEY = "<key>"  # a path ending in KEY marks where the mapping key itself is written
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -96,25 +98,26 @@ class _Frame:
 
 
 class _Composer:
-    def __init__(self, file: str, budget: Budget, on_string: Callable[[str, Location], str] | None,
+    def __init__(self, file: str, budget: Budget, on_string: Callable[[str, Place], str] | None,
                  depth: int) -> None:
         self.file = file
         self.depth = depth  # levels above the document (a --set value's key path)
         self.budget = budget
         self.limits = budget.limits
         self.on_string = on_string
-        self.entries: list[tuple[Path_, Location]] = []
+        self.entries: list[tuple[Path_, Place]] = []
+        self.resolved: dict[str, str] = {}  # plain scalar -> its tag (names and numbers repeat a lot)
         self.anchors: dict[str, _Anchor] = {}
         self.open_anchors: set[str] = set()
         self.stack: list[_Frame] = []
         self.merged = False
         self.root: Any = None
 
-    def at(self, mark: Any) -> Location:
-        return Location(self.file, mark.line + 1, mark.column + 1)
+    def at(self, mark: Any) -> Place:
+        return self.file, mark.line + 1, mark.column + 1
 
     def fail(self, message: str, mark: Any, hint: str | None = None) -> RecipeError:
-        return RecipeError(message, self.at(mark), hint=hint)
+        return RecipeError(message, Location(*self.at(mark)), hint=hint)
 
     # ------------------------------------------------------------------------------------------ limits
     def count(self, values: int, mark: Any, aliased: bool = False) -> None:
@@ -136,17 +139,16 @@ class _Composer:
 
     # ------------------------------------------------------------------------------------------ events
     def compose(self, loader: Any) -> Any:
+        handlers = {yaml.ScalarEvent: self.scalar, yaml.MappingStartEvent: self.start,
+                    yaml.SequenceStartEvent: self.start, yaml.MappingEndEvent: self.end,
+                    yaml.SequenceEndEvent: self.end, yaml.AliasEvent: self.alias}
+        self.loader = loader
         started = False
         while True:
             event = loader.get_event()
-            if isinstance(event, yaml.ScalarEvent):
-                self.scalar(event, loader)
-            elif isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-                self.start(event)
-            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-                self.end()
-            elif isinstance(event, yaml.AliasEvent):
-                self.alias(event)
+            handler = handlers.get(type(event))
+            if handler is not None:
+                handler(event)
             elif isinstance(event, yaml.DocumentStartEvent):
                 if started:
                     raise self.fail("the file holds more than one YAML document", event.start_mark,
@@ -155,7 +157,7 @@ class _Composer:
             elif event is None or isinstance(event, yaml.StreamEndEvent):
                 return self.root
 
-    def marks(self) -> dict[Path_, Location]:
+    def marks(self) -> dict[Path_, Place]:
         if self.merged:
             return {path: loc for path, loc in self.entries if MERGE not in path}
         return dict(self.entries)
@@ -171,7 +173,7 @@ class _Composer:
             return top.path, True
         return (*top.path, top.key), False
 
-    def scalar(self, event: Any, loader: Any) -> None:
+    def scalar(self, event: Any) -> None:
         mark = event.start_mark
         self.count(1, mark)
         text = event.value
@@ -181,13 +183,13 @@ class _Composer:
         path, is_key = self.place()
         tag = event.tag
         if tag is None or tag == "!":
-            tag = loader.resolve(yaml.ScalarNode, text, event.implicit)
+            tag = self.resolve(text, event.implicit)
             if tag == _MERGE_TAG and is_key and event.anchor is None:
                 self.key(MERGE, mark)
                 return
             if tag in _IMPLICIT_AS_TEXT:
                 tag = _STR
-        value = self.construct(tag, text, event, loader)
+        value = self.construct(tag, text, event)
         if isinstance(value, str) and self.on_string is not None:
             value = self.on_string(value, self.at(mark))
         if event.anchor is not None:
@@ -202,7 +204,17 @@ class _Composer:
         else:
             self.attach(value, 1, 0, mark)
 
-    def construct(self, tag: str, text: str, event: Any, loader: Any) -> Any:
+    def resolve(self, text: str, implicit: tuple[bool, bool]) -> str:
+        if not implicit[0]:  # quoted
+            return _STR
+        tag = self.resolved.get(text)
+        if tag is None:
+            tag = self.loader.resolve(yaml.ScalarNode, text, implicit)
+            if len(text) <= 64 and len(self.resolved) < 10_000:
+                self.resolved[text] = tag
+        return tag
+
+    def construct(self, tag: str, text: str, event: Any) -> Any:
         if tag == _STR:
             return text
         if tag not in _SCALAR_TAGS:
@@ -212,7 +224,7 @@ class _Composer:
                             event.start_mark, hint="quote it if it is text")
         node = yaml.ScalarNode(tag, text, event.start_mark, event.end_mark, event.style)
         try:
-            return loader.yaml_constructors[tag](loader, node)
+            return self.loader.yaml_constructors[tag](self.loader, node)
         except (ValueError, IndexError, KeyError, TypeError, yaml.YAMLError):
             raise self.fail(f"{text!r} is not a valid {tag.removeprefix(_TAG)}", event.start_mark) from None
 
@@ -237,12 +249,12 @@ class _Composer:
         mark = event.start_mark
         self.count(1, mark)
         is_map = isinstance(event, yaml.MappingStartEvent)
-        path, is_key = self.place()
-        if is_key:
-            raise self.fail("a mapping key must be a plain value", mark)
         tag = event.tag
         if tag is not None and tag != "!" and tag != (_MAP if is_map else _SEQ):
             raise self.refuse_tag(tag, mark)
+        path, is_key = self.place()
+        if is_key:
+            raise self.fail("a mapping key must be a plain value", mark)
         self.check_depth(self.depth + len(self.stack) + 1, mark)
         if event.anchor is not None:
             self.define(event.anchor, mark)
@@ -250,7 +262,7 @@ class _Composer:
         self.entries.append((path, self.at(mark)))
         self.stack.append(_Frame(is_map, path, mark, event.anchor, len(self.entries) - 1))
 
-    def end(self) -> None:
+    def end(self, event: Any) -> None:
         frame = self.stack.pop()
         value = self.merge(frame) if frame.merges else frame.value
         if frame.anchor is not None:
@@ -339,8 +351,8 @@ def _copy(value: Any) -> Any:
 
 
 def compose(text: str, file: str, budget: Budget | None = None,
-            on_string: Callable[[str, Location], str] | None = None,
-            depth: int = 0) -> tuple[Any, dict[Path_, Location]]:
+            on_string: Callable[[str, Place], str] | None = None,
+            depth: int = 0) -> tuple[Any, dict[Path_, Place]]:
     """Parse YAML ``text`` into plain data and the location of every value (keyed by path).
 
     ``on_string`` may rewrite each string value (environment interpolation); ``depth`` is how deep the
@@ -349,6 +361,8 @@ def compose(text: str, file: str, budget: Budget | None = None,
     """
     composer = _Composer(file, budget or Budget(), on_string, depth)
     loader = _LOADER(text)
+    collecting = gc.isenabled()
+    gc.disable()  # the data holds no reference cycles; collecting while it grows only costs time
     try:
         data = composer.compose(loader)
     except yaml.MarkedYAMLError as exc:
@@ -358,6 +372,8 @@ def compose(text: str, file: str, budget: Budget | None = None,
                                                                     file)) from None
     finally:
         loader.dispose()
+        if collecting:
+            gc.enable()
     return data, composer.marks()
 
 
