@@ -356,6 +356,17 @@ CATALOGUE: list[Bad] = [
         "--set " + "a." * 99, overrides=("a." * 99 + "a=1",)),
     Bad("set-integer-of-5000-digits", "name: x\nnodes:\n" + SYNTH, r"an integer of 5000 digits",
         "--set nodes.a.params.size=", overrides=("nodes.a.params.size=" + "9" * 5000,)),
+    Bad("set-not-utf8", "name: x\nnodes:\n" + SYNTH, r"not valid UTF-8 text", "--set nodes.a.params.text=\\xff",
+        overrides=("nodes.a.params.text=\udcff",)),  # how a non-UTF-8 byte in argv reaches Python
+    Bad("env-var-not-utf8", "name: x\nnodes:\n  - {name: a, stage: synth, params: {text: '${TRTFLOW_TEST_BYTES}'}}\n",
+        r"environment variable 'TRTFLOW_TEST_BYTES' is not valid UTF-8 text", "recipe.yaml:3:",
+        env={"TRTFLOW_TEST_BYTES": "\udcff"}),
+    Bad("recipe-name-too-long", "name: " + "n" * 10_000 + "\nnodes:\n" + SYNTH,
+        r"name: String should have at most 128 characters \(got 'nnnn.*\.\.\. \(10002 characters\)\)", "recipe.yaml:1"),
+    Bad("matrix-variant-name-too-long", "name: x\nnodes:\n  - name: " + "a" * 128 + "\n    stage: synth\n"
+        "    params: {text: '${{ matrix.p }}${{ matrix.q }}${{ matrix.r }}'}\n"
+        f"    matrix: {{p: [{'b' * 60}], q: [{'c' * 60}], r: [{'d' * 60}]}}\n",
+        r"nodes\[0\]\.matrix: matrix variant name a+\.\.\. is 251 characters \(at most 200\)", "recipe.yaml:6:"),
     Bad("set-python-tag", "name: x\nnodes:\n" + SYNTH, r"YAML tag .*python/name:os.system' is not allowed",
         "--set nodes.a.params.text=", overrides=("nodes.a.params.text=!!python/name:os.system ''",)),
     # ------------------------------------------------------------------ files a recipe points at

@@ -65,7 +65,8 @@ class Graph:
             matched = [target] if target in self.nodes else self._by_template.get(target, [])
             if not matched:
                 raise RecipeError(f"no node named {target!r} in recipe {self.recipe_name!r}",
-                                  hint=did_you_mean(target, list(self.nodes)) or "see `trtflow plan`")
+                                  hint=did_you_mean(target, [*self.nodes, *self._by_template])
+                                  or "see `trtflow plan`")
             names.extend(m for m in matched if m not in names)
         return names
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import re
@@ -15,7 +16,9 @@ from trtflow.recipe.schema import NodeSpec, Recipe
 
 _MATRIX_REF = re.compile(r"\$\{\{\s*matrix\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.]+")
-MAX_NODES = 100_000  # concrete nodes of one recipe, matrix variants counted
+MAX_NODES = 50_000  # concrete nodes of one recipe, matrix variants counted
+MAX_VARIANT_NAME = 200  # a node name is a file name (NAME_MAX is 255 bytes on common filesystems)
+_MAX_LABEL = 40
 
 
 @dataclass
@@ -63,6 +66,10 @@ def expand(loaded: LoadedRecipe, stages: Any | None = None) -> list[ConcreteNode
         _check_matrix_keys(spec, field_names, matrix_key_users, loaded, index)
         for combo in _combinations(spec, loaded, index):
             name = _variant_name(spec.name, combo)
+            if len(name) > MAX_VARIANT_NAME:
+                raise RecipeError(f"matrix variant name {name[:60]}... is {len(name)} characters (at most "
+                                  f"{MAX_VARIANT_NAME})", loaded.location("nodes", index, "matrix"),
+                                  f"nodes[{index}].matrix", hint="use fewer matrix keys or a shorter node name")
             params = dict(recipe.defaults.get(spec.stage, {}))
             params.update(_substitute(spec.params, combo, loaded, ("nodes", index, "params")))
             for key, value in combo.items():
@@ -164,6 +171,9 @@ def _label(value: Any, position: int) -> str:
         value = value["name"]
     if isinstance(value, (str, int, float, bool)):
         text = _LABEL_UNSAFE.sub("_", str(value).lower()).strip("_")
+        if len(text) > _MAX_LABEL:  # a long value: its start, and a digest that keeps variants apart
+            digest = hashlib.sha256(str(value).encode("utf-8", "surrogatepass")).hexdigest()
+            text = f"{text[:_MAX_LABEL - 9]}_{digest[:8]}"
         return text or str(position)
     return str(position)
 

@@ -94,6 +94,10 @@ def interpolate(text: str, where: Place) -> str:
                 return default
             raise RecipeError(f"environment variable {name!r} is not set", Location(*where),
                               hint=f"export {name}=... before running, or write ${{{name}:-default}}")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8 reach os.environ as lone surrogates
+            raise RecipeError(f"environment variable {name!r} is not valid UTF-8 text", Location(*where)) from None
         return value
 
     return _ENV_PATTERN.sub(replace, text)
@@ -211,6 +215,11 @@ def apply_overrides(data: dict, marks: Marks, overrides: Sequence[str], budget: 
     """
     budget = budget or Budget()
     for expr in overrides:
+        try:
+            expr.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8 reach Python's argv as lone surrogates
+            shown = expr.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise RecipeError("not valid UTF-8 text", Location(f"--set {shown}", 0, 0)) from None
         where = Location(f"--set {expr}", 0, 0)
         if "=" not in expr:
             raise RecipeError("expected KEY.PATH=VALUE", where, hint="e.g. --set nodes.export.params.opset=18")

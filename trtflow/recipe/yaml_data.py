@@ -360,7 +360,11 @@ def compose(text: str, file: str, budget: Budget | None = None,
     naming the place, for a tag other than plain data or input over ``budget``'s limits.
     """
     composer = _Composer(file, budget or Budget(), on_string, depth)
-    loader = _LOADER(text)
+    try:
+        loader = _LOADER(text)
+    except UnicodeEncodeError as exc:
+        raise RecipeError(f"not valid UTF-8 text: {exc.reason} at character {exc.start}",
+                          Location(file, 0, 0)) from None
     collecting = gc.isenabled()
     gc.disable()  # the data holds no reference cycles; collecting while it grows only costs time
     try:
