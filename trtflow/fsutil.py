@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -89,6 +90,30 @@ def resolve_user_path(path: str | Path, base: Path, allowed_roots: Sequence[Path
 def _shown(path: str | Path, limit: int = 200) -> str:
     text = repr(str(path))
     return text if len(text) <= limit else f"{text[:limit]}... ({len(str(path))} characters)"
+
+
+def check_folder(folder: Path, allowed_roots: Sequence[Path]) -> None:
+    """Refuse a folder a recipe points at when reading every file in it (as its digest does, walking it
+    without following folder links) could block or leave the allowed roots: an entry that is not a regular
+    file (a named pipe blocks whoever opens it; a device never ends) or a link to a file outside them."""
+    roots = [Path(r).resolve() for r in allowed_roots]
+    for top, _dirs, files in os.walk(folder):
+        for name in files:
+            entry = Path(top) / name
+            try:
+                info = entry.stat()
+                target = entry.resolve() if entry.is_symlink() else entry
+            except (OSError, RuntimeError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                raise TrtflowError(f"{entry} in folder {folder} cannot be read: {reason}",
+                                   hint="remove it or fix it") from None
+            if not stat.S_ISREG(info.st_mode):
+                raise TrtflowError(f"{entry} in folder {folder} is not a regular file (a named pipe, socket or "
+                                   "device)", hint="remove it from the folder, or point at the files you mean")
+            if roots and not any(target == r or r in target.parents for r in roots):
+                raise TrtflowError(f"{entry} in folder {folder} links to {target}, outside the allowed "
+                                   f"directories ({', '.join(str(r) for r in roots)})",
+                                   hint=f"copy the file into the folder, or add its directory to {ALLOWED_PATHS_ENV}")
 
 
 def project_root_of(recipe_path: str | Path) -> Path:

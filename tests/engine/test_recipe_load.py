@@ -273,3 +273,26 @@ def test_extends_obeys_the_project_rule_and_the_escape_hatch(tmp_path, monkeypat
             load_recipe(child)
     monkeypatch.setenv("TRTFLOW_ALLOWED_PATHS", str(shared))
     assert [n.name for n in load_recipe(child).recipe.nodes] == ["a"]
+
+
+def test_a_folder_a_recipe_points_at_must_hold_only_regular_files_of_the_project(tmp_path):
+    import os
+
+    from trtflow.errors import TrtflowError
+    from trtflow.fsutil import check_folder
+
+    project = tmp_path / "project"
+    (project / "data" / "sub").mkdir(parents=True)
+    (project / "data" / "a.npz").write_text("a")
+    (project / "data" / "sub" / "b.npz").write_text("b")
+    (project / "data" / "inside").symlink_to(project / "data" / "a.npz")
+    (tmp_path / "secret").write_text("s")
+    check_folder(project / "data", [project])
+    os.mkfifo(project / "data" / "sub" / "pipe")  # hashing the folder would block on it
+    with pytest.raises(TrtflowError, match=r"data/sub/pipe in folder .* is not a regular file"):
+        check_folder(project / "data", [project])
+    (project / "data" / "sub" / "pipe").unlink()
+    (project / "data" / "leak").symlink_to(tmp_path / "secret")
+    with pytest.raises(TrtflowError, match=r"data/leak in folder .* links to .*/secret, outside the allowed"):
+        check_folder(project / "data", [project])
+    check_folder(project / "data", [project, tmp_path])
