@@ -119,18 +119,24 @@ def check_folder(folder: Path, allowed_roots: Sequence[Path]) -> None:
 def project_root_of(recipe_path: str | Path) -> Path:
     """The project a recipe belongs to: the nearest folder, from the recipe's own folder upwards, that holds
     a ``.git`` (directory or file) or a ``pyproject.toml``; the recipe's own folder when there is none.
+    Given a folder (a recipe's folder), the same search starts there.
 
     Recipe paths may point anywhere inside it (and into ``TRTFLOW_ALLOWED_PATHS``); the working directory
     plays no part, so a recipe means the same from wherever it is run.
     """
-    return _project_folder(Path(recipe_path).resolve().parent)
+    path = Path(recipe_path).resolve()
+    return _project_folder(path if path.is_dir() else path.parent)
 
 
 def _project_folder(folder: Path) -> Path:
-    for candidate in (folder, *folder.parents):
-        if any((candidate / marker).exists() for marker in PROJECT_MARKERS):
-            return candidate
-    return folder
+    current = str(folder)  # os.path, not pathlib: the planner asks once per node
+    while True:
+        if any(os.path.exists(os.path.join(current, marker)) for marker in PROJECT_MARKERS):
+            return Path(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            return folder
+        current = parent
 
 
 def recipe_id(recipe_path: str | Path) -> str:
@@ -142,7 +148,7 @@ def recipe_id(recipe_path: str | Path) -> str:
 def allowed_roots_for(recipe_dir: Path) -> list[Path]:
     """Directories the paths of a recipe in ``recipe_dir`` may point into: its project root, then the
     directories listed in ``TRTFLOW_ALLOWED_PATHS`` (the explicit escape hatch)."""
-    roots = [_project_folder(Path(recipe_dir).resolve())]
+    roots = [_project_folder(Path(os.path.realpath(recipe_dir)))]
     extra = os.environ.get(ALLOWED_PATHS_ENV, "")
     roots += [Path(p).expanduser().resolve() for p in extra.split(os.pathsep) if p]
     return list(dict.fromkeys(roots))

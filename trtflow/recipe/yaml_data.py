@@ -112,6 +112,7 @@ class _Composer:
         self.stack: list[_Frame] = []
         self.merged = False
         self.root: Any = None
+        self.loader: Any = None
 
     def at(self, mark: Any) -> Place:
         return self.file, mark.line + 1, mark.column + 1
