@@ -1,8 +1,10 @@
 """Fault injection: kill `trtflow run` at random points, resume it, and check nothing was lost or redone.
 
 For each trial a fresh store runs a multi-node pipeline of cheap deterministic `synth` nodes; the run is
-killed (SIGKILL, or SIGINT as Ctrl-C sends it) after a random delay, then run again to completion. A trial
-passes when:
+killed (SIGKILL, or SIGINT as Ctrl-C sends it) at a random point chosen by observed progress, never by elapsed
+time (so the points land where they should on a busy machine too): at start-up, once the run is recorded, right
+after the k-th node is committed, or while a node is inside its stage after k commits. Then it runs again to
+completion. A trial passes when:
   - the materialised outputs (build/<recipe>/<node>/data.bin) are byte-identical to an uninterrupted run;
   - no node whose manifest was committed before the kill ran again (its manifest is untouched and the
     resumed run reports it fresh), and no node was built ("done") twice across both runs;
@@ -63,11 +65,17 @@ def plugin_environment(workdir: Path) -> dict[str, str]:
     return subprocess_env(write_plugin_distribution(workdir / "plugins"))
 
 
+#: Kill points: "startup", "recorded", "commit:K" (right after K manifests), "stage:K" (a node inside its
+#: stage after K commits).
+POINTS = ["startup", "recorded", *(f"commit:{k}" for k in range(1, len(NODES))),
+          *(f"stage:{k}" for k in range(len(NODES)))]
+
+
 @dataclass
 class Trial:
     index: int
     signal: str
-    delay: float
+    point: str
     interrupted: bool = False  # the signal arrived before the run finished
     during_startup: bool = False  # ... and before the run was recorded (Python still starting)
     exit_code: int | None = None
@@ -134,8 +142,8 @@ class Harness:
             if proc.returncode != 0 or "clean" not in proc.stdout:
                 return [f"trtflow verify: rc {proc.returncode}: {proc.stdout.strip()} {proc.stderr.strip()}"]
             return []
-        from trtflow.storage.maintenance import verify_store
         from trtflow.storage.store import Store
+        from trtflow.storage.verify import verify_store
 
         return list(verify_store(Store(store)).problems)
 
@@ -154,15 +162,50 @@ class Harness:
             raise RuntimeError(f"the reference run produced no output for {missing}")
         shutil.rmtree(ref_dir)
 
+    # ----------------------------------------------------------------- kill points
+    @staticmethod
+    def _committed(store: Path) -> int:
+        return len(list((store / "nodes").glob("*/*.json"))) if (store / "nodes").exists() else 0
+
+    @staticmethod
+    def _recorded(store: Path) -> bool:
+        return bool(Harness._journal(store)[1])
+
+    @staticmethod
+    def _inside_a_stage(store: Path) -> bool:
+        for log in (store / "logs").glob("*/*.log") if (store / "logs").exists() else []:
+            try:
+                if "starting; params" in log.read_text(errors="replace"):
+                    return True
+            except OSError:
+                continue
+        return False
+
+    def _reached(self, point: str, store: Path, committed_at_start: int) -> bool:
+        if point == "startup":
+            return True
+        if point == "recorded":
+            return self._recorded(store)
+        kind, _, count = point.partition(":")
+        commits = self._committed(store) - committed_at_start
+        if kind == "commit":
+            return commits >= int(count)
+        return commits >= int(count) and self._inside_a_stage(store) and self._committed(store) < len(NODES)
+
+    def _wait_for(self, point: str, store: Path, proc: subprocess.Popen) -> None:
+        """Poll until the run reaches ``point`` (or ends): progress is observed, never timed."""
+        while proc.poll() is None and not self._reached(point, store, 0):
+            time.sleep(0.002)
+
     # ----------------------------------------------------------------- one trial
-    def trial(self, index: int, sig: str, delay: float) -> Trial:
-        result = Trial(index, sig, delay)
+    def trial(self, index: int, sig: str, point: str) -> Trial:
+        result = Trial(index, sig, point)
         trial_dir = self.workdir / f"trial-{index:04d}"
         trial_dir.mkdir()
         store = trial_dir / "store"
         proc = subprocess.Popen(self._run_args(trial_dir), cwd=trial_dir, env=self.env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        time.sleep(delay)
+        self._wait_for(point, store, proc)
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL if sig == "kill" else signal.SIGINT)
             result.interrupted = True
@@ -242,15 +285,18 @@ def run_trials(count: int, signals: list[str], seed: int, workdir: Path | None =
     rng = random.Random(seed)
     trials: list[Trial] = []
     attempts = 0
+    # every kill point in turn (shuffled), so that any count covers start-up, before and after commits
+    points = POINTS * (count // len(POINTS) + 1)
+    rng.shuffle(points)
     while sum(t.interrupted for t in trials) < count and attempts < count * 3:
         sig = signals[attempts % len(signals)]
-        delay = rng.uniform(0.05, 0.95 * harness.reference_seconds)
-        trial = harness.trial(attempts, sig, delay)
+        point = points[attempts % len(points)]
+        trial = harness.trial(attempts, sig, point)
         attempts += 1
         trials.append(trial)
         if log:
             state = "ok" if trial.ok else "FAILED: " + "; ".join(trial.problems)
-            print(f"trial {trial.index:4d} SIG{sig.upper():4s} after {delay:5.2f}s "
+            print(f"trial {trial.index:4d} SIG{sig.upper():4s} at {point:9s} "
                   f"{'interrupted' if trial.interrupted else 'finished first'}; "
                   f"{len(trial.committed_before)}/{len(NODES)} nodes committed before: {state}", flush=True)
     return harness, trials
@@ -278,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{by_signal} ({startup} before the run was recorded, {partial} after some nodes were committed); "
           f"{time.perf_counter() - started:.0f}s total")
     for t in bad:
-        print(f"trial {t.index} (SIG{t.signal.upper()} after {t.delay:.2f}s): " + "; ".join(t.problems))
+        print(f"trial {t.index} (SIG{t.signal.upper()} at {t.point}): " + "; ".join(t.problems))
     print(f"{len(good)}/{len(interrupted)} resumed identical")
     if bad:
         print(f"failed trials kept under {harness.workdir}")

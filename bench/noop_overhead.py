@@ -1,7 +1,8 @@
 """Orchestration overhead: time no-op re-runs of synthetic pipelines (and DVC's, where installed).
 
-Generates pipelines of N cheap nodes (the example plugin's `synth` stage, which writes a small file),
-runs each once, then times `trtflow run` of the unchanged recipe as a whole process (median of --repeat).
+Generates pipelines of N cheap nodes (the example plugin's `synth` stage, which writes a small file; the bench
+makes it discoverable itself, installed or not), runs each once (the cold run, timed too), then times
+`trtflow run` of the unchanged recipe as a whole process (median of --repeat).
 Where `dvc` is installed, builds the same DAG as a DVC pipeline (each stage a tiny file-writing command)
 and times `dvc repro` the same way. Also times `trtflow --help` and `trtflow plan`, and checks that the
 no-op path imports none of torch, onnx, onnxruntime, polygraphy or modelopt.
@@ -67,8 +68,20 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def with_example_plugin(env: dict[str, str], folder: Path) -> dict[str, str]:
+    """``env`` in which `trtflow` finds the example `synth` stage, whether or not examples/plugin is installed."""
+    repo = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(repo))
+    from tests.reliability.plugins import subprocess_env, write_plugin_distribution
+
+    return subprocess_env(write_plugin_distribution(folder / "plugins"), env)
+
+
+ENV: dict[str, str] = {}
+
+
 def timed(cmd: list[str], cwd: Path, repeat: int, env: dict | None = None) -> list[float]:
-    env = env or child_env()
+    env = env or ENV or child_env()
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
@@ -84,7 +97,7 @@ def heavy_imports(cwd: Path, recipe: Path) -> list[str]:
             "try:\n    runpy.run_module('trtflow.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
             "print('MODULES', ' '.join(sorted(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
-                         env=child_env()).stdout
+                         env=ENV or child_env()).stdout
     modules = next((line.split()[1:] for line in out.splitlines() if line.startswith("MODULES")), [])
     return sorted({m.split(".")[0] for m in modules} & set(HEAVY))
 
@@ -98,6 +111,7 @@ def main() -> None:
     tf = trtflow_cmd()
     dvc = None if args.no_dvc else shutil.which("dvc")
     root = Path(tempfile.mkdtemp(prefix="trtflow-bench-"))
+    ENV.update(with_example_plugin(child_env(), root))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {load:.2f}, "
           f"dvc: {dvc or 'not installed'}")
@@ -113,7 +127,7 @@ def main() -> None:
             first = time.perf_counter() - start
             noop = timed([*tf, "run", "-q", str(recipe)], folder, args.repeat)
             plan = timed([*tf, "plan", str(recipe)], folder, args.repeat)
-            line = (f"{n:4d} nodes: first run {first:6.2f} s | no-op run median {statistics.median(noop):.3f} s "
+            line = (f"{n:4d} nodes: cold run {first:6.2f} s | no-op run median {statistics.median(noop):.3f} s "
                     f"(min {min(noop):.3f}) | plan median {statistics.median(plan):.3f} s")
             if dvc:
                 dfolder = root / f"dvc{n}"
@@ -121,8 +135,8 @@ def main() -> None:
                 subprocess.run(["git", "init", "-q"], cwd=dfolder, check=True)
                 subprocess.run([dvc, "init", "-q"], cwd=dfolder, check=True)
                 write_dvc_pipeline(dfolder, n)
-                timed([dvc, "repro", "-q"], dfolder, 1)
-                dnoop = timed([dvc, "repro", "-q"], dfolder, args.repeat)
+                timed([dvc, "repro", "-q"], dfolder, 1, child_env())
+                dnoop = timed([dvc, "repro", "-q"], dfolder, args.repeat, child_env())
                 ratio = statistics.median(noop) / statistics.median(dnoop)
                 line += f" | dvc repro no-op median {statistics.median(dnoop):.3f} s | trtflow/dvc {ratio:.2f}x"
             print(line, flush=True)

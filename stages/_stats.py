@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0)
@@ -167,9 +167,11 @@ def report_host_latencies(
     batch_size: int,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     unstable_cv_percent: float = UNSTABLE_CV_PERCENT,
+    device: str = "cpu",
 ) -> dict:
     """Summary of host-timed runs (ONNX Runtime, eager PyTorch): latency statistics, throughput and the
-    'unstable' warning (there is no separate enqueue or transfer time to compare)."""
+    'unstable' warning (there is no separate enqueue or transfer time to compare). ``device`` ("cpu" or
+    "cuda") picks the advice that fits the hardware that did the work."""
     latency = summarize(latencies_ms, percentiles)
     result: dict = {
         "queries": len(latencies_ms),
@@ -179,17 +181,24 @@ def report_host_latencies(
     }
     warnings = []
     if latency["cv_percent"] > unstable_cv_percent:
-        warnings.append(_unstable("latency", latency["cv_percent"], unstable_cv_percent))
+        warnings.append(_unstable("latency", latency["cv_percent"], unstable_cv_percent, device))
     result["warnings"] = warnings
     result["flags"] = sorted({w["flag"] for w in warnings})
     return result
 
 
-def _unstable(what: str, cv: float, threshold: float) -> dict:
+STEADIER = {
+    "cuda": "lock the GPU clocks, stop other work on the GPU, or run longer",
+    "cpu": "stop other work on the machine (run benchmarks alone, e.g. `trtflow run -j 1`), set "
+    "onnxruntime.intra_op_threads to the cores you can dedicate, or run longer",
+}
+
+
+def _unstable(what: str, cv: float, threshold: float, device: str = "cuda") -> dict:
     return {
         "flag": "unstable",
-        "message": f"{what} is unstable: coefficient of variation {cv:.2f}% > {threshold:g}%; lock the GPU "
-        "clocks, stop other work on the machine, or run longer",
+        "message": f"{what} is unstable: coefficient of variation {cv:.2f}% > {threshold:g}%; "
+        f"{STEADIER.get(device, STEADIER['cuda'])}",
     }
 
 
@@ -223,3 +232,21 @@ def warnings_for(result: dict, streams: int, unstable_cv_percent: float = UNSTAB
             "throughput as the performance metric",
         })
     return found
+
+
+def summarize_layer_times(times: Mapping[str, Sequence[float]]) -> dict:
+    """Per-layer profile like trtexec's --exportProfile: per layer its total, average and median time over the
+    profiled iterations and its share of the summed layer time, most expensive first."""
+    if not times:
+        raise ValueError("the layer profiler reported no layers")
+    iterations = max(len(values) for values in times.values())
+    totals = {name: sum(values) for name, values in times.items()}
+    overall = sum(totals.values())
+    layers = [
+        {"name": name, "total_ms": totals[name], "average_ms": totals[name] / iterations,
+         "median_ms": median(sorted(values)),
+         "percent": totals[name] / overall * 100.0 if overall > 0 else 0.0}
+        for name, values in times.items()
+    ]
+    layers.sort(key=lambda layer: layer["total_ms"], reverse=True)
+    return {"iterations": iterations, "total_average_ms": overall / iterations, "layers": layers}

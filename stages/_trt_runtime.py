@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -64,8 +64,24 @@ class EngineSession(Protocol):
         After this, ``enqueue`` runs on those buffers without host transfers."""
         ...
 
+    def reshape(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """Set new input shapes on the buffers ``prepare`` bound, no larger than the prepared ones (a smaller
+        batch runs on the leading rows: serving several batch sizes without re-allocating)."""
+        ...
+
     def enqueue(self, stream: int) -> bool:
         """Enqueue one inference on the raw CUDA stream handle; False when TensorRT refuses."""
+        ...
+
+    def layer_information(self) -> dict[str, Any]:
+        """The engine inspector's JSON for this context's shapes (trtexec --exportLayerInfo): per layer its name,
+        type, precision and tactic as far as the engine's profiling verbosity recorded them."""
+        ...
+
+    def profile_layers(self, stream: int, iterations: int,
+                       synchronize: Callable[[int], None]) -> dict[str, list[float]]:
+        """Run ``iterations`` inferences with a layer profiler attached (trtexec --exportProfile); per layer name,
+        its time in ms in each iteration. Profiling slows inference: run it on a context not used for timing."""
         ...
 
     def fork(self) -> EngineSession:
@@ -188,6 +204,7 @@ class TrtEngineSession:
         self._context: Any = None
         self._runner: Any = None
         self._device_buffers: list[int] = []
+        self._prepared: dict[str, tuple[int, ...]] = {}
 
     def __enter__(self) -> TrtEngineSession:
         self._context = self._engine.create_execution_context()
@@ -282,10 +299,53 @@ class TrtEngineSession:
                 _check(cudart.cudaMemcpy(pointer, host.ctypes.data, nbytes,
                                          cudart.cudaMemcpyKind.cudaMemcpyHostToDevice), f"copy of {name!r}")
             tensors.append(DeviceTensor(name, is_input, shape, dtype.name, pointer, nbytes))
+        self._prepared = {name: tuple(feed[name].shape) for name in self._io(True)}
         return tensors
+
+    def reshape(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        for name, shape in shapes.items():
+            prepared = self._prepared.get(name)
+            if prepared is None or len(prepared) != len(shape) or any(
+                    d > p for d, p in zip(shape, prepared, strict=True)):
+                raise StageFailed(f"engine input {name!r}: shape {list(shape)} does not fit the buffers prepared "
+                                  f"for {list(prepared) if prepared else 'nothing'}")
+            if not self._context.set_input_shape(name, tuple(shape)):
+                raise StageFailed(f"engine input {name!r}: shape {list(shape)} is outside the engine's "
+                                  "optimization profile",
+                                  hint="use batch sizes within the profile the engine was built with (engine.json)")
 
     def enqueue(self, stream: int) -> bool:
         return bool(self._context.execute_async_v3(stream))
+
+    def layer_information(self) -> dict[str, Any]:
+        inspector = self._engine.create_engine_inspector()
+        inspector.execution_context = self._context
+        text = inspector.get_engine_information(self._trt.LayerInformationFormat.JSON)
+        try:
+            return json.loads(text)
+        except ValueError as error:
+            raise StageFailed(f"the engine inspector returned no JSON ({error})",
+                              hint="build the engine with profiling verbosity 'detailed'") from error
+
+    def profile_layers(self, stream: int, iterations: int,
+                       synchronize: Callable[[int], None]) -> dict[str, list[float]]:
+        times: dict[str, list[float]] = {}
+        trt = self._trt
+
+        class LayerTimes(trt.IProfiler):  # type: ignore[name-defined, misc]
+            def __init__(self) -> None:
+                trt.IProfiler.__init__(self)
+
+            def report_layer_time(self, layer_name: str, ms: float) -> None:
+                times.setdefault(layer_name, []).append(float(ms))
+
+        profiler = LayerTimes()
+        self._context.profiler = profiler
+        for _ in range(iterations):
+            if not self._context.execute_async_v3(stream):
+                raise StageFailed("TensorRT refused to enqueue while profiling layers")
+            synchronize(stream)
+        return times
 
     def fork(self) -> TrtEngineSession:
         return TrtEngineSession(self._trt, self._engine)

@@ -40,12 +40,17 @@ from trtflow.stage import (
     StageSkipped,
 )
 
+from ._diagnosis import hint_text, memory_findings, trt_build_repro
 from ._tensorrt import (
     FLAVOURS,
+    engine_precision,
+    engine_shortfall,
     fact_name,
     import_trt,
     installed_version,
     is_strongly_typed_only,
+    network_precision,
+    network_shortfall,
     provenance,
     resolve_backend,
     timing_cache_name,
@@ -136,9 +141,10 @@ class Params(StageParams):
         "major version can load the engine.",
     )
     profiling_verbosity: Literal["layer_names_only", "detailed", "none"] = Field(
-        "layer_names_only",
-        description="How much layer information the engine keeps for profilers and the engine inspector "
-        "('detailed' adds layer parameters and makes the engine larger).",
+        "detailed",
+        description="How much layer information the engine keeps for profilers and the engine inspector: "
+        "'detailed' (layer parameters and formats, so the precision audit can read each built layer's precision "
+        "where a runtime exists; a slightly larger engine), 'layer_names_only' or 'none'.",
     )
     timing_cache: Literal["use", "off"] = Field(
         "use", description="'use': share one tactic timing cache per (TensorRT version, GPU) across builds "
@@ -679,6 +685,48 @@ def _digest(data: bytes | None) -> str | None:
 # ---------------------------------------------------------------------------------------------------------
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Precision audit: the network and the engine must compute in the precision the recipe asked for
+
+_QUANTIZED_FIX = ("quantize the model's Conv/MatMul/Gemm nodes, inputs and weights both (the quantize stage does by "
+                  "default; see quantize.json's quantized_by_op_type: op_types_to_quantize or nodes_to_exclude may "
+                  "have left them out), or build with precision: strongly-typed to accept what the model carries")
+_ENGINE_FIX = ("TensorRT fuses Q/DQ into a quantized kernel only where the pattern allows (the layer's inputs and "
+               "weights quantized, nothing unsupported between the Q/DQ pair and the layer); engine.json's "
+               "precision.engine.per_layer gives each layer's format")
+
+
+def _audit_network(requested: str, network: Any) -> dict[str, Any]:
+    """Precisions of the parsed network's layers; StageFailed (before building) when they miss the request."""
+    audit = network_precision(network)
+    shortfall = network_shortfall(requested, audit)
+    if shortfall:
+        raise StageFailed(shortfall, hint=_QUANTIZED_FIX)
+    return audit
+
+
+def _audit_engine(ctx: StageContext, requested: str, backend: str, engine_path: Path,
+                  provenance_path: Path) -> dict[str, Any]:
+    """Precisions of the built engine's layers through the engine inspector, where a TensorRT runtime exists."""
+    from ._trt_runtime import open_engine, runtime_available
+
+    reason = runtime_available(backend, ctx.gpu)
+    if reason:
+        return {"inspected": False, "reason": f"no {backend} runtime here to inspect the engine: {reason}"}
+    try:
+        with ctx.native_step(backend, "deserialising the engine for the engine inspector"), \
+                open_engine(engine_path, provenance_path, backend, ctx.gpu) as session:
+            information = session.layer_information()
+    except Exception as error:  # an audit that cannot run must not fail a good build
+        ctx.log.warning("engine inspection failed: %s", error)
+        return {"inspected": False, "reason": f"the engine inspector failed: {type(error).__name__}: {error}"}
+    audit = engine_precision(information)
+    shortfall = engine_shortfall(requested, audit)
+    if shortfall:
+        raise StageFailed(shortfall, hint=_ENGINE_FIX)
+    return audit
+
+
 def _error_summary(errors: list[str]) -> str:
     """TensorRT's and Polygraphy's error lines, without severity tags and the parser's node banners."""
     lines = []
@@ -753,17 +801,22 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     with _polygraphy_log_to(ctx) as relay, warnings.catch_warnings():
         # Polygraphy attaches an empty timing cache to every config; TensorRT-RTX deprecates that as a no-op.
         warnings.filterwarnings("ignore", message=".*Timing cache operations are no-ops", category=DeprecationWarning)
+        repro = trt_build_repro(model_path, backend, profiles, plan.strongly_typed, plan.flags)
+        hint = hint_text(memory_findings(model_path, 4.0, f"a {backend} build"))
         try:
             started = time.perf_counter()
-            builder, network, parser = NetworkFromOnnxPath(str(model_path), strongly_typed=plan.strongly_typed)()
+            with ctx.native_step(backend, f"parsing {model_path.name}", repro=repro, hint=hint):
+                builder, network, parser = NetworkFromOnnxPath(str(model_path), strongly_typed=plan.strongly_typed)()
             parse_seconds = time.perf_counter() - started
             ctx.progress(0.2, f"parsed {network.num_layers} layers")
+            network_audit = _audit_network(params.precision, network)
             config = config_class(profiles=trt_profiles or None, progress_monitor=monitor, **config_kwargs)
             started = time.perf_counter()
-            engine = EngineBytesFromNetwork(
-                (builder, network, parser), config=config,
-                save_timing_cache=str(saved_cache) if shared is not None else None,
-            )()
+            with ctx.native_step(backend, f"building an engine from {model_path.name}", repro=repro, hint=hint):
+                engine = EngineBytesFromNetwork(
+                    (builder, network, parser), config=config,
+                    save_timing_cache=str(saved_cache) if shared is not None else None,
+                )()
             build_seconds = time.perf_counter() - started
         except PolygraphyException as exc:
             if ctx.cancelled:
@@ -807,6 +860,9 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         "engine_digest": hash_file_content(engine_path),
     }, gpu_index=ctx.gpu)
     ctx.output("provenance").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    engine_audit = _audit_engine(ctx, params.precision, backend, engine_path, ctx.output("provenance"))
+    record["precision"] = {"requested": params.precision, "network": network_audit, "engine": engine_audit}
+    ctx.output("provenance").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     ctx.progress(1.0, f"engine {engine_size} bytes in {build_seconds:.2f} s")
     ctx.log.info("built %s with %s %s in %.2f s: %d bytes", model_path.name, backend, version, build_seconds,
                  engine_size)
@@ -824,12 +880,17 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         "layers": layers,
         "timing_cache": timing["status"],
         "onnx_digest": record["onnx"]["digest"],
+        "precision_audit": {
+            "network": network_audit["by_precision"],
+            "heavy_layers": network_audit["heavy_layers_by_precision"],
+            "engine": engine_audit.get("by_precision") if engine_audit.get("inspected") else engine_audit["reason"],
+        },
     }
 
 
 stage = Stage(
     name="build",
-    version="1",
+    version="2",
     description="Build a TensorRT engine from an ONNX model through Polygraphy (full TensorRT or TensorRT-RTX), "
     "with optimization profiles, builder options and a shared timing cache.",
     params=Params,
@@ -843,4 +904,5 @@ stage = Stage(
     resources=_resources,
     environment=_environment,
     check=_check,
+    preload=("onnx", "numpy"),
 )

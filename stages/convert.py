@@ -25,6 +25,7 @@ from trtflow_stages._data import (
     check_op_types,
     private_model_copy,
 )
+from trtflow_stages._diagnosis import autocast_repro, modelopt_step
 from trtflow_stages._modelopt import modelopt_environment, modelopt_files, modelopt_resources
 
 FP16_MAX = 65504.0
@@ -97,6 +98,12 @@ class Params(StageParams):
     opset: int | None = Field(
         None, ge=13, description="Target opset. Default: the model's own, raised to 22 for bf16."
     )
+    check: bool = Field(
+        True,
+        description="Run the converted model once on ONNX Runtime (CPU) before committing it, on the first "
+        "rows of calibration_data (else random inputs), so a model ONNX Runtime cannot run fails here. Skipped "
+        "for bf16 and for operators the CPU provider has no kernel for (recorded in the summary).",
+    )
 
     @field_validator("calibration_eps")
     @classmethod
@@ -165,8 +172,10 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     ctx.progress(0.2, f"converting to {params.precision} with ModelOpt AutoCast")
     from modelopt.onnx.autocast import convert_to_mixed_precision
 
+    repro = _autocast_repro(model_path, params, reference_path)
     try:
-        with _forward_logs("modelopt.onnx.autocast", ctx.log):
+        with _forward_logs("modelopt.onnx.autocast", ctx.log), \
+                modelopt_step(ctx, model_path, f"converting to {params.precision} (AutoCast)", repro):
             converted = convert_to_mixed_precision(
                 onnx_path=str(model_path),
                 low_precision_type=params.precision,
@@ -194,13 +203,15 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         raise StageFailed(f"AutoCast {params.precision} conversion failed: {type(error).__name__}: {error}",
                           hint=hint) from error
 
-    ctx.progress(0.9, "saving the converted model")
+    dim_names = _clean_dim_names(ctx, converted)
+    ctx.progress(0.85, "saving the converted model")
     out = ctx.output("model")
     try:
         onnx.save(converted, str(out))
     except ValueError as error:  # protobuf's 2 GB limit
         raise StageFailed(f"cannot save the converted model as one file: {error}",
                           hint="models over 2 GB need external data, which this stage does not write") from error
+    ort_check = _check_on_onnx_runtime(ctx, params, out, reference_path) if params.check else None
     counts = precision_counts(converted, params.precision)
     original_casts = sum(1 for node in original.graph.node if node.op_type == "Cast")
     summary: dict[str, Any] = {
@@ -214,12 +225,90 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         "inputs": _io_types(converted.graph.input, converted),
         "outputs": _io_types(converted.graph.output, converted),
         "size_bytes": {"before": inputs["model"].stat().st_size, "after": out.stat().st_size},
+        "dim_names": dim_names,
+        "onnxruntime_check": ort_check,
         **counts,
     }
     ctx.output("summary").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     ctx.progress(1.0, f"{counts['converted_nodes']} nodes in {params.precision}, "
                       f"{counts['fp32_nodes']} kept in fp32")
     return summary
+
+
+def _autocast_repro(model_path: Path, params: Params, reference_path: str | None) -> str:
+    return autocast_repro(model_path, params.precision, Path(reference_path) if reference_path else None, {
+        "nodes_to_exclude": params.nodes_to_exclude, "op_types_to_exclude": params.op_types_to_exclude,
+        "nodes_to_include": params.nodes_to_include, "op_types_to_include": params.op_types_to_include,
+        "data_max": params.data_max, "init_max": params.init_max, "keep_io_types": params.keep_io_types,
+        "init_conversion_max_bytes": params.init_conversion_max_bytes, "providers": params.calibration_eps,
+        "max_depth_of_reduction": params.max_depth_of_reduction, "opset": params.opset,
+    })
+
+
+def _clean_dim_names(ctx: StageContext, model: Any) -> dict[str, Any]:
+    """Remove dim names AutoCast left on dims of different sizes (its ``unk``), which break ONNX Runtime."""
+    from ._diagnosis import clean_dim_names
+
+    report = clean_dim_names(model)
+    if report["removed"]:
+        ctx.log.info("removed dim names that label dims of different sizes: %s (%d dims cleared, %d filled "
+                     "again by shape inference)", report["removed"], report["cleared_dims"], report["refilled_dims"])
+    if report["still_inconsistent"]:
+        ctx.log.warning("dim names still label dims of different sizes: %s", report["still_inconsistent"])
+    return report
+
+
+def _check_feed(ctx: StageContext, model_path: Path, reference_path: str | None) -> dict[str, Any]:
+    """One batch for the check: the first rows of the reference data, else random inputs (dynamic dims 2)."""
+    import numpy as np
+
+    from ._data import DataSource, RandomData, load_arrays, onnx_input_specs
+
+    specs = onnx_input_specs(model_path)
+    static = {s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], int) and s.shape[0] > 0}
+    rows = static.pop() if len(static) == 1 else 2
+    if reference_path is not None:
+        reference = Path(reference_path)
+        if reference.is_dir():  # one .npz per batch
+            reference = sorted(reference.glob("*.npz"))[0]
+        with np.load(reference) as data:
+            return {spec.name: data[spec.name][:rows] for spec in specs}
+    shapes = {s.name: [d if isinstance(d, int) and d > 0 else 2 for d in s.shape] for s in specs}
+    random = DataSource(random=RandomData(seed=0, num_samples=1, shapes=shapes))
+    return load_arrays(random, specs, ctx.resolve)
+
+
+def _check_on_onnx_runtime(ctx: StageContext, params: Params, path: Path, reference_path: str | None) -> dict:
+    """Run the converted model once on ONNX Runtime; a model it cannot run fails the node with the cause."""
+    import numpy as np
+
+    from ._diagnosis import hint_text, ort_findings, ort_run_step
+    from ._ort import create_session
+
+    if params.precision == "bf16":
+        return {"status": "skipped", "reason": "ONNX Runtime's CPU provider has no bf16 kernels"}
+    feed = _check_feed(ctx, path, reference_path)
+    shapes = {name: list(value.shape) for name, value in feed.items()}
+    ctx.progress(0.9, f"running the {params.precision} model on ONNX Runtime")
+    try:
+        with ort_run_step(ctx, path, feed, what=f"checking the {params.precision} model on ONNX Runtime"):
+            outputs = create_session(path).run(None, feed)
+    except Exception as error:
+        text = " ".join(str(error).split())
+        if "NOT_IMPLEMENTED" in text:  # a kernel the CPU provider lacks: not a fault of the model
+            ctx.log.warning("ONNX Runtime cannot run the %s model here: %s", params.precision, text[:300])
+            return {"status": "skipped", "reason": f"unsupported by ONNX Runtime's CPU provider: {text[:300]}"}
+        raise StageFailed(
+            f"ONNX Runtime cannot run the {params.precision} model on inputs {shapes}: "
+            f"{' '.join(str(error).split())[:500]}",
+            hint=hint_text(ort_findings(path)) or "set check: false to keep a model that only TensorRT needs to "
+            "run; the node's log has AutoCast's messages",
+        ) from error
+    non_finite = sum(int((~np.isfinite(np.asarray(o, dtype=np.float32))).sum()) for o in outputs
+                     if np.issubdtype(np.asarray(o).dtype, np.floating))
+    if non_finite:
+        ctx.log.warning("the %s model gives %d NaN/Inf values on the check inputs", params.precision, non_finite)
+    return {"status": "ok", "input_shapes": shapes, "non_finite_outputs": non_finite}
 
 
 def precision_counts(model: Any, precision: str) -> dict[str, Any]:
@@ -304,7 +393,7 @@ def _forward_logs(name: str, target: logging.Logger) -> Iterator[None]:
 
 stage = Stage(
     name="convert",
-    version="1",
+    version="2",
     description="Convert an ONNX model to fp16/bf16 with ModelOpt AutoCast, keeping overflow-prone nodes fp32.",
     params=Params,
     run=run,
@@ -317,4 +406,5 @@ stage = Stage(
     environment=modelopt_environment,
     files=modelopt_files,
     check=check,
+    preload=("modelopt.onnx.autocast", "onnxruntime", "numpy"),
 )

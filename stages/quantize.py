@@ -384,4 +384,5 @@ stage = Stage(
     environment=modelopt_environment,
     files=modelopt_files,
     check=check,
+    preload=("modelopt.onnx.quantization", "onnxruntime", "numpy"),
 )

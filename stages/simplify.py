@@ -11,6 +11,8 @@ from pydantic import Field
 
 from trtflow.stage import ONNX, Input, Output, Stage, StageContext, StageFailed, StageParams
 
+from ._diagnosis import hint_text, memory_findings, onnxsim_repro
+
 
 class Params(StageParams):
     check_n: int = Field(default=3, ge=0, description="Random inputs on which onnxsim checks the simplified model.")
@@ -61,10 +63,12 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     test_shapes = _check_shapes(model, params.input_shapes)
     ctx.progress(0.2, "simplifying")
     try:
-        simplified, ok = onnxsim.simplify(
-            model, check_n=params.check_n, skip_fuse_bn=params.skip_fuse_bn,
-            skipped_optimizers=params.skipped_optimizers or None, test_input_shapes=test_shapes or None,
-        )
+        with ctx.native_step("onnxsim", f"simplifying {source.name}", repro=onnxsim_repro(source, test_shapes),
+                             hint=hint_text(memory_findings(source, 3.0, "onnxsim"))):
+            simplified, ok = onnxsim.simplify(
+                model, check_n=params.check_n, skip_fuse_bn=params.skip_fuse_bn,
+                skipped_optimizers=params.skipped_optimizers or None, test_input_shapes=test_shapes or None,
+            )
         failure = None if ok else "onnxsim's check found the simplified model's outputs differ from the original"
     except Exception as exc:
         ctx.log.exception("onnxsim failed")
@@ -93,4 +97,5 @@ stage = Stage(
     inputs={"model": Input(ONNX, "The ONNX model to simplify.")},
     outputs={"model": Output(ONNX, "model.onnx", "The simplified ONNX model.")},
     environment=("onnx", "onnxsim", "onnxruntime"),
+    preload=("onnxsim", "onnx", "onnxruntime"),
 )

@@ -558,4 +558,5 @@ stage = Stage(
     environment=_environment,
     files=_files,
     check=_check,
+    preload=("polygraphy", "onnxruntime", "numpy", "torch"),
 )

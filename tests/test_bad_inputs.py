@@ -506,7 +506,7 @@ CLI_CASES = [
     ("cli-bad-option", ["run", "recipe.yaml", "--jobs", "-1"], "name: x\nnodes:\n  - {name: a, stage: synth}\n",
      r"Invalid value for '--jobs' / '-j'", 2),
     ("cli-show-unknown-node", ["show", "recipe.yaml", "alpah"], "name: x\nnodes:\n  - {name: alpha, stage: synth}\n",
-     r"error: no node 'alpah' in recipe 'x'\n.*hint: did you mean 'alpha'\?", 1),
+     r"error: no node named 'alpah' in recipe 'x'\n.*hint: did you mean 'alpha'\?", 2),
 ]
 
 

@@ -115,26 +115,6 @@ def test_failing_factory_names_node_log_and_resume_command(tmp_path):
     assert f"trtflow run {recipe}" in proc.stdout
 
 
-@pytest.mark.slow
-def test_quickstart_runs_the_whole_pipeline_for_real(tmp_path):
-    """README's main job: export, simplify, int8 PTQ, validation on ONNX Runtime, a TensorRT-RTX engine built
-    on the CPU, and an ONNX Runtime benchmark; then a no-op re-run."""
-    proc = trtflow("run", str(QUICKSTART), cwd=tmp_path)
-    assert "6 built" in proc.stdout, proc.stdout
-    out = tmp_path / "build" / "quickstart"
-    provenance = json.loads((out / "build" / "engine.json").read_text())
-    assert provenance["backend"] == "tensorrt-rtx" and (out / "build" / "model.engine").stat().st_size > 10_000
-    validate = json.loads((out / "validate" / "validate.json").read_text())
-    assert validate["passed"] is True
-    bench = json.loads((out / "benchmark" / "benchmark.json").read_text())
-    text = json.dumps(bench)
-    assert "p99" in text and "throughput" in text
-    quantize = json.loads((out / "quantize" / "quantize.json").read_text())
-    assert quantize["calibrated"] is True
-    again = trtflow("run", str(QUICKSTART), cwd=tmp_path)
-    assert "Nothing to do: all 6 nodes are up to date" in again.stdout
-
-
 def test_benchmark_regression_gate_uses_the_previous_run(tmp_path):
     """A benchmark re-run after its input changed compares with the last successful run of the node."""
     (tmp_path / "m.py").write_text((REPO / "examples" / "models" / "tiny_mlp.py").read_text())

@@ -66,32 +66,47 @@ def _module_of(target: str) -> str | None:
     return body if body and all(part.isidentifier() for part in body.split(".")) else None
 
 
+def module_origin(module: str) -> str | None:
+    """The .py file of a dotted module name, found without importing it or its parent packages."""
+    from importlib.machinery import PathFinder
+
+    parts = module.split(".")
+    top = sys.modules.get(parts[0])
+    try:
+        module_spec = top.__spec__ if top is not None else importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError):
+        return None
+    for i in range(1, len(parts)):  # walk down without importing the parent packages (plan runs no code)
+        if module_spec is None or not module_spec.submodule_search_locations:
+            return None
+        module_spec = PathFinder.find_spec(".".join(parts[: i + 1]), list(module_spec.submodule_search_locations))
+    if module_spec is not None and module_spec.origin and module_spec.origin.endswith(".py"):
+        return module_spec.origin
+    return None
+
+
 def callable_files(spec: str) -> list[str]:
-    """Recipe paths whose content defines the callable (for node keys): its .py file. Imports nothing."""
+    """Recipe paths whose content defines the callable (for node keys): its .py file. Imports nothing.
+
+    The engine also hashes the project modules that file imports (see `trtflow.codehash`).
+    """
     target, _ = split_spec(spec)
     _require_python_prefix(spec, target, "callable")
     module = _module_of(target)
     if module is None:
         return [target[len(PYTHON_PREFIX):]]
-    from importlib.machinery import PathFinder
-
-    parts = module.split(".")
-    top = sys.modules.get(parts[0])
-    module_spec = top.__spec__ if top is not None else importlib.util.find_spec(parts[0])
-    for i in range(1, len(parts)):  # walk down without importing the parent packages (plan runs no code)
-        if module_spec is None or not module_spec.submodule_search_locations:
-            return []
-        module_spec = PathFinder.find_spec(".".join(parts[: i + 1]), list(module_spec.submodule_search_locations))
-    if module_spec is not None and module_spec.origin and module_spec.origin.endswith(".py"):
-        return [module_spec.origin]
-    return []
+    origin = module_origin(module)
+    return [origin] if origin else []
 
 
-def load_callable(spec: str, resolve: Callable[[str], Path], what: str = "callable") -> Callable[..., Any]:
+def load_callable(spec: str, resolve: Callable[[str], Path], what: str = "callable",
+                  project_root: Path | None = None) -> Callable[..., Any]:
     """Import and return the callable named by ``spec`` (this runs the user's module code).
 
     ``resolve`` turns the file of a ``python:`` spec into a checked path (``StageContext.resolve``);
-    ``what`` names the callable's role in error messages ("model factory", "data callable", ...).
+    ``what`` names the callable's role in error messages ("model factory", "data callable", ...);
+    ``project_root``: where a ``python:package.module`` of the project is found (appended to the module path,
+    after installed packages, so a project module never shadows one of them; never the working directory).
     """
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr.isidentifier() or target == "python":
@@ -120,9 +135,8 @@ def load_callable(spec: str, resolve: Callable[[str], Path], what: str = "callab
             raise StageFailed(f"importing {relative} for the {what} failed: {type(exc).__name__}: {exc}",
                                hint="run the file with python to debug it") from exc
     else:
-        cwd = str(Path.cwd())
-        if cwd not in sys.path:
-            sys.path.insert(0, cwd)
+        if project_root is not None and str(project_root) not in sys.path:
+            sys.path.append(str(project_root))
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:

@@ -12,17 +12,25 @@ from typing import Annotated, Any
 import typer
 
 from trtflow import __version__
-from trtflow.errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_INTERRUPTED, TrtflowError
+from trtflow.errors import (
+    EXIT_ENVIRONMENT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_STORE,
+    StoreError,
+    TrtflowError,
+    UsageError,
+)
 
 app = typer.Typer(
     name="trtflow",
     help="Turn trained models into fast, validated TensorRT engines from one YAML recipe.\n\n"
     "Exit codes: 0 ok, 1 a stage or a gate failed, 2 bad recipe or usage, 3 this machine cannot run the "
-    "requested backend, 130 interrupted.",
+    "requested backend, 4 the store is busy, damaged, read-only or full, 130 interrupted.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    rich_markup_mode=None,
+    rich_markup_mode="rich",
 )
 
 RecipeArg = Annotated[Path, typer.Argument(help="Recipe YAML file.", show_default=False)]
@@ -69,7 +77,8 @@ def run(
     targets: TargetsArg = None,
     store: StoreOpt = None,
     set_: SetOpt = None,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", min=0, help="Nodes to run at once [default: min(4, CPUs)].")] = 0,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=0, show_default=False,
+                                      help="CPU slots: nodes to run at once [default: min(4, CPUs)].")] = 0,
     keep_going: Annotated[
         bool, typer.Option("--keep-going", "-k", help="After a failure, run everything that does not depend on it.")
     ] = False,
@@ -83,13 +92,30 @@ def run(
     lock_timeout: Annotated[
         float, typer.Option(help="Seconds to wait for another run building the same node.")
     ] = 21600.0,
+    executor: Annotated[str, typer.Option(
+        "--executor", help="Where nodes run: local (a process per node on this machine), ray (a Ray cluster), "
+        "inline (this process; for debugging).")] = "local",
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray-address", help="Join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting a local "
+        "one [env RAY_ADDRESS].")] = None,
+    remote: Annotated[str | None, typer.Option(
+        "--remote", help="A remote cache shared by several stores: a directory or s3://bucket/prefix "
+        "[env TRTFLOW_REMOTE].")] = None,
+    memory: Annotated[str | None, typer.Option(
+        "--memory", help="Host memory the nodes running at once may use together, e.g. 16G [default: what the "
+        "machine has free].")] = None,
+    no_push: Annotated[bool, typer.Option(
+        "--no-push", help="Only pull from the remote cache; never upload (e.g. CI runs of untrusted changes).")
+    ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only failures and the summary.")] = False,
 ) -> None:
     """Run the stale nodes of a recipe, reusing everything that is up to date."""
     from trtflow import api
+    from trtflow.execution.results import RunOptions, resume_command
     from trtflow.report.console import ConsoleHooks
-    from trtflow.runner import RunOptions, resume_command
 
+    if executor not in ("local", "ray", "inline"):
+        raise UsageError(f"unknown executor {executor!r}", hint="choose local, ray or inline")
     started = time.perf_counter()
     options = RunOptions(
         keep_going=keep_going,
@@ -97,18 +123,29 @@ def run(
         lock_timeout=lock_timeout,
         output_dir=output_dir.absolute() if output_dir else None,
         command=resume_command(),
+        executor=executor,
+        ray_address=ray_address or os.environ.get("RAY_ADDRESS"),
+        remote=remote or os.environ.get("TRTFLOW_REMOTE") or None,
+        push=not no_push,
+        memory_limit=_parse_size(memory) if memory else None,
     )
     if jobs:
         options.jobs = jobs
     hooks = ConsoleHooks(_console, quiet=quiet)
-    _, steps, summary = api.run(recipe, targets or (), set_ or (), store, options, hooks)
+    try:
+        _, steps, summary = api.run(recipe, targets or (), set_ or (), store, options, hooks)
+    finally:
+        hooks.stop_live()
     hooks.finish(summary, steps, time.perf_counter() - started, options.output_dir, resume_command())
     if summary.interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
     if not summary.ok:
+        results = summary.results.values()
+        if summary.problems and all(r.status in ("fresh", "done", "cached", "skipped") for r in results):
+            raise typer.Exit(EXIT_STORE)
         only_env = all(
             r.status in ("fresh", "done", "cached") or (r.error and "--require-gpu" in r.error) or r.status == "blocked"
-            for r in summary.results.values()
+            for r in results
         )
         raise typer.Exit(EXIT_ENVIRONMENT if require_gpu and only_env else EXIT_FAILED)
 
@@ -152,23 +189,29 @@ def _print_plan(steps: list[Any]) -> None:
 # ----------------------------------------------------------------------------- status
 @app.command()
 def status(
-    recipe: Annotated[Path | None, typer.Argument(help="Limit to this recipe.")] = None,
+    recipe: Annotated[Path | None, typer.Argument(help="Limit to this recipe file.")] = None,
     store: StoreOpt = None,
     runs: Annotated[int, typer.Option(help="How many recent runs to list.")] = 5,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Recent runs and the state of each node in the latest one."""
-    from trtflow.pipeline import default_store
+    from trtflow.pipeline import default_store, identity_of
     from trtflow.recipe.load import load_recipe
     from trtflow.storage.journal import Journal
 
     st = default_store(store)
+    st.check_format()
     if not st.db_path.exists():
         raise TrtflowError(f"no trtflow runs recorded in {st.root}", hint="run `trtflow run RECIPE` first")
-    journal = Journal(st.db_path)
-    name = load_recipe(recipe).recipe.name if recipe else None
-    recent = journal.runs(runs, name)
+    journal = Journal(st.db_path, readonly=True)
+    recipe_id = identity_of(load_recipe(recipe).path, "").id if recipe else None
+    recent = journal.runs(runs, recipe_id)
     latest_nodes = journal.node_runs(recent[0]["id"]) if recent else []
+    for n in latest_nodes:
+        n["built_in_run"], n["build_duration"] = None, None
+        if n["status"] in ("fresh", "cached", "gate_failed") and n["key"]:
+            manifest = st.read_manifest(n["key"]) or {}
+            n["built_in_run"], n["build_duration"] = manifest.get("run_id"), manifest.get("duration")
     if as_json:
         print(json.dumps({"runs": recent, "nodes": latest_nodes}, indent=1, default=str))
         return
@@ -180,13 +223,8 @@ def status(
         table.add_column(col)
     for r in recent:
         duration = f"{r['ended'] - r['started']:.1f}s" if r["ended"] else "-"
-        table.add_row(
-            r["id"],
-            r["recipe"],
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started"])),
-            duration,
-            r["status"],
-        )
+        table.add_row(r["id"], r["recipe_id"] or r["recipe"],
+                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started"])), duration, r["status"])
     console.print(table)
     if latest_nodes:
         nodes = Table(title=f"nodes of run {recent[0]['id']}", box=None, header_style="bold")
@@ -194,11 +232,9 @@ def status(
             nodes.add_column(col, overflow="fold")
         for n in latest_nodes:
             duration, detail = n["duration"], n["error"] or n["reason"] or ""
-            if n["status"] == "fresh":
-                built = journal.last_executed(n["node"], recent[0]["recipe"])
-                if built and built["status"] == "done":
-                    duration = built["duration"]
-                    detail = f"up to date (built in run {built['run_id']})"
+            if n["status"] == "fresh" and n["built_in_run"]:
+                duration = n["build_duration"]
+                detail = f"up to date (built in run {n['built_in_run']})"
             nodes.add_row(n["node"], n["stage"], n["status"], f"{duration:.1f}s" if duration else "-", detail)
         console.print(nodes)
 
@@ -207,74 +243,69 @@ def status(
 @app.command()
 def show(
     recipe: RecipeArg,
-    node: Annotated[str, typer.Argument(help="Node name (as listed by `trtflow plan`).")],
+    node: Annotated[str, typer.Argument(help="Node name (as listed by `trtflow plan`), or a matrix node's name.")],
     store: StoreOpt = None,
     set_: SetOpt = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Everything about one node: params, key, inputs, outputs, log, timings, summary."""
     from trtflow.environment import Environment
-    from trtflow.errors import did_you_mean
     from trtflow.pipeline import default_store, load_pipeline
     from trtflow.plan import make_plan
     from trtflow.storage.journal import Journal
 
     pipeline = load_pipeline(recipe, set_ or ())
-    if node not in pipeline.graph.nodes:
-        raise TrtflowError(
-            f"no node {node!r} in recipe {pipeline.name!r}",
-            hint=did_you_mean(node, list(pipeline.graph.nodes)) or "see `trtflow plan`",
-        )
+    selected = pipeline.graph.select([node])  # a node name or a matrix node's base name; unknown: exit 2
+    names = [n for n, c in pipeline.graph.nodes.items() if n == node or c.template == node]
     st = default_store(store)
-    journal = Journal(st.db_path) if st.db_path.exists() else None
-    steps = {
-        s.node.name: s
-        for s in make_plan(
-            pipeline.graph.select([node]), st, Environment.from_env(), pipeline.loaded.directory, journal
-        )
-    }
-    step = steps[node]
-    manifest = step.manifest
-    if manifest is None:
-        ref = st.read_ref(pipeline.name, node)
-        manifest = st.read_manifest(ref) if ref else None
-    last = journal.last_node_run(node, pipeline.name) if journal else None
-    info = {
-        "node": node,
-        "stage": step.node.stage,
-        "status": step.status,
-        "reason": step.reason,
-        "key": step.key,
-        "params": step.node.params,
-        "matrix": step.node.matrix,
-        "inputs": {s: [f"{n}.{o}" for n, o in refs] for s, refs in step.node.upstream.items()},
-        "facts": step.parts.facts if step.parts else None,
-        "outputs": {
-            k: {**v, "path": str(st.object_path(v["digest"]))} for k, v in (manifest or {}).get("outputs", {}).items()
-        },
-        "summary": (manifest or {}).get("summary"),
-        "built_key": (manifest or {}).get("key"),
-        "duration": (manifest or {}).get("duration"),
-        "last_run": last,
-    }
+    st.check_format()
+    journal = Journal(st.db_path, readonly=True) if st.db_path.exists() else None
+    steps = {s.node.name: s for s in make_plan(selected, st, Environment.from_env(), pipeline.loaded.directory,
+                                                journal, pipeline.identity.id)}
+    current = st.refs.current(pipeline.identity.id)
+    infos = []
+    for name in names:
+        step = steps[name]
+        manifest = step.manifest
+        if manifest is None and current.get(name):
+            manifest = st.read_manifest(current[name])
+        try:
+            last = journal.last_node_run(name, pipeline.identity.id) if journal else None
+        except StoreError as exc:  # the journal is history: show what the store knows, and say what is missing
+            _console(stderr=True).print(f"warning: no run history: {exc.message}", markup=False)
+            journal, last = None, None
+        infos.append({
+            "node": name, "stage": step.node.stage, "status": step.status, "reason": step.reason, "key": step.key,
+            "params": step.node.params, "matrix": step.node.matrix,
+            "inputs": {s: [f"{n}.{o}" for n, o in refs] for s, refs in step.node.upstream.items()},
+            "facts": step.parts.facts if step.parts else None,
+            "outputs": {k: {**v, "path": str(st.object_path(v["digest"]))}
+                        for k, v in (manifest or {}).get("outputs", {}).items()},
+            "summary": (manifest or {}).get("summary"), "built_key": (manifest or {}).get("key"),
+            "built_in_run": (manifest or {}).get("run_id"), "duration": (manifest or {}).get("duration"),
+            "peak_rss": (manifest or {}).get("peak_rss"), "last_run": last,
+        })
     if as_json:
-        print(json.dumps(info, indent=1, default=str))
+        print(json.dumps(infos[0] if len(infos) == 1 else infos, indent=1, default=str))
         return
     from rich.pretty import Pretty
 
     console = _console()
-    console.print(f"[bold]{node}[/] ({step.node.stage}): {step.status}: {step.reason}")
-    for key in ("key", "built_key", "inputs", "params", "matrix", "facts", "outputs", "summary", "duration"):
-        if info[key] not in (None, {}, []):
-            console.print(f"[bold]{key}[/]:", Pretty(info[key]))
-    if last:
-        console.print(
-            f"[bold]last run[/]: {last['status']} in run {last['run_id']}"
-            + (f", {last['duration']:.1f}s" if last["duration"] else "")
-            + (f", log {last['log_path']}" if last["log_path"] else "")
-        )
-        if last.get("error"):
-            console.print(f"[bold]error[/]: {last['error']}")
+    for info in infos:
+        console.print(f"[bold]{info['node']}[/] ({info['stage']}): {info['status']}: {info['reason']}")
+        for key in ("key", "built_key", "built_in_run", "inputs", "params", "matrix", "facts", "outputs", "summary",
+                    "duration", "peak_rss"):
+            if info[key] not in (None, {}, []):
+                console.print(f"[bold]{key}[/]:", Pretty(info[key]))
+        last = info["last_run"]
+        if last:
+            console.print(
+                f"[bold]last run[/]: {last['status']} in run {last['run_id']}"
+                + (f", {last['duration']:.1f}s" if last["duration"] else "")
+                + (f", log {last['log_path']}" if last["log_path"] else "")
+            )
+            if last.get("error"):
+                console.print(f"[bold]error[/]: {last['error']}")
 
 
 # ----------------------------------------------------------------------------- report
@@ -285,18 +316,19 @@ def report(
     fmt: Annotated[str, typer.Option("--format", "-f", help="json, markdown, html or junit")] = "markdown",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")] = None,
 ) -> None:
-    """Report of the latest run of a recipe (JSON, Markdown, HTML, or JUnit XML for CI)."""
-    from trtflow.pipeline import default_store
+    """Report of the latest run of a recipe file (JSON, Markdown, HTML, or JUnit XML for CI)."""
+    from trtflow.pipeline import default_store, identity_of
     from trtflow.recipe.load import load_recipe
     from trtflow.report.formats import render
     from trtflow.storage.journal import Journal
 
-    name = load_recipe(recipe).recipe.name
+    recipe_id = identity_of(load_recipe(recipe).path, "").id
     st = default_store(store)
+    st.check_format()
     if not st.db_path.exists():
         raise TrtflowError(f"no runs recorded in {st.root}", hint="run `trtflow run` first")
-    journal = Journal(st.db_path)
-    text = render(journal, name, fmt)
+    journal = Journal(st.db_path, readonly=True)
+    text = render(journal, recipe_id, fmt)
     _emit(text, output)
 
 
@@ -314,22 +346,66 @@ def schema(
 
 
 # ----------------------------------------------------------------------------- gc / verify
+WaitOpt = Annotated[float, typer.Option("--wait", help="Seconds to wait for runs holding the store, then give up "
+                                                      "(exit 4, store busy).")]
+
+
 @app.command()
 def gc(
     store: StoreOpt = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only say what would be removed.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be removed, and why; remove nothing.")
+                       ] = False,
+    keep_days: Annotated[float, typer.Option(
+        "--keep-days", help="Also keep what runs of the last N days used [env TRTFLOW_GC_KEEP_DAYS; default 0: "
+        "only what each recipe file's latest run uses].", show_default=False)] = -1.0,
+    wait: WaitOpt = 60.0,
 ) -> None:
-    """Remove store objects and manifests that no recipe's latest build refers to."""
+    """Remove stored results no recipe file's latest run uses (and old logs, scratch space, refs of deleted
+    recipes). gc never runs beside a `trtflow run`: it waits for them, and new runs wait for it."""
     from trtflow.pipeline import default_store
-    from trtflow.storage.maintenance import collect_garbage
+    from trtflow.storage.gc import collect_garbage
 
-    result = collect_garbage(default_store(store), dry_run=dry_run)
+    if keep_days < 0:
+        keep_days = float(os.environ.get("TRTFLOW_GC_KEEP_DAYS", "0") or 0)
+    console = _console()
+    report_ = collect_garbage(default_store(store), keep_days=keep_days, dry_run=dry_run, wait_s=wait,
+                              on_wait=lambda msg: _console(stderr=True).print(msg))
     verb = "would remove" if dry_run else "removed"
-    _console().print(
-        f"{verb} {result.manifests} manifests, {result.objects} objects "
-        f"({result.bytes / 1e6:.1f} MB), {result.tmp_dirs} scratch dirs; kept {result.kept_manifests} "
-        "manifests"
-    )
+    if report_.removals and (dry_run or len(report_.removals) <= 50):
+        rows = [(r.what, r.recipe, r.node, _size(r.size), _age(r.age_s), r.why) for r in report_.removals]
+        header = ("what", "recipe", "node", "size", "age", "why")
+        widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header[:-1])]
+        for row in [header, *rows]:
+            print("  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1])
+    results, result_bytes = report_.total("result")
+    objects, object_bytes = report_.total("object")
+    logs, _ = report_.total("log")
+    scratch, _ = report_.total("scratch")
+    console.print(f"{verb} {results} results ({_size(result_bytes)}), {objects} other objects "
+                  f"({_size(object_bytes)}), {logs} log folders, {scratch} scratch folders; kept "
+                  f"{report_.kept_results} results ({report_.kept_objects} objects)")
+
+
+def _parse_size(text: str) -> int:
+    """"16G", "512M", "2.5GiB", "1000000" -> bytes."""
+    import re
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    if not match:
+        raise UsageError(f"--memory {text!r}: expected a size such as 16G, 512M or 2.5GiB")
+    return int(float(match.group(1)) * 1024 ** "_kmgt".index(match.group(2) or "_"))
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n} B"
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f} d"
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
 
 
 @app.command()
@@ -338,26 +414,30 @@ def verify(
     fix: Annotated[
         bool,
         typer.Option(
-            "--fix", help="Remove damaged objects and the manifests that use them, so the next run rebuilds them."
+            "--fix", help="Remove damaged objects and the manifests that use them (the next run rebuilds them), "
+            "unreadable refs, and reset a damaged journal."
         ),
     ] = False,
+    wait: WaitOpt = 60.0,
 ) -> None:
-    """Re-hash every stored object and check every manifest; exit 1 if anything is damaged."""
+    """Re-hash every stored object, check manifests, refs and the journal; exit 1 if anything is damaged."""
     from trtflow.pipeline import default_store
-    from trtflow.storage.maintenance import verify_store
+    from trtflow.storage.verify import verify_store
 
     st = default_store(store)
-    report_ = verify_store(st, fix=fix)
+    report_ = verify_store(st, fix=fix, wait_s=wait, on_wait=lambda msg: _console(stderr=True).print(msg))
     console = _console()
     for problem in report_.problems:
         console.print(f"[red]damaged[/]: {problem}")
+    for fixed in report_.fixed:
+        console.print(f"[green]fixed[/]: {fixed}")
     console.print(
-        f"checked {report_.objects} objects and {report_.manifests} manifests: "
+        f"checked {report_.objects} objects and {report_.manifests} manifests, refs and the journal: "
         + (
             "clean"
             if not report_.problems
             else f"{len(report_.problems)} problems"
-            + (" (fixed: the next run rebuilds them)" if fix else " (run `trtflow verify --fix`)")
+            + (" (fixed: the next run rebuilds what was damaged)" if fix else " (run `trtflow verify --fix`)")
         )
     )
     if report_.problems and not fix:
@@ -392,11 +472,36 @@ def doctor(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     console.print("stages: " + ", ".join(f"{s['name']} ({s['version']})" for s in info["stages"]))
 
 
+COMMANDS_GROUP = "trtflow.commands"
+
+
+def _add_plugin_commands(argv: list[str]) -> None:
+    """Register subcommands from the ``trtflow.commands`` entry-point group (e.g. `init`, `debug`).
+
+    An entry point names a `typer.Typer` (a command group) or a function (one command). Only the command being
+    run is imported, so plugins cost nothing on other commands; `--help` imports them all to list them.
+    """
+    from importlib.metadata import entry_points
+
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for ep in entry_points(group=COMMANDS_GROUP):
+        if ep.name in {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}:
+            continue
+        if wanted is not None and ep.name != wanted:
+            continue
+        target = ep.load()
+        if isinstance(target, typer.Typer):
+            app.add_typer(target, name=ep.name)
+        else:
+            app.command(ep.name)(target)
+
+
 def main() -> None:
     """Console-script entry point: maps errors to documented exit codes."""
     # pydantic scans every installed distribution for its plugins on first use; a CLI run needs none.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     try:
+        _add_plugin_commands(sys.argv[1:])
         app(standalone_mode=True)
     except TrtflowError as exc:
         from rich.markup import escape

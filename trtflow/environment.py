@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Iterable
@@ -57,54 +58,138 @@ def tensorrt_rtx_version() -> str:
 
 @dataclass(frozen=True)
 class GpuInfo:
+    """A GPU (or MIG slice) as CUDA sees it: ``index`` is its CUDA ordinal among the visible devices."""
+
     index: int
     name: str
     compute_capability: str
     driver: str
     memory_mib: int
+    uuid: str = ""
+    mig: str | None = None  # MIG device UUID when this is a MIG slice
+    host_index: int | None = None  # nvidia-smi's index of the physical GPU
 
     @property
     def sm(self) -> str:
         return "sm" + self.compute_capability.replace(".", "")
 
+    @property
+    def visible_id(self) -> str:
+        """What to put in CUDA_VISIBLE_DEVICES to show a process this device alone."""
+        return self.mig or self.uuid or str(self.index if self.host_index is None else self.host_index)
+
+    @property
+    def label(self) -> str:
+        """The device class that keys results built on it: name (and MIG profile) and compute capability."""
+        return f"{self.name} ({self.sm})"
+
+
+_SMI_FIELDS = "index,uuid,name,compute_cap,driver_version,memory.total"
+_MIG_LINE = re.compile(r"^\s*MIG\s+(\S+)\s+Device\s+\d+:\s+\(UUID:\s*(MIG-[^)\s]+)\)")
+_GPU_LINE = re.compile(r"^GPU\s+(\d+):.*\(UUID:\s*(GPU-[^)\s]+)\)")
+
+
+def _smi(*args: str) -> str:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return ""
+    try:
+        return subprocess.run([smi, *args], capture_output=True, text=True, timeout=20, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return ""
+
+
+def parse_smi(query: str, listing: str) -> list[GpuInfo]:
+    """Physical GPUs from ``nvidia-smi --query-gpu`` and their MIG slices from ``nvidia-smi -L``."""
+    physical: list[GpuInfo] = []
+    for line in query.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 6:
+            continue
+        try:
+            physical.append(GpuInfo(int(parts[0]), parts[2], parts[3], parts[4], int(float(parts[5])),
+                                    uuid=parts[1], host_index=int(parts[0])))
+        except ValueError:
+            continue
+    by_index = {g.host_index: g for g in physical}
+    migs: dict[int, list[GpuInfo]] = {}
+    current: GpuInfo | None = None
+    for line in listing.splitlines():
+        gpu_match = _GPU_LINE.match(line)
+        if gpu_match:
+            current = by_index.get(int(gpu_match.group(1)))
+            continue
+        mig_match = _MIG_LINE.match(line)
+        if mig_match and current is not None:
+            profile, mig_uuid = mig_match.groups()
+            migs.setdefault(current.host_index or 0, []).append(GpuInfo(
+                current.index, f"{current.name} MIG {profile}", current.compute_capability, current.driver,
+                current.memory_mib, uuid=current.uuid, mig=mig_uuid, host_index=current.host_index))
+    devices: list[GpuInfo] = []
+    for gpu in physical:  # CUDA enumerates a MIG-enabled GPU's slices instead of the GPU itself
+        devices.extend(migs.get(gpu.host_index or 0, [gpu]))
+    return devices
+
+
+def visible(devices: list[GpuInfo], cuda_visible_devices: str | None) -> list[GpuInfo]:
+    """The devices CUDA shows under ``CUDA_VISIBLE_DEVICES`` (indices, GPU-/MIG- UUIDs or unique prefixes),
+    renumbered as CUDA numbers them. As in CUDA, the list stops at the first entry that names no device."""
+    if cuda_visible_devices is None:
+        chosen = devices
+    else:
+        chosen = []
+        physical = [d for d in devices if d.mig is None] or devices
+        for entry in (e.strip() for e in cuda_visible_devices.split(",")):
+            match = _match_device(entry, devices, physical)
+            if match is None:
+                break
+            chosen.append(match)
+    return [GpuInfo(i, d.name, d.compute_capability, d.driver, d.memory_mib, d.uuid, d.mig, d.host_index)
+            for i, d in enumerate(chosen)]
+
+
+def _match_device(entry: str, devices: list[GpuInfo], physical: list[GpuInfo]) -> GpuInfo | None:
+    if not entry:
+        return None
+    if entry.isdigit():
+        index = int(entry)
+        hosts = sorted({d.host_index for d in devices if d.host_index is not None})
+        return next((d for d in devices if d.host_index == index), None) if index in hosts else None
+    if entry.startswith("MIG-"):
+        if entry.startswith("MIG-GPU-"):  # legacy form MIG-GPU-<uuid>/<gi>/<ci>: the first slice of that GPU
+            gpu_uuid = entry[len("MIG-"):].split("/")[0]
+            return next((d for d in devices if d.mig and d.uuid == gpu_uuid), None)
+        found = [d for d in devices if d.mig and d.mig.startswith(entry)]
+        return found[0] if len(found) == 1 else None
+    prefix = entry if entry.startswith("GPU-") else f"GPU-{entry}"
+    found = [d for d in devices if d.uuid.startswith(prefix)]
+    if len({d.uuid for d in found}) != 1:
+        return None
+    return found[0]
+
 
 @functools.lru_cache(maxsize=1)
 def gpus() -> tuple[GpuInfo, ...]:
-    """GPUs visible through nvidia-smi (empty on a machine without an NVIDIA driver)."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
+    """GPUs (or MIG slices) this process may use: nvidia-smi's list filtered by CUDA_VISIBLE_DEVICES."""
+    query = _smi(f"--query-gpu={_SMI_FIELDS}", "--format=csv,noheader,nounits")
+    if not query:
         return ()
-    try:
-        out = subprocess.run(
-            [smi, "--query-gpu=index,name,compute_cap,driver_version,memory.total",
-             "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=20, check=True,
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return ()
-    found = []
-    for line in out.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 5:
-            try:
-                found.append(GpuInfo(int(parts[0]), parts[1], parts[2], parts[3], int(float(parts[4]))))
-            except ValueError:
-                continue
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip() != "":
-        wanted = [v.strip() for v in visible.split(",")]
-        found = [g for g in found if str(g.index) in wanted]
-    return tuple(found)
+    devices = parse_smi(query, _smi("-L"))
+    return tuple(visible(devices, os.environ.get("CUDA_VISIBLE_DEVICES")))
 
 
-def gpu_fact() -> str:
+def gpu_fact(device: GpuInfo | None = None) -> str:
+    if device is not None:
+        return device.label
     found = gpus()
     if not found:
         return "none"
-    return "; ".join(sorted({f"{g.name} ({g.sm})" for g in found}))
+    return "; ".join(sorted({g.label for g in found}))
 
 
-def driver_fact() -> str:
+def driver_fact(device: GpuInfo | None = None) -> str:
+    if device is not None:
+        return device.driver
     found = gpus()
     return found[0].driver if found else "none"
 
@@ -141,11 +226,22 @@ FACTS: dict[str, Callable[[], str]] = {
 }
 
 
+#: Facts that describe one device: computed from the GPU a node runs on, not from the host's set of GPUs.
+DEVICE_FACTS: dict[str, Callable[[GpuInfo], str]] = {"gpu": gpu_fact, "driver": driver_fact}
+
+
 class Environment:
     """Lazily computed, memoised environment facts. ``overrides`` pins facts (tests, remote builds)."""
 
     def __init__(self, overrides: dict[str, str] | None = None) -> None:
         self._values: dict[str, str] = dict(overrides or {})
+        self._overrides = dict(overrides or {})
+
+    def for_device(self, name: str, device: GpuInfo | None) -> str:
+        """A fact as seen by a node running on ``device`` (the host's view when None or not device-bound)."""
+        if device is None or name not in DEVICE_FACTS or name in self._overrides:
+            return self.get(name)
+        return DEVICE_FACTS[name](device)
 
     def get(self, name: str) -> str:
         if name not in self._values:
@@ -158,8 +254,8 @@ class Environment:
             self._values[name] = compute()
         return self._values[name]
 
-    def facts(self, names: Iterable[str]) -> dict[str, str]:
-        return {name: self.get(name) for name in names}
+    def facts(self, names: Iterable[str], device: GpuInfo | None = None) -> dict[str, str]:
+        return {name: self.for_device(name, device) for name in names}
 
     @classmethod
     def from_env(cls) -> Environment:

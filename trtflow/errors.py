@@ -12,6 +12,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # a stage failed or a quality gate failed
 EXIT_USAGE = 2  # bad recipe or bad command-line usage
 EXIT_ENVIRONMENT = 3  # this machine cannot run the requested backend
+EXIT_STORE = 4  # the store is busy (gc), damaged, read-only, full, or of a newer format
 EXIT_INTERRUPTED = 130
 
 
@@ -70,6 +71,19 @@ class EnvironmentUnavailable(TrtflowError):
     """The requested backend cannot run on this machine."""
 
     exit_code = EXIT_ENVIRONMENT
+
+
+class StoreError(TrtflowError):
+    """The store cannot be used as asked: damaged journal, read-only, full disk, newer format."""
+
+    exit_code = EXIT_STORE
+
+
+class StoreBusy(StoreError):
+    """Another trtflow process holds the store lock (a gc, or runs while gc waits)."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint or "retry when it has finished, or wait longer (gc: --wait SECONDS)")
 
 
 class StageFailed(TrtflowError):

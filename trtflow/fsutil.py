@@ -116,39 +116,43 @@ def check_folder(folder: Path, allowed_roots: Sequence[Path]) -> None:
                                    hint=f"copy the file into the folder, or add its directory to {ALLOWED_PATHS_ENV}")
 
 
-def project_root_of(recipe_path: str | Path) -> Path:
-    """The project a recipe belongs to: the nearest folder, from the recipe's own folder upwards, that holds
-    a ``.git`` (directory or file) or a ``pyproject.toml``; the recipe's own folder when there is none.
-    Given a folder (a recipe's folder), the same search starts there.
-
-    Recipe paths may point anywhere inside it (and into ``TRTFLOW_ALLOWED_PATHS``); the working directory
-    plays no part, so a recipe means the same from wherever it is run.
-    """
-    path = Path(recipe_path).resolve()
-    return _project_folder(path if path.is_dir() else path.parent)
-
-
-def _project_folder(folder: Path) -> Path:
-    current = str(folder)  # os.path, not pathlib: the planner asks once per node
+def project_root(start: str | Path) -> Path | None:
+    """The nearest folder, from ``start`` upwards, that holds a ``.git`` (directory or file) or a
+    ``pyproject.toml``; None when there is none."""
+    current = os.path.realpath(start)  # os.path, not pathlib: asked for every recipe path
     while True:
         if any(os.path.exists(os.path.join(current, marker)) for marker in PROJECT_MARKERS):
             return Path(current)
         parent = os.path.dirname(current)
         if parent == current:
-            return folder
+            return None
         current = parent
 
 
-def recipe_id(recipe_path: str | Path) -> str:
-    """A recipe's identity: its file's path relative to its project root, in POSIX form."""
+def project_root_of(recipe_path: str | Path) -> Path:
+    """The project a recipe belongs to: ``project_root`` of the recipe's folder, or that folder itself when
+    no folder above it is marked. Given a folder (a recipe's folder), the same search starts there.
+
+    Recipe paths may point anywhere inside it (and into ``TRTFLOW_ALLOWED_PATHS``); the working directory
+    plays no part, so a recipe means the same from wherever it is run.
+    """
     path = Path(recipe_path).resolve()
-    return path.relative_to(project_root_of(path)).as_posix()
+    folder = path if path.is_dir() else path.parent
+    return project_root(folder) or folder
+
+
+def recipe_id(recipe_path: str | Path) -> str:
+    """A recipe file's identity: its path relative to its project root, in POSIX form (the same in every clone
+    of the project); its absolute path when no folder above it is marked (two loose recipes never share one)."""
+    path = Path(recipe_path).resolve()
+    root = project_root(path.parent)
+    return path.relative_to(root).as_posix() if root is not None else path.as_posix()
 
 
 def allowed_roots_for(recipe_dir: Path) -> list[Path]:
     """Directories the paths of a recipe in ``recipe_dir`` may point into: its project root, then the
     directories listed in ``TRTFLOW_ALLOWED_PATHS`` (the explicit escape hatch)."""
-    roots = [_project_folder(Path(os.path.realpath(recipe_dir)))]
+    roots = [project_root(recipe_dir) or Path(os.path.realpath(recipe_dir))]
     extra = os.environ.get(ALLOWED_PATHS_ENV, "")
     roots += [Path(p).expanduser().resolve() for p in extra.split(os.pathsep) if p]
     return list(dict.fromkeys(roots))

@@ -29,6 +29,18 @@ class Graph:
         """The nodes ``name`` takes inputs from, in slot order, each once."""
         return list(dict.fromkeys(src for refs in self.nodes[name].upstream.values() for src, _ in refs))
 
+    def input_sources(self, name: str) -> dict[str, list[dict[str, Any]]]:
+        """Per input slot of ``name``, where each input comes from: the producer's name, template, matrix and own
+        inputs (what a stage sees as ``ctx.input_sources``)."""
+        sources: dict[str, list[dict[str, Any]]] = {}
+        for slot, refs in self.nodes[name].upstream.items():
+            sources[slot] = []
+            for src, _ in refs:
+                producer = self.nodes[src]
+                sources[slot].append({"node": src, "template": producer.template, "matrix": producer.matrix,
+                                      "inputs": {s: [n for n, _ in r] for s, r in producer.upstream.items()}})
+        return sources
+
     def downstream(self, name: str) -> list[str]:
         """The nodes that take an input from ``name``, in graph order."""
         if self._downstream is None:
@@ -106,7 +118,15 @@ def build_graph(nodes: list[ConcreteNode], get_stage: Callable[[str], Stage], re
             if refs is None:
                 if spec.optional:
                     continue
+                if spec.many:
+                    raise RecipeError(
+                        f"node {node.name!r} needs input {slot!r}: a list of nodes producing "
+                        f"{'/'.join(spec.kinds)}", node.location, f"inputs.{slot}",
+                        hint=f"add `inputs: {{{slot}: [<node>, <node>, ...]}}`")
                 node.upstream[slot] = [_default_input(node, slot, spec.kinds, producers, stages)]
+                continue
+            if spec.many:
+                node.upstream[slot] = _resolve_many(node, slot, spec.kinds, refs, by_name, by_template, stages)
                 continue
             resolved: list[tuple[str, str]] = []
             if len(refs) == 1:
@@ -193,7 +213,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def _resolve_ref(node: ConcreteNode, slot: str, kinds: tuple[str, ...], ref: str,
                  by_name: dict[str, ConcreteNode], by_template: dict[str, list[ConcreteNode]],
-                 stages: dict[str, Stage]) -> list[tuple[str, str]]:
+                 stages: dict[str, Stage], every_variant: bool = False) -> list[tuple[str, str]]:
     target, _, output = ref.partition(".") if ref not in by_name and ref not in by_template else (ref, "", "")
     if target not in by_name and target not in by_template:
         # node names may contain dots: try the longest prefix that names a node
@@ -207,7 +227,7 @@ def _resolve_ref(node: ConcreteNode, slot: str, kinds: tuple[str, ...], ref: str
         sources = [by_name[target]]
     elif target in by_template:
         sources = _matching_variants(by_template[target], node)
-        if len(sources) > 1:
+        if len(sources) > 1 and not every_variant:
             raise RecipeError(
                 f"node {node.name!r}: input {slot!r} refers to {target!r}, which has {len(sources)} variants "
                 f"({', '.join(s.name for s in sources)})",
@@ -254,6 +274,18 @@ def _resolve_ref(node: ConcreteNode, slot: str, kinds: tuple[str, ...], ref: str
                     node.location, f"inputs.{slot}",
                 )
             resolved.append((source.name, matching[0]))
+    return resolved
+
+
+def _resolve_many(node: ConcreteNode, slot: str, kinds: tuple[str, ...], refs: list[str],
+                  by_name: dict[str, ConcreteNode], by_template: dict[str, list[ConcreteNode]],
+                  stages: dict[str, Stage]) -> list[tuple[str, str]]:
+    """Every artifact the references of a many-slot name: all agreeing variants of a matrix node, in order."""
+    resolved: list[tuple[str, str]] = []
+    for ref in refs:
+        for source in _resolve_ref(node, slot, kinds, ref, by_name, by_template, stages, every_variant=True):
+            if source not in resolved:
+                resolved.append(source)
     return resolved
 
 

@@ -1,36 +1,49 @@
-"""Load a recipe into a checked graph: the shared first step of `run`, `plan` and `show`."""
+"""Load a recipe into a checked graph: the shared first step of `run`, `plan`, `show`, `status` and `report`."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from trtflow.fsutil import recipe_id
 from trtflow.graph import Graph, build_graph
 from trtflow.recipe.expand import expand
 from trtflow.recipe.load import LoadedRecipe, load_recipe
 from trtflow.registry import get_stage
+from trtflow.storage.refs import RecipeIdentity
 from trtflow.storage.store import Store
 
 
 @dataclass
 class Pipeline:
     loaded: LoadedRecipe
-    graph: Graph
+    graph: Graph  # the nodes asked for (and what they need)
+    recipe_nodes: list[str] = field(default_factory=list)  # every node of the recipe
 
     @property
     def name(self) -> str:
         return self.loaded.recipe.name
+
+    @property
+    def identity(self) -> RecipeIdentity:
+        return identity_of(self.loaded.path, self.name)
+
+
+def identity_of(path: Path, name: str) -> RecipeIdentity:
+    """A recipe file's identity (its path relative to its project root) — refs, status and reports use it."""
+    return RecipeIdentity(recipe_id(path), name, Path(path).resolve())
 
 
 def load_pipeline(recipe: str | Path, overrides: Sequence[str] = (), targets: Sequence[str] = ()) -> Pipeline:
     loaded = load_recipe(recipe, overrides)
     nodes = expand(loaded)
     graph = build_graph(nodes, get_stage, loaded.recipe.name)
+    everything = list(graph.nodes)
     if targets:
         graph = graph.select(list(targets))
-    return Pipeline(loaded, graph)
+    return Pipeline(loaded, graph, everything)
 
 
 def default_store(store: str | Path | None = None) -> Store:

@@ -6,7 +6,8 @@ declarations, and the no-op path of ``trtflow run`` must stay fast. Heavy import
 
 Each input arrives as a path in a private folder; the other outputs of the node that produced it lie in
 the same folder (``inputs["model"].parent``), so an ONNX model's external weights or an engine's
-provenance manifest travel with it.
+provenance manifest travel with it. A slot declared ``Input(..., many=True)`` arrives as a list of such
+paths, each in its own folder named after the node that produced it.
 
 The stage writes each declared output to ``ctx.output(name)`` and may return a JSON-serialisable summary
 (metrics, counts) that is stored in the node's manifest and shown in reports. It writes nothing outside
@@ -84,11 +85,20 @@ class StageParams(BaseModel):
 
 @dataclass(frozen=True)
 class Input:
-    """An input slot of a stage, filled by another node's output of one of the accepted kinds."""
+    """An input slot of a stage, filled by another node's output of one of the accepted kinds.
+
+    ``many``: the slot takes every artifact its references resolve to (a reference to a matrix node means
+    all its variants that agree with this node's matrix); the stage receives a list of paths, each in a
+    folder named after the node that produced it, and `StageContext.input_sources` says where each came
+    from. ``accept_gate_failed``: the slot also takes the committed outputs of a node whose quality gate
+    failed (a chooser excludes such a candidate and says why, instead of being blocked by it).
+    """
 
     kind: str | tuple[str, ...]
     description: str = ""
     optional: bool = False
+    many: bool = False
+    accept_gate_failed: bool = False
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -97,7 +107,8 @@ class Input:
 
 @dataclass(frozen=True)
 class Output:
-    """An output of a stage: one file, stored by content digest."""
+    """An output of a stage: one file, stored by content digest. ``filename`` may hold sub-folders
+    (``1/model.onnx``): outputs are committed and materialised at that relative path."""
 
     kind: str
     filename: str
@@ -125,6 +136,18 @@ class Resources:
     compute_capability: str | None = None
     gpu_name: str | None = None
 
+    def accepts(self, gpu: Any) -> bool:
+        """Whether a GPU (`trtflow.environment.GpuInfo`) meets ``compute_capability`` and ``gpu_name``."""
+        if self.gpu_name and self.gpu_name.lower() not in gpu.name.lower():
+            return False
+        wanted = (self.compute_capability or "").strip()
+        if not wanted:
+            return True
+        have = _cc(gpu.compute_capability)
+        if wanted.startswith(">="):
+            return have >= _cc(wanted[2:])
+        return have == _cc(wanted.removeprefix("sm"))
+
     @classmethod
     def of(cls, value: Resources | frozenset[str] | set[str] | Sequence[str]) -> Resources:
         """Accept the older declaration form: a set of "cpu" / "gpu"."""
@@ -137,6 +160,17 @@ class Resources:
         return cls(cpu=1.0, gpu=1 if "gpu" in names else 0)
 
 
+def _cc(text: str) -> tuple[int, ...]:
+    """"9.0" / "90" / "sm90" -> (9, 0)."""
+    text = text.strip().lower().removeprefix("sm")
+    if "." not in text and text.isdigit() and len(text) >= 2:
+        text = f"{text[:-1]}.{text[-1]}"
+    try:
+        return tuple(int(p) for p in text.split("."))
+    except ValueError:
+        return (-1,)
+
+
 @dataclass(frozen=True)
 class GateContext:
     """What a quality gate sees besides the params and the node's summary."""
@@ -147,6 +181,8 @@ class GateContext:
     facts: Mapping[str, str] = field(default_factory=dict)
     #: Resolves a recipe path (relative to the recipe file, inside the project), e.g. a baseline file.
     resolve: Callable[[str], Path] | None = None
+    #: The node being judged (its name in the recipe).
+    node: str = ""
 
 
 #: ``gate(params, summary, gate_ctx) -> failure messages`` (empty: the gate passes).
@@ -170,6 +206,8 @@ class Stage:
       fresh run and again on every cached reuse; ``gate_params`` (top-level param names) only configure gates,
       so they are left out of the node key: changing a threshold re-judges the cached measurements.
     - ``memory``: peak host memory estimate (bytes) from the input sizes, for memory-aware scheduling.
+    - ``preload``: heavy modules ``run`` imports (torch, onnx, ...): a warm process imports them once and forks
+      the nodes from it. Only modules whose import starts no thread and does not initialise CUDA belong here.
     - ``version``: bump it for a behaviour change the code digest cannot see (e.g. a dependency's default).
       The node key also holds a digest of the stage's module and the modules of its package it imports.
     """
@@ -178,7 +216,7 @@ class Stage:
     version: str
     description: str
     params: type[StageParams]
-    run: Callable[[StageContext, dict[str, Path], Any], Mapping[str, Any] | None]
+    run: Callable[[StageContext, dict[str, Any], Any], Mapping[str, Any] | None]  # slot -> Path (list: many)
     inputs: Mapping[str, Input] = field(default_factory=dict)
     outputs: Mapping[str, Output] = field(default_factory=dict)
     resources: Resources | frozenset[str] | Callable[[Any], Resources | frozenset[str]] = frozenset({"cpu"})
@@ -188,6 +226,7 @@ class Stage:
     gate: GateFn | None = None
     gate_params: tuple[str, ...] = ()
     memory: MemoryFn | None = None
+    preload: tuple[str, ...] = ()
 
     def resources_for(self, params: Any) -> Resources:
         return Resources.of(self.resources(params) if callable(self.resources) else self.resources)
@@ -248,8 +287,16 @@ class StageContext:
         logger: logging.Logger | None = None,
         progress_file: Path | None = None,
         previous_summary: Mapping[str, Any] | None = None,
+        input_sources: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+        ran_alone: bool | None = None,
     ) -> None:
         self.node = node
+        #: Per input slot, one entry per artifact (in the order of ``inputs[slot]``): the producing node's
+        #: ``node`` name, ``template``, ``matrix`` values and ``inputs`` (its own slots -> producer node names).
+        #: True when the engine ran nothing beside this node (an exclusive node, e.g. a benchmark); None: unknown.
+        self.ran_alone = ran_alone
+        self.input_sources = {slot: [dict(entry) for entry in entries]
+                              for slot, entries in (input_sources or {}).items()}
         #: The summary this node returned the last time it succeeded (any settings), or None: lets a stage
         #: gate on regressions, e.g. a benchmark that got slower after a TensorRT upgrade.
         self.previous_summary = dict(previous_summary) if previous_summary else None
@@ -268,11 +315,13 @@ class StageContext:
         self.out_dir.mkdir(parents=True, exist_ok=True)
 
     def output(self, name: str) -> Path:
-        """The path the stage must write its output ``name`` to."""
+        """The path the stage must write its output ``name`` to (its folder is created)."""
         try:
-            return self.out_dir / self._outputs[name].filename
+            path = self.out_dir / self._outputs[name].filename
         except KeyError:
             raise KeyError(f"stage declares no output {name!r}; declared: {sorted(self._outputs)}") from None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
 
     def resolve(self, path: str | Path) -> Path:
         """Resolve a recipe path (relative to the recipe file) and refuse paths outside allowed roots."""
@@ -283,8 +332,9 @@ class StageContext:
     def load_callable(self, spec: str, what: str = "callable") -> Any:
         """Import the user callable named in params (``python:file.py:function`` or ``python:pkg.module:function``)."""
         from trtflow.callables import load_callable
+        from trtflow.fsutil import project_root
 
-        return load_callable(spec, self.resolve, what)
+        return load_callable(spec, self.resolve, what, project_root(self.recipe_dir) or self.recipe_dir)
 
     def progress(self, fraction: float | None, message: str = "") -> None:
         """Report progress (0..1, or None when unknown); shown live by the CLI."""

@@ -10,14 +10,18 @@ import pytest
 
 from tests.engine.toystages import get_stage
 from trtflow.environment import Environment
+from trtflow.execution.local import InlineExecutor
+from trtflow.execution.results import RunOptions
+from trtflow.execution.run import Runner
 from trtflow.graph import build_graph
+from trtflow.pipeline import identity_of
 from trtflow.plan import make_plan
 from trtflow.recipe.expand import expand
 from trtflow.recipe.load import load_recipe
-from trtflow.runner import Runner, RunOptions
+from trtflow.storage.gc import collect_garbage
 from trtflow.storage.journal import Journal
-from trtflow.storage.maintenance import collect_garbage, verify_store
 from trtflow.storage.store import Store
+from trtflow.storage.verify import verify_store
 
 RECIPE = """\
 name: toy
@@ -26,29 +30,6 @@ nodes:
   - {name: b, stage: consume, params: {suffix: "!"}}
   - {name: c, stage: consume, inputs: {model: a}, params: {suffix: "?"}}
 """
-
-
-class ToyRunner(Runner):
-    """Runs stages in-process: the toy stages are not installed as entry points, so no worker process."""
-
-    def _run_worker(self, step, parts, key, gpu, log_path, started):  # type: ignore[override]
-        from trtflow.runner import DONE, NodeResult
-        from trtflow.stage import StageContext
-
-        node = step.node
-        stage = self.graph.stages[node.stage]
-        scratch = self.store.tmp_dir / self.run_id / node.name
-        scratch.mkdir(parents=True, exist_ok=True)
-        inputs = {slot: Path(p) for slot, p in self._link_inputs(node, scratch).items()}
-        ctx = StageContext(node.name, scratch, self.recipe_dir, stage.outputs, self.store.cache_dir)
-        summary = stage.run(ctx, inputs, node.params_model) or {}
-        manifest = dict(parts.as_manifest(), node=node.name, summary=summary)
-        manifest = self.store.commit(key, manifest, scratch / "out",
-                                     {n: (o.filename, o.kind) for n, o in stage.outputs.items()})
-        for name, out in manifest["outputs"].items():
-            self._digests[(node.name, name)] = out["digest"]
-        self.store.write_ref(self.graph.recipe_name, node.name, key)
-        return NodeResult(node.name, node.stage, DONE, step.reason, key, summary=summary)
 
 
 def setup(tmp_path: Path, text: str = RECIPE, overrides=()):
@@ -60,16 +41,22 @@ def setup(tmp_path: Path, text: str = RECIPE, overrides=()):
 
 
 def plan_of(tmp_path, store, env=None, overrides=()):
-    _, graph = setup(tmp_path, overrides=overrides)
-    return {s.node.name: s for s in make_plan(graph, store, env or Environment({"python": "3.11"}), tmp_path)}
+    loaded, graph = setup(tmp_path, overrides=overrides)
+    steps = make_plan(graph, store, env or Environment({"python": "3.11"}), tmp_path,
+                      recipe_id=identity_of(loaded.path, "toy").id)
+    return {s.node.name: s for s in steps}
 
 
 def run_all(tmp_path, store, env=None, overrides=()):
+    """Run the toy recipe in-process (the toy stages are not installed as entry points)."""
     loaded, graph = setup(tmp_path, overrides=overrides)
     env = env or Environment({"python": "3.11"})
-    steps = make_plan(graph, store, env, tmp_path)
+    identity = identity_of(loaded.path, loaded.recipe.name)
+    store.ensure()
     journal = Journal(store.db_path)
-    summary = ToyRunner(graph, store, env, loaded.path, journal, RunOptions(jobs=1)).run(steps)
+    steps = make_plan(graph, store, env, tmp_path, journal, identity.id)
+    runner = Runner(graph, store, env, identity, journal, RunOptions(jobs=1), executor=InlineExecutor(graph.stages))
+    summary = runner.run(steps)
     journal.close()
     return summary
 
@@ -137,9 +124,12 @@ def test_committed_objects_are_read_only_and_verify_detects_a_changed_byte(tmp_p
     report = verify_store(store)
     assert len(report.problems) >= 2  # the object and the manifest(s) using it
     assert victim.name in report.problems[0]
+    stale = [s for s in plan_of(tmp_path, store).values() if s.status == "stale"]
+    assert stale and "damaged" in stale[0].reason  # plan re-hashes an object whose mtime changed
     verify_store(store, fix=True)
     assert verify_store(store).problems == []
-    assert any(s.status == "stale" for s in plan_of(tmp_path, store).values())
+    stale = [s for s in plan_of(tmp_path, store).values() if s.status == "stale"]
+    assert stale and "removed by trtflow verify --fix" in stale[0].reason
 
 
 def test_interrupted_commit_leaves_no_manifest(tmp_path, monkeypatch):
@@ -162,21 +152,7 @@ def test_gc_keeps_latest_builds_only(tmp_path):
     store = Store(tmp_path / "store")
     run_all(tmp_path, store)
     run_all(tmp_path, store, overrides=["nodes.a.params.value=bye"])
-    before = len(list(store.iter_objects()))
     result = collect_garbage(store)
-    assert result.manifests == 3 and result.objects >= 1
-    assert len(list(store.iter_objects())) == before - result.objects
+    removed = [r for r in result.removals if r.what == "result"]
+    assert len(removed) == 3 and all(r.why.startswith("superseded") for r in removed)
     assert all(s.status == "fresh" for s in plan_of(tmp_path, store, overrides=["nodes.a.params.value=bye"]).values())
-
-
-def test_html_report_draws_benchmark_latency():
-    from trtflow.report.formats import to_html
-
-    data = {
-        "recipe": "r", "run": {"id": "run1", "status": "ok", "started": 0.0},
-        "nodes": [{"node": "bench", "stage": "benchmark", "status": "done", "reason": "", "duration": 1.0,
-                   "log_path": None, "error": None, "key": "k",
-                   "summary": {"points": [{"batch_size": 4, "median_ms": 2.0, "p99_ms": 3.5}]}}],
-    }
-    page = to_html(data)
-    assert page.count("<rect") == 2 and "bench (batch 4)" in page and "2 / 3.5 ms" in page

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from trtflow.stage import Input, Output, Stage, StageContext, StageParams
+from trtflow.stage import CodeReference, Input, Output, Stage, StageContext, StageParams
 
 
 class SourceParams(StageParams):
@@ -31,13 +31,35 @@ def _consume(ctx: StageContext, inputs: dict[str, Path], params: ConsumeParams) 
     return {}
 
 
+class ReaderParams(StageParams):
+    path: str = Field(description="A data file, relative to the recipe.")
+
+
+class CoderParams(StageParams):
+    model: CodeReference = Field(description="A python: callable returning a string.")
+
+
+def _read(ctx: StageContext, inputs: dict[str, Path], params: ReaderParams) -> dict[str, Any]:
+    ctx.output("out").write_bytes(ctx.resolve(params.path).read_bytes())
+    return {}
+
+
+def _code(ctx: StageContext, inputs: dict[str, Path], params: CoderParams) -> dict[str, Any]:
+    ctx.output("out").write_text(str(ctx.load_callable(params.model, "model factory")()))
+    return {}
+
+
 SOURCE = Stage("source", "1", "writes a value", SourceParams, _write_source,
                outputs={"out": Output("onnx", "out.txt")}, environment=("python",))
 CONSUME = Stage("consume", "1", "appends a suffix", ConsumeParams, _consume,
                 inputs={"model": Input("onnx")}, outputs={"out": Output("onnx", "out.txt")})
 REPORTER = Stage("reporter", "1", "metrics only", ConsumeParams, _consume,
                  inputs={"model": Input("onnx")}, outputs={"out": Output("metrics", "m.json")})
-STAGES = {s.name: s for s in (SOURCE, CONSUME, REPORTER)}
+READER = Stage("reader", "1", "copies a data file", ReaderParams, _read, outputs={"out": Output("onnx", "out.bin")},
+               files=lambda p: [p.path])
+CODER = Stage("coder", "1", "writes what a python: callable returns", CoderParams, _code,
+              outputs={"out": Output("onnx", "out.txt")})
+STAGES = {s.name: s for s in (SOURCE, CONSUME, REPORTER, READER, CODER)}
 
 
 def get_stage(name: str) -> Stage:

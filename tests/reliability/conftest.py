@@ -34,7 +34,7 @@ def trtflow(tmp_path: Path, plugin_env: dict[str, str]) -> Callable[..., subproc
     def call(*args: str, timeout: float = 120, cwd: Path | None = None,
              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         argv = [*TRTFLOW, *args]
-        if args and args[0] in ("run", "plan", "verify", "status", "show", "gc") and "--store" not in args:
+        if args and args[0] in ("run", "plan", "verify", "status", "show", "gc", "report") and "--store" not in args:
             argv += ["--store", str(tmp_path / "store")]
         return subprocess.run(argv, cwd=cwd or tmp_path, env=env or plugin_env, capture_output=True, text=True,
                               timeout=timeout)

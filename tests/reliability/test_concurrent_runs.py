@@ -14,8 +14,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from trtflow.storage.maintenance import verify_store
 from trtflow.storage.store import Store
+from trtflow.storage.verify import verify_store
 
 from .conftest import TRTFLOW
 
@@ -79,7 +79,8 @@ def test_two_recipes_sharing_nodes_build_the_shared_ones_once(tmp_path: Path, pl
     done = Counter(node for _, node, status in _node_rows(store) if status == "done")
     assert done == Counter({"base": 1, "left": 1, "right": 1, "tip": 1, "only_one": 1, "only_two": 1})
     assert verify_store(Store(store)).problems == []
-    assert Store(store).read_ref("one", "tip") == Store(store).read_ref("two", "tip")
+    refs = Store(store).refs
+    assert refs.current(str(one))["tip"] == refs.current(str(two))["tip"]  # per recipe file (absolute: no project)
 
 
 def _wait_until_running(store: Path, node: str, proc: subprocess.Popen) -> None:

@@ -14,8 +14,8 @@ import pytest
 
 from trtflow.errors import TrtflowError
 from trtflow.fsutil import resolve_user_path
-from trtflow.storage.maintenance import verify_store
 from trtflow.storage.store import Store
+from trtflow.storage.verify import verify_store
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -122,7 +122,7 @@ def test_store_objects_are_read_only_and_a_changed_byte_is_detected_before_use(t
     for obj in objects:
         assert stat.S_IMODE(obj.stat().st_mode) & 0o222 == 0, f"{obj} is writable"
 
-    digest_a = store.read_manifest(store.read_ref("chain", "a"))["outputs"]["data"]["digest"]
+    digest_a = store.read_manifest(store.refs.current(str(tmp_path / "chain.yaml"))["a"])["outputs"]["data"]["digest"]
     victim = store.object_path(digest_a)
     victim.chmod(0o644)
     data = bytearray(victim.read_bytes())
@@ -132,17 +132,30 @@ def test_store_objects_are_read_only_and_a_changed_byte_is_detected_before_use(t
     verify = trtflow("verify")
     assert verify.returncode == 1
     assert f"object objects/{digest_a[:2]}/{digest_a} has content digest" in verify.stdout
-    assert "node a (" in verify.stdout and "outputs ['data'] missing or damaged" in verify.stdout
+    assert re.search(r"node a of \S*chain.yaml \(", verify.stdout)
+    assert "outputs ['data'] missing or damaged" in verify.stdout
     assert "run `trtflow verify --fix`" in verify.stdout
 
-    # A consumer that must run again refuses the damaged input instead of using it.
+    # The next run sees the damage (the object's mtime moved, so it is re-hashed), rebuilds `a` and replaces the
+    # damaged object instead of keeping it because it has the same name and size.
+    plan = trtflow("plan", "chain.yaml")
+    assert re.search(r"a\s+synth\s+stale\s+stored output data missing or damaged", plan.stdout), plan.stdout
+    again = _run_chain(trtflow, tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert {n: (tmp_path / "build/chain" / n / "data.bin").read_bytes() for n in "ab"} == reference
+    assert verify_store(store).problems == []
+
+    # A damaged object whose mtime was put back is still refused when a consumer would read it.
+    victim.chmod(0o644)
+    stamp = victim.stat()
+    victim.write_bytes(bytes(data))
+    os.utime(victim, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
     rerun_b = _run_chain(trtflow, tmp_path, "--set", "nodes.b.params.text=b2")
     assert rerun_b.returncode == 1
-    assert re.search(r"✗ b\s+failed: the stored output a\.data \(.*\) changed after it was committed", rerun_b.stdout)
+    assert re.search(r"✗ b\s+failed: the stored output a\.data \(.*\) is missing or changed", rerun_b.stdout)
     assert "trtflow verify --fix" in rerun_b.stdout
-
     fixed = trtflow("verify", "--fix")
-    assert fixed.returncode == 0 and "fixed: the next run rebuilds them" in fixed.stdout
+    assert fixed.returncode == 0 and "fixed: the next run rebuilds" in fixed.stdout, fixed.stdout
     again = _run_chain(trtflow, tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert {n: (tmp_path / "build/chain" / n / "data.bin").read_bytes() for n in "ab"} == reference

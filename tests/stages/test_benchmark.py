@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from trtflow.errors import GateFailed, RecipeError, StageSkipped
+from trtflow.errors import RecipeError, StageSkipped
+from trtflow.stage import GateContext
 from trtflow.testing import run_stage
 from trtflow_stages import _stats, benchmark
 from trtflow_stages._cuda_timing import cuda_unavailable_reason
@@ -75,7 +76,8 @@ def test_onnxruntime_cnn_benchmark_with_batch_sweep(tiny_cnn_onnx, tmp_path):
     result = run_stage(benchmark.stage, {**SHORT, "shapes": {"input": [1, 3, 32, 32]}, "batch_sizes": [1, 4]},
                        {"model": tiny_cnn_onnx}, workdir=tmp_path)
     metrics = json.loads(result.outputs["metrics"].read_text())
-    assert metrics["backend"] == "onnxruntime" and metrics["passed"]
+    assert metrics["backend"] == "onnxruntime" and metrics["device"] == "cpu"
+    assert "passed" not in metrics  # the engine judges gates; a verdict in the file could go stale
     assert [p["batch_size"] for p in metrics["points"]] == [1, 4]
     assert metrics["points"][1]["shapes"] == {"input": [4, 3, 32, 32]}
     for point in metrics["points"]:
@@ -85,7 +87,34 @@ def test_onnxruntime_cnn_benchmark_with_batch_sweep(tiny_cnn_onnx, tmp_path):
         assert 0 < latency["min"] <= latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
         assert report["throughput_qps"] == pytest.approx(
             report["queries"] * point["batch_size"] / report["wall_time_ms"] * 1000)
-    assert benchmark.stage.resources_for(benchmark.Params()).gpu == 0
+    # settings that fit the backend: no CUDA graph or spin-wait for a CPU run
+    method = metrics["method"]
+    assert "use_cuda_graph" not in method and "spin_wait" not in method and method["onnxruntime"]
+    assert metrics["host"]["cpus"] >= 1 and len(metrics["host"]["load_average_before"]) == 3
+    resources = benchmark.stage.resources_for(benchmark.Params())
+    assert resources.gpu == 0 and resources.exclusive
+    summary = result.summary
+    assert summary["hardware"]["cpu"] and [p["batch_size"] for p in summary["points"]] == [1, 4]
+    assert set(summary["points"][0]["latency_ms"]) == {"p50", "p90", "p95", "p99", "mean"}
+
+
+def test_onnxruntime_session_options_are_used(tiny_mlp_onnx, tmp_path):
+    options = {"graph_optimization_level": "disable", "intra_op_threads": 1}
+    result = run_stage(benchmark.stage, {**SHORT, "shapes": {"input": [2, 16]}, "onnxruntime": options,
+                                         "concurrency": [1], "load_duration_s": 0.1, "load_warmup_s": 0.0},
+                       {"model": tiny_mlp_onnx}, workdir=tmp_path)
+    metrics = json.loads(result.outputs["metrics"].read_text())
+    assert metrics["method"]["onnxruntime"]["graph_optimization_level"] == "disable"
+    executor = metrics["load_settings"]["executor"]
+    assert executor["intra_op_threads"] == 1 and executor["onnxruntime"]["graph_optimization_level"] == "disable"
+
+
+def test_cpu_advice_does_not_mention_gpu_clocks():
+    noisy = _stats.report_host_latencies([1.0, 2.0] * 10, 30.0, 1, device="cpu")
+    assert noisy["flags"] == ["unstable"]
+    assert "GPU" not in noisy["warnings"][0]["message"] and "-j 1" in noisy["warnings"][0]["message"]
+    assert "lock the GPU clocks" in _stats.report_host_latencies([1.0, 2.0] * 10, 30.0, 1,
+                                                                 device="cuda")["warnings"][0]["message"]
 
 
 def test_profile_opt_shapes_are_run(tiny_mlp_onnx, tmp_path):
@@ -107,24 +136,143 @@ def test_torch_cpu_baseline(tmp_path):
         "    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))\n"
     )
     params = {**SHORT, "backend": "torch", "torch_model": "python:factory.py:build",
-              "shapes": {"input": [2, 16]}}
+              "shapes": {"input": [2, 16]}, "concurrency": [2], "streams": 2, "load_duration_s": 0.2,
+              "load_warmup_s": 0.0}
     result = run_stage(benchmark.stage, params, {}, workdir=tmp_path, recipe_dir=tmp_path)
-    point = json.loads(result.outputs["metrics"].read_text())["points"][0]
+    metrics = json.loads(result.outputs["metrics"].read_text())
+    point = metrics["points"][0]
     assert point["runs_on"] == "torch cpu" and point["report"]["queries"] >= 5
+    (load,) = metrics["load"]
+    assert load["concurrency"] == 2 and load["streams"] == 2 and load["throughput_qps"] > 0
+    assert metrics["load_settings"]["executor"]["runs_on"] == "torch cpu"
     assert benchmark.stage.files_for(benchmark.Params.model_validate(params)) == ("factory.py",)
     with pytest.raises(ValueError, match="backend torch needs torch_model"):
         benchmark.Params.model_validate({"backend": "torch"})
 
 
-def test_latency_gate_failure_names_statistic_and_ratio(tiny_mlp_onnx, tmp_path):
+def _gate(params: dict, summary: dict, previous: dict | None = None, **context) -> list[str]:
+    validated = benchmark.Params.model_validate(params)
+    return benchmark.stage.judge(validated, summary, GateContext(previous=previous, **context))
+
+
+def test_latency_gates_are_judged_on_the_summary(tiny_mlp_onnx, tmp_path):
     params = {**SHORT, "shapes": {"input": [1, 16]}, "max_latency_ms_p99": 1e-6, "min_throughput_qps": 1e12}
-    with pytest.raises(GateFailed) as failure:
+    result = run_stage(benchmark.stage, params, {"model": tiny_mlp_onnx}, workdir=tmp_path)  # measures, no raise
+    failures = _gate(params, result.summary)
+    assert len(failures) == 2
+    assert "batch 1: p99 latency" in failures[0] and "> max_latency_ms_p99 1e-06 ms" in failures[0]
+    assert "throughput" in failures[1] and "< min_throughput_qps 1e+12" in failures[1]
+    assert _gate({**params, "max_latency_ms_p99": 1e6, "min_throughput_qps": 1e-3}, result.summary) == []
+    # thresholds only configure gates: they are left out of the node key
+    assert {"max_latency_ms_p99", "min_throughput_qps", "baseline", "max_regression_percent"} <= \
+        set(benchmark.stage.gate_params)
+
+
+def _summary(median_ms: float, qps: float, gpu: str = "NVIDIA H100 (sm90)") -> dict:
+    return {"backend": "tensorrt", "device": "cuda", "hardware": {"gpu": gpu},
+            "points": [{"batch_size": 4, "streams": 1, "median_ms": median_ms,
+                        "latency_ms": {"p50": median_ms, "p99": median_ms * 2}, "throughput_qps": qps}]}
+
+
+def test_regression_gate_compares_with_the_previous_run_on_the_same_gpu():
+    params = {"backend": "tensorrt", "max_regression_percent": 10}
+    now = _summary(12.0, 1000.0)
+    assert _gate(params, now, None) == []
+    assert _gate(params, now, _summary(11.5, 1000.0)) == []
+    assert _gate(params, now, _summary(10.0, 1000.0)) == [
+        "batch 4: median latency 12 ms is 20.0% above the previous run's 10 ms (max_regression_percent 10)"]
+    assert _gate(params, now, _summary(12.0, 1200.0)) == [
+        "batch 4: throughput 1000 qps is 16.7% below the previous run's 1200 qps (max_regression_percent 10)"]
+    assert _gate(params, now, _summary(10.0, 1000.0, gpu="NVIDIA L4 (sm89)")) == []  # another GPU: no comparison
+    assert _gate({"backend": "tensorrt"}, now, _summary(1.0, 1e6)) == []  # no threshold, no regression gate
+
+
+def test_pinned_baseline_gate_compares_and_refuses_other_hardware(tmp_path):
+    from trtflow_stages._baseline import make_baseline
+
+    facts = {"gpu": "NVIDIA H100 (sm90)", "tensorrt": "10.13.0", "driver": "580.1"}
+    document = make_baseline("demo", {"bench": {"stage": "benchmark", "summary": _summary(10.0, 1000.0),
+                                                "facts": facts},
+                                      "check": {"stage": "validate", "summary": {"passed": True, "outputs": {}},
+                                                "facts": facts}})
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(document))
+    params = {"backend": "tensorrt", "baseline": "baseline.json"}
+    context = {"resolve": lambda p: tmp_path / p}
+    assert _gate(params, _summary(10.5, 980.0), facts=facts, **context) == []  # within the default 10%
+    (failure,) = _gate(params, _summary(12.0, 1000.0), facts=facts, **context)
+    assert "20.0% above the baseline's 10 ms" in failure
+    assert _gate({**params, "max_regression_percent": 25}, _summary(12.0, 1000.0), facts=facts, **context) == []
+    (refusal,) = _gate(params, _summary(10.0, 1000.0), facts={**facts, "tensorrt": "10.14.1"}, **context)
+    assert "not compared with baseline" in refusal and "tensorrt: 10.13.0 -> 10.14.1" in refusal
+    assert "trtflow baseline save" in refusal
+    (missing,) = _gate(params, {**_summary(10.0, 1000.0), "points": [
+        {"batch_size": 8, "streams": 1, "latency_ms": {"p50": 1.0}, "throughput_qps": 1.0}]}, facts=facts, **context)
+    assert "batch 8: baseline" in missing and "has no such point" in missing
+    with pytest.raises(RecipeError, match="baseline file .*nowhere.json does not exist"):  # the engine reports it
+        _gate({**params, "baseline": "nowhere.json"}, _summary(10.0, 1000.0), facts=facts, **context)
+
+
+def test_closed_loop_load_on_onnxruntime(tiny_cnn_onnx, tmp_path):
+    """The quickstart's check: concurrency [1, 2, 4] gives three load points, each with throughput and p50 <= p99."""
+    params = {**SHORT, "shapes": {"input": [4, 3, 32, 32]}, "concurrency": [1, 2, 4], "load_duration_s": 0.3,
+              "load_warmup_s": 0.05}
+    result = run_stage(benchmark.stage, params, {"model": tiny_cnn_onnx}, workdir=tmp_path)
+    metrics = json.loads(result.outputs["metrics"].read_text())
+    load = metrics["load"]
+    assert [p["concurrency"] for p in load] == [1, 2, 4]
+    for point in load:
+        assert point["throughput_qps"] > 0 and point["request_samples"] == 4 and point["mean_batch_size"] == 4
+        latency = point["latency_ms"]
+        assert {"p50", "p90", "p95", "p99"} <= set(latency)
+        assert 0 < latency["p50"] <= latency["p90"] <= latency["p95"] <= latency["p99"]
+        assert point["queue_ms"]["p50"] >= 0
+    assert result.summary["load"] == load
+    settings = metrics["load_settings"]
+    assert settings["executor"]["intra_op_threads"] == "default (one per physical core)"
+    assert settings["executor"]["cpus"] >= 1 and settings["request_size"] == 4
+
+
+def test_open_loop_with_dynamic_batching_on_onnxruntime(tiny_mlp_onnx, tmp_path):
+    params = {**SHORT, "shapes": {"input": [1, 16]}, "arrival_rate_qps": [500], "load_duration_s": 0.5,
+              "load_warmup_s": 0.05, "latency_budget_ms": 1000, "rate_search_probes": 2,
+              "dynamic_batching": {"max_batch_size": 8, "max_queue_delay_ms": 5}}
+    result = run_stage(benchmark.stage, params, {"model": tiny_mlp_onnx}, workdir=tmp_path)
+    metrics = json.loads(result.outputs["metrics"].read_text())
+    listed, *searched = metrics["open_loop"]
+    assert listed["arrival_rate_qps"] == 500 and not listed["searched"]
+    # a budget of a second is met at every rate: the search doubles twice
+    assert [p["arrival_rate_qps"] for p in searched] == [1000, 2000] and all(p["searched"] for p in searched)
+    point = searched[-1]
+    assert point["requests"] > 100
+    assert 1 < point["mean_batch_size"] <= 8  # arrivals 0.5 ms apart wait up to 5 ms for company
+    assert point["queue_ms"]["p50"] > 0 and point["latency_ms"]["p50"] <= point["latency_ms"]["p99"]
+    assert point["late_requests"] == 0 and point["meets_budget"]
+    (best,) = metrics["max_rate_meeting_budget"]
+    assert best["arrival_rate_qps"] == 2000 and best["latency_budget_ms"] == 1000
+    assert metrics["load_settings"]["dynamic_batching"]["max_batch_size"] == 8
+
+
+def test_dynamic_batching_stays_within_the_profile(tiny_mlp_onnx, tmp_path):
+    profile = {"name": "small", "shapes": {"input": {"min": [1, 16], "opt": [2, 16], "max": [4, 16]}}}
+    params = {**SHORT, "profile": profile, "arrival_rate_qps": [100],
+              "dynamic_batching": {"max_batch_size": 8}}
+    with pytest.raises(RecipeError, match=r"max_batch_size 8 exceeds the largest batch the model accepts \(4"):
         run_stage(benchmark.stage, params, {"model": tiny_mlp_onnx}, workdir=tmp_path)
-    message = str(failure.value)
-    assert "batch 1: p99 latency" in message and "> max_latency_ms_p99 1e-06 ms" in message
-    assert "throughput" in message and "< min_throughput_qps 1e+12" in message
-    assert failure.value.metrics["passed"] is False and len(failure.value.metrics["failures"]) == 2
-    assert json.loads((tmp_path / "scratch" / "out" / "benchmark.json").read_text())["failures"]
+
+
+def test_load_params_are_checked():
+    with pytest.raises(ValueError, match="applies to serving load only"):
+        benchmark.Params.model_validate({"backend": "onnxruntime", "streams": 2})
+    with pytest.raises(ValueError, match="gpus applies to GPU backends"):
+        benchmark.Params.model_validate({"backend": "onnxruntime", "gpus": 2, "concurrency": [1]})
+    with pytest.raises(ValueError, match="apply to serving load"):
+        benchmark.Params.model_validate({"dynamic_batching": {"max_batch_size": 4}})
+    with pytest.raises(ValueError, match="streams must be between 1 and 16"):
+        benchmark.Params.model_validate({"streams": [1, 17]})
+    params = benchmark.Params.model_validate({"backend": "tensorrt", "gpus": 2, "concurrency": [1]})
+    resources = benchmark.stage.resources_for(params)
+    assert resources.gpu == 2 and resources.exclusive
 
 
 def test_tensorrt_backend_is_skipped_in_check_without_a_runtime():
@@ -136,16 +284,3 @@ def test_tensorrt_backend_is_skipped_in_check_without_a_runtime():
     with pytest.raises(StageSkipped) as skipped:
         benchmark.stage.check(params)
     assert skipped.value.needs and "tensorrt-rtx" in skipped.value.reason
-
-
-def test_regression_gate_compares_with_the_previous_run():
-    from trtflow_stages.benchmark import Params, regression_gates
-
-    params = Params(backend="onnxruntime", max_regression_percent=10)
-    point = {"batch_size": 4, "report": {"latency_ms": {"median": 12.0}}}
-    assert regression_gates([point], params, None) == []
-    assert regression_gates([point], params, {"points": [{"batch_size": 4, "median_ms": 11.5}]}) == []
-    failures = regression_gates([point], params, {"points": [{"batch_size": 4, "median_ms": 10.0}]})
-    assert failures == ["batch 4: median latency 12 ms is 20.0% above the previous run's 10 ms "
-                        "(max_regression_percent 10)"]
-    assert regression_gates([point], params, {"points": [{"batch_size": 8, "median_ms": 1.0}]}) == []

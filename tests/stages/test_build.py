@@ -67,7 +67,7 @@ def test_cnn_strongly_typed_with_dynamic_batch_profile(tmp_path, tiny_cnn_onnx):
     assert manifest["network"]["inputs"] == [{"name": "input", "dtype": "float", "shape": [-1, 3, 32, 32]}]
     assert manifest["network"]["outputs"][0]["name"] == "logits"
     assert manifest["gpu"] == "none: built on CPU"
-    assert manifest["builder"]["profiling_verbosity"] == "layer_names_only"
+    assert manifest["builder"]["profiling_verbosity"] == "detailed"
     assert manifest["build_seconds"] > 0
     # TensorRT-RTX has no timing cache: said so, and no shared cache file appears.
     assert result.summary["timing_cache"] == "unsupported by tensorrt-rtx"

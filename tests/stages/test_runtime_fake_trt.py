@@ -40,6 +40,10 @@ class FakeEngineSession:
         self.entered = False
         self.enqueues = 0
         self.feed: dict = {}
+        self.prepared: dict = {}
+        self.shapes: dict = {}
+        self.batches: list[int] = []
+        self.profiled = False
 
     def __enter__(self) -> FakeEngineSession:
         self.entered = True
@@ -64,6 +68,8 @@ class FakeEngineSession:
     def prepare(self, feed):
         assert self.entered, "prepare() outside the session's with-block"
         self.feed = {name: np.array(value) for name, value in feed.items()}
+        self.prepared = {name: tuple(a.shape) for name, a in self.feed.items()}
+        self.shapes = dict(self.prepared)
         outputs = self.session.run(None, self.feed)
         tensors = [DeviceTensor(name, True, tuple(a.shape), a.dtype.name, 0x1000 + i, a.nbytes)
                    for i, (name, a) in enumerate(self.feed.items())]
@@ -71,10 +77,37 @@ class FakeEngineSession:
                     for i, (name, a) in enumerate(zip(self.output_names(), outputs, strict=True))]
         return tensors
 
+    def reshape(self, shapes):
+        for name, shape in shapes.items():
+            assert all(d <= p for d, p in zip(shape, self.prepared[name], strict=True)), "larger than prepared"
+        self.shapes = {name: tuple(shape) for name, shape in shapes.items()}
+
     def enqueue(self, stream: int) -> bool:
         self.enqueues += 1
-        self.session.run(None, self.feed)
+        feed = {name: array[: self.shapes[name][0]] for name, array in self.feed.items()}
+        self.batches.append(next(iter(feed.values())).shape[0])
+        self.session.run(None, feed)
         return True
+
+    def layer_information(self):
+        return {"Layers": [{"Name": node.name, "LayerType": node.op_type} for node in self._graph_nodes()]}
+
+    def profile_layers(self, stream, iterations, synchronize):
+        """Each ONNX node stands for one engine layer; its 'time' is its position (a known ranking)."""
+        assert self.entered and self.prepared
+        self.profiled = True
+        times = {}
+        for _ in range(iterations):
+            assert self.enqueue(stream)
+            synchronize(stream)
+            for rank, node in enumerate(self._graph_nodes(), 1):
+                times.setdefault(node.name, []).append(0.01 * rank)
+        return times
+
+    def _graph_nodes(self):
+        import onnx
+
+        return list(onnx.load(str(self.onnx_path)).graph.node)
 
     def fork(self) -> FakeEngineSession:
         return FakeEngineSession(self.onnx_path, self.output_scale, self.log)
@@ -103,6 +136,9 @@ class FakeTimer:
 
     def pinned_array(self, shape, dtype):
         return np.zeros(shape, dtype)
+
+    def synchronize(self, stream: int) -> None:
+        assert stream in self.streams
 
     def time(self, work, options) -> TimingRun:
         self.work, self.options = list(work), options
@@ -189,6 +225,75 @@ def test_benchmark_tensorrt_path_fake_trt(monkeypatch, tiny_cnn_onnx, engine_fil
     assert point["runs_on"] == "tensorrt-rtx engine, 2 stream(s)" and point["report"]["queries"] == 8
     assert point["report"]["cuda_graph"] is False
     assert {"multi-stream", "no-cuda-graph"} <= {w["flag"] for w in point["report"]["warnings"]}
+
+
+def test_benchmark_load_on_engine_contexts_fake_trt(monkeypatch, tiny_cnn_onnx, engine_files, tmp_path):
+    """Load on an engine: one execution context and stream per instance, buffers bound once at the largest
+    batch, every batch reshaped within them and inside the engine's optimization profile (from engine.json)."""
+    engine, provenance = engine_files
+    provenance.write_text(json.dumps({"backend": "tensorrt-rtx", "version": "1.7.1.116", "profiles": [
+        {"name": "b1to8", "shapes": {"input": {"min": [1, 3, 32, 32], "opt": [4, 3, 32, 32],
+                                               "max": [8, 3, 32, 32]}}}]}))
+    sessions: list = []
+
+    def open_engine(engine_path, provenance_path, backend="auto", gpu_index=None):
+        sessions.append(FakeEngineSession(tiny_cnn_onnx))
+        return sessions[-1]
+
+    monkeypatch.setattr(_trt_runtime, "runtime_available", lambda *args, **kwargs: None)
+    monkeypatch.setattr(_trt_runtime, "open_engine", open_engine)
+    monkeypatch.setattr(benchmark, "_cuda_timer", FakeTimer)
+    params = {"backend": "tensorrt-rtx", "min_iterations": 2, "warmup_ms": 0, "min_duration_s": 0,
+              "shapes": {"input": [4, 3, 32, 32]}, "streams": [1, 2], "concurrency": [1, 3],
+              "arrival_rate_qps": [400], "dynamic_batching": {"max_batch_size": 8, "max_queue_delay_ms": 2},
+              "load_duration_s": 0.2, "load_warmup_s": 0.0, "latency_budget_ms": 5000}
+    result = run_stage(benchmark.stage, params, {"model": engine}, workdir=tmp_path)
+    metrics = json.loads(result.outputs["metrics"].read_text())
+    assert [(p["streams"], p["concurrency"]) for p in metrics["load"]] == [(1, 1), (1, 3), (2, 1), (2, 3)]
+    assert [p["streams"] for p in metrics["points"]] == [1, 2]  # fixed-batch points per stream count too
+    assert metrics["load_settings"]["batch_limits"] == [1, 8]
+    served = sessions[1:]  # sessions[0] timed the fixed-batch points
+    assert len(served) == 2  # one engine load per stream count; its forks are the other instances
+    for session in served:
+        assert session.prepared == {"input": (8, 3, 32, 32)}  # bound once at max_batch_size
+        assert session.batches and max(session.batches) <= 8
+    for point in metrics["load"]:
+        assert point["throughput_qps"] > 0 and 1 <= point["mean_batch_size"] <= 8
+    (open_point, _) = metrics["open_loop"]
+    assert open_point["arrival_rate_qps"] == 400 and open_point["meets_budget"]
+    assert [b["streams"] for b in metrics["max_rate_meeting_budget"]] == [1, 2]
+
+    params["dynamic_batching"] = {"max_batch_size": 16}
+    with pytest.raises(Exception, match=r"max_batch_size 16 exceeds the largest batch the model accepts \(8"):
+        run_stage(benchmark.stage, params, {"model": engine}, workdir=tmp_path / "too-big")
+
+
+def test_benchmark_layer_profile_fake_trt(monkeypatch, tiny_cnn_onnx, engine_files, tmp_path):
+    """Layer information and per-layer times come from a separate execution context, not the timed one."""
+    engine, _ = engine_files
+    _fake_runtime(monkeypatch, tiny_cnn_onnx)
+    FakeTimer.instances.clear()
+    monkeypatch.setattr(benchmark, "_cuda_timer", FakeTimer)
+    params = {"backend": "tensorrt-rtx", "min_iterations": 2, "warmup_ms": 0, "min_duration_s": 0,
+              "shapes": {"input": [2, 3, 32, 32]}, "profile_layers": True, "profile_iterations": 3}
+    result = run_stage(benchmark.stage, params, {"model": engine}, workdir=tmp_path)
+    layers = json.loads(result.outputs["layers"].read_text())
+    names = [layer["Name"] for layer in layers["layer_information"]["Layers"]]
+    profile = layers["profile"]
+    assert layers["batch_size"] == 2 and profile["iterations"] == 3
+    assert [layer["name"] for layer in profile["layers"]] == names[::-1]  # most expensive (last) first
+    top = profile["layers"][0]
+    assert top["average_ms"] == pytest.approx(0.01 * len(names))
+    assert top["median_ms"] == pytest.approx(top["average_ms"])
+    assert sum(layer["percent"] for layer in profile["layers"]) == pytest.approx(100.0)
+    assert result.summary["top_layers"][0] == {"name": top["name"], "average_ms": top["average_ms"],
+                                               "percent": top["percent"]}
+    assert len(result.summary["top_layers"]) == min(5, len(names))
+    timed = FakeTimer.instances[0].work[0].enqueue.__self__
+    assert not timed.profiled  # the profiler never touched the context that was timed
+    assert json.loads(result.outputs["metrics"].read_text())["top_layers"][0]["name"] == top["name"]
+    with pytest.raises(ValueError, match="profile_layers needs an engine"):
+        benchmark.Params.model_validate({"backend": "onnxruntime", "profile_layers": True})
 
 
 def test_open_engine_checks_provenance_before_loading(tmp_path):

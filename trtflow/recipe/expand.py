@@ -38,6 +38,7 @@ class ConcreteNode:
     location: Location | None
     description: str | None = None
     upstream: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # slot -> [(node, output)]
+    resources: dict[str, Any] = field(default_factory=dict)  # the recipe's overrides of the stage's Resources
 
 
 def expand(loaded: LoadedRecipe, stages: Any | None = None) -> list[ConcreteNode]:
@@ -94,6 +95,7 @@ def expand(loaded: LoadedRecipe, stages: Any | None = None) -> list[ConcreteNode
                 params=model.model_dump(mode="json"), params_model=model,
                 input_refs=refs, explicit_inputs=bool(spec.inputs), matrix=combo,
                 timeout=spec.timeout, index=index, location=node_loc, description=spec.description,
+                resources=spec.resources.model_dump(exclude_none=True) if spec.resources else {},
             ))
     return out
 

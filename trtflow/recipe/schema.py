@@ -55,6 +55,23 @@ class ProfileSpec(BaseModel):
         return self
 
 
+class ResourcesSpec(Strict):
+    """Overrides of what the stage declares it needs while it runs (the scheduler starts it only when free)."""
+
+    cpu: float | None = Field(default=None, gt=0, description="CPU slots (of `-j`) the node keeps busy.")
+    gpu: int | None = Field(default=None, ge=0, description="GPUs the node needs.")
+    exclusive: bool | None = Field(
+        default=None, description="Run alone: nothing else starts beside it (benchmarks are exclusive by default; "
+        "false lets other nodes run beside one).")
+    memory_mb: int | None = Field(default=None, gt=0, description="Peak host memory in MiB (overrides the stage's "
+                                  "estimate and the measured peak).")
+    compute_capability: str | None = Field(
+        default=None, pattern=r"^(>=)?(sm)?\d+(\.\d+)?$",
+        description="Run only on GPUs of this compute capability, e.g. '9.0', 'sm90' or '>=8.0'; results are keyed "
+        "by the GPU class they were made on.")
+    gpu_name: str | None = Field(default=None, description="Run only on GPUs whose name contains this, e.g. 'H100'.")
+
+
 class NodeSpec(Strict):
     """One node of the pipeline: a stage with its parameters and where its inputs come from."""
 
@@ -78,6 +95,7 @@ class NodeSpec(Strict):
     )
     timeout: float | None = Field(default=None, gt=0, description="Seconds before the node is killed as hung.")
     enabled: bool = Field(default=True, description="Set to false to leave the node out of the pipeline.")
+    resources: ResourcesSpec | None = Field(default=None, description="Override the stage's resource needs.")
 
 
 class Recipe(Strict):

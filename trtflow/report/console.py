@@ -1,18 +1,27 @@
-"""Live console output of a run: one line per node event, a spinner on terminals, a closing summary."""
+"""Live console output of a run: one line per node event, a live panel of running nodes, a closing summary.
+
+On a terminal, running nodes are shown in a live panel (one line each: progress, what it is doing, elapsed time,
+memory), cut to the terminal's width; event lines and failure details are printed above the panel, never
+through it. Elsewhere (CI logs) output is plain lines: events, and a progress line per running node when its
+message changes or every ``PLAIN_PROGRESS_EVERY_S`` seconds.
+"""
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from trtflow.plan import Step
-from trtflow.runner import CACHED, DONE, FRESH, SKIPPED, Hooks, NodeResult, RunSummary
+from trtflow.execution.results import CACHED, DONE, SKIPPED, Hooks, NodeResult, Progress, RunSummary
+from trtflow.plan import FRESH, SKIP, Step
 
 _MARKS = {
     DONE: "[green]✓[/]", CACHED: "[green]✓[/]", FRESH: "[green]✓[/]", SKIPPED: "[yellow]-[/]",
     "failed": "[red]✗[/]", "gate_failed": "[red]✗[/]", "blocked": "[yellow]-[/]", "interrupted": "[yellow]![/]",
 }
+PLAIN_PROGRESS_EVERY_S = 15.0
 
 
 def escape(text: str) -> str:
@@ -31,6 +40,34 @@ def _rel(path: Path | str | None) -> str:
         return str(path)
 
 
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+
+
+def _memory(rss: int | None) -> str:
+    if rss is None:
+        return ""
+    return f"{rss / (1 << 30):.1f} GiB" if rss >= 1 << 30 else f"{rss >> 20} MiB"
+
+
+def progress_line(progress: Progress) -> str:
+    """"42% calibrating: batch 3/16  1m12s  2.1 GiB"."""
+    parts = []
+    if progress.fraction is not None:
+        parts.append(f"{progress.fraction:.0%}")
+    if progress.message:
+        parts.append(progress.message)
+    parts.append(_duration(progress.elapsed_s))
+    if progress.rss_bytes:
+        parts.append(_memory(progress.rss_bytes))
+    return "  ".join(parts)
+
+
 class ConsoleHooks(Hooks):
     """Prints run events. ``console`` is a rich Console or a zero-argument factory making one on first use."""
 
@@ -38,8 +75,10 @@ class ConsoleHooks(Hooks):
         self._console = console
         self.quiet = quiet
         self.width = 12
-        self.status: Any = None
-        self.running: dict[str, str] = {}
+        self.live: Any = None
+        self.running: dict[str, Progress] = {}
+        self._plain_seen: dict[str, tuple[str, float]] = {}
+        self._lock = threading.Lock()
 
     @property
     def console(self) -> Any:
@@ -48,30 +87,42 @@ class ConsoleHooks(Hooks):
         return self._console
 
     def _print(self, text: str) -> None:
-        self.console.print(text, highlight=False)
+        with self._lock:
+            self.console.print(text, highlight=False)
+
+    # ----- the live panel (terminals only)
+    def _panel(self) -> Any:
+        from rich.text import Text
+
+        width = max(20, self.console.size.width - 1)
+        lines = []
+        for node, progress in self.running.items():
+            line = f"  ⋯ {node:<{self.width}} {progress_line(progress)}"
+            lines.append(line if len(line) <= width else line[: width - 1] + "…")
+        return Text("\n".join(lines), style="cyan")
 
     def _refresh(self) -> None:
-        if self.status is None:
-            return
-        if self.running:
-            parts = [f"{n} {m}".strip() for n, m in self.running.items()]
-            self.status.update("running: " + escape(" | ".join(parts)))
-        else:
-            self.status.update("")
+        if self.live is not None:
+            with self._lock:
+                self.live.update(self._panel(), refresh=True)
 
+    # ----- hooks
     def on_run_start(self, run_id: str, steps: list[Step]) -> None:
         self.width = max([12, *(len(s.node.name) for s in steps)])
-        stale = [s for s in steps if s.status != FRESH]
+        stale = [s for s in steps if s.status not in (FRESH, SKIP)]
         if not stale:
             return
         if not self.quiet:
-            self._print(f"[bold]{len(stale)} to run[/], {len(steps) - len(stale)} up to date (run {run_id})")
+            self._print(f"[bold]{len(stale)} to run[/], {len(steps) - len(stale)} up to date or skipped "
+                        f"(run {run_id})")
         if self.console.is_terminal and not self.quiet:
-            self.status = self.console.status("starting")
-            self.status.start()
+            from rich.live import Live
+
+            self.live = Live(self._panel(), console=self.console, auto_refresh=False, transient=True)
+            self.live.start()
 
     def on_node_start(self, node: str, reason: str) -> None:
-        self.running[node] = ""
+        self.running[node] = Progress(None, "starting", 0.0)
         if not self.quiet:
             self._print(f"[cyan]▶[/] {escape(node):<{self.width}} [dim]{escape(reason)}[/]")
         self._refresh()
@@ -80,20 +131,31 @@ class ConsoleHooks(Hooks):
         if not self.quiet:
             self._print(f"[yellow]…[/] {escape(node):<{self.width}} {escape(message)}")
 
-    def on_node_progress(self, node: str, fraction: float | None, message: str) -> None:
-        if node in self.running:
-            pct = f"{fraction:.0%} " if fraction is not None else ""
-            self.running[node] = f"{pct}{message}"[:60]
+    def on_node_progress(self, node: str, progress: Progress) -> None:
+        if node not in self.running:
+            return
+        self.running[node] = progress
+        if self.live is not None:
             self._refresh()
+            return
+        if self.quiet:
+            return
+        last_message, last_time = self._plain_seen.get(node, ("", 0.0))
+        now = time.monotonic()
+        if progress.message != last_message or now - last_time >= PLAIN_PROGRESS_EVERY_S:
+            self._plain_seen[node] = (progress.message, now)
+            self._print(f"  {escape(node):<{self.width}} {escape(progress_line(progress))}")
 
     def on_node_end(self, result: NodeResult) -> None:
         self.running.pop(result.node, None)
+        self._plain_seen.pop(result.node, None)
         self._refresh()
         mark = _MARKS.get(result.status, "?")
         name = f"{escape(result.node):<{self.width}}"
+        memory = f", peak {_memory(result.peak_rss)}" if result.peak_rss else ""
         if result.status == DONE:
             if not self.quiet:
-                self._print(f"{mark} {name} done in {result.duration:.1f}s")
+                self._print(f"{mark} {name} done in {result.duration:.1f}s{memory}")
         elif result.status == CACHED:
             if not self.quiet:
                 self._print(f"{mark} {name} reused: {escape(result.reason)}")
@@ -104,33 +166,52 @@ class ConsoleHooks(Hooks):
             self._print(f"{mark} {name} not run: {escape(result.reason)}")
         elif result.status in ("failed", "gate_failed"):
             what = "quality gate failed" if result.status == "gate_failed" else "failed"
-            self._print(f"{mark} {name} [red]{what}[/]: {escape(result.error or '')}")
+            lines = [f"{mark} {name} [red]{what}[/]: {escape(result.error or '')}"]
             if result.hint:
-                self._print(f"  hint: {escape(result.hint)}")
+                lines.append(f"  hint: {escape(result.hint)}")
             if result.log_path:
-                self._print(f"  log:  {escape(_rel(result.log_path))}")
-                if result.error and ("Error" in result.error or "process" in result.error):
+                lines.append(f"  log:  {escape(_rel(result.log_path))}")
+                if result.status == "failed":
                     tail = _log_tail(result.log_path, 12)
                     if tail:
-                        self._print("[dim]" + escape(tail) + "[/]")
+                        lines.append("[dim]" + escape(tail) + "[/]")
+            self._print("\n".join(lines))
+
+    def stop_live(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
 
     def finish(self, summary: RunSummary, steps: list[Step], seconds: float, output_dir: Path | None,
                resume: str) -> None:
-        if self.status is not None:
-            self.status.stop()
-            self.status = None
+        self.stop_live()
         results = summary.results
         total = len(results)
         done = summary.count(DONE)
         reused = summary.count(CACHED)
         fresh = summary.count(FRESH)
+        skipped = summary.count(SKIPPED)
+        if summary.cleared and not self.quiet:
+            self._print("Removed outdated outputs (they belonged to a previous version of the node) from: "
+                        + ", ".join(escape(n) for n in summary.cleared))
+        for problem in summary.problems:
+            self._print(f"[red]problem[/]: {escape(problem)}")
+        for warning in summary.warnings:
+            self._print(f"[yellow]warning[/]: {escape(warning)}")
         if summary.interrupted:
             self._print(f"[yellow]interrupted[/]: {done} nodes finished and were saved. Resume with:\n  {resume}")
             return
-        if done == 0 and reused == 0 and fresh == total:
-            print(f"Nothing to do: all {total} nodes are up to date ({seconds:.2f}s).", flush=True)
+        if done == 0 and reused == 0 and fresh + skipped == total and summary.ok:
+            if skipped:
+                print(f"Nothing to do: {fresh} nodes are up to date and {skipped} cannot run here ({seconds:.2f}s).",
+                      flush=True)
+            else:
+                print(f"Nothing to do: all {total} nodes are up to date ({seconds:.2f}s).", flush=True)
+            for res in results.values():
+                if res.status == SKIPPED and not self.quiet:
+                    needs = f" (needs: {res.hint})" if res.hint else ""
+                    print(f"  - {res.node}: {res.error or res.reason}{needs}", flush=True)
         else:
-            skipped = summary.count(SKIPPED)
             failed = summary.count("failed", "gate_failed")
             blocked = summary.count("blocked")
             parts = [f"{done} built", f"{reused} reused", f"{fresh} up to date"]

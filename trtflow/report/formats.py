@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import json
 import time
 from typing import Any
@@ -15,21 +14,23 @@ FORMATS = ("json", "markdown", "html", "junit")
 
 
 def collect(journal: Journal, recipe: str) -> dict[str, Any]:
-    """The latest run of ``recipe`` with every node's state, timing and summary (metrics)."""
+    """The latest run of the recipe file ``recipe`` (its project-relative path) with every node's state, timing
+    and summary (metrics)."""
     runs = journal.runs(1, recipe)
     if not runs:
         raise UsageError(f"no runs of recipe {recipe!r} recorded", hint="run `trtflow run` first")
+    recipe_file, recipe = recipe, runs[0]["recipe"] or recipe
     run = runs[0]
     nodes = []
     for row in journal.node_runs(run["id"]):
         summary = json.loads(row["summary"]) if row["summary"] else {}
         if row["status"] == "fresh" and not summary:
-            last = journal.last_executed(row["node"], recipe)
+            last = journal.last_executed(row["node"], recipe_file)
             if last and last["summary"]:
                 summary = json.loads(last["summary"])
         nodes.append({k: row[k] for k in ("node", "stage", "status", "reason", "duration", "log_path", "error",
                                           "key")} | {"summary": summary})
-    return {"recipe": recipe, "run": run, "nodes": nodes}
+    return {"recipe": recipe, "recipe_file": recipe_file, "run": run, "nodes": nodes}
 
 
 def render(journal: Journal, recipe: str, fmt: str) -> str:
@@ -67,75 +68,81 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def to_markdown(data: dict[str, Any]) -> str:
+def _node_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Nodes with their flattened metrics (a chooser's summary is the decision table instead)."""
+    from trtflow.report.decision import is_selection
+
+    return [dict(n, metrics=[] if is_selection(n["summary"])
+                 else [(k, _fmt(v)) for k, v in _flat_metrics(n["summary"])]) for n in data["nodes"]]
+
+
+def _template(name: str, autoescape: bool) -> Any:
+    try:
+        import jinja2
+    except ImportError:
+        raise UsageError("Markdown and HTML reports need jinja2", hint="pip install 'trtflow[report]'") from None
+    env = jinja2.Environment(loader=jinja2.PackageLoader("trtflow.report", "templates"), autoescape=autoescape,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True)
+    env.filters["cell"] = lambda text: str(text).replace("|", "\\|").replace("\n", " ")
+    env.globals.update(fmt=_maybe, pair=_latency_pair)
+    return env.get_template(name)
+
+
+def _maybe(value: Any, spec: str) -> str:
+    """A number formatted with ``spec``, or "-" when there is none."""
+    return spec % value if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+def _latency_pair(latency: dict[str, Any], stat: str) -> str:
+    """"p50 / p99" (or p50 / the judged percentile) of one benchmark point."""
+    other = stat if stat != "p50" else "p99"
+    if not latency:
+        return "-"
+    return f"{_maybe(latency.get('p50'), '%.4g')} / {_maybe(latency.get(other), '%.4g')}"
+
+
+def _context(data: dict[str, Any]) -> dict[str, Any]:
+    from collections import Counter
+
+    from trtflow.report.decision import decisions
+
     run = data["run"]
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["started"]))
-    lines = [f"# trtflow report: {data['recipe']}", "",
-             f"Run `{run['id']}` started {when}, status **{run['status']}**.", "",
-             "| node | stage | status | time | detail |", "|---|---|---|---|---|"]
-    for n in data["nodes"]:
-        duration = f"{n['duration']:.1f}s" if n["duration"] else ""
-        detail = (n["error"] or n["reason"] or "").replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| {n['node']} | {n['stage']} | {n['status']} | {duration} | {detail} |")
-    for n in data["nodes"]:
-        metrics = _flat_metrics(n["summary"])
-        if metrics:
-            lines += ["", f"## {n['node']} ({n['stage']})", "", "| metric | value |", "|---|---|"]
-            lines += [f"| {k} | {_fmt(v)} |" for k, v in metrics[:200]]
-    return "\n".join(lines) + "\n"
+    counts = Counter(n["status"] for n in data["nodes"])
+    return {
+        "recipe": data["recipe"], "run": run,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["started"])),
+        "counts": ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no nodes",
+        "decisions": decisions(data), "nodes": _node_rows(data), "benchmark_charts": [],
+    }
 
 
-def _latency_rows(data: dict[str, Any]) -> list[tuple[str, float, float]]:
-    """(label, median ms, p99 ms) for every benchmark point in the run."""
-    rows = []
-    for n in data["nodes"]:
-        for point in n["summary"].get("points", []) if isinstance(n["summary"], dict) else []:
-            if isinstance(point, dict) and isinstance(point.get("median_ms"), (int, float)):
-                label = f"{n['node']} (batch {point.get('batch_size', '?')})"
-                rows.append((label, float(point["median_ms"]), float(point.get("p99_ms") or point["median_ms"])))
-    return rows
-
-
-def latency_chart_svg(rows: list[tuple[str, float, float]]) -> str:
-    """A horizontal bar chart of median (dark) and p99 (light) latency per benchmark point, as inline SVG."""
-    if not rows:
-        return ""
-    label_w, bar_w, row_h = 260, 420, 26
-    top = max(p99 for _, _, p99 in rows) or 1.0
-    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{label_w + bar_w + 120}' "
-             f"height='{row_h * len(rows) + 30}' font-family='sans-serif' font-size='12'>"]
-    for i, (label, median, p99) in enumerate(rows):
-        y = 10 + i * row_h
-        parts.append(f"<text x='{label_w - 6}' y='{y + 15}' text-anchor='end'>{html.escape(label)}</text>")
-        parts.append(f"<rect x='{label_w}' y='{y + 2}' width='{bar_w * p99 / top:.1f}' height='18' fill='#9ecae1'/>")
-        parts.append(f"<rect x='{label_w}' y='{y + 2}' width='{bar_w * median / top:.1f}' height='18' fill='#3182bd'/>")
-        parts.append(f"<text x='{label_w + bar_w * p99 / top + 6:.1f}' y='{y + 15}'>{median:.3g} / {p99:.3g} ms</text>")
-    parts.append(f"<text x='{label_w}' y='{row_h * len(rows) + 25}'>median (dark) and p99 (light) latency</text>")
-    return "".join(parts) + "</svg>"
+def to_markdown(data: dict[str, Any]) -> str:
+    """The decision table of every chooser node first, then the nodes and their metrics."""
+    return _template("report.md.j2", autoescape=False).render(**_context(data))
 
 
 def to_html(data: dict[str, Any]) -> str:
-    rows = "".join(
-        f"<tr class='{html.escape(n['status'])}'><td>{html.escape(n['node'])}</td><td>{html.escape(n['stage'])}</td>"
-        f"<td>{html.escape(n['status'])}</td><td>{(n['duration'] or 0):.1f}s</td>"
-        f"<td>{html.escape(n['error'] or n['reason'] or '')}</td></tr>"
-        for n in data["nodes"]
-    )
-    chart = latency_chart_svg(_latency_rows(data))
-    sections = f"<h2>latency</h2>{chart}" if chart else ""
-    for n in data["nodes"]:
-        metrics = _flat_metrics(n["summary"])
-        if metrics:
-            body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(_fmt(v))}</td></tr>" for k, v in metrics)
-            sections += f"<h2>{html.escape(n['node'])}</h2><table>{body}</table>"
-    return (
-        "<!doctype html><meta charset='utf-8'><title>trtflow report</title><style>"
-        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
-        "padding:4px 8px}.failed,.gate_failed{background:#fdd}.skipped,.blocked{background:#ffd}</style>"
-        f"<h1>trtflow report: {html.escape(data['recipe'])}</h1><p>run {html.escape(data['run']['id'])}: "
-        f"{html.escape(data['run']['status'])}</p><table><tr><th>node</th><th>stage</th><th>status</th>"
-        f"<th>time</th><th>detail</th></tr>{rows}</table>{sections}\n"
-    )
+    """One self-contained page (inline SVG charts, no script, no network): the decision, then the nodes."""
+    from trtflow.report import charts
+    from trtflow.report.decision import benchmark_series
+
+    context = _context(data)
+    for d in context["decisions"]:
+        latency_title = f"{d.percentile} latency (ms) at the operating point"
+        d.charts = [(title, svg) for title, svg in (
+            ("accuracy against latency", charts.accuracy_latency(d.rows, latency_title)),
+            ("latency against batch size", charts.latency_batch(d.series, d.percentile)),
+            ("throughput against batch size", charts.throughput_batch(d.series)),
+            ("load curves", charts.load_curves(d.load, d.percentile)),
+        ) if svg]
+    if not context["decisions"]:
+        series = benchmark_series(data["nodes"])
+        context["benchmark_charts"] = [(title, svg) for title, svg in (
+            ("latency against batch size", charts.latency_batch(series, "p99")),
+            ("throughput against batch size", charts.throughput_batch(series)),
+        ) if svg]
+    return _template("report.html.j2", autoescape=True).render(**context)
 
 
 def to_junit(data: dict[str, Any]) -> str:

@@ -1,22 +1,35 @@
-"""SQLite journal: runs, node states and timings (for status, show, resume and reports), and a stat cache."""
+"""SQLite journal: runs, node states and timings (for status, show and reports), and the file-hash stat cache.
+
+The journal is history, not truth: objects, manifests and refs are. So every SQLite failure becomes a
+`StoreError` that says what happened and what to do (a damaged journal is reset by `trtflow verify --fix`
+without losing a stored result), read-only stores are opened read-only for the commands that only read, and
+the stat cache (an optimisation) never fails a command.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import sqlite3
+import threading
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from trtflow.errors import StoreBusy, StoreError
+
+FORMAT = 2  # PRAGMA user_version; 0 = the first release's journal (no recipe_id column)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     id TEXT PRIMARY KEY, recipe TEXT, recipe_path TEXT, started REAL, ended REAL,
-    status TEXT, command TEXT, pid INTEGER, host TEXT
+    status TEXT, command TEXT, pid INTEGER, host TEXT, recipe_id TEXT
 );
 CREATE TABLE IF NOT EXISTS node_runs (
     run_id TEXT, node TEXT, stage TEXT, key TEXT, status TEXT, reason TEXT,
-    started REAL, ended REAL, duration REAL, log_path TEXT, error TEXT, summary TEXT,
+    started REAL, ended REAL, duration REAL, log_path TEXT, error TEXT, summary TEXT, peak_rss INTEGER,
     PRIMARY KEY (run_id, node)
 );
 CREATE INDEX IF NOT EXISTS node_runs_node ON node_runs(node, started);
@@ -25,88 +38,285 @@ CREATE TABLE IF NOT EXISTS stat_cache (
 );
 """
 
+DAMAGED_HINT = ("run `trtflow verify --fix` to reset it; stored results (objects, manifests, refs) are kept: "
+                "the journal only holds the history of runs")
+
+
+class JournalDamaged(StoreError):
+    """The journal file is not a readable SQLite database."""
+
+
+class StoreReadOnly(StoreError):
+    """The store cannot be written (read-only mount or permissions)."""
+
+
+class StoreFull(StoreError):
+    """The disk holding the store is full."""
+
+
+def translate(exc: sqlite3.Error, path: Path, doing: str) -> StoreError:
+    """The `StoreError` a user should see for an SQLite failure while ``doing`` something."""
+    text = str(exc)
+    lowered = text.lower()
+    store = path.parent
+    if isinstance(exc, sqlite3.DatabaseError) and any(
+            s in lowered for s in ("not a database", "malformed", "file is encrypted", "schema")):
+        return JournalDamaged(f"the journal {path} is damaged ({text}) while {doing}", hint=DAMAGED_HINT)
+    if "locked" in lowered or "busy" in lowered:
+        return StoreBusy(f"the journal {path} is locked by another process while {doing} ({text})")
+    if "full" in lowered or "disk i/o" in lowered or "no space" in lowered:
+        return StoreFull(f"no space left on the disk holding the store {store} while {doing} ({text})",
+                         hint="free disk space, then run again: finished nodes are kept and the run resumes")
+    if "readonly" in lowered or "read-only" in lowered or "unable to open" in lowered:
+        return StoreReadOnly(f"the store {store} is not writable ({text}) while {doing}",
+                             hint="`plan`, `status`, `show` and `report` work on a read-only store; to run, "
+                             "use a writable store (--store / TRTFLOW_STORE)")
+    return StoreError(f"the journal {path} failed while {doing}: {text}", hint=DAMAGED_HINT)
+
 
 class Journal:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._conn: sqlite3.Connection | None = None
+    """The run journal. ``readonly=True`` never writes (commands that only read: plan, status, report)."""
 
+    def __init__(self, path: Path, readonly: bool = False) -> None:
+        self.path = Path(path)
+        self.readonly = readonly
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.RLock()  # one connection shared by the runner's threads: one statement at a time
+
+    # ----- connection
     @property
     def conn(self) -> sqlite3.Connection:
         if self._conn is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(str(self.path), timeout=60, isolation_level=None, check_same_thread=False)
+            with self.guard("opening the journal"):
+                self._conn = self._open_readonly() if self.readonly else self._open_writable()
+        return self._conn
+
+    def _open_writable(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(self.path), timeout=60, isolation_level=None, check_same_thread=False)
+        try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > FORMAT:
+                raise StoreError(f"the journal {self.path} has format {version}; this trtflow reads format "
+                                 f"{FORMAT} and older", hint="upgrade trtflow (pip install -U trtflow)")
             conn.executescript(SCHEMA)
-            self._conn = conn
-        return self._conn
+            if version < FORMAT:
+                _migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _open_readonly(self) -> sqlite3.Connection:
+        if not self.path.exists():
+            raise sqlite3.OperationalError("unable to open database file")
+        uri = self.path.absolute().as_uri()
+        try:
+            conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=60, isolation_level=None,
+                                   check_same_thread=False)
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.OperationalError:
+            # A WAL database on a read-only mount cannot create its shared-memory file: read it as immutable.
+            conn = sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None, check_same_thread=False)
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn
 
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
 
+    @contextmanager
+    def guard(self, doing: str) -> Iterator[None]:
+        """Turn any SQLite failure inside the block into a `StoreError` that says what to do."""
+        with self._lock:
+            try:
+                yield
+            except sqlite3.Error as exc:
+                raise translate(exc, self.path, doing) from None
+
+    def _execute(self, doing: str, sql: str, args: Sequence[Any] = ()) -> list[Any] | sqlite3.Cursor:
+        with self.guard(doing):
+            cursor = self.conn.execute(sql, tuple(args))
+            if cursor.description is None:
+                return cursor
+            return _Rows(cursor.description, cursor.fetchall())
+
+    def check(self) -> list[str]:
+        """Problems found by SQLite's own integrity check (empty when healthy)."""
+        with self.guard("checking the journal"):
+            rows = self.conn.execute("PRAGMA integrity_check").fetchall()
+        problems = [r[0] for r in rows if r[0] != "ok"]
+        return problems
+
     # ----- runs
-    def start_run(self, run_id: str, recipe: str, recipe_path: str, command: str) -> None:
-        self.conn.execute(
-            "INSERT INTO runs (id, recipe, recipe_path, started, status, command, pid, host) "
-            "VALUES (?, ?, ?, ?, 'running', ?, ?, ?)",
-            (run_id, recipe, recipe_path, time.time(), command, os.getpid(), os.uname().nodename),
+    def start_run(self, run_id: str, recipe: str, recipe_path: str, command: str, recipe_id: str = "") -> None:
+        self._execute(
+            "recording the start of the run",
+            "INSERT INTO runs (id, recipe, recipe_path, started, status, command, pid, host, recipe_id) "
+            "VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?)",
+            (run_id, recipe, recipe_path, time.time(), command, os.getpid(), os.uname().nodename, recipe_id),
         )
 
     def end_run(self, run_id: str, status: str) -> None:
-        self.conn.execute("UPDATE runs SET ended = ?, status = ? WHERE id = ?", (time.time(), status, run_id))
+        self._execute("recording the end of the run", "UPDATE runs SET ended = ?, status = ? WHERE id = ?",
+                      (time.time(), status, run_id))
 
     def node_state(self, run_id: str, node: str, stage: str, key: str | None, status: str, reason: str = "",
                    started: float | None = None, ended: float | None = None, log_path: str | None = None,
                    error: str | None = None, summary: Any = None) -> None:
         duration = (ended - started) if (started is not None and ended is not None) else None
-        self.conn.execute(
+        self._execute(
+            f"recording node {node}",
             "INSERT OR REPLACE INTO node_runs (run_id, node, stage, key, status, reason, started, ended, duration,"
             " log_path, error, summary) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (run_id, node, stage, key, status, reason, started, ended, duration, log_path, error,
              json.dumps(summary) if summary is not None else None),
         )
 
-    def runs(self, limit: int = 10, recipe: str | None = None) -> list[dict[str, Any]]:
+    def record_nodes(self, rows: list[tuple[Any, ...]]) -> None:
+        """Record many up-to-date nodes in one transaction: (run_id, node, stage, key, status, reason, summary)."""
+        if not rows:
+            return
+        with self.guard("recording up-to-date nodes"):
+            self.conn.execute("BEGIN")
+            try:
+                self.conn.executemany("INSERT OR REPLACE INTO node_runs (run_id, node, stage, key, status, reason, "
+                                      "summary) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+
+    def running_runs(self) -> list[tuple[str, int, str]]:
+        """(run id, pid, host) of runs recorded as running."""
+        return [tuple(r) for r in self._execute(
+            "reading running runs", "SELECT id, pid, host FROM runs WHERE status = 'running'").fetchall()]
+
+    def mark_dead(self, run_id: str) -> None:
+        """Record that a run's process ended without recording its outcome (kill -9, power loss, full disk)."""
+        with self.guard("recording a dead run"):
+            self.conn.execute("UPDATE runs SET ended = ?, status = 'killed' WHERE id = ?", (time.time(), run_id))
+            self.conn.execute("UPDATE node_runs SET status = 'interrupted', reason = 'the run was killed' "
+                              "WHERE run_id = ? AND status = 'running'", (run_id,))
+
+    def runs(self, limit: int = 10, recipe_id: str | None = None) -> list[dict[str, Any]]:
         query = "SELECT * FROM runs"
         args: tuple = ()
-        if recipe:
-            query += " WHERE recipe = ?"
-            args = (recipe,)
+        if recipe_id:
+            query += " WHERE recipe_id = ?"
+            args = (recipe_id,)
         query += " ORDER BY started DESC LIMIT ?"
         return self._rows(query, (*args, limit))
+
+    def run(self, run_id: str) -> dict[str, Any] | None:
+        rows = self._rows("SELECT * FROM runs WHERE id = ?", (run_id,))
+        return rows[0] if rows else None
 
     def node_runs(self, run_id: str) -> list[dict[str, Any]]:
         return self._rows("SELECT * FROM node_runs WHERE run_id = ? ORDER BY rowid", (run_id,))
 
-    def last_node_run(self, node: str, recipe: str | None = None) -> dict[str, Any] | None:
+    def last_node_run(self, node: str, recipe_id: str | None = None) -> dict[str, Any] | None:
         query = ("SELECT n.* FROM node_runs n JOIN runs r ON r.id = n.run_id WHERE n.node = ?"
-                 + (" AND r.recipe = ?" if recipe else "") + " ORDER BY n.started DESC LIMIT 1")
-        rows = self._rows(query, (node, recipe) if recipe else (node,))
+                 + (" AND r.recipe_id = ?" if recipe_id else "") + " ORDER BY n.started DESC LIMIT 1")
+        rows = self._rows(query, (node, recipe_id) if recipe_id else (node,))
         return rows[0] if rows else None
 
-    def last_executed(self, node: str, recipe: str | None = None) -> dict[str, Any] | None:
+    def last_executed(self, node: str, recipe_id: str | None = None) -> dict[str, Any] | None:
+        """The latest run of ``node`` that executed it (done, failed, gate failed or skipped)."""
         query = ("SELECT n.* FROM node_runs n JOIN runs r ON r.id = n.run_id WHERE n.node = ? AND n.status IN "
-                 "('done', 'failed', 'gate_failed', 'skipped')" + (" AND r.recipe = ?" if recipe else "")
+                 "('done', 'failed', 'gate_failed', 'skipped')" + (" AND r.recipe_id = ?" if recipe_id else "")
                  + " ORDER BY n.started DESC LIMIT 1")
-        rows = self._rows(query, (node, recipe) if recipe else (node,))
+        rows = self._rows(query, (node, recipe_id) if recipe_id else (node,))
         return rows[0] if rows else None
+
+    def built(self, key: str) -> dict[str, Any] | None:
+        """The node run that built ``key`` (status done), if the journal still has it."""
+        rows = self._rows("SELECT * FROM node_runs WHERE key = ? AND status = 'done' ORDER BY started DESC LIMIT 1",
+                          (key,))
+        return rows[0] if rows else None
+
+    def run_ids(self) -> list[str]:
+        return [r[0] for r in self._execute("listing runs", "SELECT id FROM runs").fetchall()]
 
     def _rows(self, query: str, args: tuple) -> list[dict[str, Any]]:
-        cur = self.conn.execute(query, args)
+        cur = self._execute("reading the journal", query, args)
         cols = [c[0] for c in cur.description]
         return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
 
-    # ----- stat cache (fingerprint.StatCache protocol)
+    def peak_rss(self, node: str, recipe_id: str) -> int | None:
+        """The largest peak memory a run of this recipe file measured for ``node`` (for memory-aware scheduling)."""
+        rows = self._rows("SELECT max(n.peak_rss) AS peak FROM node_runs n JOIN runs r ON r.id = n.run_id "
+                          "WHERE n.node = ? AND r.recipe_id = ?", (node, recipe_id))
+        return rows[0]["peak"] if rows and rows[0]["peak"] else None
+
+    def set_peak_rss(self, run_id: str, node: str, peak: int) -> None:
+        self._execute(f"recording the memory of node {node}",
+                      "UPDATE node_runs SET peak_rss = ? WHERE run_id = ? AND node = ?", (peak, run_id, node))
+
+    # ----- stat cache (fingerprint.StatCache protocol): an optimisation, so it never fails a command
     def get(self, path: str, size: int, mtime_ns: int, inode: int) -> str | None:
-        row = self.conn.execute("SELECT size, mtime_ns, inode, digest FROM stat_cache WHERE path = ?",
-                                (path,)).fetchone()
+        try:
+            with self._lock:
+                row = self.conn.execute("SELECT size, mtime_ns, inode, digest FROM stat_cache WHERE path = ?",
+                                        (path,)).fetchone()
+        except (sqlite3.Error, StoreError):
+            return None
         if row and row[0] == size and row[1] == mtime_ns and row[2] == inode:
             return row[3]
         return None
 
     def put(self, path: str, size: int, mtime_ns: int, inode: int, digest: str) -> None:
-        self.conn.execute("INSERT OR REPLACE INTO stat_cache VALUES (?, ?, ?, ?, ?)",
-                          (path, size, mtime_ns, inode, digest))
+        if self.readonly:
+            return
+        try:
+            with self._lock:
+                self.conn.execute("INSERT OR REPLACE INTO stat_cache VALUES (?, ?, ?, ?, ?)",
+                                  (path, size, mtime_ns, inode, digest))
+        except (sqlite3.Error, StoreError):
+            return
+
+
+class _Rows:
+    """A fetched result that outlives the lock it was read under (a cursor would not)."""
+
+    def __init__(self, description: Any, rows: list[Any]) -> None:
+        self.description = description
+        self._rows = rows
+
+    def fetchall(self) -> list[Any]:
+        return self._rows
+
+    def fetchone(self) -> Any:
+        return self._rows[0] if self._rows else None
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Bring an older journal to FORMAT (add columns; history rows are kept)."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)").fetchall()}
+    if "recipe_id" not in columns:
+        conn.execute("ALTER TABLE runs ADD COLUMN recipe_id TEXT")
+    node_columns = {row[1] for row in conn.execute("PRAGMA table_info(node_runs)").fetchall()}
+    if "peak_rss" not in node_columns:
+        conn.execute("ALTER TABLE node_runs ADD COLUMN peak_rss INTEGER")
+    conn.execute(f"PRAGMA user_version = {FORMAT}")
+
+
+def open_for_reading(path: Path) -> Journal | None:
+    """A read-only journal, or None when the store has none yet."""
+    return Journal(path, readonly=True) if path.exists() else None
+
+
+def reset(path: Path) -> Path | None:
+    """Move a damaged journal aside (keeping it for inspection) so a fresh one is created; returns where."""
+    if not path.exists():
+        return None
+    aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.replace(path, aside)
+    for suffix in ("-wal", "-shm"):
+        companion = path.with_name(path.name + suffix)
+        if companion.exists():
+            os.replace(companion, aside.with_name(aside.name + suffix))
+    return aside

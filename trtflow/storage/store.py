@@ -1,14 +1,20 @@
 """Content-addressed artifact store with node manifests, atomic commits and shared caches.
 
 Layout under the store root (``.trtflow`` by default):
-  objects/ab/<digest>      artifact files, read-only once committed
+  format.json              the store's format version (a newer trtflow migrates an older store; an older one stops)
+  objects/ab/<digest>      artifact files, read-only once committed; a file's name IS its content digest
   nodes/ab/<key>.json      node manifests (written last: a manifest means the node is complete)
-  refs/<recipe>/<node>     the key a node name had when it last ran (to explain what changed)
+  refs/<recipe>/           what each recipe file's latest runs used (see refs.py): gc's roots
   caches/                  shared mutable caches (TensorRT timing caches) under file locks
   locks/                   per-node-key build locks (one process builds, others wait and reuse)
   logs/<run>/<node>.log    per-node logs
   tmp/<run>/               scratch space of running nodes; removed after each node
   trtflow.db               SQLite journal of runs and the file-hash stat cache
+  store.lock, gate.lock    the store lock (see lock.py)
+
+The store never keeps or serves an object whose bytes do not match its name: a commit re-checks an object that
+is already there (a same-size object damaged in place is replaced, not kept), and `intact` re-hashes an object
+whose (size, mtime, inode) differ from those recorded when it was last verified.
 """
 
 from __future__ import annotations
@@ -23,11 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtflow.errors import TrtflowError
-from trtflow.fingerprint import hash_file_content
+from trtflow.errors import StoreError, TrtflowError
+from trtflow.fingerprint import StatCache, hash_file_content
 from trtflow.fsutil import atomic_write_text, fsync_dir
+from trtflow.storage.refs import RefStore, migrate_legacy_refs
 
 READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
+FORMAT = 2  # 1: the first release (no format.json, refs by recipe name)
+INDEX = ".trtflow.json"  # in a materialised output folder: which files trtflow put there, and from which key
+SUBDIRS = ("objects", "nodes", "refs", "caches", "locks", "logs", "tmp")
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,7 @@ class StoredOutput:
 class Store:
     def __init__(self, root: Path) -> None:
         self.root = Path(root).absolute()
+        self.refs = RefStore(self.root / "refs")
 
     # ----- paths
     @property
@@ -52,9 +63,6 @@ class Store:
 
     def manifest_path(self, key: str) -> Path:
         return self.root / "nodes" / key[:2] / f"{key}.json"
-
-    def ref_path(self, recipe: str, node: str) -> Path:
-        return self.root / "refs" / recipe / node
 
     @property
     def cache_dir(self) -> Path:
@@ -68,104 +76,180 @@ class Store:
     def db_path(self) -> Path:
         return self.root / "trtflow.db"
 
+    @property
+    def format_path(self) -> Path:
+        return self.root / "format.json"
+
     def log_path(self, run_id: str, node: str) -> Path:
         return self.root / "logs" / run_id / f"{node}.log"
 
     def lock_path(self, key: str) -> Path:
         return self.root / "locks" / f"{key}.lock"
 
+    # ----- opening
     def ensure(self) -> None:
+        """Make the store usable for writing: folders, format check, migration of an older store."""
         try:
-            for sub in ("objects", "nodes", "refs", "caches", "locks", "logs", "tmp"):
-                (self.root / sub).mkdir(parents=True, exist_ok=True)
+            self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise TrtflowError(f"cannot create the store at {self.root}: {exc.strerror or exc}",
-                               hint="choose a writable directory with --store or TRTFLOW_STORE") from None
+            raise StoreError(f"cannot create the store at {self.root}: {exc.strerror or exc}",
+                             hint="choose a writable directory with --store or TRTFLOW_STORE") from None
+        found = self.check_format()
         if not os.access(self.root, os.W_OK):
-            raise TrtflowError(f"the store {self.root} is not writable",
-                               hint="fix its permissions, or choose another with --store / TRTFLOW_STORE")
+            raise StoreError(f"the store {self.root} is not writable",
+                             hint="fix its permissions, or choose another with --store / TRTFLOW_STORE; `plan`, "
+                             "`status`, `show` and `report` work on a read-only store")
+        try:
+            for sub in SUBDIRS:
+                (self.root / sub).mkdir(exist_ok=True)
+            if found < FORMAT:
+                migrate_legacy_refs(self.root / "refs")
+                atomic_write_text(self.format_path, json.dumps({"format": FORMAT, "written_by": _version()}))
+        except OSError as exc:
+            raise StoreError(f"cannot prepare the store at {self.root}: {exc.strerror or exc}",
+                             hint="free disk space or fix the store's permissions") from None
+
+    def check_format(self) -> int:
+        """The store's format (1 for a store from the first release, FORMAT for a new one); refuses newer ones."""
+        try:
+            data = json.loads(self.format_path.read_text(encoding="utf-8"))
+            found = int(data["format"])
+        except FileNotFoundError:
+            return 1 if (self.root / "objects").exists() else FORMAT
+        except (OSError, ValueError, KeyError, TypeError):
+            raise StoreError(f"the store's format file {self.format_path} is unreadable",
+                             hint='restore it: {"format": 2}') from None
+        if found > FORMAT:
+            raise StoreError(
+                f"the store {self.root} has format {found} (written by trtflow {data.get('written_by', '?')}); "
+                f"this trtflow {_version()} reads format {FORMAT} and older",
+                hint="upgrade trtflow (pip install -U trtflow), or use another store (--store / TRTFLOW_STORE)")
+        return found
 
     # ----- manifests
     def read_manifest(self, key: str) -> dict[str, Any] | None:
         try:
             with open(self.manifest_path(key), encoding="utf-8") as f:
-                return json.load(f)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
+                manifest = json.load(f)
         except (OSError, ValueError):
-            return None  # unreadable manifest: treated as absent, `verify` reports it
+            return None  # absent or unreadable: treated as absent, `verify` reports an unreadable one
+        return manifest if isinstance(manifest, dict) and isinstance(manifest.get("outputs"), dict) else None
 
-    def complete(self, manifest: Mapping[str, Any]) -> bool:
-        """True if every output object of the manifest is present with its recorded size."""
-        for out in manifest.get("outputs", {}).values():
+    def intact(self, manifest: Mapping[str, Any], stat_cache: StatCache | None = None) -> bool:
+        """True if every output object of the manifest is present with the content its digest names."""
+        return not self.damaged_outputs(manifest, stat_cache)
+
+    def damaged_outputs(self, manifest: Mapping[str, Any], stat_cache: StatCache | None = None) -> list[str]:
+        """Names of the manifest's outputs whose object is missing or whose bytes changed."""
+        bad = []
+        for name, out in manifest.get("outputs", {}).items():
             try:
-                if self.object_path(out["digest"]).stat().st_size != out["size"]:
-                    return False
-            except (OSError, KeyError, TypeError):
-                return False
+                if not self.object_intact(out["digest"], int(out["size"]), stat_cache):
+                    bad.append(name)
+            except (KeyError, TypeError, ValueError):
+                bad.append(name)
+        return bad
+
+    def object_intact(self, digest: str, size: int, stat_cache: StatCache | None = None) -> bool:
+        path = self.object_path(digest)
+        try:
+            st = path.lstat()
+        except OSError:
+            return False
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            return False
+        if stat_cache is not None and stat_cache.get(str(path), st.st_size, st.st_mtime_ns, st.st_ino) == digest:
+            return True
+        try:
+            actual = hash_file_content(path)
+        except OSError:
+            return False
+        if actual != digest:
+            return False
+        if stat_cache is not None:
+            stat_cache.put(str(path), st.st_size, st.st_mtime_ns, st.st_ino, digest)
         return True
 
-    def read_ref(self, recipe: str, node: str) -> str | None:
-        try:
-            return self.ref_path(recipe, node).read_text(encoding="utf-8").strip() or None
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-
-    def write_ref(self, recipe: str, node: str, key: str) -> None:
-        atomic_write_text(self.ref_path(recipe, node), key + "\n")
-
     # ----- commit
-    def put_file(self, source: Path) -> tuple[str, int]:
+    def put_file(self, source: Path, stat_cache: StatCache | None = None) -> tuple[str, int]:
         """Move ``source`` into the object store (same filesystem rename); return (digest, size)."""
         digest = hash_file_content(source)
         size = source.stat().st_size
         target = self.object_path(digest)
-        if target.exists() and target.stat().st_size == size:
+        if self.object_intact(digest, size, stat_cache):
             source.unlink()
             return digest, size
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(source, "rb") as f:
             os.fsync(f.fileno())
         os.chmod(source, READ_ONLY)
-        os.replace(source, target)
+        os.replace(source, target)  # also replaces a damaged object of the same name
         fsync_dir(target.parent)
+        if stat_cache is not None:
+            st = target.stat()
+            stat_cache.put(str(target), st.st_size, st.st_mtime_ns, st.st_ino, digest)
         return digest, size
 
-    def commit(self, key: str, manifest: dict[str, Any], out_dir: Path,
-               outputs: Mapping[str, tuple[str, str]]) -> dict[str, Any]:
+    def commit(self, key: str, manifest: dict[str, Any], out_dir: Path, outputs: Mapping[str, tuple[str, str]],
+               stat_cache: StatCache | None = None) -> dict[str, Any]:
         """Store each produced output and then the manifest. ``outputs``: name -> (filename, kind)."""
         stored: dict[str, Any] = {}
         for name, (filename, kind) in outputs.items():
             path = out_dir / filename
             if not path.exists():
                 continue
-            digest, size = self.put_file(path)
+            digest, size = self.put_file(path, stat_cache)
             stored[name] = {"digest": digest, "size": size, "filename": filename, "kind": kind}
-        manifest = dict(manifest, key=key, outputs=stored, committed=time.time())
-        atomic_write_text(self.manifest_path(key), json.dumps(manifest, indent=1, sort_keys=True))
+        manifest = dict(manifest, format=FORMAT, key=key, outputs=stored, committed=time.time())
+        self.write_manifest(key, manifest)
         return manifest
+
+    def write_manifest(self, key: str, manifest: Mapping[str, Any]) -> None:
+        atomic_write_text(self.manifest_path(key), json.dumps(manifest, indent=1, sort_keys=True))
 
     # ----- user-facing copies
     def materialize(self, manifest: Mapping[str, Any], dest: Path) -> dict[str, Path]:
-        """Expose a node's outputs at readable paths (hard links to the read-only objects)."""
-        paths: dict[str, Path] = {}
+        """Copy a node's outputs to readable paths (copies, never aliases: editing them cannot change the store).
+
+        A copy that is still the one trtflow made (same size, mtime and inode as recorded in the folder's index)
+        is kept; anything else listed in the index is replaced or removed.
+        """
+        index = _read_index(dest)
+        known = index.get("files", {}) if index.get("key") == manifest.get("key") else {}
         dest.mkdir(parents=True, exist_ok=True)
+        paths: dict[str, Path] = {}
+        files: dict[str, dict[str, Any]] = {}
         for name, out in manifest.get("outputs", {}).items():
-            src = self.object_path(out["digest"])
             target = dest / out["filename"]
             paths[name] = target
-            try:
-                if target.exists() and os.path.samefile(src, target):
-                    continue
-            except OSError:
-                pass
-            tmp = dest / f".{out['filename']}.tmp-{os.getpid()}"
-            try:
-                os.link(src, tmp)
-            except OSError:
-                shutil.copyfile(src, tmp)
-            os.replace(tmp, target)
+            record = known.get(out["filename"])
+            if record is None or not _same_file(target, record):
+                _copy_atomically(self.object_path(out["digest"]), target)
+            st = target.stat()
+            files[out["filename"]] = {"digest": out["digest"], "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                                      "ino": st.st_ino}
+        for leftover in set(index.get("files", {})) - set(files):
+            (dest / leftover).unlink(missing_ok=True)
+        _write_index(dest, {"key": manifest.get("key"), "node": manifest.get("node"), "status": "current",
+                            "files": files})
         return paths
+
+    def retract(self, dest: Path, reason: str) -> list[str]:
+        """Remove the outputs trtflow put in ``dest`` (they no longer match the node) and say why in its index.
+
+        Returns the removed file names; files trtflow did not put there are left alone.
+        """
+        index = _read_index(dest)
+        removed = []
+        for filename in index.get("files", {}):
+            path = dest / filename
+            if path.exists():
+                path.unlink()
+                removed.append(filename)
+        if index:
+            _write_index(dest, {"key": None, "node": index.get("node"), "status": "stale", "reason": reason,
+                                "files": {}})
+        return removed
 
     # ----- maintenance
     def iter_manifests(self) -> Iterator[tuple[Path, dict[str, Any] | None]]:
@@ -181,12 +265,48 @@ class Store:
     def iter_objects(self) -> Iterator[Path]:
         if not self.objects.exists():
             return
-        yield from sorted(p for p in self.objects.glob("*/*") if p.is_file() and not p.name.startswith("."))
+        yield from sorted(p for p in self.objects.glob("*/*") if not p.name.startswith("."))
 
-    def iter_refs(self) -> Iterator[tuple[str, str, str]]:
-        base = self.root / "refs"
-        if not base.exists():
-            return
-        for recipe_dir in sorted(p for p in base.iterdir() if p.is_dir()):
-            for ref in sorted(p for p in recipe_dir.iterdir() if p.is_file() and not p.name.startswith(".")):
-                yield recipe_dir.name, ref.name, ref.read_text(encoding="utf-8").strip()
+
+def _read_index(dest: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((dest / INDEX).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) and isinstance(data.get("files", {}), dict) else {}
+
+
+def _write_index(dest: Path, data: dict[str, Any]) -> None:
+    atomic_write_text(dest / INDEX, json.dumps(data, indent=1))
+
+
+def _same_file(path: Path, record: Mapping[str, Any]) -> bool:
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return (st.st_size, st.st_mtime_ns, st.st_ino) == (record.get("size"), record.get("mtime_ns"), record.get("ino"))
+
+
+def _copy_atomically(source: Path, target: Path) -> None:
+    """Copy (a reflink where the filesystem offers one: copy_file_range) to a temp name, then rename."""
+    target.parent.mkdir(parents=True, exist_ok=True)  # an output's file name may hold folders (1/model.onnx)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _version() -> str:
+    from trtflow import __version__
+
+    return __version__
+
+
+def materialize_error(node: str, dest: Path, exc: OSError) -> TrtflowError:
+    return TrtflowError(f"node {node} is stored, but copying its outputs to {dest} failed: {exc.strerror or exc}",
+                        hint="free space where the outputs go (--output-dir), then run again: the node is not "
+                        "rebuilt, only copied")

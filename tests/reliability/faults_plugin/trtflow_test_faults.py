@@ -18,13 +18,14 @@ from pydantic import Field
 
 from trtflow.stage import FILE, Input, Output, Stage, StageContext, StageParams
 
-Mode = Literal["ok", "raise", "exit", "sys_exit_0", "segfault", "hang", "fill"]
+Mode = Literal["ok", "raise", "exit", "sys_exit_0", "segfault", "hang", "fill", "kill_parent_once"]
 
 
 class Params(StageParams):
     mode: Mode = Field(default="ok", description="How the stage behaves after writing half of its output.")
     size: int = Field(default=4096, ge=2, description="Bytes of the complete output.")
     text: str = Field(default="", description="Text mixed into the output (makes distinct node keys).")
+    marker: str = Field(default="", description="kill_parent_once: a file whose absence means 'first attempt'.")
 
 
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
@@ -42,6 +43,12 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
             sys.exit(0)
         if params.mode == "segfault":
             os.kill(os.getpid(), signal.SIGSEGV)
+        if params.mode == "kill_parent_once" and not os.path.exists(params.marker):
+            # stands for a worker machine or process that dies mid-node: the process that runs this stage's
+            # process (a Ray worker) is killed on the first attempt only
+            Path(params.marker).write_text("first attempt killed its worker")
+            os.kill(os.getppid(), signal.SIGKILL)
+            time.sleep(60)
         if params.mode == "hang":
             ctx.log.info("hanging on purpose")
             time.sleep(3600)

@@ -1,0 +1,207 @@
+"""Serving-style load through the benchmark stage: load curves, streams, dynamic batching, several GPUs.
+
+Runs the real `benchmark` stage (in this process, through `trtflow.testing.run_stage`) with the PyTorch backend
+and prints, side by side with what a user would measure instead (one stream timing fixed batches, as trtexec):
+
+1. ``closed``: closed-loop concurrency levels on 1 and 2 streams (model instances): throughput and p50/p99;
+2. ``curves``: closed-loop curves of single-sample requests without and with the dynamic batcher, and the
+   highest throughput whose p99 meets a latency budget on each;
+3. ``batching``: open-loop Poisson arrivals of single-sample requests, without and with the dynamic batcher; a
+   search for the highest arrival rate whose p99 meets a latency budget; the gain is the ratio of the two;
+4. ``scaling``: one replica process per GPU against one GPU at the same per-GPU concurrency (needs 2+ GPUs).
+
+    python bench/serving_load.py --device cuda --model resnet50 --out results
+    python bench/serving_load.py --device cpu --model tiny_cnn --quick      # try it on a CPU
+
+The tables go to stdout and every measurement to --out/serving_load.json; bench/serving_load.md holds the
+figures measured on an H100 and on two H200s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SHAPES = {"resnet50": [1, 3, 224, 224], "tiny_cnn": [1, 3, 32, 32]}
+
+
+def run_benchmark(params: dict[str, Any], name: str) -> dict[str, Any]:
+    from trtflow.testing import run_stage
+    from trtflow_stages import benchmark
+
+    started = time.perf_counter()
+    workdir = Path(tempfile.mkdtemp(prefix=f"serving-{name}-"))
+    result = run_stage(benchmark.stage, params, {}, workdir=workdir, recipe_dir=HERE)
+    metrics = json.loads(result.outputs["metrics"].read_text())
+    metrics["bench_wall_s"] = round(time.perf_counter() - started, 1)
+    return metrics
+
+
+def base_params(args: argparse.Namespace) -> dict[str, Any]:
+    return {"backend": "torch", "device": args.device, "torch_model": f"python:serving_models.py:{args.model}",
+            "shapes": {"input": SHAPES[args.model]}, "warmup_ms": 200, "min_duration_s": 0.5 if args.quick else 1.0,
+            "load_duration_s": args.duration, "load_warmup_s": 0.5}
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:8.2f}"
+
+
+def fixed_batch_line(metrics: dict[str, Any]) -> str:
+    point = metrics["points"][0]
+    latency = point["report"]["latency_ms"]
+    return (f"  trtexec-style, one stream, batch {point['batch_size']}: {point['report']['throughput_qps']:9.1f} "
+            f"samples/s, p50 {latency['p50']:.2f} ms, p99 {latency['p99']:.2f} ms")
+
+
+def closed(args: argparse.Namespace) -> dict[str, Any]:
+    levels = [1, 2, 4] if args.quick else [1, 2, 4, 8, 16]
+    metrics = run_benchmark({**base_params(args), "concurrency": levels, "streams": [1, 2]}, "closed")
+    print(f"\n== closed loop: {args.model} on {args.device}, requests of 1 sample, no dynamic batching")
+    print(fixed_batch_line(metrics))
+    print("  streams  concurrency  samples/s   p50 ms   p99 ms")
+    for point in metrics["load"]:
+        latency = point["latency_ms"]
+        print(f"  {point['streams']:7d}  {point['concurrency']:11d}  {point['throughput_qps']:9.1f}  "
+              f"{_ms(latency['p50'])} {_ms(latency['p99'])}")
+    return metrics
+
+
+def batching(args: argparse.Namespace) -> dict[str, Any]:
+    search = {"arrival_rate_qps": [args.start_rate], "latency_budget_ms": args.budget_ms,
+              "rate_search_probes": 4 if args.quick else args.probes}
+    runs = {}
+    for name, dynamic in (("no batching", None),
+                          ("dynamic batching", {"max_batch_size": args.max_batch, "max_queue_delay_ms": args.delay_ms,
+                                                "preferred_batch_sizes": [args.max_batch]})):
+        params = {**base_params(args), **search}
+        if dynamic:
+            params["dynamic_batching"] = dynamic
+        runs[name] = run_benchmark(params, name.replace(" ", "_"))
+    print(f"\n== open loop: {args.model} on {args.device}, Poisson arrivals of single samples, p99 budget "
+          f"{args.budget_ms:g} ms")
+    print(fixed_batch_line(runs["no batching"]))
+    print("  batcher            rate/s  samples/s   p50 ms   p99 ms  mean batch  late")
+    best: dict[str, float | None] = {}
+    for name, metrics in runs.items():
+        for point in sorted(metrics["open_loop"], key=lambda p: p["arrival_rate_qps"]):
+            latency = point["latency_ms"]
+            print(f"  {name:17s} {point['arrival_rate_qps']:7.0f}  {point['throughput_qps']:9.1f} "
+                  f"{_ms(latency['p50'])} {_ms(latency['p99'])}  {point['mean_batch_size']:10.2f}  "
+                  f"{point['late_requests']:4d}")
+        (top,) = metrics["max_rate_meeting_budget"]
+        best[name] = top["throughput_qps"]
+    plain, batched = best["no batching"], best["dynamic batching"]
+    print(f"  highest throughput with p99 <= {args.budget_ms:g} ms: no batching {plain or 0:.1f}, dynamic batching "
+          f"{batched or 0:.1f} samples/s" + (f" -> x{batched / plain:.2f}" if plain and batched else ""))
+    return {"runs": runs, "best_throughput_under_budget": best,
+            "gain": batched / plain if plain and batched else None}
+
+
+def curves(args: argparse.Namespace) -> dict[str, Any]:
+    """Closed-loop latency/throughput curves of single-sample requests, without and with the dynamic batcher:
+    at full load the GPU stays busy (and its clocks up), so these are steadier than sparse open-loop arrivals."""
+    levels = [1, 4, 16] if args.quick else [1, 2, 4, 8, 16, 32, 64]
+    runs = {}
+    for name, dynamic in (("no batching", None),
+                          ("dynamic batching", {"max_batch_size": args.max_batch, "max_queue_delay_ms": args.delay_ms,
+                                                "preferred_batch_sizes": [args.max_batch]})):
+        params = {**base_params(args), "concurrency": levels, "request_size": 1}
+        if dynamic:
+            params["dynamic_batching"] = dynamic
+        runs[name] = run_benchmark(params, "curve_" + name.replace(" ", "_"))
+    print(f"\n== closed-loop curves: {args.model} on {args.device}, single-sample requests")
+    print("  batcher           concurrency  samples/s   p50 ms   p99 ms  mean batch")
+    best: dict[str, float | None] = {}
+    for name, metrics in runs.items():
+        for point in metrics["load"]:
+            latency = point["latency_ms"]
+            print(f"  {name:17s} {point['concurrency']:11d}  {point['throughput_qps']:9.1f} {_ms(latency['p50'])} "
+                  f"{_ms(latency['p99'])}  {point['mean_batch_size']:10.2f}")
+        within = [p["throughput_qps"] for p in metrics["load"] if p["latency_ms"]["p99"] <= args.budget_ms]
+        best[name] = max(within) if within else None
+    plain, batched = best["no batching"], best["dynamic batching"]
+    print(f"  highest throughput with p99 <= {args.budget_ms:g} ms: no batching {plain or 0:.1f}, dynamic batching "
+          f"{batched or 0:.1f} samples/s" + (f" -> x{batched / plain:.2f}" if plain and batched else ""))
+    return {"runs": runs, "best_throughput_under_budget": best,
+            "gain": batched / plain if plain and batched else None}
+
+
+def scaling(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    import torch
+
+    count = torch.cuda.device_count() if args.device == "cuda" else 0
+    if count < 2:
+        print("\n== scaling: skipped (fewer than 2 GPUs visible)")
+        return None
+    levels = [1, 4] if args.quick else [1, 4, 16]
+    runs = []
+    for index in range(args.scaling_runs):
+        metrics = run_benchmark({**base_params(args), "concurrency": levels, "gpus": "all"}, f"scaling{index}")
+        runs.append(metrics)
+        print(f"\n== scaling, run {index + 1}/{args.scaling_runs}: {args.model}, one replica process per GPU, "
+              "closed loop per GPU")
+        print(f"  concurrency/GPU  1 GPU samples/s  {count} GPUs samples/s  efficiency  per GPU samples/s   "
+              "service p50 ms (1 GPU / all)")
+        service = {(p["gpus"], p.get("concurrency_per_gpu", p["concurrency"])): p["service_ms"]["p50"]
+                   for p in metrics["load"]}
+        per_gpu = {p["concurrency_per_gpu"]: p.get("throughput_qps_per_gpu") for p in metrics["load"]
+                   if p["gpus"] == count}
+        for row in metrics["scaling"]:
+            level = row["concurrency_per_gpu"]
+            shares = ", ".join(f"{q:.1f}" for q in per_gpu.get(level) or [])
+            print(f"  {level:15d}  {row['throughput_qps_1gpu']:15.1f}  {row['throughput_qps']:16.1f}  "
+                  f"{row['scaling_efficiency']:10.1%}  {shares:>17s}   {service[(1, level)]:.2f} / "
+                  f"{service[(count, level)]:.2f}")
+    return runs
+
+
+SECTIONS = {"closed": closed, "curves": curves, "batching": batching, "scaling": scaling}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--model", choices=sorted(SHAPES), default="resnet50")
+    parser.add_argument("--sections", nargs="+", choices=sorted(SECTIONS), default=list(SECTIONS))
+    parser.add_argument("--duration", type=float, default=2.0, help="measured seconds per load level")
+    parser.add_argument("--budget-ms", type=float, default=20.0, help="p99 latency budget")
+    parser.add_argument("--start-rate", type=float, default=50.0, help="first arrival rate of the search")
+    parser.add_argument("--probes", type=int, default=8, help="search probes after the first rate")
+    parser.add_argument("--max-batch", type=int, default=32, help="dynamic batching max_batch_size")
+    parser.add_argument("--delay-ms", type=float, default=2.0, help="dynamic batching max_queue_delay_ms")
+    parser.add_argument("--scaling-runs", type=int, default=1, help="repeat the scaling section")
+    parser.add_argument("--quick", action="store_true", help="fewer levels and probes (a trial run)")
+    parser.add_argument("--out", type=Path, default=Path("serving-results"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
+    try:
+        import torch
+
+        results["torch"] = torch.__version__
+        if args.device == "cuda":
+            results["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            print(f"torch {torch.__version__}, GPUs: {results['gpus']}")
+    except ImportError:
+        pass
+    failed = []
+    for section in args.sections:
+        try:
+            results[section] = SECTIONS[section](args)
+        except Exception:  # report it and go on with the other sections
+            traceback.print_exc()
+            failed.append(section)
+        (args.out / "serving_load.json").write_text(json.dumps(results, indent=1, default=str))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

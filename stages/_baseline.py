@@ -1,0 +1,232 @@
+"""Pinned baselines: a recipe's measurements saved to a file that is committed, and gates that compare with it.
+
+Comparing with the previous run only lets a slow drift under the threshold pass run after run; a pinned baseline
+does not move until someone saves a new one. ``trtflow baseline save RECIPE`` writes, per benchmark and validate
+node, the latency and throughput of each measured point (medians over the node's repeats), the accuracy figures,
+and the facts of the machine that measured them (GPU, CPU, driver, TensorRT / ONNX Runtime / PyTorch versions).
+
+A comparison is refused, with the reason, when the hardware or the runtime differs: timings from another GPU or
+another TensorRT version say nothing about a regression (save a new baseline on the new machine instead).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from trtflow.stage import RecipeError
+
+FORMAT = "trtflow-baseline/1"
+#: Facts that must match for timings to be comparable: the hardware that did the work and the runtime.
+TIMING_FACTS_GPU = ("gpu", "tensorrt", "tensorrt_rtx")
+TIMING_FACTS_CPU = ("cpu",)
+RUNTIME_FACT = {"onnxruntime": "onnxruntime", "torch": "torch"}
+#: Facts that must match for accuracy figures to be comparable (an engine's numerics follow GPU and TensorRT).
+ACCURACY_FACTS = ("gpu", "tensorrt", "tensorrt_rtx")
+
+
+# -- what a baseline holds ------------------------------------------------------------------------------------
+def benchmark_entry(summary: Mapping[str, Any], facts: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "stage": "benchmark",
+        "backend": summary.get("backend"),
+        "device": summary.get("device"),
+        "repeats": summary.get("repeats", 1),
+        "facts": dict(facts),
+        "points": [
+            {"batch_size": p.get("batch_size"), "streams": p.get("streams", 1),
+             "latency_ms": p.get("latency_ms") or {"p50": p.get("median_ms"), "p99": p.get("p99_ms")},
+             "throughput_qps": p.get("throughput_qps")}
+            for p in summary.get("points", []) if isinstance(p, Mapping)
+        ],
+        "load": [dict(p) for p in summary.get("load", []) if isinstance(p, Mapping)],
+    }
+
+
+def validate_entry(summary: Mapping[str, Any], facts: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "stage": "validate",
+        "facts": dict(facts),
+        "passed": summary.get("passed"),
+        "outputs": {name: dict(values) for name, values in (summary.get("outputs") or {}).items()},
+        "task_metrics": dict(summary.get("task_metrics") or {}),
+    }
+
+
+ENTRY_MAKERS = {"benchmark": benchmark_entry, "validate": validate_entry}
+
+
+def make_baseline(recipe: str, results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """A baseline document from `trtflow.api.latest_results` (per node: stage, summary, facts)."""
+    nodes = {}
+    for name, result in sorted(results.items()):
+        maker = ENTRY_MAKERS.get(str(result.get("stage")))
+        if maker is not None and result.get("summary"):
+            nodes[name] = maker(result["summary"], result.get("facts") or {})
+    return {"format": FORMAT, "recipe": recipe, "saved": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "nodes": nodes}
+
+
+def read_baseline(path: Path) -> dict[str, Any]:
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RecipeError(f"baseline file {path} does not exist", field="baseline",
+                          hint="save one with `trtflow baseline save RECIPE -o FILE` and commit it") from None
+    except (OSError, ValueError) as error:
+        raise RecipeError(f"cannot read baseline file {path}: {error}", field="baseline") from error
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise RecipeError(f"{path} is not a trtflow baseline (format {document.get('format')!r} where "
+                          f"{FORMAT!r} was expected)" if isinstance(document, dict) else
+                          f"{path} is not a trtflow baseline", field="baseline",
+                          hint="save one with `trtflow baseline save RECIPE -o FILE`")
+    return document
+
+
+def baseline_node(document: Mapping[str, Any], stage: str, node: str | None, path: Path) -> dict[str, Any]:
+    """The entry of ``node`` (or the only ``stage`` node when ``node`` is None) in a baseline document."""
+    nodes = document.get("nodes") or {}
+    if node is not None:
+        entry = nodes.get(node)
+        if entry is None:
+            raise RecipeError(f"baseline {path} has no node {node!r}; it has {sorted(nodes) or 'none'}",
+                              field="baseline_node", hint="save the baseline again after running that node")
+        return entry
+    candidates = [name for name, entry in nodes.items() if entry.get("stage") == stage]
+    if len(candidates) != 1:
+        raise RecipeError(f"baseline {path} has {len(candidates)} {stage} nodes ({', '.join(candidates) or 'none'}): "
+                          "name the one to compare with", field="baseline_node",
+                          hint="set baseline_node: <node name in the baseline file>")
+    return nodes[candidates[0]]
+
+
+# -- comparability --------------------------------------------------------------------------------------------
+def timing_facts(backend: str | None, device: str | None) -> tuple[str, ...]:
+    hardware = TIMING_FACTS_CPU if device == "cpu" else TIMING_FACTS_GPU
+    runtime = RUNTIME_FACT.get(str(backend))
+    return hardware + ((runtime,) if runtime else ())
+
+
+def differences(recorded: Mapping[str, str], current: Mapping[str, str], keys: tuple[str, ...]) -> list[str]:
+    """``"gpu: A -> B"`` for each fact in ``keys`` that either side records and the two disagree on."""
+    found = []
+    for key in keys:
+        old, new = recorded.get(key), current.get(key)
+        if (old is not None or new is not None) and old != new:
+            found.append(f"{key}: {old or 'unset'} -> {new or 'unset'}")
+    return found
+
+
+def _refusal(what: str, path: Path, changed: list[str]) -> str:
+    return (f"not compared with baseline {path}: the {what} was recorded on another setup ({'; '.join(changed)}); "
+            "timings and numerics from other hardware or another runtime version say nothing about a regression. "
+            "Save a new baseline on this machine (`trtflow baseline save RECIPE`) and commit it")
+
+
+# -- comparisons ----------------------------------------------------------------------------------------------
+def _point_key(point: Mapping[str, Any]) -> tuple[Any, Any]:
+    return point.get("batch_size"), point.get("streams", 1)
+
+
+def _median_ms(point: Mapping[str, Any]) -> float | None:
+    latency = point.get("latency_ms") or {}
+    value = latency.get("p50", latency.get("median", point.get("median_ms")))
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def compare_timings(baseline: Mapping[str, Any], summary: Mapping[str, Any], facts: Mapping[str, str],
+                    max_regression_percent: float, path: Path) -> list[str]:
+    """Failures of a benchmark summary against its baseline entry: per measured point, median latency more than
+    ``max_regression_percent`` above the baseline's, or throughput more than that below it."""
+    changed = differences(baseline.get("facts") or {}, facts,
+                          timing_facts(summary.get("backend"), summary.get("device")))
+    if changed:
+        return [_refusal("benchmark", path, changed)]
+    recorded = {_point_key(p): p for p in baseline.get("points", [])}
+    failures = []
+    for point in summary.get("points", []):
+        where = f"batch {point.get('batch_size')}" + (f", {point['streams']} streams"
+                                                      if point.get("streams", 1) != 1 else "")
+        old = recorded.get(_point_key(point))
+        if old is None:
+            failures.append(f"{where}: baseline {path} has no such point (it has "
+                            f"{sorted(str(k) for k in recorded) or 'none'}); save the baseline again")
+            continue
+        new_ms, old_ms = _median_ms(point), _median_ms(old)
+        if new_ms is not None and old_ms:
+            change = (new_ms / old_ms - 1.0) * 100.0
+            if change > max_regression_percent:
+                failures.append(f"{where}: median latency {new_ms:.4g} ms is {change:.1f}% above the baseline's "
+                                f"{old_ms:.4g} ms (max_regression_percent {max_regression_percent:g})")
+        new_qps, old_qps = point.get("throughput_qps"), old.get("throughput_qps")
+        if isinstance(new_qps, (int, float)) and isinstance(old_qps, (int, float)) and old_qps > 0:
+            drop = (1.0 - new_qps / old_qps) * 100.0
+            if drop > max_regression_percent:
+                failures.append(f"{where}: throughput {new_qps:.4g} qps is {drop:.1f}% below the baseline's "
+                                f"{old_qps:.4g} qps (max_regression_percent {max_regression_percent:g})")
+    return failures
+
+
+def compare_accuracy(baseline: Mapping[str, Any], summary: Mapping[str, Any], facts: Mapping[str, str],
+                     path: Path, max_cosine_drop: float = 1e-3, max_error_increase_percent: float = 10.0,
+                     max_task_metric_drop: float = 0.01) -> list[str]:
+    """Failures of a validate summary against its baseline entry: per output, cosine similarity more than
+    ``max_cosine_drop`` below the baseline's or max/mean absolute error more than ``max_error_increase_percent``
+    above it; per task metric, more than ``max_task_metric_drop`` below it."""
+    changed = differences(baseline.get("facts") or {}, facts, ACCURACY_FACTS)
+    if changed:
+        return [_refusal("accuracy", path, changed)]
+    failures = []
+    recorded = baseline.get("outputs") or {}
+    for name, now in (summary.get("outputs") or {}).items():
+        old = recorded.get(name)
+        if old is None:
+            failures.append(f"{name}: baseline {path} has no such output; save the baseline again")
+            continue
+        new_cos, old_cos = now.get("cosine_similarity"), old.get("cosine_similarity")
+        if isinstance(new_cos, (int, float)) and isinstance(old_cos, (int, float)) and \
+                old_cos - new_cos > max_cosine_drop:
+            failures.append(f"{name}: cosine similarity {new_cos:.6g} is {old_cos - new_cos:.3g} below the "
+                            f"baseline's {old_cos:.6g} (max_cosine_drop {max_cosine_drop:g})")
+        for key in ("max_abs_error", "mean_abs_error"):
+            new, base = now.get(key), old.get(key)
+            if isinstance(new, (int, float)) and isinstance(base, (int, float)) and base > 0:
+                change = (new / base - 1.0) * 100.0
+                if change > max_error_increase_percent:
+                    failures.append(f"{name}: {key} {new:.4g} is {change:.1f}% above the baseline's {base:.4g} "
+                                    f"(max_error_increase_percent {max_error_increase_percent:g})")
+    old_metrics = baseline.get("task_metrics") or {}
+    for metric, value in (summary.get("task_metrics") or {}).items():
+        base = old_metrics.get(metric)
+        if isinstance(value, (int, float)) and isinstance(base, (int, float)) and base - value > max_task_metric_drop:
+            failures.append(f"task metric {metric}: {value:.4g} is {base - value:.3g} below the baseline's "
+                            f"{base:.4g} (max_task_metric_drop {max_task_metric_drop:g})")
+    return failures
+
+
+# -- gates ----------------------------------------------------------------------------------------------------
+def _entry(baseline: str, node: str | None, stage: str, gate_ctx: Any) -> tuple[dict[str, Any], Path]:
+    path = gate_ctx.resolve(baseline) if gate_ctx.resolve is not None else Path(baseline)
+    node = node or gate_ctx.node or None
+    return baseline_node(read_baseline(path), stage, node, path), path
+
+
+def timing_gate(baseline: str, node: str | None, summary: Mapping[str, Any], gate_ctx: Any,
+                max_regression_percent: float) -> list[str]:
+    """The benchmark's baseline gate: ``baseline`` is the recipe path of the file, ``node`` the entry's name
+    (None: the node's own name where the engine says it, else the file's only benchmark node)."""
+    entry, path = _entry(baseline, node, "benchmark", gate_ctx)
+    return compare_timings(entry, summary, gate_ctx.facts, max_regression_percent, path)
+
+
+def accuracy_gate(baseline: str | None, node: str | None, summary: Mapping[str, Any], gate_ctx: Any,
+                  **tolerances: float) -> list[str]:
+    """The validate stage's baseline gate (its one-line hook): no baseline, no failures; ``tolerances`` are
+    `compare_accuracy`'s keyword arguments."""
+    if baseline is None:
+        return []
+    entry, path = _entry(baseline, node, "validate", gate_ctx)
+    return compare_accuracy(entry, summary, gate_ctx.facts, path, **tolerances)

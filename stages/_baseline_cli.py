@@ -1,0 +1,81 @@
+"""``trtflow baseline``: pin a recipe's latest measurements in a file to commit (a ``trtflow.commands`` plugin).
+
+    trtflow baseline save RECIPE [-o FILE]    write the baseline (default: baselines/<recipe name>.json beside
+                                              the recipe)
+    trtflow baseline show FILE                print what a baseline holds
+
+Benchmark nodes then compare with it through ``baseline: FILE`` (and ``max_regression_percent``); a validate node
+through its baseline hook (`_baseline.accuracy_gate`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from trtflow.errors import TrtflowError
+
+from ._baseline import make_baseline, read_baseline
+
+app = typer.Typer(name="baseline", help="Pin measurements (latency, throughput, accuracy) in a file to commit; "
+                  "gates compare with it.", no_args_is_help=True, add_completion=False)
+
+
+def _describe(name: str, entry: dict[str, Any]) -> list[str]:
+    facts = entry.get("facts") or {}
+    setup = ", ".join(f"{key} {facts[key]}" for key in ("gpu", "tensorrt", "tensorrt_rtx", "onnxruntime", "torch",
+                                                          "cpu") if facts.get(key) not in (None, "none", "unset"))
+    lines = [f"{name} ({entry.get('stage')}; {setup or 'no facts recorded'})"]
+    for point in entry.get("points", []):
+        latency = point.get("latency_ms") or {}
+        lines.append(f"  batch {point.get('batch_size')}, {point.get('streams', 1)} stream(s): p50 "
+                     f"{latency.get('p50', float('nan')):.4g} ms, p99 {latency.get('p99', float('nan')):.4g} ms, "
+                     f"{point.get('throughput_qps', float('nan')):.4g} samples/s")
+    for output, values in (entry.get("outputs") or {}).items():
+        lines.append(f"  {output}: cosine {values.get('cosine_similarity')}, max abs error "
+                     f"{values.get('max_abs_error')}")
+    return lines
+
+
+@app.command("save")
+def save(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file whose latest results to pin.", show_default=False)],
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Baseline file to write [default: "
+                                                "baselines/<recipe name>.json beside the recipe].")] = None,
+    store: Annotated[str | None, typer.Option("--store", help="Store directory [env TRTFLOW_STORE; default "
+                                              ".trtflow]")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a recipe value, as for `run`.")] = None,
+) -> None:
+    """Write the latest benchmark and validate results of RECIPE to a baseline file (reads the store only)."""
+    from trtflow.api import latest_results
+    from trtflow.recipe.load import load_recipe
+
+    loaded = load_recipe(recipe)
+    results = latest_results(recipe, set_ or (), store)
+    document = make_baseline(loaded.recipe.name, results)
+    if not document["nodes"]:
+        raise TrtflowError(f"no benchmark or validate results of {recipe} in the store",
+                           hint=f"run `trtflow run {recipe}` first, then save the baseline")
+    target = output or Path(recipe).parent / "baselines" / f"{loaded.recipe.name}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    for name, entry in document["nodes"].items():
+        typer.echo("\n".join(_describe(name, entry)))
+    try:
+        shown = target.resolve().relative_to(Path(recipe).resolve().parent)
+    except ValueError:
+        shown = target.resolve()
+    typer.echo(f"wrote {target}: commit it, and point gates at it (benchmark params: `baseline: {shown}`, "
+               "`max_regression_percent: 10`)")
+
+
+@app.command("show")
+def show(file: Annotated[Path, typer.Argument(help="A baseline file.", show_default=False)]) -> None:
+    """Print the nodes, machine facts and figures a baseline holds."""
+    document = read_baseline(file)
+    typer.echo(f"baseline of recipe {document.get('recipe')}, saved {document.get('saved')}")
+    for name, entry in (document.get("nodes") or {}).items():
+        typer.echo("\n".join(_describe(name, entry)))

@@ -1,0 +1,467 @@
+"""Serving-style load on a model: closed-loop clients, open-loop Poisson arrivals and a dynamic batcher.
+
+A `Server` holds a request queue and one worker thread per model instance (a TensorRT execution context on its
+own CUDA stream, an ONNX Runtime session, a PyTorch module on its own stream). Each free worker takes the next
+batch from the queue: one request as it came or, with dynamic batching, several requests merged into one batch
+of at most ``max_batch_size`` samples, following Triton's dynamic batcher: a batch leaves at once when it is full
+or reaches the largest preferred size; otherwise it waits until the oldest request has been queued for
+``max_queue_delay_ms`` and then leaves with the largest preferred size that can be formed, or with all there is.
+
+Latency is measured from the moment a request was meant to be sent (its *arrival*), so time spent in the queue,
+and behind a load generator that fell behind, counts. Closed loop: N clients, each sends its next request when
+its previous one completes (N in flight). Open loop: arrivals follow a Poisson process at a fixed rate,
+independent of completions, as real traffic does.
+
+Pure Python (threads and `time.monotonic_ns`, a system-wide clock, so request records from several processes on
+one host share a time base); the model work runs in the callables given to the server.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from trtflow.stage import StageParams
+
+from ._stats import summarize
+
+#: Runs one batch of the given number of samples and returns when its results are ready.
+RunBatch = Callable[[int], None]
+
+#: A generator is "behind" when it sends a request more than this after its intended time.
+DELAYED_SEND_NS = 1_000_000
+#: Python's thread switch interval under load (default 5 ms): clients, batcher and instances share one interpreter,
+#: and a thread waiting 5 ms for the interpreter lock would add that to the latencies measured.
+SWITCH_INTERVAL_S = 2e-4
+
+
+@contextmanager
+def steady_interpreter(interval_s: float = SWITCH_INTERVAL_S) -> Iterator[dict[str, Any]]:
+    """Keep the Python interpreter from adding its own pauses to what is measured: a short thread switch
+    interval, and no garbage collection while timing (what exists is collected and frozen first; a full
+    collection in a process holding a large model takes tens of milliseconds). Yields what it set."""
+    before, was_enabled = sys.getswitchinterval(), gc.isenabled()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    sys.setswitchinterval(interval_s)
+    try:
+        yield {"switch_interval_s": interval_s, "gc": "frozen and off while timing"}
+    finally:
+        sys.setswitchinterval(before)
+        gc.unfreeze()
+        if was_enabled:
+            gc.enable()
+
+
+class DynamicBatching(StageParams):
+    """Dynamic batching: requests that wait together are run as one batch (Triton's dynamic_batching)."""
+
+    max_batch_size: int = Field(..., ge=1, description="Most samples in one batch; within the optimization "
+                                "profile's maximum batch for an engine.")
+    max_queue_delay_ms: float = Field(0.0, ge=0, description="How long the oldest queued request may wait for "
+                                      "others to join its batch.")
+    preferred_batch_sizes: list[int] = Field(
+        default_factory=list, description="Batch sizes to send as soon as they can be formed (e.g. the sizes an "
+        "engine is fastest at); empty: only max_batch_size.")
+
+    @field_validator("preferred_batch_sizes")
+    @classmethod
+    def _sorted_positive(cls, sizes: list[int]) -> list[int]:
+        if any(size < 1 for size in sizes):
+            raise ValueError(f"preferred batch sizes must be >= 1, got {sizes}")
+        return sorted(set(sizes))
+
+    @model_validator(mode="after")
+    def _within_max(self) -> DynamicBatching:
+        too_big = [size for size in self.preferred_batch_sizes if size > self.max_batch_size]
+        if too_big:
+            raise ValueError(f"preferred_batch_sizes {too_big} exceed max_batch_size {self.max_batch_size}")
+        return self
+
+
+@dataclass(slots=True)
+class Request:
+    """One inference request and the times it passed each step (``time.monotonic_ns``; 0: not reached)."""
+
+    arrival_ns: int  # when it was meant to be sent: latency counts from here
+    samples: int = 1
+    sent_ns: int = 0  # when the generator submitted it (later than arrival when the generator fell behind)
+    dispatch_ns: int = 0  # when a worker started the batch holding it
+    done_ns: int = 0
+    batch_id: int = -1
+    batch_samples: int = 0
+    client: int = -1  # the closed-loop client that sent it
+    done: threading.Event | None = None
+
+
+@dataclass
+class _Policy:
+    max_batch: int
+    delay_ns: int
+    preferred: tuple[int, ...]
+
+
+class Server:
+    """A request queue served by one worker thread per model instance; use it as a context manager.
+
+    ``batching`` None: every request runs alone, as it came. A worker that raises stops the server: waiting
+    clients are released and `check` re-raises the error in the caller's thread.
+    """
+
+    def __init__(self, instances: Sequence[RunBatch], batching: DynamicBatching | None = None) -> None:
+        if not instances:
+            raise ValueError("a server needs at least one model instance")
+        self._instances = list(instances)
+        self._policy = None if batching is None else _Policy(
+            batching.max_batch_size, int(batching.max_queue_delay_ms * 1e6),
+            tuple(batching.preferred_batch_sizes))
+        self._queue: deque[Request] = deque()
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._idle = threading.Condition(self._lock)
+        self._threads: list[threading.Thread] = []
+        self._closing = False
+        self._submitted = self._completed = 0
+        self._batches = 0
+        self.error: BaseException | None = None
+
+    @property
+    def max_request_samples(self) -> int | None:
+        return self._policy.max_batch if self._policy else None
+
+    def __enter__(self) -> Server:
+        for index, run in enumerate(self._instances):
+            thread = threading.Thread(target=self._serve, args=(run,), name=f"instance-{index}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._closing = True
+            for request in self._queue:  # never run: release anyone waiting on them
+                if request.done is not None:
+                    request.done.set()
+            self._queue.clear()
+            self._work.notify_all()
+        for thread in self._threads:
+            thread.join()
+
+    def submit(self, request: Request) -> None:
+        if self._policy is not None and request.samples > self._policy.max_batch:
+            raise ValueError(f"a request of {request.samples} samples exceeds max_batch_size "
+                             f"{self._policy.max_batch}")
+        request.sent_ns = request.sent_ns or time.monotonic_ns()
+        with self._lock:
+            if self._closing or self.error is not None:
+                if request.done is not None:
+                    request.done.set()
+                return
+            self._queue.append(request)
+            self._submitted += 1
+            self._work.notify()
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every submitted request has completed; False when ``timeout_s`` passed first."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._completed < self._submitted and self.error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    # -- workers -------------------------------------------------------------------------------------------
+    def _serve(self, run: RunBatch) -> None:
+        while True:
+            with self._lock:
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                self._batches += 1
+                batch_id = self._batches
+            samples = sum(r.samples for r in batch)
+            start = time.monotonic_ns()
+            try:
+                run(samples)
+            except BaseException as error:  # handed to the caller by check()
+                with self._lock:
+                    self.error = self.error or error
+                    self._closing = True
+                    for request in (*batch, *self._queue):
+                        if request.done is not None:
+                            request.done.set()
+                    self._queue.clear()
+                    self._work.notify_all()
+                    self._idle.notify_all()
+                return
+            end = time.monotonic_ns()
+            for request in batch:
+                request.dispatch_ns, request.done_ns = start, end
+                request.batch_id, request.batch_samples = batch_id, samples
+                if request.done is not None:
+                    request.done.set()
+            with self._lock:
+                self._completed += len(batch)
+                if self._completed >= self._submitted:
+                    self._idle.notify_all()
+
+    def _next_batch(self) -> list[Request] | None:
+        """The next batch to run (called holding the lock; waits as the batching policy says)."""
+        while True:
+            if self._closing:
+                return None
+            if self._queue:
+                if self._policy is None:
+                    return [self._queue.popleft()]
+                count, wait_ns = self._batch_count(self._policy, time.monotonic_ns())
+                if count:
+                    return [self._queue.popleft() for _ in range(count)]
+                self._work.wait(wait_ns / 1e9)
+            else:
+                self._work.wait()
+
+    def _batch_count(self, policy: _Policy, now: int) -> tuple[int, int]:
+        """(requests to take now, 0) or (0, nanoseconds to wait for more)."""
+        sizes = []  # cumulative samples of the first k+1 requests that fit in one batch
+        total = 0
+        for request in self._queue:
+            if total + request.samples > policy.max_batch:
+                break
+            total += request.samples
+            sizes.append(total)
+        more_waiting = len(sizes) < len(self._queue)
+        if more_waiting or total == policy.max_batch:
+            return len(sizes), 0
+        if policy.preferred and total >= policy.preferred[-1]:
+            return _largest_prefix(sizes, policy.preferred[-1]), 0
+        waited = now - self._queue[0].sent_ns
+        if waited < policy.delay_ns:
+            return 0, policy.delay_ns - waited
+        formed = [k for k, size in enumerate(sizes, 1) if size in policy.preferred]
+        return (formed[-1] if formed else len(sizes)), 0
+
+
+def _largest_prefix(sizes: Sequence[int], limit: int) -> int:
+    return sum(1 for size in sizes if size <= limit)
+
+
+def warm_up(instances: Sequence[RunBatch], batch_sizes: Iterable[int], times: int = 3) -> None:
+    """Run every instance at every batch size a few times, so that lazy initialisation (kernels, handles,
+    shape-specific setup) happens before anything is measured."""
+    sizes = sorted(set(batch_sizes))
+    for run in instances:
+        for size in sizes:
+            for _ in range(times):
+                run(size)
+
+
+# -- load generators ---------------------------------------------------------------------------------------
+@dataclass
+class LoadRun:
+    """The request records of one load level and its measurement window (requests arriving in it count)."""
+
+    requests: list[Request]
+    window_start_ns: int
+    window_end_ns: int
+    cutoff_ns: int  # when the run stopped waiting: unfinished requests count as finishing here
+    offered_rate_qps: float | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def closed_loop(server: Server, concurrency: int, request_samples: int, warmup_s: float,
+                duration_s: float) -> LoadRun:
+    """``concurrency`` clients, each sending its next request when its previous one completes."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    start = time.monotonic_ns()
+    window_start = start + int(warmup_s * 1e9)
+    window_end = window_start + int(duration_s * 1e9)
+    records: list[Request] = []
+
+    def client(index: int) -> None:
+        done = threading.Event()
+        while server.error is None:
+            now = time.monotonic_ns()
+            if now >= window_end:
+                return
+            request = Request(arrival_ns=now, samples=request_samples, sent_ns=now, client=index, done=done)
+            server.submit(request)
+            done.wait()
+            done.clear()
+            records.append(request)  # list.append is atomic
+
+    clients = [threading.Thread(target=client, args=(i,), name=f"client-{i}", daemon=True)
+               for i in range(concurrency)]
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join()
+    server.check()
+    return LoadRun(records, window_start, window_end, time.monotonic_ns(),
+                   settings={"concurrency": concurrency, "request_samples": request_samples})
+
+
+def poisson_arrivals(rate_qps: float, start_ns: int, end_ns: int, seed: int) -> list[int]:
+    """Arrival times of a Poisson process of ``rate_qps`` between ``start_ns`` and ``end_ns``."""
+    if rate_qps <= 0:
+        raise ValueError(f"arrival rate must be > 0, got {rate_qps}")
+    rng = random.Random(seed)
+    arrivals, t = [], float(start_ns)
+    while True:
+        t += rng.expovariate(rate_qps) * 1e9
+        if t >= end_ns:
+            return arrivals
+        arrivals.append(int(t))
+
+
+def open_loop(server: Server, rate_qps: float, request_samples: int, warmup_s: float, duration_s: float,
+              seed: int = 0, drain_timeout_s: float | None = None) -> LoadRun:
+    """Requests arriving as a Poisson process of ``rate_qps``, whatever the server's pace.
+
+    The generator sleeps until each arrival and submits it; latency counts from the arrival even when the
+    generator was late. After the window it waits up to ``drain_timeout_s`` (default: the window's length,
+    at least 1 s) for the requests in flight; unfinished ones count as finishing at that cutoff.
+    """
+    start = time.monotonic_ns() + 1_000_000
+    window_start = start + int(warmup_s * 1e9)
+    window_end = window_start + int(duration_s * 1e9)
+    records = [Request(arrival_ns=t, samples=request_samples)
+               for t in poisson_arrivals(rate_qps, start, window_end, seed)]
+    for request in records:
+        wait = request.arrival_ns - time.monotonic_ns()
+        if wait > 0:
+            time.sleep(wait / 1e9)
+        if server.error is not None:
+            break
+        request.sent_ns = time.monotonic_ns()
+        server.submit(request)
+    server.drain(drain_timeout_s if drain_timeout_s is not None else max(duration_s, 1.0))
+    server.check()
+    return LoadRun(records, window_start, window_end, time.monotonic_ns(), offered_rate_qps=rate_qps,
+                   settings={"arrival_rate_qps": rate_qps, "request_samples": request_samples, "seed": seed})
+
+
+@dataclass(frozen=True)
+class Level:
+    """One load level: ``value`` clients in flight (closed loop) or arrivals per second (open loop)."""
+
+    mode: Literal["closed", "open"]
+    value: float
+    request_samples: int
+    warmup_s: float
+    duration_s: float
+    seed: int = 0
+
+
+def run_level(server: Server, level: Level) -> LoadRun:
+    gc.collect()  # garbage of the previous level, collected before this one's clock starts
+    if level.mode == "closed":
+        return closed_loop(server, int(level.value), level.request_samples, level.warmup_s, level.duration_s)
+    return open_loop(server, level.value, level.request_samples, level.warmup_s, level.duration_s, level.seed)
+
+
+# -- summaries ---------------------------------------------------------------------------------------------
+LATENCY_KEYS = ("p50", "p90", "p95", "p99", "mean", "max")
+
+
+def _ms(values_ns: Iterable[int], keys: Sequence[str] = LATENCY_KEYS) -> dict[str, float]:
+    summary = summarize([v / 1e6 for v in values_ns])
+    return {key: summary[key] for key in keys}
+
+
+def summarize_run(run: LoadRun, latency_budget_ms: float | None = None) -> dict[str, Any]:
+    """Throughput, latency (arrival to completion, queueing included), queue time, batch sizes, lateness.
+
+    Throughput counts the samples that *completed* inside the window, over the window's length; latencies are
+    those of the requests that *arrived* inside it.
+    """
+    start, end = run.window_start_ns, run.window_end_ns
+    measured = [r for r in run.requests if start <= r.arrival_ns < end and r.sent_ns]
+    if not measured:
+        raise ValueError("no request arrived in the measurement window: run longer or at a higher rate")
+    seconds = (end - start) / 1e9
+    completed = sum(r.samples for r in run.requests if start <= r.done_ns < end)
+    completed_requests = sum(1 for r in run.requests if start <= r.done_ns < end)
+    unfinished = [r for r in measured if not r.done_ns]
+    latencies = [(r.done_ns or run.cutoff_ns) - r.arrival_ns for r in measured]
+    queueing = [(r.dispatch_ns or run.cutoff_ns) - r.arrival_ns for r in measured]
+    service = [r.done_ns - r.dispatch_ns for r in measured if r.done_ns]  # a long one is a stall, not queueing
+    batches = {r.batch_id: r.batch_samples for r in measured if r.done_ns}
+    result: dict[str, Any] = dict(run.settings)
+    result.update({
+        "requests": len(measured),
+        "throughput_qps": completed / seconds,
+        "requests_per_s": completed_requests / seconds,
+        "latency_ms": _ms(latencies),
+        "queue_ms": _ms(queueing, ("p50", "p99", "mean")),
+        "service_ms": _ms(service, ("p50", "p99", "max")) if service else None,
+        "mean_batch_size": sum(batches.values()) / len(batches) if batches else 0.0,
+        "delayed_sends": sum(1 for r in measured if r.sent_ns - r.arrival_ns > DELAYED_SEND_NS),
+        "unfinished": len(unfinished),
+    })
+    if latency_budget_ms is not None:
+        budget_ns = latency_budget_ms * 1e6
+        result["late_requests"] = sum(1 for latency in latencies if latency > budget_ns)
+        result["meets_budget"] = result["latency_ms"]["p99"] <= latency_budget_ms and not unfinished
+    if run.offered_rate_qps is not None:  # open loop: did completions keep up with what actually arrived?
+        arrived = sum(r.samples for r in measured) / seconds
+        result["saturated"] = bool(unfinished) or result["throughput_qps"] < 0.9 * arrived
+    return result
+
+
+def highest_rate_meeting_budget(points: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The open-loop point of the highest arrival rate whose p99 latency met the budget (None: none did)."""
+    meeting = [p for p in points if p.get("meets_budget")]
+    return max(meeting, key=lambda p: p["arrival_rate_qps"]) if meeting else None
+
+
+def next_rate_to_try(points: Sequence[Mapping[str, Any]], tolerance: float = 0.05) -> float | None:
+    """The arrival rate to probe next when searching for the highest rate that meets the budget, from the points
+    measured so far: double the best passing rate until one misses, halve the lowest rate while none passes, then
+    bisect between the best pass and the lowest miss above it; None once those are within ``tolerance``."""
+    if not points:
+        raise ValueError("a rate search starts from at least one measured rate")
+    passing = [p["arrival_rate_qps"] for p in points if p.get("meets_budget")]
+    failing = [p["arrival_rate_qps"] for p in points if not p.get("meets_budget")]
+    if not passing:
+        return min(failing) / 2
+    best = max(passing)
+    above = [rate for rate in failing if rate > best]
+    if not above:
+        return best * 2
+    low_miss = min(above)
+    return None if low_miss <= best * (1 + tolerance) else (best + low_miss) / 2
+
+
+def merge_runs(runs: Sequence[LoadRun]) -> LoadRun:
+    """One record of several replicas (one per GPU) run at the same time: their requests together, over the
+    window they all covered."""
+    start = max(run.window_start_ns for run in runs)
+    end = min(run.window_end_ns for run in runs)
+    if end <= start:
+        raise ValueError("the replicas' measurement windows do not overlap")
+    requests = []
+    for index, run in enumerate(runs):
+        for request in run.requests:
+            request.batch_id += index << 40  # batch numbers restart in every replica
+            requests.append(request)
+    return LoadRun(requests, start, end, max(run.cutoff_ns for run in runs),
+                   offered_rate_qps=sum(run.offered_rate_qps or 0 for run in runs) or None,
+                   settings=dict(runs[0].settings))

@@ -1,0 +1,494 @@
+"""The decision of the ``select`` stage, as pure functions: candidates and their results in, a selection out.
+
+Each candidate gets an operating point for the objective (a batch size, or a load level of the benchmark's
+``load`` sweep), constraints exclude candidates, the best eligible one wins and candidates within the tie
+tolerance are ordered by the tie-breakers. Every candidate gets a reason: why it won, lost or was excluded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from trtflow.stage import StageParams
+
+Goal = Literal["min_latency", "max_throughput", "min_size", "max_throughput_under_latency"]
+Statistic = Literal["p50", "p90", "p95", "p99", "mean"]
+TieBreaker = Literal["accuracy", "size", "latency", "throughput"]
+
+GOAL_TEXT = {
+    "min_latency": "lowest {stat} latency",
+    "max_throughput": "highest throughput",
+    "min_size": "smallest size",
+    "max_throughput_under_latency": "highest throughput with {stat} latency <= {budget:g} ms",
+}
+
+
+class Objective(StageParams):
+    """What the best candidate is best at."""
+
+    goal: Goal = Field(
+        "min_latency",
+        description="'min_latency': the lowest latency (statistic `percentile`) at `batch_size`; "
+        "'max_throughput': the highest throughput (at `batch_size`, or the best over every measured batch "
+        "size and load level); 'min_size': the smallest artifact; 'max_throughput_under_latency': the highest "
+        "throughput among the operating points (load levels of the benchmark's `load` sweep when present, "
+        "else batch sizes) whose latency stays within `latency_budget_ms`.",
+    )
+    percentile: Statistic = Field("p50", description="The latency statistic judged: p50, p90, p95, p99 or mean.")
+    batch_size: int | None = Field(
+        None, ge=1, description="The benchmarked batch size to judge. Default: for latency, the smallest batch "
+        "size every candidate was benchmarked at; for throughput, the best over all measured points.",
+    )
+    latency_budget_ms: float | None = Field(
+        None, gt=0, description="For max_throughput_under_latency: the latency (at `percentile`) no operating "
+        "point may exceed, e.g. a p99 service-level objective.",
+    )
+
+    @model_validator(mode="after")
+    def _budget_for_its_goal(self) -> Objective:
+        if self.goal == "max_throughput_under_latency" and self.latency_budget_ms is None:
+            raise ValueError("goal max_throughput_under_latency needs latency_budget_ms")
+        if self.goal != "max_throughput_under_latency" and self.latency_budget_ms is not None:
+            raise ValueError(f"latency_budget_ms is only used by goal max_throughput_under_latency; for goal "
+                             f"{self.goal} limit latency with constraints.max_latency_ms")
+        return self
+
+    def describe(self) -> str:
+        text = GOAL_TEXT[self.goal].format(stat=self.percentile, budget=self.latency_budget_ms or 0)
+        if self.batch_size is not None and self.goal != "min_size":
+            text += f" at batch {self.batch_size}"
+        return text
+
+
+class Constraints(StageParams):
+    """What a candidate must meet to be eligible at all."""
+
+    validation: Literal["passed", "not_required"] = Field(
+        "passed", description="'passed': a candidate needs a validation result that passed; 'not_required': "
+        "candidates without one stay eligible (a failed validation still excludes).",
+    )
+    max_latency_ms: float | None = Field(
+        None, gt=0, description="Highest latency (statistic `objective.percentile`) at the operating point.")
+    min_throughput_qps: float | None = Field(
+        None, gt=0, description="Lowest throughput (inferences per second) at the operating point.")
+    max_size_mb: float | None = Field(
+        None, gt=0, description="Largest artifact, in MB (10^6 bytes), external weights included.")
+
+    def describe(self, stat: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if self.validation == "passed":
+            out.append({"name": "validation", "limit": "passed", "text": "validation passed"})
+        if self.max_latency_ms is not None:
+            out.append({"name": "max_latency_ms", "limit": self.max_latency_ms,
+                        "text": f"{stat} latency <= {self.max_latency_ms:g} ms"})
+        if self.min_throughput_qps is not None:
+            out.append({"name": "min_throughput_qps", "limit": self.min_throughput_qps,
+                        "text": f"throughput >= {self.min_throughput_qps:g} qps"})
+        if self.max_size_mb is not None:
+            out.append({"name": "max_size_mb", "limit": self.max_size_mb,
+                        "text": f"size <= {self.max_size_mb:g} MB"})
+        return out
+
+
+class TieBreakers(StageParams):
+    """How near-equal candidates are told apart (benchmarks are noisy: 1% is not a real difference)."""
+
+    tolerance_percent: float = Field(
+        2.0, ge=0, le=100, description="Candidates whose objective value is within this many percent of the "
+        "best are tied.")
+    order: list[TieBreaker] = Field(
+        default_factory=lambda: ["accuracy", "size"],
+        description="Criteria applied in turn to tied candidates: accuracy (higher cosine similarity to the "
+        "reference), size (smaller), latency (lower), throughput (higher).",
+    )
+
+
+class Params(StageParams):
+    objective: Objective = Field(default_factory=Objective, description="What the chosen candidate is best at.")
+    constraints: Constraints = Field(default_factory=Constraints, description="What every candidate must meet.")
+    tie_breakers: TieBreakers = Field(default_factory=TieBreakers, description="How ties are broken.")
+    baseline: str | None = Field(
+        None, description="A candidate (node name) that speed-ups are computed against, e.g. the fp32 model; "
+        "exclusive with the `baseline` input (a benchmark.json of something that is not a candidate).",
+    )
+    evaluated_slots: list[str] = Field(
+        default_factory=lambda: ["candidate", "model"],
+        description="Input slots through which a validation or benchmark node takes the model it evaluates "
+        "(validate: candidate, benchmark: model); used when such a node consumed several candidates (e.g. "
+        "one as its reference).",
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What each candidate brings
+
+
+@dataclass
+class Candidate:
+    """One candidate with the results gathered for it (plain JSON-ready data)."""
+
+    name: str
+    kind: str  # "onnx" or "engine"
+    size_bytes: int
+    precision: str | None = None
+    profiles: list[str] = field(default_factory=list)
+    matrix: dict[str, Any] = field(default_factory=dict)
+    validation: dict[str, Any] | None = None
+    benchmark: dict[str, Any] | None = None
+
+
+def accuracy_of(validate_json: Mapping[str, Any], node: str) -> dict[str, Any]:
+    """The accuracy figures a decision needs from a validate.json (worst output wins)."""
+    outputs = validate_json.get("outputs") or {}
+    cosines = [o["cosine_similarity"] for o in outputs.values() if _number(o.get("cosine_similarity"))]
+    mean_errors = [o["mean_abs_error"] for o in outputs.values() if _number(o.get("mean_abs_error"))]
+    max_errors = [o["max_abs_error"] for o in outputs.values() if _number(o.get("max_abs_error"))]
+    return {
+        "node": node,
+        "passed": bool(validate_json.get("passed")),
+        "cosine_similarity": min(cosines) if cosines else None,
+        "mean_abs_error": max(mean_errors) if mean_errors else None,
+        "max_abs_error": max(max_errors) if max_errors else None,
+        "task_metrics": {k: (v.get("value") if isinstance(v, dict) else v)
+                         for k, v in (validate_json.get("task_metrics") or {}).items()},
+        "failures": list(validate_json.get("failures") or []),
+        "uncalibrated_data": bool(validate_json.get("uncalibrated_data")),
+    }
+
+
+def performance_of(benchmark_json: Mapping[str, Any], node: str) -> dict[str, Any]:
+    """Per batch size the latency statistics and throughput, and the `load` sweep when there is one."""
+    points = []
+    for point in benchmark_json.get("points") or []:
+        report = point.get("report") or {}
+        latency = report.get("latency_ms") or {}
+        points.append({
+            "batch_size": point.get("batch_size"),
+            "latency_ms": {k: latency[k] for k in ("p50", "p90", "p95", "p99", "mean") if _number(latency.get(k))},
+            "throughput_qps": report.get("throughput_qps"),
+            "flags": list(report.get("flags") or []),
+        })
+    load = []
+    for level in benchmark_json.get("load") or []:
+        latency = level.get("latency_ms") or {}
+        load.append({
+            "concurrency": level.get("concurrency"),
+            "batch_size": level.get("batch_size"),
+            "latency_ms": {k: latency[k] for k in ("p50", "p90", "p95", "p99", "mean") if _number(latency.get(k))},
+            "throughput_qps": level.get("throughput_qps"),
+        })
+    return {"node": node, "backend": benchmark_json.get("backend"), "device": benchmark_json.get("device"),
+            "points": points, "load": load}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The decision (pure: candidates in, selection out)
+
+
+@dataclass
+class OperatingPoint:
+    batch_size: int | None
+    concurrency: int | None
+    latency_ms: float | None
+    throughput_qps: float | None
+
+    def describe(self) -> str:
+        if self.concurrency is not None:
+            return f"concurrency {self.concurrency}" + (f" x batch {self.batch_size}" if self.batch_size else "")
+        return f"batch {self.batch_size}" if self.batch_size is not None else "-"
+
+
+def _points(candidate: Candidate, stat: str, with_load: bool) -> list[OperatingPoint]:
+    bench = candidate.benchmark or {}
+    if with_load and bench.get("load"):
+        return [OperatingPoint(p.get("batch_size"), p.get("concurrency"), p["latency_ms"].get(stat),
+                               p.get("throughput_qps")) for p in bench["load"]]
+    return [OperatingPoint(p.get("batch_size"), None, p["latency_ms"].get(stat), p.get("throughput_qps"))
+            for p in bench.get("points", [])]
+
+
+def default_batch(candidates: Sequence[Candidate], objective: Objective) -> int | None:
+    """The batch size to judge latency at when the objective names none: the smallest every candidate has."""
+    if objective.batch_size is not None:
+        return objective.batch_size
+    measured = [{p["batch_size"] for p in (c.benchmark or {}).get("points", [])} for c in candidates if c.benchmark]
+    common = set.intersection(*measured) if measured else set()
+    return min(common) if common else None
+
+
+def operating_point(candidate: Candidate, objective: Objective, batch: int | None) -> tuple[OperatingPoint | None, str]:
+    """The point a candidate is judged at, or None with the reason it has none."""
+    stat = objective.percentile
+    if candidate.benchmark is None:
+        return None, "no benchmark result"
+    goal = objective.goal
+    if goal == "max_throughput_under_latency":
+        points = [p for p in _points(candidate, stat, with_load=True) if _number(p.throughput_qps)]
+        within = [p for p in points if _number(p.latency_ms) and p.latency_ms <= (objective.latency_budget_ms or 0)]
+        if not within:
+            measured = [p for p in points if _number(p.latency_ms)]
+            best = min(measured, key=lambda p: p.latency_ms) if measured else None  # type: ignore[arg-type,return-value]
+            lowest = f"; its lowest {stat} is {best.latency_ms:.4g} ms at {best.describe()}" if best else ""
+            return None, f"no operating point meets {stat} latency <= {objective.latency_budget_ms:g} ms{lowest}"
+        return max(within, key=lambda p: p.throughput_qps), ""  # type: ignore[arg-type,return-value]
+    if goal == "max_throughput" and objective.batch_size is None:
+        points = [p for p in _points(candidate, stat, with_load=True) if _number(p.throughput_qps)]
+        if not points:
+            return None, "the benchmark has no throughput figure"
+        return max(points, key=lambda p: p.throughput_qps), ""  # type: ignore[arg-type,return-value]
+    points = {p.batch_size: p for p in _points(candidate, stat, with_load=False)}
+    if batch is None:
+        return None, "the candidates share no benchmarked batch size (set objective.batch_size)"
+    if batch not in points:
+        measured = ", ".join(str(b) for b in sorted(b for b in points if b is not None)) or "none"
+        return None, f"not benchmarked at batch {batch} (measured: {measured})"
+    return points[batch], ""
+
+
+def _objective_value(candidate: Candidate, point: OperatingPoint | None, objective: Objective) -> float | None:
+    if objective.goal == "min_size":
+        return float(candidate.size_bytes)
+    if point is None:
+        return None
+    value = point.latency_ms if objective.goal == "min_latency" else point.throughput_qps
+    return float(value) if _number(value) else None
+
+
+def _lower_is_better(goal: str) -> bool:
+    return goal in ("min_latency", "min_size")
+
+
+def _violations(candidate: Candidate, point: OperatingPoint | None, point_problem: str,
+                params: Params) -> list[str]:
+    constraints, stat = params.constraints, params.objective.percentile
+    problems: list[str] = []
+    validation = candidate.validation
+    if validation is None:
+        if constraints.validation == "passed":
+            problems.append("no validation result")
+    elif not validation["passed"]:
+        detail = "; ".join(validation["failures"][:2])
+        problems.append(f"validation failed ({validation['node']})" + (f": {detail}" if detail else ""))
+    needs_point = params.objective.goal != "min_size" or constraints.max_latency_ms or constraints.min_throughput_qps
+    if point is None and needs_point:
+        problems.append(point_problem)
+    if point is not None:
+        where = point.describe()
+        if constraints.max_latency_ms is not None:
+            if not _number(point.latency_ms):
+                problems.append(f"no {stat} latency at {where}")
+            elif point.latency_ms > constraints.max_latency_ms:  # type: ignore[operator]
+                problems.append(f"{stat} latency {point.latency_ms:.4g} ms at {where} > max_latency_ms "
+                                f"{constraints.max_latency_ms:g}")
+        if constraints.min_throughput_qps is not None:
+            if not _number(point.throughput_qps):
+                problems.append(f"no throughput at {where}")
+            elif point.throughput_qps < constraints.min_throughput_qps:  # type: ignore[operator]
+                problems.append(f"throughput {point.throughput_qps:.4g} qps at {where} < min_throughput_qps "
+                                f"{constraints.min_throughput_qps:g}")
+    if constraints.max_size_mb is not None and candidate.size_bytes > constraints.max_size_mb * 1e6:
+        problems.append(f"size {candidate.size_bytes / 1e6:.3g} MB > max_size_mb {constraints.max_size_mb:g}")
+    return problems
+
+
+def _tie_key(row: Mapping[str, Any], criterion: str) -> float:
+    """Sort key of a tie-breaker (smaller sorts first); a missing figure sorts last."""
+    if criterion == "accuracy":
+        value = (row.get("validation") or {}).get("cosine_similarity")
+        return -value if _number(value) else math.inf
+    if criterion == "size":
+        return float(row["size_bytes"])
+    point = row.get("operating_point") or {}
+    if criterion == "latency":
+        value = point.get("latency_ms")
+        return value if _number(value) else math.inf
+    value = point.get("throughput_qps")
+    return -value if _number(value) else math.inf
+
+
+CRITERION_TEXT = {"accuracy": "accuracy (cosine similarity)", "size": "size", "latency": "latency",
+                  "throughput": "throughput"}
+
+
+def _show(criterion: str, row: Mapping[str, Any], stat: str) -> str:
+    if criterion == "accuracy":
+        value = (row.get("validation") or {}).get("cosine_similarity")
+        return f"{value:.6g}" if _number(value) else "none"
+    if criterion == "size":
+        return f"{row['size_bytes'] / 1e6:.3g} MB"
+    point = row.get("operating_point") or {}
+    if criterion == "latency":
+        return f"{stat} {point['latency_ms']:.4g} ms" if _number(point.get("latency_ms")) else "none"
+    return f"{point['throughput_qps']:.4g} qps" if _number(point.get("throughput_qps")) else "none"
+
+
+def _value_text(value: float, goal: str) -> str:
+    if goal == "min_size":
+        return f"{value / 1e6:.3g} MB"
+    if goal == "min_latency":
+        return f"{value:.4g} ms"
+    return f"{value:.4g} qps"
+
+
+def pareto_front(rows: Sequence[Mapping[str, Any]]) -> set[str]:
+    """Candidates no other beats on both latency (operating point) and accuracy (cosine similarity)."""
+    measured = []
+    for row in rows:
+        latency = (row.get("operating_point") or {}).get("latency_ms")
+        cosine = (row.get("validation") or {}).get("cosine_similarity")
+        if _number(latency) and _number(cosine):
+            measured.append((row["name"], latency, cosine))
+    front = set()
+    for name, latency, cosine in measured:
+        dominated = any(lat <= latency and cos >= cosine and (lat < latency or cos > cosine)
+                        for other, lat, cos in measured if other != name)
+        if not dominated:
+            front.add(name)
+    return front
+
+
+def decide(candidates: Sequence[Candidate], params: Params,
+           baseline: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The selection: every candidate with its operating point, eligibility, rank and reason."""
+    objective = params.objective
+    stat, goal = objective.percentile, objective.goal
+    batch = default_batch(candidates, objective)
+    if objective.batch_size is None and batch is not None and goal == "min_latency":
+        objective_text = f"{objective.describe()} at batch {batch}"
+    else:
+        objective_text = objective.describe()
+    rows: list[dict[str, Any]] = []
+    for candidate in candidates:
+        point, problem = operating_point(candidate, objective, batch)
+        value = _objective_value(candidate, point, objective)
+        violations = _violations(candidate, point, problem, params)
+        if value is None and not violations:
+            violations.append(problem or "no figure for the objective")
+        rows.append({
+            "name": candidate.name, "kind": candidate.kind, "precision": candidate.precision,
+            "profiles": candidate.profiles, "matrix": candidate.matrix, "size_bytes": candidate.size_bytes,
+            "validation": candidate.validation, "benchmark": candidate.benchmark,
+            "operating_point": None if point is None else {
+                "batch_size": point.batch_size, "concurrency": point.concurrency,
+                "latency_ms": point.latency_ms, "throughput_qps": point.throughput_qps,
+                "description": point.describe()},
+            "objective_value": value, "eligible": not violations, "violations": violations,
+        })
+    _add_speedups(rows, params, baseline, stat)
+    front = pareto_front(rows)
+    for row in rows:
+        row["pareto"] = row["name"] in front
+
+    eligible = [r for r in rows if r["eligible"]]
+    sign = 1.0 if _lower_is_better(goal) else -1.0
+    selected: str | None = None
+    if eligible:
+        best_value = min(sign * r["objective_value"] for r in eligible) * sign
+        tolerance = params.tie_breakers.tolerance_percent / 100.0
+        tied = [r for r in eligible if abs(r["objective_value"] - best_value) <= tolerance * abs(best_value)]
+        tied_names = {r["name"] for r in tied}
+        order = params.tie_breakers.order
+
+        def rank_key(row: Mapping[str, Any]) -> tuple:
+            tie = row["name"] in tied_names
+            return (not tie, *(_tie_key(row, c) if tie else 0.0 for c in order),
+                    sign * row["objective_value"], row["name"])
+
+        ranked = sorted(eligible, key=rank_key)
+        winner = ranked[0]
+        selected = winner["name"]
+        for position, row in enumerate(ranked, start=1):
+            row["rank"] = position
+            row["reason"] = _reason(row, winner, tied, best_value, order, objective_text, goal, stat,
+                                    params.tie_breakers.tolerance_percent, len(eligible))
+    for row in rows:
+        if not row["eligible"]:
+            row["rank"] = None
+            row["reason"] = "excluded: " + "; ".join(row["violations"])
+    return {
+        "selected": selected,
+        "objective": {**objective.model_dump(), "batch_size": batch if goal == "min_latency" else
+                      objective.batch_size, "description": objective_text},
+        "constraints": params.constraints.describe(stat),
+        "tie_breakers": params.tie_breakers.model_dump(),
+        "baseline": (baseline or {}).get("name"),
+        "candidates": rows,
+    }
+
+
+def _reason(row: Mapping[str, Any], winner: Mapping[str, Any], tied: Sequence[Mapping[str, Any]],
+            best_value: float, order: Sequence[str], objective_text: str, goal: str, stat: str,
+            tolerance_percent: float, eligible_count: int) -> str:
+    value = row["objective_value"]
+    tied_names = {r["name"] for r in tied}
+    if row["name"] == winner["name"]:
+        if len(tied) == 1:
+            return f"selected: {objective_text} ({_value_text(value, goal)}) among {eligible_count} eligible"
+        others = [r for r in tied if r["name"] != winner["name"]]
+        decided_by = next((c for c in order if any(_tie_key(o, c) != _tie_key(winner, c) for o in others)), None)
+        how = f"; chosen by {CRITERION_TEXT[decided_by]} ({_show(decided_by, winner, stat)})" if decided_by else ""
+        return (f"selected: tied within {tolerance_percent:g}% on {objective_text} with "
+                f"{', '.join(r['name'] for r in others)}{how}")
+    if row["name"] in tied_names:
+        criterion = next((c for c in order if _tie_key(row, c) != _tie_key(winner, c)), None)
+        if criterion is None:
+            return (f"tied with {winner['name']} within {tolerance_percent:g}% on {objective_text} and on every "
+                    f"tie-breaker; {winner['name']} is better on the objective or first by name")
+        return (f"tied with {winner['name']} within {tolerance_percent:g}% on {objective_text} "
+                f"({_value_text(value, goal)} vs {_value_text(winner['objective_value'], goal)}); lost the "
+                f"tie-break on {CRITERION_TEXT[criterion]}: {_show(criterion, row, stat)} vs "
+                f"{_show(criterion, winner, stat)}")
+    ratio = value / best_value if best_value else math.inf
+    if _lower_is_better(goal):
+        factor = f"{ratio:.3g}x {'slower' if goal == 'min_latency' else 'larger'}"
+    else:
+        factor = f"{1 / ratio:.3g}x lower" if ratio else "none"
+    return (f"{objective_text}: {_value_text(value, goal)} vs {_value_text(winner['objective_value'], goal)} "
+            f"for {winner['name']} ({factor})")
+
+
+def _add_speedups(rows: list[dict[str, Any]], params: Params, baseline: Mapping[str, Any] | None,
+                  stat: str) -> None:
+    """Latency speed-up over the baseline at each candidate's batch size (>1: faster than the baseline)."""
+    points: dict[int | None, float] = {}
+    if baseline is not None:
+        for p in baseline.get("points", []):
+            if _number(p["latency_ms"].get(stat)):
+                points[p["batch_size"]] = p["latency_ms"][stat]
+    for row in rows:
+        point = row["operating_point"] or {}
+        reference = points.get(point.get("batch_size"))
+        latency = point.get("latency_ms")
+        row["speedup"] = reference / latency if _number(reference) and _number(latency) and latency else None
+
+
+def table(selection: Mapping[str, Any]) -> str:
+    """The selection as an aligned text table (for the failure message and the log)."""
+    stat = selection["objective"]["percentile"]
+    header = ("candidate", "kind", "precision", "size MB", "cosine", "valid", f"{stat} ms", "qps", "at", "verdict")
+    lines = [header]
+    for row in selection["candidates"]:
+        validation = row.get("validation") or {}
+        point = row.get("operating_point") or {}
+        cosine = validation.get("cosine_similarity")
+        verdict = "SELECTED" if row["name"] == selection["selected"] else row["reason"]
+        lines.append((
+            row["name"], row["kind"], row.get("precision") or "-", f"{row['size_bytes'] / 1e6:.3g}",
+            f"{cosine:.5f}" if _number(cosine) else "-",
+            "-" if not validation else ("pass" if validation.get("passed") else "FAIL"),
+            f"{point['latency_ms']:.4g}" if _number(point.get("latency_ms")) else "-",
+            f"{point['throughput_qps']:.4g}" if _number(point.get("throughput_qps")) else "-",
+            point.get("description") or "-", verdict,
+        ))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line[:-1], widths, strict=True)) + "  " + line[-1]
+                     for line in lines)

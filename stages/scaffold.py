@@ -1,0 +1,387 @@
+"""`trtflow init MODEL`: write a recipe for a model, from its inputs to a selection and its deployment.
+
+The recipe runs as written: the model's inputs (names, dtypes, dynamic dimensions) are read from the ONNX file,
+or given with ``--input`` for a PyTorch factory; a profile is proposed from the dynamic dimensions (batch from
+``--batch``, others from ``--dim``); fp32, fp16 and int8 candidates are validated against the model and
+benchmarked on ONNX Runtime, the best is selected, built into an engine and exported for Triton. Without
+``--data`` the data is generated at random, which the recipe and the command say loudly.
+
+Registered as a `trtflow` subcommand through the ``trtflow.commands`` entry-point group; heavy imports (onnx)
+happen only when the command runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from trtflow.errors import RecipeError, TrtflowError  # not trtflow.stage: `trtflow --help` imports this module
+
+DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
+NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+@dataclass(frozen=True)
+class Range:
+    min: int
+    opt: int
+    max: int
+
+    @classmethod
+    def parse(cls, text: str, what: str) -> Range:
+        parts = text.split(":")
+        try:
+            low, opt, high = (int(p) for p in parts)
+        except ValueError:
+            raise TrtflowError(f"{what}: {text!r} is not MIN:OPT:MAX (three integers, e.g. 1:8:32)") from None
+        if not 1 <= low <= opt <= high:
+            raise TrtflowError(f"{what}: need 1 <= MIN <= OPT <= MAX, got {text!r}")
+        return cls(low, opt, high)
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """A model input; a dimension is an int (static) or a name (dynamic)."""
+
+    name: str
+    dtype: str
+    dims: tuple[int | str, ...]
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.dtype}[{', '.join(str(d) for d in self.dims)}]"
+
+
+def read_onnx_inputs(path: Path) -> list[ModelInput]:
+    """Inputs of an ONNX file; an unnamed dynamic dimension is named ``<input>_<axis>`` (axis 0: ``batch``)."""
+    from ._data import onnx_input_specs
+
+    inputs = []
+    for spec in onnx_input_specs(path):
+        dims: list[int | str] = []
+        for axis, dim in enumerate(spec.shape):
+            if (isinstance(dim, int) and dim > 0) or (isinstance(dim, str) and dim):
+                dims.append(dim)
+            else:
+                dims.append("batch" if axis == 0 else f"{spec.name}_{axis}")
+        inputs.append(ModelInput(spec.name, spec.dtype, tuple(dims)))
+    return inputs
+
+
+def parse_input_option(text: str) -> ModelInput:
+    """``NAME:DIMS[:DTYPE]``, DIMS comma-separated; a name is a dynamic dimension (``input:batch,3,224,224``)."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
+        raise TrtflowError(f"--input {text!r}: expected NAME:DIMS[:DTYPE], e.g. input:batch,3,224,224:float32")
+    dtype = parts[2] if len(parts) == 3 else "float32"
+    if dtype not in DTYPES:
+        raise TrtflowError(f"--input {text!r}: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    dims: list[int | str] = []
+    for token in parts[1].split(","):
+        token = token.strip()
+        if token.isdigit() and int(token) > 0:
+            dims.append(int(token))
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", token):
+            dims.append(token)
+        else:
+            raise TrtflowError(f"--input {text!r}: dimension {token!r} is neither a positive size nor a name")
+    return ModelInput(parts[0], dtype, tuple(dims))
+
+
+def dynamic_ranges(inputs: list[ModelInput], batch: Range, dims: dict[str, Range]) -> dict[str, Range]:
+    """A range for every dynamic dimension name: axis 0 is the batch, others must be given with --dim."""
+    ranges: dict[str, Range] = {}
+    missing: list[str] = []
+    for spec in inputs:
+        for axis, dim in enumerate(spec.dims):
+            if isinstance(dim, int) or dim in ranges:
+                continue
+            if dim in dims:
+                ranges[dim] = dims[dim]
+            elif axis == 0:
+                ranges[dim] = batch
+            else:
+                missing.append(f"{dim} (axis {axis} of {spec.name})")
+    if missing:
+        raise TrtflowError(
+            "dynamic dimensions other than the batch need a range: " + ", ".join(missing),
+            hint="give each one, e.g. " + " ".join(f"--dim {m.split()[0]}=1:128:512" for m in missing))
+    unknown = sorted(set(dims) - set(ranges))
+    if unknown:
+        raise TrtflowError(f"--dim names no dynamic dimension of the model: {', '.join(unknown)}",
+                           hint="dynamic dimensions: " + (", ".join(ranges) or "none"))
+    return ranges
+
+
+def _shape(spec: ModelInput, ranges: dict[str, Range], pick: str) -> list[int]:
+    return [d if isinstance(d, int) else getattr(ranges[d], pick) for d in spec.dims]
+
+
+def _flow(value: Any) -> str:
+    """A YAML flow-style value (one line)."""
+    import yaml
+
+    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 20, sort_keys=False).strip()
+    return text[:-4].rstrip() if text.endswith("\n...") else text
+
+
+def _schema_reference(recipe_dir: Path) -> tuple[str, Path | None]:
+    """The modeline's schema path: a shipped schema/recipe.schema.json above the recipe, else one to write."""
+    for folder in (recipe_dir, *recipe_dir.parents):
+        shipped = folder / "schema" / "recipe.schema.json"
+        if shipped.is_file():
+            return os.path.relpath(shipped, recipe_dir), None
+        if (folder / ".git").exists() or (folder / "pyproject.toml").exists():
+            break
+    return "recipe.schema.json", recipe_dir / "recipe.schema.json"
+
+
+@dataclass
+class Scaffold:
+    name: str
+    model_ref: str  # what the export node's `model` param says
+    inputs: list[ModelInput]
+    ranges: dict[str, Range]
+    data_ref: str | None  # a recipe path of real data, or None for random data
+    outputs: list[str]
+    source: str  # what `trtflow init` was given, for the header
+
+    @property
+    def dynamic(self) -> bool:
+        return bool(self.ranges)
+
+    @property
+    def batch(self) -> Range | None:
+        names = {spec.dims[0] for spec in self.inputs if spec.dims and isinstance(spec.dims[0], str)}
+        return self.ranges[names.pop()] if len(names) == 1 else None
+
+    def data_source(self) -> dict[str, Any]:
+        if self.data_ref is not None:
+            return {"path": self.data_ref}
+        one = {spec.name: [1, *_shape(spec, self.ranges, "opt")[1:]] if self.batch else
+               _shape(spec, self.ranges, "opt") for spec in self.inputs}
+        return {"random": {"seed": 0, "num_samples": 32, "shapes": one}}
+
+    def render(self, schema: str) -> str:
+        batch = self.batch
+        opt_batch = batch.opt if batch else None
+        lines = [f"# yaml-language-server: $schema={schema}",
+                 f"# Written by `trtflow init {self.source}`: a starting point; edit it freely.",
+                 "# Model inputs: " + "; ".join(spec.describe() for spec in self.inputs)]
+        if self.data_ref is None:
+            lines += [
+                "#",
+                "# WARNING: no --data was given, so calibration, validation and benchmarks use RANDOM inputs",
+                "# (`random:` below). int8 calibration and accuracy figures on random data say little about real",
+                "# inputs: replace every `random:` data source with real samples (`path: samples.npz`, one array per",
+                "# input), or run `trtflow init ... --data samples.npz`.",
+            ]
+        lines += [f"name: {self.name}", f"description: {_flow('fp32, fp16 and int8 candidates of ' + self.source)}"]
+        if self.dynamic:
+            shapes = {spec.name: {"min": _shape(spec, self.ranges, "min"), "opt": _shape(spec, self.ranges, "opt"),
+                                  "max": _shape(spec, self.ranges, "max")}
+                      for spec in self.inputs if any(isinstance(d, str) for d in spec.dims)}
+            lines += ["", "profiles:                      # proposed from the dynamic dimensions",
+                      f"  default: {_flow(shapes)}"]
+        opt_shapes = {spec.name: _shape(spec, self.ranges, "opt") for spec in self.inputs}
+        data = _flow(self.data_source())
+        candidates = "[simplify, convert, quantize]"
+        lines += ["", "nodes:", "  - name: export", "    stage: export", "    params:",
+                  f"      model: {_flow(self.model_ref)}"]
+        if self.model_ref.startswith("python:"):
+            export_inputs = {}
+            for spec in self.inputs:
+                entry: dict[str, Any] = {"shape": _shape(spec, self.ranges, "opt"), "dtype": spec.dtype}
+                axes = {axis: dim for axis, dim in enumerate(spec.dims) if isinstance(dim, str)}
+                if axes:
+                    entry["dynamic_axes"] = axes
+                export_inputs[spec.name] = entry
+            lines += [f"      inputs: {_flow(export_inputs)}", f"      outputs: {_flow(self.outputs)}"]
+        lines += [
+            "",
+            "  - name: simplify                # the fp32 candidate",
+            "    stage: simplify",
+            f"    params: {{input_shapes: {_flow(opt_shapes)}}}",
+            "",
+            "  - name: convert                 # fp16 candidate (ModelOpt AutoCast; fp32 where values overflow fp16)",
+            "    stage: convert",
+            "    inputs: {model: simplify}",
+            f"    params: {{precision: fp16, calibration_data: &data {data}}}",
+            "",
+            "  - name: quantize                # int8 candidate (ModelOpt post-training quantization)",
+            "    stage: quantize",
+            "    inputs: {model: simplify}",
+            "    params: {mode: int8, calibration_data: *data}",
+            "",
+            "  - name: validate                # every candidate against the original model, with one accuracy budget",
+            "    stage: validate",
+            f"    matrix: {{candidate: {candidates}}}",
+            '    inputs: {reference: export, candidate: "${{ matrix.candidate }}"}',
+            "    params:",
+            "      data: *data",
+        ]
+        if opt_batch:
+            lines.append(f"      batch_size: {opt_batch}")
+        lines += [
+            "      tolerances: {check_error_stat: mean, atol: 0.05, rtol: 0.05, min_cosine_similarity: 0.99}",
+            "",
+            "  - name: benchmark               # on ONNX Runtime; on a GPU, benchmark engines (pipelines/cnn.yaml)",
+            "    stage: benchmark",
+            f"    matrix: {{candidate: {candidates}}}",
+            '    inputs: {model: "${{ matrix.candidate }}"}',
+            "    params:",
+            "      backend: onnxruntime",
+        ]
+        if self.dynamic:
+            lines.append("      profile: default")
+            if batch:
+                sizes = sorted({batch.min, batch.opt, batch.max})
+                lines.append(f"      batch_sizes: {_flow(sizes)}")
+        else:
+            lines.append(f"      shapes: {_flow(opt_shapes)}")
+        lines += [
+            "      min_duration_s: 1.0",
+            "",
+            "  - name: select                  # the fastest candidate that passes validation; selection.json says why",
+            "    stage: select",
+            f"    inputs: {{candidates: {candidates}, validations: validate, benchmarks: benchmark}}",
+            "    params:",
+            "      objective: " + _flow({"goal": "min_latency", "percentile": "p50", **(
+                {"batch_size": opt_batch} if opt_batch else {})}),
+            "      baseline: simplify",
+            "",
+            "  - name: build                   # a TensorRT engine of the selected model (TensorRT-RTX builds on CPUs)",
+            "    stage: build",
+            "    inputs: {model: select}",
+            "    params: {backend: auto" + (", profile: default" if self.dynamic else "") + "}",
+            "",
+            "  - name: triton                  # a Triton model repository of the selected model",
+            "    stage: triton",
+            "    inputs: {model: select}",
+            "    params: {" + ("profile: default, " if self.dynamic and batch else "")
+            + ("max_batch_size: 0, " if not batch else "") + "instance_kind: gpu}",
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def _recipe_name(text: str) -> str:
+    name = NAME_UNSAFE.sub("-", text).strip("-.") or "model"
+    return name if re.match(r"^[A-Za-z_]", name) else f"m-{name}"
+
+
+def scaffold(model: str, output: Path, data: Path | None, inputs: list[str], outputs: list[str], batch: str,
+             dims: list[str], name: str | None) -> Scaffold:
+    recipe_dir = output.absolute().parent
+    batch_range = Range.parse(batch, "--batch")
+    dim_ranges: dict[str, Range] = {}
+    for item in dims:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise TrtflowError(f"--dim {item!r}: expected NAME=MIN:OPT:MAX, e.g. seq=1:128:512")
+        dim_ranges[key] = Range.parse(value, f"--dim {key}")
+    if model.startswith("python:"):
+        from trtflow.callables import validate_spec
+
+        try:
+            validate_spec(model)
+        except ValueError as exc:
+            raise TrtflowError(f"{model!r}: {exc}") from None
+        if not inputs:
+            raise TrtflowError("a PyTorch factory declares no input shapes: give each forward() argument with "
+                               "--input NAME:DIMS[:DTYPE]", hint="e.g. --input input:batch,3,224,224:float32 (a name "
+                               "in DIMS is a dynamic dimension; axis 0 is the batch)")
+        specs = [parse_input_option(text) for text in inputs]
+        reference, label = model, model
+        target = model[len("python:"):].rpartition(":")[0]
+        if target.endswith(".py"):
+            path = Path(target)
+            if not path.is_file():
+                raise TrtflowError(f"{target} not found", hint="give the factory's file relative to this directory")
+            reference = "python:" + os.path.relpath(path.absolute(), recipe_dir) + ":" + model.rpartition(":")[2]
+        default_name = Path(target).stem if target.endswith(".py") else target.rpartition(".")[2]
+    else:
+        path = Path(model)
+        if not path.is_file():
+            raise TrtflowError(f"model {model!r} not found", hint="give an .onnx file or python:file.py:factory")
+        if inputs:
+            raise TrtflowError("--input is for PyTorch factories; an ONNX file declares its own inputs")
+        specs = read_onnx_inputs(path)
+        if not specs:
+            raise TrtflowError(f"{model} has no inputs to feed")
+        reference, label = os.path.relpath(path.absolute(), recipe_dir), model
+        default_name = path.stem
+    data_ref = None
+    if data is not None:
+        if not data.exists():
+            raise TrtflowError(f"--data {data} not found", hint="give a .npz/.npy file or a directory of them")
+        data_ref = os.path.relpath(data.absolute(), recipe_dir)
+    ranges = dynamic_ranges(specs, batch_range, dim_ranges)
+    return Scaffold(_recipe_name(name or default_name), reference, specs, ranges, data_ref, outputs, label)
+
+
+def init(
+    model: Annotated[str, typer.Argument(help="An ONNX file, or python:path/to/file.py:factory (a function "
+                                              "returning a torch.nn.Module; THIS RUNS YOUR CODE when the recipe "
+                                              "runs).", show_default=False)],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The recipe file to write.")] = Path("recipe.yaml"),
+    data: Annotated[Path | None, typer.Option(
+        "--data", help="Real model inputs (.npz with one array per input, axis 0 = samples; .npy; or a directory of "
+        "them) for calibration, validation and benchmarks. Without it the recipe uses random data.")] = None,
+    inputs: Annotated[list[str] | None, typer.Option(
+        "--input", help="For a factory: NAME:DIMS[:DTYPE] per forward() argument, DIMS comma-separated, a name "
+        "marks a dynamic dimension (input:batch,3,224,224:float32).")] = None,
+    outputs: Annotated[list[str] | None, typer.Option(
+        "--output-name", help="For a factory: the names of its outputs, in order [default: output].")] = None,
+    batch: Annotated[str, typer.Option("--batch", help="MIN:OPT:MAX of the batch dimension (axis 0).")] = "1:8:32",
+    dims: Annotated[list[str] | None, typer.Option(
+        "--dim", help="NAME=MIN:OPT:MAX for another dynamic dimension, e.g. seq=1:128:512.")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Recipe name [default: the model's].")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing recipe file.")] = False,
+) -> None:
+    """Write a recipe for MODEL: profiles from its dynamic dimensions, fp32/fp16/int8 candidates validated and
+    benchmarked, the best one selected, built and exported for Triton."""
+    if output.exists() and not force:
+        raise TrtflowError(f"{output} exists", hint="choose another --output, or --force to overwrite it")
+    plan = scaffold(model, output, data, inputs or [], outputs or ["output"], batch, dims or [], name)
+    recipe_dir = output.absolute().parent
+    recipe_dir.mkdir(parents=True, exist_ok=True)
+    schema, schema_file = _schema_reference(recipe_dir)
+    text = plan.render(schema)
+    _check_recipe(text, output)
+    if schema_file is not None and not schema_file.exists():
+        import json
+
+        from trtflow.schema_export import recipe_json_schema
+
+        schema_file.write_text(json.dumps(recipe_json_schema(), indent=2) + "\n", encoding="utf-8")
+    output.write_text(text, encoding="utf-8")
+    err = sys.stderr
+    print(f"wrote {output}: {len(plan.inputs)} input(s): " + "; ".join(s.describe() for s in plan.inputs), file=err)
+    if plan.ranges:
+        print("profile 'default': " + ", ".join(f"{k} {r.min}..{r.max} (opt {r.opt})" for k, r in plan.ranges.items()),
+              file=err)
+    if plan.data_ref is None:
+        print("WARNING: no --data given: the recipe calibrates, validates and benchmarks on RANDOM inputs; int8 "
+              "accuracy on random data says little. Give real samples with --data samples.npz.", file=err)
+    print(f"next: trtflow run {output}", file=err)
+
+
+def _check_recipe(text: str, output: Path) -> None:
+    """Load the recipe as `trtflow run` would (beside the target, so its paths resolve) before writing it."""
+    import tempfile
+
+    from trtflow.pipeline import load_pipeline
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=output.absolute().parent, delete=False) as tmp:
+        tmp.write(text)
+    try:
+        load_pipeline(tmp.name)
+    except RecipeError as exc:
+        raise TrtflowError(f"the recipe for this model does not check: {exc.message}", hint=exc.hint) from None
+    finally:
+        os.unlink(tmp.name)

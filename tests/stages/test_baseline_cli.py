@@ -1,0 +1,82 @@
+"""`trtflow baseline save` on a real run, and the benchmark gate against the pinned file through the real runner:
+gate params are left out of the node key, so pointing a node at a baseline re-judges its cached measurements."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+RECIPE = """name: pinned
+nodes:
+  - name: export
+    stage: export
+    params: {model: 'python:m.py:build', inputs: {input: {shape: [2, 16], dynamic_axes: {0: batch}}}}
+  - name: bench
+    stage: benchmark
+    inputs: {model: export}
+    params: {backend: onnxruntime, shapes: {input: [2, 16]}, min_duration_s: 0.1, warmup_ms: 10, repeats: 3%s}
+"""
+
+
+def trtflow(*args: str, cwd: Path, check: int | None = 0) -> subprocess.CompletedProcess:
+    env = dict(os.environ, COLUMNS="200", TRTFLOW_STORE=str(cwd / "store"))
+    proc = subprocess.run([sys.executable, "-m", "trtflow.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=600)
+    if check is not None:
+        assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
+def _bench_reason(recipe: Path, cwd: Path) -> str:
+    steps = json.loads(trtflow("plan", "--json", str(recipe), cwd=cwd).stdout)
+    return next(step["reason"] for step in steps if step["node"] == "bench")
+
+
+@pytest.mark.slow
+def test_save_a_baseline_and_gate_on_it(tmp_path):
+    (tmp_path / "m.py").write_text((REPO / "examples" / "models" / "tiny_mlp.py").read_text())
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(RECIPE % "")
+    assert "no benchmark or validate results" in trtflow("baseline", "save", str(recipe), cwd=tmp_path,
+                                                         check=1).stderr
+    trtflow("run", str(recipe), cwd=tmp_path)
+
+    saved = trtflow("baseline", "save", str(recipe), cwd=tmp_path)
+    path = tmp_path / "baselines" / "pinned.json"
+    assert "wrote" in saved.stdout and "baseline: baselines/pinned.json" in saved.stdout
+    document = json.loads(path.read_text())
+    entry = document["nodes"]["bench"]
+    assert document["format"] == "trtflow-baseline/1" and list(document["nodes"]) == ["bench"]
+    assert entry["backend"] == "onnxruntime" and entry["repeats"] == 3
+    assert entry["facts"]["cpu"] and entry["facts"]["onnxruntime"]
+    (point,) = entry["points"]
+    assert point["batch_size"] == 2 and point["latency_ms"]["p50"] > 0 and point["throughput_qps"] > 0
+    assert "batch 2, 1 stream(s): p50" in trtflow("baseline", "show", str(path), cwd=tmp_path).stdout
+
+    # pointing the node at the baseline changes no measurement: the node stays fresh, its gate is re-judged
+    recipe.write_text(RECIPE % ",\n             baseline: baselines/pinned.json, max_regression_percent: 1000")
+    plan = json.loads(trtflow("plan", "--json", str(recipe), cwd=tmp_path).stdout)
+    assert [s["status"] for s in plan] == ["fresh", "fresh"]
+    trtflow("run", str(recipe), cwd=tmp_path)
+
+    # a baseline that was 100x faster: the cached measurements now fail the gate, naming the baseline
+    entry["points"][0]["latency_ms"]["p50"] /= 100
+    path.write_text(json.dumps(document))
+    trtflow("run", str(recipe), cwd=tmp_path, check=1)
+    reason = _bench_reason(recipe, tmp_path)
+    assert "gate failed" in reason and "above the baseline's" in reason and "max_regression_percent 1000" in reason
+
+    # a baseline from another CPU is refused, saying why
+    entry["points"][0]["latency_ms"]["p50"] *= 100
+    entry["facts"]["cpu"] = "x86_64 Some Other CPU x64"
+    path.write_text(json.dumps(document))
+    trtflow("run", str(recipe), cwd=tmp_path, check=1)
+    reason = _bench_reason(recipe, tmp_path)
+    assert "not compared with baseline" in reason and "Some Other CPU" in reason

@@ -1,0 +1,254 @@
+"""The select stage: objectives, constraints, ties and reasons on measured figures; gathering real files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trtflow.errors import RecipeError
+from trtflow_stages._selection import Candidate, Params, decide, pareto_front, table
+from trtflow_stages.select import gate, gather
+
+
+def bench(node: str, points: list[tuple[int, float]], load: list[tuple[int, float, float]] = ()) -> dict:
+    """A benchmark result: (batch, p50 ms) points (p99 = 1.5 x p50) and optional (concurrency, p99, qps) load."""
+    return {"node": node, "backend": "onnxruntime", "device": "cpu",
+            "points": [{"batch_size": b, "latency_ms": {"p50": ms, "p99": ms * 1.5}, "throughput_qps": b / ms * 1e3,
+                        "flags": []} for b, ms in points],
+            "load": [{"concurrency": c, "batch_size": 1, "latency_ms": {"p99": p99}, "throughput_qps": qps}
+                     for c, p99, qps in load]}
+
+
+def valid(node: str, cosine: float, passed: bool = True) -> dict:
+    return {"node": node, "passed": passed, "cosine_similarity": cosine, "mean_abs_error": 1 - cosine,
+            "max_abs_error": 1 - cosine, "task_metrics": {}, "failures": [] if passed else ["logits: mean error 0.2"],
+            "uncalibrated_data": False}
+
+
+def candidates() -> list[Candidate]:
+    return [
+        Candidate("fp32", "onnx", 4_000_000, "fp32", validation=valid("v-fp32", 1.0),
+                  benchmark=bench("b-fp32", [(1, 1.0), (8, 4.0)])),
+        Candidate("int8", "onnx", 1_000_000, "int8", validation=valid("v-int8", 0.997),
+                  benchmark=bench("b-int8", [(1, 0.99), (8, 2.0)])),
+        Candidate("fp16", "onnx", 2_000_000, "fp16", validation=valid("v-fp16", 0.9999, passed=False),
+                  benchmark=bench("b-fp16", [(1, 0.5), (8, 1.0)])),
+    ]
+
+
+def by_name(selection: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in selection["candidates"]}
+
+
+def test_min_latency_excludes_failed_validation_and_explains_every_loser():
+    params = Params.model_validate({"objective": {"percentile": "p99", "batch_size": 8}, "baseline": "fp32"})
+    fp32 = candidates()[0]
+    selection = decide(candidates(), params, {"name": "fp32", **fp32.benchmark})
+    rows = by_name(selection)
+    assert selection["selected"] == "int8"
+    assert rows["fp16"]["eligible"] is False and "validation failed (v-fp16)" in rows["fp16"]["reason"]
+    assert rows["fp32"]["reason"] == "lowest p99 latency at batch 8: 6 ms vs 3 ms for int8 (2x slower)"
+    assert rows["int8"]["speedup"] == pytest.approx(2.0) and rows["fp32"]["speedup"] == pytest.approx(1.0)
+    assert selection["objective"]["description"] == "lowest p99 latency at batch 8"
+    assert selection["constraints"] == [{"name": "validation", "limit": "passed", "text": "validation passed"}]
+    assert "SELECTED" in table(selection).splitlines()[2]
+
+
+def test_ties_within_tolerance_go_to_the_tie_breakers():
+    # at batch 1, int8 (0.99 ms) and fp32 (1.0 ms) are within 2%: accuracy first picks fp32, size first int8
+    accurate = decide(candidates(), Params.model_validate({"objective": {"batch_size": 1}}))
+    assert accurate["selected"] == "fp32"
+    assert "lost the tie-break on accuracy (cosine similarity): 0.997 vs 1" in by_name(accurate)["int8"]["reason"]
+    small = decide(candidates(), Params.model_validate(
+        {"objective": {"batch_size": 1}, "tie_breakers": {"order": ["size"]}}))
+    assert small["selected"] == "int8" and "chosen by size (1 MB)" in by_name(small)["int8"]["reason"]
+    strict = decide(candidates(), Params.model_validate(
+        {"objective": {"batch_size": 1}, "tie_breakers": {"tolerance_percent": 0}}))
+    assert strict["selected"] == "int8"
+
+
+def test_default_batch_is_the_smallest_every_candidate_measured():
+    selection = decide(candidates(), Params())
+    assert selection["objective"]["batch_size"] == 1
+    assert selection["objective"]["description"] == "lowest p50 latency at batch 1"
+
+
+def test_throughput_objectives_and_the_load_sweep():
+    best = decide(candidates(), Params.model_validate({"objective": {"goal": "max_throughput"},
+                                                       "constraints": {"validation": "not_required"}}))
+    assert best["selected"] == "int8"  # fp16 is faster but failed validation
+    assert by_name(best)["int8"]["operating_point"]["batch_size"] == 8
+    items = candidates()
+    items[0].benchmark = bench("b-fp32", [(1, 1.0)], load=[(1, 2.0, 900.0), (4, 6.0, 2500.0), (16, 30.0, 3000.0)])
+    items[1].benchmark = bench("b-int8", [(1, 1.0)], load=[(1, 2.5, 800.0), (4, 9.0, 2700.0)])
+    budget = decide(items, Params.model_validate(
+        {"objective": {"goal": "max_throughput_under_latency", "percentile": "p99", "latency_budget_ms": 7}}))
+    rows = by_name(budget)
+    assert budget["selected"] == "fp32"
+    assert rows["fp32"]["operating_point"]["concurrency"] == 4  # 2500 qps within 7 ms; 16 is over budget
+    assert rows["int8"]["operating_point"]["concurrency"] == 1
+    assert rows["int8"]["reason"] == \
+        "highest throughput with p99 latency <= 7 ms: 800 qps vs 2500 qps for fp32 (3.12x lower)"
+
+
+def test_constraints_and_no_candidate_qualifies():
+    params = Params.model_validate({"objective": {"goal": "min_size"},
+                                    "constraints": {"max_size_mb": 3, "max_latency_ms": 0.995}})
+    selection = decide(candidates(), params)
+    rows = by_name(selection)
+    assert selection["selected"] == "int8"
+    assert rows["fp32"]["reason"] == "excluded: p50 latency 1 ms at batch 1 > max_latency_ms 0.995; size 4 MB > " \
+                                     "max_size_mb 3"
+    assert gate(params, selection, None) == []
+    impossible = Params.model_validate({"constraints": {"max_size_mb": 0.5}})
+    nothing = decide(candidates(), impossible)
+    assert nothing["selected"] is None
+    [message] = gate(impossible, nothing, None)
+    assert message.startswith("no candidate qualifies for lowest p50 latency at batch 1:")
+    assert "excluded: size 4 MB > max_size_mb 0.5" in message and "candidate  kind" in message
+
+
+def test_missing_results_are_reasons_not_crashes():
+    items = candidates()
+    items[0].validation = None
+    items[1].benchmark = bench("b-int8", [(1, 0.99)])
+    selection = decide(items, Params.model_validate({"objective": {"batch_size": 8}}))
+    rows = by_name(selection)
+    assert rows["fp32"]["reason"] == "excluded: no validation result"
+    assert rows["int8"]["reason"] == "excluded: not benchmarked at batch 8 (measured: 1)"
+    assert selection["selected"] is None
+
+
+def test_pareto_front_on_latency_and_accuracy():
+    rows = [{"name": n, "operating_point": {"latency_ms": lat}, "validation": {"cosine_similarity": cos}}
+            for n, lat, cos in (("a", 1.0, 0.99), ("b", 2.0, 0.999), ("c", 3.0, 0.995), ("d", 0.5, None))]
+    assert pareto_front(rows) == {"a", "b"}
+
+
+def test_objective_params_are_checked():
+    with pytest.raises(ValueError, match="needs latency_budget_ms"):
+        Params.model_validate({"objective": {"goal": "max_throughput_under_latency"}})
+    with pytest.raises(ValueError, match="limit latency with constraints.max_latency_ms"):
+        Params.model_validate({"objective": {"latency_budget_ms": 3}})
+
+
+def _files(tmp_path: Path, tiny_mlp_onnx: Path) -> tuple[dict, dict]:
+    """Candidate folders as the runner lays them out, with validation and benchmark files."""
+    inputs: dict = {"candidates": [], "validations": [], "benchmarks": []}
+    sources: dict = {"candidates": [], "validations": [], "benchmarks": []}
+    for name in ("simplify", "quantize"):
+        model = tmp_path / "candidates" / name / "model.onnx"
+        model.parent.mkdir(parents=True)
+        model.write_bytes(tiny_mlp_onnx.read_bytes())
+        inputs["candidates"].append(model)
+        sources["candidates"].append({"node": name, "template": name, "matrix": {}, "inputs": {}})
+        check = tmp_path / "validations" / f"validate-{name}" / "validate.json"
+        check.parent.mkdir(parents=True)
+        check.write_text(json.dumps({"passed": True, "outputs": {"logits": {"cosine_similarity": 0.999,
+                                                                            "mean_abs_error": 0.01}}}))
+        inputs["validations"].append(check)
+        sources["validations"].append({"node": f"validate-{name}", "template": "validate",
+                                       "matrix": {"c": name}, "inputs": {"reference": ["simplify"],
+                                                                         "candidate": [name]}})
+    return inputs, sources
+
+
+def test_gather_associates_results_through_the_evaluated_slot(tmp_path, tiny_mlp_onnx):
+    inputs, sources = _files(tmp_path, tiny_mlp_onnx)
+    found, _ = gather(inputs, sources, Params())
+    assert [(c.name, c.kind, c.precision, c.validation["node"]) for c in found] == [
+        ("simplify", "onnx", "fp32", "validate-simplify"), ("quantize", "onnx", "fp32", "validate-quantize")]
+    assert found[0].size_bytes == tiny_mlp_onnx.stat().st_size
+    with pytest.raises(RecipeError, match=r"took several candidates .* and none through evaluated_slots \[.model.\]"):
+        gather(inputs, sources, Params.model_validate({"evaluated_slots": ["model"]}))
+    sources["validations"][1]["inputs"] = {"reference": ["export"]}
+    with pytest.raises(RecipeError, match="evaluated none of the candidates"):
+        gather(inputs, sources, Params())
+
+
+def test_gather_refuses_one_candidate_and_mixed_kinds(tmp_path, tiny_mlp_onnx):
+    inputs, sources = _files(tmp_path, tiny_mlp_onnx)
+    with pytest.raises(RecipeError, match="at least two candidates"):
+        gather({"candidates": inputs["candidates"][:1]}, {"candidates": sources["candidates"][:1]}, Params())
+    engine = tmp_path / "candidates" / "build" / "model.engine"
+    engine.parent.mkdir(parents=True)
+    engine.write_bytes(b"not onnx: an engine")
+    mixed = {"candidates": [*inputs["candidates"], engine]}
+    mixed_sources = {"candidates": [*sources["candidates"], {"node": "build", "matrix": {}, "inputs": {}}]}
+    with pytest.raises(RecipeError, match=r"mix ONNX models \(simplify, quantize\) and engines \(build\)"):
+        gather(mixed, mixed_sources, Params())
+
+
+def _benchmark_file(folder: Path, batches: dict[int, float]) -> Path:
+    path = folder / "benchmark.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"backend": "onnxruntime", "device": "cpu", "points": [
+        {"batch_size": b, "report": {"latency_ms": {"p50": ms, "p99": ms * 2}, "throughput_qps": b / ms * 1e3,
+                                     "flags": []}} for b, ms in batches.items()]}))
+    return path
+
+
+def _run(tmp_path: Path, inputs: dict, sources: dict, params: dict):
+    from trtflow.stage import StageContext
+    from trtflow_stages.select import run, stage
+
+    ctx = StageContext("select", tmp_path / "scratch", tmp_path, stage.outputs, tmp_path / "cache",
+                       input_sources=sources)
+    return ctx, run(ctx, inputs, Params.model_validate(params))
+
+
+def test_run_writes_the_selection_and_the_winner(tmp_path, tiny_mlp_onnx):
+    inputs, sources = _files(tmp_path, tiny_mlp_onnx)
+    (tmp_path / "candidates" / "quantize" / "model.onnx_data").write_bytes(b"external weights")
+    inputs["benchmarks"], sources["benchmarks"] = [], []
+    for name, ms in (("simplify", 2.0), ("quantize", 1.0)):
+        inputs["benchmarks"].append(_benchmark_file(tmp_path / "benchmarks" / f"benchmark-{name}", {1: ms}))
+        sources["benchmarks"].append({"node": f"benchmark-{name}", "inputs": {"model": [name]}})
+    ctx, summary = _run(tmp_path, inputs, sources, {"baseline": "simplify"})
+    written = json.loads((ctx.out_dir / "selection.json").read_text())
+    assert written == summary and written["selected"] == "quantize"
+    assert written["artifact"] == {"candidate": "quantize", "kind": "onnx",
+                                   "files": ["model.onnx", "model.onnx_data"]}
+    assert (ctx.out_dir / "model.onnx_data").read_bytes() == b"external weights"
+    assert by_name(written)["quantize"]["speedup"] == pytest.approx(2.0)
+
+
+def test_run_wiring_errors(tmp_path, tiny_mlp_onnx):
+    inputs, sources = _files(tmp_path, tiny_mlp_onnx)
+    with pytest.raises(RecipeError, match="needs benchmark results but no benchmarks are wired"):
+        _run(tmp_path, inputs, sources, {})
+    inputs["benchmarks"] = [_benchmark_file(tmp_path / "b1", {1: 1.0}), _benchmark_file(tmp_path / "b2", {1: 1.0})]
+    sources["benchmarks"] = [{"node": "b1", "inputs": {"model": ["quantize"]}},
+                             {"node": "b2", "inputs": {"model": ["quantize"]}}]
+    with pytest.raises(RecipeError, match="candidate 'quantize' has two benchmarks: b1 and b2"):
+        _run(tmp_path, inputs, sources, {})
+    sources["benchmarks"][1]["inputs"] = {"model": ["simplify"]}
+    with pytest.raises(RecipeError, match="baseline 'simplfy' is not a candidate") as error:
+        _run(tmp_path, inputs, sources, {"baseline": "simplfy"})
+    assert "simplify" in (error.value.hint or "")
+
+
+def test_engine_candidates_bring_their_provenance(tmp_path):
+    inputs: dict = {"candidates": [], "benchmarks": []}
+    sources: dict = {"candidates": [], "benchmarks": []}
+    for name, ms in (("build-fp16-bs8", 2.0), ("build-int8-bs8", 1.5)):
+        folder = tmp_path / "candidates" / name
+        folder.mkdir(parents=True)
+        (folder / "model.engine").write_bytes(f"engine {name}".encode())
+        (folder / "engine.json").write_text(json.dumps({
+            "backend": "tensorrt", "builder": {"precision": "strongly-typed"},
+            "profiles": [{"name": "bs8", "shapes": {"input": {"min": [1, 4], "opt": [8, 4], "max": [8, 4]}}}]}))
+        inputs["candidates"].append(folder / "model.engine")
+        sources["candidates"].append({"node": name, "matrix": {"dtype": name.split("-")[1], "profile": "bs8"},
+                                      "inputs": {"model": ["quantize"]}})
+        inputs["benchmarks"].append(_benchmark_file(tmp_path / "benchmarks" / name, {8: ms}))
+        sources["benchmarks"].append({"node": f"benchmark-{name}", "inputs": {"model": [name]}})
+    ctx, summary = _run(tmp_path, inputs, sources, {"constraints": {"validation": "not_required"}})
+    rows = by_name(summary)
+    assert summary["selected"] == "build-int8-bs8"
+    assert rows["build-fp16-bs8"]["precision"] == "fp16" and rows["build-fp16-bs8"]["profiles"] == ["bs8"]
+    assert summary["artifact"]["files"] == ["model.engine", "engine.json"]
+    assert (ctx.out_dir / "model.engine").read_bytes() == b"engine build-int8-bs8"
+    assert json.loads((ctx.out_dir / "engine.json").read_text())["backend"] == "tensorrt"

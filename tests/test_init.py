@@ -1,0 +1,96 @@
+"""`trtflow init`: a recipe from an ONNX file or a PyTorch factory, checked by the recipe loader before it is
+written (running one end to end is in test_quickstart.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trtflow.errors import TrtflowError
+from trtflow_stages.scaffold import Range, dynamic_ranges, parse_input_option, read_onnx_inputs
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def trtflow(*args: str, cwd: Path, check: int | None = 0) -> subprocess.CompletedProcess:
+    env = dict(os.environ, COLUMNS="200", TRTFLOW_STORE=str(cwd / "store"))
+    proc = subprocess.run([sys.executable, "-m", "trtflow.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=300)
+    if check is not None:
+        assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
+def test_init_onnx_writes_a_recipe_that_plans(tmp_path, tiny_cnn_onnx):
+    (tmp_path / "cnn.onnx").write_bytes(tiny_cnn_onnx.read_bytes())
+    proc = trtflow("init", "cnn.onnx", "-o", "recipes/cnn.yaml", "--batch", "1:4:8", cwd=tmp_path)
+    assert "WARNING: no --data given" in proc.stderr and "next: trtflow run recipes/cnn.yaml" in proc.stderr
+    text = (tmp_path / "recipes" / "cnn.yaml").read_text()
+    assert text.startswith("# yaml-language-server: $schema=recipe.schema.json\n")
+    assert (tmp_path / "recipes" / "recipe.schema.json").is_file()  # no shipped schema above: one written beside
+    assert "# WARNING: no --data was given" in text
+    recipe = yaml.safe_load(text)
+    assert recipe["profiles"]["default"] == {"input": {"min": [1, 3, 32, 32], "opt": [4, 3, 32, 32],
+                                                       "max": [8, 3, 32, 32]}}
+    nodes = {n["name"]: n for n in recipe["nodes"]}
+    assert nodes["export"]["params"]["model"] == "../cnn.onnx"
+    assert nodes["convert"]["params"]["calibration_data"] == {
+        "random": {"seed": 0, "num_samples": 32, "shapes": {"input": [1, 3, 32, 32]}}}
+    assert nodes["select"]["inputs"]["candidates"] == ["simplify", "convert", "quantize"]
+    assert nodes["benchmark"]["params"]["batch_sizes"] == [1, 4, 8]
+    plan = trtflow("plan", "recipes/cnn.yaml", cwd=tmp_path).stdout
+    assert "13 nodes: 0 fresh, 13 stale" in plan
+    again = trtflow("init", "cnn.onnx", "-o", "recipes/cnn.yaml", cwd=tmp_path, check=1)
+    assert "exists" in again.stderr and "--force" in again.stderr
+
+
+def test_init_with_data_and_a_shipped_schema(tmp_path, tiny_cnn_onnx):
+    project = tmp_path / "project"
+    (project / "schema").mkdir(parents=True)
+    (project / "schema" / "recipe.schema.json").write_text("{}")
+    (project / "pyproject.toml").write_text("")
+    (project / "cnn.onnx").write_bytes(tiny_cnn_onnx.read_bytes())
+    (project / "samples.npz").write_bytes((REPO / "examples" / "data" / "cnn_calib.npz").read_bytes())
+    proc = trtflow("init", "cnn.onnx", "-o", "pipelines/cnn.yaml", "--data", "samples.npz", cwd=project)
+    assert "WARNING" not in proc.stderr
+    text = (project / "pipelines" / "cnn.yaml").read_text()
+    assert text.startswith("# yaml-language-server: $schema=../schema/recipe.schema.json\n") and "random" not in text
+    nodes = {n["name"]: n for n in yaml.safe_load(text)["nodes"]}
+    assert nodes["validate"]["params"]["data"] == {"path": "../samples.npz"}
+
+
+def test_init_factory_needs_input_specs(tmp_path):
+    (tmp_path / "net.py").write_text((REPO / "examples" / "models" / "tiny_transformer.py").read_text())
+    proc = trtflow("init", "python:net.py:build", cwd=tmp_path, check=1)
+    assert "give each forward() argument with --input NAME:DIMS[:DTYPE]" in proc.stderr
+    proc = trtflow("init", "python:net.py:build", "--input", "input_ids:batch,seq:int64", cwd=tmp_path, check=1)
+    assert "seq (axis 1 of input_ids)" in proc.stderr and "--dim seq=1:128:512" in proc.stderr
+    trtflow("init", "python:net.py:build", "--input", "input_ids:batch,seq:int64", "--dim", "seq=4:16:32",
+            "--output-name", "logits", "--batch", "1:2:4", cwd=tmp_path)
+    recipe = yaml.safe_load((tmp_path / "recipe.yaml").read_text())
+    export = recipe["nodes"][0]["params"]
+    assert recipe["name"] == "net"
+    assert export == {"model": "python:net.py:build", "outputs": ["logits"],
+                      "inputs": {"input_ids": {"shape": [2, 16], "dtype": "int64",
+                                               "dynamic_axes": {0: "batch", 1: "seq"}}}}
+    assert recipe["profiles"]["default"]["input_ids"] == {"min": [1, 4], "opt": [2, 16], "max": [4, 32]}
+
+
+def test_onnx_dims_and_option_parsing(tiny_transformer_onnx):
+    inputs = read_onnx_inputs(tiny_transformer_onnx)
+    assert [(i.name, i.dtype, i.dims) for i in inputs] == [("input_ids", "int64", ("batch", "seq"))]
+    with pytest.raises(TrtflowError, match="need a range: seq"):
+        dynamic_ranges(inputs, Range(1, 8, 32), {})
+    with pytest.raises(TrtflowError, match="--dim names no dynamic dimension of the model: width"):
+        dynamic_ranges(inputs, Range(1, 8, 32), {"seq": Range(1, 2, 3), "width": Range(1, 2, 3)})
+    assert parse_input_option("x:batch,3,224,224").dims == ("batch", 3, 224, 224)
+    for bad in ("x", "x:batch,0:float32", "x:3:complex64"):
+        with pytest.raises(TrtflowError):
+            parse_input_option(bad)
+    with pytest.raises(TrtflowError, match="need 1 <= MIN <= OPT <= MAX"):
+        Range.parse("8:4:16", "--batch")

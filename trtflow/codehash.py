@@ -1,0 +1,176 @@
+"""Digests of code: a stage's module and the modules of its package it imports; a `python:` callable's file and the
+project modules it imports. Part of every node key, so a result is never reused across a change of the code
+that made it (no hand-bumped version strings to forget).
+
+Imports are found by reading the source (a line scan for ``import`` / ``from ... import``, including imports inside
+functions), never by importing it: `plan` runs no user code. Only files inside the given roots are followed
+(the stage's package; the recipe's project, minus virtual environments), so installed libraries are covered by
+the environment facts (their versions), not by hashing site-packages.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtflow.fingerprint import StatCache, hash_file, hash_value
+
+_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+\(?([^#\n]*)|import[ \t]+([^#\n]+))", re.M)
+_SKIP_DIRS = {"site-packages", "dist-packages", ".venv", "venv", ".tox", ".git", "__pycache__", "node_modules"}
+
+
+@dataclass(frozen=True)
+class CodeDigest:
+    digest: str
+    files: dict[str, str] = field(default_factory=dict)  # path (relative to ``base``) -> content digest
+
+
+def _imports(path: Path) -> list[tuple[int, str, list[str]]]:
+    """(relative level, module, imported names) for every import statement in ``path``."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    found: list[tuple[int, str, list[str]]] = []
+    for match in _IMPORT.finditer(text):
+        source, names, plain = match.groups()
+        if plain is not None:
+            for part in plain.split(","):
+                module = part.strip().split(" as ")[0].strip()
+                if module and all(p.isidentifier() for p in module.split(".")):
+                    found.append((0, module, []))
+            continue
+        level = len(source) - len(source.lstrip("."))
+        module = source[level:]
+        imported = [n.strip().split(" as ")[0].strip(" ()\\") for n in names.split(",")]
+        found.append((level, module, [n for n in imported if n.isidentifier()]))
+    return found
+
+
+def _module_file(base: Path) -> Path | None:
+    """``base.py`` or ``base/__init__.py``."""
+    as_file = base.with_name(base.name + ".py")
+    if as_file.is_file():
+        return as_file
+    init = base / "__init__.py"
+    return init if init.is_file() else None
+
+
+def _within(path: Path, roots: Iterable[Path]) -> bool:
+    if _SKIP_DIRS & set(path.parts):
+        return False
+    return any(path == r or r in path.parents for r in roots)
+
+
+def _resolve(entry: Path, level: int, module: str, names: list[str], search: list[Path]) -> list[Path]:
+    """Files an import statement in ``entry`` refers to, among ``search`` directories (for absolute imports)."""
+    parts = module.split(".") if module else []
+    if level:
+        base_dir = entry.parent
+        for _ in range(level - 1):
+            base_dir = base_dir.parent
+        bases = [base_dir]
+    else:
+        bases = search
+    found: list[Path] = []
+    for base_dir in bases:
+        target = base_dir.joinpath(*parts) if parts else base_dir
+        # every package on the way is imported too (its __init__.py runs)
+        for i in range(1, len(parts)):
+            init = base_dir.joinpath(*parts[:i], "__init__.py")
+            if init.is_file():
+                found.append(init)
+        module_file = _module_file(target) if parts else (target / "__init__.py" if (target / "__init__.py").is_file()
+                                                          else None)
+        if module_file is not None:
+            found.append(module_file)
+        for name in names:  # `from pkg import sub` may import the submodule pkg/sub.py
+            sub = _module_file(target / name)
+            if sub is not None:
+                found.append(sub)
+        if found:
+            break
+    return found
+
+
+def closure(entries: Iterable[Path], roots: list[Path], search: list[Path]) -> list[Path]:
+    """``entries`` and every file they import (transitively) that lies inside ``roots``, sorted."""
+    roots = [r.resolve() for r in roots]
+    seen: set[Path] = set()
+    stack = [e.resolve() for e in entries]
+    while stack:
+        path = stack.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        for level, module, names in _imports(path):
+            for target in _resolve(path, level, module, names, search):
+                target = target.resolve()
+                if target not in seen and _within(target, roots):
+                    stack.append(target)
+    return sorted(seen)
+
+
+def digest_files(files: Iterable[Path], base: Path, stat_cache: StatCache | None = None) -> CodeDigest:
+    entries: dict[str, str] = {}
+    for path in files:
+        try:
+            label = path.relative_to(base).as_posix()
+        except ValueError:
+            label = path.as_posix()
+        entries[label] = hash_file(path, stat_cache)
+    return CodeDigest(hash_value(entries), entries)
+
+
+_STAGE_CODE: dict[str, CodeDigest] = {}
+
+
+def stage_code(module_name: str, stat_cache: StatCache | None = None) -> CodeDigest:
+    """Digest of a stage's module and the modules of its own top-level package that it imports."""
+    if module_name in _STAGE_CODE:
+        return _STAGE_CODE[module_name]
+    module = sys.modules.get(module_name)
+    origin = getattr(module, "__file__", None)
+    if not origin:
+        return CodeDigest(hash_value({"module": module_name}))
+    top = sys.modules.get(module_name.split(".")[0])
+    top_file = getattr(top, "__file__", None) or origin
+    package_dir = Path(top_file).resolve().parent
+    files = closure([Path(origin)], [package_dir], [package_dir.parent])
+    # absolute imports of the package by its own name (``from trtflow_stages import x``) resolve under the
+    # package directory whatever the directory is called (``stages/`` is installed as ``trtflow_stages``)
+    files = sorted(set(files) | set(_own_package_imports(files, module_name.split(".")[0], package_dir)))
+    result = digest_files(files, package_dir.parent, stat_cache)
+    _STAGE_CODE[module_name] = result
+    return result
+
+
+def _own_package_imports(files: list[Path], package: str, package_dir: Path) -> list[Path]:
+    extra: list[Path] = []
+    stack = list(files)
+    seen = set(files)
+    while stack:
+        path = stack.pop()
+        for level, module, names in _imports(path):
+            if level or not module or module.split(".")[0] != package:
+                continue
+            rest = module.split(".")[1:]
+            targets = _resolve(package_dir / "__init__.py", 1, ".".join(rest), names, [])
+            for target in targets:
+                target = target.resolve()
+                if target not in seen:
+                    seen.add(target)
+                    extra.append(target)
+                    stack.append(target)
+    return extra
+
+
+def callable_code(entry: Path, project_root: Path, stat_cache: StatCache | None = None) -> CodeDigest:
+    """Digest of a `python:` callable's file and the project files it imports (paths relative to the project)."""
+    entry = entry.resolve()
+    search = [entry.parent, project_root]
+    files = closure([entry], [project_root, entry.parent], search)
+    return digest_files(files, project_root, stat_cache)

@@ -1,0 +1,257 @@
+"""A warm server that forks one process per node: isolation without paying Python's start-up every time.
+
+Each node still runs in a process of its own (a crash, a hang or a leak cannot harm the run), but the process
+is forked from a server that has already imported the heavy libraries the stages declare (`Stage.preload`,
+e.g. torch, onnx, onnxruntime), never initialising CUDA, and it leaves with ``os._exit`` once its result is
+durable. The server starts isolated: the caller's working directory is not on its module path, so a
+``logging.py`` or a ``trtflow/`` folder there shadows nothing.
+
+Protocol (JSON lines): the runner writes ``{"op": "spawn", "id", "job_file", "log", "env", "preload"}`` to the
+server's stdin; the server answers ``{"id", "pid"}`` after forking and ``{"id", "exit", "maxrss"}`` when the
+child has been reaped (``exit``: exit code, or minus the signal number).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+# `python -c` puts the working directory first on sys.path: take it off before importing anything else.
+BOOTSTRAP = ("import sys\nif sys.path and sys.path[0] == '': del sys.path[0]\n"
+             "from trtflow.execution.forkserver import serve\nserve()")
+# The same isolation for a node process started directly (no fork server).
+WORKER_BOOTSTRAP = ("import sys\nif sys.path and sys.path[0] == '': del sys.path[0]\n"
+                    "from trtflow.execution import worker\nworker.exit_now(worker.main(sys.argv[1]))")
+
+
+def isolated_python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+# --------------------------------------------------------------------------------------------- the server side
+def serve() -> None:
+    from trtflow.execution.worker import die_with_parent
+
+    die_with_parent(int(os.environ.get("TRTFLOW_FORKSERVER_PARENT", "0")))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner decides what a Ctrl-C stops
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: dict[int, int] = {}  # pid -> job id
+    control = sys.stdin.buffer
+    os.set_blocking(control.fileno(), True)
+    selector = selectors.DefaultSelector()
+    selector.register(control.fileno(), selectors.EVENT_READ, "control")
+    selector.register(wake_r, selectors.EVENT_READ, "child")
+    pending = b""
+    while True:
+        for key, _ in selector.select():
+            if key.data == "child":
+                try:
+                    os.read(wake_r, 4096)
+                except BlockingIOError:
+                    pass
+                _reap(children)
+                continue
+            chunk = os.read(control.fileno(), 65536)
+            if not chunk:  # the runner went away
+                for pid in list(children):
+                    _kill_group(pid)
+                os._exit(0)
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                message = json.loads(line)
+                if message.get("op") == "spawn":
+                    _spawn(message, children, [control.fileno(), wake_r, wake_w])
+        _reap(children)
+
+
+def _reply(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def _preload(modules: list[str]) -> None:
+    import importlib
+
+    for name in modules:
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # a module that fails to import here is imported (and fails) in the node
+            print(f"trtflow fork server: preloading {name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def _spawn(message: dict[str, Any], children: dict[int, int], server_fds: list[int]) -> None:
+    _preload(list(message.get("preload") or []))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 70
+        try:
+            _become_node(message, server_fds)
+            from trtflow.execution import worker
+
+            code = worker.main(message["job_file"])
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            from trtflow.execution.worker import exit_now
+
+            exit_now(code)
+    children[pid] = message["id"]
+    _reply({"id": message["id"], "pid": pid})
+
+
+def _become_node(message: dict[str, Any], server_fds: list[int]) -> None:
+    server_pid = os.getppid()
+    os.setsid()
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    log = os.open(message["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    for fd in {log, null, *server_fds} - {0, 1, 2}:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    for name, value in (message.get("env") or {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    from trtflow.environment import gpus
+    from trtflow.execution.worker import die_with_parent
+
+    gpus.cache_clear()  # the node may see another set of GPUs than the server
+    die_with_parent(server_pid)
+
+
+def _reap(children: dict[int, int]) -> None:
+    while children:
+        try:
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        job_id = children.pop(pid, None)
+        if job_id is None:
+            continue
+        code = os.waitstatus_to_exitcode(status)
+        _reply({"id": job_id, "exit": code, "maxrss": usage.ru_maxrss * 1024})
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------------------------- the runner side
+@dataclass
+class Child:
+    id: int
+    started: threading.Event = field(default_factory=threading.Event)
+    exited: threading.Event = field(default_factory=threading.Event)
+    pid: int | None = None
+    exit_code: int | None = None
+    maxrss: int | None = None
+
+
+class ServerGone(RuntimeError):
+    """The fork server died (e.g. a library crashed while it was being preloaded)."""
+
+
+class ForkServerClient:
+    """Starts the server (from the main thread: Linux ties a child's parent-death signal to the thread that
+    started it) and hands out children to runner threads."""
+
+    def __init__(self, stderr: IO[Any] | int | None = None) -> None:
+        env = dict(os.environ, TRTFLOW_FORKSERVER_PARENT=str(os.getpid()))
+        self._proc = subprocess.Popen(isolated_python(BOOTSTRAP), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=stderr, env=env, start_new_session=True)
+        self._lock = threading.Lock()
+        self._children: dict[int, Child] = {}
+        self._next = 0
+        self._reader = threading.Thread(target=self._read, name="trtflow-forkserver", daemon=True)
+        self._reader.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def spawn(self, job_file: Path, log: Path, env: dict[str, str | None], preload: list[str]) -> Child:
+        with self._lock:
+            self._next += 1
+            child = Child(self._next)
+            self._children[child.id] = child
+            message = {"op": "spawn", "id": child.id, "job_file": str(job_file), "log": str(log), "env": env,
+                       "preload": preload}
+            try:
+                assert self._proc.stdin is not None
+                self._proc.stdin.write((json.dumps(message) + "\n").encode())
+                self._proc.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                self._children.pop(child.id, None)
+                raise ServerGone("the fork server is gone") from None
+        while not child.started.wait(0.2):
+            if not self.alive:
+                raise ServerGone(f"the fork server exited with code {self._proc.returncode}")
+        if child.pid is None:
+            raise ServerGone("the fork server stopped before starting the node")
+        return child
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            child = self._children.get(message.get("id"))
+            if child is None:
+                continue
+            if "pid" in message:
+                child.pid = message["pid"]
+                child.started.set()
+            elif "exit" in message:
+                child.exit_code = message["exit"]
+                child.maxrss = message.get("maxrss")
+                child.exited.set()
+                with self._lock:
+                    self._children.pop(child.id, None)
+        for child in list(self._children.values()):  # the server died: nothing more will be reported
+            child.started.set()
+            child.exited.set()
+
+    def close(self) -> None:
+        try:
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()

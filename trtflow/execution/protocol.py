@@ -1,0 +1,103 @@
+"""The small protocol every executor speaks: a `Job` goes in, an `Outcome` comes back.
+
+An executor decides only *where* a node runs (a local process forked from a warm server, this process, a Ray
+worker). It knows nothing of plans, keys or the store: the runner prepares the job (inputs in place, key facts
+chosen) and commits what comes back.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+OK, FAILED, GATE_FAILED, SKIPPED, INTERRUPTED, CRASHED, TIMED_OUT = (
+    "ok", "failed", "gate_failed", "skipped", "interrupted", "crashed", "timed_out")
+
+
+@dataclass
+class Job:
+    run_id: str
+    node: str
+    stage: str
+    params: dict[str, Any]
+    inputs: dict[str, str | list[str]]  # slot -> path of the input file (its source node's other outputs beside
+    # it); a many-slot: a list of paths, each in a folder named after its producer
+    scratch: str  # private folder; outputs go to scratch/out
+    recipe_dir: str
+    cache_dir: str
+    log_path: str
+    facts: dict[str, str] = field(default_factory=dict)
+    allowed_roots: list[str] = field(default_factory=list)
+    device: str | None = None  # CUDA_VISIBLE_DEVICES for the node (GPU or MIG UUIDs, comma-separated), None: no GPU
+    ran_alone: bool = False  # the scheduler ran nothing beside it (an exclusive node)
+    previous_summary: dict[str, Any] | None = None
+    timeout: float | None = None
+    preload: list[str] = field(default_factory=list)  # modules worth importing once in a warm server
+    parent_pid: int = 0
+    # for executors that run nodes elsewhere: where each input's bytes come from (slot -> {filename: digest})
+    input_objects: dict[str, dict[str, str]] = field(default_factory=dict)
+    # slot -> per input: its producer's node, template, matrix and own inputs (StageContext.input_sources)
+    input_sources: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    @property
+    def gpu(self) -> int | None:
+        """The CUDA ordinal the stage uses: the node sees only its devices, the first as device 0."""
+        return 0 if self.device else None
+
+    @property
+    def job_file(self) -> Path:
+        return Path(self.scratch) / "job.json"
+
+    @property
+    def result_file(self) -> Path:
+        return Path(self.scratch) / "result.json"
+
+    @property
+    def progress_file(self) -> Path:
+        return Path(self.scratch) / "progress.jsonl"
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.scratch) / "out"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Job:
+        return cls(**data)
+
+
+@dataclass
+class Outcome:
+    status: str
+    summary: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    hint: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    peak_rss: int | None = None  # bytes
+    # outputs already stored elsewhere (a remote cache) by the executor: name -> {digest, size, filename, kind};
+    # None: the outputs are files in job.out_dir
+    stored_outputs: dict[str, dict[str, Any]] | None = None
+
+
+class Executor(Protocol):
+    name: str
+
+    def start(self) -> None:
+        """Get ready to run jobs (called from the main thread before the first job of a run)."""
+
+    def execute(self, job: Job, cancel: threading.Event) -> Outcome:
+        """Run one job to its end (blocking; called from one runner thread per running node)."""
+
+    def pid_of(self, node: str) -> int | None:
+        """The process running ``node`` here, if any (for live memory readings)."""
+
+    def interrupt(self) -> None:
+        """Stop every running job now (Ctrl-C): they come back as INTERRUPTED."""
+
+    def close(self) -> None:
+        """Release what `start` acquired."""

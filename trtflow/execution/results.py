@@ -1,0 +1,97 @@
+"""What a run produces per node, and the hooks that report it as it happens."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtflow.plan import FRESH, Step
+
+DONE, CACHED, FAILED, GATE_FAILED, SKIPPED, BLOCKED, INTERRUPTED = (
+    "done", "cached", "failed", "gate_failed", "skipped", "blocked", "interrupted")
+SUCCESS = frozenset({FRESH, DONE, CACHED})
+
+
+@dataclass
+class RunOptions:
+    jobs: int = max(1, min(4, os.cpu_count() or 1))
+    keep_going: bool = False
+    require_gpu: bool = False
+    lock_timeout: float = 6 * 3600.0
+    output_dir: Path | None = None
+    command: str = "trtflow run"
+    kill_grace: float = 5.0
+    executor: str = "local"  # local | inline | ray
+    ray_address: str | None = None
+    remote: str | None = None  # URL of a remote cache shared by several stores
+    push: bool = True  # push what this run builds to the remote cache (False: only pull, e.g. untrusted CI)
+    memory_limit: int | None = None  # bytes the scheduler may hand out (default: what the machine has free)
+
+
+@dataclass
+class NodeResult:
+    node: str
+    stage: str
+    status: str
+    reason: str = ""
+    key: str | None = None
+    duration: float = 0.0
+    log_path: Path | None = None
+    error: str | None = None
+    hint: str | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+    outputs: dict[str, Path] = field(default_factory=dict)
+    peak_rss: int | None = None  # bytes, for nodes that ran a process
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    results: dict[str, NodeResult]
+    interrupted: bool = False
+    cleared: list[str] = field(default_factory=list)  # output folders whose outdated files were removed
+    problems: list[str] = field(default_factory=list)  # run-level problems (journal could not be written, ...)
+    warnings: list[str] = field(default_factory=list)  # things the user should know that fail nothing
+
+    def count(self, *statuses: str) -> int:
+        return sum(1 for r in self.results.values() if r.status in statuses)
+
+    @property
+    def ok(self) -> bool:
+        return not self.interrupted and not self.problems and all(
+            r.status in SUCCESS or r.status == SKIPPED for r in self.results.values())
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A running node's latest progress report, with what the runner observes itself."""
+
+    fraction: float | None
+    message: str
+    elapsed_s: float
+    rss_bytes: int | None = None
+
+
+class Hooks:
+    """Callbacks for progress reporting; every method is optional to override."""
+
+    def on_run_start(self, run_id: str, steps: list[Step]) -> None: ...
+    def on_node_start(self, node: str, reason: str) -> None: ...
+    def on_node_waiting(self, node: str, message: str) -> None: ...
+    def on_node_progress(self, node: str, progress: Progress) -> None: ...
+    def on_node_end(self, result: NodeResult) -> None: ...
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(3).hex()
+
+
+def resume_command(argv: list[str] | None = None) -> str:
+    import shlex
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    return "trtflow " + shlex.join(args)

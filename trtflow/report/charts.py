@@ -1,0 +1,118 @@
+"""Report charts: Vega-Lite specifications built with altair, rendered to inline SVG by vl-convert.
+
+vl-convert renders offline (it bundles Vega), so a report stays one self-contained file that opens without a
+network. Each function returns SVG text, or "" when there is nothing to draw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from trtflow.errors import UsageError
+
+STATUS_COLORS = {"selected": "#1a9850", "eligible": "#3182bd", "excluded": "#969696"}
+WIDTH, HEIGHT = 420, 260
+
+
+def _altair() -> Any:
+    try:
+        import altair
+        import vl_convert  # noqa: F401  (renders the SVG)
+    except ImportError as exc:
+        raise UsageError(f"the HTML report's charts need altair and vl-convert-python ({exc.name} is missing)",
+                         hint="pip install 'trtflow[report]'") from None
+    return altair
+
+
+def render_svg(chart: Any) -> str:
+    import vl_convert
+
+    return vl_convert.vegalite_to_svg(chart.to_dict())
+
+
+def _status_color(alt: Any) -> Any:
+    return alt.Color("status:N", title="candidate",
+                     scale=alt.Scale(domain=list(STATUS_COLORS), range=list(STATUS_COLORS.values())))
+
+
+def accuracy_latency(rows: Sequence[dict[str, Any]], latency_title: str) -> str:
+    """Accuracy (cosine similarity to the reference) against latency, the Pareto front joined by a line."""
+    points = [{"candidate": r["name"], "status": r["status"], "latency_ms": r["operating_latency"],
+               "cosine": r["cosine"], "pareto": r["pareto"]}
+              for r in rows if r["operating_latency"] is not None and r["cosine"] is not None]
+    if not points:
+        return ""
+    for i, point in enumerate(sorted(points, key=lambda p: p["latency_ms"])):
+        point["above"] = i % 2 == 0  # neighbours' labels go above and below: close points stay legible
+    alt = _altair()
+    data = alt.Data(values=points)
+    x = alt.X("latency_ms:Q", title=latency_title, scale=alt.Scale(zero=False, nice=True))
+    y = alt.Y("cosine:Q", title="cosine similarity to the reference", scale=alt.Scale(zero=False, nice=True))
+    front = alt.Chart(alt.Data(values=sorted((p for p in points if p["pareto"]), key=lambda p: p["latency_ms"]))) \
+        .mark_line(strokeDash=[6, 3], color="#fd8d3c", interpolate="step-after").encode(x=x, y=y)
+    dots = alt.Chart(data).mark_point(filled=True, size=120).encode(
+        x=x, y=y, color=_status_color(alt),
+        shape=alt.Shape("pareto:N", title="Pareto front", scale=alt.Scale(domain=[True, False],
+                                                                          range=["diamond", "circle"])))
+    labels = [alt.Chart(data).transform_filter(alt.datum.above == above)
+              .mark_text(align="left", dx=8, dy=-9 if above else 13, fontSize=11)
+              .encode(x=x, y=y, text="candidate:N") for above in (True, False)]
+    chart = alt.layer(front, dots, *labels).properties(width=WIDTH, height=HEIGHT,
+                                               title="accuracy against latency (dashed: Pareto front)")
+    return render_svg(chart)
+
+
+def _batch_axis(alt: Any, points: Sequence[dict[str, Any]]) -> Any:
+    """Batch sizes on a log2 scale, ticked at the measured sizes only."""
+    measured = sorted({p["batch_size"] for p in points})
+    return alt.X("batch_size:Q", title="batch size", scale=alt.Scale(type="log", base=2),
+                 axis=alt.Axis(values=measured, format="d"))
+
+
+def latency_batch(series: Sequence[dict[str, Any]], stat: str) -> str:
+    """Latency (p50 solid, the judged percentile dashed) against batch size, one line per candidate."""
+    stats = ["p50"] if stat == "p50" else ["p50", stat]
+    points = [{"candidate": s["candidate"], "batch_size": s["batch_size"], "statistic": name, "latency_ms": s[name]}
+              for s in series for name in stats if s.get(name) is not None and s.get("batch_size") is not None]
+    if not points:
+        return ""
+    alt = _altair()
+    chart = alt.Chart(alt.Data(values=points)).mark_line(point=True).encode(
+        x=_batch_axis(alt, points),
+        y=alt.Y("latency_ms:Q", title="latency (ms)"),
+        color=alt.Color("candidate:N"),
+        strokeDash=alt.StrokeDash("statistic:N", title="statistic", sort=stats),
+    ).properties(width=WIDTH, height=HEIGHT, title="latency against batch size")
+    return render_svg(chart)
+
+
+def throughput_batch(series: Sequence[dict[str, Any]]) -> str:
+    points = [{"candidate": s["candidate"], "batch_size": s["batch_size"], "throughput_qps": s["throughput_qps"]}
+              for s in series if s.get("throughput_qps") is not None and s.get("batch_size") is not None]
+    if not points:
+        return ""
+    alt = _altair()
+    chart = alt.Chart(alt.Data(values=points)).mark_line(point=True).encode(
+        x=_batch_axis(alt, points),
+        y=alt.Y("throughput_qps:Q", title="throughput (inferences/s)"),
+        color=alt.Color("candidate:N"),
+    ).properties(width=WIDTH, height=HEIGHT, title="throughput against batch size")
+    return render_svg(chart)
+
+
+def load_curves(load: Sequence[dict[str, Any]], stat: str) -> str:
+    """Latency against throughput as the offered load (concurrency) grows, one curve per candidate."""
+    if not load:
+        return ""
+    alt = _altair()
+    base = alt.Chart(alt.Data(values=list(load))).encode(
+        x=alt.X("throughput_qps:Q", title="throughput (inferences/s)"),
+        y=alt.Y("latency_ms:Q", title=f"{stat} latency (ms)"),
+        color=alt.Color("candidate:N"),
+        order=alt.Order("concurrency:Q"),
+    )
+    labels = base.mark_text(align="left", dx=6, dy=-6, fontSize=10).encode(text="concurrency:Q")
+    chart = (base.mark_line(point=True) + labels).properties(
+        width=WIDTH, height=HEIGHT, title="load: latency against throughput (labels: concurrency)")
+    return render_svg(chart)

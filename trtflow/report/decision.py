@@ -1,0 +1,96 @@
+"""The decision a report leads with, read from the run's data (`formats.collect`): one per chooser node.
+
+A chooser node (the ``select`` stage, or any stage whose summary has the same shape) summarises every
+candidate with its accuracy, benchmark points and the reason it won, lost or was excluded. This module turns
+that into table rows and chart series; it does not know how the selection was made.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Decision:
+    node: str
+    selected: str | None
+    objective: str
+    percentile: str
+    constraints: list[str]
+    baseline: str | None
+    rows: list[dict[str, Any]]  # one per candidate, for the table
+    batch_sizes: list[int]  # the union of benchmarked batch sizes (table columns)
+    series: list[dict[str, Any]] = field(default_factory=list)  # per candidate and batch (charts)
+    load: list[dict[str, Any]] = field(default_factory=list)  # per candidate and load level (charts)
+    charts: list[tuple[str, str]] = field(default_factory=list)  # (title, SVG), filled by the HTML report
+
+
+def is_selection(summary: Any) -> bool:
+    return isinstance(summary, Mapping) and {"selected", "candidates", "objective"} <= set(summary) \
+        and isinstance(summary["candidates"], list)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def decisions(data: Mapping[str, Any]) -> list[Decision]:
+    return [decision(n["node"], n["summary"]) for n in data["nodes"] if is_selection(n.get("summary"))]
+
+
+def decision(node: str, summary: Mapping[str, Any]) -> Decision:
+    objective = summary.get("objective") or {}
+    stat = objective.get("percentile") or "p50"
+    candidates = summary["candidates"]
+    batches = sorted({p["batch_size"] for c in candidates for p in (c.get("benchmark") or {}).get("points", [])
+                      if isinstance(p.get("batch_size"), int)})
+    rows, series, load = [], [], []
+    for c in candidates:
+        validation = c.get("validation") or {}
+        bench = c.get("benchmark") or {}
+        point = c.get("operating_point") or {}
+        by_batch = {p.get("batch_size"): p for p in bench.get("points", [])}
+        status = "selected" if c["name"] == summary.get("selected") else "eligible" if c.get("eligible") \
+            else "excluded"
+        rows.append({
+            "name": c["name"], "status": status, "kind": c.get("kind"), "precision": c.get("precision") or "",
+            "profiles": ", ".join(c.get("profiles") or []) or "", "size_mb": c.get("size_bytes", 0) / 1e6,
+            "cosine": validation.get("cosine_similarity"), "mean_abs_error": validation.get("mean_abs_error"),
+            "validation": "" if not validation else ("pass" if validation.get("passed") else "fail"),
+            "latency": {b: ((by_batch.get(b) or {}).get("latency_ms") or {}) for b in batches},
+            "throughput": point.get("throughput_qps"), "at": point.get("description") or "",
+            "operating_latency": point.get("latency_ms"), "speedup": c.get("speedup"),
+            "pareto": bool(c.get("pareto")), "reason": c.get("reason") or "",
+            "backend": " ".join(filter(None, [bench.get("backend"), bench.get("device")])),
+        })
+        for p in bench.get("points", []):
+            latency = p.get("latency_ms") or {}
+            series.append({"candidate": c["name"], "status": status, "batch_size": p.get("batch_size"),
+                           "p50": latency.get("p50"), stat: latency.get(stat),
+                           "throughput_qps": p.get("throughput_qps")})
+        for level in bench.get("load", []):
+            latency = level.get("latency_ms") or {}
+            if _number(level.get("throughput_qps")) and _number(latency.get(stat)):
+                load.append({"candidate": c["name"], "concurrency": level.get("concurrency"),
+                             "throughput_qps": level["throughput_qps"], "latency_ms": latency[stat]})
+    return Decision(node=node, selected=summary.get("selected"), objective=objective.get("description", ""),
+                    percentile=stat, constraints=[c.get("text", str(c)) for c in summary.get("constraints") or []],
+                    baseline=summary.get("baseline"), rows=rows, batch_sizes=batches, series=series, load=load)
+
+
+def benchmark_series(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Latency per batch size of every benchmark node (its summary's points), for runs without a chooser."""
+    series = []
+    for n in nodes:
+        summary = n.get("summary")
+        if not isinstance(summary, Mapping):
+            continue
+        for p in summary.get("points") or []:
+            if isinstance(p, Mapping) and _number(p.get("median_ms")):
+                series.append({"candidate": n["node"], "status": "eligible", "batch_size": p.get("batch_size"),
+                               "p50": p["median_ms"], "p99": p.get("p99_ms"),
+                               "throughput_qps": p.get("throughput_qps")})
+    return series
