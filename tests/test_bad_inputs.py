@@ -408,6 +408,7 @@ def _materialise(case: Bad, tmp_path: Path) -> Path:
     recipe = project / "recipe.yaml"
     for name, content in {"recipe.yaml": case.recipe, **case.files}.items():
         path = project / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(content, bytes):
             path.write_bytes(content)
         else:

@@ -77,8 +77,9 @@ def resolve_user_path(path: str | Path, base: Path, allowed_roots: Sequence[Path
         raise TrtflowError(
             f"path {_shown(path)} resolves to {resolved}, outside the allowed directories "
             f"({', '.join(str(r) for r in roots)})",
-            hint=f"keep model and data files under the project directory, or add the directory to "
-            f"{ALLOWED_PATHS_ENV} (os.pathsep-separated)",
+            hint="keep the files inside the recipe's project (the nearest folder above the recipe holding a .git or "
+            f"a pyproject.toml; without one, the recipe's own folder), or add their directory to {ALLOWED_PATHS_ENV} "
+            "(os.pathsep-separated)",
         )
     recipe_dir = Path(base).resolve()
     if resolved == recipe_dir or resolved in recipe_dir.parents:
