@@ -392,6 +392,19 @@ CATALOGUE: list[Bad] = [
           - {name: e, stage: export, params: {model: m.onnx}}
           - {name: q, stage: quantize, params: {mode: int8, calibration_data: {path: calib.npz}}}
         """), r"node 'q': file 'calib\.npz' not found", "recipe.yaml:4", files={"m.onnx": "never read"}),
+    Bad("data-folder-holding-a-pipe", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: m.onnx}}\n"
+        "  - {name: q, stage: quantize, inputs: {model: e}, params: {mode: int8, calibration_data: {path: data}}}\n",
+        r"node 'q': \S+/data/p in folder \S+/data is not a regular file", "recipe.yaml:4",
+        files={"m.onnx": "x", "data/a.npz": "x"}, fifos=("data/p",)),  # hashing the folder blocked on it
+    Bad("data-folder-linking-out", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: m.onnx}}\n"
+        "  - {name: q, stage: quantize, inputs: {model: e}, params: {mode: int8, calibration_data: {path: data}}}\n",
+        r"node 'q': \S+/data/leak in folder \S+/data links to \S+/outside/secret.onnx, outside the allowed",
+        "recipe.yaml:4", files={"m.onnx": "x", "data/a.npz": "x"},
+        symlinks={"project/data/leak": "outside/secret.onnx"}),
+    Bad("data-path-is-the-project", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: m.onnx}}\n"
+        "  - {name: q, stage: quantize, inputs: {model: e}, params: {mode: int8, calibration_data: {path: .}}}\n",
+        r"node 'q': path '\.' resolves to \S+/project, a folder that holds the recipe itself", "recipe.yaml:4",
+        files={"m.onnx": "x"}),
     Bad("python-model-file-missing",
         "name: x\nnodes:\n  - name: e\n    stage: export\n    params:\n      model: python:nope.py:build\n"
         "      inputs: {input: {shape: [1, 16]}}\n",

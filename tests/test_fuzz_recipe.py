@@ -310,8 +310,7 @@ SHIPPED_MUTANTS = 300
 
 def shipped_project(root: Path) -> Path:
     """The shipped pipelines and the examples they use, copied as a project of their own, with traps beside
-    them: a named pipe (opening it blocks), a symbolic link loop and a link out of the project. (A pipe inside
-    a data folder waits for the planner to check folders before hashing them: `fsutil.check_folder`.)"""
+    them: named pipes (opening one blocks), a symbolic link loop and a link out of the project."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "pyproject.toml").write_text("")
     shutil.copytree(REPO / "pipelines", root / "pipelines")
@@ -321,6 +320,7 @@ def shipped_project(root: Path) -> Path:
     os.mkfifo(traps / "fifo")
     (traps / "loop").symlink_to(traps / "loop")
     (traps / "out").symlink_to("/etc")
+    os.mkfifo(root / "examples" / "data" / "pipe.npz")  # inside a folder a recipe may point at
     return traps
 
 

@@ -57,9 +57,10 @@ def resolve_user_path(path: str | Path, base: Path, allowed_roots: Sequence[Path
     """Resolve a path from a recipe relative to ``base`` (the recipe's folder).
 
     Refuses, with a TrtflowError, a path that escapes ``allowed_roots`` (symbolic links followed), a folder
-    that holds the recipe itself (its content would include the recipe, and usually the store), and a path
-    that cannot be resolved or looked at (a NUL byte, a name too long, a symbolic link loop, no permission).
-    A path that does not exist is returned: the caller says what it expected there.
+    that holds the recipe itself (its content would include the recipe, and usually the store), a folder
+    whose files break the rule (``check_folder``), and a path that cannot be resolved or looked at (a NUL
+    byte, a name too long, a symbolic link loop, no permission). A path that does not exist is returned: the
+    caller says what it expected there.
     """
     try:
         candidate = Path(os.path.expandvars(str(path))).expanduser()
@@ -85,6 +86,8 @@ def resolve_user_path(path: str | Path, base: Path, allowed_roots: Sequence[Path
     if resolved == recipe_dir or resolved in recipe_dir.parents:
         raise TrtflowError(f"path {_shown(path)} resolves to {resolved}, a folder that holds the recipe itself",
                            hint="point at the model or data file, or at a folder of data, not at the project")
+    if resolved.is_dir():
+        check_folder(resolved, roots)
     return resolved
 
 
