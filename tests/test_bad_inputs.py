@@ -46,6 +46,13 @@ def r(text: str) -> str:
 
 
 SYNTH = "  - {name: a, stage: synth}\n"
+# `<<:` nested eight deep, 9 merges a level: 9**8 values if expanded (took 60-90 s and 580 MB before it was refused)
+MERGE_BOMB = "name: x\n" + "".join(
+    f"m{i}: &m{i} {{<<: [" + ", ".join([f"*m{i - 1}"] * 9) + f"], k{i}: v}}\n" if i else "m0: &m0 {k0: v}\n"
+    for i in range(9)) + "nodes:\n" + SYNTH
+# An alias bomb through --set (a 412-character one spun for minutes: --set skipped the alias limit)
+SET_ALIAS_BOMB = "[" + ", ".join(["&a [x, x, x, x, x, x, x, x, x, x]"] + [
+    f"&{c} [" + ", ".join([f"*{p}"] * 10) + "]" for p, c in zip("abcdefg", "bcdefgh", strict=True)]) + "]"
 
 CATALOGUE: list[Bad] = [
     # ------------------------------------------------------------------ YAML itself
@@ -88,7 +95,38 @@ CATALOGUE: list[Bad] = [
     Bad("yaml-billion-laughs", "name: x\n" + "\n".join(
         [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" if i else "l0: &l0 [lol, lol, lol, lol]"
          for i in range(8)]) + "\nnodes:\n" + SYNTH,
-        r"recipe expands to more than 200000 values \(too many aliases\?\)", "recipe.yaml:"),
+        r"aliases and merge keys expand to more than 100000 values \(an alias bomb\?\)", "recipe.yaml:7:15"),
+    # ------------------------------------------------------------------ hostile YAML: refused before it grows
+    Bad("yaml-merge-key-bomb", MERGE_BOMB, r"aliases and merge keys expand to more than 100000 values",
+        "recipe.yaml:7:40"),
+    Bad("yaml-recursive-alias", "name: x\nloop: &l [a, *l]\nnodes:\n" + SYNTH,
+        r"alias \*l is used inside the node it names", "recipe.yaml:2:14"),
+    Bad("yaml-undefined-alias", "name: x\nnodes:\n  - {name: a, stage: synth, params: {text: *nowhere}}\n",
+        r"alias \*nowhere refers to no anchor &nowhere defined before it", "recipe.yaml:3:44"),
+    Bad("yaml-duplicate-anchor", "name: &n x\ndescription: &n y\nnodes:\n" + SYNTH,
+        r"anchor &n is defined twice", "recipe.yaml:2:14"),
+    Bad("yaml-merge-of-a-scalar", "name: x\nbase: &b 3\nnodes:\n  - {<<: *b, name: a, stage: synth}\n",
+        r"a merge key '<<' takes a mapping or a list of mappings", "recipe.yaml:4:"),
+    Bad("yaml-nested-500-deep", "name: x\nnodes:\n  - {name: a, stage: synth, params: {text: "
+        + "[" * 500 + "]" * 500 + "}}\n", r"values nested more than 64 levels deep", "recipe.yaml:3:"),
+    Bad("yaml-nested-200000-deep", "name: x\nnodes: " + "[" * 200_000 + "]" * 200_000 + "\n",
+        r"values nested more than 64 levels deep", "recipe.yaml:2:"),
+    Bad("yaml-nested-block-mappings", "name: x\nnodes:\n" + "".join(" " * (2 * i) + f"k{i}:\n" for i in range(70))
+        + " " * 140 + "v\n", r"values nested more than 64 levels deep", "recipe.yaml:"),
+    Bad("yaml-integer-of-5000-digits", "name: x\nnodes:\n  - {name: a, stage: synth, params: {size: "
+        + "7" * 5000 + "}}\n", r"an integer of 5000 digits \(at most 100\)", "recipe.yaml:3:44",
+        hint="quote it"),
+    Bad("yaml-sexagesimal-integer", "name: x\nnodes:\n  - {name: a, stage: synth, params: {size: "
+        + ":".join(["59"] * 3000) + "}}\n", r"an integer of 8999 digits", "recipe.yaml:3:44"),
+    Bad("yaml-huge-scalar", "name: x\nnodes:\n  - {name: a, stage: synth, params: {text: "
+        + "a" * ((1 << 20) + 1) + "}}\n", r"a value of 1048577 characters \(a recipe value may have at most",
+        "recipe.yaml:3:44"),
+    Bad("yaml-two-documents", "name: x\nnodes:\n" + SYNTH + "---\nname: y\n",
+        r"the file holds more than one YAML document", "recipe.yaml:4:1"),
+    Bad("yaml-invalid-explicit-int", "name: x\nnodes:\n  - {name: a, stage: synth, params: {size: !!int ''}}\n",
+        r"'' is not a valid int", "recipe.yaml:3:"),
+    Bad("yaml-control-character", "name: x\x07\nnodes:\n" + SYNTH, r"YAML error: .*control characters",
+        "recipe.yaml:1:8"),
     Bad("empty-file", "", r"the recipe is empty", "recipe.yaml:1", hint="needs at least 'name' and 'nodes'"),
     Bad("comments-only", "# nothing here\n", r"the recipe is empty", "recipe.yaml:1"),
     Bad("not-a-mapping", "- name: a\n  stage: synth\n", r"a recipe must be a mapping with 'name' and 'nodes'",
@@ -293,12 +331,44 @@ CATALOGUE: list[Bad] = [
         files={"base.yaml": "extends: recipe.yaml\nname: base\nnodes:\n" + SYNTH}),
     Bad("extends-not-a-string", "extends: [a.yaml]\nname: x\nnodes:\n" + SYNTH,
         r"'extends' must be a path to a base recipe", "recipe.yaml:1"),
+    Bad("extends-outside-the-project", "extends: ../outside/base.yaml\nname: x\nnodes:\n" + SYNTH,
+        r"extends: path '\.\./outside/base\.yaml' resolves to .*outside/base\.yaml, outside the allowed directories",
+        "recipe.yaml:1:10", hint="TRTFLOW_ALLOWED_PATHS"),
+    Bad("extends-absolute-path", "extends: /etc/passwd\nname: x\nnodes:\n" + SYNTH,
+        r"extends: path '/etc/passwd' resolves to /etc/passwd, outside the allowed directories", "recipe.yaml:1:10"),
+    Bad("extends-symlink-out", "extends: base.yaml\nname: x\nnodes:\n" + SYNTH,
+        r"extends: path 'base\.yaml' resolves to .*outside/base\.yaml, outside the allowed directories",
+        "recipe.yaml:1:10", symlinks={"project/base.yaml": "outside/base.yaml"}),
+    Bad("extends-base-is-hostile", "extends: base.yaml\nname: x\nnodes:\n" + SYNTH,
+        r"values nested more than 64 levels deep", "base.yaml:1:",
+        files={"base.yaml": "name: " + "[" * 100 + "]" * 100 + "\n"}),
     Bad("set-without-equals", "name: x\nnodes:\n" + SYNTH, r"expected KEY.PATH=VALUE", "--set nodes.a.params.size",
         overrides=("nodes.a.params.size",)),
     Bad("set-unknown-node", "name: x\nnodes:\n" + SYNTH, r"no node named 'b'", "--set nodes.b.params.size=3",
         overrides=("nodes.b.params.size=3",)),
     Bad("set-wrong-type", "name: x\nnodes:\n" + SYNTH, r"params\.size: Input should be a valid integer",
         "--set nodes.a.params.size=big", overrides=("nodes.a.params.size=big",)),
+    Bad("set-alias-bomb", "name: x\nnodes:\n" + SYNTH, r"aliases and merge keys expand to more than 100000 values",
+        "--set nodes.a.params.text=", overrides=("nodes.a.params.text=" + SET_ALIAS_BOMB,)),
+    Bad("set-nested-too-deep", "name: x\nnodes:\n" + SYNTH, r"values nested more than 64 levels deep",
+        "--set nodes.a.params.text=[[[", overrides=("nodes.a.params.text=" + "[" * 5000,)),
+    Bad("set-key-path-too-deep", "name: x\nnodes:\n" + SYNTH, r"a key path of 100 parts \(at most 64\)",
+        "--set " + "a." * 99, overrides=("a." * 99 + "a=1",)),
+    Bad("set-integer-of-5000-digits", "name: x\nnodes:\n" + SYNTH, r"an integer of 5000 digits",
+        "--set nodes.a.params.size=", overrides=("nodes.a.params.size=" + "9" * 5000,)),
+    Bad("set-not-utf8", "name: x\nnodes:\n" + SYNTH, r"not valid UTF-8 text", "--set nodes.a.params.text=\\xff",
+        overrides=("nodes.a.params.text=\udcff",)),  # how a non-UTF-8 byte in argv reaches Python
+    Bad("env-var-not-utf8", "name: x\nnodes:\n  - {name: a, stage: synth, params: {text: '${TRTFLOW_TEST_BYTES}'}}\n",
+        r"environment variable 'TRTFLOW_TEST_BYTES' is not valid UTF-8 text", "recipe.yaml:3:",
+        env={"TRTFLOW_TEST_BYTES": "\udcff"}),
+    Bad("recipe-name-too-long", "name: " + "n" * 10_000 + "\nnodes:\n" + SYNTH,
+        r"name: String should have at most 128 characters \(got 'nnnn.*\.\.\. \(10002 characters\)\)", "recipe.yaml:1"),
+    Bad("matrix-variant-name-too-long", "name: x\nnodes:\n  - name: " + "a" * 128 + "\n    stage: synth\n"
+        "    params: {text: '${{ matrix.p }}${{ matrix.q }}${{ matrix.r }}'}\n"
+        f"    matrix: {{p: [{'b' * 60}], q: [{'c' * 60}], r: [{'d' * 60}]}}\n",
+        r"nodes\[0\]\.matrix: matrix variant name a+\.\.\. is 251 characters \(at most 200\)", "recipe.yaml:6:"),
+    Bad("set-python-tag", "name: x\nnodes:\n" + SYNTH, r"YAML tag .*python/name:os.system' is not allowed",
+        "--set nodes.a.params.text=", overrides=("nodes.a.params.text=!!python/name:os.system ''",)),
     # ------------------------------------------------------------------ files a recipe points at
     Bad("model-file-missing", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: missing.onnx}}\n",
         r"node 'e': file 'missing.onnx' not found", "recipe.yaml:3"),
@@ -322,6 +392,19 @@ CATALOGUE: list[Bad] = [
           - {name: e, stage: export, params: {model: m.onnx}}
           - {name: q, stage: quantize, params: {mode: int8, calibration_data: {path: calib.npz}}}
         """), r"node 'q': file 'calib\.npz' not found", "recipe.yaml:4", files={"m.onnx": "never read"}),
+    Bad("data-folder-holding-a-pipe", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: m.onnx}}\n"
+        "  - {name: q, stage: quantize, inputs: {model: e}, params: {mode: int8, calibration_data: {path: data}}}\n",
+        r"node 'q': \S+/data/p in folder \S+/data is not a regular file", "recipe.yaml:4",
+        files={"m.onnx": "x", "data/a.npz": "x"}, fifos=("data/p",)),  # hashing the folder blocked on it
+    Bad("data-folder-linking-out", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: m.onnx}}\n"
+        "  - {name: q, stage: quantize, inputs: {model: e}, params: {mode: int8, calibration_data: {path: data}}}\n",
+        r"node 'q': \S+/data/leak in folder \S+/data links to \S+/outside/secret.onnx, outside the allowed",
+        "recipe.yaml:4", files={"m.onnx": "x", "data/a.npz": "x"},
+        symlinks={"project/data/leak": "outside/secret.onnx"}),
+    Bad("data-path-is-the-project", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: m.onnx}}\n"
+        "  - {name: q, stage: quantize, inputs: {model: e}, params: {mode: int8, calibration_data: {path: .}}}\n",
+        r"node 'q': path '\.' resolves to \S+/project, a folder that holds the recipe itself", "recipe.yaml:4",
+        files={"m.onnx": "x"}),
     Bad("python-model-file-missing",
         "name: x\nnodes:\n  - name: e\n    stage: export\n    params:\n      model: python:nope.py:build\n"
         "      inputs: {input: {shape: [1, 16]}}\n",
@@ -331,13 +414,14 @@ CATALOGUE: list[Bad] = [
 
 def _materialise(case: Bad, tmp_path: Path) -> Path:
     project = tmp_path / "project"
-    project.mkdir()
+    project.mkdir(parents=True)
     (project / "pyproject.toml").write_text("")  # the project root bounds where recipe paths may point
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside" / "secret.onnx").write_text("secret")
     recipe = project / "recipe.yaml"
     for name, content in {"recipe.yaml": case.recipe, **case.files}.items():
         path = project / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(content, bytes):
             path.write_bytes(content)
         else:
@@ -381,6 +465,30 @@ def test_bad_recipe_is_a_recipe_error_naming_the_place(case: Bad, tmp_path: Path
         pipeline = load_pipeline(recipe, case.overrides)
         make_plan(pipeline.graph, Store(tmp_path / "store"), Environment.from_env(), pipeline.loaded.directory)
     _assert_matches(case, info.value)
+
+
+@pytest.mark.parametrize("cwd", ["project", "tmp", "/"])
+def test_paths_are_judged_by_the_recipes_project_never_the_working_directory(
+        cwd: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, plugin_paths_module: list[str]) -> None:
+    """A recipe refused from its project is refused from anywhere (the working directory used to be allowed)."""
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.npz").write_text("secret")
+    (tmp_path / "outside" / "evil.py").write_text("def build():\n    raise SystemExit('ran')\n")
+    recipes = {
+        "data": "  - {name: q, stage: quantize, inputs: {model: e},\n"
+                "     params: {mode: int8, calibration_data: {path: ../../outside/secret.npz}}}\n",
+        "code": f"  - name: p\n    stage: export\n    params:\n      model: python:{tmp_path}/outside/evil.py:build\n"
+                "      inputs: {input: {shape: [1, 16]}}\n",
+    }
+    monkeypatch.delenv("TRTFLOW_ALLOWED_PATHS", raising=False)
+    for what, node in recipes.items():
+        recipe = _materialise(Bad(what, "name: x\nnodes:\n  - {name: e, stage: export, params: {model: m.onnx}}\n"
+                                  + node, "", "", files={"m.onnx": "x"}), tmp_path / what)
+        monkeypatch.chdir({"project": recipe.parent, "tmp": tmp_path, "/": Path("/")}[cwd])
+        with pytest.raises(RecipeError, match=r"recipe.yaml:4:\d+: node '[qp]': path .* outside the allowed "
+                           r"directories \(\S+/project\)"):
+            pipeline = load_pipeline(recipe)
+            make_plan(pipeline.graph, Store(tmp_path / "store"), Environment.from_env(), pipeline.loaded.directory)
 
 
 def test_catalogue_is_large_and_unique() -> None:

@@ -5,11 +5,27 @@ profiles, overrides) and mutates the text of valid recipes (deleted, inserted an
 lines, YAML punctuation, tabs, anchors, tags). Each input goes through what `trtflow plan` does before
 touching the store: load_recipe (with --set overrides), expand, build_graph and make_plan. The only
 exception allowed out is RecipeError with exit code 2. Runs derandomized, so CI is reproducible.
+
+Then mutants of the shipped recipes (pipelines/*.yaml, in a copy of the project) with hostile YAML (deep
+nesting, huge numbers and strings, alias and merge-key bombs, tags, several documents), hostile values
+(paths out of the project, to devices, pipes, link loops, the project itself; code references) and hostile
+--set overrides go through the `trtflow plan` command itself: in-process in CI (300 mutants, each its own
+test with a time limit, so a hang fails the mutant that hangs), and as real processes in a slow test. Run
+this file as a script for the same check at any scale, each mutant a `trtflow plan` process given 10 s:
+
+    python tests/test_fuzz_recipe.py 1000
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import random
+import re
+import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -281,3 +297,225 @@ def test_seed_recipes_are_valid() -> None:
         path.write_text(seed)
         pipeline = load_pipeline(path)
         assert make_plan(pipeline.graph, STORE, ENV, pipeline.loaded.directory)
+
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Mutants of the shipped recipes through the `trtflow plan` command.
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = sorted((REPO / "pipelines").glob("*.yaml"))
+SHIPPED_MUTANTS = 300
+
+
+def shipped_project(root: Path) -> Path:
+    """The shipped pipelines and the examples they use, copied as a project of their own, with traps beside
+    them: named pipes (opening one blocks), a symbolic link loop and a link out of the project."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pyproject.toml").write_text("")
+    shutil.copytree(REPO / "pipelines", root / "pipelines")
+    for sub in ("models", "data"):
+        shutil.copytree(REPO / "examples" / sub, root / "examples" / sub)
+    traps = root / "pipelines"
+    os.mkfifo(traps / "fifo")
+    (traps / "loop").symlink_to(traps / "loop")
+    (traps / "out").symlink_to("/etc")
+    os.mkfifo(root / "examples" / "data" / "pipe.npz")  # inside a folder a recipe may point at
+    return traps
+
+
+def _laughs(name: str, depth: int) -> str:
+    lines = [f"{name}0: &{name}0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"{name}{i}: &{name}{i} [" + ", ".join([f"*{name}{i - 1}"] * 9) + "]" for i in range(1, depth)]
+    return "\n".join(lines) + "\n"
+
+
+MERGE_BOMB = "".join(f"m{i}: &m{i} {{<<: [" + ", ".join([f"*m{i - 1}"] * 9) + f"], k{i}: v}}\n" if i
+                     else "m0: &m0 {k0: v}\n" for i in range(9))
+HOSTILE_VALUES = [
+    "[" * 65 + "]" * 65, "[" * 100_000 + "]" * 100_000, "{a: " * 70 + "1" + "}" * 70, "7" * 5000,
+    ":".join(["59"] * 3000), "1e999999", "-.inf", ".nan", "0x" + "f" * 300, "0b" + "1" * 150, "0o17", "-0",
+    "'" + "a" * ((1 << 20) + 1) + "'", "!!python/object/apply:os.system ['true']", "!!python/name:os.system",
+    "!!binary aGk=", "!!set {a: null}", "!!omap [{a: 1}]", "!!timestamp 2020-01-01", "!!float x", "!!int ''",
+    "!!bool maybe", "!custom x", "!!str 5", "!!map {}", "!!seq []", "2020-01-01", "=", "<<", "~", "null", "[]",
+    "{}", "''", '"\\0"', '"\\ud800"', '"\\x85\\u2028"', '"\\e[31mred"', "&a x", "*undefined", "&a [*a]",
+    "..", ".", "/", "../..", "../", "./.", "/dev/zero", "/dev/stdin", "/proc/self/mem", "fifo", "loop", "loop/x",
+    "out/passwd", "../examples/data", "../examples/data/pipe.npz", "~", "~nosuchuser/x", "$HOME", "${HOME}",
+    "${UNSET_FUZZ_VAR}", "${UNSET_FUZZ_VAR:-..}", "$${x}", "a" * 5000 + ".onnx", "x/" * 3000, "../pipelines",
+    "python:os:system", "python:os.path:join", "python:../examples/models/tiny_cnn.py:nope", "python:/etc/passwd:x",
+    "python:fifo:x", "python:loop:x", "python:..:x", "python:.py:x", "python:a:b:c", "python:", "python:sys:exit",
+    "python:" + "a." * 3000 + "b:c", "python:trtflow.cli:main", "python:out/passwd:x", "${{ matrix.x }}",
+    "${{ matrix." + "a" * 1000 + " }}", "-1", "0", "1e308", str(10**30), "true", "no", "[1, [2, [3]]]",
+    "{min: [1], opt: [2], max: [1]}", "[" + ", ".join(str(i) for i in range(3000)) + "]",
+]
+HOSTILE_TOP = [
+    _laughs("l", 9), MERGE_BOMB, "loop: &r [a, *r]\n", "a: &d x\nb: &d y\n", "c: {<<: *undefined}\n",
+    "matrixbomb: &mb [" + ", ".join(str(i) for i in range(250)) + "]\n",
+    "extends: quickstart.yaml\n", "extends: /dev/zero\n", "extends: fifo\n", "extends: loop\n", "extends: ..\n",
+    "extends: ../pipelines\n", "extends: out/passwd\n", "extends: " + "[" * 200 + "]" * 200 + "\n",
+    "extends: *undefined\n", "version: 2\n", "version: " + "9" * 400 + "\n", "name: " + "n" * 100_000 + "\n",
+]
+HOSTILE_SETS = [
+    "nodes.export.params.opset=" + "9" * 5000, "nodes.export.params.model=" + "[" * 100_000,
+    "nodes.export.params.model=..", "nodes.export.params.model=/dev/zero", "nodes.export.params.model=fifo",
+    "nodes.quantize.params.calibration_data.path=../examples/data",
+    "nodes.quantize.params.calibration_data.path=../examples/data/pipe.npz",
+    "nodes.build.matrix={a: [" + ", ".join(map(str, range(400))) + "], b: [" + ", ".join(map(str, range(400))) + "]}",
+    "nodes.build.matrix.precision=[fp16, int8, fp8, fp4, int4, best, strongly-typed]",
+    "nodes.export.params.text=" + "[&a [x, x, x, x, x, x, x, x, x, x], " + ", ".join(
+        f"&{c} [" + ", ".join([f"*{p}"] * 10) + "]" for p, c in zip("abcdef", "bcdefg", strict=True)) + "]",
+    "a." * 70 + "b=1", "name=" + "a" * 10_000, "nodes=[]", "nodes={}", "nodes.0.name=x", "=1", "a..b=1", ".=",
+    "nodes.export=", "profiles={x: {input: {min: [1], opt: [1], max: [0]}}}", "extends=/etc/passwd",
+    "defaults.export.model=fifo", "nodes.export.stage=" + "e" * 10_000, "nodes.export.params=!!python/name:os.system",
+]
+VALUE_IN_FLOW = re.compile(r"(?<=[{,] )([A-Za-z_]\w*): ([^,{}\[\]\n]+)")
+VALUE_ON_LINE = re.compile(r"^(\s*(?:- )?[A-Za-z_][\w.-]*:[ ]+)(\S.*)$", re.M)
+
+
+def mutate(text: str, rng: random.Random) -> tuple[str, list[str]]:
+    """One to three random mutations of a recipe's text, and the --set overrides to plan it with."""
+    overrides: list[str] = []
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.randrange(9)
+        if kind <= 2:  # a hostile value in place of one written on its own line or inside {...}
+            pattern = VALUE_ON_LINE if kind < 2 else VALUE_IN_FLOW
+            spots = list(pattern.finditer(text))
+            if spots:
+                spot = rng.choice(spots)
+                text = text[:spot.start(2)] + rng.choice(HOSTILE_VALUES) + text[spot.end(2):]
+        elif kind == 3:  # hostile top-level lines, sometimes used by a node
+            block = rng.choice(HOSTILE_TOP)
+            at = text.find("\nnodes:")
+            text = text[:at + 1] + block + text[at + 1:] if at >= 0 else block + text
+            alias = re.match(r"^(?:\w+): &(\w+)", block.split("\n")[-2] if block.count("\n") > 1 else block)
+            spots = list(VALUE_ON_LINE.finditer(text))
+            if alias and spots and rng.random() < 0.7:
+                spot = rng.choice(spots)
+                text = text[:spot.start(2)] + "*" + alias.group(1) + text[spot.end(2):]
+        elif kind == 4:
+            overrides.append(rng.choice(HOSTILE_SETS))
+        elif kind == 5:  # several documents, directives
+            text = rng.choice(["%YAML 1.1\n---\n", "%TAG !e! tag:example.com,2000:\n---\n", "--- !!map\n"]) + text
+            if rng.random() < 0.5:
+                text += "\n---\nname: other\n"
+        else:  # the text mutations of the generated recipes above
+            at = rng.randrange(len(text) + 1)
+            lines = text.split("\n")
+            i, j = rng.randrange(len(lines)), rng.randrange(len(lines))
+            if kind == 6:
+                text = text[:at] + text[at + rng.randint(1, 12):]
+            elif kind == 7:
+                text = text[:at] + rng.choice(PUNCTUATION) + text[at:]
+            else:
+                lines[i], lines[j] = lines[j], " " * rng.randrange(7) + lines[i].lstrip()
+                text = "\n".join(lines)
+    return text, overrides
+
+
+def plan_in_process(recipe: Path, overrides: list[str], store: Path) -> tuple[int, str]:
+    """Run `trtflow plan` as its console script does, in this process: (exit code, what it printed)."""
+    from trtflow import cli
+
+    argv = ["trtflow", "plan", str(recipe), "--store", str(store), *(a for o in overrides for a in ("--set", o))]
+    out = io.StringIO()
+    code: Any = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), _argv(argv):
+        try:
+            cli.main()
+        except SystemExit as exc:
+            code = exc.code
+    return (code if isinstance(code, int) else 1), out.getvalue()
+
+
+@contextlib.contextmanager
+def _argv(argv: list[str]) -> Any:
+    saved = sys.argv
+    sys.argv = argv
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return shipped_project(tmp_path_factory.mktemp("shipped"))
+
+
+def _write_mutant(folder: Path, seed: int) -> tuple[Path, list[str]]:
+    rng = random.Random(seed)
+    source = rng.choice(SHIPPED)
+    text, overrides = mutate(source.read_text(), rng)
+    recipe = folder / f"mutant-{seed}-{source.name}"
+    recipe.write_bytes(text.encode("utf-8", "surrogatepass"))
+    return recipe, overrides
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("seed", range(SHIPPED_MUTANTS))
+def test_a_mutant_of_a_shipped_recipe_plans_or_is_refused_clearly(seed: int, shipped: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(shipped.parent)
+    monkeypatch.delenv("TRTFLOW_ALLOWED_PATHS", raising=False)
+    monkeypatch.delenv("UNSET_FUZZ_VAR", raising=False)
+    recipe, overrides = _write_mutant(shipped, seed)
+    try:
+        code, printed = plan_in_process(recipe, overrides, shipped.parent / "store")
+    finally:
+        recipe.unlink()
+    assert code in (0, 2), f"exit code {code} for {recipe.name} {overrides}:\n{printed[-3000:]}"
+    assert "Traceback" not in printed and "internal error" not in printed, printed[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(1000, 1016))
+def test_a_mutant_through_the_real_command(seed: int, shipped: Path) -> None:
+    recipe, overrides = _write_mutant(shipped, seed)
+    proc = run_plan_process(recipe, overrides, shipped.parent / "store", timeout=120)
+    assert proc.returncode in (0, 2), proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr, proc.stderr[-3000:]
+
+
+def run_plan_process(recipe: Path, overrides: list[str], store: Path, timeout: float) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRTFLOW_ALLOWED_PATHS", "UNSET_FUZZ_VAR")}
+    argv = [sys.executable, "-m", "trtflow.cli", "plan", recipe.name, "--store", str(store),
+            *(a for o in overrides for a in ("--set", o))]
+    return subprocess.run(argv, cwd=recipe.parent, env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def main(count: int, first: int = 0, limit: float = 10.0) -> int:
+    """Plan ``count`` mutants as real `trtflow plan` processes; print and keep every one that fails."""
+    import time
+
+    work = Path(tempfile.mkdtemp(prefix="trtflow-fuzz-plan-"))
+    folder = shipped_project(work / "project")
+    kept = work / "failures"
+    failures = 0
+    slowest = (0.0, -1)
+    for seed in range(first, first + count):
+        recipe, overrides = _write_mutant(folder, seed)
+        start = time.perf_counter()
+        try:
+            proc = run_plan_process(recipe, overrides, work / "store", timeout=limit)
+            problem = (f"exit {proc.returncode}" if proc.returncode not in (0, 2)
+                       else "traceback" if "Traceback" in proc.stderr or "internal error" in proc.stderr else None)
+            detail = proc.stderr[-1500:]
+        except subprocess.TimeoutExpired:
+            problem, detail = f"no answer in {limit:.0f} s", ""
+        took = time.perf_counter() - start
+        slowest = max(slowest, (took, seed))
+        if problem:
+            failures += 1
+            kept.mkdir(exist_ok=True)
+            shutil.copy(recipe, kept / recipe.name)
+            print(f"seed {seed} ({recipe.name}, --set {overrides}): {problem}\n{detail}", flush=True)
+        recipe.unlink()
+    print(f"{count} mutants, {failures} failures, slowest {slowest[0]:.1f} s (seed {slowest[1]})"
+          + (f"; failing mutants kept in {kept}" if failures else ""))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 300,
+                          int(sys.argv[2]) if len(sys.argv) > 2 else 0))

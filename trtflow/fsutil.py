@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,52 +49,114 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+PROJECT_MARKERS = (".git", "pyproject.toml")
+ALLOWED_PATHS_ENV = "TRTFLOW_ALLOWED_PATHS"
+
+
 def resolve_user_path(path: str | Path, base: Path, allowed_roots: Sequence[Path]) -> Path:
-    """Resolve a path from a recipe relative to ``base``; refuse one that escapes ``allowed_roots``."""
-    candidate = Path(os.path.expandvars(str(path))).expanduser()
-    if not candidate.is_absolute():
-        candidate = base / candidate
-    resolved = candidate.resolve()
+    """Resolve a path from a recipe relative to ``base`` (the recipe's folder).
+
+    Refuses, with a TrtflowError, a path that escapes ``allowed_roots`` (symbolic links followed), a folder
+    that holds the recipe itself (its content would include the recipe, and usually the store), a folder
+    whose files break the rule (``check_folder``), and a path that cannot be resolved or looked at (a NUL
+    byte, a name too long, a symbolic link loop, no permission). A path that does not exist is returned: the
+    caller says what it expected there.
+    """
+    try:
+        candidate = Path(os.path.expandvars(str(path))).expanduser()
+        if not candidate.is_absolute():
+            candidate = base / candidate
+        resolved = candidate.resolve()
+        os.lstat(resolved)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except (OSError, RuntimeError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise TrtflowError(f"path {_shown(path)} cannot be used: {reason}", hint="check the path") from None
     roots = [Path(r).resolve() for r in allowed_roots]
     if roots and not any(resolved == r or r in resolved.parents for r in roots):
         raise TrtflowError(
-            f"path {str(path)!r} resolves to {resolved}, outside the allowed directories "
+            f"path {_shown(path)} resolves to {resolved}, outside the allowed directories "
             f"({', '.join(str(r) for r in roots)})",
-            hint="keep model and data files under the project directory, or add the directory to "
-            "TRTFLOW_ALLOWED_PATHS (os.pathsep-separated)",
+            hint="keep the files inside the recipe's project (the nearest folder above the recipe holding a .git or "
+            f"a pyproject.toml; without one, the recipe's own folder), or add their directory to {ALLOWED_PATHS_ENV} "
+            "(os.pathsep-separated)",
         )
+    recipe_dir = Path(base).resolve()
+    if resolved == recipe_dir or resolved in recipe_dir.parents:
+        raise TrtflowError(f"path {_shown(path)} resolves to {resolved}, a folder that holds the recipe itself",
+                           hint="point at the model or data file, or at a folder of data, not at the project")
+    if resolved.is_dir():
+        check_folder(resolved, roots)
     return resolved
 
 
-def allowed_roots_for(recipe_dir: Path) -> list[Path]:
-    """Directories recipe paths may point into: the recipe's folder, the working directory, extras."""
-    roots = [recipe_dir.resolve(), Path.cwd().resolve()]
-    project = project_root(recipe_dir)
-    if project is not None:
-        roots.append(project)
-    extra = os.environ.get("TRTFLOW_ALLOWED_PATHS", "")
-    roots += [Path(p).resolve() for p in extra.split(os.pathsep) if p]
-    return list(dict.fromkeys(roots))
+def _shown(path: str | Path, limit: int = 200) -> str:
+    text = repr(str(path))
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(str(path))} characters)"
 
 
-def project_root(start: Path) -> Path | None:
-    """The nearest ancestor of ``start`` that holds a .git directory or a pyproject.toml."""
-    current = start.resolve()
-    for folder in (current, *current.parents):
-        if (folder / ".git").exists() or (folder / "pyproject.toml").exists():
-            return folder
-    return None
+def check_folder(folder: Path, allowed_roots: Sequence[Path]) -> None:
+    """Refuse a folder a recipe points at when reading every file in it (as its digest does, walking it
+    without following folder links) could block or leave the allowed roots: an entry that is not a regular
+    file (a named pipe blocks whoever opens it; a device never ends) or a link to a file outside them."""
+    roots = [Path(r).resolve() for r in allowed_roots]
+    for top, _dirs, files in os.walk(folder):
+        for name in files:
+            entry = Path(top) / name
+            try:
+                info = entry.stat()
+                target = entry.resolve() if entry.is_symlink() else entry
+            except (OSError, RuntimeError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                raise TrtflowError(f"{entry} in folder {folder} cannot be read: {reason}",
+                                   hint="remove it or fix it") from None
+            if not stat.S_ISREG(info.st_mode):
+                raise TrtflowError(f"{entry} in folder {folder} is not a regular file (a named pipe, socket or "
+                                   "device)", hint="remove it from the folder, or point at the files you mean")
+            if roots and not any(target == r or r in target.parents for r in roots):
+                raise TrtflowError(f"{entry} in folder {folder} links to {target}, outside the allowed "
+                                   f"directories ({', '.join(str(r) for r in roots)})",
+                                   hint=f"copy the file into the folder, or add its directory to {ALLOWED_PATHS_ENV}")
 
 
-def project_root_of(recipe_path: Path) -> Path:
-    """The recipe's project: the nearest ancestor with .git or pyproject.toml, else the recipe's own folder."""
-    folder = Path(recipe_path).resolve().parent
+def project_root(start: str | Path) -> Path | None:
+    """The nearest folder, from ``start`` upwards, that holds a ``.git`` (directory or file) or a
+    ``pyproject.toml``; None when there is none."""
+    current = os.path.realpath(start)  # os.path, not pathlib: asked for every recipe path
+    while True:
+        if any(os.path.exists(os.path.join(current, marker)) for marker in PROJECT_MARKERS):
+            return Path(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
+
+
+def project_root_of(recipe_path: str | Path) -> Path:
+    """The project a recipe belongs to: ``project_root`` of the recipe's folder, or that folder itself when
+    no folder above it is marked. Given a folder (a recipe's folder), the same search starts there.
+
+    Recipe paths may point anywhere inside it (and into ``TRTFLOW_ALLOWED_PATHS``); the working directory
+    plays no part, so a recipe means the same from wherever it is run.
+    """
+    path = Path(recipe_path).resolve()
+    folder = path if path.is_dir() else path.parent
     return project_root(folder) or folder
 
 
-def recipe_id(recipe_path: Path) -> str:
-    """A recipe file's identity: its path relative to its project root, in POSIX form (so it is the same in every
-    clone of the project); the absolute path for a recipe outside any project."""
+def recipe_id(recipe_path: str | Path) -> str:
+    """A recipe file's identity: its path relative to its project root, in POSIX form (the same in every clone
+    of the project); its absolute path when no folder above it is marked (two loose recipes never share one)."""
     path = Path(recipe_path).resolve()
     root = project_root(path.parent)
     return path.relative_to(root).as_posix() if root is not None else path.as_posix()
+
+
+def allowed_roots_for(recipe_dir: Path) -> list[Path]:
+    """Directories the paths of a recipe in ``recipe_dir`` may point into: its project root, then the
+    directories listed in ``TRTFLOW_ALLOWED_PATHS`` (the explicit escape hatch)."""
+    roots = [project_root(recipe_dir) or Path(os.path.realpath(recipe_dir))]
+    extra = os.environ.get(ALLOWED_PATHS_ENV, "")
+    roots += [Path(p).expanduser().resolve() for p in extra.split(os.pathsep) if p]
+    return list(dict.fromkeys(roots))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
+import graphlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from trtflow.errors import RecipeError, did_you_mean
@@ -20,14 +22,12 @@ class Graph:
     nodes: dict[str, ConcreteNode]  # in topological order
     stages: dict[str, Stage]
     recipe_name: str
+    _downstream: dict[str, list[str]] | None = field(default=None, init=False, repr=False, compare=False)
+    _by_template: dict[str, list[str]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def upstream(self, name: str) -> list[str]:
-        seen: list[str] = []
-        for refs in self.nodes[name].upstream.values():
-            for node, _ in refs:
-                if node not in seen:
-                    seen.append(node)
-        return seen
+        """The nodes ``name`` takes inputs from, in slot order, each once."""
+        return list(dict.fromkeys(src for refs in self.nodes[name].upstream.values() for src, _ in refs))
 
     def input_sources(self, name: str) -> dict[str, list[dict[str, Any]]]:
         """Per input slot of ``name``, where each input comes from: the producer's name, template, matrix and own
@@ -42,8 +42,15 @@ class Graph:
         return sources
 
     def downstream(self, name: str) -> list[str]:
-        return [n for n, node in self.nodes.items()
-                if any(src == name for refs in node.upstream.values() for src, _ in refs)]
+        """The nodes that take an input from ``name``, in graph order."""
+        if self._downstream is None:
+            index: dict[str, list[str]] = {n: [] for n in self.nodes}
+            for n in self.nodes:
+                for src in self.upstream(n):
+                    if src in index:
+                        index[src].append(n)
+            self._downstream = index
+        return list(self._downstream.get(name, []))
 
     def closure_upstream(self, targets: list[str]) -> set[str]:
         keep: set[str] = set()
@@ -55,16 +62,29 @@ class Graph:
                 stack.extend(self.upstream(name))
         return keep
 
-    def select(self, targets: list[str]) -> Graph:
-        """The sub-graph needed to produce ``targets`` (node names or template names)."""
+    def resolve_targets(self, targets: list[str]) -> list[str]:
+        """Node names for ``targets``: each a node name, or a matrix node's name standing for all its variants.
+
+        Raises RecipeError (exit code 2) naming an unknown target, with the closest name as a hint.
+        """
+        if self._by_template is None:
+            by_template: dict[str, list[str]] = {}
+            for n, node in self.nodes.items():
+                by_template.setdefault(node.template, []).append(n)
+            self._by_template = by_template
         names: list[str] = []
         for target in targets:
-            matched = [n for n, node in self.nodes.items() if n == target or node.template == target]
+            matched = [target] if target in self.nodes else self._by_template.get(target, [])
             if not matched:
                 raise RecipeError(f"no node named {target!r} in recipe {self.recipe_name!r}",
-                                  hint=did_you_mean(target, list(self.nodes)) or "see `trtflow plan`")
-            names.extend(matched)
-        keep = self.closure_upstream(names)
+                                  hint=did_you_mean(target, [*self.nodes, *self._by_template])
+                                  or "see `trtflow plan`")
+            names.extend(m for m in matched if m not in names)
+        return names
+
+    def select(self, targets: list[str]) -> Graph:
+        """The sub-graph needed to produce ``targets`` (node names or template names)."""
+        keep = self.closure_upstream(self.resolve_targets(targets))
         return Graph({n: node for n, node in self.nodes.items() if n in keep}, self.stages, self.recipe_name)
 
 
@@ -83,6 +103,7 @@ def build_graph(nodes: list[ConcreteNode], get_stage: Callable[[str], Stage], re
     for node in nodes:
         by_template.setdefault(node.template, []).append(node)
     stages = {node.stage: get_stage(node.stage) for node in nodes}
+    producers = _Producers(nodes, stages)
 
     for node in nodes:
         stage = stages[node.stage]
@@ -102,7 +123,7 @@ def build_graph(nodes: list[ConcreteNode], get_stage: Callable[[str], Stage], re
                         f"node {node.name!r} needs input {slot!r}: a list of nodes producing "
                         f"{'/'.join(spec.kinds)}", node.location, f"inputs.{slot}",
                         hint=f"add `inputs: {{{slot}: [<node>, <node>, ...]}}`")
-                node.upstream[slot] = [_default_input(node, slot, spec.kinds, nodes, stages)]
+                node.upstream[slot] = [_default_input(node, slot, spec.kinds, producers, stages)]
                 continue
             if spec.many:
                 node.upstream[slot] = _resolve_many(node, slot, spec.kinds, refs, by_name, by_template, stages)
@@ -136,16 +157,36 @@ def _outputs_of_kind(stage: Stage, kinds: tuple[str, ...]) -> list[str]:
     return [name for name, out in stage.outputs.items() if out.kind in kinds]
 
 
-def _default_input(node: ConcreteNode, slot: str, kinds: tuple[str, ...], nodes: list[ConcreteNode],
+class _Producers:
+    """Which recipe nodes produce which artifact kinds, to find a node's default input without a scan."""
+
+    def __init__(self, nodes: list[ConcreteNode], stages: dict[str, Stage]) -> None:
+        self.nodes = nodes
+        self.stages = stages
+        self.variants: dict[int, list[ConcreteNode]] = {}  # recipe position -> its concrete nodes
+        for node in nodes:
+            self.variants.setdefault(node.index, []).append(node)
+        self.positions: dict[tuple[str, ...], list[int]] = {}  # kinds -> sorted positions of producers
+
+    def latest_before(self, index: int, kinds: tuple[str, ...]) -> list[ConcreteNode]:
+        """The variants of the last recipe node before position ``index`` that outputs one of ``kinds``."""
+        positions = self.positions.get(kinds)
+        if positions is None:
+            positions = self.positions[kinds] = sorted(
+                i for i, variants in self.variants.items() if _outputs_of_kind(self.stages[variants[0].stage], kinds))
+        at = bisect.bisect_left(positions, index)
+        return self.variants[positions[at - 1]] if at else []
+
+
+def _default_input(node: ConcreteNode, slot: str, kinds: tuple[str, ...], producers: _Producers,
                    stages: dict[str, Stage]) -> tuple[str, str]:
-    earlier = [n for n in nodes if n.index < node.index and _outputs_of_kind(stages[n.stage], kinds)]
+    earlier = producers.latest_before(node.index, kinds)
     if not earlier:
         raise RecipeError(
             f"node {node.name!r} needs input {slot!r} ({'/'.join(kinds)}) but no earlier node produces one",
             node.location, f"inputs.{slot}", hint=f"add `inputs: {{{slot}: <node>}}` or a node that produces it",
         )
-    template = max(n.index for n in earlier)
-    candidates = _matching_variants([n for n in earlier if n.index == template], node)
+    candidates = _matching_variants(earlier, node)
     if len(candidates) != 1:
         names = ", ".join(c.name for c in candidates)
         raise RecipeError(
@@ -249,34 +290,30 @@ def _resolve_many(node: ConcreteNode, slot: str, kinds: tuple[str, ...], refs: l
 
 
 def _topological_order(nodes: list[ConcreteNode]) -> list[ConcreteNode]:
+    """Nodes in dependency order: each round, every node whose inputs are all placed, in recipe order."""
     by_name = {n.name: n for n in nodes}
-    deps = {n.name: {src for refs in n.upstream.values() for src, _ in refs} for n in nodes}
+    position = {n.name: i for i, n in enumerate(nodes)}
+    sorter: graphlib.TopologicalSorter[str] = graphlib.TopologicalSorter()
+    for n in nodes:
+        sorter.add(n.name, *(src for refs in n.upstream.values() for src, _ in refs))
+    try:
+        sorter.prepare()
+    except graphlib.CycleError as exc:
+        cycle = _readable_cycle(exc.args[1], position)
+        raise RecipeError(f"the nodes form a cycle: {' -> '.join(cycle)}", by_name[cycle[0]].location, "inputs",
+                          hint="a node cannot depend, directly or not, on its own output") from None
     order: list[ConcreteNode] = []
-    done: set[str] = set()
-    remaining = [n.name for n in nodes]
-    while remaining:
-        ready = [name for name in remaining if deps[name] <= done]
-        if not ready:
-            cycle = _find_cycle(deps, set(remaining))
-            first = by_name[cycle[0]]
-            raise RecipeError(f"the nodes form a cycle: {' -> '.join(cycle)}", first.location, "inputs",
-                              hint="a node cannot depend, directly or not, on its own output")
-        for name in ready:
-            order.append(by_name[name])
-            done.add(name)
-        remaining = [name for name in remaining if name not in done]
+    while sorter.is_active():
+        ready = sorted(sorter.get_ready(), key=position.__getitem__)
+        order.extend(by_name[name] for name in ready)
+        sorter.done(*ready)
     return order
 
 
-def _find_cycle(deps: dict[str, set[str]], within: set[str]) -> list[str]:
-    start = sorted(within)[0]
-    path = [start]
-    seen = {start: 0}
-    current = start
-    while True:
-        nxt = sorted(d for d in deps[current] if d in within)[0]
-        if nxt in seen:
-            return [*path[seen[nxt]:], nxt]
-        seen[nxt] = len(path)
-        path.append(nxt)
-        current = nxt
+def _readable_cycle(cycle: list[str], position: dict[str, int]) -> list[str]:
+    """graphlib's cycle (each node an input of the next) as "X -> Y: X takes input from Y", starting at the
+    node written first in the recipe, ending where it started."""
+    ring = list(reversed(cycle[:-1]))
+    first = min(range(len(ring)), key=lambda i: position[ring[i]])
+    ring = ring[first:] + ring[:first]
+    return [*ring, ring[0]]

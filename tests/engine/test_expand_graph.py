@@ -173,3 +173,142 @@ def test_a_list_of_references_offers_alternatives_matched_by_matrix(tmp_path):
               - {name: quant, stage: consume, matrix: {dtype: [int8]}, inputs: {model: base}}
               - {name: use, stage: consume, matrix: {dtype: [bf16]}, inputs: {model: [half, quant]}}
             """)
+
+
+def test_order_is_by_dependency_then_recipe_order_and_cycles_are_named_from_the_first_node(tmp_path):
+    graph = graph_of(tmp_path, """\
+        name: m
+        nodes:
+          - {name: late, stage: consume, inputs: {model: b}}
+          - {name: a, stage: source}
+          - {name: b, stage: consume, inputs: {model: a}}
+          - {name: c, stage: source}
+        """)
+    assert list(graph.nodes) == ["a", "c", "b", "late"]
+    assert graph.downstream("a") == ["b"] and graph.downstream("b") == ["late"] and graph.downstream("late") == []
+    assert graph.upstream("late") == ["b"]
+    with pytest.raises(RecipeError) as err:
+        graph_of(tmp_path, """\
+            name: m
+            nodes:
+              - {name: z, stage: source}
+              - {name: y, stage: consume, inputs: {model: w}}
+              - {name: x, stage: consume, inputs: {model: y}}
+              - {name: w, stage: consume, inputs: {model: x}}
+            """)
+    assert "r.yaml:4:" in str(err.value) and "the nodes form a cycle: y -> w -> x -> y" in str(err.value)
+
+
+def test_a_matrix_node_name_stands_for_all_its_variants(tmp_path):
+    graph = graph_of(tmp_path, """\
+        name: m
+        nodes:
+          - {name: s, stage: source, matrix: {precision: [fp16, int8]}}
+          - {name: u, stage: consume, matrix: {precision: [fp16, int8]}}
+        """)
+    assert graph.resolve_targets(["u", "s-int8", "u-fp16"]) == ["u-fp16", "u-int8", "s-int8"]
+    assert sorted(graph.select(["u-int8"]).nodes) == ["s-int8", "u-int8"]
+    with pytest.raises(RecipeError, match="no node named 'uu'") as err:
+        graph.resolve_targets(["uu"])
+    assert err.value.exit_code == 2 and "did you mean" in (err.value.hint or "")
+
+
+def test_default_inputs_come_from_the_last_earlier_producer(tmp_path):
+    graph = graph_of(tmp_path, """\
+        name: m
+        nodes:
+          - {name: a, stage: source}
+          - {name: r, stage: reporter}
+          - {name: b, stage: consume}
+          - {name: c, stage: consume, enabled: false}
+          - {name: d, stage: consume}
+        """)
+    assert graph.nodes["r"].upstream == {"model": [("a", "out")]}  # r's output is metrics: not a model
+    assert graph.nodes["b"].upstream == {"model": [("a", "out")]}
+    assert graph.nodes["d"].upstream == {"model": [("b", "out")]}  # c is disabled
+
+
+def test_a_matrix_that_fans_out_to_too_many_nodes_is_refused_before_expansion(tmp_path):
+    values = ", ".join(str(i) for i in range(300))
+    with pytest.raises(RecipeError, match=r"r.yaml:5:13: nodes\[1\].matrix: the recipe expands to more than 50000"):
+        graph_of(tmp_path, f"""\
+            name: m
+            nodes:
+              - {{name: s, stage: source}}
+              - name: u
+                matrix: {{precision: [{values}], suffix: [{values}]}}
+                stage: consume
+            """)
+
+
+@pytest.mark.slow
+def test_a_generated_20000_node_recipe_is_accepted(tmp_path):
+    nodes = "".join(f"  - {{name: n{i}, stage: {'consume' if i else 'source'}, params: {{precision: p{i}}}"
+                    + (f", inputs: {{model: n{(i - 1) // 2}}}}}\n" if i else "}\n") for i in range(20_000))
+    graph = graph_of(tmp_path, "name: big\nnodes:\n" + nodes)
+    assert len(graph.nodes) == 20_000 and graph.nodes["n19999"].upstream == {"model": [("n9999", "out")]}
+
+
+def test_every_misspelt_key_of_every_stage_gets_a_suggestion_wherever_it_is_nested():
+    """The docs promise a "did you mean" for an unknown parameter: at the top of a stage's parameters and
+    inside every nested model (a data source, an input spec, a profile), through dicts, lists and unions."""
+    from pydantic import BaseModel, ValidationError
+
+    from trtflow.recipe.load import Marks, _models_at, validation_error
+    from trtflow.registry import get_stage, stage_entry_points
+
+    def nested(annotation, loc, seen):
+        """(loc, model) for every model reachable from ``annotation`` (a dict key 'k', a list index 0)."""
+        from typing import get_args, get_origin
+
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if annotation in seen:
+                return
+            seen = seen | {annotation}
+            yield loc, annotation
+            for name, info in annotation.model_fields.items():
+                yield from nested(info.annotation, (*loc, name), seen)
+            return
+        origin, args = get_origin(annotation), get_args(annotation)
+        if origin is dict and len(args) == 2:
+            yield from nested(args[1], (*loc, "k"), seen)
+        elif origin in (list, tuple, set, frozenset) and args:
+            yield from nested(args[0], (*loc, 0), seen)
+        else:
+            for arg in args:
+                yield from nested(arg, loc, seen)
+
+    def payload(loc, leaf):
+        for part in reversed(loc):
+            leaf = [leaf] if isinstance(part, int) else {part: leaf}
+        return leaf
+
+    checked = 0
+    for name in stage_entry_points():
+        params = get_stage(name).params
+        for loc, model in nested(params, (), frozenset()):
+            if model.model_config.get("extra") != "forbid" or not model.model_fields:
+                continue
+            field = max(model.model_fields, key=len)
+            assert model in _models_at(params, loc)
+            try:
+                params.model_validate(payload(loc, {field + "x": 1}))
+            except ValidationError as exc:
+                text = validation_error(exc, Marks(), ("params",), params).message
+            else:
+                raise AssertionError(f"{name}: {loc} accepted an unknown key")
+            assert f"unknown key '{field}x'; did you mean '{field}'?" in text, f"{name} at {loc}:\n{text}"
+            checked += 1
+    assert checked >= 20
+
+
+def test_long_matrix_values_give_short_distinct_variant_names(tmp_path):
+    long_a, long_b = "x" * 60 + "a", "x" * 60 + "b"
+    graph = graph_of(tmp_path, f"""\
+        name: m
+        nodes:
+          - {{name: s, stage: source, matrix: {{value: [{long_a}, {long_b}, short]}}}}
+        """)
+    names = list(graph.nodes)
+    assert len(set(names)) == 3 and names[2] == "s-short"
+    assert all(len(n) == len("s-") + 40 and n.startswith("s-" + "x" * 31 + "_") for n in names[:2])

@@ -142,3 +142,157 @@ def test_missing_file_and_empty_file(tmp_path):
         load_recipe(tmp_path / "nope.yaml")
     with pytest.raises(RecipeError, match="empty"):
         load_recipe(write(tmp_path, ""))
+
+
+# ------------------------------------------------------------------------------------- anchors, aliases, merges
+def test_aliases_copy_values_and_point_at_the_use_and_the_anchor():
+    data, marks = parse_yaml("base: &b {x: 1, y: [2, 3]}\nuse: *b\n", "f.yaml")
+    assert data == {"base": {"x": 1, "y": [2, 3]}, "use": {"x": 1, "y": [2, 3]}}
+    assert data["use"] is not data["base"] and data["use"]["y"] is not data["base"]["y"]
+    assert str(marks.find(("use",))) == "f.yaml:2:6"  # the alias itself
+    assert str(marks.find(("use", "y", 1))) == "f.yaml:1:24"  # inside: where the anchored value is written
+
+
+def test_merge_keys_follow_yaml_rules_own_keys_win_then_earlier_sources():
+    text = "a: &a {x: 1, y: 1}\nb: &b {y: 2, z: 2}\nc: {<<: [*a, *b], x: 3}\nd:\n  w: 0\n  <<: *b\n"
+    data, marks = parse_yaml(text, "f.yaml")
+    assert data["c"] == {"y": 1, "z": 2, "x": 3}
+    assert data["d"] == {"y": 2, "z": 2, "w": 0}
+    assert str(marks.find(("c", "x"))) == "f.yaml:3:22"  # own key
+    assert str(marks.find(("c", "y"))) == "f.yaml:1:17"  # from the first source
+    assert str(marks.find(("c", "z"))) == "f.yaml:2:17"  # from the second
+    assert str(marks.find_key(("d", "z"))) == "f.yaml:2:14"
+    assert not any("<<" in repr(p) for p in marks.by_path)
+
+
+def test_nested_merges_and_anchored_merge_values():
+    text = "a: &a {x: 1}\nb: &b {<<: *a, y: 2}\nc: {<<: &m {<<: *b, z: 3}}\nd: *m\n"
+    data, _ = parse_yaml(text, "f.yaml")
+    assert data["b"] == {"x": 1, "y": 2}
+    assert data["c"] == data["d"] == {"x": 1, "y": 2, "z": 3}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("a: {<<: {x: 1}, <<: {y: 2}}\n", r"f.yaml:1:17: duplicate key '<<'"),
+    ("a: &a [1]\nb: {<<: *a}\n", r"f.yaml:2:9: a merge key '<<' takes a mapping"),
+    ("a: &a x\nb: &a y\n", r"f.yaml:2:4: anchor &a is defined twice"),
+    ("a: &a {b: *a}\n", r"f.yaml:1:11: alias \*a is used inside the node it names"),
+    ("? [a]\n: 1\n", r"f.yaml:1:3: a mapping key must be a plain value"),
+    ("a: &a [1]\n*a : 2\n", r"f.yaml:2:1: a mapping key must be a plain value"),
+])
+def test_bad_anchor_alias_and_merge_use_is_located(text, message):
+    with pytest.raises(RecipeError, match=message):
+        parse_yaml(text, "f.yaml")
+
+
+def test_plain_words_yaml_1_1_would_turn_into_dates_stay_text():
+    data, _ = parse_yaml("a: 2024-01-31\nb: =\nc: <<\nd: !!str 12\ne: 0x1F\nf: 1_000\n", "f.yaml")
+    assert data == {"a": "2024-01-31", "b": "=", "c": "<<", "d": "12", "e": 31, "f": 1000}
+
+
+# ------------------------------------------------------------------------------------- limits, counted before expansion
+def test_limits_are_shared_by_a_recipe_its_bases_and_its_set_values():
+    from trtflow.recipe.yaml_data import Budget, Limits
+
+    budget = Budget(Limits(max_values=10))
+    parse_yaml("[1, 2, 3, 4]", "a.yaml", budget)
+    with pytest.raises(RecipeError, match=r"b.yaml:1:14: the recipe holds more than 10 values"):
+        parse_yaml("[1, 2, 3, 4, 5, 6]", "b.yaml", budget)
+
+
+def test_a_big_recipe_without_aliases_is_accepted_whatever_its_number_of_values():
+    nodes = "".join(f"  - {{name: n{i}, stage: source, params: {{value: v{i}, precision: fp16}}}}\n"
+                    for i in range(20_000))
+    data, _ = parse_yaml("name: big\nnodes:\n" + nodes, "big.yaml")
+    assert len(data["nodes"]) == 20_000 and data["nodes"][-1]["params"]["value"] == "v19999"
+
+
+def test_a_recipe_file_that_is_not_regular_or_too_big_is_refused_before_reading(tmp_path, monkeypatch):
+    import os
+
+    from trtflow.recipe import load
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # reading it would block forever
+    with pytest.raises(RecipeError, match="cannot read recipe .*fifo.yaml: not a regular file"):
+        load_recipe(fifo)
+    monkeypatch.setattr(load, "MAX_RECIPE_BYTES", 100)
+    path = write(tmp_path, "name: demo\ndescription: " + "x" * 100 + "\nnodes: [{name: a, stage: source}]\n")
+    with pytest.raises(RecipeError, match=r"^recipe \S*r.yaml is 1\d\d bytes, more than the 100 a recipe may have\n"):
+        load_recipe(path)
+
+
+def test_set_values_go_through_the_same_parser_and_limits(tmp_path):
+    path = write(tmp_path, "name: demo\nnodes:\n  - {name: a, stage: source, params: {value: one}}\n")
+    loaded = load_recipe(path, ["nodes.a.params.profile={shapes: {x: [1, 2]}}", "description=a: [b"])
+    assert loaded.recipe.nodes[0].params["profile"] == {"shapes": {"x": [1, 2]}}
+    assert loaded.recipe.description == "a: [b"  # not YAML: taken as text
+    assert str(loaded.location("nodes", 0, "params", "profile", "shapes", "x", 1)).startswith(
+        "--set nodes.a.params.profile=")
+    with pytest.raises(RecipeError, match=r"--set nodes.a.params.value=\[\[.*nested more than 64 levels"):
+        load_recipe(path, ["nodes.a.params.value=" + "[" * 70 + "]" * 70])
+    with pytest.raises(RecipeError, match=r"a key path of 65 parts"):
+        load_recipe(path, ["x." * 64 + "y=1"])
+
+
+# ------------------------------------------------------------------------------------- project root and paths
+def test_project_root_is_the_nearest_folder_with_git_or_pyproject_else_the_recipe_folder(tmp_path):
+    from trtflow.fsutil import project_root_of, recipe_id
+
+    (tmp_path / "repo" / "sub" / "deeper").mkdir(parents=True)
+    (tmp_path / "repo" / ".git").write_text("gitdir: elsewhere\n")  # a worktree's .git is a file
+    recipe = tmp_path / "repo" / "sub" / "deeper" / "r.yaml"
+    recipe.write_text("")
+    assert project_root_of(recipe) == tmp_path / "repo"
+    assert recipe_id(recipe) == "sub/deeper/r.yaml"
+    (tmp_path / "repo" / "sub" / "pyproject.toml").write_text("")
+    assert project_root_of(recipe) == tmp_path / "repo" / "sub"
+    assert recipe_id(recipe) == "deeper/r.yaml"
+    loose = tmp_path / "loose" / "r.yaml"
+    loose.parent.mkdir()
+    loose.write_text("")
+    if not any((p / m).exists() for p in loose.parents for m in (".git", "pyproject.toml")):
+        assert project_root_of(loose) == loose.parent
+        assert recipe_id(loose) == loose.as_posix()  # outside any project: two loose r.yaml never share an id
+    link = tmp_path / "link.yaml"
+    link.symlink_to(recipe)
+    assert recipe_id(link) == "deeper/r.yaml"  # the file's identity, however it is reached
+
+
+def test_extends_obeys_the_project_rule_and_the_escape_hatch(tmp_path, monkeypatch):
+    project, shared = tmp_path / "project", tmp_path / "shared"
+    project.mkdir()
+    shared.mkdir()
+    (project / "pyproject.toml").write_text("")
+    write(shared, "name: base\nnodes: [{name: a, stage: source}]\n", "base.yaml")
+    child = write(project, "extends: ../shared/base.yaml\nname: child\n")
+    monkeypatch.delenv("TRTFLOW_ALLOWED_PATHS", raising=False)
+    for cwd in (project, tmp_path, Path("/")):  # the working directory never widens what a recipe may read
+        monkeypatch.chdir(cwd)
+        with pytest.raises(RecipeError, match=r"r.yaml:1:10: extends: path '../shared/base.yaml' resolves to"):
+            load_recipe(child)
+    monkeypatch.setenv("TRTFLOW_ALLOWED_PATHS", str(shared))
+    assert [n.name for n in load_recipe(child).recipe.nodes] == ["a"]
+
+
+def test_a_folder_a_recipe_points_at_must_hold_only_regular_files_of_the_project(tmp_path):
+    import os
+
+    from trtflow.errors import TrtflowError
+    from trtflow.fsutil import check_folder
+
+    project = tmp_path / "project"
+    (project / "data" / "sub").mkdir(parents=True)
+    (project / "data" / "a.npz").write_text("a")
+    (project / "data" / "sub" / "b.npz").write_text("b")
+    (project / "data" / "inside").symlink_to(project / "data" / "a.npz")
+    (tmp_path / "secret").write_text("s")
+    check_folder(project / "data", [project])
+    os.mkfifo(project / "data" / "sub" / "pipe")  # hashing the folder would block on it
+    with pytest.raises(TrtflowError, match=r"data/sub/pipe in folder .* is not a regular file"):
+        check_folder(project / "data", [project])
+    (project / "data" / "sub" / "pipe").unlink()
+    (project / "data" / "leak").symlink_to(tmp_path / "secret")
+    with pytest.raises(TrtflowError, match=r"data/leak in folder .* links to .*/secret, outside the allowed"):
+        check_folder(project / "data", [project])
+    check_folder(project / "data", [project, tmp_path])

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +16,9 @@ from trtflow.recipe.schema import NodeSpec, Recipe
 
 _MATRIX_REF = re.compile(r"\$\{\{\s*matrix\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.]+")
+MAX_NODES = 50_000  # concrete nodes of one recipe, matrix variants counted
+MAX_VARIANT_NAME = 200  # a node name is a file name (NAME_MAX is 255 bytes on common filesystems)
+_MAX_LABEL = 40
 
 
 @dataclass
@@ -42,6 +48,8 @@ def expand(loaded: LoadedRecipe, stages: Any | None = None) -> list[ConcreteNode
     else:
         stages_get = stages.__getitem__ if not callable(stages) else stages
     recipe = loaded.recipe
+    _check_node_count(loaded)
+    matrix_key_users = Counter(key for spec in recipe.nodes for key in spec.matrix)
     out: list[ConcreteNode] = []
     for index, spec in enumerate(recipe.nodes):
         if not spec.enabled:
@@ -56,9 +64,13 @@ def expand(loaded: LoadedRecipe, stages: Any | None = None) -> list[ConcreteNode
             raise RecipeError(f"unknown stage {spec.stage!r}", loaded.location("nodes", index, "stage"),
                               f"nodes[{index}].stage") from None
         field_names = set(stage.params.model_fields)
-        _check_matrix_keys(spec, field_names, recipe, loaded, index)
+        _check_matrix_keys(spec, field_names, matrix_key_users, loaded, index)
         for combo in _combinations(spec, loaded, index):
             name = _variant_name(spec.name, combo)
+            if len(name) > MAX_VARIANT_NAME:
+                raise RecipeError(f"matrix variant name {name[:60]}... is {len(name)} characters (at most "
+                                  f"{MAX_VARIANT_NAME})", loaded.location("nodes", index, "matrix"),
+                                  f"nodes[{index}].matrix", hint="use fewer matrix keys or a shorter node name")
             params = dict(recipe.defaults.get(spec.stage, {}))
             params.update(_substitute(spec.params, combo, loaded, ("nodes", index, "params")))
             for key, value in combo.items():
@@ -110,8 +122,23 @@ def _combinations(spec: NodeSpec, loaded: LoadedRecipe, index: int) -> list[dict
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(spec.matrix[k] for k in keys))]
 
 
-def _check_matrix_keys(spec: NodeSpec, field_names: set[str], recipe: Recipe, loaded: LoadedRecipe,
-                       index: int) -> None:
+def _check_node_count(loaded: LoadedRecipe) -> None:
+    """Refuse a recipe whose matrices fan out to more nodes than can be planned, before expanding any."""
+    total = 0
+    for index, spec in enumerate(loaded.recipe.nodes):
+        if spec.enabled:
+            total += math.prod(len(values) for values in spec.matrix.values())
+        if total > MAX_NODES:
+            raise RecipeError(
+                f"the recipe expands to more than {MAX_NODES} nodes (matrix variants counted)",
+                loaded.location("nodes", index, "matrix") if spec.matrix else loaded.location("nodes", index),
+                f"nodes[{index}].matrix" if spec.matrix else None,
+                hint="fewer matrix values per node, or split the recipe",
+            )
+
+
+def _check_matrix_keys(spec: NodeSpec, field_names: set[str], matrix_key_users: Counter[str],
+                       loaded: LoadedRecipe, index: int) -> None:
     """A matrix key must set a parameter, be used as ${{ matrix.KEY }}, or pair variants with another node."""
     used: set[str] = set()
 
@@ -125,16 +152,18 @@ def _check_matrix_keys(spec: NodeSpec, field_names: set[str], recipe: Recipe, lo
         elif isinstance(value, str):
             used.update(_MATRIX_REF.findall(value))
 
+    if not spec.matrix:
+        return
     collect([spec.params, spec.inputs])
-    elsewhere = {k for i, n in enumerate(recipe.nodes) if i != index for k in n.matrix}
     for key in spec.matrix:
-        if key in field_names or key in used or key in elsewhere:
+        if key in field_names or key in used or matrix_key_users[key] > 1:  # > 1: a node other than this one
             continue
+        elsewhere = [k for k, users in matrix_key_users.items() if users > 1 or k not in spec.matrix]
         raise RecipeError(
             f"matrix key {key!r} is not a parameter of stage {spec.stage!r}, is not used as "
             f"${{{{ matrix.{key} }}}}, and no other node has it: every variant would be the same",
             loaded.marks.find_key(("nodes", index, "matrix", key)), f"nodes[{index}].matrix.{key}",
-            hint=did_you_mean(key, sorted(field_names | elsewhere))
+            hint=did_you_mean(key, sorted(field_names | set(elsewhere)))
             or f"parameters of {spec.stage}: {', '.join(sorted(field_names))}",
         )
 
@@ -144,6 +173,9 @@ def _label(value: Any, position: int) -> str:
         value = value["name"]
     if isinstance(value, (str, int, float, bool)):
         text = _LABEL_UNSAFE.sub("_", str(value).lower()).strip("_")
+        if len(text) > _MAX_LABEL:  # a long value: its start, and a digest that keeps variants apart
+            digest = hashlib.sha256(str(value).encode("utf-8", "surrogatepass")).hexdigest()
+            text = f"{text[:_MAX_LABEL - 9]}_{digest[:8]}"
         return text or str(position)
     return str(position)
 

@@ -1,8 +1,9 @@
 """Load a recipe: YAML with line marks, ${VAR} interpolation, `extends`, and --set overrides.
 
 Every value keeps the file, line and column it came from, so any later error (schema, stage parameter,
-reference) can point at it. YAML is composed with the safe loader and only plain data tags are
-accepted: nothing in a recipe constructs objects or runs code.
+reference) can point at it. YAML is composed by `yaml_data` into plain data only (nothing in a recipe
+constructs objects or runs code), within limits counted before anything is expanded. The recipe file, its
+`extends` bases and its --set values share one budget of values.
 """
 
 from __future__ import annotations
@@ -10,58 +11,58 @@ from __future__ import annotations
 import copy
 import os
 import re
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from trtflow.errors import Location, RecipeError, did_you_mean
+from trtflow.errors import Location, RecipeError, TrtflowError, did_you_mean
+from trtflow.fsutil import allowed_roots_for, resolve_user_path
 from trtflow.recipe.schema import Recipe
+from trtflow.recipe.yaml_data import KEY, Budget, Path_, Place, YamlSyntaxError, compose
 
-Path_ = tuple[Any, ...]
-KEY = "<key>"  # a path ending in KEY marks where the mapping key itself is written
+__all__ = ["KEY", "LoadedRecipe", "Marks", "apply_overrides", "load_recipe", "parse_yaml", "validation_error"]
 
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_ALLOWED_TAGS = {
-    "tag:yaml.org,2002:map",
-    "tag:yaml.org,2002:seq",
-    "tag:yaml.org,2002:str",
-    "tag:yaml.org,2002:int",
-    "tag:yaml.org,2002:float",
-    "tag:yaml.org,2002:bool",
-    "tag:yaml.org,2002:null",
-}
-_MAX_VALUES = 200_000
+MAX_RECIPE_BYTES = 16 << 20
 _MAX_EXTENDS_DEPTH = 16
+_MAX_LISTED_PROBLEMS = 20
 _ENV_PATTERN = re.compile(r"\$\$\{|\$\{(?!\{)([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 @dataclass
 class Marks:
-    """Source locations of values in a loaded recipe, keyed by their path from the root."""
+    """Source locations of values in a loaded recipe: (file, line, column) keyed by their path from the root."""
 
-    by_path: dict[Path_, Location] = field(default_factory=dict)
+    by_path: dict[Path_, Place] = field(default_factory=dict)
 
     def find(self, path: Iterable[Any]) -> Location | None:
         """The location of ``path``, or of its nearest ancestor that has one."""
         key = tuple(path)
         while True:
             if key in self.by_path:
-                return self.by_path[key]
+                return Location(*self.by_path[key])
             if not key:
                 return None
             key = key[:-1]
 
     def find_key(self, path: Iterable[Any]) -> Location | None:
         """Where the mapping key that names ``path`` is written (for "unknown key" errors)."""
-        key = tuple(path)
-        return self.by_path.get((*key, KEY)) or self.find(key)
+        key = (*path, KEY)
+        return Location(*self.by_path[key]) if key in self.by_path else self.find(key[:-1])
 
-    def subtree(self, prefix: Path_) -> dict[Path_, Location]:
+    def subtree(self, prefix: Path_) -> dict[Path_, Place]:
         n = len(prefix)
         return {p[n:]: loc for p, loc in self.by_path.items() if p[:n] == prefix}
+
+    def children(self, prefix: Path_) -> dict[Any, dict[Path_, Place]]:
+        """The marks under each child of ``prefix``, by child (one pass: `subtree` per child is quadratic)."""
+        n = len(prefix)
+        out: dict[Any, dict[Path_, Place]] = {}
+        for p, loc in self.by_path.items():
+            if len(p) > n and p[:n] == prefix:
+                out.setdefault(p[n], {})[p[n + 1:]] = loc
+        return out
 
 
 @dataclass
@@ -78,127 +79,62 @@ class LoadedRecipe:
         return self.marks.find(path)
 
 
-def _location(file: str, mark: Any) -> Location:
-    return Location(file, mark.line + 1, mark.column + 1)
+def interpolate(text: str, where: Place) -> str:
+    """Expand ``${VAR}`` and ``${VAR:-default}`` from the environment; ``$${`` stands for a literal ``${``."""
+    if "$" not in text:
+        return text
 
-
-class _Converter:
-    def __init__(self, file: str, loader: Any) -> None:
-        self.file = file
-        self.loader = loader
-        self.marks: dict[Path_, Location] = {}
-        self.count = 0
-        self.merged: dict[int, int] = {}  # id of a mapping node -> how many of its pairs came from `<<:` merges
-
-    def convert(self, node: yaml.Node, path: Path_) -> Any:
-        self.count += 1
-        if self.count > _MAX_VALUES:
-            raise RecipeError(
-                f"recipe expands to more than {_MAX_VALUES} values (too many aliases?)",
-                _location(self.file, node.start_mark),
-            )
-        self.marks[path] = _location(self.file, node.start_mark)
-        if node.tag not in _ALLOWED_TAGS:
-            raise RecipeError(
-                f"YAML tag {node.tag!r} is not allowed in a recipe; only plain data (maps, lists, strings, "
-                "numbers, booleans, null) is accepted",
-                _location(self.file, node.start_mark),
-                hint="remove the tag; recipes never construct objects",
-            )
-        if isinstance(node, yaml.MappingNode):
-            merged = self.merged.get(id(node))
-            if merged is None:  # first visit (an alias visits the same node again, already flattened)
-                own = sum(1 for key_node, _ in node.value if key_node.tag != "tag:yaml.org,2002:merge")
-                self.loader.flatten_mapping(node)
-                merged = self.merged[id(node)] = len(node.value) - own
-            result: dict[Any, Any] = {}
-            written_here: set[Any] = set()  # keys written in this mapping, not brought in by a `<<:` merge
-            for index, (key_node, value_node) in enumerate(node.value):
-                key = self.convert(key_node, (*path, KEY, KEY))
-                if isinstance(key, (dict, list)):
-                    raise RecipeError("a mapping key must be a plain value", _location(self.file, key_node.start_mark))
-                if index >= merged:
-                    if key in written_here:
-                        raise RecipeError(
-                            f"duplicate key {key!r}", _location(self.file, key_node.start_mark),
-                            hint="each key may appear once in a mapping",
-                        )
-                    written_here.add(key)
-                self.marks[(*path, key, KEY)] = _location(self.file, key_node.start_mark)
-                result[key] = self.convert(value_node, (*path, key))
-            self.marks.pop((*path, KEY, KEY), None)
-            return result
-        if isinstance(node, yaml.SequenceNode):
-            return [self.convert(item, (*path, i)) for i, item in enumerate(node.value)]
-        value = self.loader.construct_object(node, deep=True)
-        if isinstance(value, str):
-            value = self.interpolate(value, node)
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$${":
+            return "${"
+        name, default = match.group(1), match.group(2)
+        value = os.environ.get(name)
+        if value is None:
+            if default is not None:
+                return default
+            raise RecipeError(f"environment variable {name!r} is not set", Location(*where),
+                              hint=f"export {name}=... before running, or write ${{{name}:-default}}")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8 reach os.environ as lone surrogates
+            raise RecipeError(f"environment variable {name!r} is not valid UTF-8 text", Location(*where)) from None
         return value
 
-    def interpolate(self, text: str, node: yaml.Node) -> str:
-        if "$" not in text:
-            return text
-
-        def replace(match: re.Match[str]) -> str:
-            if match.group(0) == "$${":
-                return "${"
-            name, default = match.group(1), match.group(2)
-            value = os.environ.get(name)
-            if value is None:
-                if default is not None:
-                    return default
-                raise RecipeError(
-                    f"environment variable {name!r} is not set",
-                    _location(self.file, node.start_mark),
-                    hint=f"export {name}=... before running, or write ${{{name}:-default}}",
-                )
-            return value
-
-        return _ENV_PATTERN.sub(replace, text)
+    return _ENV_PATTERN.sub(replace, text)
 
 
-def parse_yaml(text: str, file: str) -> tuple[Any, Marks]:
-    """Parse YAML text into plain data plus the location of every value."""
-    loader = _LOADER(text)
+def parse_yaml(text: str, file: str, budget: Budget | None = None) -> tuple[Any, Marks]:
+    """Parse recipe YAML text into plain data (environment variables expanded) plus every value's location."""
+    data, marks = compose(text, file, budget, on_string=interpolate)
+    return data, Marks(marks)
+
+
+def _read_text(path: Path, display: str) -> str:
+    """The text of a recipe file, refusing what is not a regular file of reasonable size before reading it."""
     try:
-        try:
-            node = loader.get_single_node()
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            loc = _location(file, mark) if mark is not None else Location(file, 0, 0)
-            problem = exc.problem or exc.context or "invalid YAML"
-            lines = text.split("\n")
-            line = lines[mark.line] if mark is not None and 0 <= mark.line < len(lines) else ""
-            tab = mark is not None and 0 <= mark.column < len(line) and line[mark.column] == "\t"
-            raise RecipeError(f"YAML syntax error: {problem}" + (" (a tab)" if tab else ""), loc,
-                              hint="YAML indents with spaces, never tabs" if tab else None) from None
-        except yaml.YAMLError as exc:
-            raise RecipeError(f"YAML error: {exc}", Location(file, 0, 0)) from None
-        if node is None:
-            return None, Marks()
-        converter = _Converter(file, loader)
-        try:
-            data = converter.convert(node, ())
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            raise RecipeError(f"YAML error: {getattr(exc, 'problem', exc)}",
-                              _location(file, mark) if mark else None) from None
-        return data, Marks(converter.marks)
-    finally:
-        loader.dispose()
+        info = path.stat()
+    except FileNotFoundError:
+        raise RecipeError(f"recipe file not found: {display}", hint="check the path") from None
+    except OSError as exc:
+        raise RecipeError(f"cannot read recipe {display}: {exc}") from None
+    if not stat.S_ISREG(info.st_mode) and not stat.S_ISDIR(info.st_mode):
+        raise RecipeError(f"cannot read recipe {display}: not a regular file", hint="point at the YAML file")
+    if info.st_size > MAX_RECIPE_BYTES:
+        raise RecipeError(f"recipe {display} is {info.st_size} bytes, more than the {MAX_RECIPE_BYTES} a recipe "
+                          "may have", hint="split it into several recipes")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_RECIPE_BYTES + 1)
+        return raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(f"cannot read recipe {display}: {exc}") from None
 
 
-def _read_raw(path: Path, stack: tuple[Path, ...]) -> tuple[dict[str, Any], Marks]:
+def _read_raw(path: Path, stack: tuple[Path, ...], roots: list[Path], budget: Budget) -> tuple[dict, Marks]:
     display = _display(path)
     if len(stack) > _MAX_EXTENDS_DEPTH:
         raise RecipeError(f"recipe 'extends' chain deeper than {_MAX_EXTENDS_DEPTH}", Location(display, 0, 0))
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise RecipeError(f"recipe file not found: {display}", hint="check the path") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RecipeError(f"cannot read recipe {display}: {exc}") from None
-    data, marks = parse_yaml(text, display)
+    data, marks = parse_yaml(_read_text(path, display), display, budget)
     if data is None:
         raise RecipeError("the recipe is empty", Location(display, 1, 1),
                           hint="a recipe needs at least 'name' and 'nodes'")
@@ -207,16 +143,19 @@ def _read_raw(path: Path, stack: tuple[Path, ...]) -> tuple[dict[str, Any], Mark
     base_ref = data.get("extends")
     if base_ref is None:
         return data, marks
-    if not isinstance(base_ref, str):
-        raise RecipeError("'extends' must be a path to a base recipe", marks.find(("extends",)), "extends")
-    base_path = (path.parent / base_ref).resolve()
+    where = marks.find(("extends",))
+    if not isinstance(base_ref, str) or not base_ref:
+        raise RecipeError("'extends' must be a path to a base recipe", where, "extends")
+    try:
+        base_path = resolve_user_path(base_ref, path.parent, roots)
+    except TrtflowError as exc:
+        raise RecipeError(exc.message, where, "extends", hint=exc.hint) from None
     if base_path in stack:
         chain = " -> ".join(_display(p) for p in (*stack, base_path))
-        raise RecipeError(f"recipes extend each other in a cycle: {chain}", marks.find(("extends",)), "extends")
+        raise RecipeError(f"recipes extend each other in a cycle: {chain}", where, "extends")
     if not base_path.exists():
-        raise RecipeError(f"base recipe {base_ref!r} not found (looked at {_display(base_path)})",
-                          marks.find(("extends",)), "extends")
-    base, base_marks = _read_raw(base_path, (*stack, base_path))
+        raise RecipeError(f"base recipe {base_ref!r} not found (looked at {_display(base_path)})", where, "extends")
+    base, base_marks = _read_raw(base_path, (*stack, base_path), roots, budget)
     data = dict(data)
     data.pop("extends")
     return merge_recipes(base, base_marks, data, marks)
@@ -226,16 +165,18 @@ def merge_recipes(base: dict, base_marks: Marks, child: dict, child_marks: Marks
     """Child settings win; mappings merge deeply; nodes merge by name (child keys override base keys)."""
     merged = copy.deepcopy(base)
     marks = dict(base_marks.by_path)
+    child_by_key = child_marks.children(())
     for key, value in child.items():
+        own = child_by_key.get(key, {})
         if key == "nodes" and isinstance(value, list) and isinstance(merged.get("nodes"), list):
-            merged["nodes"], marks = _merge_nodes(merged["nodes"], marks, value, child_marks)
+            merged["nodes"], marks = _merge_nodes(merged["nodes"], marks, value, Marks(own))
         elif isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = _deep_merge(merged[key], value)
-            marks.update({(key, *p): loc for p, loc in child_marks.subtree((key,)).items()})
+            marks.update({(key, *p): loc for p, loc in own.items()})
         else:
             merged[key] = copy.deepcopy(value)
             marks = {p: loc for p, loc in marks.items() if not p or p[0] != key}
-            marks.update({(key, *p): loc for p, loc in child_marks.subtree((key,)).items()})
+            marks.update({(key, *p): loc for p, loc in own.items()})
     return merged, Marks(marks)
 
 
@@ -250,10 +191,11 @@ def _deep_merge(base: dict, child: dict) -> dict:
 
 
 def _merge_nodes(base_nodes: list, marks: dict, child_nodes: list, child_marks: Marks) -> tuple[list, dict]:
+    """Merge the child's nodes (``child_marks`` relative to its ``nodes`` list) into the base's by name."""
     index_by_name = {n.get("name"): i for i, n in enumerate(base_nodes) if isinstance(n, dict)}
+    by_node = child_marks.children(())
     result = list(base_nodes)
     for ci, node in enumerate(child_nodes):
-        sub = child_marks.subtree(("nodes", ci))
         name = node.get("name") if isinstance(node, dict) else None
         if name in index_by_name:
             i = index_by_name[name]
@@ -261,13 +203,23 @@ def _merge_nodes(base_nodes: list, marks: dict, child_nodes: list, child_marks: 
         else:
             i = len(result)
             result.append(copy.deepcopy(node))
-        marks.update({("nodes", i, *p): loc for p, loc in sub.items()})
+        marks.update({("nodes", i, *p): loc for p, loc in by_node.get(ci, {}).items()})
     return result, marks
 
 
-def apply_overrides(data: dict, marks: Marks, overrides: Sequence[str]) -> None:
-    """Apply ``--set a.b=value`` overrides in place. ``nodes.NAME.params.x`` addresses a node by name."""
+def apply_overrides(data: dict, marks: Marks, overrides: Sequence[str], budget: Budget | None = None) -> None:
+    """Apply ``--set a.b=value`` overrides in place. ``nodes.NAME.params.x`` addresses a node by name.
+
+    A value is YAML, read by the same guarded parser as the recipe (a value that is not valid YAML is taken
+    as text); ``${VAR}`` is not expanded there (the shell has done that).
+    """
+    budget = budget or Budget()
     for expr in overrides:
+        try:
+            expr.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8 reach Python's argv as lone surrogates
+            shown = expr.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise RecipeError("not valid UTF-8 text", Location(f"--set {shown}", 0, 0)) from None
         where = Location(f"--set {expr}", 0, 0)
         if "=" not in expr:
             raise RecipeError("expected KEY.PATH=VALUE", where, hint="e.g. --set nodes.export.params.opset=18")
@@ -275,10 +227,15 @@ def apply_overrides(data: dict, marks: Marks, overrides: Sequence[str]) -> None:
         parts = [p for p in dotted.strip().split(".") if p]
         if not parts:
             raise RecipeError("empty key", where)
-        try:
-            value = yaml.load(raw, Loader=_LOADER) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
+        if len(parts) > budget.limits.max_depth:
+            raise RecipeError(f"a key path of {len(parts)} parts (at most {budget.limits.max_depth})", where)
+        value: Any = ""
+        value_marks: dict[Path_, Place] = {}
+        if raw.strip():
+            try:
+                value, value_marks = compose(raw, where.file, budget, depth=len(parts))
+            except YamlSyntaxError:
+                value = raw
         target: Any = data
         path: list[Any] = []
         for i, part in enumerate(parts[:-1]):
@@ -298,7 +255,11 @@ def apply_overrides(data: dict, marks: Marks, overrides: Sequence[str]) -> None:
         if not isinstance(target, dict):
             raise RecipeError(f"cannot set a key inside a {type(target).__name__}", where, dotted)
         target[parts[-1]] = value
-        marks.by_path[(*path, parts[-1])] = where
+        prefix = (*path, parts[-1])
+        n = len(prefix)
+        marks.by_path = {p: loc for p, loc in marks.by_path.items() if p[:n] != prefix}
+        marks.by_path.update({(*prefix, *p): loc for p, loc in value_marks.items()})
+        marks.by_path[prefix] = (where.file, where.line, where.column)
 
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe:
@@ -306,8 +267,9 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
     from pydantic import ValidationError
 
     path = Path(path).resolve()
-    data, marks = _read_raw(path, (path,))
-    apply_overrides(data, marks, overrides)
+    budget = Budget()
+    data, marks = _read_raw(path, (path,), allowed_roots_for(path.parent), budget)
+    apply_overrides(data, marks, overrides, budget)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
@@ -320,62 +282,77 @@ def validation_error(exc: Any, marks: Marks, prefix: Path_, model: Any = None,
     """Turn a pydantic ValidationError into one RecipeError listing every problem with its location."""
     lines = []
     first_loc: Location | None = None
-    for err in exc.errors():
+    errors = exc.errors()
+    for err in errors[:_MAX_LISTED_PROBLEMS]:
         loc = tuple(err.get("loc", ()))
         full = (*prefix, *loc)
         location = marks.find_key(full) if err.get("type") == "extra_forbidden" else marks.find(full)
         first_loc = first_loc or location
-        field_name = ".".join(str(p) for p in full) or "(root)"
+        field_name = ".".join(_short(p) for p in full) or "(root)"
         message = err.get("msg", "invalid value")
         if err.get("type") == "extra_forbidden" and loc:
             known = _known_fields(model, loc[:-1])
             suggestion = did_you_mean(str(loc[-1]), known) if known else None
-            message = f"unknown key {loc[-1]!r}" + (f"; {suggestion}" if suggestion else "")
+            message = f"unknown key {_short(loc[-1], repr)}" + (f"; {suggestion}" if suggestion else "")
             if known:
-                message += f" (allowed: {', '.join(sorted(known))})"
+                message += f" (allowed: {', '.join(known)})"
         elif err.get("type") == "missing":
             message = f"required field {loc[-1]!r} is missing" if loc else message
         elif "input" in err and not isinstance(err["input"], (dict, list)):
-            message = f"{message} (got {err['input']!r})"
+            message = f"{message} (got {_short(err['input'], repr)})"
         lines.append(f"{location or '<recipe>'}: {field_name}: {message}")
-    text = lines[0] if len(lines) == 1 else f"{len(lines)} problems in the {what}:\n  " + "\n  ".join(lines)
+    if len(errors) > len(lines):
+        lines.append(f"... and {len(errors) - len(lines)} more")
+    text = lines[0] if len(lines) == 1 else f"{len(errors)} problems in the {what}:\n  " + "\n  ".join(lines)
     error = RecipeError(text)
     error.location = first_loc
     return error
 
 
+def _short(value: Any, show: Any = str, limit: int = 120) -> str:
+    """``show(value)``, cut to ``limit`` characters (a recipe value may be a megabyte long)."""
+    text = show(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _known_fields(model: Any, loc: Path_) -> list[str]:
-    """Field names of the sub-model at ``loc`` (best effort, for suggestions)."""
-    from pydantic import BaseModel
-
-    current = model
-    for part in loc:
-        if isinstance(part, int) or current is None:
-            continue
-        if isinstance(current, type) and issubclass(current, BaseModel):
-            info = current.model_fields.get(str(part))
-            if info is None:
-                return []
-            current = _inner_model(info.annotation)
-        else:
-            return []
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
-    return []
+    """Field names of the sub-model(s) that ``loc`` leads to within ``model`` (best effort, for suggestions)."""
+    models = _models_at(model, loc) if model is not None else []
+    return sorted({name for m in models for name in m.model_fields})
 
 
-def _inner_model(annotation: Any) -> Any:
-    from typing import get_args
+def _models_at(annotation: Any, loc: Path_) -> list[Any]:
+    """The pydantic models a value at ``loc`` inside a value of type ``annotation`` can be.
+
+    Follows model fields, dict values (a loc part is the key), list items (an index) and every arm of a union
+    (pydantic may put the arm's name in the loc: it is skipped).
+    """
+    from typing import Annotated, Union, get_args, get_origin
 
     from pydantic import BaseModel
 
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _models_at(get_args(annotation)[0], loc)
+    if origin is Union or type(annotation).__name__ == "UnionType":
+        arms = get_args(annotation)
+        found = [m for arm in arms for m in _models_at(arm, loc)]
+        if not found and loc and isinstance(loc[0], str):
+            found = [m for arm in arms for m in _models_at(arm, loc[1:])]
+        return list(dict.fromkeys(found))
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in get_args(annotation):
-        found = _inner_model(arg)
-        if found is not None:
-            return found
-    return None
+        if not loc:
+            return [annotation]
+        info = annotation.model_fields.get(str(loc[0]))
+        return _models_at(info.annotation, loc[1:]) if info is not None else []
+    if not loc:
+        return []
+    args = get_args(annotation)
+    if origin is dict and len(args) == 2:
+        return _models_at(args[1], loc[1:])
+    if origin in (list, tuple, set, frozenset) and args and isinstance(loc[0], int):
+        return _models_at(args[0], loc[1:])
+    return []
 
 
 def _display(path: Path) -> str:

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 NODE_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
+NAME_MAX_LENGTH = 128  # names become file names (refs, logs, build/<recipe>/<node>/)
 
 
 class Strict(BaseModel):
@@ -75,7 +76,7 @@ class NodeSpec(Strict):
     """One node of the pipeline: a stage with its parameters and where its inputs come from."""
 
     name: str = Field(
-        pattern=NODE_NAME_PATTERN,
+        pattern=NODE_NAME_PATTERN, max_length=NAME_MAX_LENGTH,
         description="Unique node name (letters, digits, '_', '-', '.'). Matrix variants get suffixes.",
     )
     stage: str = Field(description="Stage to run: export, simplify, quantize, convert, build, validate, "
@@ -101,7 +102,8 @@ class Recipe(Strict):
     """A trtflow recipe: named shape profiles, per-stage defaults and the nodes of the pipeline."""
 
     version: Literal[1] = Field(default=1, description="Recipe format version.")
-    name: str = Field(pattern=NODE_NAME_PATTERN, description="Recipe name; outputs go to build/<name>/.")
+    name: str = Field(pattern=NODE_NAME_PATTERN, max_length=NAME_MAX_LENGTH,
+                      description="Recipe name; outputs go to build/<name>/.")
     description: str | None = Field(default=None, description="What this pipeline produces.")
     extends: str | None = Field(
         default=None, description="Path of a base recipe (relative to this file) whose settings this "
