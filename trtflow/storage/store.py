@@ -230,8 +230,9 @@ class Store:
                                       "ino": st.st_ino}
         for leftover in set(index.get("files", {})) - set(files):
             (dest / leftover).unlink(missing_ok=True)
-        _write_index(dest, {"key": manifest.get("key"), "node": manifest.get("node"), "status": "current",
-                            "files": files})
+        current = {"key": manifest.get("key"), "node": manifest.get("node"), "status": "current", "files": files}
+        if current != index:  # a re-run that found every copy intact writes nothing
+            _write_index(dest, current)
         return paths
 
     def retract(self, dest: Path, reason: str) -> list[str]:
