@@ -274,6 +274,24 @@ def _recipe_name(text: str) -> str:
     return name if re.match(r"^[A-Za-z_]", name) else f"m-{name}"
 
 
+def _inside_project(path: Path, output: Path, what: str) -> None:
+    """Refuse now what `trtflow run` would refuse later: a recipe reads files only inside its project."""
+    from trtflow.fsutil import allowed_roots_for
+
+    recipe_dir = output.absolute().parent
+    target = path.resolve()
+    roots = allowed_roots_for(recipe_dir)
+    if any(target.is_relative_to(root) for root in roots):
+        return
+    raise TrtflowError(
+        f"{what} {path} is outside the project of {output} ({roots[0]}): a recipe may only read files inside its "
+        "project (the nearest folder above the recipe holding a .git or a pyproject.toml; without one, the "
+        "recipe's own folder)",
+        hint=f"write the recipe beside the file or above it (e.g. -o {path.parent / output.name}), mark the "
+             "folder holding both as the project (git init, or an empty pyproject.toml), or list the file's "
+             "folder in TRTFLOW_ALLOWED_PATHS")
+
+
 def scaffold(model: str, output: Path, data: Path | None, inputs: list[str], outputs: list[str], batch: str,
              dims: list[str], name: str | None) -> Scaffold:
     recipe_dir = output.absolute().parent
@@ -302,6 +320,7 @@ def scaffold(model: str, output: Path, data: Path | None, inputs: list[str], out
             path = Path(target)
             if not path.is_file():
                 raise TrtflowError(f"{target} not found", hint="give the factory's file relative to this directory")
+            _inside_project(path, output, "the factory's file")
             reference = "python:" + os.path.relpath(path.absolute(), recipe_dir) + ":" + model.rpartition(":")[2]
         default_name = Path(target).stem if target.endswith(".py") else target.rpartition(".")[2]
     else:
@@ -313,12 +332,14 @@ def scaffold(model: str, output: Path, data: Path | None, inputs: list[str], out
         specs = read_onnx_inputs(path)
         if not specs:
             raise TrtflowError(f"{model} has no inputs to feed")
+        _inside_project(path, output, "the model")
         reference, label = os.path.relpath(path.absolute(), recipe_dir), model
         default_name = path.stem
     data_ref = None
     if data is not None:
         if not data.exists():
             raise TrtflowError(f"--data {data} not found", hint="give a .npz/.npy file or a directory of them")
+        _inside_project(data, output, "--data")
         data_ref = os.path.relpath(data.absolute(), recipe_dir)
     ranges = dynamic_ranges(specs, batch_range, dim_ranges)
     return Scaffold(_recipe_name(name or default_name), reference, specs, ranges, data_ref, outputs, label)

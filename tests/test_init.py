@@ -28,6 +28,10 @@ def trtflow(*args: str, cwd: Path, check: int | None = 0) -> subprocess.Complete
 
 def test_init_onnx_writes_a_recipe_that_plans(tmp_path, tiny_cnn_onnx):
     (tmp_path / "cnn.onnx").write_bytes(tiny_cnn_onnx.read_bytes())
+    outside = trtflow("init", "cnn.onnx", "-o", "recipes/cnn.yaml", cwd=tmp_path, check=1)
+    assert "outside the project" in outside.stderr and "pyproject.toml" in outside.stderr
+    assert not (tmp_path / "recipes" / "cnn.yaml").exists()
+    (tmp_path / "pyproject.toml").write_text("")  # the folder holding model and recipes is the project
     proc = trtflow("init", "cnn.onnx", "-o", "recipes/cnn.yaml", "--batch", "1:4:8", cwd=tmp_path)
     assert "WARNING: no --data given" in proc.stderr and "next: trtflow run recipes/cnn.yaml" in proc.stderr
     text = (tmp_path / "recipes" / "cnn.yaml").read_text()
