@@ -25,6 +25,8 @@ from trtflow.errors import StoreError
 from trtflow.fingerprint import hash_text
 from trtflow.fsutil import atomic_write_text
 
+#: A recipe's refs are rewritten at least this often by runs that change nothing (``updated`` stays meaningful).
+REFRESH_SECONDS = 24 * 3600
 FORMAT = 2
 LEGACY_PREFIX = "legacy-"
 
@@ -129,15 +131,20 @@ class RefStore:
         with FileLock(str(folder / ".lock")):
             existing = self._read(folder)
             wanted = set(recipe_nodes)
-            nodes = {n: e for n, e in (existing.nodes if existing else {}).items() if n in wanted}
-            for node, key in keys.items():
+            before = {n: e for n, e in (existing.nodes if existing else {}).items() if n in wanted}
+            nodes = dict(before)
+            changed = {n: k for n, k in keys.items() if nodes.get(n, {}).get("key") != k}
+            for node, key in changed.items():  # an unchanged key keeps the run that made it (and its logs)
                 nodes[node] = {"key": key, "run_id": run_id, "time": now}
+            if (existing is not None and not existing.legacy and not changed and nodes == existing.nodes
+                    and existing.path == str(recipe.path) and now - existing.updated < REFRESH_SECONDS):
+                return  # a no-op run: the refs already say all of it (no write, no fsync)
             data = {"format": FORMAT, "recipe_id": recipe.id, "name": recipe.name, "path": str(recipe.path),
                     "host": os.uname().nodename, "updated": now, "run_id": run_id,
                     "nodes": dict(sorted(nodes.items()))}
             atomic_write_text(folder / "current.json", json.dumps(data, indent=1))
-            if keys:
-                line = json.dumps({"run_id": run_id, "time": now, "keys": dict(keys)}) + "\n"
+            if changed:
+                line = json.dumps({"run_id": run_id, "time": now, "keys": changed}) + "\n"
                 with open(folder / "history.jsonl", "a", encoding="utf-8") as f:
                     f.write(line)
         legacy = self.root / f"{LEGACY_PREFIX}{recipe.name}"
