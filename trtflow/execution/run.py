@@ -58,7 +58,7 @@ from trtflow.plan import (
 from trtflow.recipe.expand import ConcreteNode
 from trtflow.stage import NATIVE_STEP_FILE
 from trtflow.storage.journal import Journal
-from trtflow.storage.lock import SHARED, StoreLock
+from trtflow.storage.lock import SHARED, StoreLock, pid_alive
 from trtflow.storage.refs import RecipeIdentity
 from trtflow.storage.store import Store, materialize_error
 
@@ -212,7 +212,7 @@ class Runner:
         rows = self._journal("reading running runs", self.journal.running_runs) or []
         host = os.uname().nodename
         for run_id, pid, run_host in rows:
-            if run_host == host and pid and not _pid_alive(pid):
+            if run_host == host and pid and not pid_alive(pid):
                 self._journal("recording a dead run", lambda r=run_id: self.journal.mark_dead(r))
                 shutil.rmtree(self.store.tmp_dir / run_id, ignore_errors=True)
 
@@ -533,10 +533,14 @@ class Runner:
         self._remember_outputs(node.name, manifest)
         self._record_refs({node.name: key})
         res = NodeResult(node.name, node.stage, CACHED, why, key, summary=manifest.get("summary", {}))
+        return self._deliver(res, manifest)
+
+    def _deliver(self, res: NodeResult, manifest: dict[str, Any]) -> NodeResult:
+        """Copy a committed node's outputs under build/ and judge its gate; a copy that fails fails the node."""
         try:
-            res.outputs = self._materialize(node.name, manifest)
+            res.outputs = self._materialize(res.node, manifest)
         except OSError as exc:
-            err = materialize_error(node.name, self._out_dir(node.name), exc)
+            err = materialize_error(res.node, self._out_dir(res.node), exc)
             res.status, res.error, res.hint = FAILED, err.message, err.hint
             return res
         return self._apply_gate(res, manifest)
@@ -667,13 +671,7 @@ class Runner:
         self._record_refs({node.name: key})
         self._push(node.name, key)
         res = NodeResult(node.name, node.stage, DONE, reason, key, summary=manifest.get("summary", {}), **common)
-        try:
-            res.outputs = self._materialize(node.name, manifest)
-        except OSError as exc:
-            err = materialize_error(node.name, self._out_dir(node.name), exc)
-            res.status, res.error, res.hint = FAILED, err.message, err.hint
-            return res
-        return self._apply_gate(res, manifest)
+        return self._deliver(res, manifest)
 
     def _commit_stored(self, step: Step, parts: KeyParts, key: str, outcome: Outcome, log_path: Path,
                        previous_summary: dict[str, Any] | None, started: float) -> NodeResult:
@@ -836,13 +834,3 @@ def _rss(pid: int) -> int | None:
     except (OSError, ValueError):
         return None
     return None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

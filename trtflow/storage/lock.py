@@ -75,7 +75,7 @@ class StoreLock:
                 info = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
-            if info.get("host") == os.uname().nodename and not _pid_alive(int(info.get("pid", 0))):
+            if info.get("host") == os.uname().nodename and not pid_alive(int(info.get("pid", 0))):
                 path.unlink(missing_ok=True)
                 continue
             found.append(info)
@@ -132,7 +132,8 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this host (one we may not signal counts as alive)."""
     if pid <= 0:
         return False
     try:
