@@ -129,3 +129,18 @@ def test_benchmark_regression_gate_uses_the_previous_run(tmp_path):
     # a different export (hidden width) is a different model: the benchmark re-runs against the baseline
     proc = trtflow("run", "--set", "nodes.export.params.factory_args.hidden=4096", str(recipe), cwd=tmp_path, check=1)
     assert "quality gate failed" in proc.stdout and "above the previous run's" in proc.stdout
+
+
+def test_a_registered_stage_that_cannot_be_imported_is_named_with_its_package(tmp_path):
+    """A half-removed plugin (its entry point left behind) gives exit 3 and what to reinstall, not a traceback."""
+    info = tmp_path / "plugins" / "broken_plugin-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[trtflow.stages]\nbroken = no_such_module_anywhere:stage\n")
+    (tmp_path / "r.yaml").write_text("name: r\nnodes:\n  - {name: a, stage: broken}\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "plugins"), TRTFLOW_STORE=str(tmp_path / "store"))
+    proc = subprocess.run([sys.executable, "-m", "trtflow.cli", "plan", "r.yaml"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "stage 'broken' is registered" in proc.stderr and "No module named" in proc.stderr
+    assert "reinstall broken-plugin" in proc.stderr and "Traceback" not in proc.stderr

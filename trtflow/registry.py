@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from importlib import metadata
 
-from trtflow.errors import InternalError, RecipeError, did_you_mean
+from trtflow.errors import EnvironmentUnavailable, InternalError, RecipeError, did_you_mean
 from trtflow.stage import Stage
 
 GROUP = "trtflow.stages"
@@ -35,7 +35,14 @@ def get_stage(name: str) -> Stage:
             hint=hint or "install the package that provides it (it registers under the "
             f"'{GROUP}' entry-point group)",
         )
-    stage = eps[name].load()
+    try:
+        stage = eps[name].load()
+    except Exception as exc:  # a broken or half-removed plugin package: say which, never a traceback
+        package = eps[name].dist.name if eps[name].dist is not None else "the package that registers it"
+        raise EnvironmentUnavailable(
+            f"stage {name!r} is registered ({eps[name].value}) but cannot be imported: "
+            f"{type(exc).__name__}: {exc}",
+            hint=f"reinstall {package} (pip install --force-reinstall {package}) or uninstall it") from None
     if not isinstance(stage, Stage):
         raise InternalError(f"entry point {eps[name].value!r} for stage {name!r} is not a trtflow Stage")
     if stage.name != name:
