@@ -43,10 +43,10 @@ def _describe(name: str, entry: dict[str, Any]) -> list[str]:
 @app.command("save")
 def save(
     recipe: Annotated[Path, typer.Argument(help="Recipe YAML file whose latest results to pin.", show_default=False)],
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Baseline file to write [default: "
-                                                "baselines/<recipe name>.json beside the recipe].")] = None,
-    store: Annotated[str | None, typer.Option("--store", help="Store directory [env TRTFLOW_STORE; default "
-                                              ".trtflow]")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Baseline file to write (default: "
+                                                "baselines/<recipe name>.json beside the recipe).")] = None,
+    store: Annotated[str | None, typer.Option("--store", help="Store directory (env TRTFLOW_STORE; default "
+                                              ".trtflow)")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a recipe value, as for `run`.")] = None,
 ) -> None:
     """Write the latest benchmark and validate results of RECIPE to a baseline file (reads the store only)."""

@@ -31,11 +31,11 @@ RecipeArg = Annotated[Path, typer.Argument(help="Recipe YAML file.", show_defaul
 NodeArg = Annotated[str, typer.Argument(help="A validate node, or the convert/quantize node it checks.",
                                         show_default=False)]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a recipe value: nodes.NAME.params.KEY=VALUE")]
-StoreOpt = Annotated[str | None, typer.Option("--store", help="Store directory [env TRTFLOW_STORE; default .trtflow]")]
-JsonOpt = Annotated[Path | None, typer.Option("--json", help="Where to write the JSON report [default: "
-                                                               "build/<recipe>/debug/<node>-<command>.json].")]
+StoreOpt = Annotated[str | None, typer.Option("--store", help="Store directory (env TRTFLOW_STORE; default .trtflow)")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="Where to write the JSON report (default: "
+                                                               "build/<recipe>/debug/<node>-<command>.json).")]
 RowsOpt = Annotated[int | None, typer.Option("--rows", min=1, help="Use only the first N rows of the validate "
-                                                                   "node's data [default: all].")]
+                                                                   "node's data (default: all).")]
 
 
 def _console() -> Any:

@@ -357,11 +357,11 @@ def init(
         "--input", help="For a factory: NAME:DIMS[:DTYPE] per forward() argument, DIMS comma-separated, a name "
         "marks a dynamic dimension (input:batch,3,224,224:float32).")] = None,
     outputs: Annotated[list[str] | None, typer.Option(
-        "--output-name", help="For a factory: the names of its outputs, in order [default: output].")] = None,
+        "--output-name", help="For a factory: the names of its outputs, in order (default: output).")] = None,
     batch: Annotated[str, typer.Option("--batch", help="MIN:OPT:MAX of the batch dimension (axis 0).")] = "1:8:32",
     dims: Annotated[list[str] | None, typer.Option(
         "--dim", help="NAME=MIN:OPT:MAX for another dynamic dimension, e.g. seq=1:128:512.")] = None,
-    name: Annotated[str | None, typer.Option("--name", help="Recipe name [default: the model's].")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Recipe name (default: the model's).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing recipe file.")] = False,
 ) -> None:
     """Write a recipe for MODEL: profiles from its dynamic dimensions, fp32/fp16/int8 candidates validated and

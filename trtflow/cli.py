@@ -35,7 +35,7 @@ app = typer.Typer(
 
 RecipeArg = Annotated[Path, typer.Argument(help="Recipe YAML file.", show_default=False)]
 TargetsArg = Annotated[list[str] | None, typer.Argument(help="Only these nodes (and what they need).")]
-StoreOpt = Annotated[str | None, typer.Option("--store", help="Store directory [env TRTFLOW_STORE; default .trtflow]")]
+StoreOpt = Annotated[str | None, typer.Option("--store", help="Store directory (env TRTFLOW_STORE; default .trtflow)")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a recipe value: nodes.NAME.params.KEY=VALUE")]
 
 
@@ -78,7 +78,7 @@ def run(
     store: StoreOpt = None,
     set_: SetOpt = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=0, show_default=False,
-                                      help="CPU slots: nodes to run at once [default: min(4, CPUs)].")] = 0,
+                                      help="CPU slots: nodes to run at once (default: min(4, CPUs)).")] = 0,
     keep_going: Annotated[
         bool, typer.Option("--keep-going", "-k", help="After a failure, run everything that does not depend on it.")
     ] = False,
@@ -87,7 +87,7 @@ def run(
         typer.Option("--require-gpu", help="Fail (exit 3) instead of skipping nodes whose backend cannot run here."),
     ] = False,
     output_dir: Annotated[
-        Path | None, typer.Option("--output-dir", help="Where outputs are materialised [default: build/<recipe>]")
+        Path | None, typer.Option("--output-dir", help="Where outputs are materialised (default: build/<recipe>)")
     ] = None,
     lock_timeout: Annotated[
         float, typer.Option(help="Seconds to wait for another run building the same node.")
@@ -97,13 +97,13 @@ def run(
         "inline (this process; for debugging).")] = "local",
     ray_address: Annotated[str | None, typer.Option(
         "--ray-address", help="Join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting a local "
-        "one [env RAY_ADDRESS].")] = None,
+        "one (env RAY_ADDRESS).")] = None,
     remote: Annotated[str | None, typer.Option(
         "--remote", help="A remote cache shared by several stores: a directory or s3://bucket/prefix "
-        "[env TRTFLOW_REMOTE].")] = None,
+        "(env TRTFLOW_REMOTE).")] = None,
     memory: Annotated[str | None, typer.Option(
-        "--memory", help="Host memory the nodes running at once may use together, e.g. 16G [default: what the "
-        "machine has free].")] = None,
+        "--memory", help="Host memory the nodes running at once may use together, e.g. 16G (default: what the "
+        "machine has free).")] = None,
     no_push: Annotated[bool, typer.Option(
         "--no-push", help="Only pull from the remote cache; never upload (e.g. CI runs of untrusted changes).")
     ] = False,
@@ -356,8 +356,8 @@ def gc(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be removed, and why; remove nothing.")
                        ] = False,
     keep_days: Annotated[float, typer.Option(
-        "--keep-days", help="Also keep what runs of the last N days used [env TRTFLOW_GC_KEEP_DAYS; default 0: "
-        "only what each recipe file's latest run uses].", show_default=False)] = -1.0,
+        "--keep-days", help="Also keep what runs of the last N days used (env TRTFLOW_GC_KEEP_DAYS; default 0: "
+        "only what each recipe file's latest run uses).", show_default=False)] = -1.0,
     wait: WaitOpt = 60.0,
 ) -> None:
     """Remove stored results no recipe file's latest run uses (and old logs, scratch space, refs of deleted
