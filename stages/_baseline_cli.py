@@ -16,9 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from trtflow.errors import TrtflowError
-
-from ._baseline import make_baseline, read_baseline
+from trtflow.errors import TrtflowError  # not trtflow.stage (via _baseline): `trtflow --help` imports this module
 
 app = typer.Typer(name="baseline", help="Pin measurements (latency, throughput, accuracy) in a file to commit; "
                   "gates compare with it.", no_args_is_help=True, add_completion=False)
@@ -53,6 +51,8 @@ def save(
     from trtflow.api import latest_results
     from trtflow.recipe.load import load_recipe
 
+    from ._baseline import make_baseline
+
     loaded = load_recipe(recipe)
     results = latest_results(recipe, set_ or (), store)
     document = make_baseline(loaded.recipe.name, results)
@@ -75,6 +75,8 @@ def save(
 @app.command("show")
 def show(file: Annotated[Path, typer.Argument(help="A baseline file.", show_default=False)]) -> None:
     """Print the nodes, machine facts and figures a baseline holds."""
+    from ._baseline import read_baseline
+
     document = read_baseline(file)
     typer.echo(f"baseline of recipe {document.get('recipe')}, saved {document.get('saved')}")
     for name, entry in (document.get("nodes") or {}).items():
