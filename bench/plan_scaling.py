@@ -23,8 +23,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from noop_overhead import timed  # bench/ is on sys.path when a script here runs
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_PLUGIN = REPO / "examples" / "plugin"
@@ -86,17 +87,6 @@ def child_env(work: Path) -> dict[str, str]:
     return env
 
 
-def timed(cmd: list[str], cwd: Path, env: dict[str, str], repeat: int) -> list[float]:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-        times.append(time.perf_counter() - start)
-        if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
-    return times
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[500, 5000, 20000])
@@ -117,11 +107,11 @@ def main() -> None:
         for n in args.sizes:
             recipe = write_recipe(work, n)
             store = work / f"store{n}"
-            plan = statistics.median(timed([*trtflow, "plan", str(recipe), "--store", str(store)], work, env,
-                                           args.repeat))
+            plan = statistics.median(timed([*trtflow, "plan", str(recipe), "--store", str(store)], work,
+                                           args.repeat, env))
             yaml_only = statistics.median(timed(
                 [sys.executable, "-c", "import sys, yaml; yaml.load(open(sys.argv[1]), Loader=yaml.CSafeLoader)",
-                 str(recipe)], work, env, args.repeat))
+                 str(recipe)], work, args.repeat, env))
             rows.append((n, plan))
             line = (f"{n:>6} | {plan:>10.2f} s | {plan / n * 1000:>6.2f} ms | {plan / rows[0][1]:>7.1f}x | "
                     f"{yaml_only:>16.2f} s")

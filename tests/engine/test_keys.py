@@ -8,18 +8,15 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests.engine.inline import run_inline
 from tests.engine.toystages import get_stage
 from trtflow import codehash
 from trtflow.environment import Environment, GpuInfo, parse_smi, visible
-from trtflow.execution.local import InlineExecutor
-from trtflow.execution.results import RunOptions
-from trtflow.execution.run import Runner
 from trtflow.graph import build_graph
 from trtflow.pipeline import identity_of
 from trtflow.plan import KeyContext, key_parts, make_plan
 from trtflow.recipe.expand import expand
 from trtflow.recipe.load import load_recipe
-from trtflow.storage.journal import Journal
 from trtflow.storage.store import Store
 
 ENV = Environment({"python": "3.11"})
@@ -38,15 +35,7 @@ def _plan(recipe: Path, store: Store) -> dict:
 
 def _run(recipe: Path, store: Store):
     loaded, graph = _graph(recipe)
-    identity = identity_of(loaded.path, loaded.recipe.name)
-    store.ensure()
-    journal = Journal(store.db_path)
-    try:
-        steps = make_plan(graph, store, ENV, loaded.directory, journal, identity.id)
-        return Runner(graph, store, ENV, identity, journal, RunOptions(jobs=1),
-                      executor=InlineExecutor(graph.stages)).run(steps)
-    finally:
-        journal.close()
+    return run_inline(loaded, graph, store, ENV)[1]
 
 
 def _project(tmp_path: Path) -> Path:

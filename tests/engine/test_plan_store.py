@@ -8,18 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.engine.inline import run_inline
 from tests.engine.toystages import get_stage
 from trtflow.environment import Environment
-from trtflow.execution.local import InlineExecutor
-from trtflow.execution.results import RunOptions
-from trtflow.execution.run import Runner
 from trtflow.graph import build_graph
 from trtflow.pipeline import identity_of
 from trtflow.plan import make_plan
 from trtflow.recipe.expand import expand
 from trtflow.recipe.load import load_recipe
 from trtflow.storage.gc import collect_garbage
-from trtflow.storage.journal import Journal
 from trtflow.storage.store import Store
 from trtflow.storage.verify import verify_store
 
@@ -50,15 +47,7 @@ def plan_of(tmp_path, store, env=None, overrides=()):
 def run_all(tmp_path, store, env=None, overrides=()):
     """Run the toy recipe in-process (the toy stages are not installed as entry points)."""
     loaded, graph = setup(tmp_path, overrides=overrides)
-    env = env or Environment({"python": "3.11"})
-    identity = identity_of(loaded.path, loaded.recipe.name)
-    store.ensure()
-    journal = Journal(store.db_path)
-    steps = make_plan(graph, store, env, tmp_path, journal, identity.id)
-    runner = Runner(graph, store, env, identity, journal, RunOptions(jobs=1), executor=InlineExecutor(graph.stages))
-    summary = runner.run(steps)
-    journal.close()
-    return summary
+    return run_inline(loaded, graph, store, env or Environment({"python": "3.11"}))[1]
 
 
 def test_fresh_after_run_and_reasons_for_changes(tmp_path):

@@ -12,12 +12,11 @@ from typing import Any
 
 from pydantic import Field
 
+from tests.engine.inline import run_inline
 from tests.engine.toystages import STAGES, get_stage
 from trtflow.environment import Environment
 from trtflow.execution import diagnosis
-from trtflow.execution.local import InlineExecutor
 from trtflow.execution.results import RunOptions
-from trtflow.execution.run import Runner
 from trtflow.execution.scheduler import Capacity, Scheduler
 from trtflow.graph import build_graph
 from trtflow.pipeline import identity_of
@@ -154,16 +153,8 @@ def _run(tmp_path: Path, minimum: float) -> tuple[dict, dict]:
     lookup = stages.__getitem__
     loaded = load_recipe(recipe)
     graph = build_graph(expand(loaded, lookup), lookup, "r")
-    store = Store(tmp_path / "store")
-    store.ensure()
-    env = Environment({"python": "3.11"})
-    journal = Journal(store.db_path)
-    identity = identity_of(loaded.path, "r")
-    steps = make_plan(graph, store, env, tmp_path, journal, identity.id)
-    summary = Runner(graph, store, env, identity, journal,
-                     RunOptions(jobs=1, output_dir=tmp_path / "build", keep_going=True),
-                     executor=InlineExecutor(graph.stages)).run(steps)
-    journal.close()
+    steps, summary = run_inline(loaded, graph, Store(tmp_path / "store"), Environment({"python": "3.11"}),
+                                RunOptions(jobs=1, output_dir=tmp_path / "build", keep_going=True))
     return {s.node.name: s for s in steps}, summary.results
 
 
@@ -205,17 +196,13 @@ def test_a_journal_write_that_hits_a_full_disk_fails_the_run_cleanly(tmp_path: P
     loaded = load_recipe(recipe)
     graph = build_graph(expand(loaded, get_stage), get_stage, "r")
     store = Store(tmp_path / "store")
-    store.ensure()
     env = Environment({"python": "3.11"})
-    journal = Journal(store.db_path)
-    identity = identity_of(loaded.path, "r")
-    summary = Runner(graph, store, env, identity, journal, RunOptions(jobs=1),
-                     executor=InlineExecutor(graph.stages)).run(make_plan(graph, store, env, tmp_path, journal,
-                                                                           identity.id))
+    _, summary = run_inline(loaded, graph, store, env)
     assert summary.results["a"].status == "done" and not summary.ok
     assert any("no space left" in p for p in summary.problems)
-    assert journal.runs(1)[0]["status"] == "failed"
     monkeypatch.undo()
-    again = make_plan(graph, store, env, tmp_path, journal, identity.id)
+    journal = Journal(store.db_path)
+    assert journal.runs(1)[0]["status"] == "failed"
+    again = make_plan(graph, store, env, tmp_path, journal, identity_of(loaded.path, "r").id)
     assert again[0].status == "fresh"  # the committed result is there: the next run resumes from it
     journal.close()
