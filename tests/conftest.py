@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -27,6 +29,17 @@ def _ensure_example_plugin() -> None:
 
 def pytest_sessionstart(session) -> None:
     _ensure_example_plugin()
+
+
+def trtflow_cli(*args: str, cwd: Path, check: int | None = 0, timeout: float = 1200) -> subprocess.CompletedProcess:
+    """Run the `trtflow` command in ``cwd`` with a store of its own there; assert its exit code unless ``check`` is
+    None."""
+    env = dict(os.environ, COLUMNS="200", TRTFLOW_STORE=str(cwd / "store"))
+    proc = subprocess.run([sys.executable, "-m", "trtflow.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=timeout)
+    if check is not None:
+        assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
 
 
 def export_onnx(model, example_inputs: tuple, path: Path, input_names: list[str], output_names: list[str],

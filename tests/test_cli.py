@@ -11,17 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import trtflow_cli
+
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
 
 
-def trtflow(*args: str, cwd: Path, check: int | None = 0) -> subprocess.CompletedProcess:
-    env = dict(os.environ, COLUMNS="200", TRTFLOW_STORE=str(cwd / "store"))
-    proc = subprocess.run([sys.executable, "-m", "trtflow.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          env=env, timeout=900)
-    if check is not None:
-        assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    return proc
+trtflow = trtflow_cli
 
 
 @pytest.fixture(scope="module")

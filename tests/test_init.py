@@ -3,27 +3,19 @@ written (running one end to end is in test_quickstart.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.conftest import trtflow_cli
 from trtflow.errors import TrtflowError
 from trtflow_stages.scaffold import Range, dynamic_ranges, parse_input_option, read_onnx_inputs
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def trtflow(*args: str, cwd: Path, check: int | None = 0) -> subprocess.CompletedProcess:
-    env = dict(os.environ, COLUMNS="200", TRTFLOW_STORE=str(cwd / "store"))
-    proc = subprocess.run([sys.executable, "-m", "trtflow.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          env=env, timeout=300)
-    if check is not None:
-        assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    return proc
+trtflow = trtflow_cli
 
 
 def test_init_onnx_writes_a_recipe_that_plans(tmp_path, tiny_cnn_onnx):

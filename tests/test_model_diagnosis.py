@@ -4,10 +4,7 @@ audited engines, and `trtflow debug precision` / `trtflow debug layers` on model
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,18 +12,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.conftest import trtflow_cli
 from trtflow.environment import module_available
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def trtflow(*args: str, cwd: Path, check: int | None = 0) -> subprocess.CompletedProcess:
-    env = dict(os.environ, COLUMNS="200", TRTFLOW_STORE=str(cwd / "store"))
-    proc = subprocess.run([sys.executable, "-m", "trtflow.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          env=env, timeout=900)
-    if check is not None:
-        assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    return proc
+trtflow = trtflow_cli
 
 
 ENCODER_RECIPE = """

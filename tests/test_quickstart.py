@@ -4,13 +4,12 @@ for Triton; its report decides; `trtflow init` on its exported model writes a re
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import trtflow_cli
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
@@ -18,13 +17,7 @@ QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
 pytestmark = pytest.mark.slow
 
 
-def trtflow(*args: str, cwd: Path, check: int | None = 0) -> subprocess.CompletedProcess:
-    env = dict(os.environ, COLUMNS="200", TRTFLOW_STORE=str(cwd / "store"))
-    proc = subprocess.run([sys.executable, "-m", "trtflow.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          env=env, timeout=1200)
-    if check is not None:
-        assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    return proc
+trtflow = trtflow_cli
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,11 @@ gate params are left out of the node key, so pointing a node at a baseline re-ju
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import trtflow_cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,13 +24,7 @@ nodes:
 """
 
 
-def trtflow(*args: str, cwd: Path, check: int | None = 0) -> subprocess.CompletedProcess:
-    env = dict(os.environ, COLUMNS="200", TRTFLOW_STORE=str(cwd / "store"))
-    proc = subprocess.run([sys.executable, "-m", "trtflow.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          env=env, timeout=600)
-    if check is not None:
-        assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    return proc
+trtflow = trtflow_cli
 
 
 def _bench_reason(recipe: Path, cwd: Path) -> str:
