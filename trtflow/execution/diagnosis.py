@@ -9,7 +9,6 @@ is left where the store lives.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.execution.protocol import CRASHED, Outcome
+from trtflow.fsutil import read_tail
 from trtflow.stage import NATIVE_STEP_FILE
 
 _SIGNAL_WORDS = {
@@ -71,10 +71,7 @@ def native_step(scratch: Path) -> dict[str, Any] | None:
 def crash_trace(log_path: Path, limit: int = 12) -> list[str]:
     """The innermost Python frames faulthandler printed at the crash ("file:line in function")."""
     try:
-        with open(log_path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 65536))
-            text = f.read().decode("utf-8", "replace")
+        text = read_tail(log_path, 65536)
     except OSError:
         return []
     start = text.rfind("Fatal Python error")

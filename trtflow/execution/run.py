@@ -42,6 +42,7 @@ from trtflow.execution.results import (
     new_run_id,
 )
 from trtflow.execution.scheduler import Allocation, Capacity, Scheduler, available_memory, default_memory_need
+from trtflow.fsutil import read_tail
 from trtflow.graph import Graph
 from trtflow.plan import (
     FRESH,
@@ -815,10 +816,7 @@ def _make_executor(options: RunOptions, store: Store, run_id: str) -> Executor:
 
 def _last_progress(path: Path) -> tuple[float | None, str]:
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 4096))
-            lines = f.read().decode("utf-8", "replace").strip().splitlines()
+        lines = read_tail(path, 4096).strip().splitlines()
         last = json.loads(lines[-1]) if lines else {}
     except (OSError, ValueError, IndexError):
         return None, ""

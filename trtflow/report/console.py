@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.execution.results import CACHED, DONE, SKIPPED, Hooks, NodeResult, Progress, RunSummary
+from trtflow.fsutil import read_tail
 from trtflow.plan import FRESH, SKIP, Step
 
 _MARKS = {
@@ -234,10 +235,7 @@ class ConsoleHooks(Hooks):
 
 def _log_tail(path: Path, lines: int) -> str:
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 8192))
-            text = f.read().decode("utf-8", "replace")
+        text = read_tail(path, 8192)
     except OSError:
         return ""
     return "\n".join("  | " + line for line in text.strip().splitlines()[-lines:])
