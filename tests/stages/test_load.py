@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from trtflow_stages import _load
-from trtflow_stages._load import DynamicBatching, LoadRun, Request, Server
+from trtflow_stages.measure import load as _load
+from trtflow_stages.measure.load import DynamicBatching, LoadRun, Request, Server
 
 
 class HeldWork:

@@ -19,8 +19,9 @@ from test_build import QDQ_PROFILE, qdq_matmul_model
 from trtflow.environment import module_available
 from trtflow.stage import StageFailed
 from trtflow.testing import run_stage
-from trtflow_stages import _trt_runtime, build
-from trtflow_stages._tensorrt import engine_precision
+from trtflow_stages import build
+from trtflow_stages.runtimes import trt_runtime as _trt_runtime
+from trtflow_stages.runtimes.tensorrt import engine_precision
 
 needs_rtx = pytest.mark.skipif(not module_available("tensorrt_rtx"), reason="needs tensorrt-rtx")
 

@@ -21,11 +21,12 @@ import pytest
 from trtflow.errors import StageFailed, StageSkipped
 from trtflow.stage import GateContext
 from trtflow.testing import run_stage
-from trtflow_stages import _trt_runtime, benchmark, validate
-from trtflow_stages._cuda_timing import TimingRun
-from trtflow_stages._data import onnx_input_specs
-from trtflow_stages._stats import QueryTiming
-from trtflow_stages._trt_runtime import DeviceTensor
+from trtflow_stages import benchmark, validate
+from trtflow_stages.data import onnx_input_specs
+from trtflow_stages.measure.cuda_timing import TimingRun
+from trtflow_stages.measure.stats import QueryTiming
+from trtflow_stages.runtimes import trt_runtime as _trt_runtime
+from trtflow_stages.runtimes.trt_runtime import DeviceTensor
 
 
 class FakeEngineSession:

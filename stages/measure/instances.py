@@ -23,9 +23,9 @@ from typing import Any
 
 from trtflow.stage import StageFailed
 
-from ._load import RunBatch
-from ._ort import OrtOptions, create_session
-from ._tensorrt import FLAVOURS as TRT_FLAVOURS
+from ..runtimes.ort import OrtOptions, create_session
+from ..runtimes.tensorrt import FLAVOURS as TRT_FLAVOURS
+from .load import RunBatch
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ class TorchExecutor(Executor):
 
 
 def default_timer() -> Any:
-    from ._cuda_timing import CudaTimer
+    from .cuda_timing import CudaTimer
 
     return CudaTimer(device=0)  # replicas and the runner narrow CUDA_VISIBLE_DEVICES to the GPU they use
 
@@ -183,7 +183,7 @@ class EngineExecutor(Executor):
     """Instances of an engine: an execution context each, on its own stream, buffers bound at the largest batch."""
 
     def __init__(self, spec: ExecutorSpec, timer_factory: Callable[[], Any]) -> None:
-        from . import _trt_runtime
+        from ..runtimes import trt_runtime as _trt_runtime
 
         if spec.model is None:
             raise StageFailed(f"backend {spec.backend} needs an engine")

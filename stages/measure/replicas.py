@@ -16,8 +16,8 @@ from typing import Any
 
 from trtflow.stage import StageFailed
 
-from ._executors import ExecutorSpec, open_executor
-from ._load import DynamicBatching, Level, LoadRun, Server, run_level, steady_interpreter, warm_up
+from .instances import ExecutorSpec, open_executor
+from .load import DynamicBatching, Level, LoadRun, Server, run_level, steady_interpreter, warm_up
 
 START_TIMEOUT_S = 600.0  # loading a large model (and importing torch) on a busy host is slow
 
