@@ -1,17 +1,17 @@
 """The ``benchmark`` stage: latency and throughput the way trtexec measures them, and under serving load.
 
 Fixed-batch points (trtexec's method), per batch size:
-- ``tensorrt`` / ``tensorrt-rtx``: an engine through `_trt_runtime` (execute_async_v3 on device buffers),
-  timed by the cuda-python harness `_cuda_timing` (CUDA events around each enqueue, time-based warm-up,
+- ``tensorrt`` / ``tensorrt-rtx``: an engine through `runtimes.trt_runtime` (execute_async_v3 on device buffers),
+  timed by the cuda-python harness `measure.cuda_timing` (CUDA events around each enqueue, time-based warm-up,
   at least ``min_iterations`` AND ``min_duration_s``, optional CUDA graph with fallback, spin-wait, with or
   without host transfers through pinned buffers, several streams for throughput);
 - ``onnxruntime``: an ONNX model with ONNX Runtime (CPU, or the CUDA execution provider where installed),
   timed on the host clock around each ``run`` with the same warm-up and iteration rules;
 - ``torch``: an eager PyTorch model from a factory, timed with CUDA events on a GPU or the host clock on CPU.
-Statistics follow trtexec (`_stats`); ``repeats`` > 1 measures each point that many times and reports the
+Statistics follow trtexec (`measure.stats`); ``repeats`` > 1 measures each point that many times and reports the
 median of each statistic, which is what the regression and baseline gates compare.
 
-Serving load (`_load`, `_executors`, `_replicas`): closed-loop ``concurrency`` levels, open-loop Poisson
+Serving load (`measure.load`, `measure.instances`, `measure.replicas`): closed-loop ``concurrency`` levels, open-loop Poisson
 ``arrival_rate_qps`` levels with an optional dynamic batcher, ``streams`` model instances, and ``gpus``
 (one replica process per GPU, aggregate throughput and scaling efficiency against one GPU). Latency counts from
 each request's arrival, so queueing is included.

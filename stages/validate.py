@@ -1,7 +1,7 @@
 """The ``validate`` stage: measure how a candidate model's outputs differ from a reference's.
 
 The reference is an ONNX model run with ONNX Runtime on the CPU (or outputs saved in a ``.npz``); the
-candidate is another ONNX model (ONNX Runtime) or a TensorRT engine (through `_trt_runtime`). Each model runs
+candidate is another ONNX model (ONNX Runtime) or a TensorRT engine (through `runtimes.trt_runtime`). Each model runs
 over the data in its own pass through a Polygraphy runner (one session alive at a time), reading the inputs
 one batch at a time; only the outputs are kept. Each output's batches are joined and compared once with
 Polygraphy's ``SimpleCompareFunc`` and ``CosineSimilarityCompareFunc``, so every statistic covers the whole
@@ -14,7 +14,7 @@ node key, so a changed tolerance re-judges the cached measurements without runni
 elementwise gate is re-judged from each output's error front (`error_front`), which says exactly whether any
 element exceeds both tolerances.
 
-An ONNX candidate is first checked for known ONNX Runtime CPU numerics bugs (`_ort_fixes`) and rewritten to
+An ONNX candidate is first checked for known ONNX Runtime CPU numerics bugs (`accuracy.ort_fixes`) and rewritten to
 compute what the ONNX spec and TensorRT compute; validate.json lists such rewrites.
 """
 

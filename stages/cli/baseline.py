@@ -5,7 +5,7 @@
     trtflow baseline show FILE                print what a baseline holds
 
 Benchmark nodes then compare with it through ``baseline: FILE`` (and ``max_regression_percent``); a validate node
-through its baseline hook (`_baseline.accuracy_gate`).
+through its baseline hook (`measure.baseline.accuracy_gate`).
 """
 
 from __future__ import annotations

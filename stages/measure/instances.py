@@ -1,7 +1,7 @@
 """Model instances for serving-style load: each instance runs a batch of any size up to the prepared one.
 
 `open_executor(spec)` loads the model once for a backend and makes `instances(n)`: n callables, each bound to
-its own execution resources, that a `_load.Server` runs on its worker threads:
+its own execution resources, that a `measure.load.Server` runs on its worker threads:
 - ``tensorrt`` / ``tensorrt-rtx``: one execution context per instance on its own CUDA stream, device buffers
   bound once at the largest batch (`EngineSession.prepare`), the batch set per call (`EngineSession.reshape`);
 - ``onnxruntime``: one session per instance (each with its own thread pool, as Triton's instances have);

@@ -1,8 +1,8 @@
 """The benchmark stage's serving-load measurements: closed- and open-loop levels over streams and GPUs.
 
 `measure_load` prepares the inputs at the largest batch the load needs (checked against the model's and the
-profile's batch limits), builds the model instances (`_executors`) in this process, or one replica process per
-GPU (`_replicas`) when ``gpus`` > 1, drives each level through a `_load.Server` and turns the request records
+profile's batch limits), builds the model instances (`measure.instances`) in this process, or one replica process per
+GPU (`measure.replicas`) when ``gpus`` > 1, drives each level through a `measure.load.Server` and turns the request records
 into benchmark.json's ``load``, ``open_loop``, ``max_rate_meeting_budget`` and ``scaling`` sections.
 """
 

@@ -1,7 +1,7 @@
 """The engine side of the build's precision audit, where a TensorRT runtime exists.
 
-No TensorRT engine can execute here, so `_trt_runtime.runtime_available` is made to say yes and
-`_trt_runtime.open_engine` returns `FakeInspectedEngine`, which stands for a deserialised engine and its engine
+No TensorRT engine can execute here, so `runtimes.trt_runtime.runtime_available` is made to say yes and
+`runtimes.trt_runtime.open_engine` returns `FakeInspectedEngine`, which stands for a deserialised engine and its engine
 inspector: ``layer_information()`` returns what ``IEngineInspector.get_engine_information(JSON)`` returns for an
 engine built with profiling_verbosity: detailed (or names only). The network parse, the build, the provenance
 and the audit logic are real (TensorRT-RTX on the CPU).

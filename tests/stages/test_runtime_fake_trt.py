@@ -2,7 +2,7 @@
 
 No TensorRT engine can execute on the machines that run this suite (no GPU; TensorRT-RTX refuses the
 datacenter GPUs we could borrow), so the ``*_fake_trt*`` tests substitute `FakeEngineSession` for the
-`EngineSession` that `_trt_runtime.open_engine` returns, and `FakeTimer` for the cuda-python harness. Both
+`EngineSession` that `runtimes.trt_runtime.open_engine` returns, and `FakeTimer` for the cuda-python harness. Both
 fakes stand for TensorRT execution on a GPU: the session computes its outputs with ONNX Runtime on the ONNX
 model the engine would have been built from; the timer calls each enqueue on the host clock.
 Everything around them (provenance, data, shapes, comparison, statistics, gates, reports) is real.
