@@ -14,7 +14,7 @@ from .ort import OrtOptions
 def onnx_runner(path: Path, name: str, options: OrtOptions) -> Any:
     from polygraphy.backend.onnxrt import OnnxrtRunner
 
-    from .runtimes.ort import create_session
+    from .ort import create_session
 
     return OnnxrtRunner(lambda: create_session(path, options), name=name)
 
