@@ -14,7 +14,6 @@ ONNX Runtime takes host arrays, so its CUDA provider's timings include the copie
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from trtflow.stage import StageFailed
 
 from ..runtimes.ort import OrtOptions, create_session
 from ..runtimes.tensorrt import FLAVOURS as TRT_FLAVOURS
+from .interference import available_cpus
 from .load import RunBatch
 
 
@@ -64,13 +64,6 @@ class Executor(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def _batch_views(feed: Mapping[str, Any], batch: int, cache: dict[int, dict[str, Any]]) -> dict[str, Any]:

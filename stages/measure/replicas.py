@@ -17,7 +17,8 @@ from typing import Any
 from trtflow.stage import StageFailed
 
 from .instances import ExecutorSpec, open_executor
-from .load import DynamicBatching, Level, LoadRun, Server, run_level, steady_interpreter, warm_up
+from .levels import Level, run_level
+from .load import DynamicBatching, LoadRun, Server, steady_interpreter, warm_up
 
 START_TIMEOUT_S = 600.0  # loading a large model (and importing torch) on a busy host is slow
 
@@ -36,7 +37,7 @@ def _replica_main(spec: ExecutorSpec, device: str, instances: int, batching: Dyn
                     barrier.wait()
                     run = run_level(server, level)
                     for request in run.requests:
-                        request.done = None  # events do not cross processes
+                        request.done = request.notify = None  # events and callbacks do not cross processes
                     conn.send(("ok", run))
     except BaseException as error:  # the parent raises it
         barrier.abort()

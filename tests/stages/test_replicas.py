@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from trtflow_stages.measure import levels as _levels
 from trtflow_stages.measure import load as _load
 from trtflow_stages.measure import serving as _serving
 from trtflow_stages.measure.instances import ExecutorSpec
@@ -20,9 +21,9 @@ def test_two_replicas_serve_one_level_together(tiny_mlp_onnx):
                         onnxruntime=OrtOptions(intra_op_threads=1))
     with Replicas(spec, ["0", "1"], instances=1, batching=None, warm_sizes=[1, 4]) as replicas:
         assert [settings["intra_op_threads"] for settings in replicas.settings] == [1, 1]
-        closed = replicas.run([_load.Level("closed", 2, 4, 0.0, 0.3)] * 2, timeout_s=120)
-        open_runs = replicas.run([_load.Level("open", 100, 1, 0.0, 0.3, seed=1),
-                                  _load.Level("open", 100, 1, 0.0, 0.3, seed=2)], timeout_s=120)
+        closed = replicas.run([_levels.Level("closed", 2, 4, 0.0, 0.3)] * 2, timeout_s=120)
+        open_runs = replicas.run([_levels.Level("open", 100, 1, 0.0, 0.3, seed=1),
+                                  _levels.Level("open", 100, 1, 0.0, 0.3, seed=2)], timeout_s=120)
     assert len(closed) == 2 and all(run.requests for run in closed)
     # started together: each replica's window overlaps the other's for most of its length
     merged = _load.merge_runs(closed)
