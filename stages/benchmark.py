@@ -174,7 +174,7 @@ class Params(TimingFields, LoadFields, GateFields):
         if self.scenarios and self.load_generator == "trtflow":
             raise ValueError(f"scenarios {self.scenarios} are run by MLPerf LoadGen: set load_generator to auto "
                              "or loadgen")
-        if self.max_duration_s < self.min_duration_s:
+        if self.max_duration_s is not None and self.max_duration_s < self.min_duration_s:
             raise ValueError(f"max_duration_s {self.max_duration_s:g} is below min_duration_s {self.min_duration_s:g}")
         return self
 

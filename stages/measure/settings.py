@@ -16,6 +16,9 @@ from .load import DynamicBatching
 from .windows import WindowPlan
 
 
+DURATION_CAP_FACTOR = 3.0  # max_duration_s by default: three times the minimum
+
+
 class TimingFields(StageParams):
     """How each fixed-batch point is timed: warm-up, windows, minimums, precision and cap."""
 
@@ -31,12 +34,13 @@ class TimingFields(StageParams):
     tail_precision_percent: float | None = Field(
         None, gt=0, description="Also wait for p99's interval to be within this many percent (it needs 368 "
         "queries to exist at all). Unset: p99's interval is reported, not waited for.")
-    max_duration_s: float = Field(
-        10.0, gt=0, description="Timed seconds per point at most while the precision is not reached; a point "
-        "that stops here is flagged not-converged.")
+    max_duration_s: float | None = Field(
+        None, gt=0, description="Timed seconds per point at most while the precision is not reached (default: "
+        "3 x min_duration_s); a point that stops here is flagged not-converged.")
 
     def window_plan(self) -> WindowPlan:
-        return WindowPlan(self.repeats, self.min_iterations, self.min_duration_s, self.max_duration_s,
+        cap = self.max_duration_s if self.max_duration_s is not None else DURATION_CAP_FACTOR * self.min_duration_s
+        return WindowPlan(self.repeats, self.min_iterations, self.min_duration_s, cap,
                           Precision(self.precision_percent, self.tail_precision_percent))
 
 

@@ -59,8 +59,10 @@ def test_save_a_baseline_and_gate_on_it(tmp_path):
     assert [s["status"] for s in plan] == ["fresh", "fresh"]
     trtflow("run", str(recipe), cwd=tmp_path)
 
-    # a baseline that was 100x faster: the cached measurements now fail the gate, naming the baseline
+    # a baseline that was 100x faster (its interval too): the cached measurements now fail the gate, naming it
+    assert point["queries"] >= 3 and point["latency_ci_ms"]["p50"][0] <= point["latency_ms"]["p50"]
     entry["points"][0]["latency_ms"]["p50"] /= 100
+    entry["points"][0]["latency_ci_ms"]["p50"] = [v / 100 for v in point["latency_ci_ms"]["p50"]]
     path.write_text(json.dumps(document))
     trtflow("run", str(recipe), cwd=tmp_path, check=1)
     reason = _bench_reason(recipe, tmp_path)
@@ -68,6 +70,7 @@ def test_save_a_baseline_and_gate_on_it(tmp_path):
 
     # a baseline from another CPU is refused, saying why
     entry["points"][0]["latency_ms"]["p50"] *= 100
+    entry["points"][0]["latency_ci_ms"]["p50"] = [v * 100 for v in point["latency_ci_ms"]["p50"]]
     entry["facts"]["cpu"] = "x86_64 Some Other CPU x64"
     path.write_text(json.dumps(document))
     trtflow("run", str(recipe), cwd=tmp_path, check=1)
