@@ -338,10 +338,15 @@ CRITERION_TEXT = {"accuracy": "accuracy (cosine similarity)", "size": "size", "l
                   "throughput": "throughput"}
 
 
-def _show(criterion: str, row: Mapping[str, Any], stat: str) -> str:
+def _show(criterion: str, row: Mapping[str, Any], stat: str, other: Mapping[str, Any] | None = None) -> str:
     if criterion == "accuracy":
         value = (row.get("validation") or {}).get("cosine_similarity")
-        return f"{value:.6g}" if _number(value) else "none"
+        theirs = ((other or {}).get("validation") or {}).get("cosine_similarity")
+        digits = 6  # enough to tell it from the other side's figure (0.99999992 vs 1, not 1 vs 1)
+        while _number(value) and _number(theirs) and value != theirs and digits < 12 and \
+                f"{value:.{digits}g}" == f"{theirs:.{digits}g}":
+            digits += 1
+        return f"{value:.{digits}g}" if _number(value) else "none"
     if criterion == "size":
         return f"{row['size_bytes'] / 1e6:.3g} MB"
     point = row.get("operating_point") or {}
@@ -478,8 +483,8 @@ def _reason(row: Mapping[str, Any], winner: Mapping[str, Any], best: Mapping[str
             return (f"tie within noise with {winner['name']} on {objective_text} ({versus}; {ratio}) and on every "
                     f"tie-breaker; {winner['name']} is better on the objective or first by name")
         return (f"tie within noise with {winner['name']} on {objective_text} ({versus}; {ratio}); lost the "
-                f"tie-break on {CRITERION_TEXT[criterion]}: {_show(criterion, row, stat)} vs "
-                f"{_show(criterion, winner, stat)}")
+                f"tie-break on {CRITERION_TEXT[criterion]}: {_show(criterion, row, stat, winner)} vs "
+                f"{_show(criterion, winner, stat, row)}")
     ratio = row_ratio(row)
     if _lower_is_better(goal):
         factor = f"{ratio.value:.3g}x {'slower' if goal == 'min_latency' else 'larger'}"

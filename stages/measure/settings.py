@@ -15,7 +15,6 @@ from .intervals import Precision
 from .load import DynamicBatching
 from .windows import WindowPlan
 
-
 DURATION_CAP_FACTOR = 3.0  # max_duration_s by default: three times the minimum
 
 
