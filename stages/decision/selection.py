@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 
 from trtflow.stage import StageParams
 
+from ..measure.compare import latency_figure, throughput_figure
 from .ties import loses, objective_figure, ratio_text, row_ratio, worse_by
 
 Goal = Literal["min_latency", "max_throughput", "min_size", "max_throughput_under_latency"]
@@ -166,7 +167,8 @@ def accuracy_of(validate_json: Mapping[str, Any], node: str) -> dict[str, Any]:
 
 
 #: What selection keeps of each benchmark point's uncertainty.
-UNCERTAINTY = ("queries", "latency_ci_ms", "throughput_ci_qps", "converged", "open_intervals")
+UNCERTAINTY = ("queries", "latency_ci_ms", "throughput_ci_qps", "converged", "open_intervals",
+               "cpu_wait_ms_per_query")
 
 
 def performance_of(benchmark_json: Mapping[str, Any], node: str) -> dict[str, Any]:
@@ -212,6 +214,7 @@ class OperatingPoint:
     throughput_qps: float | None
     latency_ci_ms: list[float] | None = None  # the 95% interval of latency_ms
     throughput_ci_qps: list[float] | None = None
+    source: Mapping[str, Any] = field(default_factory=dict)  # the benchmark's point or load level
 
     def describe(self) -> str:
         if self.concurrency is not None:
@@ -224,9 +227,9 @@ def _points(candidate: Candidate, stat: str, with_load: bool) -> list[OperatingP
     if with_load and bench.get("load"):
         return [OperatingPoint(p.get("batch_size"), p.get("concurrency"), p["latency_ms"].get(stat),
                                p.get("throughput_qps"), (p.get("latency_ci_ms") or {}).get(stat),
-                               p.get("throughput_ci_qps")) for p in bench["load"]]
+                               p.get("throughput_ci_qps"), p) for p in bench["load"]]
     return [OperatingPoint(p.get("batch_size"), None, p["latency_ms"].get(stat), p.get("throughput_qps"),
-                           (p.get("latency_ci_ms") or {}).get(stat), p.get("throughput_ci_qps"))
+                           (p.get("latency_ci_ms") or {}).get(stat), p.get("throughput_ci_qps"), p)
             for p in bench.get("points", [])]
 
 
@@ -269,17 +272,26 @@ def operating_point(candidate: Candidate, objective: Objective, batch: int | Non
 
 
 def _objective_value(candidate: Candidate, point: OperatingPoint | None,
-                     objective: Objective) -> tuple[float | None, list[float] | None]:
-    """The candidate's figure for the objective and its 95% interval (None when it has none)."""
+                     objective: Objective) -> tuple[float | None, list[float] | None, list[float] | None]:
+    """The candidate's figure for the objective, its 95% interval, and the interval it is compared with: the
+    95% interval reaching as far as the time its benchmark waited for a CPU allows (`measure.compare`). None
+    where there is none."""
     if objective.goal == "min_size":
-        return float(candidate.size_bytes), None
+        return float(candidate.size_bytes), None, None
     if point is None:
-        return None, None
+        return None, None, None
     if objective.goal == "min_latency":
-        value, interval = point.latency_ms, point.latency_ci_ms
+        value, measured = point.latency_ms, point.latency_ci_ms
+        figure = latency_figure({**point.source, "latency_ms": {objective.percentile: value},
+                                 "latency_ci_ms": {objective.percentile: measured}},
+                                objective.percentile, allow_wait=True)
     else:
-        value, interval = point.throughput_qps, point.throughput_ci_qps
-    return (float(value), interval) if _number(value) else (None, None)
+        value, measured = point.throughput_qps, point.throughput_ci_qps
+        figure = throughput_figure({**point.source, "throughput_qps": value, "throughput_ci_qps": measured},
+                                   allow_wait=True)
+    if figure is None:
+        return None, None, None
+    return figure.value, measured, None if figure.low == figure.high else [figure.low, figure.high]
 
 
 def _lower_is_better(goal: str) -> bool:
@@ -394,7 +406,7 @@ def decide(candidates: Sequence[Candidate], params: Params,
     rows: list[dict[str, Any]] = []
     for candidate in candidates:
         point, problem = operating_point(candidate, objective, batch)
-        value, interval = _objective_value(candidate, point, objective)
+        value, interval, compared = _objective_value(candidate, point, objective)
         violations = _violations(candidate, point, problem, params)
         if value is None and not violations:
             violations.append(problem or "no figure for the objective")
@@ -407,7 +419,7 @@ def decide(candidates: Sequence[Candidate], params: Params,
                 "latency_ms": point.latency_ms, "throughput_qps": point.throughput_qps,
                 "latency_ci_ms": point.latency_ci_ms, "throughput_ci_qps": point.throughput_ci_qps,
                 "description": point.describe()},
-            "objective_value": value, "objective_ci": interval, "eligible": not violations,
+            "objective_value": value, "objective_ci": interval, "compared_ci": compared, "eligible": not violations,
             "violations": violations,
         })
     _add_speedups(rows, params, baseline, stat)
@@ -421,9 +433,9 @@ def decide(candidates: Sequence[Candidate], params: Params,
     tolerance = params.tie_breakers.tolerance_percent
     if eligible:
         best = min(eligible, key=lambda r: (sign * r["objective_value"], r["name"]))
-        best_figure = objective_figure(goal, best["objective_value"], best["objective_ci"])
+        best_figure = objective_figure(goal, best["objective_value"], best["compared_ci"])
         for row in eligible:
-            ratio = worse_by(objective_figure(goal, row["objective_value"], row["objective_ci"]),  # type: ignore[arg-type]
+            ratio = worse_by(objective_figure(goal, row["objective_value"], row["compared_ci"]),  # type: ignore[arg-type]
                              best_figure, _lower_is_better(goal))  # type: ignore[arg-type]
             row["ratio_to_best"] = [ratio.value, ratio.low, ratio.high]
             row["tie"] = not loses(ratio, tolerance)

@@ -31,7 +31,8 @@ ACCURACY_FACTS = ("gpu", "tensorrt", "tensorrt_rtx")
 
 
 #: What a baseline keeps of each point's uncertainty, so that gates weigh the noise of both sides.
-POINT_UNCERTAINTY = ("queries", "latency_ci_ms", "throughput_ci_qps", "open_intervals", "converged")
+POINT_UNCERTAINTY = ("queries", "latency_ci_ms", "throughput_ci_qps", "open_intervals", "converged",
+                     "cpu_wait_ms_per_query")
 
 
 # -- what a baseline holds ------------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ pyperf report them:
 - ``inconclusive``: the interval straddles the limit: the measurements are too noisy to tell. Not a failure,
   and said plainly, with what would make it conclusive.
 
+Comparisons of two measurements (a regression, one candidate against another) also allow for interference: a
+figure measured while the host kept the benchmark waiting for a CPU may be that much better (`latency_figure`).
 Figures without an interval (results recorded before intervals existed) count as exact.
 """
 
@@ -54,8 +56,17 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def latency_figure(point: Mapping[str, Any], statistic: str) -> Figure | None:
-    """A point's latency ``statistic`` (p50, p99, ...) with its interval, from a benchmark summary point."""
+def _waited(point: Mapping[str, Any]) -> float:
+    value = point.get("cpu_wait_ms_per_query")
+    return float(value) if _number(value) and value > 0 else 0.0
+
+
+def latency_figure(point: Mapping[str, Any], statistic: str, allow_wait: bool = False) -> Figure | None:
+    """A point's latency ``statistic`` (p50, p99, ...) with its interval, from a benchmark summary point.
+
+    ``allow_wait``: for comparing builds rather than judging a latency, the interval reaches down by the time the
+    benchmark's threads waited for a CPU per query (``cpu_wait_ms_per_query``): on a host busy with other work the
+    model may be that much faster, so a disturbed measurement cannot pass for a slower model."""
     latency = point.get("latency_ms") or {}
     value = latency.get(statistic)
     if not _number(value) and statistic == "p50":
@@ -63,19 +74,28 @@ def latency_figure(point: Mapping[str, Any], statistic: str) -> Figure | None:
     if not _number(value):
         return None
     interval = (point.get("latency_ci_ms") or {}).get(statistic)
+    figure = Figure.exact(float(value))
     if isinstance(interval, (list, tuple)) and len(interval) == 2 and all(_number(v) for v in interval):
-        return Figure(float(value), min(float(interval[0]), value), max(float(interval[1]), value))
-    return Figure.exact(float(value))
+        figure = Figure(float(value), min(float(interval[0]), value), max(float(interval[1]), value))
+    waited = _waited(point) if allow_wait else 0.0
+    return Figure(figure.value, max(figure.low - waited, figure.low * 0.05), figure.high) if waited else figure
 
 
-def throughput_figure(point: Mapping[str, Any]) -> Figure | None:
+def throughput_figure(point: Mapping[str, Any], allow_wait: bool = False) -> Figure | None:
+    """A point's throughput with its interval; ``allow_wait`` as in `latency_figure` (the upper bound rises by
+    the share of each query's time spent waiting for a CPU)."""
     value = point.get("throughput_qps")
     if not _number(value):
         return None
     interval = point.get("throughput_ci_qps")
+    figure = Figure.exact(float(value))
     if isinstance(interval, (list, tuple)) and len(interval) == 2 and all(_number(v) for v in interval):
-        return Figure(float(value), min(float(interval[0]), value), max(float(interval[1]), value))
-    return Figure.exact(float(value))
+        figure = Figure(float(value), min(float(interval[0]), value), max(float(interval[1]), value))
+    mean = (point.get("latency_ms") or {}).get("mean")
+    waited = _waited(point) if allow_wait else 0.0
+    if waited and _number(mean) and mean > 0:
+        return Figure(figure.value, figure.low, figure.high * mean / max(mean - waited, 0.05 * mean))
+    return figure
 
 
 def at_most(figure: Figure, limit: float) -> Verdict:
@@ -140,10 +160,10 @@ def regression_verdicts(old_points: Sequence[Mapping[str, Any]], summary: Mappin
                 found.append(record(gate, place, "fail", f"{place}: {missing} (it has "
                                     f"{sorted(str(k) for k in recorded) or 'none'}); save the baseline again"))
             continue
-        new_ms, old_ms = latency_figure(point, "p50"), latency_figure(old, "p50")
+        new_ms, old_ms = latency_figure(point, "p50", allow_wait=True), latency_figure(old, "p50", allow_wait=True)
         if new_ms is not None and old_ms is not None and old_ms.value > 0:
             found.append(_latency_verdict(gate, place, new_ms, old_ms, allowed, against, max_regression_percent))
-        new_qps, old_qps = throughput_figure(point), throughput_figure(old)
+        new_qps, old_qps = throughput_figure(point, allow_wait=True), throughput_figure(old, allow_wait=True)
         if new_qps is not None and old_qps is not None and old_qps.value > 0:
             found.append(_throughput_verdict(gate, place, new_qps, old_qps, allowed, against, max_regression_percent))
     return found

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .interference import HostWatch, busy_warning
+from .interference import HostWatch, busy_warning, thread_wait_ns
 from .intervals import Window, uncertainty
 from .stats import QueryTiming, kept_queries, report_traces, trace_wall_ms
 from .windows import (
@@ -101,13 +101,16 @@ def engine_point(session: Any, feed: Mapping[str, Any], batch: int, streams: int
                                         min_duration_s=seconds, spin_wait=settings.spin_wait,
                                         use_cuda_graph=settings.use_cuda_graph,
                                         include_host_transfers=settings.include_host_transfers)
+                wait_before = thread_wait_ns()
                 run = timer.time(work, options)
+                wait_after = thread_wait_ns()
                 timed = kept_queries(run.trace, warmup)
                 skipped += len(run.trace) - len(timed)
                 traces.append(timed)
                 if index == 0:
                     graphs, failures = list(run.cuda_graph), list(run.graph_failures)
-                return Window([t.latency for t in timed], trace_wall_ms(timed))
+                waited = None if wait_before is None or wait_after is None else (wait_after - wait_before) / 1e6
+                return Window([t.latency for t in timed], trace_wall_ms(timed), waited)
 
             windows, unmet = measure_windows(window, plan, assessor(batch, plan.precision))
     finally:

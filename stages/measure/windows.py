@@ -125,7 +125,7 @@ def windows_record(windows: Sequence[Window], batch_size: int) -> list[dict[str,
     for w in windows:
         summary = summarize(w.latencies_ms)
         rows.append({"queries": len(w.latencies_ms), "median_ms": summary["median"], "p99_ms": summary["p99"],
-                     "throughput_qps": w.throughput(batch_size),
+                     "throughput_qps": w.throughput(batch_size), "wait_ms": w.wait_ms,
                      "wait_percent": None if w.wait_ms is None or w.wall_ms <= 0 else
                      round(w.wait_ms / w.wall_ms * 100.0, 2)})
     return rows
@@ -137,6 +137,9 @@ def add_uncertainty(report: dict[str, Any], found: Uncertainty, unmet: Sequence[
     report.update(found.as_dict())
     report["repeats"] = windows
     report["converged"] = not unmet
+    waits = [w.get("wait_ms") for w in windows]
+    if windows and all(isinstance(w, (int, float)) for w in waits):
+        report["cpu_wait_ms_per_query"] = sum(waits) / max(sum(w["queries"] for w in windows), 1)
     if unmet:
         report["warnings"].append({
             "flag": "not-converged",
