@@ -198,7 +198,9 @@ def server_level(params: Params, rate: float, generator: str) -> Level:
 def scenario_levels(params: Params, offline_request: int) -> list[Level]:
     levels = []
     for name in params.scenarios:
-        queries = params.loadgen_min_queries or early_stopping_queries(0.9 if name == "SingleStream" else 0.99)
+        # LoadGen's early stopping for the streams discards at least one query: it needs that many more
+        queries = params.loadgen_min_queries or early_stopping_queries(0.9 if name == "SingleStream" else 0.99,
+                                                                       overlatency=1)
         if name == "Offline":
             queries = 1  # one query carries every sample
         scenario = ScenarioSpec(name, params.load_duration_s, target_qps=1000.0, min_query_count=queries,

@@ -74,7 +74,8 @@ class LoadFields(StageParams):
     multi_stream_samples: int = Field(8, ge=1, description="Samples per MultiStream query (MLPerf: 8).")
     loadgen_min_queries: int | None = Field(
         None, ge=1, description="LoadGen's min_query_count per level; default: what its early stopping needs to "
-        "claim the judged percentile with no query over the budget (459 for p99, 44 for SingleStream's p90).",
+        "claim the judged percentile (Server: 459 for p99 with no query over the budget; SingleStream: 64 for p90; "
+        "MultiStream: 662 for p99).",
     )
     dynamic_batching: DynamicBatching | None = Field(
         None, description="Merge queued requests into batches (Triton's dynamic batcher): max_batch_size "
