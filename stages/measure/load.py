@@ -40,6 +40,8 @@ RunBatch = Callable[[int], None]
 
 #: A generator is "behind" when it sends a request more than this after its intended time.
 DELAYED_SEND_NS = 1_000_000
+#: Runs of each instance at each warm-up size, on its serving thread, before any request.
+WARM_RUNS = 3
 #: Python's thread switch interval under load (default 5 ms): clients, batcher and instances share one interpreter,
 #: and a thread waiting 5 ms for the interpreter lock would add that to the latencies measured.
 SWITCH_INTERVAL_S = 2e-4
@@ -128,10 +130,13 @@ class Server:
     clients are released and `check` re-raises the error in the caller's thread.
     """
 
-    def __init__(self, instances: Sequence[RunBatch], batching: DynamicBatching | None = None) -> None:
+    def __init__(self, instances: Sequence[RunBatch], batching: DynamicBatching | None = None,
+                 warm_sizes: Iterable[int] = ()) -> None:
         if not instances:
             raise ValueError("a server needs at least one model instance")
         self._instances = list(instances)
+        self._warm_sizes = sorted(set(warm_sizes))
+        self._ready = threading.Semaphore(0)
         self._policy = None if batching is None else _Policy(
             batching.max_batch_size, int(batching.max_queue_delay_ms * 1e6),
             tuple(batching.preferred_batch_sizes))
@@ -154,6 +159,11 @@ class Server:
             thread = threading.Thread(target=self._serve, args=(run,), name=f"instance-{index}", daemon=True)
             thread.start()
             self._threads.append(thread)
+        for _ in self._threads:  # every instance warmed up on its own thread (or failed) before any request
+            self._ready.acquire()
+        if self.error is not None:
+            self.__exit__(None, None, None)
+            raise self.error
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -195,7 +205,25 @@ class Server:
             raise self.error
 
     # -- workers -------------------------------------------------------------------------------------------
+    def _warm(self, run: RunBatch) -> bool:
+        """Run the instance at every warm-up size a few times on the thread that will serve it: libraries keep
+        per-thread state (PyTorch's cuDNN and cuBLAS handles, the caching allocator's per-stream pools), and
+        creating it on the first measured request stalls that request by tens of milliseconds."""
+        try:
+            for size in self._warm_sizes:
+                for _ in range(WARM_RUNS):
+                    run(size)
+        except BaseException as error:  # handed to the caller by __enter__
+            with self._lock:
+                self.error = self.error or error
+            return False
+        finally:
+            self._ready.release()
+        return True
+
     def _serve(self, run: RunBatch) -> None:
+        if not self._warm(run):
+            return
         while True:
             with self._lock:
                 batch = self._next_batch()
@@ -265,16 +293,6 @@ class Server:
 
 def _largest_prefix(sizes: Sequence[int], limit: int) -> int:
     return sum(1 for size in sizes if size <= limit)
-
-
-def warm_up(instances: Sequence[RunBatch], batch_sizes: Iterable[int], times: int = 3) -> None:
-    """Run every instance at every batch size a few times, so that lazy initialisation (kernels, handles,
-    shape-specific setup) happens before anything is measured."""
-    sizes = sorted(set(batch_sizes))
-    for run in instances:
-        for size in sizes:
-            for _ in range(times):
-                run(size)
 
 
 # -- load generators ---------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from trtflow.stage import StageFailed
 
 from .instances import ExecutorSpec, open_executor
 from .levels import Level, run_level
-from .load import DynamicBatching, LoadRun, Server, steady_interpreter, warm_up
+from .load import DynamicBatching, LoadRun, Server, steady_interpreter
 
 START_TIMEOUT_S = 600.0  # loading a large model (and importing torch) on a busy host is slow
 
@@ -30,8 +30,7 @@ def _replica_main(spec: ExecutorSpec, device: str, instances: int, batching: Dyn
     try:
         with open_executor(spec) as executor:
             runs = executor.instances(instances)
-            warm_up(runs, warm_sizes)
-            with steady_interpreter() as quiet, Server(runs, batching) as server:
+            with steady_interpreter() as quiet, Server(runs, batching, warm_sizes) as server:
                 conn.send(("ready", dict(executor.settings, **quiet)))
                 while (level := conn.recv()) is not None:
                     barrier.wait()

@@ -30,7 +30,6 @@ from .load import (
     next_rate_to_try,
     steady_interpreter,
     summarize_run,
-    warm_up,
 )
 from .loadgen import ScenarioSpec, early_stopping_queries, unavailable
 
@@ -90,8 +89,7 @@ def _serving(spec: ExecutorSpec, devices: Sequence[str] | None, instances: int, 
     if devices is None:
         with open_executor(spec, timer_factory) as executor:
             runs = executor.instances(instances)
-            warm_up(runs, warm_sizes)
-            with steady_interpreter() as quiet, Server(runs, batching) as server:
+            with steady_interpreter() as quiet, Server(runs, batching, warm_sizes) as server:
                 yield (lambda level: run_level(server, level)), dict(executor.settings, **quiet)
         return
     from .replicas import Replicas
