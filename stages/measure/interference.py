@@ -125,7 +125,7 @@ class HostWatch:
 
     start: _Snapshot = field(default_factory=_Snapshot.take)
 
-    def report(self) -> dict[str, Any]:
+    def report(self, busiest: int = BUSIEST) -> dict[str, Any]:
         end = _Snapshot.take()
         seconds = max(end.at - self.start.at, 1e-9)
         record: dict[str, Any] = {"seconds": round(seconds, 3), "cpus": available_cpus(),
@@ -149,7 +149,7 @@ class HostWatch:
         record["busiest_others"] = [
             {"pid": pid, "command": end.processes[pid][0],
              "cpu_percent": round(jiffies / ticks_per_s / seconds * 100.0, 1)}
-            for pid, jiffies in sorted(used.items(), key=lambda item: -item[1])[:BUSIEST] if jiffies > 0]
+            for pid, jiffies in sorted(used.items(), key=lambda item: -item[1])[:busiest] if jiffies > 0]
         return record
 
 

@@ -31,7 +31,7 @@ def _replica_main(spec: ExecutorSpec, device: str, instances: int, batching: Dyn
         with open_executor(spec) as executor:
             runs = executor.instances(instances)
             with steady_interpreter() as quiet, Server(runs, batching, warm_sizes) as server:
-                conn.send(("ready", dict(executor.settings, **quiet)))
+                conn.send(("ready", dict(executor.settings, **quiet, cuda_visible_devices=device)))
                 while (level := conn.recv()) is not None:
                     barrier.wait()
                     run = run_level(server, level)
