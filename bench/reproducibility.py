@@ -103,19 +103,22 @@ def select(args: argparse.Namespace, root: Path, recipe: Path) -> dict[str, Any]
 def _gated(root: Path, recipe: Path, store: Path, baseline: Path, *sets: str) -> dict[str, Any]:
     started = time.perf_counter()
     overrides = [f"nodes.benchmark.params.baseline={baseline.relative_to(recipe.parent)}", *sets]
-    proc = trtflow(root, "run", str(recipe), *TARGETS, "--store", str(store),
+    proc = trtflow(root, "run", str(recipe), *TARGETS, "--store", str(store), "--keep-going",
                    *[item for value in overrides for item in ("--set", value)])
     nodes = node_summaries(root, recipe, store)
     verdicts = {name: Counter(v["verdict"] for v in (nodes.get(name, {}).get("summary") or {}).get("verdicts", []))
                 for name in TARGETS}
-    ratios = {}
+    ratios, failed = {}, {}
     for name in TARGETS:
         for verdict in (nodes.get(name, {}).get("summary") or {}).get("verdicts", []):
             if verdict.get("where") == "batch 8" and "median latency" in verdict.get("message", ""):
                 ratios[name] = verdict["message"]
+            if verdict.get("verdict") == "fail":
+                failed.setdefault(name, []).append(verdict["message"])
     return {"exit": proc.returncode, "seconds": round(time.perf_counter() - started, 1),
             "statuses": {name: nodes.get(name, {}).get("status") for name in TARGETS},
-            "verdicts": {name: dict(count) for name, count in verdicts.items()}, "batch8": ratios}
+            "verdicts": {name: dict(count) for name, count in verdicts.items()}, "batch8": ratios,
+            "failures": failed}
 
 
 def gate(args: argparse.Namespace, root: Path, recipe: Path) -> dict[str, Any]:
@@ -134,6 +137,9 @@ def gate(args: argparse.Namespace, root: Path, recipe: Path) -> dict[str, Any]:
                   f"{row['verdicts']}", flush=True)
             for node, message in row["batch8"].items():
                 print(f"    {node}: {message}")
+            if key == "unchanged":
+                for node, messages in row["failures"].items():
+                    print(f"    FALSE ALARM {node}: " + " | ".join(messages))
     no_false_alarm = all(r["exit"] == 0 for r in result["unchanged"])
     bites = all(r["exit"] == 1 and all(s == "gate_failed" for s in r["statuses"].values()) for r in result["slower"])
     print(f"unchanged runs: {'no gate failure' if no_false_alarm else 'FALSE ALARMS'}; slower runs: "

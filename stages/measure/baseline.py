@@ -136,11 +136,11 @@ def _refusal(what: str, path: Path, changed: list[str]) -> str:
 
 # -- comparisons ----------------------------------------------------------------------------------------------
 def compare_timings(baseline: Mapping[str, Any], summary: Mapping[str, Any], facts: Mapping[str, str],
-                    max_regression_percent: float, path: Path) -> list[dict[str, str]]:
+                    max_regression_percent: float, path: Path, name: str | None = None) -> list[dict[str, str]]:
     """Verdicts of a benchmark summary against its baseline entry, per measured point: median latency and
     throughput compared with their uncertainty (`measure.compare.regression_verdicts`); one failing verdict when
-    the baseline was recorded on other hardware or another runtime."""
-    gate = f"baseline {path}"
+    the baseline was recorded on other hardware or another runtime. ``name``: the file as the recipe names it."""
+    gate = f"baseline {name or path}"
     changed = differences(baseline.get("facts") or {}, facts,
                           timing_facts(summary.get("backend"), summary.get("device")))
     if changed:
@@ -198,7 +198,7 @@ def timing_verdicts(baseline: str, node: str | None, summary: Mapping[str, Any],
     """The benchmark's baseline gate: ``baseline`` is the recipe path of the file, ``node`` the entry's name
     (None: the node's own name where the engine says it, else the file's only benchmark node)."""
     entry, path = _entry(baseline, node, "benchmark", gate_ctx)
-    return compare_timings(entry, summary, gate_ctx.facts, max_regression_percent, path)
+    return compare_timings(entry, summary, gate_ctx.facts, max_regression_percent, path, baseline)
 
 
 def accuracy_gate(baseline: str | None, node: str | None, summary: Mapping[str, Any], gate_ctx: Any,
