@@ -505,7 +505,9 @@ def _reason(row: Mapping[str, Any], winner: Mapping[str, Any], best: Mapping[str
     beyond = "" if ratio.low == ratio.high else f"; {ratio_text(ratio)}, beyond the {tolerance_percent:g}% tolerance"
     versus_best = (f"{shown} vs {_value_text(best['objective_value'], goal, best.get('objective_ci'))} for "
                    f"{best['name']}")
-    return f"{objective_text}: {versus_best} ({factor}{beyond})"
+    chosen = "" if best["name"] == winner["name"] else \
+        f"; {winner['name']} was chosen among the candidates tied within noise with {best['name']}"
+    return f"{objective_text}: {versus_best} ({factor}{beyond}){chosen}"
 
 
 def _add_speedups(rows: list[dict[str, Any]], params: Params, baseline: Mapping[str, Any] | None,
