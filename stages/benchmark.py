@@ -326,9 +326,13 @@ def _verdicts_now(ctx: StageContext, params: Params, summary: Mapping[str, Any])
 
 
 def _method(params: Params, backend: str, device: str, runs_on: str) -> dict[str, Any]:
+    plan = params.window_plan()
     method: dict[str, Any] = {"warmup_ms": params.warmup_ms, "min_iterations": params.min_iterations,
                               "min_duration_s": params.min_duration_s, "repeats": params.repeats,
-                              "runs_on": runs_on}
+                              "max_duration_s": plan.max_duration_s, "precision_percent": params.precision_percent,
+                              "tail_precision_percent": params.tail_precision_percent, "confidence": 0.95,
+                              "intervals": "order statistics (percentiles), bootstrap of batch means (mean), "
+                              "widened by the windows' spread", "runs_on": runs_on}
     if backend in TRT_FLAVOURS:
         method.update(timing="CUDA events (cuda-python harness)", spin_wait=params.spin_wait,
                       use_cuda_graph=params.use_cuda_graph, include_host_transfers=params.include_host_transfers,

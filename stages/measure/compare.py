@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Verdict = Literal["pass", "fail", "inconclusive"]
-VERDICTS: tuple[Verdict, ...] = ("pass", "inconclusive", "fail")
 NOISY_HINT = "measure longer (max_duration_s, repeats) or on a quieter host to decide"
 
 
@@ -113,16 +112,6 @@ def at_least(figure: Figure, limit: float) -> Verdict:
     if figure.low >= limit:
         return "pass"
     return "inconclusive"
-
-
-def worst(verdicts: list[Verdict]) -> Verdict:
-    """The verdict of several comparisons: fail if any fails, else inconclusive if any is, else pass."""
-    return max(verdicts, key=VERDICTS.index) if verdicts else "pass"
-
-
-def percent(ratio: float) -> str:
-    """A ratio as a signed change: 1.2 -> "+20.0%"."""
-    return f"{(ratio - 1.0) * 100.0:+.1f}%"
 
 
 def where(point: Mapping[str, Any]) -> str:

@@ -15,7 +15,6 @@ the inconclusive ones, which fail nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from .baseline import differences, timing_facts, timing_verdicts
@@ -109,7 +108,3 @@ def verdicts(params: GateFields, summary: Mapping[str, Any], gate_ctx: Any) -> l
 
 def failures(found: Sequence[Mapping[str, str]]) -> list[str]:
     return [item["message"] for item in found if item["verdict"] == "fail"]
-
-
-def baseline_gate_name(path: Path | str) -> str:
-    return f"baseline {path}"

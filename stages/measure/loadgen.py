@@ -33,7 +33,6 @@ from typing import Any, Literal
 from .load import LoadRun, Request, Server
 
 Scenario = Literal["Server", "Offline", "SingleStream", "MultiStream"]
-SCENARIOS: tuple[Scenario, ...] = ("Server", "Offline", "SingleStream", "MultiStream")
 EXTRA_HINT = "pip install 'trtflow[loadgen]' (the mlcommons-loadgen package)"
 SAMPLE_LIBRARY_SIZE = 1024  # the feed is the same for every sample: LoadGen's sample indices are not used
 RESULT_KEYS = ("result_validity", "result_perf_constraints_met", "result_min_duration_met", "result_min_queries_met",

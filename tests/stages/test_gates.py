@@ -9,7 +9,7 @@ import pytest
 from trtflow.stage import GateContext
 from trtflow_stages import benchmark
 from trtflow_stages.measure import compare as _compare
-from trtflow_stages.measure.compare import Figure, at_least, at_most, latency_figure, worst
+from trtflow_stages.measure.compare import Figure, at_least, at_most, latency_figure
 from trtflow_stages.measure.gates import verdicts
 
 
@@ -35,8 +35,6 @@ def test_ratio_intervals_hold_when_both_sides_do():
     assert at_most(ratio, 1.1) == "fail" and at_most(Figure(1.0, 0.9, 1.05), 1.1) == "pass"
     assert at_most(Figure(1.05, 0.9, 1.3), 1.1) == "inconclusive"
     assert at_least(Figure(0.5, 0.4, 0.6), 0.9) == "fail" and at_least(Figure(1.0, 0.95, 1.1), 0.9) == "pass"
-    assert worst(["pass", "inconclusive"]) == "inconclusive" and worst(["inconclusive", "fail"]) == "fail"
-    assert worst([]) == "pass"
 
 
 def test_a_wait_for_the_cpu_widens_a_figure_when_builds_are_compared():
