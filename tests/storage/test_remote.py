@@ -111,16 +111,18 @@ def test_a_remote_with_an_unreadable_format_file_is_refused(tmp_path: Path) -> N
 
 @pytest.mark.parametrize(("content", "problem"), [
     (b'{"key": "k", "outputs": {"x": {"dig', "not valid JSON"),
-    (b'{"stage": "synth"}', "it has no outputs"),
+    (b'{"key": "KEY", "stage": "synth"}', "it has no outputs"),
     (b'["outputs"]', "not a JSON object"),
-    (b'{"outputs": {"x": {"digest": "00112233445566778899aabbccddeeff", "size": 1, "filename": "../../x", '
-     b'"kind": "blob"}}}', "unsafe file name"),
-    (b'{"outputs": {"x": {"digest": "nothex", "size": 1, "filename": "x", "kind": "blob"}}}', "no valid digest"),
+    (b'{"key": "KEY", "outputs": {"x": {"digest": "00112233445566778899aabbccddeeff", "size": 1, '
+     b'"filename": "../../x", "kind": "blob"}}}', "unsafe file name"),
+    (b'{"key": "KEY", "outputs": {"x": {"digest": "nothex", "size": 1, "filename": "x", "kind": "blob"}}}',
+     "no valid digest"),
+    (b'{"outputs": {}}', "it names no key"),
 ])
 def test_an_unusable_remote_manifest_is_treated_as_absent(remote_url: str, remote: RemoteCache, content: bytes,
                                                           problem: str, caplog: pytest.LogCaptureFixture) -> None:
     key = node_key("broken")
-    raw_remote(remote_url).write(manifest_path(key), content)
+    raw_remote(remote_url).write(manifest_path(key), content.replace(b"KEY", key.encode()))
     with caplog.at_level(logging.WARNING, logger="trtflow.remote"):
         assert remote.get_manifest(key) is None
     assert any(key in r.getMessage() and problem in r.getMessage() for r in caplog.records), caplog.text
