@@ -101,6 +101,10 @@ def run(
     remote: Annotated[str | None, typer.Option(
         "--remote", help="A remote cache shared by several stores: a directory or s3://bucket/prefix "
         "(env TRTFLOW_REMOTE).")] = None,
+    remote_digest: Annotated[str | None, typer.Option(
+        "--remote-digest", help="The hash a remote cache names its objects by: xxh3-128 (fast; integrity only) or "
+        "sha256 (cryptographic, for remotes shared beyond one team); a new remote records it, an existing one must "
+        "match (env TRTFLOW_REMOTE_DIGEST; default: what the remote uses, xxh3-128 for a new one).")] = None,
     memory: Annotated[str | None, typer.Option(
         "--memory", help="Host memory the nodes running at once may use together, e.g. 16G (default: what the "
         "machine has free).")] = None,
@@ -126,6 +130,7 @@ def run(
         executor=executor,
         ray_address=ray_address or os.environ.get("RAY_ADDRESS"),
         remote=remote or os.environ.get("TRTFLOW_REMOTE") or None,
+        remote_digest=_remote_digest(remote_digest or os.environ.get("TRTFLOW_REMOTE_DIGEST") or None),
         push=not no_push,
         memory_limit=_parse_size(memory) if memory else None,
     )
@@ -384,6 +389,14 @@ def gc(
     console.print(f"{verb} {results} results ({_size(result_bytes)}), {objects} other objects "
                   f"({_size(object_bytes)}), {logs} log folders, {scratch} scratch folders; kept "
                   f"{report_.kept_results} results ({report_.kept_objects} objects)")
+
+
+def _remote_digest(name: str | None) -> str | None:
+    from trtflow.storage.remote import HASHES
+
+    if name is not None and name not in HASHES:
+        raise UsageError(f"--remote-digest {name!r}: expected one of {', '.join(HASHES)}")
+    return name
 
 
 def _parse_size(text: str) -> int:
