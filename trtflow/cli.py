@@ -363,18 +363,25 @@ def gc(
     keep_days: Annotated[float, typer.Option(
         "--keep-days", help="Also keep what runs of the last N days used (env TRTFLOW_GC_KEEP_DAYS; default 0: "
         "only what each recipe file's latest run uses).", show_default=False)] = -1.0,
+    forget_missing_after: Annotated[float, typer.Option(
+        "--forget-missing-after", help="Forget a recipe file that no longer exists (and drop its results) only after "
+        "gc has seen it missing for N days (env TRTFLOW_GC_FORGET_MISSING_DAYS; default 7; 0: now).",
+        show_default=False)] = -1.0,
     wait: WaitOpt = 60.0,
 ) -> None:
-    """Remove stored results no recipe file's latest run uses (and old logs, scratch space, refs of deleted
-    recipes). gc never runs beside a `trtflow run`: it waits for them, and new runs wait for it."""
+    """Remove stored results no recipe file's latest run uses (and old logs, scratch space, refs of recipe files
+    missing for a week). gc never runs beside a `trtflow run`: it waits for them, and new runs wait for it."""
     from trtflow.pipeline import default_store
-    from trtflow.storage.gc import collect_garbage
+    from trtflow.storage.gc import FORGET_MISSING_DAYS, collect_garbage
 
     if keep_days < 0:
         keep_days = float(os.environ.get("TRTFLOW_GC_KEEP_DAYS", "0") or 0)
+    if forget_missing_after < 0:
+        forget_missing_after = float(os.environ.get("TRTFLOW_GC_FORGET_MISSING_DAYS", "") or FORGET_MISSING_DAYS)
     console = _console()
     report_ = collect_garbage(default_store(store), keep_days=keep_days, dry_run=dry_run, wait_s=wait,
-                              on_wait=lambda msg: _console(stderr=True).print(msg))
+                              on_wait=lambda msg: _console(stderr=True).print(msg),
+                              forget_missing_days=forget_missing_after)
     verb = "would remove" if dry_run else "removed"
     if report_.removals and (dry_run or len(report_.removals) <= 50):
         rows = [(r.what, r.recipe, r.node, _size(r.size), _age(r.age_s), r.why) for r in report_.removals]
@@ -389,6 +396,14 @@ def gc(
     console.print(f"{verb} {results} results ({_size(result_bytes)}), {objects} other objects "
                   f"({_size(object_bytes)}), {logs} log folders, {scratch} scratch folders; kept "
                   f"{report_.kept_results} results ({report_.kept_objects} objects)")
+    if report_.missing:
+        first = min(m.since for m in report_.missing)
+        paths = ", ".join(m.path or m.recipe for m in report_.missing[:3]) + (", ..." if len(report_.missing) > 3
+                                                                               else "")
+        console.print(f"kept the results of {len(report_.missing)} recipe file{'s' * (len(report_.missing) > 1)} "
+                      f"missing since {time.strftime('%Y-%m-%d %H:%M', time.localtime(first))} ({paths}) "
+                      f"(forgotten after {forget_missing_after:g} days missing; --forget-missing-after 0 forgets "
+                      "them now)", markup=False, highlight=False)
 
 
 def _remote_digest(name: str | None) -> str | None:
