@@ -80,6 +80,39 @@ nodes:
         "the module's source is part of the node key"
 
 
+SHADOW_PROBE = """\
+import json, sys
+from pathlib import Path
+from trtflow.callables import load_callable
+assert "colorsys" not in sys.modules
+build = load_callable("python:models/net.py:build", lambda rel: Path(sys.argv[1]) / rel, "model factory")
+import colorsys  # a later import, by trtflow or a stage, in the same process
+print(json.dumps({"factory": build(), "later": colorsys.__file__}))
+"""
+
+
+def test_a_callables_folder_does_not_shadow_installed_modules(tmp_path: Path) -> None:
+    """A `colorsys.py` (or `numpy.py`) beside a `python:` callable's file must not replace the real module, for the
+    callable or for anything imported after it; the callable's own sibling modules are still found."""
+    import subprocess
+    import sys
+
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "colorsys.py").write_text("SHADOW = True\n")
+    (models / "helpers.py").write_text("NAME = 'sibling helper'\n")
+    (models / "net.py").write_text("import colorsys\nimport helpers\n\n\ndef build():\n"
+                                   "    return [colorsys.__file__, helpers.NAME]\n")
+    proc = subprocess.run([sys.executable, "-c", SHADOW_PROBE, str(tmp_path)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    seen = json.loads(proc.stdout)
+    assert str(models) not in seen["factory"][0] and str(models) not in seen["later"], seen
+    assert seen["factory"][1] == "sibling helper"
+
+
 def test_paths_that_escape_the_allowed_directories_are_refused(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     project = tmp_path / "project"
