@@ -166,10 +166,11 @@ def plan(
 ) -> None:
     """Show which nodes are fresh or stale, and why, without running anything."""
     from trtflow import api
+    from trtflow.redact import hide
 
     steps = api.plan(recipe, targets or (), set_ or (), store)
     if as_json:
-        print(json.dumps([s.as_json() for s in steps], indent=1))
+        print(hide(json.dumps([s.as_json() for s in steps], indent=1)))
         return
     _print_plan(steps)
 
@@ -188,7 +189,9 @@ def _print_plan(steps: list[Any]) -> None:
         lines.append(f"{name.ljust(widths[0])}  {stage.ljust(widths[1])}  {cell}  {reason}")
     stale = sum(1 for s in steps if s.status == "stale")
     lines.append(f"{len(steps)} nodes: {len(steps) - stale} fresh, {stale} stale")
-    print("\n".join(lines))
+    from trtflow.redact import hide
+
+    print(hide("\n".join(lines)))
 
 
 # ----------------------------------------------------------------------------- status
@@ -538,10 +541,12 @@ def main() -> None:
     except TrtflowError as exc:
         from rich.markup import escape
 
+        from trtflow.redact import hide
+
         console = _console(stderr=True)
-        console.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(hide(exc.message))}", highlight=False)
         if exc.hint:
-            console.print(f"  [bold]hint:[/] {escape(exc.hint)}")
+            console.print(f"  [bold]hint:[/] {escape(hide(exc.hint))}")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -113,6 +113,29 @@ def test_a_callables_folder_does_not_shadow_installed_modules(tmp_path: Path) ->
     assert seen["factory"][1] == "sibling helper"
 
 
+SECRET = "s3cr3t-t0ken-value"
+
+
+@pytest.mark.parametrize("recipe", [
+    'name: x\nextends: "{spelling}/base.yaml"\nnodes: []\n',
+    'name: x\nnodes:\n  - name: e\n    stage: export\n    params: {{model: "python:{spelling}/net.py:build", '
+    'inputs: {{input: {{shape: [1, 4]}}}}}}\n',
+    'name: x\nnodes:\n  - name: e\n    stage: export\n    params: {{model: "python:../../{spelling}/net.py:build", '
+    'inputs: {{input: {{shape: [1, 4]}}}}}}\n',
+])
+@pytest.mark.parametrize("spelling", ["${TRTFLOW_TEST_TOKEN}", "$TRTFLOW_TEST_TOKEN"])
+def test_an_environment_value_in_a_path_is_not_printed(tmp_path: Path, trtflow, plugin_env, recipe: str,
+                                                       spelling: str) -> None:
+    """A recipe (say, from a pull request) that puts a CI secret into a path cannot make an error message print
+    it: the value is shown as the variable's name."""
+    (tmp_path / "recipe.yaml").write_text(recipe.format(spelling=spelling))
+    for command in (["plan", "recipe.yaml"], ["run", "recipe.yaml"]):
+        proc = trtflow(*command, env=dict(plugin_env, TRTFLOW_TEST_TOKEN=SECRET))
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert SECRET not in proc.stdout + proc.stderr, proc.stderr
+        assert "${TRTFLOW_TEST_TOKEN}" in proc.stderr, proc.stderr
+
+
 def test_paths_that_escape_the_allowed_directories_are_refused(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     project = tmp_path / "project"
