@@ -158,3 +158,50 @@ def test_an_index_that_is_not_a_small_regular_file_is_ignored(tmp_path: Path, ki
     paths = store.materialize(manifest, dest)
     assert paths["data"].read_bytes() == b"payload"
     assert (dest / INDEX).is_file() and not (dest / INDEX).is_symlink()
+
+
+@pytest.mark.parametrize("folder", ["logs", "tmp", "locks", "objects", "crashes"])
+def test_a_planted_store_folder_link_never_leads_gc_or_a_run_out_of_the_store(tmp_path: Path, trtflow,
+                                                                              folder: str) -> None:
+    """The default store `.trtflow/` sits in the working directory, which a cloned repository controls: a store
+    folder that is a link to another place is refused before gc (or a run) deletes or writes anything there."""
+    (tmp_path / "chain.yaml").write_text(CHAIN)
+    assert trtflow("run", "chain.yaml", "--store", ".trtflow").returncode == 0
+    victim = tmp_path / "victim"
+    (victim / "20200101-000000-abcdef").mkdir(parents=True)
+    (victim / "20200101-000000-abcdef" / "thesis.tex").write_text("years of work")
+    (victim / "notes.txt").write_text("notes")
+    (victim / ".hidden").write_text("dot file")
+    store = tmp_path / ".trtflow"
+    planted = store / folder
+    import shutil
+
+    shutil.rmtree(planted, ignore_errors=True)
+    planted.symlink_to(victim, target_is_directory=True)
+    for command in (["gc"], ["verify", "--fix"], ["run", "chain.yaml", "--set", "nodes.a.params.text=z"]):
+        proc = trtflow(*command, "--store", ".trtflow")
+        assert proc.returncode == 4, (command, proc.stdout, proc.stderr)
+        assert f"the store's folder {planted} is a symbolic link" in proc.stderr, proc.stderr
+        assert sorted(p.name for p in victim.iterdir()) == [".hidden", "20200101-000000-abcdef", "notes.txt"]
+        assert (victim / "20200101-000000-abcdef" / "thesis.tex").read_text() == "years of work"
+
+
+def test_a_planted_shard_link_is_neither_followed_nor_emptied(tmp_path: Path, trtflow) -> None:
+    """objects/ab or nodes/ab replaced by a link: gc and verify --fix delete nothing through it; verify names it."""
+    (tmp_path / "chain.yaml").write_text(CHAIN)
+    assert trtflow("run", "chain.yaml").returncode == 0
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "0123456789abcdef0123456789abcdef").write_text("named like an object")
+    (victim / "0123456789abcdef0123456789abcdef.json").write_text("named like a manifest")
+    (victim / ".partial").write_text("named like a partial download")
+    store = Store(tmp_path / "store")
+    for base in ("objects", "nodes"):
+        (store.root / base / "zz").symlink_to(victim, target_is_directory=True)
+    verify = trtflow("verify")
+    assert verify.returncode == 1 and "folder objects/zz is a symbolic link" in verify.stdout, verify.stdout
+    assert trtflow("gc").returncode == 0
+    assert trtflow("verify", "--fix").returncode == 0
+    assert sorted(p.name for p in victim.iterdir()) == [".partial", "0123456789abcdef0123456789abcdef",
+                                                       "0123456789abcdef0123456789abcdef.json"]
+    assert not (store.root / "objects" / "zz").exists(), "verify --fix removes the link itself"

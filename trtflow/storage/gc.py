@@ -68,6 +68,7 @@ def collect_garbage(store: Store, keep_days: float = 0.0, dry_run: bool = False,
     if not dry_run:
         store.ensure()  # migrates an older store first: its refs become roots in today's form
     store.check_format()
+    store.check_folders()
     with StoreLock(store.root).held(EXCLUSIVE, "trtflow gc" + (" --dry-run" if dry_run else ""), wait_s, on_wait):
         try:
             _collect(store, keep_days, dry_run, report, forget_missing_days)
@@ -169,7 +170,7 @@ def _collect(store: Store, keep_days: float, dry_run: bool, report: GcReport, fo
                                        "inputs kept to reproduce a crash of a run that is no longer the latest"))
         if not dry_run:
             shutil.rmtree(crash_dir, ignore_errors=True)
-    for partial in store.objects.glob("*/.*") if store.objects.exists() else []:
+    for partial in store.iter_partials():
         report.removals.append(Removal("scratch", "-", partial.name, partial.lstat().st_size, _age(partial, now),
                                        "a partial download or copy left by a killed run"))
         if not dry_run:

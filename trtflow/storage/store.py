@@ -104,12 +104,38 @@ class Store:
         try:
             for sub in SUBDIRS:
                 (self.root / sub).mkdir(exist_ok=True)
+            self.check_folders()
             if found < FORMAT:
                 migrate_legacy_refs(self.root / "refs")
                 atomic_write_text(self.format_path, json.dumps({"format": FORMAT, "written_by": _version()}))
         except OSError as exc:
             raise StoreError(f"cannot prepare the store at {self.root}: {exc.strerror or exc}",
                              hint="free disk space or fix the store's permissions") from None
+
+    def check_folders(self) -> None:
+        """Refuse a store whose folders lead elsewhere: a store may sit in a folder another party controls (the
+        default ``.trtflow`` is in the working directory, e.g. a cloned repository), and gc, verify and runs
+        delete and write there. The store's root may be a link (the user's choice); its folders may not."""
+        for name in (*SUBDIRS, "crashes"):
+            path = self.root / name
+            try:
+                st = path.lstat()
+            except FileNotFoundError:
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                raise StoreError(f"the store's folder {path} is a symbolic link (to {os.readlink(path)}); trtflow "
+                                 "deletes and writes there, so it must be a real folder",
+                                 hint="remove the link, or point --store / TRTFLOW_STORE at the real store")
+            if not stat.S_ISDIR(st.st_mode):
+                raise StoreError(f"the store's folder {path} is not a folder", hint="remove it")
+
+    def make_shard(self, path: Path) -> None:
+        """Create the shard folder of an object or manifest path (``objects/ab``) as a real folder."""
+        shard = path.parent
+        shard.mkdir(exist_ok=True)
+        if shard.is_symlink():
+            raise StoreError(f"the store's folder {shard} is a symbolic link; trtflow writes only into real folders",
+                             hint="`trtflow verify --fix` removes it")
 
     def check_format(self) -> int:
         """The store's format (1 for a store from the first release, FORMAT for a new one); refuses newer ones."""
@@ -182,7 +208,7 @@ class Store:
         if self.object_intact(digest, size, stat_cache):
             source.unlink()
             return digest, size
-        target.parent.mkdir(parents=True, exist_ok=True)
+        self.make_shard(target)
         with open(source, "rb") as f:
             os.fsync(f.fileno())
         os.chmod(source, READ_ONLY)
@@ -208,6 +234,7 @@ class Store:
         return manifest
 
     def write_manifest(self, key: str, manifest: Mapping[str, Any]) -> None:
+        self.make_shard(self.manifest_path(key))
         atomic_write_text(self.manifest_path(key), json.dumps(manifest, indent=1, sort_keys=True))
 
     # ----- user-facing copies (see outputs.py: what trtflow may touch under build/)
@@ -222,19 +249,37 @@ class Store:
 
     # ----- maintenance
     def iter_manifests(self) -> Iterator[tuple[Path, dict[str, Any] | None]]:
-        base = self.root / "nodes"
-        if not base.exists():
-            return
-        for path in sorted(base.glob("*/*.json")):
+        for path in self._shard_files(self.root / "nodes"):
+            if path.suffix != ".json" or path.name.startswith("."):
+                continue
             try:
                 yield path, json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 yield path, None
 
     def iter_objects(self) -> Iterator[Path]:
-        if not self.objects.exists():
-            return
-        yield from sorted(p for p in self.objects.glob("*/*") if not p.name.startswith("."))
+        yield from (p for p in self._shard_files(self.objects) if not p.name.startswith("."))
+
+    def iter_partials(self) -> Iterator[Path]:
+        """Temporary files of copies and downloads in the object folders (a killed run leaves them)."""
+        yield from (p for p in self._shard_files(self.objects) if p.name.startswith("."))
+
+    def linked_shards(self) -> list[Path]:
+        """Shard folders (``objects/ab``, ``nodes/ab``) that are links: never followed, reported by verify."""
+        return [Path(e.path) for base in (self.objects, self.root / "nodes") for e in _entries(base) if e.is_symlink()]
+
+    def _shard_files(self, base: Path) -> list[Path]:
+        """The entries of the real shard folders of ``base``, sorted; a shard that is a link is not entered."""
+        return sorted(Path(f.path) for shard in _entries(base) if shard.is_dir(follow_symlinks=False)
+                      for f in _entries(Path(shard.path)))
+
+
+def _entries(folder: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(folder) as it:
+            return list(it)
+    except OSError:
+        return []
 
 
 def _version() -> str:

@@ -260,7 +260,7 @@ class RemoteCache:
                 present += 1
                 continue
             target = store.object_path(out["digest"])
-            self._pull_object(node, name, out, target)
+            self._pull_object(node, name, out, store, target)
             if stat_cache is not None:
                 st = target.stat()
                 stat_cache.put(str(target), st.st_size, st.st_mtime_ns, st.st_ino, out["digest"])
@@ -268,7 +268,7 @@ class RemoteCache:
             nbytes += out["size"]
         return Transfer(objects=copied, bytes=nbytes, present=present)
 
-    def _pull_object(self, key: str, name: str, out: Mapping[str, Any], target: Path) -> None:
+    def _pull_object(self, key: str, name: str, out: Mapping[str, Any], store: Store, target: Path) -> None:
         digest, size, remote_name = out["digest"], out["size"], self._name(out)
         path = object_path(remote_name)
         where = f"remote object {remote_name} (output {name!r} of node {key}) at {self.url}"
@@ -283,7 +283,7 @@ class RemoteCache:
         if remote_size > size:  # reading more than the manifest promises is not done to find out who is wrong
             raise RemoteCorrupt(f"{lie} has {size} bytes; it has {remote_size}: {kept}", remote_name,
                                 hint="the node is built here; its next push replaces the manifest")
-        target.parent.mkdir(parents=True, exist_ok=True)
+        store.make_shard(target)
         tmp = target.parent / f".{digest}.{uuid.uuid4().hex}.pull"
         try:
             try:
