@@ -6,8 +6,8 @@ from typing import Any
 
 from trtflow.environment import ABSENT, Environment, gpus, module_available
 
-from ._tensorrt import INSTALL_HINTS
-from ._trt_runtime import RTX_COMPUTE_CAPABILITIES
+from .tensorrt import INSTALL_HINTS
+from .trt_runtime import RTX_COMPUTE_CAPABILITIES
 
 GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "NvTensorRTRTXExecutionProvider")
 
