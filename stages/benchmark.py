@@ -11,10 +11,10 @@ Fixed-batch points (trtexec's method), per batch size:
 Statistics follow trtexec (`measure.stats`); ``repeats`` > 1 measures each point that many times and reports the
 median of each statistic, which is what the regression and baseline gates compare.
 
-Serving load (`measure.load`, `measure.instances`, `measure.replicas`): closed-loop ``concurrency`` levels, open-loop Poisson
-``arrival_rate_qps`` levels with an optional dynamic batcher, ``streams`` model instances, and ``gpus``
-(one replica process per GPU, aggregate throughput and scaling efficiency against one GPU). Latency counts from
-each request's arrival, so queueing is included.
+Serving load (`measure.load`, `measure.instances`, `measure.replicas`): closed-loop ``concurrency`` levels,
+open-loop Poisson ``arrival_rate_qps`` levels with an optional dynamic batcher, ``streams`` model instances, and
+``gpus`` (one replica process per GPU, aggregate throughput and scaling efficiency against one GPU). Latency counts
+from each request's arrival, so queueing is included.
 
 Gates (latency, throughput, regression against the previous run or a pinned baseline) are judged by the engine
 on the summary `run` returns (`gate`), so changing a threshold re-judges cached measurements.

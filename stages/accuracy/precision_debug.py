@@ -178,7 +178,8 @@ def load_batches(target: Target, scratch: Path, max_rows: int | None = None) -> 
 
 def run_model(path: Path, batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Outputs over all batches, joined along axis 0 (computed as validate computes them: with the ONNX Runtime
-    work-arounds of `accuracy.ort_fixes`, so an int8 model with an fp16 remainder is not judged with a truncating op)."""
+    work-arounds of `accuracy.ort_fixes`, so an int8 model with an fp16 remainder is not judged with a truncating
+    op)."""
     import tempfile
 
     from ..runtimes.ort import create_session

@@ -1,8 +1,8 @@
 """Replicas: one process per GPU, each serving the same model, all driven through each load level at once.
 
 Each replica is a spawned process that sees only its GPU (``CUDA_VISIBLE_DEVICES``), loads the model through
-`measure.instances.open_executor`, serves it with a `measure.load.Server` and runs the load levels it is sent; the replicas
-start each level together (a barrier) and send their request records back. Separate processes, not threads,
+`measure.instances.open_executor`, serves it with a `measure.load.Server` and runs the load levels it is sent; the
+replicas start each level together (a barrier) and send their request records back. Separate processes, not threads,
 so that neither Python's interpreter lock nor one CUDA context limits the scaling being measured.
 """
 

@@ -2,8 +2,8 @@
 
 `measure_load` prepares the inputs at the largest batch the load needs (checked against the model's and the
 profile's batch limits), builds the model instances (`measure.instances`) in this process, or one replica process per
-GPU (`measure.replicas`) when ``gpus`` > 1, drives each level through a `measure.load.Server` and turns the request records
-into benchmark.json's ``load``, ``open_loop``, ``max_rate_meeting_budget`` and ``scaling`` sections.
+GPU (`measure.replicas`) when ``gpus`` > 1, drives each level through a `measure.load.Server` and turns the request
+records into benchmark.json's ``load``, ``open_loop``, ``max_rate_meeting_budget`` and ``scaling`` sections.
 """
 
 from __future__ import annotations
