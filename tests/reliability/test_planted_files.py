@@ -205,3 +205,24 @@ def test_a_planted_shard_link_is_neither_followed_nor_emptied(tmp_path: Path, tr
     assert sorted(p.name for p in victim.iterdir()) == [".partial", "0123456789abcdef0123456789abcdef",
                                                        "0123456789abcdef0123456789abcdef.json"]
     assert not (store.root / "objects" / "zz").exists(), "verify --fix removes the link itself"
+
+
+def test_a_planted_journal_row_never_leads_the_scratch_cleanup_out_of_the_store(tmp_path: Path, trtflow) -> None:
+    """A run removes the scratch space of runs the journal says died on this host; a run id from the journal
+    becomes a path, so one that is not a plain name (`../../victim`) is ignored."""
+    import sqlite3
+    import subprocess
+
+    (tmp_path / "chain.yaml").write_text(CHAIN)
+    assert trtflow("run", "chain.yaml").returncode == 0
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("keep")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    with sqlite3.connect(tmp_path / "store" / "trtflow.db") as db:
+        db.execute("INSERT INTO runs (id, status, pid, host) VALUES (?, 'running', ?, ?)",
+                   ("../../victim", dead.pid, os.uname().nodename))
+    proc = trtflow("run", "chain.yaml", "--set", "nodes.a.params.text=other")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (victim / "keep.txt").read_text() == "keep"
