@@ -206,10 +206,12 @@ def _place(folder: Path, filename: str) -> Path:
 def _copy_atomically(source: Path, target: Path) -> None:
     """Copy (a reflink where the filesystem offers one: copy_file_range) to a temp name, then rename (a link in
     the target's place is replaced, never followed)."""
+    if source.is_symlink():  # objects are regular files; a link may lead anywhere
+        raise UnsafeOutputFolder(f"the stored object {source} is a symbolic link; run `trtflow verify --fix`")
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     tmp.unlink(missing_ok=True)  # a link planted under the temporary name would be written through
     try:
-        shutil.copyfile(source, tmp, follow_symlinks=False)
+        shutil.copyfile(source, tmp)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
