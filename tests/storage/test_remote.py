@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.storage.conftest import commit_node, make_store, node_key, raw_remote
+from tests.storage.conftest import commit_node, make_store, manifest_path, node_key, object_path, raw_remote
 from trtflow.errors import TrtflowError
 from trtflow.fingerprint import hash_file_content
 from trtflow.storage.remote import REMOTE_FORMAT, RemoteCache, RemoteCorrupt, RemoteError
@@ -21,26 +21,8 @@ from trtflow.storage.store import Store
 from trtflow.storage.verify import verify_store
 
 
-def object_path(digest: str) -> str:
-    return f"objects/{digest[:2]}/{digest}"
-
-
-def manifest_path(key: str) -> str:
-    return f"nodes/{key[:2]}/{key}.json"
-
-
 def local_leftovers(store: Store) -> list[Path]:
     return [p for p in store.objects.rglob(".*") if p.is_file()]
-
-
-@pytest.fixture
-def producer(tmp_path: Path) -> Store:
-    return make_store(tmp_path / "store-a")
-
-
-@pytest.fixture
-def consumer(tmp_path: Path) -> Store:
-    return make_store(tmp_path / "store-b")
 
 
 def test_a_node_pushed_from_one_store_is_pulled_into_another(remote: RemoteCache, producer: Store,

@@ -12,28 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.storage.conftest import commit_node, make_store, node_key, raw_remote
+from tests.storage.conftest import commit_node, manifest_path, node_key, object_path, raw_remote
 from trtflow.storage.remote import MAX_MANIFEST_BYTES, RemoteCache, RemoteCorrupt
 from trtflow.storage.store import Store
 from trtflow.storage.verify import verify_store
-
-
-def object_path(digest: str) -> str:
-    return f"objects/{digest[:2]}/{digest}"
-
-
-def manifest_path(key: str) -> str:
-    return f"nodes/{key[:2]}/{key}.json"
-
-
-@pytest.fixture
-def producer(tmp_path: Path) -> Store:
-    return make_store(tmp_path / "store-a")
-
-
-@pytest.fixture
-def consumer(tmp_path: Path) -> Store:
-    return make_store(tmp_path / "store-b")
 
 
 @pytest.mark.parametrize("delta", [1, -1])

@@ -132,7 +132,7 @@ class Store:
     def make_shard(self, path: Path) -> None:
         """Create the shard folder of an object or manifest path (``objects/ab``) as a real folder."""
         shard = path.parent
-        shard.mkdir(exist_ok=True)
+        shard.mkdir(parents=True, exist_ok=True)  # a worker's scratch store may not have objects/ yet
         if shard.is_symlink():
             raise StoreError(f"the store's folder {shard} is a symbolic link; trtflow writes only into real folders",
                              hint="`trtflow verify --fix` removes it")
