@@ -100,6 +100,7 @@ def test_a_remote_with_an_unreadable_format_file_is_refused(tmp_path: Path) -> N
     (b'{"key": "KEY", "outputs": {"x": {"digest": "nothex", "size": 1, "filename": "x", "kind": "blob"}}}',
      "no valid digest"),
     (b'{"outputs": {}}', "it names no key"),
+    (b"", "not valid JSON"),
 ])
 def test_an_unusable_remote_manifest_is_treated_as_absent(remote_url: str, remote: RemoteCache, content: bytes,
                                                           problem: str, caplog: pytest.LogCaptureFixture) -> None:

@@ -224,6 +224,7 @@ class RemoteCache:
         objects before the manifest names them. Raises RemoteCorrupt (a RemoteError) if the manifest is unusable
         or an object is missing or does not match; the store is left without the node's manifest then.
         """
+        self.check()  # the remote's hash decides which names its objects have
         key = manifest.get("key") if isinstance(manifest, Mapping) else None
         if not isinstance(manifest, Mapping):
             problem: Problem | None = Problem("not a JSON object")
