@@ -68,6 +68,8 @@ def quant_config(mode: str, method: str) -> dict[str, Any]:
 
     config = copy.deepcopy(getattr(mtq, config_name(mode, method)))
     config["quant_cfg"] = [*config["quant_cfg"], *copy.deepcopy(list(FP8_CONV))]
+    if not config.get("algorithm"):  # MXFP8 scales are dynamic, but the FP8 convolutions need calibrated ranges
+        config["algorithm"] = "max"
     return config
 
 
@@ -283,8 +285,9 @@ def keep_float32_io(proto: Any) -> list[str]:
     graph = proto.graph
     changed = []
     casts_in, casts_out = [], []
+    initializers = {init.name for init in graph.initializer}
     for value in graph.input:
-        if value.type.tensor_type.elem_type != TensorProto.FLOAT16:
+        if value.type.tensor_type.elem_type != TensorProto.FLOAT16 or value.name in initializers:
             continue
         inner = f"{value.name}_fp16"
         for node in graph.node:
