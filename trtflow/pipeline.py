@@ -38,7 +38,7 @@ def identity_of(path: Path, name: str) -> RecipeIdentity:
 
 def load_pipeline(recipe: str | Path, overrides: Sequence[str] = (), targets: Sequence[str] = ()) -> Pipeline:
     loaded = load_recipe(recipe, overrides)
-    nodes = expand(loaded)
+    nodes = expand(loaded, get_stage)
     graph = build_graph(nodes, get_stage, loaded.recipe.name)
     everything = list(graph.nodes)
     if targets:
