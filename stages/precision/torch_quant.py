@@ -22,7 +22,6 @@ This module is cheap to import; torch and ModelOpt are imported by the functions
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -59,15 +58,16 @@ def config_name(mode: str, method: str) -> str:
                          f"{list(METHODS.get(mode, ()))}") from None
 
 
-def quant_config(mode: str, method: str) -> dict[str, Any]:
+def quant_config(mode: str, method: str, exclude: Sequence[str] = ()) -> dict[str, Any]:
     """ModelOpt's config for (mode, method), with Conv layers in FP8 per tensor (TensorRT's block quantizers take
-    2D/3D tensors only)."""
+    2D/3D tensors only) and the modules named by ``exclude`` (names or wildcards) left unquantized."""
     import copy
 
     import modelopt.torch.quantization as mtq
 
     config = copy.deepcopy(getattr(mtq, config_name(mode, method)))
-    config["quant_cfg"] = [*config["quant_cfg"], *copy.deepcopy(list(FP8_CONV))]
+    config["quant_cfg"] = [*config["quant_cfg"], *copy.deepcopy(list(FP8_CONV)),
+                           *({"quantizer_name": f"{pattern}.*", "enable": False} for pattern in exclude)]
     if not config.get("algorithm"):  # MXFP8 scales are dynamic, but the FP8 convolutions need calibrated ranges
         config["algorithm"] = "max"
     return config
@@ -102,16 +102,12 @@ def quantizer_format(quantizer: Any) -> str:
     return str(bits)
 
 
-def disable_matching(model: Any, patterns: Sequence[str]) -> list[str]:
-    """Turn off the quantizers of modules whose names match one of the regular expressions (re.search)."""
-    compiled = [re.compile(pattern) for pattern in patterns]
-    disabled = []
-    for name, quantizer in _quantizers(model):
-        module = name.rsplit(".", 1)[0] if "." in name else ""
-        if quantizer.is_enabled and any(p.search(module) for p in compiled):
-            quantizer.disable()
-            disabled.append(name)
-    return disabled
+def excluded_quantizers(model: Any, patterns: Sequence[str]) -> list[str]:
+    """The quantizers of the modules ``patterns`` name (names or fnmatch wildcards), all of them turned off."""
+    import fnmatch
+
+    return [name for name, quantizer in _quantizers(model)
+            if not quantizer.is_enabled and any(fnmatch.fnmatch(name, f"{p}.*") for p in patterns)]
 
 
 def disable_high_rank_block_inputs(model: Any, probe: Callable[[Any], Any]) -> list[str]:
@@ -176,12 +172,13 @@ def disable_dead_quantizers(model: Any) -> list[str]:
 def quantize_module(model: Any, config: Mapping[str, Any], forward_loop: Callable[[Any], None] | None,
                     probe: Callable[[Any], Any], exclude: Sequence[str] = ()) -> tuple[Any, dict[str, list[str]]]:
     """Fake-quantize ``model`` in place with ModelOpt (``forward_loop`` runs the calibration data through it),
-    then turn off what TensorRT cannot take; returns the model and the quantizers turned off, by reason."""
+    then turn off what TensorRT cannot take; returns the model and the quantizers turned off, by reason
+    (``exclude``: the patterns the config leaves unquantized, for the record)."""
     import modelopt.torch.quantization as mtq
 
     model = mtq.quantize(model, dict(config), forward_loop=forward_loop)
     disabled = {
-        "excluded": disable_matching(model, exclude),
+        "excluded": excluded_quantizers(model, exclude),
         "input_rank_above_3": disable_high_rank_block_inputs(model, probe),
         "image_input_conv": disable_raw_image_conv_inputs(model),
         "zero_or_nan_range": disable_dead_quantizers(model),
@@ -211,19 +208,33 @@ def quantizer_counts(model: Any) -> dict[str, Any]:
 # -- the ModelOpt checkpoint --------------------------------------------------------------------------------------
 
 
-def save_checkpoint(model: Any, path: Path) -> None:
-    """ModelOpt's checkpoint: its state (which quantizers, their settings) and the weights with the calibrated
-    ranges (``mto.save``)."""
+def save_checkpoint(model: Any, path: Path, source: Mapping[str, Any] | None = None) -> None:
+    """ModelOpt's checkpoint (as ``mto.save`` writes it: its state, which quantizers and their settings, and the
+    weights with the calibrated ranges), plus ``source``: how to build the model it restores onto."""
     import modelopt.torch.opt as mto
+    import torch
 
-    mto.save(model, str(path))
+    torch.save({"modelopt_state": mto.modelopt_state(model), "model_state_dict": model.state_dict(),
+                "trtflow_source": dict(source or {})}, str(path))
+
+
+def checkpoint_source(path: Path) -> dict[str, Any]:
+    """The ``source`` a checkpoint was saved with."""
+    from modelopt.torch.utils.serialization import safe_load
+
+    return dict(safe_load(str(path), map_location="cpu").get("trtflow_source") or {})
 
 
 def restore_checkpoint(model: Any, path: Path) -> Any:
-    """The fake-quantized model: ``model`` (fresh from its factory) with the checkpoint's quantizers and weights."""
+    """The fake-quantized model: ``model`` (fresh from its factory) with the checkpoint's quantizers and weights
+    (what ``mto.restore`` does)."""
     import modelopt.torch.opt as mto
+    from modelopt.torch.utils.serialization import safe_load
 
-    return mto.restore(model, str(path))
+    saved = safe_load(str(path), map_location="cpu")
+    model = mto.restore_from_modelopt_state(model, saved["modelopt_state"])
+    model.load_state_dict(saved["model_state_dict"])
+    return model
 
 
 # -- ONNX ----------------------------------------------------------------------------------------------------------
@@ -234,7 +245,11 @@ def export_onnx(model: Any, args: Sequence[Any], kwargs: Mapping[str, Any], name
                 weights_dtype: str, target: Path, workdir: Path) -> None:
     """Export the fake-quantized model with ModelOpt's exporter (real low-precision weights, TensorRT-domain
     dynamic quantizers), then give its inputs and outputs the names and float32 types of the fp32 export:
-    ``names`` are the recipe's input names in the order of ``args`` then ``kwargs``."""
+    ``names`` are the recipe's input names in the order of ``args`` then ``kwargs``.
+
+    ModelOpt 0.47 converts an NVFP4 graph to fp16 through its AutoCast, which parses the graph with TensorRT's
+    Python module to type the custom ops (a NameError without TensorRT); so the graph is exported with fp32
+    weights and converted here with the steps ModelOpt applies to its FP8/MXFP8/INT8 graphs (`to_float16`)."""
     import inspect
 
     import onnx
@@ -246,7 +261,7 @@ def export_onnx(model: Any, args: Sequence[Any], kwargs: Mapping[str, Any], name
     renamed = dict(zip(names, modelopt_names, strict=True))
     dummy: tuple[Any, ...] = (*args, dict(kwargs)) if kwargs else tuple(args)
     onnx_bytes, _ = get_onnx_bytes_and_metadata(
-        model, dummy, model_name="model", onnx_opset=opset, weights_dtype=weights_dtype,
+        model, dummy, model_name="model", onnx_opset=opset, weights_dtype="fp32",
         dynamic_axes={renamed[name]: dict(axes) for name, axes in dynamic_axes.items()},
     )
     workdir.mkdir(parents=True, exist_ok=True)
@@ -255,8 +270,33 @@ def export_onnx(model: Any, args: Sequence[Any], kwargs: Mapping[str, Any], name
     graph_inputs = [value.name for value in proto.graph.input]
     rename_io(proto, {modelopt_names[i]: name for i, name in enumerate(names) if modelopt_names[i] in graph_inputs},
               dict(zip([value.name for value in proto.graph.output], outputs, strict=False)))
+    if weights_dtype == "fp16":
+        proto = to_float16(proto)
     keep_float32_io(proto)
     save_model(proto, target)
+
+
+def to_float16(proto: Any) -> Any:
+    """The float tensors of a quantized graph in fp16, Q/DQ scales kept in fp32: the conversion ModelOpt's exporter
+    applies to FP8, MXFP8 and INT8 graphs (``get_onnx_bytes_and_metadata``), applied to any of them."""
+    from modelopt.onnx.quantization.qdq_utils import replace_zero_scale_with_smallest_nonzero
+    from modelopt.onnx.utils import (
+        change_casts_to_fp16,
+        fold_dq_fp32_to_fp16_casts,
+        fold_qdq_scale_fp16_to_fp32_casts,
+        remove_redundant_casts,
+    )
+    from onnxconverter_common import convert_float_to_float16
+
+    proto = convert_float_to_float16(proto, keep_io_types=False, disable_shape_infer=True, check_fp16_ready=False,
+                                     op_block_list=["QuantizeLinear", "DequantizeLinear", "Div"])
+    proto = change_casts_to_fp16(proto, ["Concat", "Add", "Sqrt", "LayerNormalization", "Clip", "Mul", "Exp"])
+    proto = fold_dq_fp32_to_fp16_casts(proto)
+    proto = fold_qdq_scale_fp16_to_fp32_casts(proto)
+    proto = remove_redundant_casts(proto)
+    proto = replace_zero_scale_with_smallest_nonzero(proto)
+    proto.ir_version = 10  # what ModelOpt sets: ONNX Runtime and TensorRT read IR 10
+    return proto
 
 
 def rename_io(proto: Any, inputs: Mapping[str, str], outputs: Mapping[str, str]) -> None:
