@@ -41,8 +41,9 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def fake_quant_module(model_path: Path, load_callable: Callable[[str, str], Any]) -> tuple[Any, Any, list[str]]:
-    """(module on the GPU in eval mode, its input binding, its output names) of the quantize node's model."""
+def fake_quant_module(model_path: Path, load_callable: Callable[[str, str], Any]) -> tuple[Any, Any, Any]:
+    """(module on the GPU in eval mode, its input binding, the export's `TorchSource`) of the quantize node's
+    model."""
     reason = unavailable_reason()
     if reason:
         raise StageSkipped(f"cannot run the fake-quantized PyTorch model: {reason}", needs=NEEDS)
@@ -53,7 +54,7 @@ def fake_quant_module(model_path: Path, load_callable: Callable[[str, str], Any]
     checkpoint = checkpoint_of(model_path)
     source = TorchSource(**checkpoint_source(checkpoint))
     module = restore_checkpoint(build_module(source, load_callable, weights=False), checkpoint)
-    return module.cuda().eval(), bind_inputs(module, list(source.inputs)), list(source.outputs)
+    return module.cuda().eval(), bind_inputs(module, list(source.inputs)), source
 
 
 def fake_quant_runner(model_path: Path, load_callable: Callable[[str, str], Any], name: str) -> Any:
@@ -68,12 +69,14 @@ def fake_quant_runner(model_path: Path, load_callable: Callable[[str, str], Any]
             super().__init__(name=name, prefix="trtflow-fake-quant")
 
         def activate_impl(self) -> None:
-            state["module"], state["binding"], state["outputs"] = fake_quant_module(model_path, load_callable)
+            state["module"], state["binding"], state["source"] = fake_quant_module(model_path, load_callable)
 
         def get_input_metadata_impl(self) -> Any:
             meta = TensorMetadata()
-            for input_name in state["binding"].order:
-                meta.add(input_name, None, None)
+            for input_name, spec in state["source"].inputs.items():
+                shape = [None if str(axis) in spec.get("dynamic_axes", {}) else size
+                         for axis, size in enumerate(spec["shape"])]
+                meta.add(input_name, spec.get("dtype", "float32"), shape)
             return meta
 
         def infer_impl(self, feed_dict: dict) -> dict:
@@ -87,7 +90,8 @@ def fake_quant_runner(model_path: Path, load_callable: Callable[[str, str], Any]
             flat = list(result.values()) if isinstance(result, dict) else \
                 list(result) if isinstance(result, (list, tuple)) else [result]
             self.inference_time = time.perf_counter() - start
-            return {out: tensor.float().cpu().numpy() for out, tensor in zip(state["outputs"], flat, strict=False)}
+            return {out: tensor.float().cpu().numpy() for out, tensor in zip(state["source"].outputs, flat,
+                                                                              strict=False)}
 
         def deactivate_impl(self) -> None:
             state.clear()
