@@ -556,5 +556,6 @@ stage = Stage(
     files=modelopt_files,
     check=check,
     memory=quantize_memory,
-    preload=("modelopt.onnx.quantization", "onnxruntime", "numpy"),
+    # Not modelopt: importing it initialises CUDA, and a forked node (nvfp4, mxfp8) then sees no CUDA device.
+    preload=("onnxruntime", "numpy"),
 )
