@@ -42,12 +42,15 @@ def test_quantize_save_restore_and_export_on_the_cpu(tmp_path):
     model = build_small()
     reference = model(images).detach()
     config = copy.deepcopy(mtq.INT8_DEFAULT_CFG)
+    config["quant_cfg"].append({"quantizer_name": "head.*", "enable": False})  # what quant_config adds for exclude
     model, off = torch_quant.quantize_module(model, config, lambda m: m(images), lambda m: m(images),
-                                             exclude=[r"^head$"])
-    assert off == {"excluded": ["head.input_quantizer", "head.weight_quantizer"],
+                                             exclude=["head"])
+    assert off == {"excluded": ["head.input_quantizer", "head.output_quantizer", "head.weight_quantizer"],
                    "image_input_conv": ["patch_embed.input_quantizer"]}
     counts = torch_quant.quantizer_counts(model)
     assert counts["quantizers"] == {"int8 input": 13, "int8 weight": 9}
+    assert torch_quant.quant_config("nvfp4", "max", ["head"])["quant_cfg"][-1] == {"quantizer_name": "head.*",
+                                                                                  "enable": False}
     assert counts["quantized_by_module_type"] == {"QuantConv2d": 1, "QuantLinear": 8}
     with torch.no_grad():
         quantized = model(images)
