@@ -126,7 +126,8 @@ def run_torch(ctx: StageContext, inputs: dict[str, Path], params: Any) -> dict[s
         **torch_quant.quantizer_counts(model),
         "turned_off": {reason: len(names) for reason, names in turned_off.items()},
         "quantize_seconds": round(quantize_seconds, 3), "export_seconds": round(export_seconds, 3),
-        "external_data": ctx.output("weights").exists(), **torch_quant.onnx_facts(ctx.output("model")),
+        "external_data": ctx.output("weights").exists(), "onnx_bytes": ctx.output("model").stat().st_size,
+        **torch_quant.onnx_facts(ctx.output("model")),
     }
     for reason, names in turned_off.items():
         ctx.log.info("quantizers turned off (%s): %s", reason, ", ".join(names))
