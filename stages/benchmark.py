@@ -30,7 +30,7 @@ show, inconclusive ones included.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -126,6 +126,13 @@ class Params(TimingFields, LoadFields, GateFields):
         "Layer names need the engine built with profiling_verbosity 'layer_names_only' or 'detailed'.",
     )
     profile_iterations: int = Field(50, ge=1, description="Inferences profiled per layer profile.")
+    profile_kernels: bool = Field(
+        False, description="Record the CUDA kernels of the timed work (the first batch size), like Nsight Systems' "
+        "kernel summary: name, instances, total/average/median/min/max time, share of GPU time, in kernels.json "
+        "(PyTorch profiler, CUPTI; engines and device cuda). The summary keeps the top 5.",
+    )
+    kernel_iterations: int = Field(20, ge=1, description="Inferences whose kernels profile_kernels records.")
+
     @field_validator("batch_sizes")
     @classmethod
     def _positive_batches(cls, sizes: list[int]) -> list[int]:
@@ -147,9 +154,6 @@ class Params(TimingFields, LoadFields, GateFields):
 
     @model_validator(mode="after")
     def _consistent(self) -> Params:
-        if self.backend == "torch" and not self.torch_model:
-            raise ValueError("backend torch needs torch_model: 'python:package.module:factory' or "
-                             "'python:path/to/file.py:factory'")
         if self.torch_model and self.backend != "torch":
             raise ValueError(f"torch_model is only used by backend torch, not {self.backend}")
         engine = self.backend in (*TRT_FLAVOURS, "auto")
@@ -171,6 +175,8 @@ class Params(TimingFields, LoadFields, GateFields):
                              f"{self.dynamic_batching.max_batch_size}")
         if self.profile_layers and self.backend not in (*TRT_FLAVOURS, "auto"):
             raise ValueError("profile_layers needs an engine (a tensorrt backend)")
+        if self.profile_kernels and self.backend not in (*TRT_FLAVOURS, "auto") and self.device != "cuda":
+            raise ValueError("profile_kernels records CUDA kernels: an engine, or device cuda")
         if self.scenarios and self.load_generator == "trtflow":
             raise ValueError(f"scenarios {self.scenarios} are run by MLPerf LoadGen: set load_generator to auto "
                              "or loadgen")
@@ -246,61 +252,10 @@ def _files(params: Params) -> list[str]:
 
 
 # -- backends -------------------------------------------------------------------------------------------------
-def _ort_providers(params: Params) -> list[str]:
-    if params.device != "cuda":
-        return ["CPUExecutionProvider"]
-    import onnxruntime as ort
-
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        raise StageSkipped("this ONNX Runtime has no CUDA execution provider",
-                           needs="pip install onnxruntime-gpu, or device: cpu")
-    return ["CUDAExecutionProvider"]
-
-
-def _onnxruntime_call(session: Any, feed: Mapping[str, Any], params: Params) -> tuple[Callable[[], Any], str]:
-    import onnxruntime as ort
-
-    if params.device == "cuda" and not params.include_host_transfers:
-        binding = session.io_binding()
-        for name, array in feed.items():
-            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array, "cuda", 0))
-        for output in session.get_outputs():
-            binding.bind_output(output.name, "cuda")
-        return (lambda: session.run_with_iobinding(binding)), "onnxruntime CUDA EP, device-resident I/O"
-    return (lambda: session.run(None, dict(feed))), f"onnxruntime {session.get_providers()[0]}"
-
-
-def _torch_call(module: Any, specs: Sequence[InputSpec], feed: Mapping[str, Any],
-                device: str) -> Callable[[], Any]:
-    import torch
-
-    module = module.to(device).eval()
-    tensors = [torch.from_numpy(feed[spec.name]).to(device) for spec in specs]
-
-    def call() -> Any:
-        with torch.inference_mode():
-            return module(*tensors)
-
-    return call
-
-
 def _cuda_timer() -> Any:
     from .measure.cuda_timing import CudaTimer
 
     return CudaTimer(device=0)  # the runner narrows CUDA_VISIBLE_DEVICES to the node's GPU
-
-
-def _layer_profile(session: Any, feed: Mapping[str, Any], params: Params,
-                   timer_factory: Callable[[], Any]) -> dict[str, Any]:
-    """Layer information and per-layer times on a separate execution context (a profiler slows inference)."""
-    from .measure.stats import summarize_layer_times
-
-    with session.fork() as profiled, timer_factory() as timer:
-        profiled.prepare(feed)
-        stream = timer.new_stream()
-        information = profiled.layer_information()
-        times = profiled.profile_layers(stream, params.profile_iterations, timer.synchronize)
-    return {"layer_information": information, "profile": summarize_layer_times(times)}
 
 
 # -- gates (applied by the engine to the summary) -------------------------------------------------------------
@@ -401,9 +356,16 @@ def _open_model(ctx: StageContext, params: Params, backend: str, model: Path | N
         # the module takes any batch: dimension 0 stays dynamic (for batch sweeps and dynamic batching)
         specs = [InputSpec(name, params.input_dtypes.get(name, "float32"), (None, *shape[1:]))
                  for name, shape in params.shapes.items()]
-    if backend == "torch":
-        assert params.torch_model is not None
+    if backend == "torch" and params.torch_model is None:
+        from .accuracy.fake_quant import fake_quant_module
+
+        if model is None:
+            raise RecipeError("backend torch needs torch_model (a factory) or, as model, an nvfp4/mxfp8 quantize "
+                              "node's model (its fake-quantized PyTorch model)", field="torch_model")
+        torch_module = fake_quant_module(model, ctx.load_callable)[0]
+    elif backend == "torch":
         torch_module = load_callable(params.torch_model, ctx.resolve, "torch_model")()
+    if backend == "torch":
         if params.device == "cuda":
             import torch
 
@@ -411,10 +373,11 @@ def _open_model(ctx: StageContext, params: Params, backend: str, model: Path | N
                 raise StageSkipped("device cuda for backend torch but this PyTorch sees no CUDA device",
                                    needs="a CUDA build of PyTorch on a GPU machine, or device: cpu")
     if backend == "onnxruntime":
+        from .measure.calls import ort_providers
         from .runtimes.ort import create_session
 
         assert model is not None
-        providers = _ort_providers(params)
+        providers = ort_providers(params.device)
         with ctx.native_step("onnxruntime", f"creating a session for {model.name}",
                              repro=f"python -c \"import onnxruntime as ort; ort.InferenceSession('{model}', "
                              f"providers={providers})\"",
@@ -424,20 +387,22 @@ def _open_model(ctx: StageContext, params: Params, backend: str, model: Path | N
     return session, ort_session, torch_module, specs
 
 
+
 def _settings(params: Params, device: str) -> PointSettings:
     return PointSettings(params.window_plan(), params.warmup_ms, params.unstable_cv_percent, device,
                          params.spin_wait, params.use_cuda_graph, params.include_host_transfers)
 
 
 def _fixed_points(ctx: StageContext, params: Params, backend: str, device: str, opened: tuple[Any, Any, Any],
-                  specs: Sequence[InputSpec], base_shapes: Mapping[str, list[int]]) -> tuple[list, dict | None]:
-    """Every fixed-batch point (batch sizes x streams) and the layer profile where asked for."""
+                  specs: Sequence[InputSpec], base_shapes: Mapping[str, list[int]]) -> tuple[list, Any, Any]:
+    """Every fixed-batch point (batch sizes x streams), and the layer and kernel profiles where asked for."""
+    from .measure.calls import layer_profile, onnxruntime_call, torch_call
     from .measure.fixed import engine_point, host_point
 
     session, ort_session, torch_module = opened
     settings = _settings(params, device)
     points: list[dict[str, Any]] = []
-    layers = None
+    layers = kernels = None
     batches: list[int | None] = list(params.batch_sizes) or [None]
     stream_counts = params.stream_counts if session is not None else [1]
     total, done = len(batches) * len(stream_counts), 0
@@ -454,9 +419,9 @@ def _fixed_points(ctx: StageContext, params: Params, backend: str, device: str, 
                 how = f"{backend} engine, {streams} stream(s)"
             else:
                 if ort_session is not None:
-                    call, how = _onnxruntime_call(ort_session, feed, params)
+                    call, how = onnxruntime_call(ort_session, feed, params.device, params.include_host_transfers)
                 else:
-                    call, how = _torch_call(torch_module, specs, feed, params.device), f"torch {params.device}"
+                    call, how = torch_call(torch_module, specs, feed, params.device), f"torch {params.device}"
                 with ctx.native_step(backend, f"timing batch {batch_size}"), steady_interpreter():
                     report = host_point(call, batch_size, settings, cuda_events=backend == "torch" and device == "cuda")
             done += 1
@@ -467,10 +432,18 @@ def _fixed_points(ctx: StageContext, params: Params, backend: str, device: str, 
                          "windows%s, flags %s", batch_size, streams, report["latency_ms"]["median"], *ci["p50"],
                          report["latency_ms"]["p99"], report["throughput_qps"], report["queries"],
                          len(report["repeats"]), "" if report["converged"] else " (not converged)", report["flags"])
+        if params.profile_kernels and kernels is None:
+            from .measure.kernels import timed_call_kernels
+
+            module_call = None if session is not None else torch_call(torch_module, specs, feed, "cuda")
+            with ctx.native_step(backend, f"recording CUDA kernels at batch {batch_size}"):
+                kernels = dict(timed_call_kernels(session, module_call, feed, params.kernel_iterations, _cuda_timer),
+                               batch_size=batch_size)
         if params.profile_layers and session is not None and layers is None:
             with ctx.native_step(backend, f"profiling layers at batch {batch_size}"):
-                layers = dict(_layer_profile(session, feed, params, _cuda_timer), batch_size=batch_size)
-    return points, layers
+                layers = dict(layer_profile(session, feed, params.profile_iterations, _cuda_timer),
+                              batch_size=batch_size)
+    return points, layers, kernels
 
 
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
@@ -490,8 +463,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     if session is not None:
         session.__enter__()
     try:
-        points, layers = _fixed_points(ctx, params, backend, device, (session, ort_session, torch_module), specs,
-                                       base_shapes)
+        points, layers, kernels = _fixed_points(ctx, params, backend, device, (session, ort_session, torch_module),
+                                                specs, base_shapes)
     finally:
         if session is not None:
             session.__exit__(None, None, None)
@@ -514,6 +487,12 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         "points": points,
         **load_result,
     }
+    if kernels is not None:
+        from .measure.kernels import top_kernels
+
+        ctx.output("kernels").write_text(json.dumps(kernels, indent=2) + "\n", encoding="utf-8")
+        metrics.update(top_kernels=top_kernels(kernels),
+                       kernel_time_per_iteration_ms=kernels.get("kernel_time_per_iteration_ms"))
     if layers is not None:
         ctx.output("layers").write_text(json.dumps(layers, indent=2) + "\n", encoding="utf-8")
         metrics["top_layers"] = layers["profile"]["layers"][:TOP_LAYERS]
@@ -555,6 +534,9 @@ def summary_of(metrics: Mapping[str, Any], facts: Mapping[str, str], params: Par
     for key in ("load", "open_loop", "max_rate_meeting_budget", "scaling", "scenarios"):
         if key in metrics:
             summary[key] = metrics[key]
+    for key in ("top_kernels", "kernel_time_per_iteration_ms"):
+        if key in metrics:
+            summary[key] = metrics[key]
     if "top_layers" in metrics:
         summary["top_layers"] = [{k: layer[k] for k in ("name", "average_ms", "percent")}
                                  for layer in metrics["top_layers"][:5]]
@@ -578,6 +560,8 @@ stage = Stage(
     outputs={
         "metrics": Output(METRICS, "benchmark.json", "latency percentiles, throughput, flags per batch; load "
                           "curves"),
+        "kernels": Output(METRICS, "kernels.json", "CUDA kernel summary of the timed work (profile_kernels)",
+                          optional=True),
         "layers": Output(METRICS, "layers.json", "engine layer information and per-layer times "
                          "(profile_layers)", optional=True),
     },

@@ -116,6 +116,7 @@ def _context(data: dict[str, Any]) -> dict[str, Any]:
     from collections import Counter
 
     from trtflow.report.decision import decisions, gate_notes
+    from trtflow.report.kernels import context as kernel_context
 
     run = data["run"]
     counts = Counter(n["status"] for n in data["nodes"])
@@ -125,6 +126,7 @@ def _context(data: dict[str, Any]) -> dict[str, Any]:
         "counts": ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no nodes",
         "decisions": decisions(data), "nodes": _node_rows(data), "benchmark_charts": [],
         "gate_notes": gate_notes(data["nodes"]),
+        **kernel_context(data),
     }
 
 
