@@ -12,7 +12,8 @@ pyperf report them:
   and said plainly, with what would make it conclusive.
 
 Comparisons of two measurements (a regression, one candidate against another) also allow for interference: a
-figure measured while the host kept the benchmark waiting for a CPU may be that much better (`latency_figure`).
+figure measured while the host kept the benchmark waiting for a CPU may be that much better, and more
+(`latency_figure`).
 Figures without an interval (results recorded before intervals existed) count as exact.
 """
 
@@ -55,46 +56,55 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _waited(point: Mapping[str, Any]) -> float:
-    value = point.get("cpu_wait_ms_per_query")
-    return float(value) if _number(value) and value > 0 else 0.0
+#: The lowest CPU share a figure is corrected for (a benchmark that ran 10% of the time says little).
+MIN_SHARE = 0.1
+
+
+def cpu_share(point: Mapping[str, Any]) -> float:
+    """The share of each query's time the benchmark's threads had a CPU: 1 - (run-queue wait per query / mean
+    latency), from ``cpu_wait_ms_per_query``; 1 when that was not measured."""
+    waited = point.get("cpu_wait_ms_per_query")
+    mean = (point.get("latency_ms") or {}).get("mean", (point.get("latency_ms") or {}).get("p50"))
+    if not (_number(waited) and waited > 0 and _number(mean) and mean > 0):
+        return 1.0
+    return max(1.0 - waited / mean, MIN_SHARE)
+
+
+def _figure(value: float, interval: Any) -> Figure:
+    if isinstance(interval, (list, tuple)) and len(interval) == 2 and all(_number(v) for v in interval):
+        return Figure(float(value), min(float(interval[0]), value), max(float(interval[1]), value))
+    return Figure.exact(float(value))
 
 
 def latency_figure(point: Mapping[str, Any], statistic: str, allow_wait: bool = False) -> Figure | None:
     """A point's latency ``statistic`` (p50, p99, ...) with its interval, from a benchmark summary point.
 
-    ``allow_wait``: for comparing builds rather than judging a latency, the interval reaches down by the time the
-    benchmark's threads waited for a CPU per query (``cpu_wait_ms_per_query``): on a host busy with other work the
-    model may be that much faster, so a disturbed measurement cannot pass for a slower model."""
+    ``allow_wait``: for comparing builds rather than judging a latency. A benchmark whose threads had a CPU only a
+    share s of the time (the rest they waited on a run queue behind other programs) measured queries up to 1/s
+    longer for the wait, and longer still for what sharing the core costs the running work (caches refilled after
+    every switch, a busy sibling hyperthread), which nothing measures; that is bounded by 1/s as well, so the
+    interval reaches down to low x s^2. A disturbed measurement cannot pass for a slower model, and an
+    undisturbed one (s = 1) is compared as measured."""
     latency = point.get("latency_ms") or {}
     value = latency.get(statistic)
     if not _number(value) and statistic == "p50":
         value = latency.get("median", point.get("median_ms"))
     if not _number(value):
         return None
-    interval = (point.get("latency_ci_ms") or {}).get(statistic)
-    figure = Figure.exact(float(value))
-    if isinstance(interval, (list, tuple)) and len(interval) == 2 and all(_number(v) for v in interval):
-        figure = Figure(float(value), min(float(interval[0]), value), max(float(interval[1]), value))
-    waited = _waited(point) if allow_wait else 0.0
-    return Figure(figure.value, max(figure.low - waited, figure.low * 0.05), figure.high) if waited else figure
+    figure = _figure(value, (point.get("latency_ci_ms") or {}).get(statistic))
+    share = cpu_share(point) if allow_wait else 1.0
+    return Figure(figure.value, figure.low * share * share, figure.high) if share < 1.0 else figure
 
 
 def throughput_figure(point: Mapping[str, Any], allow_wait: bool = False) -> Figure | None:
-    """A point's throughput with its interval; ``allow_wait`` as in `latency_figure` (the upper bound rises by
-    the share of each query's time spent waiting for a CPU)."""
+    """A point's throughput with its interval; ``allow_wait`` as in `latency_figure` (the upper bound rises to
+    high / s^2)."""
     value = point.get("throughput_qps")
     if not _number(value):
         return None
-    interval = point.get("throughput_ci_qps")
-    figure = Figure.exact(float(value))
-    if isinstance(interval, (list, tuple)) and len(interval) == 2 and all(_number(v) for v in interval):
-        figure = Figure(float(value), min(float(interval[0]), value), max(float(interval[1]), value))
-    mean = (point.get("latency_ms") or {}).get("mean")
-    waited = _waited(point) if allow_wait else 0.0
-    if waited and _number(mean) and mean > 0:
-        return Figure(figure.value, figure.low, figure.high * mean / max(mean - waited, 0.05 * mean))
-    return figure
+    figure = _figure(value, point.get("throughput_ci_qps"))
+    share = cpu_share(point) if allow_wait else 1.0
+    return Figure(figure.value, figure.low, figure.high / (share * share)) if share < 1.0 else figure
 
 
 def at_most(figure: Figure, limit: float) -> Verdict:

@@ -298,4 +298,4 @@ def test_a_candidate_measured_on_a_busy_host_cannot_lose_by_the_noise():
     selection = decide(items, Params.model_validate({"objective": {"batch_size": 8}}))
     assert selection["selected"] == "fp32" and selection["tie_within_noise"]
     row = by_name(selection)["fp32"]
-    assert row["objective_ci"] == [3.9, 4.1] and row["compared_ci"] == pytest.approx([0.9, 4.1])
+    assert row["objective_ci"] == [3.9, 4.1] and row["compared_ci"] == pytest.approx([3.9 * 0.25**2, 4.1])
