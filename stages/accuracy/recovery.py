@@ -86,7 +86,7 @@ class Recovery:
     @property
     def recovered(self) -> bool:
         """True when the requested settings crashed and others were found."""
-        return bool(self.attempts) and not self.attempts[0].ok
+        return bool(self.attempts) and self.attempts[0].crashed
 
     def record(self) -> dict[str, Any]:
         """``runtime_settings`` for a summary file: what later stages read back (`runtime_options`)."""
@@ -318,10 +318,26 @@ def _feed_for(session: Any, feed: str | None) -> dict[str, Any]:
     return arrays
 
 
+#: Test-only: ``OPTIMIZER@LEVEL`` makes a probe child die of a real SIGSEGV when ``LEVEL`` or a higher one runs
+#: with ``OPTIMIZER`` enabled, standing in for a crash in that optimiser (tests of stages whose real outputs do not
+#: crash ONNX Runtime; `tests/stages/ort_crasher.py` has a real crash).
+TEST_CRASH_ENV = "TRTFLOW_TEST_CRASH_OPTIMIZER"
+
+
+def _test_crash(options: OrtOptions) -> None:
+    import os
+
+    name, _, level = os.environ.get(TEST_CRASH_ENV, "").partition("@")
+    if name and level in LEVELS and LEVELS.index(options.graph_optimization_level) <= LEVELS.index(level) \
+            and name not in options.disabled_optimizers:
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
 def _child_probe(model: str, options_json: str, feed: str | None) -> int:
     from ..runtimes.ort import create_session
 
     options = OrtOptions.model_validate_json(options_json)
+    _test_crash(options)
     try:
         session = create_session(Path(model), options)
     except Exception as error:
