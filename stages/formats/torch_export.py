@@ -175,8 +175,8 @@ def export_dynamo(model: Any, binding: Binding, tensors: Mapping[str, Any], targ
         dynamic_shapes: Any = dict(zip(binding.order, per_input, strict=True))
     else:
         dynamic_shapes = tuple(per_input)
-    if all(shape is None for shape in per_input):
-        dynamic_shapes = None
+    if all(shape is None for shape in per_input) or isinstance(model, torch.export.ExportedProgram):
+        dynamic_shapes = None  # a torch.export program carries its own
     args, kwargs = binding.call_arguments(tensors)
     program = torch.onnx.export(model, args, kwargs=kwargs or None, dynamo=True, input_names=binding.order,
                                 output_names=list(output_names), opset_version=opset,
