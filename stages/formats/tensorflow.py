@@ -3,7 +3,7 @@
 TensorFlow is large, slow to import (about 5 s) and keeps threads and memory for the life of the process, so it
 never loads into a node's process: `convert` runs this module as a child (``python -m ...formats.tensorflow``),
 which loads the model (a Keras file is first saved as a SavedModel with ``model.export``), converts its serving
-signature with ``python -m tf2onnx.convert``, names the dynamic dimensions (``batch`` for axis 0, else
+signature with ``tf2onnx.convert.from_function``, names the dynamic dimensions (``batch`` for axis 0, else
 ``<input>_<axis>``), and checks the ONNX model against TensorFlow on random inputs at two sizes of every dynamic
 dimension. It prints one JSON line: the inputs, the outputs and each checked shape's largest difference.
 """
@@ -65,8 +65,8 @@ def _fail(message: str, hint: str = "") -> int:
     return 1
 
 
-def _load(tf: Any, source: str, keras: bool, workdir: Path) -> tuple[Any, str]:
-    """(the serving function, the SavedModel folder)."""
+def _load(tf: Any, source: str, keras: bool, workdir: Path) -> tuple[Any, Any]:
+    """(the serving function, the loaded SavedModel, which must stay referenced while the function is used)."""
     if keras:
         import keras as keras_lib
 
@@ -86,7 +86,7 @@ def _load(tf: Any, source: str, keras: bool, workdir: Path) -> tuple[Any, str]:
         raise ValueError("the SavedModel has no serving signature (save it with tf.saved_model.save(model, path, "
                          "signatures=...) or keras model.export(path))")
     name = "serving_default" if "serving_default" in signatures else sorted(signatures)[0]
-    return signatures[name], source
+    return signatures[name], loaded
 
 
 def _rename_dims(target: Path) -> dict[str, dict[str, Any]]:
@@ -162,20 +162,22 @@ def main(argv: Sequence[str]) -> int:
 
     with tempfile.TemporaryDirectory() as folder:
         try:
-            function, saved = _load(tf, source, kind == "keras", Path(folder))
+            function, loaded = _load(tf, source, kind == "keras", Path(folder))
         except ValueError as error:
             return _fail(str(error), "save the model again (model.export(folder) or tf.saved_model.save)")
-        proc = subprocess.run([sys.executable, "-m", "tf2onnx.convert", "--saved-model", saved, "--output", target,
-                               "--opset", opset, "--signature_def", "serving_default"],
-                              capture_output=True, text=True, check=False)
-        print(proc.stderr[-3000:], file=sys.stderr)
-        if proc.returncode != 0:
-            lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-            return _fail(f"tf2onnx failed: {' '.join(lines[-2:])[:500]}",
+        import tf2onnx
+
+        specs = list(function.structured_input_signature[1].values())
+        try:
+            tf2onnx.convert.from_function(tf.function(function), input_signature=specs, opset=int(opset),
+                                          output_path=target)
+        except Exception as error:  # tf2onnx raises many types for operators it cannot convert
+            return _fail(f"tf2onnx failed: {type(error).__name__}: {' '.join(str(error).split())[:500]}",
                          "see the node's log for tf2onnx's messages; a newer opset may cover the operator")
         inputs = _rename_dims(Path(target))
         try:
             checked = _check(tf, function, Path(target), inputs, float(atol), float(rtol))
+            del loaded
         except ValueError as error:
             return _fail(f"the converted model does not match TensorFlow: {error}")
     outputs = list(function.structured_outputs) if isinstance(function.structured_outputs, dict) else ["output_0"]
