@@ -385,7 +385,7 @@ def _sample_fits(ctx: StageContext, params: Params, model: Any, binding: Any) ->
 
 
 def _export_pytorch(ctx: StageContext, params: Params, target: Path, model: Any, program: Any = None,
-                    by_name: list[str] | None = None) -> dict[str, Any]:
+                    by_name: list[str] | None = None, dim_names: dict[str, str] | None = None) -> dict[str, Any]:
     """Export a PyTorch model (``program``: its torch.export program, exported as is; ``by_name``: forward()'s
     argument names where Python cannot see them, as in a TorchScript module) and check it at several shapes."""
     from .formats.torch_export import Binding, bind_inputs
@@ -403,6 +403,10 @@ def _export_pytorch(ctx: StageContext, params: Params, target: Path, model: Any,
     ctx.progress(0.1, f"exporting with {'torch.export (dynamo)' if params.dynamo else 'TorchScript'}")
     try:
         _export(ctx, params, model, binding, params.dynamo, target, program)
+        if dim_names and any(symbol != name for symbol, name in dim_names.items()):
+            from .formats.torch_export import rename_dims
+
+            rename_dims(target, dim_names)
     except StageFailed as failed:
         if params.dynamo or by_name:
             raise
@@ -564,7 +568,7 @@ def _export_saved_torch(ctx: StageContext, params: Params, fmt: str, source: Pat
         program = load_program(source, params.model)
         declared = _declared(params, program.inputs, program.outputs).model_copy(update={"dynamo": True})
         return _export_pytorch(ctx, declared, target, program.module, program=program.program,
-                               by_name=list(program.inputs))
+                               by_name=list(program.inputs), dim_names=program.dim_names)
     from .formats.huggingface import load_model
 
     hf = load_model(source, params.task, params.model)

@@ -45,6 +45,8 @@ class Program:
     module: Any
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     outputs: list[str] = field(default_factory=list)
+    #: The program's symbol of each dynamic dimension -> the name the inputs give it (``batch`` for an axis 0)
+    dim_names: dict[str, str] = field(default_factory=dict)
 
 
 def load_program(path: Path, shown: str) -> Program:
@@ -56,10 +58,29 @@ def load_program(path: Path, shown: str) -> Program:
         raise StageFailed(f"torch.export.load cannot read {shown!r}: {' '.join(str(error).split())[:300]}",
                           hint="save it again with torch.export.save(torch.export.export(model, args), path) with "
                           "this torch version") from error
-    return Program(program, program.module(), program_inputs(program), program_outputs(program))
+    names = dim_names(program)
+    return Program(program, program.module(), program_inputs(program, names), program_outputs(program), names)
 
 
-def program_inputs(program: Any) -> dict[str, dict[str, Any]]:
+def dim_names(program: Any) -> dict[str, str]:
+    """A readable name per symbolic dimension: ``batch`` for the one every input has at axis 0, else the symbol."""
+    import torch
+
+    first: set[str] = set()
+    symbols: list[str] = []
+    for node in program.graph.nodes:
+        if node.op != "placeholder" or node.name not in program.graph_signature.user_inputs:
+            continue
+        value = node.meta.get("val")
+        for axis, dim in enumerate(getattr(value, "shape", ())):
+            if isinstance(dim, torch.SymInt) and str(dim) not in symbols:
+                symbols.append(str(dim))
+                if axis == 0:
+                    first.add(str(dim))
+    return {symbol: "batch" if first == {symbol} else symbol for symbol in symbols}
+
+
+def program_inputs(program: Any, names: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """Export ``inputs:`` entries of the program's user inputs: its example inputs' shapes, symbolic dims dynamic."""
     import torch
 
@@ -78,7 +99,7 @@ def program_inputs(program: Any) -> dict[str, dict[str, Any]]:
         shape, axes = [], {}
         for axis, dim in enumerate(value.shape):
             if isinstance(dim, torch.SymInt):
-                axes[axis] = str(dim)
+                axes[axis] = (names or {}).get(str(dim), str(dim))
                 size = int(example.shape[axis]) if example is not None else 2
                 shape.append(max(size, 2))
             else:

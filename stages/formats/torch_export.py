@@ -183,10 +183,10 @@ def export_dynamo(model: Any, binding: Binding, tensors: Mapping[str, Any], targ
                                 dynamic_shapes=dynamic_shapes)
     program.save(str(target))
     if any(identifier != name for identifier, name in renamed.items()):
-        _rename_dims(target, renamed)
+        rename_dims(target, renamed)
 
 
-def _rename_dims(path: Path, renamed: Mapping[str, str]) -> None:
+def rename_dims(path: Path, renamed: Mapping[str, str]) -> None:
     """Give dims the recipe's names back where a name had to be made a Python identifier for torch.export."""
     import onnx
 
