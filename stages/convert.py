@@ -273,6 +273,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         "dim_names": dim_names,
         "onnxruntime_check": ort_check,
         "runtime_settings": (ort_check or {}).get("runtime_settings"),
+        "notes": [ort_check["note"]] if ort_check and "note" in ort_check else [],
         **counts,
     }
     ctx.output("summary").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -386,6 +386,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         "batch_size": batch_size,
         "onnxruntime": params.onnxruntime.model_dump(),
         "runtime_settings": settings,
+        "notes": [f"{which} model: {entry['recovered_from']}; ran with {entry['onnxruntime']}"
+                  for which, entry in settings.items() if "recovered_from" in entry],
         "onnxruntime_rewrites": rewrites,
         "outputs": outputs,
         "task_metrics": task_metrics,

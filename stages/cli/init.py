@@ -245,7 +245,7 @@ class Scaffold:
             "      backend: onnxruntime",
         ]
         if any(spec.value_range for spec in self.inputs) and self.data_ref is None:
-            lines.append("      data: *data                 # the inputs' value ranges (token ids below the vocabulary)")
+            lines.append("      data: *data               # for the value ranges (token ids below the vocabulary)")
         if self.dynamic:
             lines.append("      profile: default")
             if batch:

@@ -113,3 +113,23 @@ def test_convert_keeps_the_fp16_model_and_records_what_runs(tiny_mlp_onnx, tmp_p
     found = recovery.runtime_options(result.outputs["model"], OrtOptions())
     assert found.options.disabled_optimizers == [optimizer] and not found.recovered
     assert np.isfinite(result.summary["onnxruntime_check"]["non_finite_outputs"])
+
+
+@pytest.mark.slow
+def test_plan_and_show_say_what_was_recovered(crasher, tmp_path):
+    from tests.conftest import trtflow_cli
+
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "crasher.onnx").write_bytes(crasher.read_bytes())
+    (tmp_path / "recipe.yaml").write_text(
+        "name: crash\nnodes:\n"
+        "  - {name: export, stage: export, params: {model: crasher.onnx}}\n"
+        "  - name: validate\n    stage: validate\n    inputs: {reference: export, candidate: export}\n"
+        "    params: {data: {random: {seed: 0, num_samples: 2}}, batch_size: 2,\n"
+        "             onnxruntime: {disabled_optimizers: [ConstantFolding]}}\n")
+    trtflow_cli("run", "recipe.yaml", cwd=tmp_path)  # the node's process survives: the crashes were in children
+    plan = trtflow_cli("plan", "recipe.yaml", cwd=tmp_path).stdout
+    assert "note: candidate model: ONNX Runtime SIG" in plan and CULPRIT in plan
+    shown = trtflow_cli("show", "recipe.yaml", "validate", "--json", cwd=tmp_path).stdout
+    settings = json.loads(shown)["summary"]["runtime_settings"]
+    assert settings["candidate"]["onnxruntime"]["disabled_optimizers"] == ["ConstantFolding", CULPRIT]
