@@ -463,13 +463,17 @@ def _check_onnx_file(ctx: StageContext, params: Params, path: Path) -> dict[str,
     if not params.check:
         return {"checked": False}
     from .accuracy.diagnosis import ort_session_step
+    from .accuracy.recovery import recover
     from .runtimes.ort import create_session
 
+    found = recover(path, log=ctx.log)  # a crash in a child: settings that run (accuracy.recovery)
     try:
-        with ort_session_step(ctx, path):
-            create_session(path)
+        with ort_session_step(ctx, path, options=found.options):
+            create_session(path, found.options)
     except Exception as exc:
         raise StageFailed(f"ONNX Runtime cannot load the model: {str(exc)[:500]}") from exc
+    if found.recovered:
+        return {"checked": "loads in ONNX Runtime", "runtime_settings": found.record(), "notes": [found.note()]}
     return {"checked": "loads in ONNX Runtime"}
 
 
