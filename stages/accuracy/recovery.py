@@ -44,6 +44,9 @@ SETTINGS_FILES = ("convert.json", "quantize.json", "export.json", "simplify.json
 #: A child that runs longer than this is taken to hang (a session on a multi-GB model takes minutes).
 PROBE_TIMEOUT_S = 900.0
 _TRANSFORMER_LINE = re.compile(r"GraphTransformer (\S+) modified")
+#: Session errors that are about the file or the graph as given, not about an optimiser.
+_NOT_OPTIMISER = ("INVALID_PROTOBUF", "NO_SUCHFILE", "NO_MODEL", "INVALID_GRAPH", "Protobuf parsing failed",
+                  "Load model from", "NOT_IMPLEMENTED", "No such file")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,14 @@ class Attempt:
     def crashed(self) -> bool:
         return self.outcome.startswith("crashed") or self.outcome == "hung"
 
+    @property
+    def searchable(self) -> bool:
+        """A failure other settings may avoid: a crash, or an error while ONNX Runtime optimised the graph (not a
+        file it cannot read or a graph it rejects before optimising, which no setting changes)."""
+        if self.crashed:
+            return True
+        return self.outcome.startswith("error") and not any(mark in self.outcome for mark in _NOT_OPTIMISER)
+
     def record(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"graph_optimization_level": self.level, "disabled_optimizers": list(self.disabled),
                                  "outcome": self.outcome}
@@ -81,12 +92,8 @@ class Recovery:
 
     options: OrtOptions
     attempts: list[Attempt] = field(default_factory=list)
-    source: str = "probed"  # "probed" (a child ran it), "recorded" (beside the model), "not probed"
-
-    @property
-    def recovered(self) -> bool:
-        """True when the requested settings crashed and others were found."""
-        return bool(self.attempts) and self.attempts[0].crashed
+    #: True when the requested settings failed (a crash, or an optimiser's error) and these settings run.
+    recovered: bool = False
 
     def record(self) -> dict[str, Any]:
         """``runtime_settings`` for a summary file: what later stages read back (`runtime_options`)."""
@@ -95,8 +102,8 @@ class Recovery:
             "disabled_optimizers": list(self.options.disabled_optimizers)}}
         if self.recovered:
             first = self.attempts[0]
-            entry["recovered_from"] = (f"ONNX Runtime {first.outcome.removeprefix('crashed: ')} at graph "
-                                       f"optimisation level {first.level}"
+            what = first.outcome.removeprefix("crashed: ") if first.crashed else f"failed ({first.outcome[:160]})"
+            entry["recovered_from"] = (f"ONNX Runtime {what} at graph optimisation level {first.level}"
                                        + (f" without {', '.join(first.disabled)}" if first.disabled else ""))
             entry["tried"] = [a.record() for a in self.attempts]
         return entry
@@ -217,16 +224,17 @@ def recover(model: Path, options: OrtOptions | None = None, feed: Path | None = 
             log: logging.Logger | None = None, first: Attempt | None = None) -> Recovery:
     """Settings under which ONNX Runtime runs ``model``: ``options`` if a child runs it, else the best found.
 
-    Raises StageFailed (with every try) when no optimisation level runs the model. A child that fails with an
-    error rather than a crash is not searched further: the error is the model's, and the caller reports it.
+    Raises StageFailed (with every try) when the model crashes ONNX Runtime at every optimisation level. An error
+    that no setting avoids (at every level, or a file ONNX Runtime cannot read) is returned unrecovered, with
+    its attempts: the caller's own session then raises it, as it would have.
     """
     log = log or _LOG
     options = options or OrtOptions()
     attempts = [first or probe(model, options, feed)]
-    if not attempts[0].crashed:
+    if not attempts[0].searchable:
         return Recovery(options, attempts[:0] if attempts[0].ok else attempts)
-    log.warning("ONNX Runtime %s on %s (%s); searching for settings that run it", attempts[0].outcome,
-                model.name, attempts[0].label())
+    log.warning("ONNX Runtime failed on %s (%s); searching for settings that run it", model.name,
+                attempts[0].label())
 
     def attempt(level: str, disabled: Sequence[str]) -> Attempt:
         result = probe(model, _with(options, level, disabled), feed)
@@ -239,6 +247,8 @@ def recover(model: Path, options: OrtOptions | None = None, feed: Path | None = 
     lower = list(LEVELS[LEVELS.index(requested) + 1:])
     working = next((level for level in lower if attempt(level, base).ok), None)
     if working is None:
+        if not attempts[0].crashed:
+            return Recovery(options, attempts)
         raise StageFailed(
             f"ONNX Runtime crashes on {model.name} at every graph optimisation level: "
             + "; ".join(a.label() for a in attempts),
@@ -248,8 +258,8 @@ def recover(model: Path, options: OrtOptions | None = None, feed: Path | None = 
         found = _smallest_set(lambda names, at=level: attempt(at, [*base, *names]).ok,
                               _candidates(level, working, base))
         if found is not None:
-            return Recovery(_with(options, level, [*base, *found]), attempts)
-    return Recovery(_with(options, working, base), attempts)
+            return Recovery(_with(options, level, [*base, *found]), attempts, recovered=True)
+    return Recovery(_with(options, working, base), attempts, recovered=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
