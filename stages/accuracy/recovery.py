@@ -157,8 +157,15 @@ def probe(model: Path, options: OrtOptions, feed: Path | None = None, timeout: f
     result = _last_json(out)
     if code == 0 and result.get("status") == "ok":
         return Attempt(level, disabled, "ok", result.get("detail", ""))
-    message = result.get("error") or _tail(err) or f"exit code {code}"
+    message = _clean(result.get("error") or _tail(err) or f"exit code {code}")
     return Attempt(level, disabled, f"error: {message[:300]}")
+
+
+def _clean(message: str) -> str:
+    """ONNX Runtime's message without its source locations and C++ signatures."""
+    message = re.sub(r"\[ONNXRuntimeError\] : \d+ : (\w+) : ", r"\1: ", message)
+    message = re.sub(r"/onnxruntime_src/\S+ .*? was false\. ", "", message)
+    return re.sub(r"/onnxruntime_src/\S+ ", "", message)
 
 
 def _last_json(text: str) -> dict[str, Any]:

@@ -133,3 +133,26 @@ def test_plan_and_show_say_what_was_recovered(crasher, tmp_path):
     shown = trtflow_cli("show", "recipe.yaml", "validate", "--json", cwd=tmp_path).stdout
     settings = json.loads(shown)["summary"]["runtime_settings"]
     assert settings["candidate"]["onnxruntime"]["disabled_optimizers"] == ["ConstantFolding", CULPRIT]
+
+
+def test_an_optimiser_error_is_searched_and_one_no_level_avoids_is_left_to_the_caller(monkeypatch, tmp_path):
+    """The search for an error at session creation, with the child's answers scripted: an error at level all that
+    layout avoids is recovered; one that every level gives is returned unrecovered (the caller raises it)."""
+    def scripted(failing_levels):
+        def probe(model, options, feed=None, timeout=0.0):
+            level = options.graph_optimization_level
+            outcome = "error: [ONNXRuntimeError] : 1 : FAIL : Exception during initialization" \
+                if level in failing_levels and "Culprit" not in options.disabled_optimizers else "ok"
+            return recovery.Attempt(level, tuple(options.disabled_optimizers), outcome)
+        return probe
+
+    monkeypatch.setattr(recovery, "optimizers_at", lambda level: ["Culprit"] if level == "all" else [])
+    monkeypatch.setattr(recovery, "probe", scripted({"all"}))
+    found = recovery.recover(tmp_path / "m.onnx", OrtOptions())
+    assert found.recovered and found.options.disabled_optimizers == ["Culprit"]
+    assert found.record()["recovered_from"].startswith("ONNX Runtime failed (error:")
+    monkeypatch.setattr(recovery, "probe", scripted(set(recovery.LEVELS)))
+    monkeypatch.setattr(recovery, "optimizers_at", lambda level: [])
+    left = recovery.recover(tmp_path / "m.onnx", OrtOptions())
+    assert not left.recovered and len(left.attempts) == len(recovery.LEVELS)
+    assert left.options == OrtOptions()
