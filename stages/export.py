@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 
 from trtflow.stage import ONNX, Output, ProfileSpec, Stage, StageContext, StageFailed, StageParams
 
+from .formats.onnx_model import describe_onnx
 from .formats.torch_check import (
     CheckShape,
     ShapeResult,
@@ -27,6 +28,7 @@ from .formats.torch_check import (
     tensors,
     torch_outputs,
 )
+from .formats.torch_source import TORCH_SOURCE, write_source
 
 DTYPES = Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"]
 
@@ -477,24 +479,6 @@ def _check_onnx_file(ctx: StageContext, params: Params, path: Path) -> dict[str,
     return {"checked": "loads in ONNX Runtime"}
 
 
-def _describe(path: Path) -> dict[str, Any]:
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    init = {i.name for i in model.graph.initializer}
-
-    def shape(value: Any) -> list[Any]:
-        return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
-
-    return {
-        "opset": max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None),
-        "nodes": len(model.graph.node),
-        "inputs": {i.name: shape(i) for i in model.graph.input if i.name not in init},
-        "outputs": {o.name: shape(o) for o in model.graph.output},
-        "size_bytes": path.stat().st_size,
-    }
-
-
 def _copy_onnx(ctx: StageContext, params: Params, source: Path, target: Path) -> dict[str, Any]:
     shutil.copyfile(source, target)
     try:
@@ -547,10 +531,11 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         _checker(target)
     elif fmt.name == "python":
         check = _export_pytorch(ctx, params, target, _build_model(ctx, params))
+        write_source(ctx, params)
     else:
         assert source is not None
         check = _export_saved_torch(ctx, params, fmt.name, source, target, summary_extra)
-    summary = _describe(target)
+    summary = describe_onnx(target)
     summary.update(summary_extra)
     summary.update(check)
     ctx.log.info("exported %s (%s): %s", params.model, fmt.label, summary)
@@ -588,7 +573,9 @@ stage = Stage(
     "sizes of every dynamic dimension.",
     params=Params,
     run=run,
-    outputs={"model": Output(ONNX, "model.onnx", "The exported ONNX model.")},
+    outputs={"model": Output(ONNX, "model.onnx", "The exported ONNX model."),
+             "source": Output(TORCH_SOURCE, "source.json", "the PyTorch model (for quantize's nvfp4/mxfp8)",
+                              optional=True)},
     environment=_environment,
     files=_files,
     preload=("torch", "onnx", "onnxruntime"),

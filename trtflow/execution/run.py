@@ -81,7 +81,7 @@ class Runner:
         self.kctx = KeyContext.for_recipe(recipe.path.parent, env, journal)
         self.run_id = new_run_id()
         self.executor = executor or _make_executor(self.options, store, self.run_id)
-        self.remote = _open_remote(self.options.remote)
+        self.remote = _open_remote(self.options.remote, self.options.remote_digest)
         self._keys: dict[str, str] = {}  # node -> key of the result this run used
         self._verdicts: dict[str, list[str]] = {}  # node -> its gate's failures as judged in this run
         self._refs_at_start = store.refs.current(recipe.id)  # what the previous runs used: "previous" results
@@ -712,8 +712,8 @@ class Runner:
             for src_node, out_name in refs:
                 # a many-slot's artifacts each get their own folder, in/<slot>/<producer node>/
                 place = f"{slot}/{src_node}" if specs[slot].many else slot
+                self._push(src_node, self._keys[src_node], force=True)  # first: a sha256 remote records its names
                 manifest = self.store.read_manifest(self._keys[src_node]) or {}
-                self._push(src_node, self._keys[src_node], force=True)
                 objects[place] = dict(manifest.get("outputs", {}))
                 names.append(f"{src_node}/{objects[place][out_name]['filename']}" if specs[slot].many
                              else objects[place][out_name]["filename"])
@@ -792,12 +792,12 @@ def upstream_pending(upstream: list[str], results: dict[str, NodeResult]) -> boo
     return any(u not in results for u in upstream)
 
 
-def _open_remote(url: str | None) -> Any:
+def _open_remote(url: str | None, digest: str | None = None) -> Any:
     if not url:
         return None
     from trtflow.storage.remote import RemoteCache
 
-    return RemoteCache(url)
+    return RemoteCache(url, digest=digest)
 
 
 def _make_executor(options: RunOptions, store: Store, run_id: str) -> Executor:

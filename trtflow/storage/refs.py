@@ -5,7 +5,8 @@ by its ``name:``, so two files with the same name (a variant, a copy in another 
 other's refs. Per recipe file, under ``refs/<slug>/``:
   ``current.json``   node -> {key, run_id, time}: what the latest run of each node used; nodes that are no longer
                      in the recipe are dropped at the next run;
-  ``history.jsonl``  one line per update {run_id, time, keys}: what earlier runs used (for gc's retention).
+  ``history.jsonl``  one line per update {run_id, time, keys}: what earlier runs used (for gc's retention);
+  ``.missing``       {since}: when gc first saw the recipe file missing (its refs are forgotten after a grace).
 Every run writes them, a run that finds everything up to date too. Updates are read-merge-write under a
 per-recipe lock, so concurrent runs of one recipe never lose each other's refs.
 """
@@ -29,6 +30,7 @@ from trtflow.fsutil import atomic_write_text
 REFRESH_SECONDS = 24 * 3600
 FORMAT = 2
 LEGACY_PREFIX = "legacy-"
+MISSING_MARKER = ".missing"  # {"since": time}: when gc first saw the recipe file missing
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,25 @@ class RefStore:
             import shutil
 
             shutil.rmtree(legacy, ignore_errors=True)
+
+    # ----- a recipe file that is missing (gc's grace period before forgetting it)
+    def missing_since(self, folder: Path, now: float, record: bool) -> float:
+        """Since when the recipe file of ``folder`` has been seen missing: the time recorded by the first gc that
+        saw it missing (recorded now, when ``record`` and none is)."""
+        marker = folder / MISSING_MARKER
+        try:
+            since = float(json.loads(marker.read_text(encoding="utf-8"))["since"])
+            if since <= now:
+                return since
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        if record:
+            atomic_write_text(marker, json.dumps({"since": now}))
+        return now
+
+    def found_again(self, folder: Path) -> None:
+        """The recipe file of ``folder`` exists (again): forget when it was seen missing."""
+        (folder / MISSING_MARKER).unlink(missing_ok=True)
 
     def trim_history(self, folder: Path, keep_since: float) -> int:
         """Drop history lines older than ``keep_since``; returns how many were dropped."""
