@@ -132,7 +132,7 @@ else:
 @pytest.mark.slow
 @pytest.mark.parametrize(("which", "model", "extra", "targets"), [
     ("huggingface", "bert", [], []),                          # the whole recipe: candidates, select, build, triton
-    ("tensorflow", "saved", [], []),
+    ("tensorflow", "saved", [], ["validate"]),
     ("torchscript", "mlp.pt", ["--input", "features:batch,8"], ["validate"]),  # export, candidates, validation
     ("pt2", "mlp.pt2", [], ["validate"]),
 ])

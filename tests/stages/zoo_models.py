@@ -78,7 +78,7 @@ def _profile_and_data(folder: Path, name: str) -> tuple[dict[str, Any], dict[str
         shapes[spec.name] = [1, *pick[1][1:]]
         if spec.value_range:
             ranges[spec.name] = list(spec.value_range)
-    data = {"random": {"seed": 0, "num_samples": 8, "shapes": shapes, **({"ranges": ranges} if ranges else {})}}
+    data = {"random": {"seed": 0, "num_samples": 4, "shapes": shapes, **({"ranges": ranges} if ranges else {})}}
     return profile, data
 
 
@@ -91,7 +91,7 @@ def write_recipe(folder: Path, names: list[str] | None = None) -> Path:
         profile, data = _profile_and_data(folder, name)
         profiles[name] = profile
         nodes += [
-            {"name": f"export-{name}", "stage": "export", "params": {"model": name, "profiles": [name]}},
+            {"name": f"export-{name}", "stage": "export", "params": {"model": name}},
             {"name": f"convert-{name}", "stage": "convert", "inputs": {"model": f"export-{name}"},
              "params": {"precision": "fp16", "calibration_data": data}},
             {"name": f"quantize-{name}", "stage": "quantize", "inputs": {"model": f"export-{name}"},
