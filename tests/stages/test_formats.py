@@ -280,3 +280,13 @@ def test_no_shape_compared_is_not_reported_as_checked(tmp_path):
     assert "PyTorch itself fails" in summary["not_checked_because"]
     assert "max_abs_diff_vs_torch" not in summary
     assert all(entry["status"] == "skipped" for entry in summary["checked_shapes"])
+
+
+@pytest.mark.slow
+def test_damaged_saved_model(tmp_path):
+    pytest.importorskip("tf2onnx")
+    (tmp_path / "saved").mkdir()
+    (tmp_path / "saved" / "saved_model.pb").write_bytes(b"not a protobuf of a SavedModel")
+    with pytest.raises(StageFailed) as info:
+        _export(tmp_path, model="saved")
+    assert "TensorFlow cannot load the SavedModel" in info.value.message
