@@ -161,3 +161,18 @@ def test_init_then_run_for_each_format(tmp_path, which, model, extra, targets):
     if not targets:
         assert (tmp_path / "build" / name / "triton" / name / "config.pbtxt").is_file() or any(
             (tmp_path / "build" / name / "triton").rglob("config.pbtxt"))
+
+
+def test_init_hugging_face_task_option(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "make.py").write_text(_FORMAT_MODELS)
+    subprocess.run([sys.executable, "make.py", "huggingface"], cwd=tmp_path, check=True, capture_output=True,
+                   timeout=600)
+    trtflow("init", "bert", "--task", "feature-extraction", "-o", "recipe.yaml", cwd=tmp_path)
+    export = yaml.safe_load((tmp_path / "recipe.yaml").read_text())["nodes"][0]["params"]
+    assert export == {"model": "bert", "task": "feature-extraction"}
+    profile = yaml.safe_load((tmp_path / "recipe.yaml").read_text())["profiles"]["default"]
+    assert profile["input_ids"] == {"min": [1, 1], "opt": [8, 32], "max": [32, 32]}  # max_position_embeddings 32

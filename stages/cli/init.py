@@ -153,6 +153,7 @@ class Scaffold:
     source: str  # what `trtflow init` was given, for the header
     write_inputs: bool = False  # the export node needs `inputs:` (a factory or a TorchScript archive)
     model_format: str = "onnx"
+    task: str | None = None  # a Hugging Face folder's task, when given
 
     @property
     def dynamic(self) -> bool:
@@ -200,6 +201,8 @@ class Scaffold:
         candidates = "[simplify, convert, quantize]"
         lines += ["", "nodes:", "  - name: export", "    stage: export", "    params:",
                   f"      model: {_flow(self.model_ref)}"]
+        if self.task:
+            lines.append(f"      task: {_flow(self.task)}")
         if self.write_inputs:
             export_inputs = {}
             for spec in self.inputs:
@@ -302,7 +305,7 @@ def _inside_project(path: Path, output: Path, what: str) -> None:
 
 
 def scaffold(model: str, output: Path, data: Path | None, inputs: list[str], outputs: list[str], batch: str,
-             dims: list[str], name: str | None) -> Scaffold:
+             dims: list[str], name: str | None, task: str | None = None) -> Scaffold:
     recipe_dir = output.absolute().parent
     batch_range = Range.parse(batch, "--batch")
     dim_ranges: dict[str, Range] = {}
@@ -333,7 +336,7 @@ def scaffold(model: str, output: Path, data: Path | None, inputs: list[str], out
             reference = "python:" + os.path.relpath(path.absolute(), recipe_dir) + ":" + model.rpartition(":")[2]
         default_name = Path(target).stem if target.endswith(".py") else target.rpartition(".")[2]
     else:
-        specs, fmt, defaults = _saved_model_inputs(model, inputs, output)
+        specs, fmt, defaults = _saved_model_inputs(model, inputs, output, task)
         path = Path(model)
         reference, label = os.path.relpath(path.absolute(), recipe_dir), model
         default_name = path.stem if path.is_file() else path.absolute().name
@@ -347,10 +350,11 @@ def scaffold(model: str, output: Path, data: Path | None, inputs: list[str], out
     ranges = dynamic_ranges(specs, batch_range, dim_ranges)
     fmt_name = "python" if model.startswith("python:") else fmt.name
     return Scaffold(_recipe_name(name or default_name), reference, specs, ranges, data_ref, outputs, label,
-                    write_inputs=fmt_name in ("python", "torchscript"), model_format=fmt_name)
+                    write_inputs=fmt_name in ("python", "torchscript"), model_format=fmt_name, task=task)
 
 
-def _saved_model_inputs(model: str, inputs: list[str], output: Path) -> tuple[list[ModelInput], Any, dict]:
+def _saved_model_inputs(model: str, inputs: list[str], output: Path,
+                        task: str | None = None) -> tuple[list[ModelInput], Any, dict]:
     """(inputs, format, proposed ranges of non-batch dims) of a model file or folder; --input only for TorchScript."""
     from trtflow.errors import StageFailed
 
@@ -381,7 +385,7 @@ def _saved_model_inputs(model: str, inputs: list[str], output: Path) -> tuple[li
         from ..formats.describe import declared_inputs, default_dim_ranges
 
         try:
-            declared = declared_inputs(fmt, path)
+            declared = declared_inputs(fmt, path, task)
         except StageFailed as exc:
             raise TrtflowError(exc.message, hint=exc.hint) from None
         specs = [ModelInput(d.name, d.dtype, d.dims, d.value_range) for d in declared]
@@ -392,9 +396,12 @@ def _saved_model_inputs(model: str, inputs: list[str], output: Path) -> tuple[li
 
 
 def init(
-    model: Annotated[str, typer.Argument(help="An ONNX file, or python:path/to/file.py:factory (a function "
-                                              "returning a torch.nn.Module; THIS RUNS YOUR CODE when the recipe "
-                                              "runs).", show_default=False)],
+    model: Annotated[str, typer.Argument(help="An ONNX file, a TorchScript archive (.pt/.pth/.ts; give --input), a "
+                                              "torch.export program (.pt2), a Hugging Face model folder, a "
+                                              "TensorFlow SavedModel folder or Keras file, or "
+                                              "python:path/to/file.py:factory (a function returning a "
+                                              "torch.nn.Module; THIS RUNS YOUR CODE when the recipe runs).",
+                                         show_default=False)],
     output: Annotated[Path, typer.Option("--output", "-o", help="The recipe file to write.")] = Path("recipe.yaml"),
     data: Annotated[Path | None, typer.Option(
         "--data", help="Real model inputs (.npz with one array per input, axis 0 = samples; .npy; or a directory of "
@@ -408,13 +415,18 @@ def init(
     dims: Annotated[list[str] | None, typer.Option(
         "--dim", help="NAME=MIN:OPT:MAX for another dynamic dimension, e.g. seq=1:128:512.")] = None,
     name: Annotated[str | None, typer.Option("--name", help="Recipe name (default: the model's).")] = None,
+    task: Annotated[str | None, typer.Option(
+        "--task", help="For a Hugging Face folder: the task whose head to export (default: from config.json's "
+        "architectures).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing recipe file.")] = False,
 ) -> None:
     """Write a recipe for MODEL: profiles from its dynamic dimensions, fp32/fp16/int8 candidates validated and
     benchmarked, the best one selected, built and exported for Triton."""
     if output.exists() and not force:
         raise TrtflowError(f"{output} exists", hint="choose another --output, or --force to overwrite it")
-    plan = scaffold(model, output, data, inputs or [], outputs or ["output"], batch, dims or [], name)
+    if task is not None and Path(model).is_file():
+        raise TrtflowError("--task is for Hugging Face model folders")
+    plan = scaffold(model, output, data, inputs or [], outputs or ["output"], batch, dims or [], name, task)
     recipe_dir = output.absolute().parent
     recipe_dir.mkdir(parents=True, exist_ok=True)
     schema, schema_file = _schema_reference(recipe_dir)
