@@ -676,6 +676,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
                                    needs="a CUDA build of PyTorch on a GPU machine, or device: cpu")
     ort_session = None
     if backend == "onnxruntime":
+        from .accuracy.recovery import runtime_options
         from .runtimes.ort import create_session
 
         assert model is not None
@@ -685,7 +686,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
                              f"providers={providers})\"",
                              hint="lower onnxruntime.graph_optimization_level or add the failing optimiser to "
                              "onnxruntime.disabled_optimizers"):
-            ort_session = create_session(model, params.onnxruntime, providers)
+            ort_session = create_session(model, runtime_options(model, params.onnxruntime, ctx.log).options, providers)
 
     points, layers, kernels = [], None, None
     batches: list[int | None] = list(params.batch_sizes) or [None]
