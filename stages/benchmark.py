@@ -373,6 +373,7 @@ def _open_model(ctx: StageContext, params: Params, backend: str, model: Path | N
                 raise StageSkipped("device cuda for backend torch but this PyTorch sees no CUDA device",
                                    needs="a CUDA build of PyTorch on a GPU machine, or device: cpu")
     if backend == "onnxruntime":
+        from .accuracy.recovery import runtime_options
         from .measure.calls import ort_providers
         from .runtimes.ort import create_session
 
@@ -383,7 +384,8 @@ def _open_model(ctx: StageContext, params: Params, backend: str, model: Path | N
                              f"providers={providers})\"",
                              hint="lower onnxruntime.graph_optimization_level or add the failing optimiser to "
                              "onnxruntime.disabled_optimizers"):
-            ort_session = create_session(model, params.onnxruntime, providers)
+            ort_session = create_session(model, runtime_options(model, params.onnxruntime, ctx.log).options,
+                                         providers)
     return session, ort_session, torch_module, specs
 
 

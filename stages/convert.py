@@ -41,6 +41,7 @@ from trtflow_stages.precision.modelopt import (
     modelopt_resources,
     private_model_copy,
 )
+from trtflow_stages.runtimes.ort import OrtOptions
 
 FP16_MAX = 65504.0
 AUTOCAST_DATA_MAX = 512.0  # modelopt.onnx.autocast.convert.DEFAULT_DATA_MAX
@@ -124,6 +125,13 @@ class Params(StageParams):
         description="Run the converted model once on ONNX Runtime (CPU) before committing it, on the first "
         "rows of calibration_data (else random inputs), so a model ONNX Runtime cannot run fails here. Skipped "
         "for bf16 and for operators the CPU provider has no kernel for (recorded in the summary).",
+    )
+    onnxruntime: OrtOptions = Field(
+        default_factory=OrtOptions,
+        description="ONNX Runtime session options for that check. When ONNX Runtime crashes on the converted "
+        "model, settings that run it are searched for in child processes (lower optimisation levels, then the "
+        "one optimiser to disable) and recorded as runtime_settings in convert.json, which validate and "
+        "benchmark use for this model.",
     )
 
     @field_validator("calibration_eps")
@@ -264,6 +272,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         "size_bytes": {"before": inputs["model"].stat().st_size, "after": out.stat().st_size},
         "dim_names": dim_names,
         "onnxruntime_check": ort_check,
+        "runtime_settings": (ort_check or {}).get("runtime_settings"),
+        "notes": [ort_check["note"]] if ort_check and "note" in ort_check else [],
         **counts,
     }
     ctx.output("summary").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -320,6 +330,7 @@ def _check_on_onnx_runtime(ctx: StageContext, params: Params, path: Path, refere
     import numpy as np
 
     from .accuracy.diagnosis import hint_text, ort_findings, ort_run_step
+    from .accuracy.recovery import recover
     from .runtimes.ort import create_session
 
     if params.precision == "bf16":
@@ -327,9 +338,15 @@ def _check_on_onnx_runtime(ctx: StageContext, params: Params, path: Path, refere
     feed = _check_feed(ctx, path, reference_path)
     shapes = {name: list(value.shape) for name, value in feed.items()}
     ctx.progress(0.9, f"running the {params.precision} model on ONNX Runtime")
+    feed_file = ctx.scratch / "check_feed.npz"
+    np.savez(feed_file, **feed)
+    found = recover(path, params.onnxruntime, feed_file, ctx.log)  # a crash in a child: settings that run
+    if found.recovered:
+        ctx.log.warning("%s", found.note())
     try:
-        with ort_run_step(ctx, path, feed, what=f"checking the {params.precision} model on ONNX Runtime"):
-            outputs = create_session(path).run(None, feed)
+        with ort_run_step(ctx, path, feed, what=f"checking the {params.precision} model on ONNX Runtime",
+                          options=found.options):
+            outputs = create_session(path, found.options).run(None, feed)
     except Exception as error:
         text = " ".join(str(error).split())
         if "NOT_IMPLEMENTED" in text:  # a kernel the CPU provider lacks: not a fault of the model
@@ -345,7 +362,8 @@ def _check_on_onnx_runtime(ctx: StageContext, params: Params, path: Path, refere
                      if np.issubdtype(np.asarray(o).dtype, np.floating))
     if non_finite:
         ctx.log.warning("the %s model gives %d NaN/Inf values on the check inputs", params.precision, non_finite)
-    return {"status": "ok", "input_shapes": shapes, "non_finite_outputs": non_finite}
+    return {"status": "ok", "input_shapes": shapes, "non_finite_outputs": non_finite,
+            "runtime_settings": found.record(), **({"note": found.note()} if found.recovered else {})}
 
 
 def precision_counts(model: Any, precision: str) -> dict[str, Any]:

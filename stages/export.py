@@ -10,7 +10,6 @@ fix, rather than one stage later in an ONNX Runtime error that does not point ba
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +17,17 @@ from pydantic import Field, field_validator, model_validator
 
 from trtflow.stage import ONNX, Output, ProfileSpec, Stage, StageContext, StageFailed, StageParams
 
+from .formats.onnx_model import describe_onnx
+from .formats.torch_check import (
+    CheckShape,
+    ShapeResult,
+    check_shapes,
+    ort_error,
+    sample_inputs,
+    size_one_warnings,
+    tensors,
+    torch_outputs,
+)
 from .formats.torch_source import TORCH_SOURCE, write_source
 
 DTYPES = Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"]
@@ -48,8 +58,15 @@ class InputDef(StageParams):
 class Params(StageParams):
     model: str = Field(
         description="The model: 'python:path/to/file.py:factory' or 'python:package.module:factory' (a function "
-        "returning a torch.nn.Module; this runs that code), or a path to an existing .onnx file.",
+        "returning a torch.nn.Module; this runs that code), or a path to an .onnx file, a TorchScript archive "
+        "(.pt/.pth/.ts), a torch.export program (.pt2), a Hugging Face model folder (config.json + weights), a "
+        "TensorFlow SavedModel folder or a Keras file (.keras/.h5). The format is found from the name or the "
+        "folder's files and recorded in the summary.",
     )
+    task: str | None = Field(
+        default=None, description="Hugging Face folders: the task whose head to export (feature-extraction, "
+        "text-classification, fill-mask, text-generation, image-classification, object-detection, ...). Default: "
+        "the one config.json's architectures name.")
     factory_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the factory.")
     checkpoint: str | None = Field(
         default=None,
@@ -57,10 +74,12 @@ class Params(StageParams):
     )
     inputs: dict[str, InputDef] = Field(
         default_factory=dict,
-        description="Model inputs: name -> sample shape, dtype, dynamic axes. Required for PyTorch models. Named "
-        "like forward()'s parameters they are passed by name; otherwise by position, in forward() order.",
+        description="Model inputs: name -> sample shape, dtype, dynamic axes. Required for factories and TorchScript "
+        "archives; .pt2 programs, Hugging Face folders and TensorFlow models declare their own (given here, they "
+        "replace them). Named like forward()'s parameters they are passed by name; otherwise by position.",
     )
-    outputs: list[str] = Field(default_factory=lambda: ["output"], description="Names given to the outputs.")
+    outputs: list[str] = Field(default_factory=lambda: ["output"], description="Names given to the outputs "
+                               "(self-describing formats: default the model's own names).")
     opset: int = Field(default=17, ge=9, le=23, description="ONNX opset version to export with.")
     dynamo: bool = Field(
         default=False,
@@ -81,16 +100,21 @@ class Params(StageParams):
     @field_validator("model")
     @classmethod
     def _model_form(cls, value: str) -> str:
+        import re
+
         from trtflow.callables import validate_spec
 
-        if value.endswith(".onnx") and not value.startswith("python:"):
-            return value
+        if not value.startswith("python:") and not re.fullmatch(r"[\w.]+:\w+", value):
+            return value  # a path: its format is found when the stage runs (a folder cannot be told by name)
         return validate_spec(value)
 
     @model_validator(mode="after")
     def _inputs_for_torch(self) -> Params:
-        if not self.is_onnx_file and not self.inputs:
-            raise ValueError("'inputs' is required to export a PyTorch model (name -> {shape, dtype, dynamic_axes})")
+        if not self.inputs:
+            if self.self_describing:
+                return self  # the model declares them; checked again once they are read
+            raise ValueError("'inputs' is required to export a PyTorch factory or a TorchScript archive (name -> "
+                             "{shape, dtype, dynamic_axes})")
         sizes: dict[str, tuple[str, int]] = {}
         for name, spec in self.inputs.items():
             for axis, dim in spec.dynamic_axes.items():
@@ -118,6 +142,14 @@ class Params(StageParams):
         return self.model.endswith(".onnx") and not self.model.startswith("python:")
 
     @property
+    def self_describing(self) -> bool:
+        """Whether the model declares its inputs (anything but a factory or a TorchScript archive)."""
+        from .formats.sources import detect_by_name
+
+        found = detect_by_name(self.model)
+        return found is None or found.self_describing
+
+    @property
     def dynamic_axes(self) -> dict[str, dict[int, str]]:
         return {n: dict(spec.dynamic_axes) for n, spec in self.inputs.items() if spec.dynamic_axes}
 
@@ -141,92 +173,26 @@ class Params(StageParams):
 def _files(params: Params) -> list[str]:
     from trtflow.callables import callable_files
 
-    files = [params.model] if params.is_onnx_file else callable_files(params.model)
+    files = callable_files(params.model) if params.model.startswith("python:") else [params.model]
     if params.checkpoint:
         files.append(params.checkpoint)
     return files
 
 
 def _environment(params: Params) -> list[str]:
+    from .formats.sources import detect_by_name
+
     facts = ["onnx"]
-    if not params.is_onnx_file:
+    found = detect_by_name(params.model)
+    if found is None or found.is_torch:  # a folder: Hugging Face (torch, transformers) or TensorFlow
         facts.append("torch")
+    if found is None:
+        facts += ["transformers", "tensorflow", "tf2onnx"]
+    elif found.name == "keras":
+        facts += ["tensorflow", "tf2onnx"]
     if params.check:
         facts.append("onnxruntime")
     return facts
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The shapes the model is checked at
-
-
-@dataclass(frozen=True)
-class CheckShape:
-    """One set of input shapes to check, and which dim it changes (None: the sample itself)."""
-
-    shapes: dict[str, list[int]]
-    dim: str | None = None
-    size: int | None = None
-    origin: str = "sample"
-
-    @property
-    def label(self) -> str:
-        shapes = ", ".join(f"{n} {s}" for n, s in self.shapes.items())
-        if self.dim is None:
-            return f"the sample shape ({shapes})"
-        return f"{self.dim} = {self.size} ({self.origin}): {shapes}"
-
-
-def _other_size(sample: int) -> int:
-    return sample // 2 if sample >= 4 else sample * 2
-
-
-def check_shapes(params: Params) -> list[CheckShape]:
-    """The sample shape, then each dynamic dim name at its other sizes (profile min/max, else derived)."""
-    sample = {n: list(spec.shape) for n, spec in params.inputs.items()}
-    checks = [CheckShape(sample)]
-    ranges = params.dim_ranges()
-    for dim, size in params.dim_sizes().items():
-        if dim in ranges:
-            others = [(ranges[dim][0], "profile min"), (ranges[dim][1], "profile max")]
-        else:
-            others = [(_other_size(size), "derived from the sample")]
-        for other, origin in others:
-            if other == size or any(c.dim == dim and c.size == other for c in checks):
-                continue
-            shapes = {n: [other if spec.dynamic_axes.get(axis) == dim else d for axis, d in enumerate(spec.shape)]
-                      for n, spec in params.inputs.items()}
-            checks.append(CheckShape(shapes, dim, other, origin))
-    return checks
-
-
-def size_one_warnings(params: Params) -> list[str]:
-    warnings = []
-    for name, spec in params.inputs.items():
-        for axis, dim in spec.dynamic_axes.items():
-            if spec.shape[axis] == 1:
-                warnings.append(
-                    f"input {name!r}: axis {axis} ({dim!r}) is dynamic but its sample size is 1: torch.export "
-                    "specialises sizes 0 and 1 (the axis may come out fixed), and a size-1 sample hides "
-                    "broadcasting mistakes from the TorchScript tracer; use a sample size of 2 or more")
-    return warnings
-
-
-def _sample_inputs(params: Params, shapes: dict[str, list[int]]) -> dict[str, Any]:
-    import numpy as np
-
-    rng = np.random.default_rng(params.seed)
-    samples = {}
-    for name, spec in params.inputs.items():
-        shape = shapes[name]
-        if spec.dtype in ("int64", "int32"):
-            samples[name] = rng.integers(int(spec.low), max(int(spec.high), int(spec.low) + 1), size=shape,
-                                         dtype=spec.dtype)
-        elif spec.dtype == "bool":
-            samples[name] = rng.random(shape) > 0.5
-        else:
-            samples[name] = rng.uniform(spec.low, spec.high, size=shape).astype("float32")
-    return samples
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -261,56 +227,23 @@ def _build_model(ctx: StageContext, params: Params) -> Any:
     return model.eval()
 
 
-def _torch_dtype(name: str) -> Any:
-    import torch
-
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-            "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}[name]
-
-
-def _tensors(params: Params, arrays: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
-    return {n: torch.from_numpy(arrays[n]).to(_torch_dtype(params.inputs[n].dtype)) for n in params.inputs}
-
-
-def _flatten(value: Any) -> list[Any]:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, (list, tuple)):
-        return [t for item in value for t in _flatten(item)]
-    return []
-
-
-def _torch_outputs(model: Any, binding: Any, params: Params, arrays: dict[str, Any]) -> list[Any]:
-    import torch
-
-    args, kwargs = binding.call_arguments(_tensors(params, arrays))
-    with torch.no_grad():
-        result = model(*args, **kwargs)
-    return [t.float().numpy() if not t.is_nested else t.to_padded_tensor(0.0).float().numpy()
-            for t in _flatten(result)]
-
-
-def _export(ctx: StageContext, params: Params, model: Any, binding: Any, dynamo: bool, target: Path) -> None:
-    """Run one exporter; StageFailed with the known cause and fix when it raises."""
+def _export(ctx: StageContext, params: Params, model: Any, binding: Any, dynamo: bool, target: Path,
+            program: Any = None) -> None:
+    """Run one exporter (on ``program``, a torch.export program, when given); StageFailed with the known cause and
+    fix when it raises."""
     import warnings
 
     import torch
 
     from .formats.torch_export import explain_export_error, export_dynamo, export_torchscript
 
-    sample = _tensors(params, _sample_inputs(params, {n: s.shape for n, s in params.inputs.items()}))
+    sample = tensors(params, sample_inputs(params, {n: s.shape for n, s in params.inputs.items()}))
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
             if dynamo:
-                export_dynamo(model, binding, sample, target, params.dynamic_axes, params.outputs, params.opset,
-                              params.dim_ranges())
+                export_dynamo(program if program is not None else model, binding, sample, target,
+                              params.dynamic_axes, params.outputs, params.opset, params.dim_ranges())
             else:
                 export_torchscript(model, binding, sample, target, params.dynamic_axes, params.outputs,
                                    params.opset)
@@ -320,50 +253,15 @@ def _export(ctx: StageContext, params: Params, model: Any, binding: Any, dynamo:
         raise StageFailed(what, hint=fix) from exc
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Checking the ONNX model at several shapes
-
-
-@dataclass
-class ShapeResult:
-    check: CheckShape
-    status: Literal["ok", "skipped", "failed", "deviates"]
-    detail: str = ""
-    max_abs_diff: float | None = None
-    node: str | None = None
-
-    def record(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {"shapes": self.check.shapes, "status": self.status}
-        if self.check.dim is not None:
-            entry.update(dim=self.check.dim, size=self.check.size, origin=self.check.origin)
-        if self.max_abs_diff is not None:
-            entry["max_abs_diff_vs_torch"] = self.max_abs_diff
-        if self.detail:
-            entry["detail"] = self.detail
-        return entry
-
-
-def _ort_error(error: Exception) -> tuple[str, str | None]:
-    """ONNX Runtime's message without its source locations, and the node it names."""
-    import re
-
-    text = " ".join(str(error).split())
-    node = re.search(r"running (\w+) node\. Name:'([^']*)'", text)
-    detail = re.sub(r"/onnxruntime_src/\S+ onnxruntime::.*?\) ", "", text)
-    detail = re.sub(r"\S+ [=!<>]=? \S+ was false\. ", "", detail)
-    detail = re.sub(r"\[ONNXRuntimeError\] : \d+ : \w+ : ", "", detail)
-    return detail[:400], (f"{node.group(1)} node {node.group(2)!r}" if node else None)
-
-
 def _check_shape(ctx: StageContext, params: Params, session: Any, path: Path, model: Any, binding: Any,
                  check: CheckShape) -> ShapeResult:
     import numpy as np
 
     from .accuracy.diagnosis import ort_run_step
 
-    arrays = _sample_inputs(params, check.shapes)
+    arrays = sample_inputs(params, check.shapes)
     try:
-        expected = _torch_outputs(model, binding, params, arrays)
+        expected = torch_outputs(model, binding, params, arrays)
     except Exception as error:
         return ShapeResult(check, "skipped", f"PyTorch itself fails at this shape: {type(error).__name__}: "
                            f"{' '.join(str(error).split())[:300]}")
@@ -372,7 +270,7 @@ def _check_shape(ctx: StageContext, params: Params, session: Any, path: Path, mo
         with ort_run_step(ctx, path, feed, what=f"checking the exported model at {check.label}"):
             actual = session.run(None, feed)
     except Exception as error:
-        detail, node = _ort_error(error)
+        detail, node = ort_error(error)
         return ShapeResult(check, "failed", f"ONNX Runtime: {detail}", node=node)
     worst = 0.0
     for index, (exp, got) in enumerate(zip(expected, actual, strict=False)):
@@ -393,13 +291,15 @@ def _check_model(ctx: StageContext, params: Params, path: Path, model: Any, bind
                  checks: list[CheckShape]) -> list[ShapeResult]:
     """Run every check (stops at the first failure); a session that cannot even load is a failure too."""
     from .accuracy.diagnosis import ort_session_step
+    from .accuracy.recovery import recover
     from .runtimes.ort import create_session
 
+    options = recover(path, log=ctx.log).options  # a crash in a child: settings that run (accuracy.recovery)
     try:
-        with ort_session_step(ctx, path):
-            session = create_session(path)
+        with ort_session_step(ctx, path, options=options):
+            session = create_session(path, options)
     except Exception as error:
-        detail, node = _ort_error(error)
+        detail, node = ort_error(error)
         return [ShapeResult(checks[0], "failed", f"ONNX Runtime cannot load the model: {detail}", node=node)]
     results = []
     for index, check in enumerate(checks):
@@ -471,21 +371,46 @@ def _fail_at(ctx: StageContext, params: Params, model: Any, binding: Any, path: 
     return StageFailed(f"{what}; {cause}", hint="; ".join(fixes))
 
 
-def _export_pytorch(ctx: StageContext, params: Params, target: Path) -> dict[str, Any]:
-    from .formats.torch_export import bind_inputs
+def _sample_fits(ctx: StageContext, params: Params, model: Any, binding: Any) -> None:
+    """Run the model once on the sample: an input of the wrong dtype, range or rank fails here, saying what to set
+    (another error is left to the exporter and the checks, which say what they could not do)."""
+    from .formats.torch_check import explain_input_error
 
-    model = _build_model(ctx, params)
-    binding = bind_inputs(model, list(params.inputs))
+    try:
+        torch_outputs(model, binding, params, sample_inputs(params, {n: s.shape for n, s in params.inputs.items()}))
+    except Exception as error:
+        explained = explain_input_error(error, params, model)
+        if explained is not None:
+            raise StageFailed(*explained) from error
+        ctx.log.warning("the model fails on the sample inputs in eager PyTorch: %s: %s", type(error).__name__,
+                        " ".join(str(error).split())[:400])
+
+
+def _export_pytorch(ctx: StageContext, params: Params, target: Path, model: Any, program: Any = None,
+                    by_name: list[str] | None = None, dim_names: dict[str, str] | None = None) -> dict[str, Any]:
+    """Export a PyTorch model (``program``: its torch.export program, exported as is; ``by_name``: forward()'s
+    argument names where Python cannot see them, as in a TorchScript module) and check it at several shapes."""
+    from .formats.torch_export import Binding, bind_inputs
+
+    names = list(params.inputs)
+    binding = bind_inputs(model, names)
+    if by_name and set(names) <= set(by_name):
+        binding = Binding(tuple(n for n in by_name if n in names), by="name")
     for note in binding.notes:
         ctx.log.info("%s", note)
     warnings = size_one_warnings(params)
     for warning in warnings:
         ctx.log.warning("%s", warning)
+    _sample_fits(ctx, params, model, binding)
     ctx.progress(0.1, f"exporting with {'torch.export (dynamo)' if params.dynamo else 'TorchScript'}")
     try:
-        _export(ctx, params, model, binding, params.dynamo, target)
+        _export(ctx, params, model, binding, params.dynamo, target, program)
+        if dim_names and any(symbol != name for symbol, name in dim_names.items()):
+            from .formats.torch_export import rename_dims
+
+            rename_dims(target, dim_names)
     except StageFailed as failed:
-        if params.dynamo:
+        if params.dynamo or by_name:
             raise
         probe = _dynamo_probe(ctx, params, model, binding, check_shapes(params))
         raise StageFailed(failed.message, hint=f"{probe}; {failed.hint}") from failed.__cause__
@@ -513,8 +438,16 @@ def _export_pytorch(ctx: StageContext, params: Params, target: Path) -> dict[str
             ctx.log.warning("not checked at %s: %s", result.check.label, result.detail)
         if result.status in ("failed", "deviates"):
             raise _fail_at(ctx, params, model, binding, target, result, checks)
+    compared = [r for r in results if r.status == "ok"]
+    if not compared:  # every shape was skipped: nothing was compared, so nothing is claimed
+        summary["checked"] = False
+        summary["not_checked_because"] = "; ".join(f"at {r.check.label}: {r.detail}" for r in results)
+        ctx.log.warning("the exported model was not compared with PyTorch at any shape: %s",
+                        summary["not_checked_because"])
+        return summary
     summary["checked"] = True
-    summary["max_abs_diff_vs_torch"] = max((r.max_abs_diff or 0.0 for r in results), default=0.0)
+    summary["checked_at"] = [r.check.label for r in compared]
+    summary["max_abs_diff_vs_torch"] = max(r.max_abs_diff or 0.0 for r in compared)
     return summary
 
 
@@ -532,63 +465,112 @@ def _check_onnx_file(ctx: StageContext, params: Params, path: Path) -> dict[str,
     if not params.check:
         return {"checked": False}
     from .accuracy.diagnosis import ort_session_step
+    from .accuracy.recovery import recover
     from .runtimes.ort import create_session
 
+    found = recover(path, log=ctx.log)  # a crash in a child: settings that run (accuracy.recovery)
     try:
-        with ort_session_step(ctx, path):
-            create_session(path)
+        with ort_session_step(ctx, path, options=found.options):
+            create_session(path, found.options)
     except Exception as exc:
         raise StageFailed(f"ONNX Runtime cannot load the model: {str(exc)[:500]}") from exc
+    if found.recovered:
+        return {"checked": "loads in ONNX Runtime", "runtime_settings": found.record(), "notes": [found.note()]}
     return {"checked": "loads in ONNX Runtime"}
 
 
-def _describe(path: Path) -> dict[str, Any]:
-    import onnx
+def _copy_onnx(ctx: StageContext, params: Params, source: Path, target: Path) -> dict[str, Any]:
+    shutil.copyfile(source, target)
+    try:
+        import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
-    init = {i.name for i in model.graph.initializer}
+        onnx.load(str(target), load_external_data=False)
+    except Exception as exc:
+        raise StageFailed(f"{params.model!r} is not a loadable ONNX file: {str(exc)[:300]}",
+                          hint="re-export it; the file may be truncated or not ONNX at all") from exc
+    return _check_onnx_file(ctx, params, target)
 
-    def shape(value: Any) -> list[Any]:
-        return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
 
-    return {
-        "opset": max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None),
-        "nodes": len(model.graph.node),
-        "inputs": {i.name: shape(i) for i in model.graph.input if i.name not in init},
-        "outputs": {o.name: shape(o) for o in model.graph.output},
-        "size_bytes": path.stat().st_size,
-    }
+def _declared(params: Params, inputs: dict[str, dict[str, Any]], outputs: list[str]) -> Params:
+    """``params`` with the inputs (and output names) the model declares, unless the recipe gave its own."""
+    update: dict[str, Any] = {}
+    if not params.inputs:
+        update["inputs"] = inputs
+    if "outputs" not in params.model_fields_set and outputs:
+        update["outputs"] = outputs
+    if not update:
+        return params
+    try:
+        return Params.model_validate({**params.model_dump(exclude_unset=True), **update})
+    except ValueError as error:
+        raise StageFailed(f"the inputs the model declares do not fit the recipe: {error}",
+                          hint=f"the model's inputs: {inputs}") from error
 
 
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
-    target = ctx.output("model")
-    if params.is_onnx_file:
-        source = ctx.resolve(params.model)
-        if not source.is_file():
-            raise StageFailed(f"ONNX file {params.model!r} not found (looked at {source})")
-        shutil.copyfile(source, target)
-        try:
-            import onnx
+    from .formats.sources import check_content, detect
 
-            onnx.load(str(target), load_external_data=False)
-        except Exception as exc:
-            raise StageFailed(f"{params.model!r} is not a loadable ONNX file: {str(exc)[:300]}",
-                              hint="re-export it; the file may be truncated or not ONNX at all") from exc
-        check = _check_onnx_file(ctx, params, target)
-    else:
-        check = _export_pytorch(ctx, params, target)
+    target = ctx.output("model")
+    source = None if params.model.startswith("python:") else ctx.resolve(params.model)
+    fmt = detect(params.model, source)
+    if source is not None:
+        check_content(fmt, source, params.model)
+    summary_extra: dict[str, Any] = {"format": fmt.name}
+    ctx.progress(0.02, f"reading the {fmt.label}")
+    if fmt.name == "onnx":
+        assert source is not None
+        check = _copy_onnx(ctx, params, source, target)
+    elif fmt.name in ("tensorflow", "keras"):
+        from .formats.tensorflow import convert
+
+        assert source is not None
+        ctx.progress(0.1, "converting with tf2onnx (in a child process)")
+        result = convert(source, target, params.opset, fmt.name == "keras", params.atol, params.rtol, ctx.log)
+        check = {"exporter": "tf2onnx", "checked": True, "checked_shapes": result["checked_shapes"],
+                 "max_abs_diff_vs_tensorflow": max(c["max_abs_diff_vs_tensorflow"] for c in result["checked_shapes"])}
+        _checker(target)
+    elif fmt.name == "python":
+        check = _export_pytorch(ctx, params, target, _build_model(ctx, params))
         write_source(ctx, params)
-    summary = _describe(target)
+    else:
+        assert source is not None
+        check = _export_saved_torch(ctx, params, fmt.name, source, target, summary_extra)
+    summary = describe_onnx(target)
+    summary.update(summary_extra)
     summary.update(check)
-    ctx.log.info("exported %s: %s", params.model, summary)
+    ctx.log.info("exported %s (%s): %s", params.model, fmt.label, summary)
     return summary
+
+
+def _export_saved_torch(ctx: StageContext, params: Params, fmt: str, source: Path, target: Path,
+                        extra: dict[str, Any]) -> dict[str, Any]:
+    """A TorchScript archive, a .pt2 program or a Hugging Face folder through the PyTorch exporters."""
+    if fmt == "torchscript":
+        from .formats.torch_archives import load_torchscript, script_input_names
+
+        module = load_torchscript(source, params.model)
+        forced = params.model_copy(update={"dynamo": False})  # a scripted module needs the TorchScript exporter
+        return _export_pytorch(ctx, forced, target, module, by_name=script_input_names(module))
+    if fmt == "exported_program":
+        from .formats.torch_archives import load_program
+
+        program = load_program(source, params.model)
+        declared = _declared(params, program.inputs, program.outputs).model_copy(update={"dynamo": True})
+        return _export_pytorch(ctx, declared, target, program.module, program=program.program,
+                               by_name=list(program.inputs), dim_names=program.dim_names)
+    from .formats.huggingface import load_model
+
+    hf = load_model(source, params.task, params.model)
+    extra.update(task=hf.task, model_type=hf.model_type, **({"exported": "encoder"} if hf.encoder_only else {}))
+    return _export_pytorch(ctx, _declared(params, hf.inputs, hf.outputs), target, hf.module)
 
 
 stage = Stage(
     name="export",
-    version="2",
-    description="PyTorch model (or existing ONNX file) to an ONNX model, checked against PyTorch at the sample "
-    "shape and at other sizes of every dynamic dimension.",
+    version="3",
+    description="A model (PyTorch factory, TorchScript, .pt2, Hugging Face folder, TensorFlow SavedModel or Keras "
+    "file, or an ONNX file) to an ONNX model, checked against its framework at the sample shape and at other "
+    "sizes of every dynamic dimension.",
     params=Params,
     run=run,
     outputs={"model": Output(ONNX, "model.onnx", "The exported ONNX model."),

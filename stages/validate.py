@@ -206,6 +206,20 @@ def _ort_repro(options: OrtOptions, which: str) -> str:
             f"providers=['CPUExecutionProvider']{disabled})\"  (MODEL.onnx: the {which} model)")
 
 
+def _settings(ctx: StageContext, model: Path, params: Params, which: str, settings: dict[str, Any],
+              recorded_beside: Path | None = None) -> OrtOptions:
+    """The ONNX Runtime options for one model: the recipe's, narrowed by what its producer recorded, checked in a
+    child process (a crash there is recovered from: `accuracy.recovery`); recorded in ``settings[which]``."""
+    from .accuracy.recovery import merge, recorded_settings, recover
+
+    options = merge(params.onnxruntime, recorded_settings(recorded_beside or model))
+    found = recover(model, options, log=ctx.log)
+    settings[which] = found.record()
+    if found.recovered:
+        ctx.log.warning("%s model: %s", which, found.note())
+    return found.options
+
+
 # -- measuring ------------------------------------------------------------------------------------------------
 
 
@@ -319,13 +333,14 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         return lambda done, count: ctx.progress(start + 0.4 * done / count, f"{label}: batch {done}/{count}")
 
     rewrites: list[str] = []
+    settings: dict[str, Any] = {}
     reference: dict[str, Any]
     if has_reference:
         path = inputs["reference"]
-        with ctx.native_step("onnxruntime", "running the reference model", repro=_ort_repro(params.onnxruntime,
-                             "reference"), hint=_ort_hint(path, params.onnxruntime)):
-            reference = run_over(onnx_runner(path, "reference", params.onnxruntime), batches, total,
-                                 reporter(0.1, "reference"))
+        options = _settings(ctx, path, params, "reference", settings)
+        with ctx.native_step("onnxruntime", "running the reference model", repro=_ort_repro(options, "reference"),
+                             hint=_ort_hint(path, options)):
+            reference = run_over(onnx_runner(path, "reference", options), batches, total, reporter(0.1, "reference"))
     if params.backend == "fake-quant":
         from .accuracy.fake_quant import fake_quant_runner
 
@@ -341,9 +356,10 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         rewrites += [fix.reason for fix in fixes]
         for note in rewrites:
             ctx.log.info("candidate rewritten for ONNX Runtime: %s", note)
-        with ctx.native_step("onnxruntime", "running the candidate model", repro=_ort_repro(params.onnxruntime,
-                             "candidate"), hint=_ort_hint(candidate_path, params.onnxruntime)):
-            candidate = run_over(onnx_runner(fixed_path, "candidate", params.onnxruntime), batches, total,
+        options = _settings(ctx, fixed_path, params, "candidate", settings, candidate_path)
+        with ctx.native_step("onnxruntime", "running the candidate model", repro=_ort_repro(options, "candidate"),
+                             hint=_ort_hint(candidate_path, options)):
+            candidate = run_over(onnx_runner(fixed_path, "candidate", options), batches, total,
                                  reporter(0.5, "candidate"))
     else:
         with ctx.native_step(candidate_desc, "running the engine candidate"):
@@ -385,6 +401,9 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         "batches": total,
         "batch_size": batch_size,
         "onnxruntime": params.onnxruntime.model_dump(),
+        "runtime_settings": settings,
+        "notes": [f"{which} model: {entry['recovered_from']}; ran with {entry['onnxruntime']}"
+                  for which, entry in settings.items() if "recovered_from" in entry],
         "onnxruntime_rewrites": rewrites,
         "outputs": outputs,
         "task_metrics": task_metrics,

@@ -90,3 +90,89 @@ def test_onnx_dims_and_option_parsing(tiny_transformer_onnx):
             parse_input_option(bad)
     with pytest.raises(TrtflowError, match="need 1 <= MIN <= OPT <= MAX"):
         Range.parse("8:4:16", "--batch")
+
+
+# -- every model format: init, then run the recipe as written ------------------------------------------------
+
+_FORMAT_MODELS = '''
+import os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+import torch
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, features):
+        return self.fc(features).relu()
+
+
+which = sys.argv[1]
+if which == "torchscript":
+    torch.jit.save(torch.jit.script(Mlp().eval()), "mlp.pt")
+elif which == "pt2":
+    batch = torch.export.Dim("batch")
+    torch.export.save(torch.export.export(Mlp().eval(), (torch.randn(2, 8),), dynamic_shapes=({0: batch},)),
+                      "mlp.pt2")
+elif which == "huggingface":
+    import transformers
+    config = transformers.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=32, num_labels=3)
+    transformers.BertForSequenceClassification(config).save_pretrained("bert")
+else:
+    import keras
+    inputs = keras.Input(shape=(8,), name="features")
+    model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Dense(16, activation="relu")(inputs)))
+    model.export("saved", verbose=False)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("which", "model", "extra", "targets"), [
+    ("huggingface", "bert", [], []),                          # the whole recipe: candidates, select, build, triton
+    ("tensorflow", "saved", [], ["validate"]),
+    ("torchscript", "mlp.pt", ["--input", "features:batch,8"], ["validate"]),  # export, candidates, validation
+    ("pt2", "mlp.pt2", [], ["validate"]),
+])
+def test_init_then_run_for_each_format(tmp_path, which, model, extra, targets):
+    import subprocess
+    import sys
+
+    if which == "tensorflow":
+        pytest.importorskip("tf2onnx")
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "make.py").write_text(_FORMAT_MODELS)
+    subprocess.run([sys.executable, "make.py", which], cwd=tmp_path, check=True, capture_output=True, timeout=600,
+                   env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    proc = trtflow("init", model, "-o", "recipe.yaml", "--batch", "1:2:4", *extra, cwd=tmp_path)
+    assert "next: trtflow run recipe.yaml" in proc.stderr
+    recipe = yaml.safe_load((tmp_path / "recipe.yaml").read_text())
+    export = recipe["nodes"][0]["params"]
+    assert ("inputs" in export) == (which == "torchscript")  # the others declare their own
+    run = trtflow("run", "recipe.yaml", *targets, cwd=tmp_path)
+    assert "Done" in run.stdout
+    name = recipe["name"]
+    for candidate in ("simplify", "convert", "quantize"):
+        verdict = __import__("json").loads((tmp_path / "build" / name / f"validate-{candidate}" /
+                                            "validate.json").read_text())
+        assert verdict["passed"], (candidate, verdict["failures"])
+    if not targets:
+        assert (tmp_path / "build" / name / "triton" / name / "config.pbtxt").is_file() or any(
+            (tmp_path / "build" / name / "triton").rglob("config.pbtxt"))
+
+
+def test_init_hugging_face_task_option(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "make.py").write_text(_FORMAT_MODELS)
+    subprocess.run([sys.executable, "make.py", "huggingface"], cwd=tmp_path, check=True, capture_output=True,
+                   timeout=600)
+    trtflow("init", "bert", "--task", "feature-extraction", "-o", "recipe.yaml", cwd=tmp_path)
+    export = yaml.safe_load((tmp_path / "recipe.yaml").read_text())["nodes"][0]["params"]
+    assert export == {"model": "bert", "task": "feature-extraction"}
+    profile = yaml.safe_load((tmp_path / "recipe.yaml").read_text())["profiles"]["default"]
+    assert profile["input_ids"] == {"min": [1, 1], "opt": [8, 32], "max": [32, 32]}  # max_position_embeddings 32

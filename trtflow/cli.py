@@ -178,6 +178,7 @@ def plan(
 def _print_plan(steps: list[Any]) -> None:
     """An aligned table of nodes; plain text (rich is not imported: `trtflow plan` must start fast)."""
     rows = [(s.node.name, s.node.stage, s.status, s.reason) for s in steps]
+    notes = {s.node.name: s.notes for s in steps if s.notes}
     widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(("node", "stage", "status"))]
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     paint = {"fresh": "\033[32m", "stale": "\033[33m"}
@@ -187,6 +188,7 @@ def _print_plan(steps: list[Any]) -> None:
         if color:
             cell = f"{paint.get(status, '')}{cell}\033[0m"
         lines.append(f"{name.ljust(widths[0])}  {stage.ljust(widths[1])}  {cell}  {reason}")
+        lines += [f"{' ' * widths[0]}  note: {note}" for note in notes.get(name, [])]
     stale = sum(1 for s in steps if s.status == "stale")
     lines.append(f"{len(steps)} nodes: {len(steps) - stale} fresh, {stale} stale")
     from trtflow.redact import hide

@@ -112,11 +112,17 @@ class Step:
     def reason(self) -> str:
         return "; ".join(self.reasons)
 
+    @property
+    def notes(self) -> list[str]:
+        """What the stage said users should know about its stored result (its summary's ``notes``)."""
+        notes = ((self.manifest or {}).get("summary") or {}).get("notes")
+        return [str(n) for n in notes] if isinstance(notes, list) else []
+
     def as_json(self) -> dict[str, Any]:
         return {"node": self.node.name, "stage": self.node.stage, "status": self.status, "reason": self.reason,
                 "key": self.key, "inputs": {s: [f"{n}.{o}" for n, o in refs]
                                             for s, refs in self.node.upstream.items()},
-                "gate_failures": self.gate_failures, "needs": self.needs}
+                "gate_failures": self.gate_failures, "needs": self.needs, "notes": self.notes}
 
 
 def _strings(value: Any) -> list[str]:

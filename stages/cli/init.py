@@ -52,6 +52,7 @@ class ModelInput:
     name: str
     dtype: str
     dims: tuple[int | str, ...]
+    value_range: tuple[float, float] | None = None  # values the model accepts (token ids below the vocabulary)
 
     def describe(self) -> str:
         return f"{self.name}: {self.dtype}[{', '.join(str(d) for d in self.dims)}]"
@@ -150,6 +151,9 @@ class Scaffold:
     data_ref: str | None  # a recipe path of real data, or None for random data
     outputs: list[str]
     source: str  # what `trtflow init` was given, for the header
+    write_inputs: bool = False  # the export node needs `inputs:` (a factory or a TorchScript archive)
+    model_format: str = "onnx"
+    task: str | None = None  # a Hugging Face folder's task, when given
 
     @property
     def dynamic(self) -> bool:
@@ -165,13 +169,17 @@ class Scaffold:
             return {"path": self.data_ref}
         one = {spec.name: [1, *_shape(spec, self.ranges, "opt")[1:]] if self.batch else
                _shape(spec, self.ranges, "opt") for spec in self.inputs}
-        return {"random": {"seed": 0, "num_samples": 32, "shapes": one}}
+        random: dict[str, Any] = {"seed": 0, "num_samples": 32, "shapes": one}
+        ranges = {spec.name: list(spec.value_range) for spec in self.inputs if spec.value_range}
+        if ranges:
+            random["ranges"] = ranges
+        return {"random": random}
 
     def render(self, schema: str) -> str:
         batch = self.batch
         opt_batch = batch.opt if batch else None
         lines = [f"# yaml-language-server: $schema={schema}",
-                 f"# Written by `trtflow init {self.source}`: a starting point; edit it freely.",
+                 f"# Written by `trtflow init {self.source}` ({self.model_format}): a starting point; edit it freely.",
                  "# Model inputs: " + "; ".join(spec.describe() for spec in self.inputs)]
         if self.data_ref is None:
             lines += [
@@ -193,7 +201,9 @@ class Scaffold:
         candidates = "[simplify, convert, quantize]"
         lines += ["", "nodes:", "  - name: export", "    stage: export", "    params:",
                   f"      model: {_flow(self.model_ref)}"]
-        if self.model_ref.startswith("python:"):
+        if self.task:
+            lines.append(f"      task: {_flow(self.task)}")
+        if self.write_inputs:
             export_inputs = {}
             for spec in self.inputs:
                 entry: dict[str, Any] = {"shape": _shape(spec, self.ranges, "opt"), "dtype": spec.dtype}
@@ -237,6 +247,8 @@ class Scaffold:
             "    params:",
             "      backend: onnxruntime",
         ]
+        if any(spec.value_range for spec in self.inputs) and self.data_ref is None:
+            lines.append("      data: *data               # for the value ranges (token ids below the vocabulary)")
         if self.dynamic:
             lines.append("      profile: default")
             if batch:
@@ -293,7 +305,7 @@ def _inside_project(path: Path, output: Path, what: str) -> None:
 
 
 def scaffold(model: str, output: Path, data: Path | None, inputs: list[str], outputs: list[str], batch: str,
-             dims: list[str], name: str | None) -> Scaffold:
+             dims: list[str], name: str | None, task: str | None = None) -> Scaffold:
     recipe_dir = output.absolute().parent
     batch_range = Range.parse(batch, "--batch")
     dim_ranges: dict[str, Range] = {}
@@ -324,17 +336,11 @@ def scaffold(model: str, output: Path, data: Path | None, inputs: list[str], out
             reference = "python:" + os.path.relpath(path.absolute(), recipe_dir) + ":" + model.rpartition(":")[2]
         default_name = Path(target).stem if target.endswith(".py") else target.rpartition(".")[2]
     else:
+        specs, fmt, defaults = _saved_model_inputs(model, inputs, output, task)
         path = Path(model)
-        if not path.is_file():
-            raise TrtflowError(f"model {model!r} not found", hint="give an .onnx file or python:file.py:factory")
-        if inputs:
-            raise TrtflowError("--input is for PyTorch factories; an ONNX file declares its own inputs")
-        specs = read_onnx_inputs(path)
-        if not specs:
-            raise TrtflowError(f"{model} has no inputs to feed")
-        _inside_project(path, output, "the model")
         reference, label = os.path.relpath(path.absolute(), recipe_dir), model
-        default_name = path.stem
+        default_name = path.stem if path.is_file() else path.absolute().name
+        dim_ranges = {**{k: Range(*v) for k, v in defaults.items() if any(k in s.dims for s in specs)}, **dim_ranges}
     data_ref = None
     if data is not None:
         if not data.exists():
@@ -342,13 +348,60 @@ def scaffold(model: str, output: Path, data: Path | None, inputs: list[str], out
         _inside_project(data, output, "--data")
         data_ref = os.path.relpath(data.absolute(), recipe_dir)
     ranges = dynamic_ranges(specs, batch_range, dim_ranges)
-    return Scaffold(_recipe_name(name or default_name), reference, specs, ranges, data_ref, outputs, label)
+    fmt_name = "python" if model.startswith("python:") else fmt.name
+    return Scaffold(_recipe_name(name or default_name), reference, specs, ranges, data_ref, outputs, label,
+                    write_inputs=fmt_name in ("python", "torchscript"), model_format=fmt_name, task=task)
+
+
+def _saved_model_inputs(model: str, inputs: list[str], output: Path,
+                        task: str | None = None) -> tuple[list[ModelInput], Any, dict]:
+    """(inputs, format, proposed ranges of non-batch dims) of a model file or folder; --input only for TorchScript."""
+    from trtflow.errors import StageFailed
+
+    from ..formats.sources import check_content, detect
+
+    path = Path(model)
+    if not path.exists():
+        raise TrtflowError(f"model {model!r} not found", hint="give an .onnx, .pt, .pt2, .keras file, a Hugging Face "
+                           "or SavedModel folder, or python:file.py:factory")
+    try:
+        fmt = detect(model, path)
+        check_content(fmt, path, model)
+    except StageFailed as exc:
+        raise TrtflowError(exc.message, hint=exc.hint) from None
+    _inside_project(path, output, "the model")
+    if fmt.name == "torchscript":
+        if not inputs:
+            raise TrtflowError("a TorchScript archive does not record its input shapes: give each forward() argument "
+                               "with --input NAME:DIMS[:DTYPE]", hint="e.g. --input input:batch,3,224,224:float32")
+        return [parse_input_option(text) for text in inputs], fmt, {}
+    if inputs:
+        raise TrtflowError(f"--input is for PyTorch factories and TorchScript archives; a {fmt.label} declares its "
+                           "own inputs")
+    if fmt.name == "onnx":
+        specs = read_onnx_inputs(path)
+        defaults: dict = {}
+    else:
+        from ..formats.describe import declared_inputs, default_dim_ranges
+
+        try:
+            declared = declared_inputs(fmt, path, task)
+        except StageFailed as exc:
+            raise TrtflowError(exc.message, hint=exc.hint) from None
+        specs = [ModelInput(d.name, d.dtype, d.dims, d.value_range) for d in declared]
+        defaults = default_dim_ranges(fmt, path)
+    if not specs:
+        raise TrtflowError(f"{model} has no inputs to feed")
+    return specs, fmt, defaults
 
 
 def init(
-    model: Annotated[str, typer.Argument(help="An ONNX file, or python:path/to/file.py:factory (a function "
-                                              "returning a torch.nn.Module; THIS RUNS YOUR CODE when the recipe "
-                                              "runs).", show_default=False)],
+    model: Annotated[str, typer.Argument(help="An ONNX file, a TorchScript archive (.pt/.pth/.ts; give --input), a "
+                                              "torch.export program (.pt2), a Hugging Face model folder, a "
+                                              "TensorFlow SavedModel folder or Keras file, or "
+                                              "python:path/to/file.py:factory (a function returning a "
+                                              "torch.nn.Module; THIS RUNS YOUR CODE when the recipe runs).",
+                                         show_default=False)],
     output: Annotated[Path, typer.Option("--output", "-o", help="The recipe file to write.")] = Path("recipe.yaml"),
     data: Annotated[Path | None, typer.Option(
         "--data", help="Real model inputs (.npz with one array per input, axis 0 = samples; .npy; or a directory of "
@@ -362,13 +415,18 @@ def init(
     dims: Annotated[list[str] | None, typer.Option(
         "--dim", help="NAME=MIN:OPT:MAX for another dynamic dimension, e.g. seq=1:128:512.")] = None,
     name: Annotated[str | None, typer.Option("--name", help="Recipe name (default: the model's).")] = None,
+    task: Annotated[str | None, typer.Option(
+        "--task", help="For a Hugging Face folder: the task whose head to export (default: from config.json's "
+        "architectures).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing recipe file.")] = False,
 ) -> None:
     """Write a recipe for MODEL: profiles from its dynamic dimensions, fp32/fp16/int8 candidates validated and
     benchmarked, the best one selected, built and exported for Triton."""
     if output.exists() and not force:
         raise TrtflowError(f"{output} exists", hint="choose another --output, or --force to overwrite it")
-    plan = scaffold(model, output, data, inputs or [], outputs or ["output"], batch, dims or [], name)
+    if task is not None and Path(model).is_file():
+        raise TrtflowError("--task is for Hugging Face model folders")
+    plan = scaffold(model, output, data, inputs or [], outputs or ["output"], batch, dims or [], name, task)
     recipe_dir = output.absolute().parent
     recipe_dir.mkdir(parents=True, exist_ok=True)
     schema, schema_file = _schema_reference(recipe_dir)

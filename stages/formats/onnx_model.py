@@ -113,3 +113,22 @@ def _qdq_type(node: Any, initializers: Mapping[str, Any], constants: Mapping[str
         if tensor is not None:
             return _QUANTIZED_TYPES.get(type_name(tensor.data_type), type_name(tensor.data_type).lower())
     return "int8"  # ONNX's default quantized type (uint8) when no zero point says otherwise
+
+
+def describe_onnx(path: Path) -> dict[str, Any]:
+    """What the export summary says about an ONNX file: opset, node count, input and output dims, size."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    init = {i.name for i in model.graph.initializer}
+
+    def shape(value: Any) -> list[Any]:
+        return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+
+    return {
+        "opset": max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None),
+        "nodes": len(model.graph.node),
+        "inputs": {i.name: shape(i) for i in model.graph.input if i.name not in init},
+        "outputs": {o.name: shape(o) for o in model.graph.output},
+        "size_bytes": path.stat().st_size,
+    }

@@ -175,18 +175,18 @@ def export_dynamo(model: Any, binding: Binding, tensors: Mapping[str, Any], targ
         dynamic_shapes: Any = dict(zip(binding.order, per_input, strict=True))
     else:
         dynamic_shapes = tuple(per_input)
-    if all(shape is None for shape in per_input):
-        dynamic_shapes = None
+    if all(shape is None for shape in per_input) or isinstance(model, torch.export.ExportedProgram):
+        dynamic_shapes = None  # a torch.export program carries its own
     args, kwargs = binding.call_arguments(tensors)
     program = torch.onnx.export(model, args, kwargs=kwargs or None, dynamo=True, input_names=binding.order,
                                 output_names=list(output_names), opset_version=opset,
                                 dynamic_shapes=dynamic_shapes)
     program.save(str(target))
     if any(identifier != name for identifier, name in renamed.items()):
-        _rename_dims(target, renamed)
+        rename_dims(target, renamed)
 
 
-def _rename_dims(path: Path, renamed: Mapping[str, str]) -> None:
+def rename_dims(path: Path, renamed: Mapping[str, str]) -> None:
     """Give dims the recipe's names back where a name had to be made a Python identifier for torch.export."""
     import onnx
 
