@@ -107,6 +107,9 @@ def run(
     no_push: Annotated[bool, typer.Option(
         "--no-push", help="Only pull from the remote cache; never upload (e.g. CI runs of untrusted changes).")
     ] = False,
+    ray_transfer: Annotated[str | None, typer.Option(
+        "--ray-transfer", help="Where Ray workers exchange artifacts: a directory they share or s3://bucket/prefix "
+        "(default: the remote cache; under --no-push, needed for a cluster of several machines).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only failures and the summary.")] = False,
 ) -> None:
     """Run the stale nodes of a recipe, reusing everything that is up to date."""
@@ -127,6 +130,7 @@ def run(
         ray_address=ray_address or os.environ.get("RAY_ADDRESS"),
         remote=remote or os.environ.get("TRTFLOW_REMOTE") or None,
         push=not no_push,
+        ray_transfer=ray_transfer,
         memory_limit=_parse_size(memory) if memory else None,
     )
     if jobs:
