@@ -137,7 +137,10 @@ def run(
         options.jobs = jobs
     hooks = ConsoleHooks(_console, quiet=quiet)
     try:
-        _, steps, summary = api.run(recipe, targets or (), set_ or (), store, options, hooks)
+        steps: list[Any] = []
+        summary = api.run_unchanged(recipe, targets or (), set_ or (), store, options, hooks)
+        if summary is None:
+            _, steps, summary = api.run(recipe, targets or (), set_ or (), store, options, hooks)
     finally:
         hooks.stop_live()
     hooks.finish(summary, steps, time.perf_counter() - started, options.output_dir, resume_command())

@@ -23,11 +23,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtflow.errors import StoreError
 from trtflow.execution.results import Hooks, NodeResult, Notes, Progress
-from trtflow.plan import Step
+
+if TYPE_CHECKING:
+    from trtflow.plan import Step
 from trtflow.storage.journal import Journal
 from trtflow.storage.refs import RecipeIdentity, RefStore
 
@@ -134,6 +136,19 @@ class JournalObserver(RunObserver):
 
     def guarded(self, doing: str, action: Callable[[], Any]) -> Any:
         return guarded(self.notes, doing, action)
+
+    def reap_dead_runs(self, tmp_dir: Path) -> None:
+        """Mark runs whose process died (kill -9, power loss) as killed and drop their scratch space."""
+        import os
+        import shutil
+
+        from trtflow.storage.lock import pid_alive
+
+        host = os.uname().nodename
+        for run_id, pid, run_host in self.guarded("reading running runs", self.journal.running_runs) or []:
+            if run_host == host and pid and not pid_alive(pid):
+                self.guarded("recording a dead run", lambda r=run_id: self.journal.mark_dead(r))
+                shutil.rmtree(tmp_dir / run_id, ignore_errors=True)
 
     def run_started(self, run_id: str, steps: list[Step]) -> None:
         self.journal.start_run(self.run_id, self.recipe.name, str(self.recipe.path), self.command, self.recipe.id)

@@ -7,9 +7,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trtflow.plan import FRESH, Step
+from trtflow.status import FRESH
+
+if TYPE_CHECKING:
+    from trtflow.plan import Step
 
 DONE, CACHED, FAILED, GATE_FAILED, SKIPPED, BLOCKED, INTERRUPTED = (
     "done", "cached", "failed", "gate_failed", "skipped", "blocked", "interrupted")

@@ -15,7 +15,6 @@ reached, a hook that raised), which it re-raises after that.
 
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 from pathlib import Path
@@ -26,7 +25,7 @@ from trtflow.execution.context import RunContext
 from trtflow.execution.ledger import Ledger, Produced
 from trtflow.execution.lifecycle import GATE_HINT, Lifecycle
 from trtflow.execution.loop import Loop
-from trtflow.execution.observers import HooksObserver, JournalObserver, Observers, RefsObserver, guarded
+from trtflow.execution.observers import HooksObserver, JournalObserver, Observers, RefsObserver
 from trtflow.execution.progress import ProgressBoard
 from trtflow.execution.protocol import Executor
 from trtflow.execution.results import (
@@ -43,7 +42,7 @@ from trtflow.execution.signals import cancel_on_signals
 from trtflow.graph import Graph
 from trtflow.plan import FRESH, KeyContext, Step
 from trtflow.storage.journal import Journal
-from trtflow.storage.lock import SHARED, StoreLock, pid_alive
+from trtflow.storage.lock import SHARED, StoreLock
 from trtflow.storage.refs import RecipeIdentity
 from trtflow.storage.store import Store, materialize_error
 
@@ -62,8 +61,9 @@ class Runner:
         self.notes = Notes()
         self.board = ProgressBoard()
         nodes = list(recipe_nodes if recipe_nodes is not None else graph.nodes)
+        self.journal_observer = JournalObserver(journal, self.run_id, recipe, self.options.command, self.notes)
         self.observers = Observers([
-            JournalObserver(journal, self.run_id, recipe, self.options.command, self.notes),
+            self.journal_observer,
             RefsObserver(store.refs, recipe, self.run_id, nodes, self.notes),
             self.board,
             HooksObserver(self.hooks),
@@ -91,7 +91,7 @@ class Runner:
         ledger = Ledger()  # owned by this thread, which runs the loop
         with StoreLock(self.store.root).held(SHARED, f"trtflow run {self.recipe.id} (run {self.run_id})",
                                              on_wait=lambda msg: self.observers.node_waiting("(store)", msg)):
-            self._reap_dead_runs()
+            self.journal_observer.reap_dead_runs(self.store.tmp_dir)
             with cancel_on_signals(self.ctx.cancel):
                 status = "failed"  # what the journal says if anything below raises
                 try:
@@ -136,15 +136,6 @@ class Runner:
         for res in rest:
             summary.results[res.node] = res
         self.observers.nodes_not_run(rest)
-
-    def _reap_dead_runs(self) -> None:
-        """Mark runs whose process died (kill -9, power loss) as killed and drop their scratch space."""
-        rows = guarded(self.notes, "reading running runs", self.journal.running_runs) or []
-        host = os.uname().nodename
-        for run_id, pid, run_host in rows:
-            if run_host == host and pid and not pid_alive(pid):
-                guarded(self.notes, "recording a dead run", lambda r=run_id: self.journal.mark_dead(r))
-                shutil.rmtree(self.store.tmp_dir / run_id, ignore_errors=True)
 
     def _record_fresh(self, fresh: list[Step], results: dict[str, NodeResult], ledger: Ledger) -> None:
         """The plan's up-to-date nodes: in the ledger, their outputs under build/, their gates judged as planned."""
