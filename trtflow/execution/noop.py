@@ -17,7 +17,8 @@ A run whose plan found every node up to date (and that qualifies, below) leaves 
 If all of it holds, the run is recorded as an up-to-date run is (journal, refs, outputs under build/), under the
 store lock, without planning; if anything differs, nothing is recorded and the normal path plans and decides.
 Recipes with quality gates (a gate may read files the key does not name), GPU nodes (facts of a device), a remote
-cache, ``python:`` references by module name, or nodes that cannot run here get no record.
+cache, ``python:`` references by module name, or nodes that cannot run here get no record; ``TRTFLOW_NO_SHORTCUT=1``
+turns the shortcut off (every run plans).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _dir_mtime(path: str) -> int | None:
 def invocation(recipe: str | Path, targets: Sequence[str], overrides: Sequence[str], store: Store,
                options: Any) -> dict[str, Any] | None:
     """What identifies a run command for the shortcut; None if the shortcut never applies to it."""
-    if options.remote or options.executor not in ("local", "inline"):
+    if options.remote or options.executor not in ("local", "inline") or os.environ.get("TRTFLOW_NO_SHORTCUT"):
         return None
     return {"recipe": str(Path(recipe).resolve()), "targets": list(targets), "overrides": list(overrides),
             "store": str(store.root.resolve()), "output_dir": str(options.output_dir) if options.output_dir else None,
