@@ -36,7 +36,7 @@ def by_hand(recipe: Path, out: Path) -> None:
     from trtflow.stage import StageContext
 
     loaded = load_recipe(recipe)
-    graph = build_graph(expand(loaded), get_stage, loaded.recipe.name)
+    graph = build_graph(expand(loaded, get_stage), get_stage, loaded.recipe.name)
     produced: dict[tuple[str, str], Path] = {}
     for name, node in graph.nodes.items():  # topological order
         stage = graph.stages[node.stage]

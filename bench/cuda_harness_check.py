@@ -2,7 +2,7 @@
 
 Workload: a PyTorch CUDA graph of a few matrix products (captured with ``torch.cuda.graph``). The same graph
 is timed twice on one stream:
-  1. by our harness (``stages/_cuda_timing.py``): enqueue = ``graph.replay()`` on the harness's stream,
+  1. by our harness (``stages/measure/cuda_timing.py``): enqueue = ``graph.replay()`` on the harness's stream,
      trtexec's loop (time-based warm-up, two queries in flight, CUDA events around each enqueue);
   2. by ``torch.cuda.Event`` pairs around each replay, enqueued back to back, one synchronize at the end.
 Both sets of per-replay GPU times are summarised with the same trtexec percentile rule; the ratio of the
@@ -30,8 +30,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _load_harness():
-    """Import stages/_cuda_timing.py and _stats.py as trtflow_stages.* even where trtflow is not installed."""
-    names = ("trtflow_stages._cuda_timing", "trtflow_stages._stats")
+    """Import the harness (stages/measure/cuda_timing.py), its statistics and cuda helpers as trtflow_stages.* even
+    where trtflow is not installed."""
+    names = ("trtflow_stages.measure.cuda_timing", "trtflow_stages.measure.stats", "trtflow_stages.runtimes.cuda")
     try:
         return tuple(importlib.import_module(name) for name in names)
     except ImportError:
@@ -55,8 +56,8 @@ def main() -> int:
 
     import torch
 
-    timing, stats = _load_harness()
-    reason = timing.cuda_unavailable_reason()
+    timing, stats, cuda = _load_harness()
+    reason = cuda.cuda_unavailable_reason()
     if reason or not torch.cuda.is_available():
         print(f"cannot run: {reason or 'torch sees no CUDA device'}")
         return 3

@@ -42,7 +42,7 @@ from trtflow.registry import get_stage
 t0 = time.perf_counter()
 loaded = load_recipe(sys.argv[1])
 t1 = time.perf_counter()
-nodes = expand(loaded)
+nodes = expand(loaded, get_stage)
 t2 = time.perf_counter()
 graph = build_graph(nodes, get_stage, loaded.recipe.name)
 t3 = time.perf_counter()

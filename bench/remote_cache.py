@@ -5,10 +5,12 @@ For each object size, a store commits a node with one object of that many MB (ra
   - hash:  xxh3-128 of the object (the check every pull does, and what re-hashing a local copy costs);
   - boto3 upload / download: the object through boto3's managed transfer (what `aws s3 cp` does), no checks;
   - push / pull through a directory remote (a folder on this disk, as an NFS mount or a CI cache folder is
-    used) and through an S3 remote (moto's S3 server, started here on localhost as a separate process).
+    used), the same with objects named and verified by sha256 (`--remote-digest sha256`), and through an S3
+    remote (moto's S3 server, started here on localhost as a separate process).
 A push uploads the objects put-if-absent (synced to disk for a directory), then the manifest. A pull is the
 whole hit path: look the key up, download to a temporary file, check size and digest, rename into objects/,
-write the manifest. Each figure is the median of --repeat runs, each into a fresh remote and a fresh store.
+write the manifest. Each figure is the median of --repeat runs (with the fastest and slowest), each into a fresh
+remote and a fresh store.
 Everything is on this host, so the figures show the overhead of trtflow, the libraries and the server, not a
 network's; against moto the S3 figures are bound by moto's own speed (compare the boto3 columns).
 
@@ -98,10 +100,11 @@ class Remote:
 
     url_for: Callable[[str], str]
     remove: Callable[[str], None]
+    digest: str | None = None  # the hash the remote names objects by (None: xxh3-128)
 
 
-def measure(size_mb: int, work: Path, remotes: dict[str, Remote], repeat: int) -> dict[str, float]:
-    """Median seconds of each operation on one node holding a single object of ``size_mb`` MB."""
+def measure(size_mb: int, work: Path, remotes: dict[str, Remote], repeat: int) -> dict[str, list[float]]:
+    """Seconds of each operation, per run, on one node holding a single object of ``size_mb`` MB."""
     producer = Store(work / "producer")
     producer.ensure()
     scratch = work / "scratch"
@@ -131,18 +134,20 @@ def measure(size_mb: int, work: Path, remotes: dict[str, Remote], repeat: int) -
             client.delete_object(Bucket=S3_BUCKET, Key=name)
         for kind, remote in remotes.items():
             url = remote.url_for(f"{size_mb}mb-{i}")
-            cache = RemoteCache(url)
+            cache = RemoteCache(url, digest=remote.digest)
             cache.check()  # connected before timing: a run opens its remote once, then moves many nodes
             consumer = Store(work / "consumer")
             consumer.ensure()
             samples.setdefault(f"{kind} push", []).append(timed(cache.push, key, producer))
             samples.setdefault(f"{kind} pull", []).append(timed(pull_node, cache, key, consumer))
-            assert consumer.intact(manifest) and consumer.read_manifest(key) == manifest
+            assert consumer.intact(manifest)
+            assert {n: o["digest"] for n, o in consumer.read_manifest(key)["outputs"].items()} == \
+                {n: o["digest"] for n, o in manifest["outputs"].items()}
             shutil.rmtree(consumer.root)
             remote.remove(url)  # moto keeps objects in memory: one copy at a time
     shutil.rmtree(producer.root)
     shutil.rmtree(scratch)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return samples
 
 
 def main() -> int:
@@ -160,7 +165,8 @@ def main() -> int:
             root.mkdir(parents=True)
             return str(root)
 
-        remotes = {"dir": Remote(directory_url, shutil.rmtree)}
+        remotes = {"dir": Remote(directory_url, shutil.rmtree),
+                   "dir sha256": Remote(directory_url, shutil.rmtree, "sha256")}
         if not args.no_s3:
             endpoint = stack.enter_context(s3_server())
             os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
@@ -173,20 +179,26 @@ def main() -> int:
             remotes["s3"] = Remote(lambda name: f"s3://{S3_BUCKET}/{name}", lambda url: fs.rm(url, recursive=True))
         rows = [(size, measure(size, work, remotes, args.repeat)) for size in args.sizes]
 
-    groups = [("local disk", ["copy", "hash"]), ("directory remote", ["dir push", "dir pull"])]
+    groups = [("local disk", ["copy", "hash"]), ("directory remote", ["dir push", "dir pull"]),
+              ("directory remote, objects named by sha256", ["dir sha256 push", "dir sha256 pull"])]
     if not args.no_s3:
         groups.append(("S3 (moto server on localhost)", ["boto3 upload", "boto3 download", "s3 push", "s3 pull"]))
-    print(f"median of {args.repeat} runs; seconds (MB/s)")
+    print(f"seconds: median [fastest, slowest] of {args.repeat} runs (MB/s of the median)")
     for title, columns in groups:
         print(f"\n{title}")
-        print(f"{'object':>8} " + " ".join(f"{c:>17}" for c in columns))
+        print(f"{'object':>8} " + " ".join(f"{c:>30}" for c in columns))
         for size, figures in rows:
-            cells = [f"{figures[c]:7.3f} ({size / figures[c]:5.0f})" for c in columns]
-            print(f"{size:>5} MB " + " ".join(f"{cell:>17}" for cell in cells))
+            cells = [_cell(size, figures[c]) for c in columns]
+            print(f"{size:>5} MB " + " ".join(f"{cell:>30}" for cell in cells))
     print("\npush = objects put-if-absent (synced to disk for a directory) + manifest; pull = lookup + download + "
           "size and digest check + rename into the store + manifest; copy, hash and boto3 each do one part, "
           "with no check")
     return 0
+
+
+def _cell(size_mb: int, seconds: list[float]) -> str:
+    median = statistics.median(seconds)
+    return f"{median:6.3f} [{min(seconds):6.3f}, {max(seconds):6.3f}] ({size_mb / median:5.0f})"
 
 
 if __name__ == "__main__":

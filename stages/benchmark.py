@@ -1,20 +1,20 @@
 """The ``benchmark`` stage: latency and throughput the way trtexec measures them, and under serving load.
 
 Fixed-batch points (trtexec's method), per batch size:
-- ``tensorrt`` / ``tensorrt-rtx``: an engine through `_trt_runtime` (execute_async_v3 on device buffers),
-  timed by the cuda-python harness `_cuda_timing` (CUDA events around each enqueue, time-based warm-up,
+- ``tensorrt`` / ``tensorrt-rtx``: an engine through `runtimes.trt_runtime` (execute_async_v3 on device buffers),
+  timed by the cuda-python harness `measure.cuda_timing` (CUDA events around each enqueue, time-based warm-up,
   at least ``min_iterations`` AND ``min_duration_s``, optional CUDA graph with fallback, spin-wait, with or
   without host transfers through pinned buffers, several streams for throughput);
 - ``onnxruntime``: an ONNX model with ONNX Runtime (CPU, or the CUDA execution provider where installed),
   timed on the host clock around each ``run`` with the same warm-up and iteration rules;
 - ``torch``: an eager PyTorch model from a factory, timed with CUDA events on a GPU or the host clock on CPU.
-Statistics follow trtexec (`_stats`); ``repeats`` > 1 measures each point that many times and reports the
+Statistics follow trtexec (`measure.stats`); ``repeats`` > 1 measures each point that many times and reports the
 median of each statistic, which is what the regression and baseline gates compare.
 
-Serving load (`_load`, `_executors`, `_replicas`): closed-loop ``concurrency`` levels, open-loop Poisson
-``arrival_rate_qps`` levels with an optional dynamic batcher, ``streams`` model instances, and ``gpus``
-(one replica process per GPU, aggregate throughput and scaling efficiency against one GPU). Latency counts from
-each request's arrival, so queueing is included.
+Serving load (`measure.load`, `measure.instances`, `measure.replicas`): closed-loop ``concurrency`` levels,
+open-loop Poisson ``arrival_rate_qps`` levels with an optional dynamic batcher, ``streams`` model instances, and
+``gpus`` (one replica process per GPU, aggregate throughput and scaling efficiency against one GPU). Latency counts
+from each request's arrival, so queueing is included.
 
 Gates (latency, throughput, regression against the previous run or a pinned baseline) are judged by the engine
 on the summary `run` returns (`gate`), so changing a threshold re-judges cached measurements.
@@ -45,15 +45,15 @@ from trtflow.stage import (
     Resources,
     Stage,
     StageContext,
-    StageFailed,
     StageParams,
     StageSkipped,
 )
 
-from ._data import DataSource, InputSpec, RandomData, data_files, load_arrays, onnx_input_specs
-from ._load import DynamicBatching, steady_interpreter
-from ._ort import OrtOptions
-from ._tensorrt import FLAVOURS as TRT_FLAVOURS
+from .data import DataSource, InputSpec, data_files, onnx_input_specs
+from .measure.feeds import batch_limits, batch_of, make_feed, resolve_shapes, with_batch
+from .measure.load import DynamicBatching, steady_interpreter
+from .runtimes.ort import OrtOptions
+from .runtimes.tensorrt import FLAVOURS as TRT_FLAVOURS
 
 Backend = Literal["auto", "tensorrt", "tensorrt-rtx", "onnxruntime", "torch"]
 TOP_LAYERS = 10
@@ -257,7 +257,7 @@ DEFAULT_BASELINE_REGRESSION_PERCENT = 10.0
 # -- declarations -------------------------------------------------------------------------------------------
 def _check(params: Params) -> None:
     if params.backend in TRT_FLAVOURS:
-        from ._trt_runtime import runtime_available, runtime_needs
+        from .runtimes.trt_runtime import runtime_available, runtime_needs
 
         reason = runtime_available(params.backend, need_cuda_python=True)
         if reason:
@@ -314,83 +314,6 @@ def _files(params: Params) -> list[str]:
 
 
 # -- shapes and data ------------------------------------------------------------------------------------------
-def resolve_shapes(specs: Sequence[InputSpec], params: Params) -> dict[str, list[int]]:
-    """A concrete shape per input: ``shapes``, else the profile's opt shapes, else the static shape."""
-    known = {s.name for s in specs}
-    named = dict(params.profile.shapes) if params.profile else {}
-    unknown = sorted((set(params.shapes) | set(named)) - known)
-    if unknown:
-        raise RecipeError(f"shapes/profile name input(s) {unknown} the model does not have; model inputs: "
-                          f"{sorted(known)}", field="shapes")
-    shapes: dict[str, list[int]] = {}
-    for spec in specs:
-        if spec.name in params.shapes:
-            shape = list(params.shapes[spec.name])
-        elif spec.name in named:
-            shape = list(named[spec.name].opt)
-        elif not spec.is_dynamic:
-            shape = [int(d) for d in spec.shape]  # type: ignore[arg-type]
-        else:
-            raise RecipeError(f"input {spec.describe()} has dynamic dimensions and no shape to run",
-                              field="shapes", hint=f"set shapes: {{{spec.name}: [...]}} or a profile")
-        if len(shape) != spec.rank:
-            raise RecipeError(f"input {spec.name!r}: shape {shape} has rank {len(shape)}, the model expects "
-                              f"{spec.describe()}", field="shapes")
-        for axis, (want, got) in enumerate(zip(spec.shape, shape, strict=True)):
-            if isinstance(want, int) and want > 0 and want != got:
-                raise RecipeError(f"input {spec.name!r}: dimension {axis} is fixed at {want} in the model but "
-                                  f"the shape to run is {shape}", field="shapes")
-        shapes[spec.name] = shape
-    return shapes
-
-
-def make_feed(specs: Sequence[InputSpec], shapes: Mapping[str, list[int]], params: Params,
-              resolve: Callable[[str], Path], log: Any) -> dict[str, Any]:
-    """One batch of inputs in exactly ``shapes``: random (default) or the first rows of the data."""
-    import numpy as np
-
-    if params.data is None or params.data.random is not None:
-        random = params.data.random if params.data is not None else None
-        source = DataSource(random=RandomData(
-            seed=random.seed if random else 0, num_samples=1,
-            ranges=random.ranges if random else {}, shapes=dict(shapes)))
-        return load_arrays(source, specs, resolve, log)
-    arrays = load_arrays(params.data, specs, resolve, log)
-    feed = {}
-    for name, shape in shapes.items():
-        array = arrays[name]
-        if list(array.shape[1:]) != list(shape[1:]):
-            raise StageFailed(f"input {name!r}: the data rows have shape {list(array.shape[1:])} but the "
-                              f"benchmark runs {shape}", hint="give data in the shapes benchmarked, or none")
-        repeats = -(-shape[0] // array.shape[0])
-        feed[name] = np.ascontiguousarray(np.concatenate([array] * repeats)[: shape[0]])
-    return feed
-
-
-def _with_batch(shapes: Mapping[str, list[int]], batch: int | None) -> dict[str, list[int]]:
-    if batch is None:
-        return {name: list(shape) for name, shape in shapes.items()}
-    return {name: [batch, *shape[1:]] for name, shape in shapes.items()}
-
-
-def _batch_of(shapes: Mapping[str, list[int]]) -> int:
-    firsts = {shape[0] for shape in shapes.values() if shape}
-    return firsts.pop() if len(firsts) == 1 else 1
-
-
-def batch_limits(specs: Sequence[InputSpec], profile: Mapping[str, Any] | None) -> tuple[int, int | None]:
-    """(smallest, largest) batch the model accepts: the profile's limits on dimension 0 where it gives them,
-    a static dimension 0 fixes both, else (1, None: unbounded)."""
-    low, high = 1, None
-    for spec in specs:
-        first = spec.shape[0] if spec.shape else None
-        if isinstance(first, int) and first > 0:
-            low, high = max(low, first), first if high is None else min(high, first)
-    for name, ranges in ((profile or {}).get("shapes") or {}).items():
-        if any(spec.name == name for spec in specs):
-            low = max(low, int(ranges["min"][0]))
-            high = int(ranges["max"][0]) if high is None else min(high, int(ranges["max"][0]))
-    return low, high
 
 
 # -- timing loops on the host ---------------------------------------------------------------------------------
@@ -477,8 +400,8 @@ def _engine_run(session: Any, feed: Mapping[str, Any], params: Params, batch: in
     """Time an engine with the cuda-python harness: one execution context and stream per ``streams``."""
     import numpy as np
 
-    from ._cuda_timing import Copy, StreamWork, TimingOptions
-    from ._stats import report_trace
+    from .measure.cuda_timing import Copy, StreamWork, TimingOptions
+    from .measure.stats import report_trace
 
     sessions = [session] + [session.fork().__enter__() for _ in range(streams - 1)]
     try:
@@ -515,7 +438,7 @@ def _engine_run(session: Any, feed: Mapping[str, Any], params: Params, batch: in
 
 
 def _cuda_timer() -> Any:
-    from ._cuda_timing import CudaTimer
+    from .measure.cuda_timing import CudaTimer
 
     return CudaTimer(device=0)  # the runner narrows CUDA_VISIBLE_DEVICES to the node's GPU
 
@@ -523,7 +446,7 @@ def _cuda_timer() -> Any:
 def _layer_profile(session: Any, feed: Mapping[str, Any], params: Params,
                    timer_factory: Callable[[], Any]) -> dict[str, Any]:
     """Layer information and per-layer times on a separate execution context (a profiler slows inference)."""
-    from ._stats import summarize_layer_times
+    from .measure.stats import summarize_layer_times
 
     with session.fork() as profiled, timer_factory() as timer:
         profiled.prepare(feed)
@@ -571,7 +494,7 @@ def threshold_gates(point: Mapping[str, Any], params: Params) -> list[str]:
 def regression_gates(summary: Mapping[str, Any], params: Params, previous: Mapping[str, Any] | None) -> list[str]:
     """Each point's median latency and throughput against the last successful run of this node, when that run
     was on the same hardware (another GPU's timings say nothing about a regression)."""
-    from ._baseline import differences, timing_facts
+    from .measure.baseline import differences, timing_facts
 
     if params.max_regression_percent is None or not previous or not previous.get("points"):
         return []
@@ -579,7 +502,7 @@ def regression_gates(summary: Mapping[str, Any], params: Params, previous: Mappi
     hardware = tuple(k for k in keys if k in ("gpu", "cpu"))
     if differences(previous.get("hardware") or {}, summary.get("hardware") or {}, hardware):
         return []
-    from ._baseline import compare_timings
+    from .measure.baseline import compare_timings
 
     failures = compare_timings({"points": previous["points"], "facts": {}}, summary, {},
                                params.max_regression_percent, Path("(the previous run)"))
@@ -590,7 +513,7 @@ def gate(params: Params, summary: Mapping[str, Any], gate_ctx: GateContext) -> l
     """Latency and throughput thresholds, then regression against a pinned baseline or the previous run."""
     failures = [message for point in summary.get("points", []) for message in threshold_gates(point, params)]
     if params.baseline is not None:
-        from ._baseline import timing_gate
+        from .measure.baseline import timing_gate
 
         threshold = params.max_regression_percent or DEFAULT_BASELINE_REGRESSION_PERCENT
         failures += timing_gate(params.baseline, params.baseline_node, summary, gate_ctx, threshold)
@@ -611,7 +534,7 @@ def host_record(before: list[float] | None, after: list[float] | None, ctx: Stag
                 device: str) -> tuple[dict[str, Any], list[dict[str, str]]]:
     """Whether the benchmark ran alone: the engine's word where it gives it, and the 1-minute load average
     before and after as a sanity signal (a busy host disturbs CPU timings and GPU launch times alike)."""
-    from ._executors import available_cpus
+    from .measure.instances import available_cpus
 
     cpus = available_cpus()
     record = {"ran_alone": getattr(ctx, "ran_alone", None), "cpus": cpus, "load_average_before": before,
@@ -647,13 +570,13 @@ def _method(params: Params, backend: str, device: str, runs_on: str) -> dict[str
 
 # -- run ------------------------------------------------------------------------------------------------------
 def _engine_provenance(kind: str | None, model: Path | None, inputs: Mapping[str, Path]) -> Path | None:
-    from ._trt_runtime import provenance_for
+    from .runtimes.trt_runtime import provenance_for
 
     return provenance_for(model, inputs.get("provenance")) if kind == "engine" and model is not None else None
 
 
 def _choose_backend(params: Params, kind: str | None, provenance: Path | None) -> str:
-    from ._trt_runtime import engine_backend, read_provenance
+    from .runtimes.trt_runtime import engine_backend, read_provenance
 
     backend = params.backend
     if backend == "auto":
@@ -674,9 +597,11 @@ def _choose_backend(params: Params, kind: str | None, provenance: Path | None) -
 
 
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
-    from ._stats import report_host_latencies
-    from ._trt_runtime import open_engine, read_provenance, runtime_available, runtime_needs
-    from .validate import candidate_kind, load_user_function
+    from trtflow.callables import load_callable
+
+    from .formats.onnx_model import candidate_kind
+    from .measure.stats import report_host_latencies
+    from .runtimes.trt_runtime import open_engine, read_provenance, runtime_available, runtime_needs
 
     model = inputs.get("model")
     kind = candidate_kind(model) if model is not None else None
@@ -707,7 +632,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     torch_module = None
     if backend == "torch":
         assert params.torch_model is not None
-        factory = load_user_function(params.torch_model, ctx.resolve, "torch_model")
+        factory = load_callable(params.torch_model, ctx.resolve, "torch_model")
         torch_module = factory()
         if params.device == "cuda":
             import torch
@@ -717,7 +642,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
                                    needs="a CUDA build of PyTorch on a GPU machine, or device: cpu")
     ort_session = None
     if backend == "onnxruntime":
-        from ._ort import create_session
+        from .runtimes.ort import create_session
 
         assert model is not None
         providers = _ort_providers(params)
@@ -737,8 +662,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         session.__enter__()
     try:
         for batch in batches:
-            shapes = _with_batch(base_shapes, batch)
-            batch_size = batch if batch is not None else _batch_of(shapes)
+            shapes = with_batch(base_shapes, batch)
+            batch_size = batch if batch is not None else batch_of(shapes)
             feed = make_feed(specs, shapes, params, ctx.resolve, ctx.log)
             for streams in stream_counts:
                 reports = []
@@ -780,7 +705,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
 
     load_result: dict[str, Any] = {}
     if params.has_load:
-        from ._serving import measure_load
+        from .measure.serving import measure_load
 
         limits = batch_limits(specs, params.profile.model_dump() if params.profile is not None else
                               _first_profile(read_provenance(provenance)) if provenance else None)

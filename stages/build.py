@@ -17,9 +17,9 @@ import logging
 import re
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,8 +40,10 @@ from trtflow.stage import (
     StageSkipped,
 )
 
-from ._diagnosis import hint_text, memory_findings, trt_build_repro
-from ._tensorrt import (
+from .accuracy.diagnosis import hint_text, memory_findings, trt_build_repro
+from .formats.onnx_model import ModelFacts, inspect_model
+from .runtimes.profiles import check_profiles
+from .runtimes.tensorrt import (
     FLAVOURS,
     engine_precision,
     engine_shortfall,
@@ -226,150 +228,9 @@ def _normalize_capability(value: str) -> str:
 # ---------------------------------------------------------------------------------------------------------
 # What the model carries (read with onnx, without loading external weights)
 
-_QUANTIZED_TYPES = {
-    "INT8": "int8", "UINT8": "int8", "INT4": "int4", "UINT4": "int4", "FLOAT4E2M1": "fp4",
-    "FLOAT8E4M3FN": "fp8", "FLOAT8E4M3FNUZ": "fp8", "FLOAT8E5M2": "fp8", "FLOAT8E5M2FNUZ": "fp8",
-}
-_REDUCED_FLOATS = {"FLOAT16": "fp16", "BFLOAT16": "bf16"}
-
-
-@dataclass
-class ModelFacts:
-    """The model's graph inputs (dims: int static, None dynamic; None for unknown rank) and its precisions."""
-
-    inputs: dict[str, list[int | None] | None] = field(default_factory=dict)
-    quantized_types: set[str] = field(default_factory=set)
-    reduced_floats: set[str] = field(default_factory=set)
-
-    @property
-    def has_qdq(self) -> bool:
-        return bool(self.quantized_types)
-
-
-def inspect_model(path: Path) -> ModelFacts:
-    import onnx
-
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # onnx raises DecodeError and others for a bad file
-        raise StageFailed(f"cannot read the ONNX model {path}: {exc}",
-                          hint="check that the upstream stage wrote a valid .onnx file") from exc
-    graph = model.graph
-    type_name = onnx.TensorProto.DataType.Name
-    initializers = {init.name: init for init in graph.initializer}
-    constants = {
-        node.output[0]: attr.t
-        for node in graph.node if node.op_type == "Constant"
-        for attr in node.attribute if attr.name == "value"
-    }
-    facts = ModelFacts()
-    for value in graph.input:
-        if value.name in initializers or not value.type.HasField("tensor_type"):
-            continue
-        tensor_type = value.type.tensor_type
-        if not tensor_type.HasField("shape"):
-            facts.inputs[value.name] = None
-            continue
-        facts.inputs[value.name] = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
-
-    def note_float(elem_type: int) -> None:
-        name = type_name(elem_type) if elem_type else ""
-        if name in _REDUCED_FLOATS:
-            facts.reduced_floats.add(_REDUCED_FLOATS[name])
-
-    for init in graph.initializer:
-        note_float(init.data_type)
-    for value in [*graph.input, *graph.output, *graph.value_info]:
-        if value.type.HasField("tensor_type"):
-            note_float(value.type.tensor_type.elem_type)
-    for node in graph.node:
-        if node.op_type == "Cast":
-            for attr in node.attribute:
-                if attr.name == "to":
-                    note_float(attr.i)
-        elif node.op_type == "Constant" and node.output[0] in constants:
-            note_float(constants[node.output[0]].data_type)
-        elif node.op_type in ("QuantizeLinear", "DequantizeLinear"):
-            facts.quantized_types.add(_qdq_type(node, initializers, constants, type_name))
-    return facts
-
-
-def _qdq_type(node: Any, initializers: Mapping[str, Any], constants: Mapping[str, Any], type_name: Any) -> str:
-    """The quantized type of a Q/DQ node: its zero point's type, else output_dtype, else the DQ input's."""
-    candidates = []
-    if len(node.input) > 2 and node.input[2]:
-        candidates.append(node.input[2])
-    for attr in node.attribute:
-        if attr.name == "output_dtype" and attr.i:
-            return _QUANTIZED_TYPES.get(type_name(attr.i), type_name(attr.i).lower())
-    if node.op_type == "DequantizeLinear":
-        candidates.append(node.input[0])
-    for name in candidates:
-        tensor = initializers.get(name)
-        if tensor is None:
-            tensor = constants.get(name)
-        if tensor is not None:
-            return _QUANTIZED_TYPES.get(type_name(tensor.data_type), type_name(tensor.data_type).lower())
-    return "int8"  # ONNX's default quantized type (uint8) when no zero point says otherwise
-
 
 # ---------------------------------------------------------------------------------------------------------
 # Checks before the build
-
-
-def check_profiles(profiles: list[ProfileSpec], inputs: Mapping[str, list[int | None] | None]) -> None:
-    """Every profile must name real inputs with matching rank and static dims, and cover every dynamic input."""
-    from trtflow.errors import did_you_mean
-
-    dynamic = sorted(name for name, dims in inputs.items() if dims is None or any(d is None for d in dims))
-    if not profiles and dynamic:
-        shapes = ", ".join(f"{n}{_show_dims(inputs[n])}" for n in dynamic)
-        raise StageFailed(
-            f"the model has dynamic inputs ({shapes}) but no optimization profile was given",
-            hint="add 'profile' (or 'profiles') with min/opt/max shapes for " + ", ".join(repr(n) for n in dynamic),
-        )
-    for spec in profiles:
-        for input_name, shape in spec.shapes.items():
-            if input_name not in inputs:
-                suggestion = did_you_mean(input_name, list(inputs))
-                raise StageFailed(
-                    f"profile {spec.name!r} gives shapes for {input_name!r}, which is not an input of the model"
-                    + (f"; {suggestion}" if suggestion else ""),
-                    hint=f"the model's inputs are: {', '.join(f'{n}{_show_dims(d)}' for n, d in inputs.items())}",
-                )
-            dims = inputs[input_name]
-            if dims is None:
-                continue
-            if len(shape.min) != len(dims):
-                raise StageFailed(
-                    f"profile {spec.name!r}, input {input_name!r}: the profile has rank {len(shape.min)} "
-                    f"(min={shape.min}) but the model input has rank {len(dims)} {_show_dims(dims)}",
-                    hint=f"give {len(dims)} dimensions for {input_name!r} in min, opt and max",
-                )
-            for axis, model_dim in enumerate(dims):
-                if model_dim is None:
-                    continue
-                given = {shape.min[axis], shape.opt[axis], shape.max[axis]}
-                if given != {model_dim}:
-                    raise StageFailed(
-                        f"profile {spec.name!r}, input {input_name!r}: dimension {axis} is fixed to {model_dim} in "
-                        f"the model {_show_dims(dims)} but the profile asks min={shape.min[axis]}, "
-                        f"opt={shape.opt[axis]}, max={shape.max[axis]}",
-                        hint=f"use {model_dim} for dimension {axis}, or export the model with that axis dynamic",
-                    )
-        missing = [name for name in dynamic if name not in spec.shapes]
-        if missing:
-            raise StageFailed(
-                f"profile {spec.name!r} gives no shapes for dynamic input(s) "
-                + ", ".join(f"{n}{_show_dims(inputs[n])}" for n in missing),
-                hint="every profile needs min/opt/max for every input with a dynamic dimension",
-            )
-
-
-def _show_dims(dims: list[int | None] | None) -> str:
-    if dims is None:
-        return "[unknown rank]"
-    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
 
 
 @dataclass(frozen=True)
@@ -708,7 +569,7 @@ def _audit_network(requested: str, network: Any) -> dict[str, Any]:
 def _audit_engine(ctx: StageContext, requested: str, backend: str, engine_path: Path,
                   provenance_path: Path) -> dict[str, Any]:
     """Precisions of the built engine's layers through the engine inspector, where a TensorRT runtime exists."""
-    from ._trt_runtime import open_engine, runtime_available
+    from .runtimes.trt_runtime import open_engine, runtime_available
 
     reason = runtime_available(backend, ctx.gpu)
     if reason:

@@ -30,18 +30,16 @@ from trtflow.stage import (
     StageParams,
     StageSkipped,
 )
-from trtflow_stages._data import (
-    DataSource,
+from trtflow_stages.accuracy.diagnosis import autocast_repro, modelopt_step
+from trtflow_stages.data import DataSource
+from trtflow_stages.precision.modelopt import (
     check_node_patterns,
     check_op_types,
-    private_model_copy,
-)
-from trtflow_stages._diagnosis import autocast_repro, modelopt_step
-from trtflow_stages._modelopt import (
     convert_memory,
     modelopt_environment,
     modelopt_files,
     modelopt_resources,
+    private_model_copy,
 )
 
 FP16_MAX = 65504.0
@@ -166,8 +164,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     import numpy as np
     import onnx
 
-    from trtflow_stages._data import batch_rows, onnx_input_specs, open_dataset
-    from trtflow_stages._modelopt import streamed_reference_run
+    from trtflow_stages.data import batch_rows, onnx_input_specs, open_dataset
+    from trtflow_stages.precision.modelopt import streamed_reference_run
 
     model_path = private_model_copy(inputs["model"], ctx.scratch / "input")
     check_node_patterns(model_path, {"nodes_to_exclude": params.nodes_to_exclude,
@@ -286,7 +284,7 @@ def _autocast_repro(model_path: Path, params: Params, reference_path: str | None
 
 def _clean_dim_names(ctx: StageContext, model: Any) -> dict[str, Any]:
     """Remove dim names AutoCast left on dims of different sizes (its ``unk``), which break ONNX Runtime."""
-    from ._diagnosis import clean_dim_names
+    from .accuracy.diagnosis import clean_dim_names
 
     report = clean_dim_names(model)
     if report["removed"]:
@@ -301,7 +299,7 @@ def _check_feed(ctx: StageContext, model_path: Path, reference_path: str | None)
     """One batch for the check: the first rows of the reference data, else random inputs (dynamic dims 2)."""
     import numpy as np
 
-    from ._data import DataSource, RandomData, load_arrays, onnx_input_specs
+    from .data import DataSource, RandomData, load_arrays, onnx_input_specs
 
     specs = onnx_input_specs(model_path)
     static = {s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], int) and s.shape[0] > 0}
@@ -321,8 +319,8 @@ def _check_on_onnx_runtime(ctx: StageContext, params: Params, path: Path, refere
     """Run the converted model once on ONNX Runtime; a model it cannot run fails the node with the cause."""
     import numpy as np
 
-    from ._diagnosis import hint_text, ort_findings, ort_run_step
-    from ._ort import create_session
+    from .accuracy.diagnosis import hint_text, ort_findings, ort_run_step
+    from .runtimes.ort import create_session
 
     if params.precision == "bf16":
         return {"status": "skipped", "reason": "ONNX Runtime's CPU provider has no bf16 kernels"}

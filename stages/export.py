@@ -300,7 +300,7 @@ def _export(ctx: StageContext, params: Params, model: Any, binding: Any, dynamo:
 
     import torch
 
-    from ._torch_export import explain_export_error, export_dynamo, export_torchscript
+    from .formats.torch_export import explain_export_error, export_dynamo, export_torchscript
 
     sample = _tensors(params, _sample_inputs(params, {n: s.shape for n, s in params.inputs.items()}))
     try:
@@ -357,7 +357,7 @@ def _check_shape(ctx: StageContext, params: Params, session: Any, path: Path, mo
                  check: CheckShape) -> ShapeResult:
     import numpy as np
 
-    from ._diagnosis import ort_run_step
+    from .accuracy.diagnosis import ort_run_step
 
     arrays = _sample_inputs(params, check.shapes)
     try:
@@ -390,8 +390,8 @@ def _check_shape(ctx: StageContext, params: Params, session: Any, path: Path, mo
 def _check_model(ctx: StageContext, params: Params, path: Path, model: Any, binding: Any,
                  checks: list[CheckShape]) -> list[ShapeResult]:
     """Run every check (stops at the first failure); a session that cannot even load is a failure too."""
-    from ._diagnosis import ort_session_step
-    from ._ort import create_session
+    from .accuracy.diagnosis import ort_session_step
+    from .runtimes.ort import create_session
 
     try:
         with ort_session_step(ctx, path):
@@ -430,7 +430,7 @@ def _dynamo_probe(ctx: StageContext, params: Params, model: Any, binding: Any, c
 
 
 def _specialised(params: Params, path: Path) -> str | None:
-    from ._torch_export import specialised_axes
+    from .formats.torch_export import specialised_axes
 
     fixed = specialised_axes(path, params.dynamic_axes)
     if not fixed:
@@ -443,7 +443,7 @@ def _specialised(params: Params, path: Path) -> str | None:
 def _fail_at(ctx: StageContext, params: Params, model: Any, binding: Any, path: Path, result: ShapeResult,
              checks: list[CheckShape]) -> StageFailed:
     """The failure of the export node at a shape other than the sample: what, where, why, what to do."""
-    from ._torch_export import baked_sizes
+    from .formats.torch_export import baked_sizes
 
     check = result.check
     sizes = params.dim_sizes()
@@ -470,7 +470,7 @@ def _fail_at(ctx: StageContext, params: Params, model: Any, binding: Any, path: 
 
 
 def _export_pytorch(ctx: StageContext, params: Params, target: Path) -> dict[str, Any]:
-    from ._torch_export import bind_inputs
+    from .formats.torch_export import bind_inputs
 
     model = _build_model(ctx, params)
     binding = bind_inputs(model, list(params.inputs))
@@ -529,8 +529,8 @@ def _check_onnx_file(ctx: StageContext, params: Params, path: Path) -> dict[str,
     _checker(path)
     if not params.check:
         return {"checked": False}
-    from ._diagnosis import ort_session_step
-    from ._ort import create_session
+    from .accuracy.diagnosis import ort_session_step
+    from .runtimes.ort import create_session
 
     try:
         with ort_session_step(ctx, path):

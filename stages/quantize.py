@@ -31,16 +31,14 @@ from trtflow.stage import (
     StageParams,
     StageSkipped,
 )
-from trtflow_stages._data import (
-    DataSource,
+from trtflow_stages.data import DataSource
+from trtflow_stages.precision.modelopt import (
     check_node_patterns,
     check_op_types,
-    private_model_copy,
-)
-from trtflow_stages._modelopt import (
     modelopt_environment,
     modelopt_files,
     modelopt_resources,
+    private_model_copy,
     quantize_memory,
 )
 
@@ -247,8 +245,8 @@ def check(params: Params) -> None:
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
     import onnx
 
-    from trtflow_stages._data import batch_rows, onnx_input_specs, open_dataset
-    from trtflow_stages._modelopt import calibration_reader
+    from trtflow_stages.data import batch_rows, onnx_input_specs, open_dataset
+    from trtflow_stages.precision.modelopt import calibration_reader
 
     model_path = private_model_copy(inputs["model"], ctx.scratch / "input")
     check_node_patterns(

@@ -45,14 +45,14 @@ from trtflow.stage import (
     StageContext,
 )
 
-from ._selection import Candidate, Params, accuracy_of, decide, performance_of, table
+from .decision.selection import Candidate, Params, accuracy_of, decide, performance_of, table
 
 # ---------------------------------------------------------------------------------------------------------
 # Gathering the inputs
 
 
 def _kind(path: Path) -> str:
-    from .validate import candidate_kind
+    from .formats.onnx_model import candidate_kind
 
     return candidate_kind(path)
 
@@ -66,7 +66,7 @@ def _artifact_size(path: Path) -> int:
 
 
 def _onnx_precision(path: Path) -> str | None:
-    from .build import inspect_model
+    from .formats.onnx_model import inspect_model
 
     facts = inspect_model(path)
     parts = sorted(facts.quantized_types) + sorted(facts.reduced_floats)
@@ -74,7 +74,7 @@ def _onnx_precision(path: Path) -> str | None:
 
 
 def _engine_facts(path: Path, matrix: Mapping[str, Any]) -> tuple[str | None, list[str]]:
-    from ._trt_runtime import provenance_for, read_provenance
+    from .runtimes.trt_runtime import provenance_for, read_provenance
 
     manifest = read_provenance(provenance_for(path)) or {}
     builder = manifest.get("builder") or {}
@@ -186,7 +186,7 @@ def materialize_selected(ctx: StageContext, path: Path, kind: str) -> list[str]:
     else:
         _link_or_copy(path, ctx.output("engine"))
         written.append(ctx.output("engine").name)
-        from ._trt_runtime import provenance_for
+        from .runtimes.trt_runtime import provenance_for
 
         provenance = provenance_for(path)
         if provenance is not None:

@@ -133,7 +133,8 @@ def _onnx_tensors(values: Sequence[Any], skip: set[str], type_name: Any) -> tupl
 def onnx_io(path: Path, params: Params) -> ModelIO:
     import onnx
 
-    from .build import check_profiles, inspect_model
+    from .formats.onnx_model import inspect_model
+    from .runtimes.profiles import check_profiles
 
     try:
         model = onnx.load(str(path), load_external_data=False)
@@ -150,7 +151,7 @@ def onnx_io(path: Path, params: Params) -> ModelIO:
 
 
 def engine_io(path: Path, params: Params) -> ModelIO:
-    from ._trt_runtime import provenance_for, read_provenance
+    from .runtimes.trt_runtime import provenance_for, read_provenance
 
     manifest = read_provenance(provenance_for(path))
     if manifest is None:
@@ -332,7 +333,7 @@ def _link_or_copy(source: Path, target: Path) -> None:
 
 
 def run(ctx: StageContext, inputs: dict[str, Any], params: Params) -> dict[str, Any]:
-    from .validate import candidate_kind
+    from .formats.onnx_model import candidate_kind
 
     model = Path(inputs["model"])
     kind = candidate_kind(model)
@@ -343,7 +344,7 @@ def run(ctx: StageContext, inputs: dict[str, Any], params: Params) -> dict[str, 
     files = ["config.pbtxt"]
     if kind == "engine":
         _link_or_copy(model, ctx.output("plan"))
-        from ._trt_runtime import provenance_for
+        from .runtimes.trt_runtime import provenance_for
 
         provenance = provenance_for(model)
         assert provenance is not None  # engine_io refused an engine without one

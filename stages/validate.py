@@ -1,7 +1,7 @@
 """The ``validate`` stage: measure how a candidate model's outputs differ from a reference's.
 
 The reference is an ONNX model run with ONNX Runtime on the CPU (or outputs saved in a ``.npz``); the
-candidate is another ONNX model (ONNX Runtime) or a TensorRT engine (through `_trt_runtime`). Each model runs
+candidate is another ONNX model (ONNX Runtime) or a TensorRT engine (through `runtimes.trt_runtime`). Each model runs
 over the data in its own pass through a Polygraphy runner (one session alive at a time), reading the inputs
 one batch at a time; only the outputs are kept. Each output's batches are joined and compared once with
 Polygraphy's ``SimpleCompareFunc`` and ``CosineSimilarityCompareFunc``, so every statistic covers the whole
@@ -14,7 +14,7 @@ node key, so a changed tolerance re-judges the cached measurements without runni
 elementwise gate is re-judged from each output's error front (`error_front`), which says exactly whether any
 element exceeds both tolerances.
 
-An ONNX candidate is first checked for known ONNX Runtime CPU numerics bugs (`_ort_fixes`) and rewritten to
+An ONNX candidate is first checked for known ONNX Runtime CPU numerics bugs (`accuracy.ort_fixes`) and rewritten to
 compute what the ONNX spec and TensorRT compute; validate.json lists such rewrites.
 """
 
@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,56 +44,28 @@ from trtflow.stage import (
     StageSkipped,
 )
 
-from ._data import DataSource, batch_rows, data_files, onnx_input_specs, open_dataset
-from ._ort import OrtOptions
-from ._tensorrt import FLAVOURS as TRT_FLAVOURS
+from .accuracy.compare import (
+    DEFAULT_TOLERANCES,
+    Bound,
+    Precision,
+    Tolerance,
+    compare_outputs,
+    judge_output,
+    judge_task_metrics,
+    likely_cause,
+    measure_task_metric,
+    resolved_tolerance,
+)
+from .data import DataSource, batch_rows, data_files, onnx_input_specs, open_dataset
+from .formats.onnx_model import candidate_kind
+from .runtimes.ort import OrtOptions
+from .runtimes.tensorrt import FLAVOURS as TRT_FLAVOURS
 
-Precision = Literal["fp32", "tf32", "fp16", "bf16", "int8", "fp8", "int4", "fp4"]
-ErrorStat = Literal["elemwise", "max", "mean", "median"]
 BackendName = Literal["auto", "onnxruntime", "tensorrt", "tensorrt-rtx"]
 
 # Default gates per precision the candidate was built in: (atol, rtol, check_error_stat, min cosine).
 # An element (elemwise) or a statistic passes when its absolute error <= atol OR its relative error <= rtol
 # (Polygraphy's rule).
-DEFAULT_TOLERANCES: dict[str, tuple[float, float, str, float]] = {
-    "fp32": (1e-5, 1e-5, "elemwise", 0.99999),
-    "tf32": (1e-3, 1e-3, "elemwise", 0.9999),
-    "fp16": (1e-2, 1e-2, "elemwise", 0.999),
-    "bf16": (5e-2, 5e-2, "elemwise", 0.995),
-    "int8": (5e-2, 5e-2, "mean", 0.99),
-    "fp8": (5e-2, 5e-2, "mean", 0.99),
-    "int4": (1e-1, 1e-1, "mean", 0.98),
-    "fp4": (1e-1, 1e-1, "mean", 0.98),
-}
-
-
-class Tolerance(StageParams):
-    """Accuracy gates for one or all outputs; unset fields fall back to the defaults of ``expect``."""
-
-    atol: float | None = Field(None, ge=0, description="Absolute tolerance.")
-    rtol: float | None = Field(None, ge=0, description="Relative tolerance (a fraction of the reference value).")
-    check_error_stat: ErrorStat | None = Field(
-        None,
-        description="What is checked against atol/rtol: 'elemwise' (every element within atol or rtol), or "
-        "the 'max', 'mean' or 'median' absolute and relative error over the output (passes when either "
-        "is within its tolerance).",
-    )
-    min_cosine_similarity: float | None = Field(
-        None, ge=-1, le=1, description="Lowest cosine similarity between candidate and reference outputs."
-    )
-
-
-class Bound(StageParams):
-    """Limits of a task metric's value."""
-
-    min: float | None = Field(None, description="The metric must be >= this.")
-    max: float | None = Field(None, description="The metric must be <= this.")
-
-    @model_validator(mode="after")
-    def _one_bound(self) -> Bound:
-        if self.min is None and self.max is None:
-            raise ValueError("give 'min', 'max' or both")
-        return self
 
 
 class Params(StageParams):
@@ -147,29 +118,14 @@ class Params(StageParams):
         return self
 
 
-def resolved_tolerance(params: Params, output: str) -> dict[str, Any]:
-    """The gates for ``output``: per-output override, then the all-outputs override, then the default."""
-    atol, rtol, stat, cosine = DEFAULT_TOLERANCES[params.expect]
-    chosen = {"atol": atol, "rtol": rtol, "check_error_stat": stat, "min_cosine_similarity": cosine}
-    for override in (params.tolerances, params.output_tolerances.get(output)):
-        if override is not None:
-            chosen.update({k: v for k, v in override.model_dump().items() if v is not None})
-    return chosen
 
-
-# -- user code ----------------------------------------------------------------------------------------------
-def load_user_function(reference: str, resolve: Callable[[str], Path], what: str) -> Callable[..., Any]:
-    """Import ``python:package.module:function`` or ``python:path/to/file.py:function`` (path via ``resolve``)."""
-    from trtflow.callables import load_callable
-
-    return load_callable(reference, resolve, what)
 
 
 # -- declarations ---------------------------------------------------------------------------------------------
 def _check(params: Params) -> None:
     """An engine candidate named by its flavour must be runnable here; with 'auto' `run` checks it first."""
     if params.backend in TRT_FLAVOURS:
-        from ._trt_runtime import runtime_available, runtime_needs
+        from .runtimes.trt_runtime import runtime_available, runtime_needs
 
         reason = runtime_available(params.backend)
         if reason:
@@ -195,84 +151,6 @@ def _environment(params: Params) -> list[str]:
 
 
 # -- running the models ---------------------------------------------------------------------------------------
-def _onnx_runner(path: Path, name: str, options: OrtOptions) -> Any:
-    from polygraphy.backend.onnxrt import OnnxrtRunner
-
-    from ._ort import create_session
-
-    return OnnxrtRunner(lambda: create_session(path, options), name=name)
-
-
-def engine_session_runner(session: Any, name: str) -> Any:
-    """A Polygraphy runner over an `EngineSession` (engines run through the same loop as ONNX models)."""
-    from polygraphy.backend.base import BaseRunner
-    from polygraphy.common import TensorMetadata
-
-    class EngineSessionRunner(BaseRunner):
-        def __init__(self) -> None:
-            super().__init__(name=name, prefix="trtflow-engine")
-
-        def activate_impl(self) -> None:
-            session.__enter__()
-
-        def get_input_metadata_impl(self) -> Any:
-            meta = TensorMetadata()
-            for spec in session.input_specs():
-                meta.add(spec.name, spec.dtype, spec.shape)
-            return meta
-
-        def infer_impl(self, feed_dict: dict) -> dict:
-            start = time.perf_counter()
-            outputs = session.infer(feed_dict)
-            self.inference_time = time.perf_counter() - start
-            return outputs
-
-        def deactivate_impl(self) -> None:
-            session.__exit__(None, None, None)
-
-    return EngineSessionRunner()
-
-
-def run_over(runner: Any, batches: Callable[[], Iterator[dict[str, Any]]], total: int,
-             progress: Callable[[int, int], None]) -> dict[str, Any]:
-    """Every output of ``runner`` over the batches, joined along axis 0; inputs are read one batch at a time."""
-    import numpy as np
-
-    parts: dict[str, list[Any]] = {}
-    with runner:
-        for index, batch in enumerate(batches(), 1):
-            for name, value in runner.infer(batch).items():
-                parts.setdefault(name, []).append(np.array(value, copy=True))
-            progress(index, total)
-    return _join(parts)
-
-
-def _join(parts: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
-    """One array per output over all batches: joined along axis 0 (flattened if batch shapes differ)."""
-    import numpy as np
-
-    joined = {}
-    for name, arrays in parts.items():
-        try:
-            joined[name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
-        except ValueError:
-            joined[name] = np.concatenate([a.ravel() for a in arrays])
-    return joined
-
-
-def candidate_kind(path: Path) -> str:
-    """'onnx' or 'engine': by file name (the runner keeps producers' file names), else by content."""
-    if path.suffix == ".onnx":
-        return "onnx"
-    if path.suffix in (".engine", ".plan", ".trt"):
-        return "engine"
-    import onnx
-
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception:  # not a protobuf ONNX model
-        return "engine"
-    return "onnx" if model.ir_version > 0 and len(model.graph.node) > 0 else "engine"
 
 
 #: What validate keeps from the summary its candidate's producer wrote beside it, to explain a failed gate.
@@ -323,237 +201,9 @@ def _ort_repro(options: OrtOptions, which: str) -> str:
 
 
 # -- measuring ------------------------------------------------------------------------------------------------
-#: Most points of an output's error front kept in the summary (beyond it the front is thinned conservatively).
-MAX_FRONT_POINTS = 64
-_EPSILON = 2.220446049250313e-16  # what Polygraphy adds to zero reference values for relative errors
-
-
-def error_front(candidate: Any, reference: Any) -> tuple[list[list[float]], bool, int]:
-    """The (abs error, rel error) pairs of the elements no other element exceeds in both, and NaN errors.
-
-    An element fails an elementwise gate when its abs error > atol AND its rel error > rtol (Polygraphy's
-    rule); some element fails exactly when a point of this front does, so the front lets a changed tolerance be
-    re-judged without the outputs. Returns (front sorted by abs error descending, exact, NaN error count).
-    """
-    import numpy as np
-
-    cand = np.asarray(candidate, dtype=np.float64).ravel()
-    ref = np.asarray(reference, dtype=np.float64).ravel()
-    abs_err = np.abs(cand - ref)
-    both_inf = np.isinf(ref) & (ref == cand)
-    abs_err[both_inf] = 0.0
-    denominator = np.abs(ref)
-    denominator[denominator == 0] = _EPSILON
-    rel_err = abs_err / denominator
-    nan_errors = np.isnan(abs_err) | np.isnan(rel_err)
-    abs_err, rel_err = abs_err[~nan_errors], rel_err[~nan_errors]
-    if abs_err.size == 0:
-        return [], True, int(nan_errors.sum())
-    order = np.lexsort((-rel_err, -abs_err))
-    abs_sorted, rel_sorted = abs_err[order], rel_err[order]
-    best_before = np.concatenate([[-np.inf], np.maximum.accumulate(rel_sorted)[:-1]])
-    keep = rel_sorted > best_before
-    front = np.stack([abs_sorted[keep], rel_sorted[keep]], axis=1)
-    exact = len(front) <= MAX_FRONT_POINTS
-    if not exact:  # each group of consecutive points becomes its upper corner: never misses a failure
-        groups = np.array_split(np.arange(len(front)), MAX_FRONT_POINTS)
-        front = np.array([[front[g[0], 0], front[g[-1], 1]] for g in groups])
-    return [[float(a), float(r)] for a, r in front], exact, int(nan_errors.sum())
-
-
-def measure_outputs(reference: Mapping[str, Any], candidate: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per output: error statistics (Polygraphy's definitions), cosine similarity, NaN/Inf counts, error front."""
-    import numpy as np
-    from polygraphy.comparator import (
-        Comparator,
-        CosineSimilarityCompareFunc,
-        IterationResult,
-        RunResults,
-        SimpleCompareFunc,
-    )
-
-    missing = [name for name in reference if name not in candidate]
-    if missing:
-        raise StageFailed(f"the candidate has no output(s) {missing}; reference outputs: {list(reference)}, "
-                          f"candidate outputs: {list(candidate)}",
-                          hint="compare models with the same output names")
-    names = list(reference)
-    for name in names:
-        if np.shape(reference[name]) != np.shape(candidate[name]):
-            raise StageFailed(f"output {name!r}: candidate shape {list(np.shape(candidate[name]))} differs "
-                              f"from reference shape {list(np.shape(reference[name]))}",
-                              hint="check that both models ran on the same inputs and batch size")
-    results = RunResults()
-    results.append(("reference", [IterationResult({n: reference[n] for n in names}, runner_name="reference")]))
-    results.append(("candidate", [IterationResult({n: candidate[n] for n in names}, runner_name="candidate")]))
-    # Polygraphy's relative error divides by runner 1's values, so the candidate is runner 0. Its pass/fail
-    # lines (at its default tolerances) are not our gates: they are kept out of the node's log.
-    from polygraphy.logger import G_LOGGER
-
-    with G_LOGGER.verbosity(G_LOGGER.ERROR + 1):
-        accuracy = Comparator.compare_accuracy(results, compare_func=[SimpleCompareFunc(),
-                                                                      CosineSimilarityCompareFunc()],
-                                               comparisons=[(1, 0)])
-    simple_results = accuracy[0][("candidate", "reference")][0]
-    cosine_results = accuracy[1][("candidate", "reference")][0]
-    report: dict[str, dict[str, Any]] = {}
-    for name in names:
-        stats = simple_results[name]
-        ref, cand = np.asarray(reference[name]), np.asarray(candidate[name])
-        front, exact, nan_errors = error_front(cand, ref)
-        report[name] = {
-            "elements": int(cand.size),
-            "max_abs_error": stats.max_absdiff,
-            "mean_abs_error": stats.mean_absdiff,
-            "median_abs_error": stats.median_absdiff,
-            "max_rel_error": stats.max_reldiff,
-            "mean_rel_error": stats.mean_reldiff,
-            "median_rel_error": stats.median_reldiff,
-            "cosine_similarity": float(cosine_results[name].cosine_similarity),
-            "nan_count": int(np.isnan(cand).sum()) if cand.dtype.kind == "f" else 0,
-            "inf_count": int(np.isinf(cand).sum()) if cand.dtype.kind == "f" else 0,
-            "reference_nan_count": int(np.isnan(ref).sum()) if ref.dtype.kind == "f" else 0,
-            "reference_inf_count": int(np.isinf(ref).sum()) if ref.dtype.kind == "f" else 0,
-            "nan_errors": nan_errors,
-            "error_front": front,
-            "error_front_exact": exact,
-        }
-    return report
-
-
-def measure_task_metric(function: Callable[..., Any], reference: Mapping[str, Any],
-                        candidate: Mapping[str, Any], params: Params) -> dict[str, float]:
-    try:
-        values = function(dict(reference), dict(candidate))
-    except Exception as error:
-        raise StageFailed(f"task metric {params.task_metric} raised {type(error).__name__}: {error}",
-                          hint="run the function by hand on saved outputs to debug it") from error
-    if not isinstance(values, Mapping):
-        raise StageFailed(f"task metric {params.task_metric} returned {type(values).__name__}; expected a dict "
-                          "{metric name: number}")
-    metrics: dict[str, float] = {}
-    for key, value in values.items():
-        try:
-            metrics[str(key)] = float(value)
-        except (TypeError, ValueError):
-            raise StageFailed(f"task metric {params.task_metric}: {key!r} is {value!r}, not a number") from None
-    unknown = [k for k in params.task_thresholds if k not in metrics]
-    if unknown:
-        raise StageFailed(f"task_thresholds name metric(s) {unknown} that {params.task_metric} did not return; "
-                          f"it returned {sorted(metrics)}")
-    return metrics
 
 
 # -- gates ----------------------------------------------------------------------------------------------------
-def _ratio(value: float, limit: float) -> float:
-    if math.isnan(value):
-        return math.inf
-    return value / limit if limit > 0 else (math.inf if value > 0 else 0.0)
-
-
-def _fmt(value: float) -> str:
-    return f"{value:.4g}"
-
-
-def judge_output(name: str, entry: Mapping[str, Any], tolerance: Mapping[str, Any]) -> list[str]:
-    """Failure messages of one output's measurements against its tolerances (empty: it passes)."""
-    failures: list[str] = []
-    atol, rtol, stat = tolerance["atol"], tolerance["rtol"], tolerance["check_error_stat"]
-    new_nan = entry["nan_count"] - entry["reference_nan_count"]
-    new_inf = entry["inf_count"] - entry["reference_inf_count"]
-    if new_nan > 0 or new_inf > 0:
-        failures.append(f"{name}: the candidate has {entry['nan_count']} NaN and {entry['inf_count']} Inf "
-                        f"values (reference: {entry['reference_nan_count']} NaN, "
-                        f"{entry['reference_inf_count']} Inf)")
-    if stat == "elemwise":
-        over = [(a, r) for a, r in entry["error_front"] if a > atol and r > rtol]
-        if over:
-            a, r = max(over, key=lambda p: min(_ratio(p[0], atol), _ratio(p[1], rtol)))
-            failures.append(f"{name}: elements exceed both atol {atol:g} and rtol {rtol:g}; the worst has abs "
-                            f"error {_fmt(a)} ({_ratio(a, atol):.3g}x atol) and rel error {_fmt(r)} "
-                            f"({_ratio(r, rtol):.3g}x rtol)")
-        elif entry["nan_errors"]:
-            failures.append(f"{name}: {entry['nan_errors']} elements have a NaN error (NaN in the candidate or "
-                            "the reference)")
-    else:
-        abs_value, rel_value = entry[f"{stat}_abs_error"], entry[f"{stat}_rel_error"]
-        if not (abs_value <= atol or rel_value <= rtol):
-            failures.append(
-                f"{name}: {stat} abs error {_fmt(abs_value)} > atol {atol:g} ({_ratio(abs_value, atol):.3g}x) "
-                f"and {stat} rel error {_fmt(rel_value)} > rtol {rtol:g} ({_ratio(rel_value, rtol):.3g}x)"
-            )
-    min_cos = tolerance["min_cosine_similarity"]
-    similarity = entry["cosine_similarity"]
-    if math.isnan(similarity) or similarity < min_cos:
-        failures.append(f"{name}: cosine similarity {_fmt(similarity)} < min {min_cos:g} "
-                        f"(short by {_fmt(min_cos - similarity)})")
-    return failures
-
-
-def judge_task_metrics(values: Mapping[str, float], thresholds: Mapping[str, Bound]) -> list[str]:
-    failures = []
-    for key, bound in thresholds.items():
-        value = values.get(key, math.nan)
-        if bound.min is not None and not value >= bound.min:
-            failures.append(f"task metric {key} {_fmt(value)} < min {bound.min:g} (short by "
-                            f"{_fmt(bound.min - value)})")
-        if bound.max is not None and not value <= bound.max:
-            failures.append(f"task metric {key} {_fmt(value)} > max {bound.max:g} (over by "
-                            f"{_fmt(value - bound.max)})")
-    return failures
-
-
-def likely_cause(params: Params, summary: Mapping[str, Any], node: str = "") -> str:
-    """What most likely made the candidate differ, and what to do next, from what its producer recorded."""
-    origin = summary.get("candidate_origin") or {}
-    causes: list[str] = []
-    if summary.get("uncalibrated_data"):
-        causes.append("the validation data is random, which may exercise ranges real inputs never reach")
-    if params.expect in ("int8", "fp8", "int4", "fp4"):
-        if origin.get("calibrated") is False:
-            causes.append("the model was calibrated on random data: calibrate it on real inputs")
-        if origin.get("quantize_ops") in ("modelopt", "custom") and params.expect == "int8":
-            causes.append(f"its Q/DQ placement ({origin['quantize_ops']}) may quantize attention probabilities or "
-                          "the residual stream, which int8 represents poorly: try quantize_ops: weighted")
-        if not causes:
-            causes.append("quantization error accumulates through the network: keep the most sensitive layers "
-                          "in high precision with nodes_to_exclude, or try the other calibration_method")
-    elif params.expect in ("fp16", "bf16"):
-        kept = origin.get("fp32_nodes")
-        where = f" (the conversion kept {kept} node(s) in fp32 with data_max {origin.get('data_max')})" \
-            if kept is not None else ""
-        causes.append(f"values beyond {params.expect}'s range or precision{where}: lower data_max or keep the "
-                      "offending nodes in fp32 with nodes_to_exclude")
-    else:
-        causes.append(f"the candidate should compute what the reference computes in {params.expect}: a conversion "
-                      "or runtime changed the computation")
-    node = node or summary.get("node") or "NODE"
-    return (f"likely cause: {'; '.join(causes)}. Next: find the first layer that diverges with "
-            f"`trtflow debug precision RECIPE {node}`; the measurements are in {node}'s validate.json")
-
-
-def compare_outputs(reference: Mapping[str, Any], candidate: Mapping[str, Any],
-                    params: Params) -> dict[str, dict[str, Any]]:
-    """`measure_outputs`, each output with its tolerance and verdict under ``params`` (for callers that judge
-    in-process, e.g. precision debugging)."""
-    outputs = measure_outputs(reference, candidate)
-    for name, entry in outputs.items():
-        tolerance = resolved_tolerance(params, name)
-        failures = judge_output(name, entry, tolerance)
-        entry.update(tolerance=tolerance, passed=not failures, failures=failures)
-    return outputs
-
-
-def evaluate_task_metric(function: Callable[..., Any], reference: Mapping[str, Any], candidate: Mapping[str, Any],
-                         params: Params) -> tuple[dict[str, Any], list[str]]:
-    """The task metric's values with their bounds and verdicts under ``params``, and the failure messages."""
-    values = measure_task_metric(function, reference, candidate, params)
-    failures = judge_task_metrics(values, params.task_thresholds)
-    metrics: dict[str, Any] = {key: {"value": value} for key, value in values.items()}
-    for key, bound in params.task_thresholds.items():
-        metrics[key].update(min=bound.min, max=bound.max,
-                            passed=not any(f.startswith(f"task metric {key} ") for f in failures))
-    return metrics, failures
 
 
 #: Params that only configure gates: left out of the node key, so changing them re-judges cached measurements.
@@ -586,7 +236,7 @@ def memory(params: Params, input_sizes: Mapping[str, int]) -> int:
     session's initializers, constant-folded dequantized weights of an int8 model), on top of the libraries;
     measured 0.91 GiB (fp16 candidate) and 1.48 GiB (int8) against a 346 MB fp32 ViT-B.
     """
-    from ._modelopt import model_memory
+    from .precision.modelopt import model_memory
 
     largest = max((size for slot, size in input_sizes.items() if slot in ("reference", "candidate")), default=0)
     return model_memory(largest, copies=3.0)
@@ -596,8 +246,9 @@ def memory(params: Params, input_sizes: Mapping[str, int]) -> int:
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
     import numpy as np
 
-    from ._ort_fixes import fix_for_onnxruntime
-    from ._trt_runtime import (
+    from .accuracy.ort_fixes import fix_for_onnxruntime
+    from .runtimes.runners import engine_session_runner, onnx_runner, run_over
+    from .runtimes.trt_runtime import (
         engine_backend,
         open_engine,
         provenance_for,
@@ -667,7 +318,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         path = inputs["reference"]
         with ctx.native_step("onnxruntime", "running the reference model", repro=_ort_repro(params.onnxruntime,
                              "reference"), hint=_ort_hint(path, params.onnxruntime)):
-            reference = run_over(_onnx_runner(path, "reference", params.onnxruntime), batches, total,
+            reference = run_over(onnx_runner(path, "reference", params.onnxruntime), batches, total,
                                  reporter(0.1, "reference"))
     if session is None:
         fixed_path, fixes = fix_for_onnxruntime(candidate_path, ctx.scratch / "candidate")
@@ -676,7 +327,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
             ctx.log.info("candidate rewritten for ONNX Runtime: %s", note)
         with ctx.native_step("onnxruntime", "running the candidate model", repro=_ort_repro(params.onnxruntime,
                              "candidate"), hint=_ort_hint(candidate_path, params.onnxruntime)):
-            candidate = run_over(_onnx_runner(fixed_path, "candidate", params.onnxruntime), batches, total,
+            candidate = run_over(onnx_runner(fixed_path, "candidate", params.onnxruntime), batches, total,
                                  reporter(0.5, "candidate"))
     else:
         with ctx.native_step(candidate_desc, "running the engine candidate"):
@@ -702,7 +353,9 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     outputs = compare_outputs(reference, candidate, params)
     task_metrics: dict[str, float] = {}
     if params.task_metric:
-        function = load_user_function(params.task_metric, ctx.resolve, "task metric")
+        from trtflow.callables import load_callable
+
+        function = load_callable(params.task_metric, ctx.resolve, "task metric")
         task_metrics = measure_task_metric(function, reference, candidate, params)
 
     metrics = {

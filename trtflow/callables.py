@@ -126,8 +126,11 @@ def load_callable(spec: str, resolve: Callable[[str], Path], what: str = "callab
             raise StageFailed(f"cannot load {what} file {str(path)!r} as Python")
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[name] = module
+        # the file's folder goes last on the module path: its own helper modules are found, but a numpy.py (or
+        # any name of an installed or standard module) beside it never replaces the real one, for the callable
+        # or for anything this process imports later
         if str(path.parent) not in sys.path:
-            sys.path.insert(0, str(path.parent))
+            sys.path.append(str(path.parent))
         try:
             module_spec.loader.exec_module(module)
         except Exception as exc:

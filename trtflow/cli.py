@@ -101,6 +101,10 @@ def run(
     remote: Annotated[str | None, typer.Option(
         "--remote", help="A remote cache shared by several stores: a directory or s3://bucket/prefix "
         "(env TRTFLOW_REMOTE).")] = None,
+    remote_digest: Annotated[str | None, typer.Option(
+        "--remote-digest", help="The hash a remote cache names its objects by: xxh3-128 (fast; integrity only) or "
+        "sha256 (cryptographic, for remotes shared beyond one team); a new remote records it, an existing one must "
+        "match (env TRTFLOW_REMOTE_DIGEST; default: what the remote uses, xxh3-128 for a new one).")] = None,
     memory: Annotated[str | None, typer.Option(
         "--memory", help="Host memory the nodes running at once may use together, e.g. 16G (default: what the "
         "machine has free).")] = None,
@@ -129,6 +133,7 @@ def run(
         executor=executor,
         ray_address=ray_address or os.environ.get("RAY_ADDRESS"),
         remote=remote or os.environ.get("TRTFLOW_REMOTE") or None,
+        remote_digest=_remote_digest(remote_digest or os.environ.get("TRTFLOW_REMOTE_DIGEST") or None),
         push=not no_push,
         ray_transfer=ray_transfer,
         memory_limit=_parse_size(memory) if memory else None,
@@ -168,10 +173,11 @@ def plan(
 ) -> None:
     """Show which nodes are fresh or stale, and why, without running anything."""
     from trtflow import api
+    from trtflow.redact import hide
 
     steps = api.plan(recipe, targets or (), set_ or (), store)
     if as_json:
-        print(json.dumps([s.as_json() for s in steps], indent=1))
+        print(hide(json.dumps([s.as_json() for s in steps], indent=1)))
         return
     _print_plan(steps)
 
@@ -190,7 +196,9 @@ def _print_plan(steps: list[Any]) -> None:
         lines.append(f"{name.ljust(widths[0])}  {stage.ljust(widths[1])}  {cell}  {reason}")
     stale = sum(1 for s in steps if s.status == "stale")
     lines.append(f"{len(steps)} nodes: {len(steps) - stale} fresh, {stale} stale")
-    print("\n".join(lines))
+    from trtflow.redact import hide
+
+    print(hide("\n".join(lines)))
 
 
 # ----------------------------------------------------------------------------- status
@@ -365,18 +373,25 @@ def gc(
     keep_days: Annotated[float, typer.Option(
         "--keep-days", help="Also keep what runs of the last N days used (env TRTFLOW_GC_KEEP_DAYS; default 0: "
         "only what each recipe file's latest run uses).", show_default=False)] = -1.0,
+    forget_missing_after: Annotated[float, typer.Option(
+        "--forget-missing-after", help="Forget a recipe file that no longer exists (and drop its results) only after "
+        "gc has seen it missing for N days (env TRTFLOW_GC_FORGET_MISSING_DAYS; default 7; 0: now).",
+        show_default=False)] = -1.0,
     wait: WaitOpt = 60.0,
 ) -> None:
-    """Remove stored results no recipe file's latest run uses (and old logs, scratch space, refs of deleted
-    recipes). gc never runs beside a `trtflow run`: it waits for them, and new runs wait for it."""
+    """Remove stored results no recipe file's latest run uses (and old logs, scratch space, refs of recipe files
+    missing for a week). gc never runs beside a `trtflow run`: it waits for them, and new runs wait for it."""
     from trtflow.pipeline import default_store
-    from trtflow.storage.gc import collect_garbage
+    from trtflow.storage.gc import FORGET_MISSING_DAYS, collect_garbage
 
     if keep_days < 0:
         keep_days = float(os.environ.get("TRTFLOW_GC_KEEP_DAYS", "0") or 0)
+    if forget_missing_after < 0:
+        forget_missing_after = float(os.environ.get("TRTFLOW_GC_FORGET_MISSING_DAYS", "") or FORGET_MISSING_DAYS)
     console = _console()
     report_ = collect_garbage(default_store(store), keep_days=keep_days, dry_run=dry_run, wait_s=wait,
-                              on_wait=lambda msg: _console(stderr=True).print(msg))
+                              on_wait=lambda msg: _console(stderr=True).print(msg),
+                              forget_missing_days=forget_missing_after)
     verb = "would remove" if dry_run else "removed"
     if report_.removals and (dry_run or len(report_.removals) <= 50):
         rows = [(r.what, r.recipe, r.node, _size(r.size), _age(r.age_s), r.why) for r in report_.removals]
@@ -391,6 +406,22 @@ def gc(
     console.print(f"{verb} {results} results ({_size(result_bytes)}), {objects} other objects "
                   f"({_size(object_bytes)}), {logs} log folders, {scratch} scratch folders; kept "
                   f"{report_.kept_results} results ({report_.kept_objects} objects)")
+    if report_.missing:
+        first = min(m.since for m in report_.missing)
+        paths = ", ".join(m.path or m.recipe for m in report_.missing[:3]) + (", ..." if len(report_.missing) > 3
+                                                                               else "")
+        console.print(f"kept the results of {len(report_.missing)} recipe file{'s' * (len(report_.missing) > 1)} "
+                      f"missing since {time.strftime('%Y-%m-%d %H:%M', time.localtime(first))} ({paths}) "
+                      f"(forgotten after {forget_missing_after:g} days missing; --forget-missing-after 0 forgets "
+                      "them now)", markup=False, highlight=False)
+
+
+def _remote_digest(name: str | None) -> str | None:
+    from trtflow.storage.remote import HASHES
+
+    if name is not None and name not in HASHES:
+        raise UsageError(f"--remote-digest {name!r}: expected one of {', '.join(HASHES)}")
+    return name
 
 
 def _parse_size(text: str) -> int:
@@ -517,10 +548,12 @@ def main() -> None:
     except TrtflowError as exc:
         from rich.markup import escape
 
+        from trtflow.redact import hide
+
         console = _console(stderr=True)
-        console.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(hide(exc.message))}", highlight=False)
         if exc.hint:
-            console.print(f"  [bold]hint:[/] {escape(exc.hint)}")
+            console.print(f"  [bold]hint:[/] {escape(hide(exc.hint))}")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from trtflow import redact
 from trtflow.errors import TrtflowError
 
 
@@ -62,6 +64,7 @@ def resolve_user_path(path: str | Path, base: Path, allowed_roots: Sequence[Path
     byte, a name too long, a symbolic link loop, no permission). A path that does not exist is returned: the
     caller says what it expected there.
     """
+    _note_variables(str(path))
     try:
         candidate = Path(os.path.expandvars(str(path))).expanduser()
         if not candidate.is_absolute():
@@ -89,6 +92,18 @@ def resolve_user_path(path: str | Path, base: Path, allowed_roots: Sequence[Path
     if resolved.is_dir():
         check_folder(resolved, roots)
     return resolved
+
+
+_VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+
+
+def _note_variables(path: str) -> None:
+    """The values of the environment variables a path spells (``$VAR``, ``${VAR}``) are hidden where it is printed."""
+    for match in _VARIABLE.finditer(path):
+        name = match.group(1) or match.group(2)
+        value = os.environ.get(name)
+        if value:
+            redact.note(name, value)
 
 
 def _shown(path: str | Path, limit: int = 200) -> str:

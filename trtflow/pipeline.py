@@ -48,7 +48,7 @@ def load_pipeline(recipe: str | Path, overrides: Sequence[str] = (), targets: Se
     from trtflow.registry import get_stage
 
     loaded = load_recipe(recipe, overrides)
-    nodes = expand(loaded)
+    nodes = expand(loaded, get_stage)
     graph = build_graph(nodes, get_stage, loaded.recipe.name)
     everything = list(graph.nodes)
     if targets:

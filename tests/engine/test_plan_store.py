@@ -133,8 +133,8 @@ def test_interrupted_commit_leaves_no_manifest(tmp_path, monkeypatch):
 
     monkeypatch.setattr("trtflow.storage.store.atomic_write_text", boom)
     with pytest.raises(OSError):
-        store.commit("k" * 32, {"node": "x"}, out, {"out": ("out.txt", "onnx")})
-    assert store.read_manifest("k" * 32) is None
+        store.commit("0f" * 16, {"node": "x"}, out, {"out": ("out.txt", "onnx")})
+    assert store.read_manifest("0f" * 16) is None
 
 
 def test_gc_keeps_latest_builds_only(tmp_path):

@@ -81,14 +81,42 @@ def test_gc_forgets_deleted_nodes_and_recipes_and_cleans_locks_and_old_logs(tmp_
     keep.write_text(CHAIN.format(name="chain", suffix="").split("  - {name: c")[0])  # node c deleted
     trtflow("run", str(keep))
     gone.unlink()
-    gc = trtflow("gc", "--dry-run")
+    gc = trtflow("gc", "--dry-run", "--forget-missing-after", "0")
     assert "node c is no longer in" in gc.stdout and "no longer exists" in gc.stdout, gc.stdout
-    assert trtflow("gc").returncode == 0
+    assert trtflow("gc", "--forget-missing-after", "0").returncode == 0
     store = Store(tmp_path / "store")
     assert {r.recipe_id for r in store.refs.recipes()} == {str(keep)}
     assert not any((store.root / "locks").iterdir())
     assert len(list((store.root / "logs").iterdir())) <= 2  # the latest run of each recipe that remains
     assert _all_fresh(trtflow("plan", str(keep)))
+
+
+def test_gc_keeps_the_results_of_a_recipe_file_that_is_briefly_missing(tmp_path, trtflow):
+    """A branch switch or a rename in progress must not cost every result of a recipe: its refs are forgotten only
+    after it has been missing for the grace period (7 days by default), counted from the first gc that saw it
+    missing."""
+    recipe = _recipe(tmp_path / "project")
+    assert trtflow("run", str(recipe)).returncode == 0
+    store = Store(tmp_path / "store")
+    results = len(list(store.iter_manifests()))
+    text = recipe.read_text()
+    recipe.unlink()
+    gc = trtflow("gc")
+    assert gc.returncode == 0, gc.stdout + gc.stderr
+    assert "removed 0 results" in gc.stdout, gc.stdout
+    assert re.search(r"kept the results of 1 recipe file missing since .* \(forgotten after 7 days missing", gc.stdout)
+    assert len(list(store.iter_manifests())) == results
+    recipe.write_text(text)  # back (the branch switched back)
+    assert _all_fresh(trtflow("plan", str(recipe)))
+
+    recipe.unlink()
+    assert "removed 0 results" in trtflow("gc").stdout
+    (refs,) = list(store.refs.recipes())
+    marker = refs.folder / ".missing"
+    marker.write_text(json.dumps({"since": json.loads(marker.read_text())["since"] - 8 * 86400}))  # 8 days later
+    later = trtflow("gc")
+    assert f"removed {results} results" in later.stdout, later.stdout
+    assert list(store.refs.recipes()) == []
 
 
 def test_a_store_of_a_newer_format_is_refused_and_an_older_one_migrated(tmp_path, trtflow):

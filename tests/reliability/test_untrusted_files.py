@@ -80,6 +80,62 @@ nodes:
         "the module's source is part of the node key"
 
 
+SHADOW_PROBE = """\
+import json, sys
+from pathlib import Path
+from trtflow.callables import load_callable
+assert "colorsys" not in sys.modules
+build = load_callable("python:models/net.py:build", lambda rel: Path(sys.argv[1]) / rel, "model factory")
+import colorsys  # a later import, by trtflow or a stage, in the same process
+print(json.dumps({"factory": build(), "later": colorsys.__file__}))
+"""
+
+
+def test_a_callables_folder_does_not_shadow_installed_modules(tmp_path: Path) -> None:
+    """A `colorsys.py` (or `numpy.py`) beside a `python:` callable's file must not replace the real module, for the
+    callable or for anything imported after it; the callable's own sibling modules are still found."""
+    import subprocess
+    import sys
+
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "colorsys.py").write_text("SHADOW = True\n")
+    (models / "helpers.py").write_text("NAME = 'sibling helper'\n")
+    (models / "net.py").write_text("import colorsys\nimport helpers\n\n\ndef build():\n"
+                                   "    return [colorsys.__file__, helpers.NAME]\n")
+    proc = subprocess.run([sys.executable, "-c", SHADOW_PROBE, str(tmp_path)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    seen = json.loads(proc.stdout)
+    assert str(models) not in seen["factory"][0] and str(models) not in seen["later"], seen
+    assert seen["factory"][1] == "sibling helper"
+
+
+SECRET = "s3cr3t-t0ken-value"
+
+
+@pytest.mark.parametrize("recipe", [
+    'name: x\nextends: "{spelling}/base.yaml"\nnodes: []\n',
+    'name: x\nnodes:\n  - name: e\n    stage: export\n    params: {{model: "python:{spelling}/net.py:build", '
+    'inputs: {{input: {{shape: [1, 4]}}}}}}\n',
+    'name: x\nnodes:\n  - name: e\n    stage: export\n    params: {{model: "python:../../{spelling}/net.py:build", '
+    'inputs: {{input: {{shape: [1, 4]}}}}}}\n',
+])
+@pytest.mark.parametrize("spelling", ["${TRTFLOW_TEST_TOKEN}", "$TRTFLOW_TEST_TOKEN"])
+def test_an_environment_value_in_a_path_is_not_printed(tmp_path: Path, trtflow, plugin_env, recipe: str,
+                                                       spelling: str) -> None:
+    """A recipe (say, from a pull request) that puts a CI secret into a path cannot make an error message print
+    it: the value is shown as the variable's name."""
+    (tmp_path / "recipe.yaml").write_text(recipe.format(spelling=spelling))
+    for command in (["plan", "recipe.yaml"], ["run", "recipe.yaml"]):
+        proc = trtflow(*command, env=dict(plugin_env, TRTFLOW_TEST_TOKEN=SECRET))
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert SECRET not in proc.stdout + proc.stderr, proc.stderr
+        assert "${TRTFLOW_TEST_TOKEN}" in proc.stderr, proc.stderr
+
+
 def test_paths_that_escape_the_allowed_directories_are_refused(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     project = tmp_path / "project"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from trtflow.report.formats import to_html, to_markdown
-from trtflow_stages._selection import Candidate, Params, decide
+from trtflow_stages.decision.selection import Candidate, Params, decide
 
 
 def _bench(node: str, points, load=()):

@@ -10,8 +10,9 @@ import pytest
 from trtflow.errors import RecipeError, StageSkipped
 from trtflow.stage import GateContext
 from trtflow.testing import run_stage
-from trtflow_stages import _stats, benchmark
-from trtflow_stages._cuda_timing import cuda_unavailable_reason
+from trtflow_stages import benchmark
+from trtflow_stages.measure import stats as _stats
+from trtflow_stages.runtimes.cuda import cuda_unavailable_reason
 
 SHORT = {"warmup_ms": 5, "min_iterations": 5, "min_duration_s": 0.0}
 
@@ -188,7 +189,7 @@ def test_regression_gate_compares_with_the_previous_run_on_the_same_gpu():
 
 
 def test_pinned_baseline_gate_compares_and_refuses_other_hardware(tmp_path):
-    from trtflow_stages._baseline import make_baseline
+    from trtflow_stages.measure.baseline import make_baseline
 
     facts = {"gpu": "NVIDIA H100 (sm90)", "tensorrt": "10.13.0", "driver": "580.1"}
     document = make_baseline("demo", {"bench": {"stage": "benchmark", "summary": _summary(10.0, 1000.0),

@@ -18,7 +18,9 @@ from trtflow.fingerprint import hash_file_content
 from trtflow.stage import RecipeError, StageContext, StageFailed, StageSkipped
 from trtflow.testing import run_stage
 from trtflow_stages import build
-from trtflow_stages._tensorrt import installed_version
+from trtflow_stages.formats.onnx_model import ModelFacts, inspect_model
+from trtflow_stages.runtimes.profiles import check_profiles
+from trtflow_stages.runtimes.tensorrt import installed_version
 
 needs_rtx = pytest.mark.skipif(not module_available("tensorrt_rtx"), reason="needs tensorrt-rtx (pip install "
                                "tensorrt-rtx-cu13)")
@@ -295,7 +297,7 @@ def test_dynamic_inputs_must_be_covered(tmp_path, tiny_transformer_onnx, tiny_cn
     covered = profile("p", x=([1, 16], [1, 16], [1, 16]))
     assert build_engine(tmp_path / "b", qdq, profile=covered)[0].summary["profiles"] == ["p"]
     with pytest.raises(StageFailed, match=r"profile 'p' gives no shapes for dynamic input\(s\) input_ids\[\?, \?\]"):
-        build.check_profiles([build.ProfileSpec.model_validate(covered)], {"input_ids": [None, None], "x": [None, 16]})
+        check_profiles([build.ProfileSpec.model_validate(covered)], {"input_ids": [None, None], "x": [None, 16]})
 
 
 def test_profile_ranges_are_checked_when_params_are_read():
@@ -315,8 +317,8 @@ def test_profile_ranges_are_checked_when_params_are_read():
 
 
 def test_precision_plan_on_tensorrt_10_uses_builder_flags():
-    plain = build.ModelFacts(inputs={"x": [None, 4]})
-    int8_model = build.ModelFacts(inputs={"x": [None, 4]}, quantized_types={"int8"})
+    plain = ModelFacts(inputs={"x": [None, 4]})
+    int8_model = ModelFacts(inputs={"x": [None, 4]}, quantized_types={"int8"})
     assert build.plan_precision("strongly-typed", "tensorrt", "10.13.0", plain) == build.PrecisionPlan(True)
     assert build.plan_precision("fp32", "tensorrt", "10.13.0", plain) == build.PrecisionPlan(False)
     assert build.plan_precision("fp16", "tensorrt", "10.13.0", plain) == build.PrecisionPlan(False, ("fp16",))
@@ -332,7 +334,7 @@ def test_precision_plan_on_strongly_typed_flavours():
     for backend, version in [("tensorrt", "11.0.0"), ("tensorrt-rtx", "1.7.1")]:
         assert build.plan_precision("fp32", backend, version) == build.PrecisionPlan(True)
         assert build.plan_precision("int8", backend, version,
-                                    build.ModelFacts(quantized_types={"int8"})) == build.PrecisionPlan(True)
+                                    ModelFacts(quantized_types={"int8"})) == build.PrecisionPlan(True)
         for precision in ("fp16", "bf16", "best"):
             with pytest.raises(RecipeError, match=f"{backend} {version} builds strongly typed"):
                 build.plan_precision(precision, backend, version)
@@ -399,7 +401,7 @@ def test_modelopt_int8_cnn_builds(tmp_path, tiny_cnn_onnx):
     calibration = {"input": np.random.default_rng(0).random((8, 3, 32, 32), dtype=np.float32)}
     quantize(onnx_path=str(tiny_cnn_onnx), quantize_mode="int8", calibration_data=calibration,
              output_path=str(quantized), calibration_eps=["cpu"])
-    assert build.inspect_model(quantized).quantized_types == {"int8"}
+    assert inspect_model(quantized).quantized_types == {"int8"}
 
     result, manifest = build_engine(tmp_path / "out", quantized, precision="int8", profile=CNN_DYNAMIC)
     assert result.summary["strongly_typed"] is True

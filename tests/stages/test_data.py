@@ -14,20 +14,18 @@ from onnx import TensorProto, helper, numpy_helper
 from pydantic import ValidationError
 
 from trtflow.stage import StageFailed
-from trtflow_stages._data import (
+from trtflow_stages.data import (
     DataSource,
     InputSpec,
     batch_rows,
     check_arrays,
-    check_node_patterns,
-    check_op_types,
     data_files,
     iter_batches,
     load_arrays,
     onnx_input_specs,
     open_dataset,
-    private_model_copy,
 )
+from trtflow_stages.precision.modelopt import check_node_patterns, check_op_types, private_model_copy
 
 
 def two_input_model(path: Path, image_shape=(1, 3, 4, 4), mask_shape=("batch", 4)) -> Path:
@@ -346,7 +344,7 @@ def test_node_patterns_and_op_types(two_input):
 
 
 def test_module_is_cheap_to_import():
-    code = ("import sys, trtflow_stages._data; "
+    code = ("import sys, trtflow_stages.data; "
             "print(sorted({'numpy', 'onnx', 'torch', 'modelopt'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

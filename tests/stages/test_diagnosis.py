@@ -14,8 +14,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trtflow.stage import StageContext
 from trtflow.testing import run_stage
-from trtflow_stages import _diagnosis, simplify
-from trtflow_stages._ort import OrtOptions
+from trtflow_stages import simplify
+from trtflow_stages.accuracy import diagnosis as _diagnosis
+from trtflow_stages.runtimes.ort import OrtOptions
 
 
 def unk_model(path: Path | None = None) -> onnx.ModelProto:

@@ -8,7 +8,7 @@ import pytest
 import xxhash
 
 from trtflow.stage import StageFailed
-from trtflow_stages import _trt_runtime
+from trtflow_stages.runtimes import trt_runtime as _trt_runtime
 
 
 def test_engine_without_provenance_is_refused(tmp_path):

@@ -14,7 +14,7 @@ from torch import nn
 from trtflow.stage import StageFailed
 from trtflow.testing import run_stage
 from trtflow_stages import export
-from trtflow_stages._torch_export import bind_inputs
+from trtflow_stages.formats.torch_export import bind_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 BERT = "python:examples/models/tiny_bert.py"

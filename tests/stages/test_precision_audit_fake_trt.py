@@ -1,7 +1,7 @@
 """The engine side of the build's precision audit, where a TensorRT runtime exists.
 
-No TensorRT engine can execute here, so `_trt_runtime.runtime_available` is made to say yes and
-`_trt_runtime.open_engine` returns `FakeInspectedEngine`, which stands for a deserialised engine and its engine
+No TensorRT engine can execute here, so `runtimes.trt_runtime.runtime_available` is made to say yes and
+`runtimes.trt_runtime.open_engine` returns `FakeInspectedEngine`, which stands for a deserialised engine and its engine
 inspector: ``layer_information()`` returns what ``IEngineInspector.get_engine_information(JSON)`` returns for an
 engine built with profiling_verbosity: detailed (or names only). The network parse, the build, the provenance
 and the audit logic are real (TensorRT-RTX on the CPU).
@@ -19,8 +19,9 @@ from test_build import QDQ_PROFILE, qdq_matmul_model
 from trtflow.environment import module_available
 from trtflow.stage import StageFailed
 from trtflow.testing import run_stage
-from trtflow_stages import _trt_runtime, build
-from trtflow_stages._tensorrt import engine_precision
+from trtflow_stages import build
+from trtflow_stages.runtimes import trt_runtime as _trt_runtime
+from trtflow_stages.runtimes.tensorrt import engine_precision
 
 needs_rtx = pytest.mark.skipif(not module_available("tensorrt_rtx"), reason="needs tensorrt-rtx")
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtflow_stages import _load, _serving
-from trtflow_stages._executors import ExecutorSpec
-from trtflow_stages._ort import OrtOptions
-from trtflow_stages._replicas import Replicas
+from trtflow_stages.measure import load as _load
+from trtflow_stages.measure import serving as _serving
+from trtflow_stages.measure.instances import ExecutorSpec
+from trtflow_stages.measure.replicas import Replicas
+from trtflow_stages.runtimes.ort import OrtOptions
 
 
 @pytest.mark.slow

@@ -2,7 +2,7 @@
 
 No TensorRT engine can execute on the machines that run this suite (no GPU; TensorRT-RTX refuses the
 datacenter GPUs we could borrow), so the ``*_fake_trt*`` tests substitute `FakeEngineSession` for the
-`EngineSession` that `_trt_runtime.open_engine` returns, and `FakeTimer` for the cuda-python harness. Both
+`EngineSession` that `runtimes.trt_runtime.open_engine` returns, and `FakeTimer` for the cuda-python harness. Both
 fakes stand for TensorRT execution on a GPU: the session computes its outputs with ONNX Runtime on the ONNX
 model the engine would have been built from; the timer calls each enqueue on the host clock.
 Everything around them (provenance, data, shapes, comparison, statistics, gates, reports) is real.
@@ -21,11 +21,12 @@ import pytest
 from trtflow.errors import StageFailed, StageSkipped
 from trtflow.stage import GateContext
 from trtflow.testing import run_stage
-from trtflow_stages import _trt_runtime, benchmark, validate
-from trtflow_stages._cuda_timing import TimingRun
-from trtflow_stages._data import onnx_input_specs
-from trtflow_stages._stats import QueryTiming
-from trtflow_stages._trt_runtime import DeviceTensor
+from trtflow_stages import benchmark, validate
+from trtflow_stages.data import onnx_input_specs
+from trtflow_stages.measure.cuda_timing import TimingRun
+from trtflow_stages.measure.stats import QueryTiming
+from trtflow_stages.runtimes import trt_runtime as _trt_runtime
+from trtflow_stages.runtimes.trt_runtime import DeviceTensor
 
 
 class FakeEngineSession:

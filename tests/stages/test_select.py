@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trtflow.errors import RecipeError
-from trtflow_stages._selection import Candidate, Params, decide, pareto_front, table
+from trtflow_stages.decision.selection import Candidate, Params, decide, pareto_front, table
 from trtflow_stages.select import gate, gather
 
 

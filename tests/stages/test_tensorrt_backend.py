@@ -9,7 +9,7 @@ import pytest
 
 from trtflow.environment import GpuInfo, gpus, module_available
 from trtflow.stage import EnvironmentUnavailable, RecipeError, StageFailed, StageSkipped
-from trtflow_stages import _tensorrt as trtb
+from trtflow_stages.runtimes import tensorrt as trtb
 
 needs_rtx = pytest.mark.skipif(not module_available("tensorrt_rtx"), reason="needs tensorrt-rtx")
 

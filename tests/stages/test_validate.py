@@ -15,7 +15,8 @@ from trtflow.errors import RecipeError, StageFailed, StageSkipped
 from trtflow.stage import GateContext
 from trtflow.testing import run_stage
 from trtflow_stages import validate
-from trtflow_stages._trt_runtime import runtime_available
+from trtflow_stages.accuracy import compare
+from trtflow_stages.runtimes.trt_runtime import runtime_available
 
 RANDOM = {"random": {"seed": 3, "num_samples": 6}}
 
@@ -99,8 +100,8 @@ def test_error_front_judges_any_tolerance_exactly():
     rng = np.random.default_rng(0)
     reference = rng.standard_normal(5000)
     candidate = reference + rng.standard_normal(5000) * 10 ** rng.uniform(-6, -1, 5000)
-    front, exact, nan_errors = validate.error_front(candidate, reference)
-    assert exact and nan_errors == 0 and 1 < len(front) <= validate.MAX_FRONT_POINTS
+    front, exact, nan_errors = compare.error_front(candidate, reference)
+    assert exact and nan_errors == 0 and 1 < len(front) <= compare.MAX_FRONT_POINTS
     abs_err = np.abs(candidate - reference)
     rel_err = abs_err / np.abs(reference)
     for atol in (1e-6, 1e-4, 1e-3, 1e-2, 0.1, 1.0):
@@ -113,8 +114,8 @@ def test_error_front_thinning_never_hides_a_failure():
     # Anti-correlated errors: every element is on the front, which must be thinned.
     abs_err = np.linspace(1.0, 0.001, 1000)
     reference = abs_err**2  # rel error 1 / abs error: the smaller the abs error, the larger the rel error
-    front, exact, _ = validate.error_front(reference + abs_err, reference)
-    assert not exact and len(front) == validate.MAX_FRONT_POINTS
+    front, exact, _ = compare.error_front(reference + abs_err, reference)
+    assert not exact and len(front) == compare.MAX_FRONT_POINTS
     rel_err = abs_err / reference
     for atol in np.geomspace(1e-3, 1, 15):
         for rtol in np.geomspace(1e-3, 1e3, 15):
@@ -126,7 +127,7 @@ def test_per_output_override_loosens_only_that_output(tiny_cnn_onnx, cnn_perturb
     loose = {"logits": {"atol": 10.0, "min_cosine_similarity": 0.5}}
     result, failures = _validate(tmp_path / "loose", tiny_cnn_onnx, cnn_perturbed, output_tolerances=loose)
     assert failures == []
-    assert validate.resolved_tolerance(validate.Params.model_validate(
+    assert compare.resolved_tolerance(validate.Params.model_validate(
         {"data": RANDOM, "output_tolerances": loose}), "logits")["rtol"] == 1e-5  # the rest from expect: fp32
     strict = _judge(result.summary, data=RANDOM, tolerances={"atol": 10.0})
     assert any(re.search(r"cosine similarity .* < min 0\.99999", failure) for failure in strict)
@@ -247,7 +248,7 @@ def test_onnxruntime_fp16_quantize_rounding_is_measured_as_tensorrt_computes_it(
     """ONNX Runtime's CPU QuantizeLinear truncates fp16 inputs; the candidate is rewritten to round as specified."""
     from onnx import TensorProto
 
-    from trtflow_stages._ort_fixes import fix_for_onnxruntime, truncates_fp16_quantize
+    from trtflow_stages.accuracy.ort_fixes import fix_for_onnxruntime, truncates_fp16_quantize
 
     scale = 0.0078125  # 1/128: exact in fp16, so the only error left is the int8 rounding
     candidate = _fp16_quantize_model(tmp_path / "qdq.onnx", scale)

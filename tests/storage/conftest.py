@@ -63,6 +63,24 @@ def remote(remote_url: str) -> RemoteCache:
     return RemoteCache(remote_url)
 
 
+@pytest.fixture
+def producer(tmp_path: Path) -> Store:
+    return make_store(tmp_path / "store-a")
+
+
+@pytest.fixture
+def consumer(tmp_path: Path) -> Store:
+    return make_store(tmp_path / "store-b")
+
+
+def object_path(digest: str) -> str:
+    return f"objects/{digest[:2]}/{digest}"
+
+
+def manifest_path(key: str) -> str:
+    return f"nodes/{key[:2]}/{key}.json"
+
+
 def make_store(root: Path) -> Store:
     store = Store(root)
     store.ensure()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.storage.conftest import commit_node, make_store, node_key, raw_remote
+from tests.storage.conftest import commit_node, make_store, manifest_path, node_key, object_path, raw_remote
 from trtflow.errors import TrtflowError
 from trtflow.fingerprint import hash_file_content
 from trtflow.storage.remote import REMOTE_FORMAT, RemoteCache, RemoteCorrupt, RemoteError
@@ -21,26 +21,8 @@ from trtflow.storage.store import Store
 from trtflow.storage.verify import verify_store
 
 
-def object_path(digest: str) -> str:
-    return f"objects/{digest[:2]}/{digest}"
-
-
-def manifest_path(key: str) -> str:
-    return f"nodes/{key[:2]}/{key}.json"
-
-
 def local_leftovers(store: Store) -> list[Path]:
     return [p for p in store.objects.rglob(".*") if p.is_file()]
-
-
-@pytest.fixture
-def producer(tmp_path: Path) -> Store:
-    return make_store(tmp_path / "store-a")
-
-
-@pytest.fixture
-def consumer(tmp_path: Path) -> Store:
-    return make_store(tmp_path / "store-b")
 
 
 def test_a_node_pushed_from_one_store_is_pulled_into_another(remote: RemoteCache, producer: Store,
@@ -111,16 +93,19 @@ def test_a_remote_with_an_unreadable_format_file_is_refused(tmp_path: Path) -> N
 
 @pytest.mark.parametrize(("content", "problem"), [
     (b'{"key": "k", "outputs": {"x": {"dig', "not valid JSON"),
-    (b'{"stage": "synth"}', "it has no outputs"),
+    (b'{"key": "KEY", "stage": "synth"}', "it has no outputs"),
     (b'["outputs"]', "not a JSON object"),
-    (b'{"outputs": {"x": {"digest": "00112233445566778899aabbccddeeff", "size": 1, "filename": "../../x", '
-     b'"kind": "blob"}}}', "unsafe file name"),
-    (b'{"outputs": {"x": {"digest": "nothex", "size": 1, "filename": "x", "kind": "blob"}}}', "no valid digest"),
+    (b'{"key": "KEY", "outputs": {"x": {"digest": "00112233445566778899aabbccddeeff", "size": 1, '
+     b'"filename": "../../x", "kind": "blob"}}}', "unsafe file name"),
+    (b'{"key": "KEY", "outputs": {"x": {"digest": "nothex", "size": 1, "filename": "x", "kind": "blob"}}}',
+     "no valid digest"),
+    (b'{"outputs": {}}', "it names no key"),
+    (b"", "not valid JSON"),
 ])
 def test_an_unusable_remote_manifest_is_treated_as_absent(remote_url: str, remote: RemoteCache, content: bytes,
                                                           problem: str, caplog: pytest.LogCaptureFixture) -> None:
     key = node_key("broken")
-    raw_remote(remote_url).write(manifest_path(key), content)
+    raw_remote(remote_url).write(manifest_path(key), content.replace(b"KEY", key.encode()))
     with caplog.at_level(logging.WARNING, logger="trtflow.remote"):
         assert remote.get_manifest(key) is None
     assert any(key in r.getMessage() and problem in r.getMessage() for r in caplog.records), caplog.text

@@ -4,11 +4,13 @@ never used."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 from tests.reliability.plugins import subprocess_env, write_plugin_distribution
+from tests.storage.conftest import raw_remote
 from trtflow.storage.store import Store
 from trtflow.storage.verify import verify_store
 
@@ -55,6 +57,39 @@ def test_a_corrupt_remote_object_is_never_used(tmp_path: Path, remote_url: str) 
     assert "1 built" in second.stdout and "not taken from the remote cache" in second.stdout, second.stdout
     assert _outputs(tmp_path / "out-b") == _outputs(tmp_path / "out-a")
     assert verify_store(Store(tmp_path / "b")).problems == []
+
+
+def _rewrite_manifest(remote_url: str, key: str, change) -> None:
+    """Rewrite a remote manifest as another (buggy or hostile) writer would."""
+    raw = raw_remote(remote_url)
+    path = f"nodes/{key[:2]}/{key}.json"
+    manifest = json.loads(raw.read(path))
+    change(manifest)
+    raw.write(path, json.dumps(manifest).encode())
+
+
+def test_broken_remote_manifests_are_misses_and_lose_no_remote_object(tmp_path: Path, remote_url: str) -> None:
+    """A manifest without `key` (was exit 70, an internal error) and one that lies about an object's size (was:
+    the object deleted from the remote) are built locally; every remote object survives."""
+    assert _run(tmp_path, "a", remote_url).returncode == 0
+    store_a = Store(tmp_path / "a")
+    keys = store_a.refs.current(str(tmp_path / "chain.yaml"))
+    digest_b = store_a.read_manifest(keys["b"])["outputs"]["data"]["digest"]
+    _rewrite_manifest(remote_url, keys["b"], lambda m: m.pop("key"))
+
+    def lie(manifest: dict) -> None:
+        manifest["outputs"]["data"]["digest"] = digest_b  # c claims b's object, with c's (wrong) size
+    _rewrite_manifest(remote_url, keys["c"], lie)
+    objects = {o["digest"] for k in keys.values() for o in store_a.read_manifest(k)["outputs"].values()}
+
+    second = _run(tmp_path, "b", remote_url, "--no-push")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "2 built, 1 reused" in second.stdout, second.stdout
+    assert "it names no key" in second.stderr, second.stderr
+    assert f"says object {digest_b} has" in second.stdout, second.stdout
+    assert _outputs(tmp_path / "out-b") == _outputs(tmp_path / "out-a")
+    raw = raw_remote(remote_url)
+    assert all(raw.exists(f"objects/{d[:2]}/{d}") for d in objects), "a remote object was lost"
 
 
 def _corrupt(remote_url: str, digest: str) -> None:

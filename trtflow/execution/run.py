@@ -69,7 +69,7 @@ class Runner:
             HooksObserver(self.hooks),
         ])
         executor = executor or make_executor(self.options, store, self.run_id)
-        cache = open_remote(self.options.remote)
+        cache = open_remote(self.options.remote, self.options.remote_digest)
         transfer_url = getattr(executor, "transfer", None)
         transfer = cache if cache is not None and transfer_url == cache.url else open_remote(transfer_url)
         self.ctx = RunContext(graph=graph, store=store, recipe=recipe, run_id=self.run_id, options=self.options,
@@ -174,12 +174,13 @@ class Runner:
         return cleared
 
 
-def open_remote(url: str | None) -> Any:
+def open_remote(url: str | None, digest: str | None = None) -> Any:
+    """A remote cache (``digest``: the hash it must name objects by; None: what its format.json says)."""
     if not url:
         return None
     from trtflow.storage.remote import RemoteCache
 
-    return RemoteCache(url)
+    return RemoteCache(url, digest=digest)
 
 
 def make_executor(options: RunOptions, store: Store, run_id: str) -> Executor:

@@ -41,12 +41,10 @@ class ConcreteNode:
     resources: dict[str, Any] = field(default_factory=dict)  # the recipe's overrides of the stage's Resources
 
 
-def expand(loaded: LoadedRecipe, stages: Any | None = None) -> list[ConcreteNode]:
-    """Turn recipe nodes into concrete nodes. ``stages`` maps a name to a Stage (default: the registry)."""
-    if stages is None:
-        from trtflow.registry import get_stage as stages_get
-    else:
-        stages_get = stages.__getitem__ if not callable(stages) else stages
+def expand(loaded: LoadedRecipe, stages: Any) -> list[ConcreteNode]:
+    """Turn recipe nodes into concrete nodes. ``stages`` maps a name to a Stage (a mapping, or a function such as
+    `trtflow.registry.get_stage`)."""
+    stages_get = stages.__getitem__ if not callable(stages) else stages
     recipe = loaded.recipe
     _check_node_count(loaded)
     matrix_key_users = Counter(key for spec in recipe.nodes for key in spec.matrix)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtflow import redact
 from trtflow.errors import Location, RecipeError, TrtflowError, did_you_mean
 from trtflow.fsutil import allowed_roots_for, resolve_user_path
 from trtflow.recipe.schema import Recipe
@@ -99,6 +100,7 @@ def interpolate(text: str, where: Place) -> str:
             value.encode("utf-8")
         except UnicodeEncodeError:  # bytes that are not UTF-8 reach os.environ as lone surrogates
             raise RecipeError(f"environment variable {name!r} is not valid UTF-8 text", Location(*where)) from None
+        redact.note(name, value)  # never printed: it may be a secret
         return value
 
     return _ENV_PATTERN.sub(replace, text)

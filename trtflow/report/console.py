@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtflow.execution.results import CACHED, DONE, SKIPPED, Hooks, NodeResult, Progress, RunSummary
 from trtflow.fsutil import read_tail
+from trtflow.redact import hide
 from trtflow.status import FRESH, SKIP
 
 if TYPE_CHECKING:
@@ -91,6 +92,7 @@ class ConsoleHooks(Hooks):
         return self._console
 
     def _print(self, text: str) -> None:
+        text = hide(text)  # values a recipe took from the environment (see trtflow.redact)
         with self._lock:
             self.console.print(text, highlight=False)
 
@@ -214,7 +216,7 @@ class ConsoleHooks(Hooks):
             for res in results.values():
                 if res.status == SKIPPED and not self.quiet:
                     needs = f" (needs: {res.hint})" if res.hint else ""
-                    print(f"  - {res.node}: {res.error or res.reason}{needs}", flush=True)
+                    print(hide(f"  - {res.node}: {res.error or res.reason}{needs}"), flush=True)
         else:
             failed = summary.count("failed", "gate_failed")
             blocked = summary.count("blocked")

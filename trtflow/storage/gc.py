@@ -1,9 +1,12 @@
 """Garbage collection: drop what no recipe file's latest runs use, under the store lock.
 
 Roots: for every recipe file with refs, the key each of its nodes used in its latest run (refs/<recipe>/current.json),
-plus the keys of runs younger than the retention (``keep_days``, refs history). gc holds the store lock exclusively,
-so no run can commit (or be half-way through linking) while it decides and deletes: a run waits for gc, and gc waits
-for runs (or says "store busy").
+plus the keys of runs younger than the retention (``keep_days``, refs history). A recipe file that no longer exists
+keeps its roots for a grace period (``forget_missing_days``, counted from the first gc that saw it missing): a
+branch switch, a rename in progress or an unmounted share must not cost every result of a recipe.
+
+gc holds the store lock exclusively, so no run can commit (or be half-way through linking) while it decides and
+deletes: a run waits for gc, and gc waits for runs (or says "store busy").
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from trtflow.storage.refs import RecipeRefs
 from trtflow.storage.store import Store
 
 DAY = 86400.0
+FORGET_MISSING_DAYS = 7.0
 
 
 @dataclass
@@ -33,9 +37,20 @@ class Removal:
     why: str
 
 
+@dataclass(frozen=True)
+class MissingRecipe:
+    """A recipe file with refs that no longer exists, whose results are kept until its grace period ends."""
+
+    recipe: str
+    path: str | None
+    since: float
+    forget_at: float
+
+
 @dataclass
 class GcReport:
     removals: list[Removal] = field(default_factory=list)
+    missing: list[MissingRecipe] = field(default_factory=list)
     kept_results: int = 0
     kept_objects: int = 0
     dry_run: bool = False
@@ -46,16 +61,17 @@ class GcReport:
 
 
 def collect_garbage(store: Store, keep_days: float = 0.0, dry_run: bool = False, wait_s: float = 60.0,
-                    on_wait: Any = None) -> GcReport:
+                    on_wait: Any = None, forget_missing_days: float = FORGET_MISSING_DAYS) -> GcReport:
     report = GcReport(dry_run=dry_run)
     if not store.root.exists():
         return report
     if not dry_run:
         store.ensure()  # migrates an older store first: its refs become roots in today's form
     store.check_format()
+    store.check_folders()
     with StoreLock(store.root).held(EXCLUSIVE, "trtflow gc" + (" --dry-run" if dry_run else ""), wait_s, on_wait):
         try:
-            _collect(store, keep_days, dry_run, report)
+            _collect(store, keep_days, dry_run, report, forget_missing_days)
         except OSError as exc:
             raise StoreError(f"gc could not change the store {store.root}: {exc.strerror or exc}"
                              + (f" ({exc.filename})" if exc.filename else ""),
@@ -64,11 +80,11 @@ def collect_garbage(store: Store, keep_days: float = 0.0, dry_run: bool = False,
     return report
 
 
-def _collect(store: Store, keep_days: float, dry_run: bool, report: GcReport) -> None:
+def _collect(store: Store, keep_days: float, dry_run: bool, report: GcReport, forget_missing_days: float) -> None:
     now = time.time()
     keep_since = now - keep_days * DAY
     recipes = list(store.refs.recipes())
-    forgotten = [r for r in recipes if r.missing_on_this_host()]
+    forgotten = _forgotten(store, recipes, now, dry_run, forget_missing_days, report)
     active = [r for r in recipes if r not in forgotten]
     roots: dict[str, str] = {}  # key -> why it is kept (for --dry-run listings of kept items: not printed today)
     current_users: dict[tuple[str, str], str] = {}  # (recipe id, node) -> the key it uses now
@@ -154,7 +170,7 @@ def _collect(store: Store, keep_days: float, dry_run: bool, report: GcReport) ->
                                        "inputs kept to reproduce a crash of a run that is no longer the latest"))
         if not dry_run:
             shutil.rmtree(crash_dir, ignore_errors=True)
-    for partial in store.objects.glob("*/.*") if store.objects.exists() else []:
+    for partial in store.iter_partials():
         report.removals.append(Removal("scratch", "-", partial.name, partial.lstat().st_size, _age(partial, now),
                                        "a partial download or copy left by a killed run"))
         if not dry_run:
@@ -167,6 +183,23 @@ def _collect(store: Store, keep_days: float, dry_run: bool, report: GcReport) ->
     if not dry_run:
         for refs in active:
             store.refs.trim_history(refs.folder, keep_since if keep_days > 0 else now)
+
+
+def _forgotten(store: Store, recipes: list[RecipeRefs], now: float, dry_run: bool, grace_days: float,
+               report: GcReport) -> list[RecipeRefs]:
+    """The recipes whose file has been missing for the grace period; the others that are missing go to the report."""
+    forgotten = []
+    for refs in recipes:
+        if not refs.missing_on_this_host():
+            if not dry_run:
+                store.refs.found_again(refs.folder)
+            continue
+        since = store.refs.missing_since(refs.folder, now, record=not dry_run)
+        if now - since >= grace_days * DAY:
+            forgotten.append(refs)
+        else:
+            report.missing.append(MissingRecipe(refs.recipe_id, refs.path, since, since + grace_days * DAY))
+    return forgotten
 
 
 def _why(key: str, manifest: dict[str, Any], recipes: dict[str, RecipeRefs],

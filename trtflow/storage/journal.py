@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -37,6 +38,8 @@ CREATE TABLE IF NOT EXISTS stat_cache (
     path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, inode INTEGER, digest TEXT
 );
 """
+
+_RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 DAMAGED_HINT = ("run `trtflow verify --fix` to reset it; stored results (objects, manifests, refs) are kept: "
                 "the journal only holds the history of runs")
@@ -191,9 +194,10 @@ class Journal:
                 raise
 
     def running_runs(self) -> list[tuple[str, int, str]]:
-        """(run id, pid, host) of runs recorded as running."""
-        return [tuple(r) for r in self._execute(
-            "reading running runs", "SELECT id, pid, host FROM runs WHERE status = 'running'").fetchall()]
+        """(run id, pid, host) of runs recorded as running. A run id becomes a path (``tmp/<run id>``): one that is
+        not a plain name (a row planted in a journal that came with a cloned repository) is left out."""
+        rows = self._execute("reading running runs", "SELECT id, pid, host FROM runs WHERE status = 'running'")
+        return [tuple(r) for r in rows.fetchall() if isinstance(r[0], str) and _RUN_ID.fullmatch(r[0])]
 
     def mark_dead(self, run_id: str) -> None:
         """Record that a run's process ended without recording its outcome (kill -9, power loss, full disk)."""

@@ -11,6 +11,7 @@ other's refs. Per recipe file, under ``refs/<slug>/``:
                       right after a commit (kill -9, power loss) never leaves a result that gc may take for
                       garbage. Readers fold these lines over ``current.json``; `RefStore.update` (at the start and
                       the end of a run) folds them into ``current.json`` and ``history.jsonl`` and removes them.
+  ``.missing``        {since}: when gc first saw the recipe file missing (its refs are forgotten after a grace).
 Every run writes them, a run that finds everything up to date too. Updates are read-merge-write under a
 per-recipe lock, so concurrent runs of one recipe never lose each other's refs.
 """
@@ -35,6 +36,7 @@ REFRESH_SECONDS = 24 * 3600
 FORMAT = 2
 LEGACY_PREFIX = "legacy-"
 PENDING = ".pending.jsonl"  # a dot name: never taken for a first-release (legacy) ref file
+MISSING_MARKER = ".missing"  # {"since": time}: when gc first saw the recipe file missing
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,24 @@ class RefStore:
             return None
         nodes = data.get("nodes") if isinstance(data, dict) and isinstance(data.get("nodes"), dict) else {}
         return RecipeRefs(folder, "", "", None, None, 0.0, {n: e for n, e in nodes.items() if isinstance(e, dict)})
+    # ----- a recipe file that is missing (gc's grace period before forgetting it)
+    def missing_since(self, folder: Path, now: float, record: bool) -> float:
+        """Since when the recipe file of ``folder`` has been seen missing: the time recorded by the first gc that
+        saw it missing (recorded now, when ``record`` and none is)."""
+        marker = folder / MISSING_MARKER
+        try:
+            since = float(json.loads(marker.read_text(encoding="utf-8"))["since"])
+            if since <= now:
+                return since
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        if record:
+            atomic_write_text(marker, json.dumps({"since": now}))
+        return now
+
+    def found_again(self, folder: Path) -> None:
+        """The recipe file of ``folder`` exists (again): forget when it was seen missing."""
+        (folder / MISSING_MARKER).unlink(missing_ok=True)
 
     def trim_history(self, folder: Path, keep_since: float) -> int:
         """Drop history lines older than ``keep_since``; returns how many were dropped."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import time
 from collections.abc import Iterator, Mapping
@@ -32,11 +31,13 @@ from typing import Any
 from trtflow.errors import StoreError, TrtflowError
 from trtflow.fingerprint import StatCache, hash_file_content
 from trtflow.fsutil import atomic_write_text, fsync_dir
+from trtflow.storage import outputs
+from trtflow.storage.manifest import FORMAT as MANIFEST_FORMAT
+from trtflow.storage.manifest import check_key, manifest_problem
 from trtflow.storage.refs import RefStore, migrate_legacy_refs
 
 READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
 FORMAT = 2  # 1: the first release (no format.json, refs by recipe name)
-INDEX = ".trtflow.json"  # in a materialised output folder: which files trtflow put there, and from which key
 SUBDIRS = ("objects", "nodes", "refs", "caches", "locks", "logs", "tmp")
 
 
@@ -62,6 +63,7 @@ class Store:
         return self.objects / digest[:2] / digest
 
     def manifest_path(self, key: str) -> Path:
+        check_key(key)  # a key read from a file (refs) becomes a path: never one that leaves nodes/
         return self.root / "nodes" / key[:2] / f"{key}.json"
 
     @property
@@ -102,12 +104,38 @@ class Store:
         try:
             for sub in SUBDIRS:
                 (self.root / sub).mkdir(exist_ok=True)
+            self.check_folders()
             if found < FORMAT:
                 migrate_legacy_refs(self.root / "refs")
                 atomic_write_text(self.format_path, json.dumps({"format": FORMAT, "written_by": _version()}))
         except OSError as exc:
             raise StoreError(f"cannot prepare the store at {self.root}: {exc.strerror or exc}",
                              hint="free disk space or fix the store's permissions") from None
+
+    def check_folders(self) -> None:
+        """Refuse a store whose folders lead elsewhere: a store may sit in a folder another party controls (the
+        default ``.trtflow`` is in the working directory, e.g. a cloned repository), and gc, verify and runs
+        delete and write there. The store's root may be a link (the user's choice); its folders may not."""
+        for name in (*SUBDIRS, "crashes"):
+            path = self.root / name
+            try:
+                st = path.lstat()
+            except FileNotFoundError:
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                raise StoreError(f"the store's folder {path} is a symbolic link (to {os.readlink(path)}); trtflow "
+                                 "deletes and writes there, so it must be a real folder",
+                                 hint="remove the link, or point --store / TRTFLOW_STORE at the real store")
+            if not stat.S_ISDIR(st.st_mode):
+                raise StoreError(f"the store's folder {path} is not a folder", hint="remove it")
+
+    def make_shard(self, path: Path) -> None:
+        """Create the shard folder of an object or manifest path (``objects/ab``) as a real folder."""
+        shard = path.parent
+        shard.mkdir(parents=True, exist_ok=True)  # a worker's scratch store may not have objects/ yet
+        if shard.is_symlink():
+            raise StoreError(f"the store's folder {shard} is a symbolic link; trtflow writes only into real folders",
+                             hint="`trtflow verify --fix` removes it")
 
     def check_format(self) -> int:
         """The store's format (1 for a store from the first release, FORMAT for a new one); refuses newer ones."""
@@ -128,12 +156,13 @@ class Store:
 
     # ----- manifests
     def read_manifest(self, key: str) -> dict[str, Any] | None:
+        """The manifest of ``key``, or None when it is absent, unreadable or unusable (see manifest.py)."""
         try:
             with open(self.manifest_path(key), encoding="utf-8") as f:
                 manifest = json.load(f)
         except (OSError, ValueError):
             return None  # absent or unreadable: treated as absent, `verify` reports an unreadable one
-        return manifest if isinstance(manifest, dict) and isinstance(manifest.get("outputs"), dict) else None
+        return None if manifest_problem(key, manifest) else manifest
 
     def intact(self, manifest: Mapping[str, Any], stat_cache: StatCache | None = None) -> bool:
         """True if every output object of the manifest is present with the content its digest names."""
@@ -179,7 +208,7 @@ class Store:
         if self.object_intact(digest, size, stat_cache):
             source.unlink()
             return digest, size
-        target.parent.mkdir(parents=True, exist_ok=True)
+        self.make_shard(target)
         with open(source, "rb") as f:
             os.fsync(f.fileno())
         os.chmod(source, READ_ONLY)
@@ -200,108 +229,57 @@ class Store:
                 continue
             digest, size = self.put_file(path, stat_cache)
             stored[name] = {"digest": digest, "size": size, "filename": filename, "kind": kind}
-        manifest = dict(manifest, format=FORMAT, key=key, outputs=stored, committed=time.time())
+        manifest = dict(manifest, format=MANIFEST_FORMAT, key=key, outputs=stored, committed=time.time())
         self.write_manifest(key, manifest)
         return manifest
 
     def write_manifest(self, key: str, manifest: Mapping[str, Any]) -> None:
+        self.make_shard(self.manifest_path(key))
         atomic_write_text(self.manifest_path(key), json.dumps(manifest, indent=1, sort_keys=True))
 
-    # ----- user-facing copies
+    # ----- user-facing copies (see outputs.py: what trtflow may touch under build/)
     def materialize(self, manifest: Mapping[str, Any], dest: Path) -> dict[str, Path]:
-        """Copy a node's outputs to readable paths (copies, never aliases: editing them cannot change the store).
-
-        A copy that is still the one trtflow made (same size, mtime and inode as recorded in the folder's index)
-        is kept; anything else listed in the index is replaced or removed.
-        """
-        index = _read_index(dest)
-        known = index.get("files", {}) if index.get("key") == manifest.get("key") else {}
-        dest.mkdir(parents=True, exist_ok=True)
-        paths: dict[str, Path] = {}
-        files: dict[str, dict[str, Any]] = {}
-        for name, out in manifest.get("outputs", {}).items():
-            target = dest / out["filename"]
-            paths[name] = target
-            record = known.get(out["filename"])
-            if record is None or not _same_file(target, record):
-                _copy_atomically(self.object_path(out["digest"]), target)
-            st = target.stat()
-            files[out["filename"]] = {"digest": out["digest"], "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                                      "ino": st.st_ino}
-        for leftover in set(index.get("files", {})) - set(files):
-            (dest / leftover).unlink(missing_ok=True)
-        current = {"key": manifest.get("key"), "node": manifest.get("node"), "status": "current", "files": files}
-        if current != index:  # a re-run that found every copy intact writes nothing
-            _write_index(dest, current)
-        return paths
+        """Copy a node's outputs to readable paths in ``dest``; raises OSError (UnsafeOutputFolder when ``dest``
+        leads elsewhere)."""
+        return outputs.materialize(manifest, dest, self.object_path)
 
     def retract(self, dest: Path, reason: str) -> list[str]:
-        """Remove the outputs trtflow put in ``dest`` (they no longer match the node) and say why in its index.
-
-        Returns the removed file names; files trtflow did not put there are left alone.
-        """
-        index = _read_index(dest)
-        removed = []
-        for filename in index.get("files", {}):
-            path = dest / filename
-            if path.exists():
-                path.unlink()
-                removed.append(filename)
-        if index:
-            _write_index(dest, {"key": None, "node": index.get("node"), "status": "stale", "reason": reason,
-                                "files": {}})
-        return removed
+        """Remove the copies trtflow made in ``dest`` (they no longer match the node); returns their names."""
+        return outputs.retract(dest, reason)
 
     # ----- maintenance
     def iter_manifests(self) -> Iterator[tuple[Path, dict[str, Any] | None]]:
-        base = self.root / "nodes"
-        if not base.exists():
-            return
-        for path in sorted(base.glob("*/*.json")):
+        for path in self._shard_files(self.root / "nodes"):
+            if path.suffix != ".json" or path.name.startswith("."):
+                continue
             try:
                 yield path, json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 yield path, None
 
     def iter_objects(self) -> Iterator[Path]:
-        if not self.objects.exists():
-            return
-        yield from sorted(p for p in self.objects.glob("*/*") if not p.name.startswith("."))
+        yield from (p for p in self._shard_files(self.objects) if not p.name.startswith("."))
+
+    def iter_partials(self) -> Iterator[Path]:
+        """Temporary files of copies and downloads in the object folders (a killed run leaves them)."""
+        yield from (p for p in self._shard_files(self.objects) if p.name.startswith("."))
+
+    def linked_shards(self) -> list[Path]:
+        """Shard folders (``objects/ab``, ``nodes/ab``) that are links: never followed, reported by verify."""
+        return [Path(e.path) for base in (self.objects, self.root / "nodes") for e in _entries(base) if e.is_symlink()]
+
+    def _shard_files(self, base: Path) -> list[Path]:
+        """The entries of the real shard folders of ``base``, sorted; a shard that is a link is not entered."""
+        return sorted(Path(f.path) for shard in _entries(base) if shard.is_dir(follow_symlinks=False)
+                      for f in _entries(Path(shard.path)))
 
 
-def _read_index(dest: Path) -> dict[str, Any]:
+def _entries(folder: Path) -> list[os.DirEntry[str]]:
     try:
-        data = json.loads((dest / INDEX).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) and isinstance(data.get("files", {}), dict) else {}
-
-
-def _write_index(dest: Path, data: dict[str, Any]) -> None:
-    """Replace the folder's index atomically; not fsynced: it only saves copies, and a lost one means a re-copy."""
-    tmp = dest / f".{INDEX}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-    os.replace(tmp, dest / INDEX)
-
-
-def _same_file(path: Path, record: Mapping[str, Any]) -> bool:
-    try:
-        st = path.stat()
+        with os.scandir(folder) as it:
+            return list(it)
     except OSError:
-        return False
-    return (st.st_size, st.st_mtime_ns, st.st_ino) == (record.get("size"), record.get("mtime_ns"), record.get("ino"))
-
-
-def _copy_atomically(source: Path, target: Path) -> None:
-    """Copy (a reflink where the filesystem offers one: copy_file_range) to a temp name, then rename."""
-    target.parent.mkdir(parents=True, exist_ok=True)  # an output's file name may hold folders (1/model.onnx)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    try:
-        shutil.copyfile(source, tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        return []
 
 
 def _version() -> str:
@@ -311,6 +289,9 @@ def _version() -> str:
 
 
 def materialize_error(node: str, dest: Path, exc: OSError) -> TrtflowError:
+    if isinstance(exc, outputs.UnsafeOutputFolder):
+        return TrtflowError(f"node {node} is stored, but its outputs were not copied: {exc.message}",
+                            hint="the node is not rebuilt: fix the output folder, then run again to copy them")
     return TrtflowError(f"node {node} is stored, but copying its outputs to {dest} failed: {exc.strerror or exc}",
                         hint="free space where the outputs go (--output-dir), then run again: the node is not "
                         "rebuilt, only copied")

@@ -1,8 +1,8 @@
 """Replicas: one process per GPU, each serving the same model, all driven through each load level at once.
 
 Each replica is a spawned process that sees only its GPU (``CUDA_VISIBLE_DEVICES``), loads the model through
-`_executors.open_executor`, serves it with a `_load.Server` and runs the load levels it is sent; the replicas
-start each level together (a barrier) and send their request records back. Separate processes, not threads,
+`measure.instances.open_executor`, serves it with a `measure.load.Server` and runs the load levels it is sent; the
+replicas start each level together (a barrier) and send their request records back. Separate processes, not threads,
 so that neither Python's interpreter lock nor one CUDA context limits the scaling being measured.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 from trtflow.stage import StageFailed
 
-from ._executors import ExecutorSpec, open_executor
-from ._load import DynamicBatching, Level, LoadRun, Server, run_level, steady_interpreter, warm_up
+from .instances import ExecutorSpec, open_executor
+from .load import DynamicBatching, Level, LoadRun, Server, run_level, steady_interpreter, warm_up
 
 START_TIMEOUT_S = 600.0  # loading a large model (and importing torch) on a busy host is slow
 

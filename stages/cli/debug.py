@@ -73,7 +73,7 @@ def layers(recipe: RecipeArg, node: NodeArg, set_: SetOpt = None, store: StoreOp
            = 0.01,
            json_out: JsonOpt = None) -> None:
     """Compare the candidate with its fp32 model tensor by tensor: where the error starts and grows."""
-    from ._precision_debug import layer_errors, layer_report, load_batches, resolve_target
+    from ..accuracy.precision_debug import layer_errors, layer_report, load_batches, resolve_target
 
     console = _console()
     target = resolve_target(recipe, node, set_ or [], store, say=console.print)
@@ -117,7 +117,7 @@ def precision(recipe: RecipeArg, node: NodeArg, set_: SetOpt = None, store: Stor
                                                      help="Most re-conversions/re-quantizations to try.")] = 40,
               json_out: JsonOpt = None) -> None:
     """Find a small set of ONNX nodes to keep in higher precision so the candidate passes its accuracy gate."""
-    from ._precision_debug import (
+    from ..accuracy.precision_debug import (
         DEBUGGABLE,
         KEEP,
         Evaluator,

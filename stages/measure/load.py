@@ -33,7 +33,7 @@ from pydantic import Field, field_validator, model_validator
 
 from trtflow.stage import StageParams
 
-from ._stats import summarize
+from .stats import summarize
 
 #: Runs one batch of the given number of samples and returns when its results are ready.
 RunBatch = Callable[[int], None]

@@ -7,7 +7,7 @@ same thing on its own) and ``hint`` (a known cause found *before* the call, by t
 
 How another stage uses this module (validate, quantize, benchmark)::
 
-    from ._diagnosis import modelopt_step, ort_session_step, ort_run_step
+    from .diagnosis import modelopt_step, ort_session_step, ort_run_step
 
     with ort_session_step(ctx, model_path, options=ort_options):      # creating the session
         session = create_session(model_path, ort_options)
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from trtflow.stage import StageContext
 
-    from ._ort import OrtOptions
+    from ..runtimes.ort import OrtOptions
 
 _LOG = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def _python_c(code: str) -> str:
 
 
 def _session_code(model: Path, options: OrtOptions | None, providers: Sequence[str] | None) -> str:
-    from ._ort import OrtOptions
+    from ..runtimes.ort import OrtOptions
 
     options = options or OrtOptions()
     level = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
@@ -448,7 +448,7 @@ def ort_findings(model_path: Path, options: OrtOptions | None = None,
 @functools.lru_cache(maxsize=8)
 def _graph_findings(path: str, mtime_ns: int, size: int, options_json: str | None,
                     providers: tuple[str, ...] | None) -> tuple[Finding, ...]:
-    from ._ort import OrtOptions
+    from ..runtimes.ort import OrtOptions
 
     try:
         model = _load(path)

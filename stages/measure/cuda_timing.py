@@ -6,7 +6,7 @@ around the optional host-to-device copies, the enqueue and the optional device-t
 host clock around the enqueue call. Like trtexec it keeps two queries in flight per stream (it enqueues
 query i+1 before waiting for query i), runs until at least ``min_iterations`` timed queries AND
 ``warmup_ms + min_duration_s`` of GPU time have passed, drops the queries that started during the time-based
-warm-up (see `_stats.report_trace`), can capture the enqueue into a CUDA graph (falling back to plain
+warm-up (see `measure.stats.report_trace`), can capture the enqueue into a CUDA graph (falling back to plain
 enqueues when capture fails), and waits with spinning or blocking-sync events.
 
 ``cuda.bindings`` (cuda-python) is imported lazily.
@@ -20,56 +20,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._stats import QueryTiming
+from ..runtimes.cuda import CudaError
+from ..runtimes.cuda import check as _check
+from ..runtimes.cuda import error_name as _error_name
+from ..runtimes.cuda import runtime as _cudart
+from .stats import QueryTiming
+
+#: What the harness raises when a CUDA call or an enqueue fails.
+CudaTimingError = CudaError
 
 Enqueue = Callable[[int], Any]  # receives the raw stream handle; returning False means "enqueue failed"
 
 _H2D_START, _H2D_END, _COMPUTE_START, _COMPUTE_END, _D2H_START, _D2H_END = range(6)
 _DEPTH = 2  # queries in flight per stream (trtexec: 1 + overlap)
-
-
-class CudaTimingError(RuntimeError):
-    """A CUDA call failed or the timed work reported a failed enqueue."""
-
-
-def _cudart() -> Any:
-    from cuda.bindings import runtime
-
-    return runtime
-
-
-def cuda_unavailable_reason() -> str | None:
-    """None when cuda-python can reach a CUDA device here, else why not."""
-    try:
-        cudart = _cudart()
-    except ImportError as error:
-        return f"cuda-python is not installed ({error}); install it with: pip install cuda-python"
-    err, count = cudart.cudaGetDeviceCount()
-    if err != cudart.cudaError_t.cudaSuccess:
-        return f"no usable CUDA device: cudaGetDeviceCount returned {_error_name(err)}"
-    if count == 0:
-        return "no CUDA device is visible"
-    return None
-
-
-def _error_name(err: Any) -> str:
-    cudart = _cudart()
-    try:
-        name = cudart.cudaGetErrorName(err)[1]
-        return name.decode() if isinstance(name, bytes) else str(name)
-    except Exception:  # an unknown code: show what we have
-        return str(err)
-
-
-def _check(result: Any, what: str) -> Any:
-    """Unpack a cuda-python ``(err, *values)`` tuple, raising `CudaTimingError` on an error."""
-    cudart = _cudart()
-    err, *values = result if isinstance(result, tuple) else (result,)
-    if err != cudart.cudaError_t.cudaSuccess:
-        raise CudaTimingError(f"{what} failed: {_error_name(err)}")
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else tuple(values)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Model instances for serving-style load: each instance runs a batch of any size up to the prepared one.
 
 `open_executor(spec)` loads the model once for a backend and makes `instances(n)`: n callables, each bound to
-its own execution resources, that a `_load.Server` runs on its worker threads:
+its own execution resources, that a `measure.load.Server` runs on its worker threads:
 - ``tensorrt`` / ``tensorrt-rtx``: one execution context per instance on its own CUDA stream, device buffers
   bound once at the largest batch (`EngineSession.prepare`), the batch set per call (`EngineSession.reshape`);
 - ``onnxruntime``: one session per instance (each with its own thread pool, as Triton's instances have);
@@ -23,9 +23,9 @@ from typing import Any
 
 from trtflow.stage import StageFailed
 
-from ._load import RunBatch
-from ._ort import OrtOptions, create_session
-from ._tensorrt import FLAVOURS as TRT_FLAVOURS
+from ..runtimes.ort import OrtOptions, create_session
+from ..runtimes.tensorrt import FLAVOURS as TRT_FLAVOURS
+from .load import RunBatch
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ class TorchExecutor(Executor):
 
 
 def default_timer() -> Any:
-    from ._cuda_timing import CudaTimer
+    from .cuda_timing import CudaTimer
 
     return CudaTimer(device=0)  # replicas and the runner narrow CUDA_VISIBLE_DEVICES to the GPU they use
 
@@ -183,7 +183,7 @@ class EngineExecutor(Executor):
     """Instances of an engine: an execution context each, on its own stream, buffers bound at the largest batch."""
 
     def __init__(self, spec: ExecutorSpec, timer_factory: Callable[[], Any]) -> None:
-        from . import _trt_runtime
+        from ..runtimes import trt_runtime as _trt_runtime
 
         if spec.model is None:
             raise StageFailed(f"backend {spec.backend} needs an engine")

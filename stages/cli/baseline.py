@@ -5,7 +5,7 @@
     trtflow baseline show FILE                print what a baseline holds
 
 Benchmark nodes then compare with it through ``baseline: FILE`` (and ``max_regression_percent``); a validate node
-through its baseline hook (`_baseline.accuracy_gate`).
+through its baseline hook (`measure.baseline.accuracy_gate`).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def save(
     from trtflow.api import latest_results
     from trtflow.recipe.load import load_recipe
 
-    from ._baseline import make_baseline
+    from ..measure.baseline import make_baseline
 
     loaded = load_recipe(recipe)
     results = latest_results(recipe, set_ or (), store)
@@ -75,7 +75,7 @@ def save(
 @app.command("show")
 def show(file: Annotated[Path, typer.Argument(help="A baseline file.", show_default=False)]) -> None:
     """Print the nodes, machine facts and figures a baseline holds."""
-    from ._baseline import read_baseline
+    from ..measure.baseline import read_baseline
 
     document = read_baseline(file)
     typer.echo(f"baseline of recipe {document.get('recipe')}, saved {document.get('saved')}")

@@ -164,7 +164,7 @@ def _context(target: Target, scratch: Path) -> StageContext:
 
 def load_batches(target: Target, scratch: Path, max_rows: int | None = None) -> list[dict[str, Any]]:
     """The validate node's data in its batches (as validate cuts them), at most ``max_rows`` rows."""
-    from ._data import iter_batches, load_arrays, onnx_input_specs
+    from ..data import iter_batches, load_arrays, onnx_input_specs
 
     params = target.validate.params_model
     specs = onnx_input_specs(target.reference_model)
@@ -178,11 +178,12 @@ def load_batches(target: Target, scratch: Path, max_rows: int | None = None) -> 
 
 def run_model(path: Path, batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Outputs over all batches, joined along axis 0 (computed as validate computes them: with the ONNX Runtime
-    work-arounds of `_ort_fixes`, so an int8 model with an fp16 remainder is not judged with a truncating op)."""
+    work-arounds of `accuracy.ort_fixes`, so an int8 model with an fp16 remainder is not judged with a truncating
+    op)."""
     import tempfile
 
-    from ._ort import create_session
-    from ._ort_fixes import fix_for_onnxruntime
+    from ..runtimes.ort import create_session
+    from .ort_fixes import fix_for_onnxruntime
 
     with tempfile.TemporaryDirectory(prefix="trtflow-debug-") as workdir:
         fixed, _ = fix_for_onnxruntime(path, Path(workdir))
@@ -263,7 +264,9 @@ class Evaluator:
 
     def evaluate_model(self, model: Path, excluded: Sequence[str] = ()) -> Evaluation:
         """The validate node's verdict on ``model``: its output comparison and its task metric gates."""
-        from .validate import compare_outputs, evaluate_task_metric, load_user_function
+        from trtflow.callables import load_callable
+
+        from .compare import compare_outputs, evaluate_task_metric
 
         params = self.target.validate.params_model
         candidate = run_model(model, self.batches)
@@ -271,7 +274,7 @@ class Evaluator:
             report = compare_outputs(self.reference, candidate, params)
         failures = [m for entry in report.values() for m in entry["failures"]]
         if params.task_metric:
-            function = load_user_function(params.task_metric, _context(self.target, self.workdir).resolve,
+            function = load_callable(params.task_metric, _context(self.target, self.workdir).resolve,
                                           "task metric")
             failures += evaluate_task_metric(function, self.reference, candidate, params)[1]
         return Evaluation(tuple(excluded), not failures, report, failures)

@@ -6,8 +6,8 @@ from typing import Any
 
 from trtflow.environment import ABSENT, Environment, gpus, module_available
 
-from ._tensorrt import INSTALL_HINTS
-from ._trt_runtime import RTX_COMPUTE_CAPABILITIES
+from .tensorrt import INSTALL_HINTS
+from .trt_runtime import RTX_COMPUTE_CAPABILITIES
 
 GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "NvTensorRTRTXExecutionProvider")
 
@@ -50,5 +50,40 @@ def report() -> list[dict[str, Any]]:
     rows.append({"backend": "onnxruntime", "build": False, "run": bool(usable), "why": why})
     torch_ok = env.get("torch") != ABSENT and module_available("torch")
     rows.append({"backend": "torch", "build": False, "run": torch_ok,
-                 "why": ("CUDA" if found else "CPU") if torch_ok else "torch not installed"})
+                 "why": _torch_devices(env.get("torch"), torch_cuda_build(), bool(found)) if torch_ok
+                 else "torch not installed"})
     return rows
+
+
+def torch_cuda_build() -> str | None:
+    """The CUDA version the installed torch was built for (``torch.version.cuda``), None for a CPU build; read from
+    torch's version file without importing torch (seconds)."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        tree = ast.parse((Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text())
+    except (OSError, SyntaxError, StopIteration):
+        return None
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and target.id == "cuda" and isinstance(node.value, ast.Constant):
+            return node.value.value if isinstance(node.value.value, str) else None
+    return None
+
+
+def _torch_devices(version: str, cuda: str | None, gpu_visible: bool) -> str:
+    """Where this torch can run models: the GPU only with a CUDA build and a visible GPU."""
+    if cuda and gpu_visible:
+        return f"CUDA {cuda} and CPU"
+    if cuda:
+        return f"CPU (a CUDA {cuda} build, but no NVIDIA GPU is visible)"
+    if gpu_visible:
+        return (f"CPU only: torch {version} is a CPU build, so the GPU here is not used; install a CUDA build of "
+                "torch to benchmark PyTorch models on it")
+    return "CPU"

@@ -9,18 +9,23 @@
   AutoCast reads (absolute maximum, minimum, maximum, shape), merged batch by batch: the same numbers, in
   the memory of one batch.
 - Memory estimates, calibrated on measured runs (bench/vit_memory.py).
+- Model-file helpers: a private copy of the model for ModelOpt to write beside, checks of node patterns and op types.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._data import data_files
+from trtflow.stage import StageFailed
+
+from ..data import data_files
 
 if TYPE_CHECKING:
-    from ._data import Dataset
+    from ..data import Dataset
 
 MODELOPT_FACTS = ("modelopt", "onnx", "onnxruntime", "numpy")
 
@@ -218,3 +223,70 @@ def streamed_reference_run(dataset: Dataset, batch_size: int, workdir: str,
         yield
     finally:
         autocast.ReferenceRunner = ReferenceRunner
+
+
+# Model-file helpers shared by the stages that hand a model to ModelOpt.
+
+
+def private_model_copy(model: Path, directory: Path) -> Path:
+    """Copy ``model`` (and the external data files it names) into ``directory``; return the copy's path.
+
+    ModelOpt writes intermediate files beside the model it reads: it must never write into the store.
+    """
+    import shutil
+
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / "model.onnx"
+    shutil.copyfile(model, target)
+    proto = onnx.load(str(model), load_external_data=False)
+    for tensor in proto.graph.initializer:
+        if not uses_external_data(tensor):
+            continue
+        location = ExternalDataInfo(tensor).location
+        copied = directory / location
+        if copied.exists():
+            continue
+        source = model.parent / location
+        if not source.is_file():
+            raise StageFailed(
+                f"the input model refers to external data {location!r}, which is missing beside {model}",
+                hint="keep the model's external data file next to it",
+            )
+        copied.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, copied)
+    return target
+
+
+def check_node_patterns(model_path: Path, patterns: Mapping[str, Sequence[str] | None]) -> None:
+    """Fail on node-name patterns (ModelOpt's ``re.match`` semantics) that are invalid or match no node."""
+    import onnx
+
+    if not any(patterns.values()):
+        return
+    names = [node.name for node in onnx.load(str(model_path), load_external_data=False).graph.node]
+    for field, values in patterns.items():
+        for pattern in values or ():
+            try:
+                compiled = re.compile(pattern)
+            except re.error as error:
+                raise StageFailed(f"{field}: {pattern!r} is not a valid regular expression: {error}") from None
+            if not any(compiled.match(name) for name in names):
+                raise StageFailed(
+                    f"{field}: {pattern!r} matches no node of the model (patterns match the start of node "
+                    f"names, e.g. {names[:3]})",
+                    hint="list the names with: python -c \"import onnx; print([n.name for n in "
+                    "onnx.load('model.onnx').graph.node])\"",
+                )
+
+
+def check_op_types(model_path: Path, field: str, op_types: Sequence[str] | None) -> list[str]:
+    """Op types from ``op_types`` that the model does not contain (to warn about likely misspellings)."""
+    import onnx
+
+    if not op_types:
+        return []
+    present = {node.op_type for node in onnx.load(str(model_path), load_external_data=False).graph.node}
+    return [op for op in op_types if op not in present]

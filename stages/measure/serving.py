@@ -1,9 +1,9 @@
 """The benchmark stage's serving-load measurements: closed- and open-loop levels over streams and GPUs.
 
 `measure_load` prepares the inputs at the largest batch the load needs (checked against the model's and the
-profile's batch limits), builds the model instances (`_executors`) in this process, or one replica process per
-GPU (`_replicas`) when ``gpus`` > 1, drives each level through a `_load.Server` and turns the request records
-into benchmark.json's ``load``, ``open_loop``, ``max_rate_meeting_budget`` and ``scaling`` sections.
+profile's batch limits), builds the model instances (`measure.instances`) in this process, or one replica process per
+GPU (`measure.replicas`) when ``gpus`` > 1, drives each level through a `measure.load.Server` and turns the request
+records into benchmark.json's ``load``, ``open_loop``, ``max_rate_meeting_budget`` and ``scaling`` sections.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from trtflow.stage import RecipeError, StageContext, StageSkipped
 
-from ._data import InputSpec
-from ._executors import ExecutorSpec, available_cpus, open_executor
-from ._load import (
+from ..data import InputSpec
+from .instances import ExecutorSpec, available_cpus, open_executor
+from .load import (
     DynamicBatching,
     Level,
     LoadRun,
@@ -32,7 +32,7 @@ from ._load import (
 )
 
 if TYPE_CHECKING:
-    from .benchmark import Params
+    from ..benchmark import Params
 
 ISSUE_LATENCY_KEYS = ("p50", "p90", "p95", "p99")
 
@@ -85,7 +85,7 @@ def _serving(spec: ExecutorSpec, devices: Sequence[str] | None, instances: int, 
             with steady_interpreter() as quiet, Server(runs, batching) as server:
                 yield (lambda level: run_level(server, level)), dict(executor.settings, **quiet)
         return
-    from ._replicas import Replicas
+    from .replicas import Replicas
 
     with Replicas(spec, devices, instances, batching, warm_sizes) as replicas:
         count = len(devices)
@@ -141,14 +141,14 @@ def _cpu_warnings(settings: Mapping[str, Any], instances: int, device: str) -> l
 def measure_load(ctx: StageContext, params: Params, backend: str, device: str, model: Path | None,
                  provenance: Path | None, specs: Sequence[InputSpec], base_shapes: Mapping[str, list[int]],
                  limits: tuple[int, int | None], timer_factory: Callable[[], Any]) -> dict[str, Any]:
-    from .benchmark import _batch_of, _with_batch, make_feed
+    from .feeds import batch_of, make_feed, with_batch
 
     batching = params.dynamic_batching
-    closed_request = params.request_size or (1 if batching else _batch_of(base_shapes))
+    closed_request = params.request_size or (1 if batching else batch_of(base_shapes))
     largest = max(closed_request if params.concurrency else 1, batching.max_batch_size if batching else 1)
     check_batches(largest, limits, batching)
     low = limits[0]
-    feed = make_feed(specs, _with_batch(base_shapes, max(largest, low)), params, ctx.resolve, ctx.log)
+    feed = make_feed(specs, with_batch(base_shapes, max(largest, low)), params, ctx.resolve, ctx.log)
     spec = ExecutorSpec(backend=backend, device=device, feed=feed, model=str(model) if model else None,
                         provenance=str(provenance) if provenance else None,
                         torch_model=_torch_reference(params.torch_model, ctx.resolve),

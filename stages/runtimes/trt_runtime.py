@@ -21,8 +21,8 @@ from typing import Any, Protocol
 from trtflow.environment import GpuInfo, gpus, module_available
 from trtflow.stage import StageFailed, StageSkipped
 
-from ._data import InputSpec
-from ._tensorrt import INSTALL_HINTS, check_provenance, import_trt, resolve_backend
+from ..data import InputSpec
+from .tensorrt import INSTALL_HINTS, check_provenance, import_trt, resolve_backend
 
 # TensorRT-RTX support matrix (Linux x86-64): Turing, Ampere RTX, Ada, Blackwell RTX and GB10. Datacenter
 # GPUs such as the A100 (8.0) and H100/H200 (9.0) are not supported.
@@ -270,7 +270,7 @@ class TrtEngineSession:
         import numpy as np
         from cuda.bindings import runtime as cudart
 
-        from ._cuda_timing import _check
+        from .cuda import check as _check
 
         context = self._context
         self._free()

@@ -59,7 +59,7 @@ class ModelInput:
 
 def read_onnx_inputs(path: Path) -> list[ModelInput]:
     """Inputs of an ONNX file; an unnamed dynamic dimension is named ``<input>_<axis>`` (axis 0: ``batch``)."""
-    from ._data import onnx_input_specs
+    from ..data import onnx_input_specs
 
     inputs = []
     for spec in onnx_input_specs(path):

@@ -1,0 +1,1 @@
+"""Accuracy: crash diagnosis, ONNX Runtime numerics work-arounds, precision debugging."""

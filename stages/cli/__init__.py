@@ -1,0 +1,1 @@
+"""Commands the built-in stages add to the trtflow CLI (``trtflow.commands`` entry points)."""

@@ -1,0 +1,1 @@
+"""The select stage's decision, as pure functions."""

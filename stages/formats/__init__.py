@@ -1,0 +1,1 @@
+"""Model sources: how a model in a given format becomes ONNX."""

@@ -1,0 +1,1 @@
+"""Measurement: timing harness, statistics, serving load, replicas per GPU, pinned baselines."""

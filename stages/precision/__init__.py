@@ -1,0 +1,1 @@
+"""Lower precision: NVIDIA ModelOpt quantization and conversion, and what they share."""
