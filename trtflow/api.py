@@ -49,6 +49,7 @@ def run(recipe: str | Path, targets: Sequence[str] = (), overrides: Sequence[str
     options = options or RunOptions(command=resume_command(["run", str(recipe)]))
     st = default_store(store)
     call = noop.invocation(recipe, targets, overrides, st, options)  # before output_dir gets its default
+    before = noop.snapshot() if call is not None else {}
     pipeline = load_pipeline(recipe, overrides, targets)
     st.ensure()
     journal = Journal(st.db_path)
@@ -60,7 +61,7 @@ def run(recipe: str | Path, targets: Sequence[str] = (), overrides: Sequence[str
         runner = Runner(pipeline.graph, st, env, pipeline.identity, journal, options, hooks,
                         recipe_nodes=pipeline.recipe_nodes)
         summary = runner.run(steps)
-        noop.certify(call, pipeline, steps, st, journal, runner.ctx.kctx, summary)
+        noop.certify(call, before, pipeline, steps, st, journal, runner.ctx.kctx, summary)
         return pipeline, steps, summary
     finally:
         journal.close()

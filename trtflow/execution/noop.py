@@ -98,6 +98,12 @@ def _python() -> dict[str, Any]:
             "mtimes": [_dir_mtime(p) for p in sys.path]}
 
 
+def snapshot() -> dict[str, Any]:
+    """What a record rests on that must be taken before the recipe is loaded and planned: the installed
+    distributions (library versions are facts) and trtflow's own code, as the planner then used them."""
+    return {"python": _python(), "engine": _engine_files()}
+
+
 # ---------------------------------------------------------------------------------------------- writing
 def _confirm(path: Path, digest: str, cache: StatCache) -> Sig:
     """The file's signature, once its content is confirmed to be ``digest`` (through the stat cache, or hashed).
@@ -216,10 +222,10 @@ def _strings(value: Any) -> list[str]:
     return []
 
 
-def certify(call: dict[str, Any] | None, pipeline: Any, steps: list[Any], store: Store, journal: StatCache,
-            kctx: Any, summary: Any) -> bool:
+def certify(call: dict[str, Any] | None, before: dict[str, Any], pipeline: Any, steps: list[Any], store: Store,
+            journal: StatCache, kctx: Any, summary: Any) -> bool:
     """Write the no-op record of a run whose plan found everything up to date (the slow path's last step), or
-    remove an outdated one; True if written."""
+    remove an outdated one; True if written. ``before``: the `snapshot` taken before the recipe was loaded."""
     if call is None:
         return False
     path = record_path(store, call)
@@ -234,6 +240,8 @@ def certify(call: dict[str, Any] | None, pipeline: Any, steps: list[Any], store:
         return False
     try:
         record = _gather(call, pipeline, steps, store, journal, kctx)
+        if before != snapshot():  # a distribution installed or trtflow changed while this run planned
+            return False
     except (Uncertain, OSError, KeyError, ValueError):
         return False
     atomic_write_text(path, json.dumps(record))
@@ -263,8 +271,8 @@ def _gather(call: dict[str, Any], pipeline: Any, steps: list[Any], store: Store,
         nodes.append({"name": step.node.name, "stage": step.node.stage, "key": step.key, "reason": step.reason,
                       "manifest": sig, **_node_inputs(graph, step.node, step.parts, kctx, cache)})
     identity = pipeline.identity
-    return {"format": FORMAT, "trtflow": trtflow.__version__, "call": call, "python": _python(),
-            "environment": _environment(names), "texts": texts, "engine": _engine_files(),
+    return {"format": FORMAT, "trtflow": trtflow.__version__, "call": call, **snapshot(),
+            "environment": _environment(names), "texts": texts,
             "recipe": {"id": identity.id, "name": identity.name, "path": str(identity.path),
                        "nodes": list(pipeline.recipe_nodes), "output_dir": call["output_dir"],
                        "roots": [str(p) for p in allowed_roots_for(identity.path.parent)],
