@@ -38,6 +38,8 @@ class ProgressBoard(RunObserver):
         now = time.time()
         found = []
         for node, (scratch, started) in running:
+            if not scratch.is_dir():  # the stage has ended; its end is about to be recorded
+                continue
             fraction, message = last_progress(scratch / "progress.jsonl")
             pid = pid_of(node)
             found.append((node, Progress(fraction, message, now - started, rss(pid) if pid else None)))
