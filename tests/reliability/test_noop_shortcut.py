@@ -172,3 +172,14 @@ def test_the_cli_takes_the_shortcut_restores_outputs_and_records_the_run(project
     runs = json.loads(trtflow("status", "recipe.yaml", "--store", str(project / "store"), "--json",
                               cwd=project).stdout)
     assert [r["status"] for r in runs["runs"]][:3] == ["ok", "ok", "ok"], runs
+
+
+def test_a_linked_noop_folder_is_never_written_through(project: Path, tmp_path_factory: pytest.TempPathFactory
+                                                       ) -> None:
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    (project / "store").mkdir()
+    (project / "store" / "noop").symlink_to(elsewhere)  # e.g. planted in a cloned repository's .trtflow
+    _full(project)
+    assert set(_full(project).values()) == {"fresh"}
+    assert not _shortcut(project)
+    assert list(elsewhere.iterdir()) == []

@@ -72,8 +72,13 @@ def invocation(recipe: str | Path, targets: Sequence[str], overrides: Sequence[s
             "cwd": os.getcwd(), "require_gpu": bool(options.require_gpu)}
 
 
-def record_path(store: Store, call: dict[str, Any]) -> Path:
-    return store.root / "noop" / f"{hash_value(call)[:24]}.json"
+def record_path(store: Store, call: dict[str, Any]) -> Path | None:
+    """Where the record of ``call`` lives; None when the store's ``noop`` folder is a link (a planted store must
+    not make trtflow write or delete elsewhere; without the folder the shortcut is off)."""
+    folder = store.root / "noop"
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        return None
+    return folder / f"{hash_value(call)[:24]}.json"
 
 
 def _environment(names: Iterable[str]) -> dict[str, str | None]:
@@ -226,9 +231,9 @@ def certify(call: dict[str, Any] | None, before: dict[str, Any], pipeline: Any, 
             journal: StatCache, kctx: Any, summary: Any) -> bool:
     """Write the no-op record of a run whose plan found everything up to date (the slow path's last step), or
     remove an outdated one; True if written. ``before``: the `snapshot` taken before the recipe was loaded."""
-    if call is None:
+    path = record_path(store, call) if call is not None else None
+    if path is None:
         return False
-    path = record_path(store, call)
     path.unlink(missing_ok=True)
     graph = pipeline.graph
     from trtflow.plan import node_resources
@@ -283,8 +288,9 @@ def _gather(call: dict[str, Any], pipeline: Any, steps: list[Any], store: Store,
 
 # ---------------------------------------------------------------------------------------------- checking
 def read(store: Store, call: dict[str, Any]) -> dict[str, Any] | None:
+    path = record_path(store, call)
     try:
-        record = json.loads(record_path(store, call).read_text(encoding="utf-8"))
+        record = json.loads(path.read_text(encoding="utf-8")) if path is not None else None
     except (OSError, ValueError):
         return None
     if not isinstance(record, dict) or record.get("format") != FORMAT or record.get("call") != call:
