@@ -160,6 +160,12 @@ class Params(StageParams):
         "Layer names need the engine built with profiling_verbosity 'layer_names_only' or 'detailed'.",
     )
     profile_iterations: int = Field(50, ge=1, description="Inferences profiled per layer profile.")
+    profile_kernels: bool = Field(
+        False, description="Record the CUDA kernels of the timed work (the first batch size), like Nsight Systems' "
+        "kernel summary: name, instances, total/average/median/min/max time, share of GPU time, in kernels.json "
+        "(PyTorch profiler, CUPTI; engines and device cuda). The summary keeps the top 5.",
+    )
+    kernel_iterations: int = Field(20, ge=1, description="Inferences whose kernels profile_kernels records.")
     # -- gates (judged by the engine; changing them re-judges cached measurements) ----------------------------
     max_latency_ms_p50: float | None = Field(None, gt=0, description="Gate: median latency at most this.")
     max_latency_ms_p90: float | None = Field(None, gt=0, description="Gate: p90 latency at most this.")
@@ -220,9 +226,6 @@ class Params(StageParams):
 
     @model_validator(mode="after")
     def _consistent(self) -> Params:
-        if self.backend == "torch" and not self.torch_model:
-            raise ValueError("backend torch needs torch_model: 'python:package.module:factory' or "
-                             "'python:path/to/file.py:factory'")
         if self.torch_model and self.backend != "torch":
             raise ValueError(f"torch_model is only used by backend torch, not {self.backend}")
         engine = self.backend in (*TRT_FLAVOURS, "auto")
@@ -244,6 +247,8 @@ class Params(StageParams):
                              f"{self.dynamic_batching.max_batch_size}")
         if self.profile_layers and self.backend not in (*TRT_FLAVOURS, "auto"):
             raise ValueError("profile_layers needs an engine (a tensorrt backend)")
+        if self.profile_kernels and self.backend not in (*TRT_FLAVOURS, "auto") and self.device != "cuda":
+            raise ValueError("profile_kernels records CUDA kernels: an engine, or device cuda")
         return self
 
 
@@ -456,6 +461,29 @@ def _layer_profile(session: Any, feed: Mapping[str, Any], params: Params,
     return {"layer_information": information, "profile": summarize_layer_times(times)}
 
 
+def _kernel_profile(session: Any, module: Any, specs: Sequence[InputSpec], feed: Mapping[str, Any],
+                    params: Params) -> dict[str, Any]:
+    """The CUDA kernels of the timed call (an engine's enqueue, or the PyTorch module), like nsys' kernel summary."""
+    from .measure.kernels import cuda_profiler_unavailable, nsys_status, profile_kernels
+
+    reason = cuda_profiler_unavailable()
+    if reason:
+        return {"recorded": False, "reason": reason, "nsys": nsys_status()}
+    if session is not None:
+        with session.fork() as profiled, _cuda_timer() as timer:
+            profiled.prepare(feed)
+            stream = timer.new_stream()
+            record = profile_kernels(lambda: profiled.enqueue(stream), lambda: timer.synchronize(stream),
+                                     params.kernel_iterations)
+    else:
+        import torch
+
+        call = _torch_call(module, specs, feed, "cuda")
+        call()
+        record = profile_kernels(call, torch.cuda.synchronize, params.kernel_iterations)
+    return {"recorded": True, **record, "nsys": nsys_status()}
+
+
 # -- repeats --------------------------------------------------------------------------------------------------
 def median_of_repeats(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One report for several repeats of a point: the repeat with the median median latency (its warnings and
@@ -630,8 +658,14 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
                  for name, shape in params.shapes.items()]
     base_shapes = resolve_shapes(specs, params)
     torch_module = None
-    if backend == "torch":
-        assert params.torch_model is not None
+    if backend == "torch" and params.torch_model is None:
+        from .accuracy.fake_quant import fake_quant_module
+
+        if model is None:
+            raise RecipeError("backend torch needs torch_model (a factory) or, as model, an nvfp4/mxfp8 quantize "
+                              "node's model (its fake-quantized PyTorch model)", field="torch_model")
+        torch_module = fake_quant_module(model, ctx.load_callable)[0]
+    elif backend == "torch":
         factory = load_callable(params.torch_model, ctx.resolve, "torch_model")
         torch_module = factory()
         if params.device == "cuda":
@@ -653,7 +687,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
                              "onnxruntime.disabled_optimizers"):
             ort_session = create_session(model, params.onnxruntime, providers)
 
-    points, layers = [], None
+    points, layers, kernels = [], None, None
     batches: list[int | None] = list(params.batch_sizes) or [None]
     stream_counts = params.stream_counts if session is not None else [1]
     total = len(batches) * len(stream_counts) * params.repeats
@@ -695,6 +729,9 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
                 ctx.log.info("batch %d, %d stream(s): median %.4g ms, p99 %.4g ms, %.1f qps, flags %s", batch_size,
                              streams, report["latency_ms"]["median"], report["latency_ms"]["p99"],
                              report["throughput_qps"], report["flags"])
+            if params.profile_kernels and kernels is None:
+                with ctx.native_step(backend, f"recording CUDA kernels at batch {batch_size}"):
+                    kernels = dict(_kernel_profile(session, torch_module, specs, feed, params), batch_size=batch_size)
             if params.profile_layers and session is not None and layers is None:
                 with ctx.native_step(backend, f"profiling layers at batch {batch_size}"):
                     layers = dict(_layer_profile(session, feed, params, _cuda_timer), batch_size=batch_size)
@@ -724,6 +761,12 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         "points": points,
         **load_result,
     }
+    if kernels is not None:
+        from .measure.kernels import top_kernels
+
+        ctx.output("kernels").write_text(json.dumps(kernels, indent=2) + "\n", encoding="utf-8")
+        metrics.update(top_kernels=top_kernels(kernels),
+                       kernel_time_per_iteration_ms=kernels.get("kernel_time_per_iteration_ms"))
     if layers is not None:
         ctx.output("layers").write_text(json.dumps(layers, indent=2) + "\n", encoding="utf-8")
         metrics["top_layers"] = layers["profile"]["layers"][:TOP_LAYERS]
@@ -758,6 +801,9 @@ def summary_of(metrics: Mapping[str, Any], facts: Mapping[str, str], params: Par
     for key in ("load", "open_loop", "max_rate_meeting_budget", "scaling"):
         if key in metrics:
             summary[key] = metrics[key]
+    for key in ("top_kernels", "kernel_time_per_iteration_ms"):
+        if key in metrics:
+            summary[key] = metrics[key]
     if "top_layers" in metrics:
         summary["top_layers"] = [{k: layer[k] for k in ("name", "average_ms", "percent")}
                                  for layer in metrics["top_layers"][:5]]
@@ -781,6 +827,8 @@ stage = Stage(
     outputs={
         "metrics": Output(METRICS, "benchmark.json", "latency percentiles, throughput, flags per batch; load "
                           "curves"),
+        "kernels": Output(METRICS, "kernels.json", "CUDA kernel summary of the timed work (profile_kernels)",
+                          optional=True),
         "layers": Output(METRICS, "layers.json", "engine layer information and per-layer times "
                          "(profile_layers)", optional=True),
     },

@@ -13,12 +13,9 @@ ONNX digest, timing cache, build time, engine size), which the TensorRT runtime 
 from __future__ import annotations
 
 import json
-import logging
 import re
 import time
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -45,17 +42,24 @@ from .formats.onnx_model import ModelFacts, inspect_model
 from .runtimes.profiles import check_profiles
 from .runtimes.tensorrt import (
     FLAVOURS,
-    engine_precision,
-    engine_shortfall,
     fact_name,
     import_trt,
     installed_version,
     is_strongly_typed_only,
-    network_precision,
-    network_shortfall,
     provenance,
     resolve_backend,
     timing_cache_name,
+)
+from .runtimes.trt_build import (
+    audit_engine,
+    audit_network,
+    blob_digest,
+    config_arguments,
+    error_summary,
+    io_record,
+    merge_timing_caches,
+    polygraphy_log_to,
+    progress_monitor,
 )
 
 Precision = Literal["strongly-typed", "fp32", "fp16", "bf16", "int8", "fp8", "best"]
@@ -372,243 +376,6 @@ def _environment(params: Params) -> list[str]:
     return facts
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Builder options: our names -> Polygraphy's arguments, checked against the flavour's enums
-
-
-def _enum_member(enum: Any, name: str, option: str, flavour: str) -> Any:
-    from trtflow.errors import did_you_mean
-
-    members = {key.lower(): value for key, value in enum.__members__.items()}
-    if name not in members:
-        suggestion = did_you_mean(name, list(members))
-        raise RecipeError(
-            f"{name!r} is not available in {flavour}; available: {', '.join(sorted(members))}",
-            field=option,
-            hint=suggestion,
-        )
-    return members[name]
-
-
-def _config_arguments(params: Params, trt: Any, backend: str, plan: PrecisionPlan) -> tuple[dict, dict]:
-    """Keyword arguments for Polygraphy's CreateConfig(RTX), and the JSON record of what was applied."""
-    flavour = f"{backend} {trt.__version__}"
-    kwargs: dict[str, Any] = {}
-    record: dict[str, Any] = {"precision": params.precision, "strongly_typed": plan.strongly_typed,
-                              "precision_flags": list(plan.flags)}
-    if params.optimization_level is not None:
-        kwargs["builder_optimization_level"] = params.optimization_level
-        record["optimization_level"] = params.optimization_level
-    limits = params.pool_limits()
-    if limits:
-        kwargs["memory_pool_limits"] = {
-            _enum_member(trt.MemoryPoolType, name, "memory_pool_limits", flavour): size for name, size in limits.items()
-        }
-        record["memory_pool_limits"] = limits
-    if params.max_aux_streams is not None:
-        kwargs["max_aux_streams"] = params.max_aux_streams
-        record["max_aux_streams"] = params.max_aux_streams
-    if params.tactic_sources is not None:
-        kwargs["tactic_sources"] = [
-            _enum_member(trt.TacticSource, name, "tactic_sources", flavour) for name in params.tactic_sources
-        ]
-        record["tactic_sources"] = params.tactic_sources
-    if params.sparsity:
-        kwargs["sparse_weights"] = True
-        record["sparsity"] = True
-    if params.hardware_compatibility not in (None, "none"):
-        level = {"ampere+": "AMPERE_PLUS", "same-compute-capability": "SAME_COMPUTE_CAPABILITY"}
-        kwargs["hardware_compatibility_level"] = getattr(
-            trt.HardwareCompatibilityLevel, level[params.hardware_compatibility])
-        record["hardware_compatibility"] = params.hardware_compatibility
-    if params.version_compatible:
-        kwargs["version_compatible"] = True
-        record["version_compatible"] = True
-    kwargs["profiling_verbosity"] = getattr(trt.ProfilingVerbosity, params.profiling_verbosity.upper())
-    record["profiling_verbosity"] = params.profiling_verbosity
-    if params.fail_on_timing_cache_miss:
-        kwargs["error_on_timing_cache_miss"] = True
-        record["fail_on_timing_cache_miss"] = True
-    if backend == "tensorrt-rtx":
-        if params.compute_capabilities == ["current"]:
-            kwargs["use_gpu"] = True
-        elif params.compute_capabilities:
-            targets = []
-            for capability in params.compute_capabilities:
-                major, minor = capability.split(".")
-                if not hasattr(trt.ComputeCapability, f"SM{major}{minor}"):
-                    known = [m[2:-1] + "." + m[-1] for m in trt.ComputeCapability.__members__ if m.startswith("SM")]
-                    raise RecipeError(
-                        f"{capability} is not a target of {flavour}; available: "
-                        + ", ".join(known),
-                        field="compute_capabilities",
-                    )
-                targets.append((int(major), int(minor)))
-            kwargs["compute_capabilities"] = targets
-        if params.compute_capabilities:
-            record["compute_capabilities"] = params.compute_capabilities
-    else:
-        kwargs.update({flag: True for flag in plan.flags})
-    return kwargs, record
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Polygraphy's log -> the node's log; TensorRT's errors -> the failure message
-
-
-class _Relay(logging.Handler):
-    def __init__(self, ctx: StageContext) -> None:
-        super().__init__(level=logging.DEBUG)
-        self.ctx = ctx
-        self.errors: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        if record.levelno >= 40:
-            self.errors.append(message.strip())
-        # Polygraphy's own levels (START 22, FINISH 28, VERBOSE 10, ...) onto the standard ones.
-        level = next(lvl for lvl in (logging.ERROR, logging.WARNING, logging.INFO, logging.DEBUG)
-                     if record.levelno >= lvl or lvl == logging.DEBUG)
-        self.ctx.log.log(level, "polygraphy: %s", message)
-
-
-@contextmanager
-def _polygraphy_log_to(ctx: StageContext) -> Iterator[_Relay]:
-    from polygraphy.logger import G_LOGGER
-
-    relay = _Relay(ctx)
-    python_logger = logging.getLogger("Polygraphy")
-    previous = (G_LOGGER.use_python_logging_system, python_logger.level, python_logger.propagate)
-    G_LOGGER.use_python_logging_system = True
-    python_logger.setLevel(logging.DEBUG)
-    python_logger.propagate = False
-    python_logger.addHandler(relay)
-    try:
-        yield relay
-    finally:
-        python_logger.removeHandler(relay)
-        G_LOGGER.use_python_logging_system = previous[0]
-        python_logger.setLevel(previous[1])
-        python_logger.propagate = previous[2]
-
-
-def _progress_monitor(trt: Any, ctx: StageContext) -> Any:
-    """A TensorRT progress monitor that reports the top build phase and cancels the build when asked."""
-
-    class BuildProgress(trt.IProgressMonitor):
-        def __init__(self) -> None:
-            trt.IProgressMonitor.__init__(self)
-            self.steps: dict[str, int] = {}
-            self.top: str | None = None
-
-        def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
-            self.steps[phase_name] = max(int(num_steps), 1)
-            if parent_phase is None and self.top is None:
-                self.top = phase_name
-
-        def step_complete(self, phase_name: str, step: int) -> bool:
-            if phase_name == self.top:
-                ctx.progress(0.2 + 0.7 * (step + 1) / self.steps[phase_name], f"building: {phase_name}")
-            return not ctx.cancelled
-
-        def phase_finish(self, phase_name: str) -> None:
-            if phase_name == self.top:
-                self.top = None
-
-    return BuildProgress()
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The shared timing cache (full TensorRT only)
-
-
-def _merge_timing_caches(trt: Any, blobs: list[bytes]) -> bytes:
-    """Combine serialized timing caches of one TensorRT version into one (entries of later blobs win ties)."""
-    from polygraphy.backend.trt import util as trt_util
-
-    config = trt.Builder(trt_util.get_trt_logger()).create_builder_config()
-    merged = config.create_timing_cache(b"")
-    for blob in blobs:
-        if blob and not merged.combine(config.create_timing_cache(blob), ignore_mismatch=False):
-            raise StageFailed("could not merge timing caches: they come from different TensorRT versions or GPUs",
-                              hint="delete the shared timing cache file named in the log; the next build refills it")
-    return bytes(merged.serialize())
-
-
-def _digest(data: bytes | None) -> str | None:
-    if not data:
-        return None
-    import xxhash
-
-    return xxhash.xxh3_128_hexdigest(data)
-
-
-# ---------------------------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Precision audit: the network and the engine must compute in the precision the recipe asked for
-
-_QUANTIZED_FIX = ("quantize the model's Conv/MatMul/Gemm nodes, inputs and weights both (the quantize stage does by "
-                  "default; see quantize.json's quantized_by_op_type: op_types_to_quantize or nodes_to_exclude may "
-                  "have left them out), or build with precision: strongly-typed to accept what the model carries")
-_ENGINE_FIX = ("TensorRT fuses Q/DQ into a quantized kernel only where the pattern allows (the layer's inputs and "
-               "weights quantized, nothing unsupported between the Q/DQ pair and the layer); engine.json's "
-               "precision.engine.per_layer gives each layer's format")
-
-
-def _audit_network(requested: str, network: Any) -> dict[str, Any]:
-    """Precisions of the parsed network's layers; StageFailed (before building) when they miss the request."""
-    audit = network_precision(network)
-    shortfall = network_shortfall(requested, audit)
-    if shortfall:
-        raise StageFailed(shortfall, hint=_QUANTIZED_FIX)
-    return audit
-
-
-def _audit_engine(ctx: StageContext, requested: str, backend: str, engine_path: Path,
-                  provenance_path: Path) -> dict[str, Any]:
-    """Precisions of the built engine's layers through the engine inspector, where a TensorRT runtime exists."""
-    from .runtimes.trt_runtime import open_engine, runtime_available
-
-    reason = runtime_available(backend, ctx.gpu)
-    if reason:
-        return {"inspected": False, "reason": f"no {backend} runtime here to inspect the engine: {reason}"}
-    try:
-        with ctx.native_step(backend, "deserialising the engine for the engine inspector"), \
-                open_engine(engine_path, provenance_path, backend, ctx.gpu) as session:
-            information = session.layer_information()
-    except Exception as error:  # an audit that cannot run must not fail a good build
-        ctx.log.warning("engine inspection failed: %s", error)
-        return {"inspected": False, "reason": f"the engine inspector failed: {type(error).__name__}: {error}"}
-    audit = engine_precision(information)
-    shortfall = engine_shortfall(requested, audit)
-    if shortfall:
-        raise StageFailed(shortfall, hint=_ENGINE_FIX)
-    return audit
-
-
-def _error_summary(errors: list[str]) -> str:
-    """TensorRT's and Polygraphy's error lines, without severity tags and the parser's node banners."""
-    lines = []
-    for error in errors:
-        text = re.sub(r"^\[[E!]\]\s*", "", error.strip())
-        if "--- Begin node ---" in text or "--- End node ---" in text:
-            continue
-        text = " ".join(text.split())
-        if text and text not in lines:
-            lines.append(text)
-    return "; ".join(lines)
-
-
-def _io_record(count: int, get: Any) -> list[dict[str, Any]]:
-    tensors = []
-    for index in range(count):
-        tensor = get(index)
-        tensors.append({"name": tensor.name, "dtype": tensor.dtype.name.lower(), "shape": list(tensor.shape)})
-    return tensors
-
-
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
     from trtflow.fingerprint import hash_file_content
 
@@ -622,7 +389,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     trt = import_trt(backend)
     version = str(trt.__version__)
     plan = plan_precision(params.precision, backend, version, facts)
-    config_kwargs, builder_record = _config_arguments(params, trt, backend, plan)
+    config_kwargs, builder_record = config_arguments(params, trt, backend, plan)
     ctx.progress(0.05, f"building with {backend} {version}")
 
     from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath, Profile
@@ -650,7 +417,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         if before:
             loaded_cache.write_bytes(before)
             config_kwargs["load_timing_cache"] = str(loaded_cache)
-        timing.update({"name": name, "digest_before": _digest(before), "bytes_before": len(before or b"")})
+        timing.update({"name": name, "digest_before": blob_digest(before), "bytes_before": len(before or b"")})
 
     config_class: Any = CreateConfig
     if backend == "tensorrt-rtx":
@@ -658,8 +425,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
 
         config_class = CreateConfigRTX
 
-    monitor = _progress_monitor(trt, ctx)
-    with _polygraphy_log_to(ctx) as relay, warnings.catch_warnings():
+    monitor = progress_monitor(trt, ctx)
+    with polygraphy_log_to(ctx) as relay, warnings.catch_warnings():
         # Polygraphy attaches an empty timing cache to every config; TensorRT-RTX deprecates that as a no-op.
         warnings.filterwarnings("ignore", message=".*Timing cache operations are no-ops", category=DeprecationWarning)
         repro = trt_build_repro(model_path, backend, profiles, plan.strongly_typed, plan.flags)
@@ -670,7 +437,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
                 builder, network, parser = NetworkFromOnnxPath(str(model_path), strongly_typed=plan.strongly_typed)()
             parse_seconds = time.perf_counter() - started
             ctx.progress(0.2, f"parsed {network.num_layers} layers")
-            network_audit = _audit_network(params.precision, network)
+            network_audit = audit_network(params.precision, network)
             config = config_class(profiles=trt_profiles or None, progress_monitor=monitor, **config_kwargs)
             started = time.perf_counter()
             with ctx.native_step(backend, f"building an engine from {model_path.name}", repro=repro, hint=hint):
@@ -682,7 +449,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         except PolygraphyException as exc:
             if ctx.cancelled:
                 raise StageFailed("the build was cancelled") from None
-            details = _error_summary(relay.errors) or str(exc)
+            details = error_summary(relay.errors) or str(exc)
             hint = "see the node's log for TensorRT's full output"
             if "could not parse onnx" in details.lower():
                 hint = (f"the ONNX parser of {backend} {version} rejected the node named above: run the simplify "
@@ -691,8 +458,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
                 hint = ("the shared timing cache lacks a tactic this build needs: build once with "
                         "fail_on_timing_cache_miss: false to fill it")
             raise StageFailed(f"{backend} {version} could not build {model_path.name}: {details}", hint=hint) from None
-        inputs_record = _io_record(network.num_inputs, network.get_input)
-        outputs_record = _io_record(network.num_outputs, network.get_output)
+        inputs_record = io_record(network.num_inputs, network.get_input)
+        outputs_record = io_record(network.num_outputs, network.get_output)
         layers = network.num_layers
 
     engine_path = ctx.output("engine")
@@ -703,9 +470,9 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
 
     if shared is not None:
         with shared.lock():
-            merged = _merge_timing_caches(trt, [shared.read_bytes() or b"", saved_cache.read_bytes()])
+            merged = merge_timing_caches(trt, [shared.read_bytes() or b"", saved_cache.read_bytes()])
             shared.replace_atomically(merged)
-        timing.update({"digest_after": _digest(merged), "bytes_after": len(merged)})
+        timing.update({"digest_after": blob_digest(merged), "bytes_after": len(merged)})
 
     profiles_record = [spec.model_dump() for spec in profiles]
     record = provenance(backend, trt, {
@@ -721,7 +488,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         "engine_digest": hash_file_content(engine_path),
     }, gpu_index=ctx.gpu)
     ctx.output("provenance").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    engine_audit = _audit_engine(ctx, params.precision, backend, engine_path, ctx.output("provenance"))
+    engine_audit = audit_engine(ctx, params.precision, backend, engine_path, ctx.output("provenance"))
     record["precision"] = {"requested": params.precision, "network": network_audit, "engine": engine_audit}
     ctx.output("provenance").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     ctx.progress(1.0, f"engine {engine_size} bytes in {build_seconds:.2f} s")

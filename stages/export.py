@@ -18,6 +18,8 @@ from pydantic import Field, field_validator, model_validator
 
 from trtflow.stage import ONNX, Output, ProfileSpec, Stage, StageContext, StageFailed, StageParams
 
+from .formats.torch_source import TORCH_SOURCE, write_source
+
 DTYPES = Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"]
 
 
@@ -575,6 +577,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         check = _check_onnx_file(ctx, params, target)
     else:
         check = _export_pytorch(ctx, params, target)
+        write_source(ctx, params)
     summary = _describe(target)
     summary.update(check)
     ctx.log.info("exported %s: %s", params.model, summary)
@@ -588,7 +591,9 @@ stage = Stage(
     "shape and at other sizes of every dynamic dimension.",
     params=Params,
     run=run,
-    outputs={"model": Output(ONNX, "model.onnx", "The exported ONNX model.")},
+    outputs={"model": Output(ONNX, "model.onnx", "The exported ONNX model."),
+             "source": Output(TORCH_SOURCE, "source.json", "the PyTorch model (for quantize's nvfp4/mxfp8)",
+                              optional=True)},
     environment=_environment,
     files=_files,
     preload=("torch", "onnx", "onnxruntime"),

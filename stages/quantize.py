@@ -32,6 +32,7 @@ from trtflow.stage import (
     StageSkipped,
 )
 from trtflow_stages.data import DataSource
+from trtflow_stages.formats.torch_source import TORCH_SOURCE
 from trtflow_stages.precision.modelopt import (
     check_node_patterns,
     check_op_types,
@@ -41,18 +42,26 @@ from trtflow_stages.precision.modelopt import (
     private_model_copy,
     quantize_memory,
 )
+from trtflow_stages.precision.torch_route import (
+    MODELOPT_CHECKPOINT,
+    TORCH_METHODS,
+    TORCH_MODES,
+    check_torch,
+    check_torch_params,
+    run_torch,
+)
 
-Mode = Literal["int8", "fp8", "int4", "nvfp4"]
+Mode = Literal["int8", "fp8", "int4", "nvfp4", "mxfp8"]
 QuantizeOps = Literal["auto", "weighted", "modelopt"]
 
 METHODS: dict[str, tuple[str, ...]] = {
     "int8": ("entropy", "max"),
     "fp8": ("entropy", "max"),
     "int4": ("awq_clip", "awq_lite", "awq_full", "rtn", "rtn_dq"),
-    "nvfp4": ("max",),
+    **TORCH_METHODS,
 }
 # What ModelOpt uses when no method is given (modelopt/onnx/quantization/quantize.py).
-DEFAULT_METHOD = {"int8": "entropy", "fp8": "entropy", "int4": "awq_clip", "nvfp4": "max"}
+DEFAULT_METHOD = {"int8": "entropy", "fp8": "entropy", "int4": "awq_clip", "nvfp4": "max", "mxfp8": "max"}
 # int4 methods that read only the weights, so they need no calibration data.
 WEIGHT_ONLY_METHODS = ("rtn", "rtn_dq")
 # ModelOpt's ONNX PTQ converts the non-quantized rest of an int8/fp8 model to this by default.
@@ -66,13 +75,20 @@ class Params(StageParams):
     mode: Mode = Field(
         ...,
         description="Quantization mode: int8 and fp8 quantize activations and weights (Q/DQ pairs); int4 "
-        "quantizes Gemm/MatMul weights in blocks (weight-only); nvfp4 is accepted only if the installed "
-        "ModelOpt's ONNX quantizer supports it (0.47 does not: the stage says so before any work).",
+        "quantizes Gemm/MatMul weights in blocks (weight-only); all three through ModelOpt's ONNX quantizer. "
+        "nvfp4 (FP4 in blocks of 16, FP8 scales) and mxfp8 (FP8 in blocks of 32, E8M0 scales) take the PyTorch "
+        "route: the export node's PyTorch model (inputs.source) is fake-quantized with modelopt.torch on a CUDA "
+        "GPU and exported to ONNX with TensorRT-domain dynamic quantizers (skipped without a GPU).",
+    )
+    exclude_modules: list[str] | None = Field(
+        None, description="nvfp4/mxfp8: PyTorch modules to leave unquantized, by name or wildcard (e.g. "
+        "[head, patch_embed, 'blocks.11.*']).",
     )
     calibration_method: str | None = Field(
         None,
         description="ModelOpt calibration algorithm. int8/fp8: 'entropy' (ModelOpt's default) or 'max'. "
         "int4: 'awq_clip' (default), 'awq_lite', 'awq_full' (activation-aware, need calibration data), "
+        "nvfp4: 'max' (default) or 'awq_lite', 'awq_clip', 'awq_full' (AWQ for the FP4 weights); mxfp8: 'max', "
         "'rtn' (round-to-nearest, Q/DQ) or 'rtn_dq' (round-to-nearest, DQ only), which need no data.",
     )
     calibration_data: DataSource | None = Field(
@@ -173,6 +189,10 @@ class Params(StageParams):
                 )
         elif self.block_size is not None:
             raise ValueError(f"block_size applies to int4 only, not to {self.mode}")
+        if self.mode in TORCH_MODES:
+            check_torch_params(self)
+        elif self.exclude_modules is not None:
+            raise ValueError("exclude_modules applies to nvfp4/mxfp8 (PyTorch modules); use nodes_to_exclude")
         return self
 
     @property
@@ -185,7 +205,7 @@ class Params(StageParams):
 
     @property
     def uses_gpu(self) -> bool:
-        return any(ep != "cpu" for ep in self.calibration_eps)
+        return self.mode in TORCH_MODES or any(ep != "cpu" for ep in self.calibration_eps)
 
 
 @functools.lru_cache(maxsize=1)
@@ -220,17 +240,15 @@ def supported_modes() -> tuple[str, ...]:
 def check(params: Params) -> None:
     from trtflow.environment import dist_version, gpus
 
+    if params.mode in TORCH_MODES:
+        return check_torch(params)
     modes = supported_modes()
     if not modes:
         raise StageSkipped("NVIDIA ModelOpt is not installed", needs="pip install 'nvidia-modelopt[onnx]'")
     if params.mode not in modes:
-        extra = ""
-        if params.mode == "nvfp4":
-            extra = (" NVFP4 checkpoints come from quantizing the PyTorch model with "
-                     "modelopt.torch.quantization (NVFP4 configs) and exporting it to ONNX, not from ONNX PTQ.")
         raise EnvironmentUnavailable(
             f"quantize mode {params.mode!r} is not supported by the installed ModelOpt "
-            f"{dist_version('nvidia-modelopt')} ONNX quantizer, which supports {list(modes)}.{extra}",
+            f"{dist_version('nvidia-modelopt')} ONNX quantizer, which supports {list(modes)}",
             hint=f"use one of {list(modes)}, or install a ModelOpt release whose ONNX PTQ supports "
             f"{params.mode}",
         )
@@ -244,6 +262,9 @@ def check(params: Params) -> None:
 
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
     import onnx
+
+    if params.mode in TORCH_MODES:
+        return run_torch(ctx, inputs, params)
 
     from trtflow_stages.data import batch_rows, onnx_input_specs, open_dataset
     from trtflow_stages.precision.modelopt import calibration_reader
@@ -514,21 +535,27 @@ def _relay_log(log_file: Path, ctx: StageContext) -> None:
 
 stage = Stage(
     name="quantize",
-    version="2",
-    description="Post-training quantization (int8, fp8, int4) of an ONNX model with NVIDIA ModelOpt.",
+    version="3",
+    description="Post-training quantization with NVIDIA ModelOpt: int8, fp8, int4 of an ONNX model; nvfp4, mxfp8 "
+    "of the export node's PyTorch model on a GPU.",
     params=Params,
     run=run,
-    inputs={"model": Input(ONNX, "the fp32/fp16 ONNX model to quantize")},
+    inputs={"model": Input(ONNX, "the fp32/fp16 ONNX model to quantize"),
+            "source": Input(TORCH_SOURCE, "nvfp4/mxfp8: the export node's source.json (its PyTorch model)",
+                            optional=True)},
     outputs={
         "model": Output(ONNX, "model.onnx", "the quantized ONNX model (Q/DQ nodes, int4 weights)"),
         "summary": Output(METRICS, "quantize.json", "mode, method, calibration, quantized nodes by op type"),
         "weights": Output("onnx_data", "model.onnx_data", "external weights of model.onnx, when written",
                           optional=True),
+        "checkpoint": Output(MODELOPT_CHECKPOINT, "modelopt.pth", "nvfp4/mxfp8: the fake-quantized PyTorch model "
+                             "(ModelOpt state and weights), for validate and benchmark", optional=True),
     },
     resources=modelopt_resources,
     environment=modelopt_environment,
     files=modelopt_files,
     check=check,
     memory=quantize_memory,
-    preload=("modelopt.onnx.quantization", "onnxruntime", "numpy"),
+    # Not modelopt: importing it initialises CUDA, and a forked node (nvfp4, mxfp8) then sees no CUDA device.
+    preload=("onnxruntime", "numpy"),
 )

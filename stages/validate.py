@@ -61,7 +61,7 @@ from .formats.onnx_model import candidate_kind
 from .runtimes.ort import OrtOptions
 from .runtimes.tensorrt import FLAVOURS as TRT_FLAVOURS
 
-BackendName = Literal["auto", "onnxruntime", "tensorrt", "tensorrt-rtx"]
+BackendName = Literal["auto", "onnxruntime", "tensorrt", "tensorrt-rtx", "fake-quant"]
 
 # Default gates per precision the candidate was built in: (atol, rtol, check_error_stat, min cosine).
 # An element (elemwise) or a statistic passes when its absolute error <= atol OR its relative error <= rtol
@@ -107,7 +107,8 @@ class Params(StageParams):
     )
     backend: BackendName = Field(
         "auto", description="How the candidate runs: 'onnxruntime' (an ONNX candidate, CPU), 'tensorrt' or "
-        "'tensorrt-rtx' (an engine candidate, GPU; checked before the stage starts), or 'auto': from the "
+        "'tensorrt-rtx' (an engine candidate, GPU; checked before the stage starts), 'fake-quant' (an nvfp4/mxfp8 "
+        "quantize node's model: its fake-quantized PyTorch model on a CUDA GPU), or 'auto': from the "
         "candidate's kind, an engine with the flavour that built it (engine.json).",
     )
 
@@ -130,10 +131,14 @@ def _check(params: Params) -> None:
         reason = runtime_available(params.backend)
         if reason:
             raise StageSkipped(f"cannot run the engine candidate: {reason}", needs=runtime_needs(params.backend))
+    if params.backend == "fake-quant":
+        from .accuracy.fake_quant import check_available
+
+        check_available()
 
 
 def _resources(params: Params) -> frozenset[str]:
-    return frozenset({"gpu"}) if params.backend in TRT_FLAVOURS else frozenset({"cpu"})
+    return frozenset({"gpu"}) if params.backend in (*TRT_FLAVOURS, "fake-quant") else frozenset({"cpu"})
 
 
 def _files(params: Params) -> list[str]:
@@ -147,7 +152,8 @@ def _files(params: Params) -> list[str]:
 
 
 def _environment(params: Params) -> list[str]:
-    return ["onnxruntime", "polygraphy", "numpy", "tensorrt", "tensorrt_rtx", "gpu"]
+    return ["onnxruntime", "polygraphy", "numpy", "tensorrt", "tensorrt_rtx", "gpu",
+            *(["torch", "modelopt"] if params.backend == "fake-quant" else [])]
 
 
 # -- running the models ---------------------------------------------------------------------------------------
@@ -320,7 +326,17 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
                              "reference"), hint=_ort_hint(path, params.onnxruntime)):
             reference = run_over(onnx_runner(path, "reference", params.onnxruntime), batches, total,
                                  reporter(0.1, "reference"))
-    if session is None:
+    if params.backend == "fake-quant":
+        from .accuracy.fake_quant import fake_quant_runner
+
+        candidate_desc = "fake-quantized PyTorch model (CUDA)"
+        with ctx.native_step("modelopt", "running the fake-quantized PyTorch model"):
+            candidate = run_over(fake_quant_runner(candidate_path, ctx.load_callable, "candidate"), batches, total,
+                                 reporter(0.5, "candidate"))
+    elif session is None:
+        from .accuracy.fake_quant import refuse_onnxruntime
+
+        refuse_onnxruntime(candidate_path)
         fixed_path, fixes = fix_for_onnxruntime(candidate_path, ctx.scratch / "candidate")
         rewrites += [fix.reason for fix in fixes]
         for note in rewrites:

@@ -89,3 +89,34 @@ def build(image_size: int = 224, patch: int = 16, dim: int = 768, depth: int = 1
 def build_small() -> nn.Module:
     """A ViT-like model for tests: 32x32 images, 8x8 patches (17 tokens), width 64, 2 layers, 10 classes."""
     return build(image_size=32, patch=8, dim=64, depth=2, heads=4, mlp_dim=256, num_classes=10)
+
+
+def build_half() -> nn.Module:
+    """ViT-B/16 in fp16 (for a PyTorch fp16 baseline; feed it float16 inputs)."""
+    return build().half()
+
+
+def build_half_small() -> nn.Module:
+    """`build_small` in fp16."""
+    return build_small().half()
+
+
+def _images(count: int, size: int) -> dict[str, object]:
+    """Smooth synthetic images (blocky low-frequency structure plus texture), normalised like ImageNet."""
+    import numpy as np
+
+    rng = np.random.default_rng(2026)
+    coarse = rng.normal(0.0, 1.0, size=(count, 3, size // 8, size // 8)).astype(np.float32)
+    images = coarse.repeat(8, axis=2).repeat(8, axis=3)
+    images += rng.normal(0.0, 0.25, size=images.shape).astype(np.float32)
+    return {"images": images.astype(np.float32)}
+
+
+def images() -> dict[str, object]:
+    """32 calibration/validation images for `build` (224x224)."""
+    return _images(32, 224)
+
+
+def images_small() -> dict[str, object]:
+    """32 images for `build_small` (32x32)."""
+    return _images(32, 32)

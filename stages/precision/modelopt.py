@@ -43,7 +43,10 @@ def modelopt_resources(params: Any) -> frozenset[str]:
 
 
 def modelopt_environment(params: Any) -> list[str]:
-    return [*MODELOPT_FACTS, "gpu"] if params.uses_gpu else list(MODELOPT_FACTS)
+    from .torch_quant import TORCH_MODES
+
+    torch = ["torch"] if getattr(params, "mode", None) in TORCH_MODES else []
+    return [*MODELOPT_FACTS, *torch, "gpu"] if params.uses_gpu else list(MODELOPT_FACTS)
 
 
 # -- memory ------------------------------------------------------------------------------------------------------

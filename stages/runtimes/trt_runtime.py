@@ -165,6 +165,12 @@ def open_engine(engine_path: Path, provenance_path: Path | None, backend: str = 
         raise StageSkipped(reason, needs=runtime_needs(flavour))
     data = Path(engine_path).read_bytes()
     verify_engine_digest(data, manifest, engine_path)
+    return deserialize_engine(flavour, data, engine_path)
+
+
+def deserialize_engine(flavour: str, data: bytes, engine_path: Path) -> EngineSession:
+    """The TensorRT runtime call: deserialise checked engine bytes into an `EngineSession` (needs a GPU the flavour
+    runs on). The tests' TensorRT fakes replace this function only, so every check before it runs for real."""
     trt = import_trt(flavour)
     from polygraphy.backend.trt import engine_from_bytes
 

@@ -147,8 +147,12 @@ def test_torch_cpu_baseline(tmp_path):
     assert load["concurrency"] == 2 and load["streams"] == 2 and load["throughput_qps"] > 0
     assert metrics["load_settings"]["executor"]["runs_on"] == "torch cpu"
     assert benchmark.stage.files_for(benchmark.Params.model_validate(params)) == ("factory.py",)
-    with pytest.raises(ValueError, match="backend torch needs torch_model"):
-        benchmark.Params.model_validate({"backend": "torch"})
+    with pytest.raises(RecipeError, match=r"backend torch needs torch_model \(a factory\) or, as model, an "
+                       r"nvfp4/mxfp8 quantize node's model"):
+        run_stage(benchmark.stage, {**SHORT, "backend": "torch", "shapes": {"input": [2, 16]}}, {},
+                  workdir=tmp_path / "no-model", recipe_dir=tmp_path)
+    with pytest.raises(ValueError, match="profile_kernels records CUDA kernels: an engine, or device cuda"):
+        benchmark.Params.model_validate({**params, "profile_kernels": True})
 
 
 def _gate(params: dict, summary: dict, previous: dict | None = None, **context) -> list[str]:

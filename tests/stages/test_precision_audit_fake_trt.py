@@ -1,7 +1,8 @@
 """The engine side of the build's precision audit, where a TensorRT runtime exists.
 
-No TensorRT engine can execute here, so `runtimes.trt_runtime.runtime_available` is made to say yes and
-`runtimes.trt_runtime.open_engine` returns `FakeInspectedEngine`, which stands for a deserialised engine and its engine
+No TensorRT engine can execute here, so the machine gets an RTX GPU and TensorRT's deserialisation
+(`runtimes.trt_runtime.deserialize_engine`, through `fake_rtx_machine`) returns `FakeInspectedEngine`, which stands
+for a deserialised engine and its engine
 inspector: ``layer_information()`` returns what ``IEngineInspector.get_engine_information(JSON)`` returns for an
 engine built with profiling_verbosity: detailed (or names only). The network parse, the build, the provenance
 and the audit logic are real (TensorRT-RTX on the CPU).
@@ -15,12 +16,12 @@ from typing import Any
 
 import pytest
 from test_build import QDQ_PROFILE, qdq_matmul_model
+from test_runtime_fake_trt import fake_rtx_machine
 
 from trtflow.environment import module_available
 from trtflow.stage import StageFailed
 from trtflow.testing import run_stage
 from trtflow_stages import build
-from trtflow_stages.runtimes import trt_runtime as _trt_runtime
 from trtflow_stages.runtimes.tensorrt import engine_precision
 
 needs_rtx = pytest.mark.skipif(not module_available("tensorrt_rtx"), reason="needs tensorrt-rtx")
@@ -52,17 +53,9 @@ class FakeInspectedEngine:
 
 @pytest.fixture
 def inspector(monkeypatch):
-    opened: list = []
+    """Every check open_engine makes (provenance, version, GPU, digest) runs for real on the built engine."""
     state: dict[str, Any] = {}
-
-    def open_engine(engine_path: Path, provenance_path: Path | None, backend: str = "auto", gpu_index=None):
-        manifest = json.loads(Path(provenance_path).read_text())
-        opened.append((engine_path, manifest["engine_digest"], backend))
-        return FakeInspectedEngine(state["information"], opened)
-
-    monkeypatch.setattr(_trt_runtime, "runtime_available", lambda backend, gpu=None, need_cuda_python=False: None)
-    monkeypatch.setattr(_trt_runtime, "open_engine", open_engine)
-    state["opened"] = opened
+    state["opened"] = fake_rtx_machine(monkeypatch, lambda: FakeInspectedEngine(state["information"], state["opened"]))
     return state
 
 
@@ -81,8 +74,7 @@ def test_an_engine_whose_kernels_are_int8_passes_and_is_recorded(tmp_path, inspe
     assert engine["inspected"] is True and engine["by_precision"] == {"fp32": 1, "int8": 1}
     assert engine["per_layer"][0] == {"name": "x_q + matmul", "type": "CaskGemmMatrixMultiply", "precision": "int8"}
     assert result.summary["precision_audit"]["engine"] == {"fp32": 1, "int8": 1}
-    (opened,) = inspector["opened"]
-    assert opened[1] == manifest["engine_digest"] and opened[2] == "tensorrt-rtx"
+    assert inspector["opened"] == [("model.engine", "tensorrt-rtx", manifest["engine_digest"])]
 
 
 @needs_rtx

@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from trtflow.environment import gpus
-from trtflow.stage import EnvironmentUnavailable, StageFailed, StageSkipped
+from trtflow.stage import StageFailed, StageSkipped
 from trtflow.testing import run_stage
 from trtflow_stages import quantize as quantize_stage
 from trtflow_stages.quantize import Params, count_quantized, stage, supported_modes
@@ -130,14 +130,13 @@ def test_external_data_goes_to_the_weights_output(tmp_path, tiny_cnn_onnx):
     assert out.shape == (1, 10)
 
 
-def test_nvfp4_is_refused_before_any_work(tmp_path, tiny_mlp_onnx):
-    if "nvfp4" in supported_modes():
-        pytest.skip("this ModelOpt's ONNX quantizer supports nvfp4")
-    with pytest.raises(EnvironmentUnavailable) as caught:
+def test_nvfp4_is_skipped_before_any_work_without_a_gpu(tmp_path, tiny_mlp_onnx):
+    """nvfp4 takes ModelOpt's PyTorch route, which runs only on a CUDA GPU (tests/stages/test_quantize_torch_route)."""
+    if gpus():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(StageSkipped, match="mode nvfp4 fake-quantizes the PyTorch model with ModelOpt, which runs only "
+                       "on a CUDA GPU"):
         quantize(tmp_path, tiny_mlp_onnx, mode="nvfp4", calibration_data={"random": {"num_samples": 1}})
-    message = str(caught.value)
-    assert "'nvfp4' is not supported by the installed ModelOpt" in message
-    assert all(mode in message for mode in ("int8", "fp8", "int4"))
     assert not (tmp_path / "work" / "scratch" / "input").exists()
 
 
@@ -183,7 +182,7 @@ def test_node_pattern_matching_nothing_fails(tmp_path, tiny_cnn_onnx):
     ({"mode": "fp8", "calibration_data": {"path": "x.npz"}, "block_size": 64}, "block_size applies to int4"),
     ({"mode": "int8", "calibration_data": {"path": "x.npz"}, "calibration_eps": ["gpu"]},
      "unknown calibration_eps ['gpu']"),
-    ({"mode": "int16", "calibration_data": {"path": "x.npz"}}, "'int8', 'fp8', 'int4' or 'nvfp4'"),
+    ({"mode": "int16", "calibration_data": {"path": "x.npz"}}, "'int8', 'fp8', 'int4', 'nvfp4' or 'mxfp8'"),
 ])
 def test_params_are_validated(params, message):
     with pytest.raises(ValidationError) as caught:

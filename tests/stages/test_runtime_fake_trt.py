@@ -1,11 +1,14 @@
 """The engine paths of validate and benchmark, and the TensorRT runtime interface.
 
 No TensorRT engine can execute on the machines that run this suite (no GPU; TensorRT-RTX refuses the
-datacenter GPUs we could borrow), so the ``*_fake_trt*`` tests substitute `FakeEngineSession` for the
-`EngineSession` that `runtimes.trt_runtime.open_engine` returns, and `FakeTimer` for the cuda-python harness. Both
-fakes stand for TensorRT execution on a GPU: the session computes its outputs with ONNX Runtime on the ONNX
-model the engine would have been built from; the timer calls each enqueue on the host clock.
-Everything around them (provenance, data, shapes, comparison, statistics, gates, reports) is real.
+datacenter GPUs we could borrow). The engine is real (TensorRT-RTX builds it on the CPU for compute capability
+12.0, with its real engine.json); the ``*_fake_trt*`` tests give the machine an RTX GPU of that compute capability
+(`fake_rtx_machine`: the GPU list and the cuda-python presence the runtime reads) and replace only TensorRT's
+deserialisation (`runtimes.trt_runtime.deserialize_engine`) by `FakeEngineSession`, and the cuda-python harness by
+`FakeTimer`. Both stand for TensorRT execution on a GPU: the session computes its outputs with ONNX Runtime on the
+ONNX model the engine was built from; the timer calls each enqueue on the host clock. Everything around them --
+the provenance, version, GPU and digest checks `open_engine` makes before deserialising, data, shapes, comparison,
+statistics, gates, reports -- is real.
 """
 
 from __future__ import annotations
@@ -17,14 +20,17 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
+import xxhash
 
-from trtflow.errors import StageFailed, StageSkipped
+from trtflow.environment import GpuInfo, module_available
+from trtflow.errors import StageFailed
 from trtflow.stage import GateContext
 from trtflow.testing import run_stage
-from trtflow_stages import benchmark, validate
+from trtflow_stages import benchmark, build, validate
 from trtflow_stages.data import onnx_input_specs
 from trtflow_stages.measure.cuda_timing import TimingRun
 from trtflow_stages.measure.stats import QueryTiming
+from trtflow_stages.runtimes import tensorrt as _tensorrt
 from trtflow_stages.runtimes import trt_runtime as _trt_runtime
 from trtflow_stages.runtimes.trt_runtime import DeviceTensor
 
@@ -158,25 +164,54 @@ class FakeTimer:
         return TimingRun(trace=trace, cuda_graph=graphs, graph_failures=failures)
 
 
+needs_rtx = pytest.mark.skipif(not module_available("tensorrt_rtx"), reason="needs tensorrt-rtx to build the engine")
+#: The GPU the fakes give the machine: one TensorRT-RTX runs on.
+RTX_GPU = GpuInfo(index=0, name="NVIDIA GeForce RTX 5090", compute_capability="12.0", driver="580.95",
+                  memory_mib=32607)
+PROFILE = {"name": "b1to8", "shapes": {"input": {"min": [1, 3, 32, 32], "opt": [4, 3, 32, 32], "max": [8, 3, 32, 32]}}}
+
+
+@pytest.fixture(scope="module")
+def built_engine(tiny_cnn_onnx, tmp_path_factory):
+    """A real TensorRT-RTX engine of the CNN for compute capability 12.0, and the build's real engine.json."""
+    if not module_available("tensorrt_rtx"):
+        pytest.skip("needs tensorrt-rtx to build the engine")
+    result = run_stage(build.stage, {"backend": "tensorrt-rtx", "compute_capabilities": ["12.0"], "profile": PROFILE},
+                       {"model": tiny_cnn_onnx}, tmp_path_factory.mktemp("engine"))
+    return result.outputs["engine"], result.outputs["provenance"]
+
+
 @pytest.fixture
-def engine_files(tmp_path):
-    engine = tmp_path / "model.engine"
-    engine.write_bytes(b"serialized engine stand-in")
-    provenance = tmp_path / "engine.json"
-    provenance.write_text(json.dumps({"backend": "tensorrt-rtx", "version": "1.7.1.116"}))
+def engine_files(built_engine, tmp_path):
+    """A private copy of the engine and its engine.json (a test may change them)."""
+    import shutil
+
+    engine, provenance = (tmp_path / "model.engine", tmp_path / "engine.json")
+    shutil.copyfile(built_engine[0], engine)
+    shutil.copyfile(built_engine[1], provenance)
     return engine, provenance
 
 
-def _fake_runtime(monkeypatch, onnx_path: Path, output_scale: float = 1.0) -> list:
+def fake_rtx_machine(monkeypatch, make_session, gpu: GpuInfo = RTX_GPU) -> list:
+    """This machine gets ``gpu`` (and cuda-python), and TensorRT's deserialisation returns ``make_session()``;
+    returns what was deserialised: (engine file name, flavour, digest of the bytes)."""
     opened: list = []
+    monkeypatch.setattr(_trt_runtime, "gpus", lambda: [gpu])
+    monkeypatch.setattr(_tensorrt, "gpus", lambda: [gpu])
+    real_module_available = _trt_runtime.module_available
+    monkeypatch.setattr(_trt_runtime, "module_available",
+                        lambda name: name == "cuda.bindings" or real_module_available(name))
 
-    def open_engine(engine_path, provenance_path, backend="auto", gpu_index=None):
-        opened.append((Path(engine_path).name, Path(provenance_path).name if provenance_path else None, backend))
-        return FakeEngineSession(onnx_path, output_scale)
+    def deserialize_engine(flavour, data, engine_path):
+        opened.append((Path(engine_path).name, flavour, xxhash.xxh3_128_hexdigest(data)))
+        return make_session()
 
-    monkeypatch.setattr(_trt_runtime, "runtime_available", lambda *args, **kwargs: None)
-    monkeypatch.setattr(_trt_runtime, "open_engine", open_engine)
+    monkeypatch.setattr(_trt_runtime, "deserialize_engine", deserialize_engine)
     return opened
+
+
+def _fake_runtime(monkeypatch, onnx_path: Path, output_scale: float = 1.0) -> list:
+    return fake_rtx_machine(monkeypatch, lambda: FakeEngineSession(onnx_path, output_scale))
 
 
 def test_validate_engine_candidate_fake_trt(monkeypatch, tiny_cnn_onnx, engine_files, tmp_path):
@@ -189,7 +224,8 @@ def test_validate_engine_candidate_fake_trt(monkeypatch, tiny_cnn_onnx, engine_f
     metrics = json.loads(result.outputs["metrics"].read_text())
     assert metrics["candidate"] == "tensorrt-rtx engine"
     assert validate.stage.judge(validate.Params.model_validate({"data": data}), result.summary, GateContext()) == []
-    assert opened == [("model.engine", "engine.json", "tensorrt-rtx")]  # the flavour came from engine.json
+    digest = json.loads(provenance.read_text())["engine_digest"]
+    assert opened == [("model.engine", "tensorrt-rtx", digest)]  # the flavour came from engine.json, digest checked
 
     _fake_runtime(monkeypatch, tiny_cnn_onnx, output_scale=2.0)
     params = {"data": data, "batch_size": 2, "expect": "fp16"}
@@ -234,18 +270,14 @@ def test_benchmark_tensorrt_path_fake_trt(monkeypatch, tiny_cnn_onnx, engine_fil
 def test_benchmark_load_on_engine_contexts_fake_trt(monkeypatch, tiny_cnn_onnx, engine_files, tmp_path):
     """Load on an engine: one execution context and stream per instance, buffers bound once at the largest
     batch, every batch reshaped within them and inside the engine's optimization profile (from engine.json)."""
-    engine, provenance = engine_files
-    provenance.write_text(json.dumps({"backend": "tensorrt-rtx", "version": "1.7.1.116", "profiles": [
-        {"name": "b1to8", "shapes": {"input": {"min": [1, 3, 32, 32], "opt": [4, 3, 32, 32],
-                                               "max": [8, 3, 32, 32]}}}]}))
+    engine, _ = engine_files  # built with the profile b1to8 (batch 1 to 8), recorded in its engine.json
     sessions: list = []
 
-    def open_engine(engine_path, provenance_path, backend="auto", gpu_index=None):
+    def make_session():
         sessions.append(FakeEngineSession(tiny_cnn_onnx))
         return sessions[-1]
 
-    monkeypatch.setattr(_trt_runtime, "runtime_available", lambda *args, **kwargs: None)
-    monkeypatch.setattr(_trt_runtime, "open_engine", open_engine)
+    fake_rtx_machine(monkeypatch, make_session)
     monkeypatch.setattr(benchmark, "_cuda_timer", FakeTimer)
     params = {"backend": "tensorrt-rtx", "min_iterations": 2, "warmup_ms": 0, "min_duration_s": 0,
               "shapes": {"input": [4, 3, 32, 32]}, "streams": [1, 2], "concurrency": [1, 3],
@@ -300,21 +332,43 @@ def test_benchmark_layer_profile_fake_trt(monkeypatch, tiny_cnn_onnx, engine_fil
         benchmark.Params.model_validate({"backend": "onnxruntime", "profile_layers": True})
 
 
+@needs_rtx
 def test_open_engine_checks_provenance_before_loading(tmp_path):
     """Real: a provenance from another TensorRT-RTX version is refused before anything is deserialised."""
     engine = tmp_path / "model.engine"
     engine.write_bytes(b"never read")
     provenance = tmp_path / "engine.json"
     provenance.write_text(json.dumps({"backend": "tensorrt-rtx", "version": "0.0.1"}))
-    if _trt_runtime.runtime_available("tensorrt-rtx") == "backend 'tensorrt-rtx' is not installed here":
-        pytest.skip("tensorrt-rtx is not installed")
-    with pytest.raises((StageFailed, StageSkipped)) as refused:
+    with pytest.raises(StageFailed, match=r"engine built for tensorrt-rtx 0\.0\.1 but this machine has "):
         _trt_runtime.open_engine(engine, provenance, "auto")
-    if isinstance(refused.value, StageFailed):
-        assert "engine built for tensorrt-rtx 0.0.1" in str(refused.value)
     provenance.write_text("{not json")
     with pytest.raises(StageFailed, match="cannot read engine provenance"):
         _trt_runtime.open_engine(engine, provenance, "auto")
+
+
+def test_the_fakes_leave_every_check_before_deserialising_real_fake_trt(monkeypatch, engine_files, tiny_cnn_onnx):
+    """With an RTX GPU and a fake deserialisation, open_engine still refuses a changed engine, an engine without a
+    digest, another GPU and another TensorRT-RTX version, and deserialises nothing then."""
+    engine, provenance = engine_files
+    opened = _fake_runtime(monkeypatch, tiny_cnn_onnx)
+    manifest = json.loads(provenance.read_text())
+    engine.write_bytes(engine.read_bytes() + b"!")
+    with pytest.raises(StageFailed, match="does not match its provenance"):
+        _trt_runtime.open_engine(engine, provenance, "auto")
+    provenance.write_text(json.dumps({key: value for key, value in manifest.items() if key != "engine_digest"}))
+    with pytest.raises(StageFailed, match="records no engine digest"):
+        _trt_runtime.open_engine(engine, provenance, "auto")
+    provenance.write_text(json.dumps(dict(manifest, version="0.0.1")))
+    with pytest.raises(StageFailed, match=r"engine built for tensorrt-rtx 0\.0\.1"):
+        _trt_runtime.open_engine(engine, provenance, "auto")
+    assert opened == []
+    ada = GpuInfo(index=0, name="NVIDIA GeForce RTX 4090", compute_capability="8.9", driver="580.95", memory_mib=24564)
+    fake_rtx_machine(monkeypatch, lambda: FakeEngineSession(tiny_cnn_onnx), gpu=ada)
+    provenance.write_text(json.dumps(manifest))
+    with pytest.raises(StageFailed, match=r"engine built for compute capabilities 12\.0 but this machine's GPU "
+                       r"NVIDIA GeForce RTX 4090 has compute capability 8\.9"):
+        _trt_runtime.open_engine(engine, provenance, "auto")
+    assert opened == []
 
 
 def test_runtime_available_names_the_reason():

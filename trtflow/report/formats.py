@@ -106,6 +106,7 @@ def _context(data: dict[str, Any]) -> dict[str, Any]:
     from collections import Counter
 
     from trtflow.report.decision import decisions
+    from trtflow.report.kernels import context as kernel_context
 
     run = data["run"]
     counts = Counter(n["status"] for n in data["nodes"])
@@ -114,6 +115,7 @@ def _context(data: dict[str, Any]) -> dict[str, Any]:
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["started"])),
         "counts": ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no nodes",
         "decisions": decisions(data), "nodes": _node_rows(data), "benchmark_charts": [],
+        **kernel_context(data),
     }
 
 
