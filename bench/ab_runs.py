@@ -60,6 +60,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[50, 500])
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
+    args.a, args.b = (str(Path(shutil.which(x) or x).resolve()) for x in (args.a, args.b))  # runs use other cwds
     root = Path(tempfile.mkdtemp(prefix="trtflow-ab-"))
     env = with_example_plugin(child_env(), root)
     try:
