@@ -244,17 +244,17 @@ def certify(call: dict[str, Any] | None, before: dict[str, Any], pipeline: Any, 
                    for s in steps)):
         return False
     try:
-        record = _gather(call, pipeline, steps, store, journal, kctx)
         if before != snapshot():  # a distribution installed or trtflow changed while this run planned
             return False
+        record = _gather(call, before, pipeline, steps, store, journal, kctx)
     except (Uncertain, OSError, KeyError, ValueError):
         return False
     atomic_write_text(path, json.dumps(record))
     return True
 
 
-def _gather(call: dict[str, Any], pipeline: Any, steps: list[Any], store: Store, cache: StatCache,
-            kctx: Any) -> dict[str, Any]:
+def _gather(call: dict[str, Any], before: dict[str, Any], pipeline: Any, steps: list[Any], store: Store,
+            cache: StatCache, kctx: Any) -> dict[str, Any]:
     graph = pipeline.graph
     loaded = pipeline.loaded
     texts = {str(p): hash_text(t) for p, t in loaded.sources.items()}
@@ -276,7 +276,7 @@ def _gather(call: dict[str, Any], pipeline: Any, steps: list[Any], store: Store,
         nodes.append({"name": step.node.name, "stage": step.node.stage, "key": step.key, "reason": step.reason,
                       "manifest": sig, **_node_inputs(graph, step.node, step.parts, kctx, cache)})
     identity = pipeline.identity
-    return {"format": FORMAT, "trtflow": trtflow.__version__, "call": call, **snapshot(),
+    return {"format": FORMAT, "trtflow": trtflow.__version__, "call": call, **before,
             "environment": _environment(names), "texts": texts,
             "recipe": {"id": identity.id, "name": identity.name, "path": str(identity.path),
                        "nodes": list(pipeline.recipe_nodes), "output_dir": call["output_dir"],
