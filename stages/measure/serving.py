@@ -38,10 +38,12 @@ ISSUE_LATENCY_KEYS = ("p50", "p90", "p95", "p99")
 
 
 def _visible_gpus(wanted: int | str) -> list[str]:
-    """CUDA device ids (as CUDA_VISIBLE_DEVICES names them) of the GPUs to serve from."""
+    """The GPUs to serve from, as CUDA_VISIBLE_DEVICES names them: the node's own (the runner gives it every GPU
+    it asked for), by UUID or MIG id. Not their ordinals: a replica's CUDA_VISIBLE_DEVICES=1 would name the
+    machine's GPU 1, not the second of the node's."""
     from trtflow.environment import gpus
 
-    found = [str(gpu.index) for gpu in gpus()]
+    found = [gpu.visible_id for gpu in gpus()]
     count = len(found) if wanted == "all" else int(wanted)
     if count > len(found):
         raise StageSkipped(f"gpus: {wanted} but {len(found)} GPU(s) are visible here",
