@@ -200,7 +200,8 @@ CATALOGUE: list[Bad] = [
         r"node 'e': file 'resnet50' not found \(looked at ", "recipe.yaml:3"),
     Bad("export-torch-without-inputs",
         "name: x\nnodes:\n  - {name: e, stage: export, params: {model: 'python:m.py:build'}}\n",
-        r"'inputs' is required to export a PyTorch factory or a TorchScript archive", "recipe.yaml:3", files={"m.py": "def build(): ...\n"}),
+        r"'inputs' is required to export a PyTorch factory or a TorchScript archive", "recipe.yaml:3",
+        files={"m.py": "def build(): ...\n"}),
     Bad("build-shapes-min-greater-than-opt", r("""
         name: x
         profiles:
