@@ -2,12 +2,18 @@
 
 Generates pipelines of N cheap nodes (the example plugin's `synth` stage, which writes a small file; the bench
 makes it discoverable itself, installed or not), runs each once (the cold run, timed too), then times
-`trtflow run` of the unchanged recipe as a whole process (median of --repeat).
-Where `dvc` is installed, builds the same DAG as a DVC pipeline (each stage a tiny file-writing command)
-and times `dvc repro` the same way. Also times `trtflow --help` and `trtflow plan`, and checks that the
-no-op path imports none of torch, onnx, onnxruntime, polygraphy or modelopt.
+`trtflow run` of the unchanged recipe as a whole process:
+  - the first no-op run after the cold run: it plans, finds everything up to date and leaves the no-op record;
+  - the following no-op runs, which take the no-op shortcut (`trtflow.execution.noop`);
+  - no-op runs with TRTFLOW_NO_SHORTCUT=1, which plan every time (what a changed machine or recipe costs).
+Where `dvc` is installed, builds the same DAG as a DVC pipeline (each stage a tiny file-writing command) and
+times `dvc repro`. The commands are timed in alternating rounds (trtflow, trtflow planning, dvc, then again), so
+that a noisy machine slows all of them alike; each round gives one ratio to DVC. Figures are medians with the
+spread (min-max) over --repeat rounds, and the ratio's 95% bootstrap interval (scipy) where scipy is installed.
+Also times `trtflow --help` and `trtflow plan`, and checks that the no-op path imports none of torch, onnx,
+onnxruntime, polygraphy, modelopt, nor pydantic (the recipe schema) once it takes the shortcut.
 
-    python bench/noop_overhead.py --sizes 50 500 --repeat 5
+    python bench/noop_overhead.py --sizes 50 500 --repeat 9
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HEAVY = ("torch", "onnx", "onnxruntime", "polygraphy", "modelopt", "tensorrt", "tensorrt_rtx")
+HEAVY = ("torch", "onnx", "onnxruntime", "polygraphy", "modelopt", "tensorrt", "tensorrt_rtx", "pydantic")
 
 
 def trtflow_cmd() -> list[str]:
@@ -92,32 +98,65 @@ def timed(cmd: list[str], cwd: Path, repeat: int, env: dict | None = None) -> li
     return times
 
 
-def heavy_imports(cwd: Path, recipe: Path) -> list[str]:
-    code = (f"import sys, runpy; sys.argv = ['trtflow', 'run', {str(recipe)!r}]\n"
+def heavy_imports(cwd: Path, recipe: Path, env: dict[str, str]) -> list[str]:
+    """The heavy modules a no-op `trtflow run` imports (run twice: the first run of this interpreter's command
+    line plans and leaves the record that the second one's shortcut checks)."""
+    code = (f"import sys, runpy; sys.argv = ['trtflow', 'run', '-q', {str(recipe)!r}]\n"
             "try:\n    runpy.run_module('trtflow.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
             "print('MODULES', ' '.join(sorted(sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
-                         env=ENV or child_env()).stdout
-    modules = next((line.split()[1:] for line in out.splitlines() if line.startswith("MODULES")), [])
+    modules: list[str] = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, env=env).stdout
+        modules = next((line.split()[1:] for line in out.splitlines() if line.startswith("MODULES")), [])
     return sorted({m.split(".")[0] for m in modules} & set(HEAVY))
+
+
+def spread(times: list[float]) -> str:
+    return f"median {statistics.median(times):.3f} s (min {min(times):.3f}, max {max(times):.3f}, n={len(times)})"
+
+
+def ratio_interval(ours: list[float], theirs: list[float]) -> str:
+    """Median of the per-round ratios, with its 95% bootstrap interval when scipy is there."""
+    ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+    text = f"{statistics.median(ratios):.2f}x"
+    try:
+        from scipy.stats import bootstrap
+    except ImportError:
+        return text + f" (min {min(ratios):.2f}, max {max(ratios):.2f})"
+    if len(ratios) < 3:
+        return text
+    ci = bootstrap((ratios,), statistics.median, confidence_level=0.95, n_resamples=2000, method="percentile",
+                   random_state=0).confidence_interval
+    return text + f" (95% CI {ci.low:.2f}-{ci.high:.2f}, n={len(ratios)})"
+
+
+def alternating(commands: dict[str, tuple[list[str], Path, dict[str, str] | None]], rounds: int
+                ) -> dict[str, list[float]]:
+    """Time each command once per round, in turn, for ``rounds`` rounds."""
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(rounds):
+        for name, (cmd, cwd, env) in commands.items():
+            times[name] += timed(cmd, cwd, 1, env)
+    return times
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[50, 500])
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=9, help="Rounds of alternating timings.")
     parser.add_argument("--no-dvc", action="store_true", help="Do not compare with DVC even if installed.")
     args = parser.parse_args()
     tf = trtflow_cmd()
     dvc = None if args.no_dvc else shutil.which("dvc")
     root = Path(tempfile.mkdtemp(prefix="trtflow-bench-"))
     ENV.update(with_example_plugin(child_env(), root))
+    planning = dict(ENV, TRTFLOW_NO_SHORTCUT="1")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {load:.2f}, "
           f"dvc: {dvc or 'not installed'}")
     try:
-        help_t = statistics.median(timed([*tf, "--help"], root, args.repeat))
-        print(f"trtflow --help: median {help_t:.3f} s")
+        help_t = timed([*tf, "--help"], root, args.repeat)
+        print(f"trtflow --help: {spread(help_t)}")
         for n in args.sizes:
             folder = root / f"tf{n}"
             folder.mkdir()
@@ -125,23 +164,31 @@ def main() -> None:
             start = time.perf_counter()
             timed([*tf, "run", "-q", "-j", str(os.cpu_count() or 2), str(recipe)], folder, 1)
             first = time.perf_counter() - start
-            noop = timed([*tf, "run", "-q", str(recipe)], folder, args.repeat)
-            plan = timed([*tf, "plan", str(recipe)], folder, args.repeat)
-            line = (f"{n:4d} nodes: cold run {first:6.2f} s | no-op run median {statistics.median(noop):.3f} s "
-                    f"(min {min(noop):.3f}) | plan median {statistics.median(plan):.3f} s")
+            first_noop = timed([*tf, "run", "-q", str(recipe)], folder, 1)[0]
+            commands = {"shortcut": ([*tf, "run", "-q", str(recipe)], folder, None),
+                        "planning": ([*tf, "run", "-q", str(recipe)], folder, planning)}
             if dvc:
                 dfolder = root / f"dvc{n}"
                 dfolder.mkdir()
                 subprocess.run(["git", "init", "-q"], cwd=dfolder, check=True)
                 subprocess.run([dvc, "init", "-q"], cwd=dfolder, check=True)
                 write_dvc_pipeline(dfolder, n)
-                timed([dvc, "repro", "-q"], dfolder, 1, child_env())
-                dnoop = timed([dvc, "repro", "-q"], dfolder, args.repeat, child_env())
-                ratio = statistics.median(noop) / statistics.median(dnoop)
-                line += f" | dvc repro no-op median {statistics.median(dnoop):.3f} s | trtflow/dvc {ratio:.2f}x"
-            print(line, flush=True)
-            heavy = heavy_imports(folder, recipe)
-            print(f"      no-op run imports heavy modules: {', '.join(heavy) if heavy else 'none'}")
+                timed([dvc, "repro", "-q"], dfolder, 2, child_env())  # the build, then its first no-op
+                commands["dvc"] = ([dvc, "repro", "-q"], dfolder, child_env())
+            times = alternating(commands, args.repeat)
+            plan = timed([*tf, "plan", str(recipe)], folder, args.repeat)
+            print(f"{n:4d} nodes: cold run {first:.2f} s; first no-op (plans, leaves the record) {first_noop:.3f} s")
+            print(f"      no-op run (shortcut)        {spread(times['shortcut'])}")
+            print(f"      no-op run (planning)        {spread(times['planning'])}")
+            print(f"      trtflow plan                {spread(plan)}")
+            if dvc:
+                print(f"      dvc repro no-op             {spread(times['dvc'])}")
+                print(f"      trtflow/dvc: shortcut {ratio_interval(times['shortcut'], times['dvc'])}; "
+                      f"planning {ratio_interval(times['planning'], times['dvc'])}", flush=True)
+            for what, env in (("shortcut", ENV), ("planning", planning)):
+                heavy = heavy_imports(folder, recipe, env)
+                print(f"      no-op run ({what}) imports heavy modules: {', '.join(heavy) if heavy else 'none'}",
+                      flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -197,11 +197,11 @@ CATALOGUE: list[Bad] = [
           - {name: a, stage: synth}
         """), r"unknown key 'colour'", "recipe.yaml:3:"),
     Bad("export-model-form", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: resnet50}}\n",
-        r"params\.model: Value error, 'resnet50': expected python:path/to/file.py:function or "
-        r"python:package\.module:function", "recipe.yaml:3"),
+        r"node 'e': file 'resnet50' not found \(looked at ", "recipe.yaml:3"),
     Bad("export-torch-without-inputs",
         "name: x\nnodes:\n  - {name: e, stage: export, params: {model: 'python:m.py:build'}}\n",
-        r"'inputs' is required to export a PyTorch model", "recipe.yaml:3", files={"m.py": "def build(): ...\n"}),
+        r"'inputs' is required to export a PyTorch factory or a TorchScript archive", "recipe.yaml:3",
+        files={"m.py": "def build(): ...\n"}),
     Bad("build-shapes-min-greater-than-opt", r("""
         name: x
         profiles:

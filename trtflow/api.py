@@ -1,22 +1,29 @@
-"""The Python API: plan and run recipes from code (the CLI is a thin layer over these functions)."""
+"""The Python API: plan and run recipes from code (the CLI is a thin layer over these functions).
+
+The planner, the recipe schema and the runner are imported by the functions that use them, so that
+`run_unchanged` (the no-op shortcut) decides without them.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trtflow.environment import Environment
 from trtflow.execution.results import Hooks, RunOptions, RunSummary, resume_command
-from trtflow.execution.run import Runner
 from trtflow.pipeline import Pipeline, default_store, load_pipeline
-from trtflow.plan import Step, make_plan
-from trtflow.storage.journal import Journal
+
+if TYPE_CHECKING:
+    from trtflow.plan import Step
 
 
 def plan(recipe: str | Path, targets: Sequence[str] = (), overrides: Sequence[str] = (),
          store: str | Path | None = None) -> list[Step]:
     """Which nodes of ``recipe`` are fresh, stale or skipped here, and why. Runs nothing; writes nothing."""
+    from trtflow.environment import Environment
+    from trtflow.plan import make_plan
+    from trtflow.storage.journal import Journal
+
     pipeline = load_pipeline(recipe, overrides, targets)
     st = default_store(store)
     st.check_format()
@@ -33,22 +40,43 @@ def run(recipe: str | Path, targets: Sequence[str] = (), overrides: Sequence[str
         store: str | Path | None = None, options: RunOptions | None = None,
         hooks: Hooks | None = None) -> tuple[Pipeline, list[Step], RunSummary]:
     """Run the stale nodes of ``recipe``; returns the pipeline, the plan and the per-node results."""
-    pipeline = load_pipeline(recipe, overrides, targets)
+    from trtflow.environment import Environment
+    from trtflow.execution import noop
+    from trtflow.execution.run import Runner
+    from trtflow.plan import make_plan
+    from trtflow.storage.journal import Journal
+
+    options = options or RunOptions(command=resume_command(["run", str(recipe)]))
     st = default_store(store)
+    call = noop.invocation(recipe, targets, overrides, st, options)  # before output_dir gets its default
+    before = noop.snapshot() if call is not None else {}
+    pipeline = load_pipeline(recipe, overrides, targets)
     st.ensure()
     journal = Journal(st.db_path)
     try:
         env = Environment.from_env()
         steps = make_plan(pipeline.graph, st, env, pipeline.loaded.directory, journal, pipeline.identity.id)
-        options = options or RunOptions(command=resume_command(["run", str(recipe)]))
         if options.output_dir is None:
             options.output_dir = (Path("build") / pipeline.name).absolute()
         runner = Runner(pipeline.graph, st, env, pipeline.identity, journal, options, hooks,
                         recipe_nodes=pipeline.recipe_nodes)
         summary = runner.run(steps)
+        noop.certify(call, before, pipeline, steps, st, journal, runner.ctx.kctx, summary)
         return pipeline, steps, summary
     finally:
         journal.close()
+
+
+def run_unchanged(recipe: str | Path, targets: Sequence[str] = (), overrides: Sequence[str] = (),
+                  store: str | Path | None = None, options: RunOptions | None = None,
+                  hooks: Hooks | None = None) -> RunSummary | None:
+    """The no-op shortcut of `run`: if nothing the last up-to-date run of this command rested on has changed,
+    record an up-to-date run without loading the recipe's schema, the stages or the planner, and return its
+    summary; else None (call `run`). See `trtflow.execution.noop` for what is checked."""
+    from trtflow.execution import noop
+
+    options = options or RunOptions(command=resume_command(["run", str(recipe)]))
+    return noop.run_unchanged(recipe, targets, overrides, default_store(store), options, hooks or Hooks())
 
 
 def latest_results(recipe: str | Path, overrides: Sequence[str] = (),

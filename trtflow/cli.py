@@ -111,6 +111,9 @@ def run(
     no_push: Annotated[bool, typer.Option(
         "--no-push", help="Only pull from the remote cache; never upload (e.g. CI runs of untrusted changes).")
     ] = False,
+    ray_transfer: Annotated[str | None, typer.Option(
+        "--ray-transfer", help="Where Ray workers exchange artifacts: a directory they share or s3://bucket/prefix "
+        "(default: the remote cache; under --no-push, needed for a cluster of several machines).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only failures and the summary.")] = False,
 ) -> None:
     """Run the stale nodes of a recipe, reusing everything that is up to date."""
@@ -132,13 +135,17 @@ def run(
         remote=remote or os.environ.get("TRTFLOW_REMOTE") or None,
         remote_digest=_remote_digest(remote_digest or os.environ.get("TRTFLOW_REMOTE_DIGEST") or None),
         push=not no_push,
+        ray_transfer=ray_transfer,
         memory_limit=_parse_size(memory) if memory else None,
     )
     if jobs:
         options.jobs = jobs
     hooks = ConsoleHooks(_console, quiet=quiet)
     try:
-        _, steps, summary = api.run(recipe, targets or (), set_ or (), store, options, hooks)
+        steps: list[Any] = []
+        summary = api.run_unchanged(recipe, targets or (), set_ or (), store, options, hooks)
+        if summary is None:
+            _, steps, summary = api.run(recipe, targets or (), set_ or (), store, options, hooks)
     finally:
         hooks.stop_live()
     hooks.finish(summary, steps, time.perf_counter() - started, options.output_dir, resume_command())

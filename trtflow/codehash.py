@@ -132,20 +132,33 @@ def stage_code(module_name: str, stat_cache: StatCache | None = None) -> CodeDig
     """Digest of a stage's module and the modules of its own top-level package that it imports."""
     if module_name in _STAGE_CODE:
         return _STAGE_CODE[module_name]
-    module = sys.modules.get(module_name)
-    origin = getattr(module, "__file__", None)
-    if not origin:
+    place = stage_module_place(module_name)
+    if place is None:
         return CodeDigest(hash_value({"module": module_name}))
-    top = sys.modules.get(module_name.split(".")[0])
-    top_file = getattr(top, "__file__", None) or origin
-    package_dir = Path(top_file).resolve().parent
-    files = closure([Path(origin)], [package_dir], [package_dir.parent])
-    # absolute imports of the package by its own name (``from trtflow_stages import x``) resolve under the
-    # package directory whatever the directory is called (``stages/`` is installed as ``trtflow_stages``)
-    files = sorted(set(files) | set(_own_package_imports(files, module_name.split(".")[0], package_dir)))
+    origin, package_dir = place
+    files = stage_files(origin, module_name.split(".")[0], package_dir)
     result = digest_files(files, package_dir.parent, stat_cache)
     _STAGE_CODE[module_name] = result
     return result
+
+
+def stage_module_place(module_name: str) -> tuple[Path, Path] | None:
+    """The file of an imported stage module and the folder of its top-level package (None: no file)."""
+    module = sys.modules.get(module_name)
+    origin = getattr(module, "__file__", None)
+    if not origin:
+        return None
+    top = sys.modules.get(module_name.split(".")[0])
+    top_file = getattr(top, "__file__", None) or origin
+    return Path(origin), Path(top_file).resolve().parent
+
+
+def stage_files(origin: Path, package: str, package_dir: Path) -> list[Path]:
+    """A stage module's file and the files of its own package it imports, sorted (what `stage_code` digests)."""
+    files = closure([origin], [package_dir], [package_dir.parent])
+    # absolute imports of the package by its own name (``from trtflow_stages import x``) resolve under the
+    # package directory whatever the directory is called (``stages/`` is installed as ``trtflow_stages``)
+    return sorted(set(files) | set(_own_package_imports(files, package, package_dir)))
 
 
 def _own_package_imports(files: list[Path], package: str, package_dir: Path) -> list[Path]:
@@ -170,7 +183,10 @@ def _own_package_imports(files: list[Path], package: str, package_dir: Path) -> 
 
 def callable_code(entry: Path, project_root: Path, stat_cache: StatCache | None = None) -> CodeDigest:
     """Digest of a `python:` callable's file and the project files it imports (paths relative to the project)."""
+    return digest_files(callable_files(entry, project_root), project_root, stat_cache)
+
+
+def callable_files(entry: Path, project_root: Path) -> list[Path]:
+    """A `python:` callable's file and the project files it imports, sorted (what `callable_code` digests)."""
     entry = entry.resolve()
-    search = [entry.parent, project_root]
-    files = closure([entry], [project_root, entry.parent], search)
-    return digest_files(files, project_root, stat_cache)
+    return closure([entry], [project_root, entry.parent], [entry.parent, project_root])

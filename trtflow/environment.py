@@ -14,13 +14,14 @@ import shutil
 import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from importlib import metadata, util
 
 ABSENT = "absent"
 
 
 def dist_version(*names: str) -> str:
     """Version of the first installed distribution among ``names``, or ``absent``."""
+    from importlib import metadata  # imported when a fact needs it: the no-op shortcut never does
+
     for name in names:
         try:
             return metadata.version(name)
@@ -30,6 +31,8 @@ def dist_version(*names: str) -> str:
 
 
 def module_available(name: str) -> bool:
+    from importlib import util
+
     try:
         return util.find_spec(name) is not None
     except (ImportError, ValueError):

@@ -1,4 +1,8 @@
-"""Load a recipe into a checked graph: the shared first step of `run`, `plan`, `show`, `status` and `report`."""
+"""Load a recipe into a checked graph: the shared first step of `run`, `plan`, `show`, `status` and `report`.
+
+The recipe schema, the stages and the graph are imported when a recipe is loaded, not with this module, so that
+commands that decide without them (the no-op shortcut of `trtflow run`) never pay for them.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,15 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trtflow.fsutil import recipe_id
-from trtflow.graph import Graph, build_graph
-from trtflow.recipe.expand import expand
-from trtflow.recipe.load import LoadedRecipe, load_recipe
-from trtflow.registry import get_stage
 from trtflow.storage.refs import RecipeIdentity
 from trtflow.storage.store import Store
+
+if TYPE_CHECKING:
+    from trtflow.graph import Graph
+    from trtflow.recipe.load import LoadedRecipe
 
 
 @dataclass
@@ -37,6 +42,11 @@ def identity_of(path: Path, name: str) -> RecipeIdentity:
 
 
 def load_pipeline(recipe: str | Path, overrides: Sequence[str] = (), targets: Sequence[str] = ()) -> Pipeline:
+    from trtflow.graph import build_graph
+    from trtflow.recipe.expand import expand
+    from trtflow.recipe.load import load_recipe
+    from trtflow.registry import get_stage
+
     loaded = load_recipe(recipe, overrides)
     nodes = expand(loaded, get_stage)
     graph = build_graph(nodes, get_stage, loaded.recipe.name)

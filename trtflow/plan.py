@@ -25,11 +25,9 @@ from trtflow.fsutil import allowed_roots_for, project_root, resolve_user_path
 from trtflow.graph import Graph
 from trtflow.recipe.expand import ConcreteNode
 from trtflow.stage import Resources
+from trtflow.status import FRESH, SKIP, STALE
 from trtflow.storage.store import Store
 
-FRESH = "fresh"
-STALE = "stale"
-SKIP = "skipped"
 KEY_FORMAT = 2
 PYTHON = "python:"
 

@@ -1,4 +1,4 @@
-"""Make the test stages (`synth` from examples/plugin, `faulty` from faults_plugin) discoverable.
+"""Make the test stages (`synth` from examples/plugin; `faulty`, `probe`, `copy` from faults_plugin) discoverable.
 
 They are registered exactly as a third-party plugin is: a ``*.dist-info`` directory with an
 ``entry_points.txt`` in the ``trtflow.stages`` group, found on the Python path. This works whether or
@@ -29,7 +29,8 @@ def write_plugin_distribution(directory: Path) -> list[str]:
     info = directory / "trtflow_reliability_plugins-0.0.dist-info"
     info.mkdir(exist_ok=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: trtflow-reliability-plugins\nVersion: 0.0\n")
-    lines = ["[trtflow.stages]", "faulty = trtflow_test_faults:stage"]
+    lines = ["[trtflow.stages]", "faulty = trtflow_test_faults:stage", "probe = trtflow_test_probe:stage",
+             "copy = trtflow_test_probe:copy_stage"]
     if "synth" not in _installed_stage_names():
         lines.append("synth = trtflow_example_plugin:stage")
     (info / "entry_points.txt").write_text("\n".join(lines) + "\n")

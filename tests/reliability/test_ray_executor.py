@@ -4,6 +4,7 @@ mid-node (never committing half a node), and a second store sharing the remote c
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,76 @@ def test_a_worker_that_dies_mid_node_is_retried_and_the_node_committed_once(tmp_
     assert good.returncode == 0
     assert (tmp_path / "build" / "chain" / "d" / "data.bin").read_bytes() == \
         (tmp_path / "ref-out" / "d" / "data.bin").read_bytes()
+
+
+def test_a_result_missing_a_required_output_is_not_committed(tmp_path, trtflow):
+    """A worker's stage that ends well without writing its output fails its node: nothing is committed, cached or
+    pushed (issue 20.4; the local executor always did so)."""
+    recipe = _recipe(tmp_path, mode="forget")
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    proc = trtflow("run", str(recipe), "--executor", "ray", "--remote", str(remote), "--store",
+                   str(tmp_path / "store"), timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "finished without writing outputs ['data']" in proc.stdout
+    import sqlite3
+
+    from trtflow.storage.remote import RemoteCache
+
+    store = Store(tmp_path / "store")
+    assert sorted(m["node"] for _, m in store.iter_manifests()) == ["a", "b", "c"]
+    (key,) = sqlite3.connect(store.db_path).execute("SELECT key FROM node_runs WHERE node = 'd'").fetchone()
+    assert key and RemoteCache(str(remote)).get_manifest(key) is None, "an incomplete result was pushed"
+    again = trtflow("plan", str(recipe), "--store", str(tmp_path / "store"), "--json")
+    assert {s["node"]: s["status"] for s in json.loads(again.stdout)}["d"] == "stale"
+
+
+def test_no_push_leaves_the_remote_cache_untouched(tmp_path, trtflow):
+    """--no-push only reads the cache: the workers' inputs and outputs travel through a transfer area of their
+    own, and nothing (no manifest, no object, no format file) is written to the cache (issue 20.5)."""
+    recipe = _recipe(tmp_path)
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    proc = trtflow("run", str(recipe), "--executor", "ray", "--remote", str(remote), "--no-push", "--store",
+                   str(tmp_path / "store"), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "4 built" in proc.stdout
+    assert sorted(str(p.relative_to(remote)) for p in remote.rglob("*")) == []
+    assert verify_store(Store(tmp_path / "store")).problems == []
+
+
+def test_no_push_on_a_cluster_needs_a_transfer_area_apart_from_the_cache(tmp_path, trtflow):
+    recipe = _recipe(tmp_path)
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    proc = trtflow("run", str(recipe), "--executor", "ray", "--ray-address", "head:6379", "--remote", str(remote),
+                   "--no-push")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--no-push keeps the remote cache read-only" in proc.stderr and "--ray-transfer" in proc.stderr
+
+
+def test_a_cluster_that_cannot_be_joined_is_a_clear_error_and_the_run_is_ended(tmp_path, trtflow):
+    """Ray refuses the address: exit 3 with what to check, and the journal ends the run as failed instead of
+    leaving it "running" (issue 20.7)."""
+    import sqlite3
+
+    recipe = _recipe(tmp_path)
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    proc = trtflow("run", str(recipe), "--executor", "ray", "--ray-address", "not-an-address", "--remote",
+                   str(remote), timeout=300)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "could not join the Ray cluster at not-an-address" in proc.stderr and "internal error" not in proc.stderr
+    rows = sqlite3.connect(tmp_path / "store" / "trtflow.db").execute("SELECT status FROM runs").fetchall()
+    assert rows == [("failed",)]
+
+
+def test_a_node_given_several_gpus_is_placed_on_their_machine(tmp_path):
+    from trtflow.execution.ray_executor import RayExecutor
+    from trtflow.execution.results import RunOptions
+
+    executor = RayExecutor(Store(tmp_path / "store"), RunOptions(executor="ray"))
+    executor._gpu_nodes.update({"GPU-a": "node-1", "GPU-b": "node-1", "GPU-c": "node-2"})
+    assert executor.placement("GPU-c") == "node-2"
+    assert executor.placement("GPU-a,GPU-b") == "node-1", "a list of GPUs must pin the task to their machine"
+    assert executor.placement(None) is None

@@ -8,6 +8,7 @@ chosen) and commits what comes back.
 from __future__ import annotations
 
 import threading
+from collections.abc import Container, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -84,7 +85,18 @@ class Outcome:
     stored_outputs: dict[str, dict[str, Any]] | None = None
 
 
+def unwritten_outputs(stage: str, outputs: Mapping[str, Any], present: Container[str]) -> str | None:
+    """Why a stage that ended well cannot be committed: the required outputs (``outputs``: the stage's declared
+    outputs, each with ``optional``) it did not write; None when all are ``present``."""
+    missing = [name for name, out in outputs.items() if not out.optional and name not in present]
+    return f"stage {stage!r} finished without writing outputs {missing}" if missing else None
+
+
 class Executor(Protocol):
+    """Where nodes run. Optional extras an executor may have: ``capacity(jobs, memory) -> Capacity`` (the
+    resources of a cluster, instead of this machine's), and ``transfer`` (the URL of a remote-cache-like area
+    through which its workers fetch inputs and leave outputs, when they do not share this machine's disk)."""
+
     name: str
 
     def start(self) -> None:

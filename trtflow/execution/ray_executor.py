@@ -2,15 +2,21 @@
 
 `trtflow run --executor ray` starts a local Ray cluster, or joins one (``--ray-address``: KubeRay, a Slurm-launched
 cluster, ``auto``). The driver (this process) plans, keys, schedules and commits; a worker only runs the stage:
-it pulls the node's inputs from the remote cache (verified by digest), runs the stage in a child process of its
-own (a crashing stage cannot take the Ray worker down), and uploads the outputs to the remote cache. The driver
-then pulls them into its store and commits the manifest, so a node is never committed half-done: a worker that
-dies mid-node makes Ray retry the task elsewhere (``MAX_RETRIES``), and Ctrl-C cancels the cluster's tasks.
+it pulls the node's inputs from the transfer area (verified by digest), runs the stage in a child process of its
+own (a crashing stage cannot take the Ray worker down), and uploads the outputs there. The driver then pulls them
+into its store and commits the manifest, only if every required output came back, so a node is never committed
+half-done: a worker that dies mid-node makes Ray retry the task elsewhere (``MAX_RETRIES``), and Ctrl-C cancels
+the cluster's tasks.
+
+The transfer area (``transfer``) is the remote cache when the run may push to it; under ``--no-push`` the cache is
+only read, and the workers' traffic goes to ``--ray-transfer`` (a location the workers share), or, on a local
+cluster, to ``ray-remote/`` beside the store. Without ``--remote``, a local cluster uses that folder too.
 
 GPU nodes are keyed with the facts of the GPU class they are placed on: at start the driver asks every cluster
-node for its GPUs (a small probe task pinned to it), the scheduler picks a GPU whose class the node's requirements
-accept, and the task is pinned to that GPU's machine. Software facts (library and TensorRT versions) are the
-driver's: run the driver and the workers from one image, as Ray itself expects.
+node for its GPUs (a small probe task pinned to it), the scheduler picks GPUs whose class the node's requirements
+accept, all on one machine, and the task is pinned to that machine with as many GPUs; the stage's process sees
+every GPU Ray gave the task. Software facts (library and TensorRT versions) are the driver's: run the driver and
+the workers from one image, as Ray itself expects.
 """
 
 from __future__ import annotations
@@ -18,13 +24,13 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from trtflow.environment import GpuInfo
 from trtflow.errors import EnvironmentUnavailable, TrtflowError, UsageError
-from trtflow.execution.protocol import CRASHED, FAILED, INTERRUPTED, OK, Job, Outcome
+from trtflow.execution.protocol import CRASHED, FAILED, INTERRUPTED, OK, Job, Outcome, unwritten_outputs
 from trtflow.execution.results import RunOptions
 from trtflow.execution.scheduler import Capacity
 from trtflow.storage.store import Store
@@ -35,20 +41,11 @@ POLL_S = 0.2
 
 class RayExecutor:
     name = "ray"
-    remote_inputs = True  # workers fetch inputs from the remote cache, not from the driver's disk
 
     def __init__(self, store: Store, options: RunOptions) -> None:
         self.store = store
         self.options = options
-        if options.remote is None:
-            if options.ray_address:
-                raise UsageError("a Ray cluster of several machines moves artifacts through a remote cache",
-                                 hint="add --remote DIR_ON_SHARED_STORAGE or --remote s3://bucket/prefix "
-                                 "(or set TRTFLOW_REMOTE)")
-            implicit = store.root / "ray-remote"  # a local cluster: a directory beside the store is the remote
-            implicit.mkdir(parents=True, exist_ok=True)
-            options.remote = str(implicit)
-        self.remote_url = options.remote
+        self.transfer = transfer_area(store, options)
         self._gpu_nodes: dict[str, str] = {}  # GPU visible id -> Ray node id
         self._refs: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -72,11 +69,20 @@ class RayExecutor:
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                       "configure_logging": False, "namespace": "trtflow"}
-            if address:
-                ray.init(address=address, **kwargs)
-            else:
-                ray.init(**kwargs)
-                self._owns_cluster = True
+            try:
+                if address:
+                    ray.init(address=address, **kwargs)
+                else:
+                    ray.init(**kwargs)
+                    self._owns_cluster = True
+            except (Exception, SystemExit) as exc:  # Ray exits (SystemExit) when a cluster's GCS never answers
+                where = f"join the Ray cluster at {address}" if address else "start a local Ray cluster"
+                detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise EnvironmentUnavailable(
+                    f"could not {where}: {detail}",
+                    hint="check the address (--ray-address / RAY_ADDRESS) and that the cluster is up (`ray status`)"
+                    if address else "see `ray start --head` for what Ray needs; /tmp/ray/session_latest/logs has "
+                    "its logs") from None
         self._started = True
 
     def capacity(self, jobs: int, memory: int) -> Capacity:
@@ -86,6 +92,7 @@ class RayExecutor:
         resources = ray.cluster_resources()
         cpus = float(resources.get("CPU", 1))
         gpus: list[GpuInfo] = []
+        hosts: dict[str, str] = {}
         probe = ray.remote(num_cpus=0)(_probe_gpus)
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -96,9 +103,15 @@ class RayExecutor:
             for gpu in ray.get(probe.options(scheduling_strategy=strategy).remote()):
                 info = GpuInfo(**gpu)
                 gpus.append(info)
-                self._gpu_nodes[info.visible_id] = node["NodeID"]
+                self._gpu_nodes[info.visible_id] = hosts[info.visible_id] = node["NodeID"]
         memory = int(resources.get("memory", memory))
-        return Capacity(min(float(jobs), cpus) if jobs else cpus, memory, gpus)
+        return Capacity(min(float(jobs), cpus) if jobs else cpus, memory, gpus, hosts)
+
+    def placement(self, device: str | None) -> str | None:
+        """The Ray node a job's GPUs are on (the scheduler gives a node GPUs of one machine); None: anywhere."""
+        if not device:
+            return None
+        return self._gpu_nodes.get(device.split(",")[0])
 
     def pid_of(self, node: str) -> int | None:
         return None
@@ -113,14 +126,14 @@ class RayExecutor:
         resources = stage.resources_for(stage.params.model_validate(job.params))
         options: dict[str, Any] = {"num_cpus": resources.cpu, "num_gpus": resources.gpu,
                                    "max_retries": MAX_RETRIES, "retry_exceptions": False}
-        if job.device and job.device in self._gpu_nodes:
+        node_id = self.placement(job.device)
+        if node_id is not None:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                node_id=self._gpu_nodes[job.device], soft=False)
-        outputs = {name: (o.filename, o.kind) for name, o in stage.outputs.items()}
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+        outputs = {name: (o.filename, o.kind, o.optional) for name, o in stage.outputs.items()}
         task = ray.remote(_run_node).options(**options)
-        ref = task.remote(asdict(job), outputs, self.remote_url)
+        ref = task.remote(asdict(job), outputs, self.transfer)
         with self._lock:
             self._refs[job.node] = ref
         try:
@@ -177,6 +190,11 @@ class RayExecutor:
         self._started = False
 
 
+@dataclass(frozen=True)
+class _Declared:
+    optional: bool
+
+
 def _probe_gpus() -> list[dict[str, Any]]:
     """Every GPU of the machine this runs on (not just those Ray would show a task)."""
     from trtflow.environment import _SMI_FIELDS, _smi, parse_smi
@@ -185,9 +203,31 @@ def _probe_gpus() -> list[dict[str, Any]]:
     return [asdict(g) for g in parse_smi(query, _smi("-L"))] if query else []
 
 
-def _run_node(job_data: dict[str, Any], outputs: dict[str, tuple[str, str]], remote_url: str
+def transfer_area(store: Store, options: RunOptions) -> str:
+    """Where the workers fetch inputs and leave outputs: the remote cache when the run may push to it; under
+    --no-push never the cache, but --ray-transfer, or a folder beside the store for a local cluster."""
+    if options.ray_transfer:
+        return options.ray_transfer
+    if options.remote and options.push:
+        return options.remote
+    if options.ray_address:
+        if options.remote:
+            raise UsageError("--no-push keeps the remote cache read-only, yet the workers of a Ray cluster exchange "
+                             "artifacts through a location they share",
+                             hint="add --ray-transfer DIR_ON_SHARED_STORAGE or --ray-transfer s3://bucket/prefix (kept "
+                             "apart from the cache), or drop --no-push")
+        raise UsageError("a Ray cluster of several machines moves artifacts through a remote cache",
+                         hint="add --remote DIR_ON_SHARED_STORAGE or --remote s3://bucket/prefix (or set "
+                         "TRTFLOW_REMOTE)")
+    local = store.root / "ray-remote"  # a local cluster: a folder beside the store
+    local.mkdir(parents=True, exist_ok=True)
+    return str(local)
+
+
+def _run_node(job_data: dict[str, Any], outputs: dict[str, tuple[str, str, bool]], transfer_url: str
               ) -> tuple[dict[str, Any], str]:
-    """On a Ray worker: pull inputs from the remote cache, run the stage in a child process, upload the outputs."""
+    """On a Ray worker: pull inputs from the transfer area, run the stage in a child process, upload the outputs
+    there if the stage wrote every required one."""
     import shutil
     import tempfile
 
@@ -195,7 +235,7 @@ def _run_node(job_data: dict[str, Any], outputs: dict[str, tuple[str, str]], rem
     from trtflow.storage.remote import RemoteCache
 
     job = Job.from_json(job_data)
-    remote = RemoteCache(remote_url)
+    remote = RemoteCache(transfer_url)
     work = Path(tempfile.mkdtemp(prefix=f"trtflow-{job.node}-"))
     try:
         cache = Store(work / "inputs")
@@ -212,14 +252,23 @@ def _run_node(job_data: dict[str, Any], outputs: dict[str, tuple[str, str]], rem
             slot: [str(inputs_dir / slot / rel) for rel in names] if isinstance(names, list)
             else str(inputs_dir / slot / names)
             for slot, names in job.inputs.items()}
+        # the GPUs Ray gave this task (it sets CUDA_VISIBLE_DEVICES for them), not the ids the driver chose from
+        device = os.environ.get("CUDA_VISIBLE_DEVICES") if job.device else None
         local = Job(**{**job_data, "inputs": inputs, "scratch": str(work / "scratch"),
-                       "log_path": str(work / "node.log"), "cache_dir": str(work / "caches"), "device": None,
+                       "log_path": str(work / "node.log"), "cache_dir": str(work / "caches"), "device": device,
                        "parent_pid": os.getpid()})
         executor = LocalExecutor(work, use_fork_server=False)
         started = time.time()
         outcome = executor.execute(local, threading.Event())
         if outcome.status == OK:
-            outcome.stored_outputs = remote.upload_outputs(local.out_dir, outputs)
+            declared = {name: _Declared(optional) for name, (_, _, optional) in outputs.items()}
+            written = {name for name, (filename, _, _) in outputs.items() if (local.out_dir / filename).exists()}
+            unwritten = unwritten_outputs(job.stage, declared, written)
+            if unwritten:
+                outcome = Outcome(FAILED, error=unwritten, exit_code=outcome.exit_code, peak_rss=outcome.peak_rss)
+            else:
+                outcome.stored_outputs = remote.upload_outputs(
+                    local.out_dir, {name: (filename, kind) for name, (filename, kind, _) in outputs.items()})
         log_text = (work / "node.log").read_text(encoding="utf-8", errors="replace") if (work / "node.log").exists() \
             else ""
         host = os.uname().nodename

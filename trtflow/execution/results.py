@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trtflow.plan import FRESH, Step
+from trtflow.status import FRESH
+
+if TYPE_CHECKING:
+    from trtflow.plan import Step
 
 DONE, CACHED, FAILED, GATE_FAILED, SKIPPED, BLOCKED, INTERRUPTED = (
     "done", "cached", "failed", "gate_failed", "skipped", "blocked", "interrupted")
@@ -29,6 +33,7 @@ class RunOptions:
     remote: str | None = None  # URL of a remote cache shared by several stores
     remote_digest: str | None = None  # the hash a remote must name objects by (xxh3-128, sha256); None: the remote's
     push: bool = True  # push what this run builds to the remote cache (False: only pull, e.g. untrusted CI)
+    ray_transfer: str | None = None  # where Ray workers exchange artifacts (default: the remote cache, if pushing)
     memory_limit: int | None = None  # bytes the scheduler may hand out (default: what the machine has free)
 
 
@@ -46,6 +51,7 @@ class NodeResult:
     summary: dict[str, Any] = field(default_factory=dict)
     outputs: dict[str, Path] = field(default_factory=dict)
     peak_rss: int | None = None  # bytes, for nodes that ran a process
+    started: float | None = None  # when the node's thread took it (time.time()), for nodes that were processed
 
 
 @dataclass
@@ -77,13 +83,54 @@ class Progress:
 
 
 class Hooks:
-    """Callbacks for progress reporting; every method is optional to override."""
+    """Callbacks for progress reporting; every method is optional to override.
+
+    ``on_node_start`` and ``on_node_waiting`` are called from the node's own thread (several at once with
+    ``jobs`` > 1): an implementation that keeps state guards it. The others are called from the thread that
+    called `Runner.run`. An exception raised by a hook ends the run (recorded as failed in the journal).
+    """
 
     def on_run_start(self, run_id: str, steps: list[Step]) -> None: ...
     def on_node_start(self, node: str, reason: str) -> None: ...
     def on_node_waiting(self, node: str, message: str) -> None: ...
     def on_node_progress(self, node: str, progress: Progress) -> None: ...
     def on_node_end(self, result: NodeResult) -> None: ...
+
+
+def skipped_result(node: str, stage: str, key: str | None, reason: str, needs: str | None,
+                   require_gpu: bool) -> NodeResult:
+    """A node that cannot run on this machine: skipped, or failed under ``--require-gpu``."""
+    if require_gpu:
+        return NodeResult(node, stage, FAILED, "backend unavailable", key,
+                          error=f"{reason} (and --require-gpu was given)", hint=needs)
+    return NodeResult(node, stage, SKIPPED, reason, key, error=reason, hint=needs)
+
+
+class Notes:
+    """A run's problems (they fail the run) and warnings (they fail nothing), added from any of its threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._problems: list[str] = []
+        self._warnings: list[str] = []
+
+    def problem(self, text: str) -> None:
+        with self._lock:
+            self._problems.append(text)
+
+    def warning(self, text: str) -> None:
+        with self._lock:
+            self._warnings.append(text)
+
+    @property
+    def problems(self) -> list[str]:
+        with self._lock:
+            return list(dict.fromkeys(self._problems))
+
+    @property
+    def warnings(self) -> list[str]:
+        with self._lock:
+            return list(dict.fromkeys(self._warnings))
 
 
 def new_run_id() -> str:

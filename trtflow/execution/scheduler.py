@@ -4,8 +4,9 @@ Rules:
 - CPU: the nodes running at once use at most ``jobs`` CPU slots (a node asking for more runs alone).
 - Memory: their memory needs (the stage's estimate, or the node's measured peak last time, whichever is larger)
   add up to at most what the machine has free; a node that needs more than that runs alone.
-- GPUs: a GPU node gets GPUs its requirements accept (compute capability, name), each held through a lock
-  shared by every trtflow process on this host, so several runs share the GPUs instead of each handing out all.
+- GPUs: a GPU node gets as many GPUs as it asks for, all that its requirements accept (compute capability, name)
+  and all on one machine (a cluster's GPUs are grouped by ``Capacity.hosts``), each held through a lock shared by
+  every trtflow process on this host, so several runs share the GPUs instead of each handing out all.
 - Exclusive nodes (benchmarks) run alone: nothing starts beside them, and they start only when nothing runs.
 """
 
@@ -90,6 +91,7 @@ class Allocation:
 
     @property
     def device(self) -> GpuInfo | None:
+        """The first GPU: the one whose facts (name, compute capability, driver) key the node's result."""
         return self.gpus[0] if self.gpus else None
 
 
@@ -98,6 +100,14 @@ class Capacity:
     cpu_slots: float
     memory: int
     gpus: list[GpuInfo]
+    hosts: dict[str, str] = field(default_factory=dict)  # GPU visible id -> its machine (a cluster); {}: this one
+
+    def by_host(self, gpus: list[GpuInfo]) -> list[list[GpuInfo]]:
+        """``gpus`` grouped by machine, each group in the order given."""
+        groups: dict[str, list[GpuInfo]] = {}
+        for gpu in gpus:
+            groups.setdefault(self.hosts.get(gpu.visible_id, ""), []).append(gpu)
+        return list(groups.values())
 
 
 class Scheduler:
@@ -116,7 +126,7 @@ class Scheduler:
         if resources.gpu <= 0:
             return None
         fitting = [g for g in self.capacity.gpus if resources.accepts(g)]
-        if len(fitting) >= resources.gpu:
+        if any(len(group) >= resources.gpu for group in self.capacity.by_host(fitting)):
             return None
         wanted = []
         if resources.compute_capability:
@@ -124,6 +134,8 @@ class Scheduler:
         if resources.gpu_name:
             wanted.append(f"a name containing {resources.gpu_name!r}")
         what = f"{resources.gpu} GPU(s)" + (f" with {' and '.join(wanted)}" if wanted else "")
+        if len(fitting) >= resources.gpu:
+            what += " on one machine"
         have = ", ".join(g.label for g in self.capacity.gpus) or "no GPU"
         return f"needs {what}; this machine has {have}"
 
@@ -139,23 +151,33 @@ class Scheduler:
                 return None
         allocation = Allocation(resources.cpu, memory, resources.exclusive)
         if resources.gpu > 0:
-            for gpu in self.capacity.gpus:
-                if len(allocation.gpus) == resources.gpu:
+            free = [g for g in self.capacity.gpus if g.visible_id not in self._busy_gpus and resources.accepts(g)]
+            for group in self.capacity.by_host(free):
+                if self._take(group, resources.gpu, allocation):
                     break
-                if gpu.visible_id in self._busy_gpus or not resources.accepts(gpu):
-                    continue
-                fd = self.gpu_locks.try_take(gpu)
-                if fd is None:
-                    continue  # another trtflow process on this host is using it
-                allocation.gpus.append(gpu)
-                allocation.lock_fds.append(fd)
-            if len(allocation.gpus) < resources.gpu:
-                for fd in allocation.lock_fds:
-                    GpuLocks.release(fd)
+            else:
                 return None
             self._busy_gpus.update(g.visible_id for g in allocation.gpus)
         self.running.append(allocation)
         return allocation
+
+    def _take(self, group: list[GpuInfo], count: int, allocation: Allocation) -> bool:
+        """Lock ``count`` GPUs of one machine's ``group`` into ``allocation``; none if fewer are free."""
+        for gpu in group:
+            if len(allocation.gpus) == count:
+                break
+            fd = self.gpu_locks.try_take(gpu)
+            if fd is None:
+                continue  # another trtflow process on this host is using it
+            allocation.gpus.append(gpu)
+            allocation.lock_fds.append(fd)
+        if len(allocation.gpus) == count:
+            return True
+        for fd in allocation.lock_fds:
+            GpuLocks.release(fd)
+        allocation.gpus.clear()
+        allocation.lock_fds.clear()
+        return False
 
     def release(self, allocation: Allocation) -> None:
         if allocation in self.running:

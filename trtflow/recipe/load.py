@@ -71,6 +71,7 @@ class LoadedRecipe:
     recipe: Recipe
     path: Path
     marks: Marks
+    sources: dict[Path, str] = field(default_factory=dict)  # every recipe file read (extends too) -> its text
 
     @property
     def directory(self) -> Path:
@@ -132,11 +133,13 @@ def _read_text(path: Path, display: str) -> str:
         raise RecipeError(f"cannot read recipe {display}: {exc}") from None
 
 
-def _read_raw(path: Path, stack: tuple[Path, ...], roots: list[Path], budget: Budget) -> tuple[dict, Marks]:
+def _read_raw(path: Path, stack: tuple[Path, ...], roots: list[Path], budget: Budget,
+              sources: dict[Path, str]) -> tuple[dict, Marks]:
     display = _display(path)
     if len(stack) > _MAX_EXTENDS_DEPTH:
         raise RecipeError(f"recipe 'extends' chain deeper than {_MAX_EXTENDS_DEPTH}", Location(display, 0, 0))
-    data, marks = parse_yaml(_read_text(path, display), display, budget)
+    sources[path] = _read_text(path, display)
+    data, marks = parse_yaml(sources[path], display, budget)
     if data is None:
         raise RecipeError("the recipe is empty", Location(display, 1, 1),
                           hint="a recipe needs at least 'name' and 'nodes'")
@@ -157,7 +160,7 @@ def _read_raw(path: Path, stack: tuple[Path, ...], roots: list[Path], budget: Bu
         raise RecipeError(f"recipes extend each other in a cycle: {chain}", where, "extends")
     if not base_path.exists():
         raise RecipeError(f"base recipe {base_ref!r} not found (looked at {_display(base_path)})", where, "extends")
-    base, base_marks = _read_raw(base_path, (*stack, base_path), roots, budget)
+    base, base_marks = _read_raw(base_path, (*stack, base_path), roots, budget, sources)
     data = dict(data)
     data.pop("extends")
     return merge_recipes(base, base_marks, data, marks)
@@ -270,13 +273,14 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
 
     path = Path(path).resolve()
     budget = Budget()
-    data, marks = _read_raw(path, (path,), allowed_roots_for(path.parent), budget)
+    sources: dict[Path, str] = {}
+    data, marks = _read_raw(path, (path,), allowed_roots_for(path.parent), budget, sources)
     apply_overrides(data, marks, overrides, budget)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc, marks, (), Recipe) from None
-    return LoadedRecipe(recipe=recipe, path=path, marks=marks)
+    return LoadedRecipe(recipe=recipe, path=path, marks=marks, sources=sources)
 
 
 def validation_error(exc: Any, marks: Marks, prefix: Path_, model: Any = None,

@@ -12,12 +12,15 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtflow.execution.results import CACHED, DONE, SKIPPED, Hooks, NodeResult, Progress, RunSummary
 from trtflow.fsutil import read_tail
-from trtflow.plan import FRESH, SKIP, Step
 from trtflow.redact import hide
+from trtflow.status import FRESH, SKIP
+
+if TYPE_CHECKING:
+    from trtflow.plan import Step
 
 _MARKS = {
     DONE: "[green]✓[/]", CACHED: "[green]✓[/]", FRESH: "[green]✓[/]", SKIPPED: "[yellow]-[/]",

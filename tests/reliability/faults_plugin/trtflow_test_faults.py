@@ -2,7 +2,8 @@
 
 It stands for any third-party or built-in stage that raises an unexpected exception, exits the process,
 crashes with a signal, hangs, or leaves a half-written output behind. Each mode first writes part of its
-output, so the tests can check that the runner discards partial outputs.
+output, so the tests can check that the runner discards partial outputs; ``forget`` ends well without writing
+its output at all (a result that must not be committed).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pydantic import Field
 
 from trtflow.stage import FILE, Input, Output, Stage, StageContext, StageParams
 
-Mode = Literal["ok", "raise", "exit", "sys_exit_0", "segfault", "hang", "fill", "kill_parent_once"]
+Mode = Literal["ok", "raise", "exit", "sys_exit_0", "segfault", "hang", "fill", "kill_parent_once", "forget"]
 
 
 class Params(StageParams):
@@ -29,6 +30,8 @@ class Params(StageParams):
 
 
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
+    if params.mode == "forget":  # ends well without writing its (required) output
+        return {"bytes": 0}
     seed = (params.text.encode() or b"x") + (inputs["source"].read_bytes()[:64] if "source" in inputs else b"")
     data = (seed * (params.size // len(seed) + 1))[: params.size]
     target = ctx.output("data")

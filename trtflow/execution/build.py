@@ -1,0 +1,187 @@
+"""Build one node: its scratch space, its inputs in place, the job an executor runs, and what comes back turned
+into a committed result or the node's clear error.
+
+Runs on the node's thread, for `lifecycle` (which decided that the node must be built and holds its key lock).
+It reads the node's `Upstream` view and the shared `RunContext`; everything it creates (scratch, job, manifest)
+belongs to this node alone. A result is committed only when every required output is there, whichever executor
+ran the stage (files in the scratch space, or objects a worker left in the transfer area).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtflow.errors import TrtflowError
+from trtflow.execution import protocol
+from trtflow.execution.context import RunContext
+from trtflow.execution.inputs import link_inputs, remote_inputs
+from trtflow.execution.ledger import Upstream
+from trtflow.execution.observers import NodeStart
+from trtflow.execution.protocol import Job, Outcome
+from trtflow.execution.results import DONE, FAILED, GATE_FAILED, INTERRUPTED, NodeResult, skipped_result
+from trtflow.execution.scheduler import Allocation
+from trtflow.plan import KeyParts, Step
+from trtflow.stage import NATIVE_STEP_FILE
+
+
+@dataclass
+class Built:
+    result: NodeResult
+    manifest: dict[str, Any] | None = None  # the committed manifest when the result is DONE
+
+
+def device_list(allocation: Allocation) -> str | None:
+    """CUDA_VISIBLE_DEVICES for a node: every GPU it was given, in order (None: no GPU)."""
+    return ",".join(g.visible_id for g in allocation.gpus) or None
+
+
+class Builder:
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+
+    def build(self, step: Step, parts: KeyParts, key: str, allocation: Allocation, upstream: Upstream,
+              previous: dict[str, Any] | None, started: float) -> Built:
+        ctx = self.ctx
+        node = step.node
+        stage = ctx.graph.stages[node.stage]
+        log_path = ctx.store.log_path(ctx.run_id, node.name)
+        scratch = ctx.store.tmp_dir / ctx.run_id / node.name
+
+        def failed(error: str, hint: str | None = None) -> Built:
+            return Built(NodeResult(node.name, node.stage, FAILED, step.reason, key, log_path=log_path, error=error,
+                                    hint=hint))
+
+        try:
+            if scratch.exists():
+                shutil.rmtree(scratch)
+            scratch.mkdir(parents=True)
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return failed(f"cannot prepare the node's scratch space: {exc.strerror or exc}",
+                          "free disk space or fix the store's permissions")
+        ctx.observers.node_started(NodeStart(node.name, node.stage, key, step.reason, started, log_path, scratch))
+        try:
+            input_objects: dict[str, dict[str, dict[str, Any]]] = {}
+            try:
+                if ctx.transfer is not None:
+                    inputs, input_objects = self._hand_over_inputs(step, upstream)
+                else:
+                    inputs = link_inputs(ctx.graph, ctx.store, node, upstream, scratch)
+            except TrtflowError as exc:
+                return failed(exc.message, exc.hint)
+            except OSError as exc:
+                return failed(f"cannot place the node's inputs: {exc.strerror or exc}", "free disk space")
+            previous_summary = (previous or {}).get("summary") if (previous or {}).get("key") != key else None
+            job = Job(run_id=ctx.run_id, node=node.name, stage=node.stage, params=node.params, inputs=inputs,
+                      scratch=str(scratch), recipe_dir=str(ctx.kctx.recipe_dir), cache_dir=str(ctx.store.cache_dir),
+                      log_path=str(log_path), facts=parts.facts,
+                      allowed_roots=[str(p) for p in ctx.kctx.allowed_roots], device=device_list(allocation),
+                      previous_summary=previous_summary, timeout=node.timeout, preload=list(stage.preload),
+                      parent_pid=os.getpid(), input_objects=input_objects,
+                      input_sources=self._judged_sources(node.name, upstream))
+            try:
+                outcome = ctx.executor.execute(job, ctx.cancel)
+            except OSError as exc:
+                return failed(f"could not start the stage process: {exc.strerror or exc}",
+                              "free disk space and memory, then run again")
+            if outcome.status == protocol.CRASHED and (scratch / NATIVE_STEP_FILE).exists():
+                self._keep_for_repro(node.name, scratch, outcome)
+            return self._conclude(step, parts, key, outcome, job, log_path, previous_summary, started)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _hand_over_inputs(self, step: Step, upstream: Upstream
+                          ) -> tuple[dict[str, str | list[str]], dict[str, dict[str, dict[str, Any]]]]:
+        """For workers that fetch their inputs: put the producers' results in the executor's transfer area (a
+        place of its own under --no-push, never the shared cache then), and say which objects each slot needs."""
+        ctx = self.ctx
+        for src in sorted({src for refs in step.node.upstream.values() for src, _ in refs}):
+            ctx.transfer.push(upstream.key(src), ctx.store, ctx.journal)
+        return remote_inputs(ctx.graph, ctx.store, step.node, upstream)
+
+    def _judged_sources(self, node: str, upstream: Upstream) -> dict[str, list[dict[str, Any]]]:
+        """Where each input comes from, with the producer's gate verdict as judged now (thresholds may have
+        changed since its files were written)."""
+        sources = self.ctx.graph.input_sources(node)
+        verdicts = upstream.verdicts
+        for entries in sources.values():
+            for entry in entries:
+                if entry["node"] in verdicts:
+                    entry["gate_failures"] = list(verdicts[entry["node"]])
+        return sources
+
+    def _keep_for_repro(self, node: str, scratch: Path, outcome: Outcome) -> None:
+        """Keep a crashed node's scratch (its inputs) where the reproduction command can still find them."""
+        kept = self.ctx.store.root / "crashes" / self.ctx.run_id / node
+        try:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(scratch), kept)
+        except OSError:
+            return
+        for field_name in ("error", "hint"):
+            text = getattr(outcome, field_name)
+            if text:
+                setattr(outcome, field_name, text.replace(str(scratch), str(kept)))
+
+    def _conclude(self, step: Step, parts: KeyParts, key: str, outcome: Outcome, job: Job, log_path: Path,
+                  previous_summary: dict[str, Any] | None, started: float) -> Built:
+        ctx = self.ctx
+        node = step.node
+        stage = ctx.graph.stages[node.stage]
+        common: dict[str, Any] = {"log_path": log_path, "peak_rss": outcome.peak_rss}
+        if outcome.status == protocol.INTERRUPTED or ctx.cancel.is_set():
+            return Built(NodeResult(node.name, node.stage, INTERRUPTED, "interrupted", key, **common))
+        if outcome.status == protocol.SKIPPED:
+            res = skipped_result(node.name, node.stage, key, outcome.error or "", outcome.hint,
+                                 ctx.options.require_gpu)
+            res.log_path = log_path
+            return Built(res)
+        if outcome.status != protocol.OK:
+            status = GATE_FAILED if outcome.status == protocol.GATE_FAILED else FAILED
+            return Built(NodeResult(node.name, node.stage, status, step.reason, key, error=outcome.error,
+                                    hint=outcome.hint, summary=outcome.summary, **common))
+        if outcome.stored_outputs is not None:
+            present = set(outcome.stored_outputs)
+        else:
+            present = {n for n, o in stage.outputs.items() if (job.out_dir / o.filename).exists()}
+        unwritten = protocol.unwritten_outputs(node.stage, stage.outputs, present)
+        if unwritten:
+            return Built(NodeResult(node.name, node.stage, FAILED, step.reason, key, error=unwritten, **common))
+        manifest = dict(parts.as_manifest(), node=node.name, recipe=ctx.recipe.name, recipe_id=ctx.recipe.id,
+                        summary=outcome.summary, run_id=ctx.run_id, started=started,
+                        duration=time.time() - started, previous_summary=previous_summary,
+                        peak_rss=outcome.peak_rss)
+        try:
+            if outcome.stored_outputs is not None:
+                committed = self._commit_stored(node.name, key, manifest, outcome.stored_outputs)
+            else:
+                outputs_spec = {n: (o.filename, o.kind) for n, o in stage.outputs.items()}
+                committed = ctx.store.commit(key, manifest, job.out_dir, outputs_spec, ctx.journal)
+        except TrtflowError as exc:  # the transfer area lost or damaged an object
+            return Built(NodeResult(node.name, node.stage, FAILED, step.reason, key, error=exc.message,
+                                    hint=exc.hint, **common))
+        except OSError as exc:
+            return Built(NodeResult(
+                node.name, node.stage, FAILED, step.reason, key,
+                error=f"the stage finished, but storing its outputs failed: {exc.strerror or exc}",
+                hint="free disk space or fix the store's permissions, then run again: nothing was committed for "
+                "this node and finished nodes are intact", **common))
+        res = NodeResult(node.name, node.stage, DONE, step.reason, key, summary=committed.get("summary", {}),
+                         **common)
+        return Built(res, committed)
+
+    def _commit_stored(self, node: str, key: str, manifest: dict[str, Any],
+                       stored: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """Commit outputs a worker left in the transfer area: pull them (verified), then write the manifest."""
+        from trtflow.storage.store import FORMAT
+
+        ctx = self.ctx
+        ctx.transfer.pull_objects(stored, ctx.store, ctx.journal, node=node)
+        committed = dict(manifest, outputs=stored, key=key, format=FORMAT, committed=time.time())
+        ctx.store.write_manifest(key, committed)
+        return committed

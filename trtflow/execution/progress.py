@@ -1,0 +1,68 @@
+"""Live progress of running nodes: what each stage last reported, how long it has run, its memory.
+
+`ProgressBoard` is an observer: node threads add a node when its stage starts (``node_started``), the run's
+thread removes it when its end is recorded (``node_ended``) and reads the board every tick (``poll``). The board
+guards its table with a lock; reading progress files and /proc happens outside it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from trtflow.execution.observers import NodeStart, RunObserver
+from trtflow.execution.results import NodeResult, Progress
+from trtflow.fsutil import read_tail
+
+
+class ProgressBoard(RunObserver):
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[str, tuple[Path, float]] = {}  # node -> (scratch, started)
+
+    def node_started(self, start: NodeStart) -> None:
+        with self._lock:
+            self._running[start.node] = (start.scratch, start.started)
+
+    def node_ended(self, result: NodeResult) -> None:
+        with self._lock:
+            self._running.pop(result.node, None)
+
+    def poll(self, pid_of: Callable[[str], int | None]) -> list[tuple[str, Progress]]:
+        """The latest progress of every running node (``pid_of``: the executor's process of a node, if any)."""
+        with self._lock:
+            running = list(self._running.items())
+        now = time.time()
+        found = []
+        for node, (scratch, started) in running:
+            if not scratch.is_dir():  # the stage has ended; its end is about to be recorded
+                continue
+            fraction, message = last_progress(scratch / "progress.jsonl")
+            pid = pid_of(node)
+            found.append((node, Progress(fraction, message, now - started, rss(pid) if pid else None)))
+        return found
+
+
+def last_progress(path: Path) -> tuple[float | None, str]:
+    """The fraction and message of the last line a stage wrote with `StageContext.progress`."""
+    try:
+        lines = read_tail(path, 4096).strip().splitlines()
+        last = json.loads(lines[-1]) if lines else {}
+    except (OSError, ValueError, IndexError):
+        return None, ""
+    return last.get("fraction"), str(last.get("message", ""))
+
+
+def rss(pid: int) -> int | None:
+    """Resident memory of a process, in bytes (None if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
