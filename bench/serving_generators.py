@@ -222,6 +222,7 @@ def stalls(args: argparse.Namespace, module: Any, sample: Any) -> dict[str, Any]
     clock = ClockReader(args.device)
     stream = torch.cuda.Stream() if args.device == "cuda" else None
     records: list[dict[str, Any]] = []
+    forward = (lambda: module(sample)) if not args.stall_graph else _graphed(module, sample, stream)
 
     def run(batch: int) -> None:
         record: dict[str, Any] = {"clock_mhz": clock.sm_mhz()}
@@ -234,7 +235,7 @@ def stalls(args: argparse.Namespace, module: Any, sample: Any) -> dict[str, Any]
                 begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 with torch.cuda.stream(stream):
                     begin.record(stream)
-                    module(sample)
+                    forward()
                     end.record(stream)
                 launched = time.monotonic_ns()
                 stream.synchronize()
@@ -246,11 +247,14 @@ def stalls(args: argparse.Namespace, module: Any, sample: Any) -> dict[str, Any]
         records.append(record)
 
     results: dict[str, Any] = {}
-    print(f"\n== stalls at low rates: {args.model} on {args.device}, LoadGen Server, instrumented instance")
+    interval = [args.switch_interval_ms / 1e3] if args.switch_interval_ms else []
+    print(f"\n== stalls at low rates: {args.model} on {args.device}, LoadGen Server, instrumented instance"
+          f"{', CUDA graph replays' if args.stall_graph else ', eager'}, thread switch interval "
+          f"{args.switch_interval_ms or 'trtflow default'} ms")
     for rate in args.stall_rates:
-        for warmed in (False, True):
+        for warmed in [mode == "warmed" for mode in args.stall_modes]:
             queries = max(int(rate * args.stall_seconds), 20)
-            with steady_interpreter(), Server([run], warm_sizes=[1] if warmed else ()) as server:
+            with steady_interpreter(*interval), Server([run], warm_sizes=[1] if warmed else ()) as server:
                 records.clear()
                 result = loadgen.run(server, loadgen.ScenarioSpec("Server", queries / rate, target_qps=rate,
                                                                   latency_budget_ms=20.0, min_query_count=queries))
@@ -261,6 +265,23 @@ def stalls(args: argparse.Namespace, module: Any, sample: Any) -> dict[str, Any]
             key = f"{rate:g}/s, {'warmed on its thread' if warmed else 'fresh thread'}"
             results[key] = _stall_summary(key, rows, result.settings["latencies_ns"])
     return results
+
+
+def _graphed(module: Any, sample: Any, stream: Any) -> Any:
+    """The module's forward captured in a CUDA graph (one launch a request instead of one a kernel)."""
+    import torch
+
+    if stream is None:
+        raise SystemExit("--stall-graph needs --device cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.inference_mode():
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                module(sample)
+        stream.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            module(sample)
+    return graph.replay
 
 
 def _stall_summary(key: str, rows: list[dict[str, Any]], latencies: list[int]) -> dict[str, Any]:
@@ -312,6 +333,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--stall-rates", type=float, nargs="+", default=[2.0, 5.0, 20.0])
     parser.add_argument("--stall-seconds", type=float, default=10.0)
+    parser.add_argument("--stall-graph", action="store_true", help="replay the forward as a CUDA graph")
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="Python's thread switch interval while timing (default: trtflow's)")
+    parser.add_argument("--stall-modes", nargs="+", choices=["fresh", "warmed"], default=["fresh", "warmed"],
+                        help="instances warmed on the main thread only (fresh) or on their serving thread (warmed)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("serving-results"))
     args = parser.parse_args()

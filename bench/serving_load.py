@@ -51,7 +51,8 @@ def run_benchmark(params: dict[str, Any], name: str) -> dict[str, Any]:
 def base_params(args: argparse.Namespace) -> dict[str, Any]:
     return {"backend": "torch", "device": args.device, "torch_model": f"python:serving_models.py:{args.model}",
             "shapes": {"input": SHAPES[args.model]}, "warmup_ms": 200, "min_duration_s": 0.5 if args.quick else 1.0,
-            "load_duration_s": args.duration, "load_warmup_s": 0.5, "load_generator": args.generator}
+            "load_duration_s": args.duration, "load_warmup_s": 0.5, "load_generator": args.generator,
+            **({"torch_cuda_graphs": True} if args.cuda_graphs else {})}
 
 
 def spread(values: list[float]) -> str:
@@ -101,6 +102,12 @@ def batching(args: argparse.Namespace) -> dict[str, Any]:
             if dynamic:
                 params["dynamic_batching"] = dynamic
             runs[name].append(run_benchmark(params, f"{name.replace(' ', '_')}-{index}"))
+            (top,) = runs[name][-1]["max_rate_meeting_budget"]
+            levels = ", ".join(f"{p['arrival_rate_qps']:g}/s p99 {p['latency_ms']['p99']:.1f} ms "
+                               f"{(p.get('loadgen') or {}).get('result_validity', '')}"
+                               for p in runs[name][-1]["open_loop"])
+            print(f"  run {index + 1}, {name}: highest rate meeting the budget {top['arrival_rate_qps']} "
+                  f"({runs[name][-1]['bench_wall_s']} s; {levels})", flush=True)
     print(f"\n== Server scenario: {args.model} on {args.device}, Poisson arrivals of single samples, p99 budget "
           f"{args.budget_ms:g} ms, generator {runs['no batching'][0]['load_settings']['generator']}")
     print(fixed_batch_line(runs["no batching"][0]))
@@ -224,6 +231,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3, help="repeat the batching and scaling sections")
     parser.add_argument("--generator", choices=["auto", "loadgen", "trtflow"], default="auto",
                         help="what drives the Server levels (benchmark param load_generator)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="serve CUDA graph replays of the model (benchmark param torch_cuda_graphs)")
     parser.add_argument("--quick", action="store_true", help="fewer levels and probes (a trial run)")
     parser.add_argument("--out", type=Path, default=Path("serving-results"))
     args = parser.parse_args()

@@ -77,6 +77,11 @@ class Params(TimingFields, LoadFields, GateFields):
         None, description="For backend torch: a factory returning a torch.nn.Module, "
         "'python:package.module:factory' or 'python:path/to/file.py:factory'. THIS RUNS YOUR CODE."
     )
+    torch_cuda_graphs: bool = Field(
+        False, description="For backend torch on CUDA, under serving load: each instance replays its forward as "
+        "one CUDA graph per batch size (captured while it warms up), instead of launching every kernel from "
+        "Python. Eager launches make a small model's latency tail depend on the host (see bench/serving_load.md)."
+    )
     onnxruntime: OrtOptions = Field(
         default_factory=OrtOptions, description="ONNX Runtime session options (optimisation level, disabled "
         "optimisers, threads) for backend onnxruntime.",
@@ -157,6 +162,9 @@ class Params(TimingFields, LoadFields, GateFields):
         if self.torch_model and self.backend != "torch":
             raise ValueError(f"torch_model is only used by backend torch, not {self.backend}")
         engine = self.backend in (*TRT_FLAVOURS, "auto")
+        if self.torch_cuda_graphs and not (self.backend == "torch" and self.device == "cuda" and self.has_load):
+            raise ValueError("torch_cuda_graphs applies to backend torch on device cuda under serving load "
+                             "(concurrency, arrival_rate_qps or scenarios)")
         if max(self.stream_counts) > 1 and not engine and not self.has_load:
             raise ValueError(f"streams > 1 for backend {self.backend} applies to serving load only: give "
                              "concurrency or arrival_rate_qps")

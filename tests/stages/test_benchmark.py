@@ -291,6 +291,13 @@ def test_load_params_are_checked():
         benchmark.Params.model_validate({"dynamic_batching": {"max_batch_size": 4}})
     with pytest.raises(ValueError, match="streams must be between 1 and 16"):
         benchmark.Params.model_validate({"streams": [1, 17]})
+    for wrong in ({"backend": "torch", "device": "cpu", "concurrency": [1]},  # CUDA graphs need CUDA
+                  {"backend": "onnxruntime", "device": "cuda", "concurrency": [1]},
+                  {"backend": "torch", "device": "cuda"}):  # no serving load to run them under
+        with pytest.raises(ValueError, match="torch_cuda_graphs applies to backend torch on device cuda"):
+            benchmark.Params.model_validate({**wrong, "torch_cuda_graphs": True})
+    assert benchmark.Params.model_validate({"backend": "torch", "device": "cuda", "arrival_rate_qps": [10],
+                                            "torch_cuda_graphs": True}).torch_cuda_graphs
     params = benchmark.Params.model_validate({"backend": "tensorrt", "gpus": 2, "concurrency": [1]})
     resources = benchmark.stage.resources_for(params)
     assert resources.gpu == 2 and resources.exclusive
