@@ -6,9 +6,12 @@ and prints, side by side with what a user would measure instead (one stream timi
 1. ``closed``: closed-loop concurrency levels on 1 and 2 streams (model instances): throughput and p50/p99;
 2. ``curves``: closed-loop curves of single-sample requests without and with the dynamic batcher, and the
    highest throughput whose p99 meets a latency budget on each;
-3. ``batching``: open-loop Poisson arrivals of single-sample requests, without and with the dynamic batcher; a
-   search for the highest arrival rate whose p99 meets a latency budget; the gain is the ratio of the two;
-4. ``scaling``: one replica process per GPU against one GPU at the same per-GPU concurrency (needs 2+ GPUs).
+3. ``batching``: MLPerf's Server scenario (Poisson arrivals of single-sample requests, driven by LoadGen where it is
+   installed), without and with the dynamic batcher; a search for the highest arrival rate that meets a p99 budget
+   (LoadGen's verdict: VALID, the p99 within budget with confidence); repeated ``--runs`` times, with the spread;
+4. ``scaling``: one replica process per GPU against one GPU at the same per-GPU concurrency (needs 2+ GPUs),
+   repeated ``--runs`` times, with the spread of the efficiency;
+5. ``scenarios``: MLPerf's Offline, SingleStream and MultiStream scenarios through LoadGen.
 
     python bench/serving_load.py --device cuda --model resnet50 --out results
     python bench/serving_load.py --device cpu --model tiny_cnn --quick      # try it on a CPU
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -47,7 +51,18 @@ def run_benchmark(params: dict[str, Any], name: str) -> dict[str, Any]:
 def base_params(args: argparse.Namespace) -> dict[str, Any]:
     return {"backend": "torch", "device": args.device, "torch_model": f"python:serving_models.py:{args.model}",
             "shapes": {"input": SHAPES[args.model]}, "warmup_ms": 200, "min_duration_s": 0.5 if args.quick else 1.0,
-            "load_duration_s": args.duration, "load_warmup_s": 0.5}
+            "load_duration_s": args.duration, "load_warmup_s": 0.5, "load_generator": args.generator,
+            **({"torch_cuda_graphs": True} if args.cuda_graphs else {})}
+
+
+def spread(values: list[float]) -> str:
+    """min / median / max and the range as a share of the median, of figures from repeated runs."""
+    if not values:
+        return "no figure"
+    ordered = sorted(values)
+    middle = statistics.median(ordered)
+    return (f"min {ordered[0]:.4g}, median {middle:.4g}, max {ordered[-1]:.4g} (range "
+            f"{(ordered[-1] - ordered[0]) / middle * 100:.1f}% of the median, {len(values)} runs)")
 
 
 def _ms(value: float | None) -> str:
@@ -77,32 +92,46 @@ def closed(args: argparse.Namespace) -> dict[str, Any]:
 def batching(args: argparse.Namespace) -> dict[str, Any]:
     search = {"arrival_rate_qps": [args.start_rate], "latency_budget_ms": args.budget_ms,
               "rate_search_probes": 4 if args.quick else args.probes}
-    runs = {}
-    for name, dynamic in (("no batching", None),
-                          ("dynamic batching", {"max_batch_size": args.max_batch, "max_queue_delay_ms": args.delay_ms,
-                                                "preferred_batch_sizes": [args.max_batch]})):
-        params = {**base_params(args), **search}
-        if dynamic:
-            params["dynamic_batching"] = dynamic
-        runs[name] = run_benchmark(params, name.replace(" ", "_"))
-    print(f"\n== open loop: {args.model} on {args.device}, Poisson arrivals of single samples, p99 budget "
-          f"{args.budget_ms:g} ms")
-    print(fixed_batch_line(runs["no batching"]))
-    print("  batcher            rate/s  samples/s   p50 ms   p99 ms  mean batch  late")
-    best: dict[str, float | None] = {}
-    for name, metrics in runs.items():
-        for point in sorted(metrics["open_loop"], key=lambda p: p["arrival_rate_qps"]):
-            latency = point["latency_ms"]
-            print(f"  {name:17s} {point['arrival_rate_qps']:7.0f}  {point['throughput_qps']:9.1f} "
-                  f"{_ms(latency['p50'])} {_ms(latency['p99'])}  {point['mean_batch_size']:10.2f}  "
-                  f"{point['late_requests']:4d}")
-        (top,) = metrics["max_rate_meeting_budget"]
-        best[name] = top["throughput_qps"]
-    plain, batched = best["no batching"], best["dynamic batching"]
-    print(f"  highest throughput with p99 <= {args.budget_ms:g} ms: no batching {plain or 0:.1f}, dynamic batching "
-          f"{batched or 0:.1f} samples/s" + (f" -> x{batched / plain:.2f}" if plain and batched else ""))
-    return {"runs": runs, "best_throughput_under_budget": best,
-            "gain": batched / plain if plain and batched else None}
+    configurations = (("no batching", None),
+                      ("dynamic batching", {"max_batch_size": args.max_batch, "max_queue_delay_ms": args.delay_ms,
+                                            "preferred_batch_sizes": [args.max_batch]}))
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in configurations}
+    for index in range(args.runs):
+        for name, dynamic in configurations:  # interleaved: drift over time hits both configurations alike
+            params = {**search, **base_params(args), "seed": index}
+            if dynamic:
+                params["dynamic_batching"] = dynamic
+            runs[name].append(run_benchmark(params, f"{name.replace(' ', '_')}-{index}"))
+            (top,) = runs[name][-1]["max_rate_meeting_budget"]
+            levels = ", ".join(f"{p['arrival_rate_qps']:g}/s p99 {p['latency_ms']['p99']:.1f} ms "
+                               f"{(p.get('loadgen') or {}).get('result_validity', '')}"
+                               for p in runs[name][-1]["open_loop"])
+            print(f"  run {index + 1}, {name}: highest rate meeting the budget {top['arrival_rate_qps']} "
+                  f"({runs[name][-1]['bench_wall_s']} s; {levels})", flush=True)
+    print(f"\n== Server scenario: {args.model} on {args.device}, Poisson arrivals of single samples, p99 budget "
+          f"{args.budget_ms:g} ms, generator {runs['no batching'][0]['load_settings']['generator']}")
+    print(fixed_batch_line(runs["no batching"][0]))
+    print("  batcher           run  rate/s  samples/s   p50 ms   p99 ms  mean batch  late  verdict")
+    best: dict[str, list[float]] = {name: [] for name in runs}
+    for name, measured in runs.items():
+        for index, metrics in enumerate(measured):
+            for point in sorted(metrics["open_loop"], key=lambda p: p["arrival_rate_qps"]):
+                latency = point["latency_ms"]
+                verdict = (point.get("loadgen") or {}).get("result_validity") or (
+                    "meets" if point.get("meets_budget") else "misses")
+                print(f"  {name:17s} {index + 1:3d} {point['arrival_rate_qps']:7.1f}  {point['throughput_qps']:9.1f} "
+                      f"{_ms(latency['p50'])} {_ms(latency['p99'])}  {point['mean_batch_size']:10.2f}  "
+                      f"{point['late_requests']:4d}  {verdict}")
+            (top,) = metrics["max_rate_meeting_budget"]
+            if top["arrival_rate_qps"]:
+                best[name].append(top["arrival_rate_qps"])
+    for name, rates in best.items():
+        print(f"  highest rate meeting the budget, {name}: {spread(rates)}; runs: "
+              + ", ".join(f"{r:.1f}" for r in rates))
+    gains = [b / p for p, b in zip(best["no batching"], best["dynamic batching"], strict=False) if p]
+    if gains:
+        print(f"  dynamic batching gain: {spread(gains)}")
+    return {"runs": runs, "best_rates": best, "gains": gains}
 
 
 def curves(args: argparse.Namespace) -> dict[str, Any]:
@@ -143,11 +172,12 @@ def scaling(args: argparse.Namespace) -> list[dict[str, Any]] | None:
         return None
     levels = [1, 4] if args.quick else [1, 4, 16]
     runs = []
-    for index in range(args.scaling_runs):
+    efficiencies: dict[int, list[float]] = {}
+    for index in range(args.runs):
         metrics = run_benchmark({**base_params(args), "concurrency": levels, "gpus": "all"}, f"scaling{index}")
         runs.append(metrics)
-        print(f"\n== scaling, run {index + 1}/{args.scaling_runs}: {args.model}, one replica process per GPU, "
-              "closed loop per GPU")
+        print(f"\n== scaling, run {index + 1}/{args.runs}: {args.model}, {metrics['load_settings']['gpus']} replica "
+              f"processes (GPUs {metrics['load_settings']['devices']}), closed loop per GPU")
         print(f"  concurrency/GPU  1 GPU samples/s  {count} GPUs samples/s  efficiency  per GPU samples/s   "
               "service p50 ms (1 GPU / all)")
         service = {(p["gpus"], p.get("concurrency_per_gpu", p["concurrency"])): p["service_ms"]["p50"]
@@ -156,14 +186,35 @@ def scaling(args: argparse.Namespace) -> list[dict[str, Any]] | None:
                    if p["gpus"] == count}
         for row in metrics["scaling"]:
             level = row["concurrency_per_gpu"]
+            efficiencies.setdefault(level, []).append(row["scaling_efficiency"] * 100)
             shares = ", ".join(f"{q:.1f}" for q in per_gpu.get(level) or [])
             print(f"  {level:15d}  {row['throughput_qps_1gpu']:15.1f}  {row['throughput_qps']:16.1f}  "
                   f"{row['scaling_efficiency']:10.1%}  {shares:>17s}   {service[(1, level)]:.2f} / "
                   f"{service[(count, level)]:.2f}")
+    for level, values in sorted(efficiencies.items()):
+        print(f"  scaling efficiency at concurrency {level}/GPU (%): {spread(values)}")
     return runs
 
 
-SECTIONS = {"closed": closed, "curves": curves, "batching": batching, "scaling": scaling}
+def scenarios(args: argparse.Namespace) -> dict[str, Any]:
+    """MLPerf's Offline (with the dynamic batcher), SingleStream and MultiStream scenarios through LoadGen."""
+    params = {**base_params(args), "scenarios": ["Offline", "SingleStream", "MultiStream"],
+              "dynamic_batching": {"max_batch_size": args.max_batch, "max_queue_delay_ms": args.delay_ms,
+                                   "preferred_batch_sizes": [args.max_batch]}, "load_generator": "loadgen"}
+    metrics = run_benchmark(params, "scenarios")
+    print(f"\n== MLPerf scenarios through LoadGen: {args.model} on {args.device}")
+    print("  scenario      valid  queries  samples/s   p50 ms  p90 ms   p99 ms  (95% interval of p99)  LoadGen")
+    for entry in metrics["scenarios"]:
+        latency, interval = entry["latency_ms"], entry["latency_ci_ms"]["p99"]
+        verdict = entry["loadgen"]
+        figure = verdict.get("early_stopping_result") or verdict.get("result_invalid_reason") or ""
+        print(f"  {entry['scenario']:12s}  {'yes' if entry['valid'] else 'NO ':5s}  {entry['queries']:7d}  "
+              f"{entry['throughput_qps']:9.1f} {_ms(latency['p50'])} {_ms(latency['p90'])} {_ms(latency['p99'])}  "
+              f"({interval[0]:.2f}-{interval[1]:.2f})  {figure[:90]}")
+    return metrics
+
+
+SECTIONS = {"closed": closed, "curves": curves, "batching": batching, "scaling": scaling, "scenarios": scenarios}
 
 
 def main() -> int:
@@ -177,7 +228,11 @@ def main() -> int:
     parser.add_argument("--probes", type=int, default=8, help="search probes after the first rate")
     parser.add_argument("--max-batch", type=int, default=32, help="dynamic batching max_batch_size")
     parser.add_argument("--delay-ms", type=float, default=2.0, help="dynamic batching max_queue_delay_ms")
-    parser.add_argument("--scaling-runs", type=int, default=1, help="repeat the scaling section")
+    parser.add_argument("--runs", type=int, default=3, help="repeat the batching and scaling sections")
+    parser.add_argument("--generator", choices=["auto", "loadgen", "trtflow"], default="auto",
+                        help="what drives the Server levels (benchmark param load_generator)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="serve CUDA graph replays of the model (benchmark param torch_cuda_graphs)")
     parser.add_argument("--quick", action="store_true", help="fewer levels and probes (a trial run)")
     parser.add_argument("--out", type=Path, default=Path("serving-results"))
     args = parser.parse_args()

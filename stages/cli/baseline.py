@@ -22,16 +22,24 @@ app = typer.Typer(name="baseline", help="Pin measurements (latency, throughput, 
                   "gates compare with it.", no_args_is_help=True, add_completion=False)
 
 
+def _latency(point: dict[str, Any], key: str) -> str:
+    """A latency statistic of a baseline point with its 95% interval where the point has one."""
+    value = (point.get("latency_ms") or {}).get(key, float("nan"))
+    interval = (point.get("latency_ci_ms") or {}).get(key)
+    around = f" [{interval[0]:.4g}, {interval[1]:.4g}]" if isinstance(interval, list) and len(interval) == 2 else ""
+    return f"{value:.4g} ms{around}"
+
+
 def _describe(name: str, entry: dict[str, Any]) -> list[str]:
     facts = entry.get("facts") or {}
     setup = ", ".join(f"{key} {facts[key]}" for key in ("gpu", "tensorrt", "tensorrt_rtx", "onnxruntime", "torch",
                                                           "cpu") if facts.get(key) not in (None, "none", "unset"))
     lines = [f"{name} ({entry.get('stage')}; {setup or 'no facts recorded'})"]
     for point in entry.get("points", []):
-        latency = point.get("latency_ms") or {}
+        queries = f" ({point['queries']} queries)" if point.get("queries") else ""
         lines.append(f"  batch {point.get('batch_size')}, {point.get('streams', 1)} stream(s): p50 "
-                     f"{latency.get('p50', float('nan')):.4g} ms, p99 {latency.get('p99', float('nan')):.4g} ms, "
-                     f"{point.get('throughput_qps', float('nan')):.4g} samples/s")
+                     f"{_latency(point, 'p50')}, p99 {_latency(point, 'p99')}, "
+                     f"{point.get('throughput_qps', float('nan')):.4g} samples/s{queries}")
     for output, values in (entry.get("outputs") or {}).items():
         lines.append(f"  {output}: cosine {values.get('cosine_similarity')}, max abs error "
                      f"{values.get('max_abs_error')}")

@@ -1,8 +1,9 @@
 """The decision of the ``select`` stage, as pure functions: candidates and their results in, a selection out.
 
 Each candidate gets an operating point for the objective (a batch size, or a load level of the benchmark's
-``load`` sweep), constraints exclude candidates, the best eligible one wins and candidates within the tie
-tolerance are ordered by the tie-breakers. Every candidate gets a reason: why it won, lost or was excluded.
+``load`` sweep), constraints exclude candidates, and the candidates that do not lose to the best one with
+confidence (`decision.ties`: the 95% interval of their ratio to the best lies beyond the tie tolerance) are tied
+within noise and ordered by the tie-breakers. Every candidate gets a reason: why it won, lost or was excluded.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from trtflow.stage import StageParams
+
+from ..measure.compare import latency_figure, throughput_figure
+from .ties import loses, objective_figure, ratio_text, row_ratio, worse_by
 
 Goal = Literal["min_latency", "max_throughput", "min_size", "max_throughput_under_latency"]
 Statistic = Literal["p50", "p90", "p95", "p99", "mean"]
@@ -99,8 +103,9 @@ class TieBreakers(StageParams):
     """How near-equal candidates are told apart (benchmarks are noisy: 1% is not a real difference)."""
 
     tolerance_percent: float = Field(
-        2.0, ge=0, le=100, description="Candidates whose objective value is within this many percent of the "
-        "best are tied.")
+        5.0, ge=0, le=100, description="A candidate loses to the best one only when it is worse by more than "
+        "this many percent with 95% confidence (the whole interval of the ratio of their figures beyond it); "
+        "otherwise the two are tied within noise and the tie-breakers decide.")
     order: list[TieBreaker] = Field(
         default_factory=lambda: ["accuracy", "size"],
         description="Criteria applied in turn to tied candidates: accuracy (higher cosine similarity to the "
@@ -161,6 +166,11 @@ def accuracy_of(validate_json: Mapping[str, Any], node: str) -> dict[str, Any]:
     }
 
 
+#: What selection keeps of each benchmark point's uncertainty.
+UNCERTAINTY = ("queries", "latency_ci_ms", "throughput_ci_qps", "converged", "open_intervals",
+               "cpu_wait_ms_per_query")
+
+
 def performance_of(benchmark_json: Mapping[str, Any], node: str) -> dict[str, Any]:
     """Per batch size the latency statistics and throughput, and the `load` sweep when there is one."""
     points = []
@@ -172,6 +182,7 @@ def performance_of(benchmark_json: Mapping[str, Any], node: str) -> dict[str, An
             "latency_ms": {k: latency[k] for k in ("p50", "p90", "p95", "p99", "mean") if _number(latency.get(k))},
             "throughput_qps": report.get("throughput_qps"),
             "flags": list(report.get("flags") or []),
+            **{key: report[key] for key in UNCERTAINTY if key in report},
         })
     load = []
     for level in benchmark_json.get("load") or []:
@@ -181,6 +192,7 @@ def performance_of(benchmark_json: Mapping[str, Any], node: str) -> dict[str, An
             "batch_size": level.get("batch_size"),
             "latency_ms": {k: latency[k] for k in ("p50", "p90", "p95", "p99", "mean") if _number(latency.get(k))},
             "throughput_qps": level.get("throughput_qps"),
+            **{key: level[key] for key in ("queries", "latency_ci_ms") if key in level},
         })
     return {"node": node, "backend": benchmark_json.get("backend"), "device": benchmark_json.get("device"),
             "points": points, "load": load}
@@ -200,6 +212,9 @@ class OperatingPoint:
     concurrency: int | None
     latency_ms: float | None
     throughput_qps: float | None
+    latency_ci_ms: list[float] | None = None  # the 95% interval of latency_ms
+    throughput_ci_qps: list[float] | None = None
+    source: Mapping[str, Any] = field(default_factory=dict)  # the benchmark's point or load level
 
     def describe(self) -> str:
         if self.concurrency is not None:
@@ -211,8 +226,10 @@ def _points(candidate: Candidate, stat: str, with_load: bool) -> list[OperatingP
     bench = candidate.benchmark or {}
     if with_load and bench.get("load"):
         return [OperatingPoint(p.get("batch_size"), p.get("concurrency"), p["latency_ms"].get(stat),
-                               p.get("throughput_qps")) for p in bench["load"]]
-    return [OperatingPoint(p.get("batch_size"), None, p["latency_ms"].get(stat), p.get("throughput_qps"))
+                               p.get("throughput_qps"), (p.get("latency_ci_ms") or {}).get(stat),
+                               p.get("throughput_ci_qps"), p) for p in bench["load"]]
+    return [OperatingPoint(p.get("batch_size"), None, p["latency_ms"].get(stat), p.get("throughput_qps"),
+                           (p.get("latency_ci_ms") or {}).get(stat), p.get("throughput_ci_qps"), p)
             for p in bench.get("points", [])]
 
 
@@ -254,13 +271,27 @@ def operating_point(candidate: Candidate, objective: Objective, batch: int | Non
     return points[batch], ""
 
 
-def _objective_value(candidate: Candidate, point: OperatingPoint | None, objective: Objective) -> float | None:
+def _objective_value(candidate: Candidate, point: OperatingPoint | None,
+                     objective: Objective) -> tuple[float | None, list[float] | None, list[float] | None]:
+    """The candidate's figure for the objective, its 95% interval, and the interval it is compared with: the
+    95% interval reaching as far as the time its benchmark waited for a CPU allows (`measure.compare`). None
+    where there is none."""
     if objective.goal == "min_size":
-        return float(candidate.size_bytes)
+        return float(candidate.size_bytes), None, None
     if point is None:
-        return None
-    value = point.latency_ms if objective.goal == "min_latency" else point.throughput_qps
-    return float(value) if _number(value) else None
+        return None, None, None
+    if objective.goal == "min_latency":
+        value, measured = point.latency_ms, point.latency_ci_ms
+        figure = latency_figure({**point.source, "latency_ms": {objective.percentile: value},
+                                 "latency_ci_ms": {objective.percentile: measured}},
+                                objective.percentile, allow_wait=True)
+    else:
+        value, measured = point.throughput_qps, point.throughput_ci_qps
+        figure = throughput_figure({**point.source, "throughput_qps": value, "throughput_ci_qps": measured},
+                                   allow_wait=True)
+    if figure is None:
+        return None, None, None
+    return figure.value, measured, None if figure.low == figure.high else [figure.low, figure.high]
 
 
 def _lower_is_better(goal: str) -> bool:
@@ -319,10 +350,15 @@ CRITERION_TEXT = {"accuracy": "accuracy (cosine similarity)", "size": "size", "l
                   "throughput": "throughput"}
 
 
-def _show(criterion: str, row: Mapping[str, Any], stat: str) -> str:
+def _show(criterion: str, row: Mapping[str, Any], stat: str, other: Mapping[str, Any] | None = None) -> str:
     if criterion == "accuracy":
         value = (row.get("validation") or {}).get("cosine_similarity")
-        return f"{value:.6g}" if _number(value) else "none"
+        theirs = ((other or {}).get("validation") or {}).get("cosine_similarity")
+        digits = 6  # enough to tell it from the other side's figure (0.99999992 vs 1, not 1 vs 1)
+        while _number(value) and _number(theirs) and value != theirs and digits < 12 and \
+                f"{value:.{digits}g}" == f"{theirs:.{digits}g}":
+            digits += 1
+        return f"{value:.{digits}g}" if _number(value) else "none"
     if criterion == "size":
         return f"{row['size_bytes'] / 1e6:.3g} MB"
     point = row.get("operating_point") or {}
@@ -331,12 +367,13 @@ def _show(criterion: str, row: Mapping[str, Any], stat: str) -> str:
     return f"{point['throughput_qps']:.4g} qps" if _number(point.get("throughput_qps")) else "none"
 
 
-def _value_text(value: float, goal: str) -> str:
+def _value_text(value: float, goal: str, interval: Sequence[float] | None = None) -> str:
     if goal == "min_size":
         return f"{value / 1e6:.3g} MB"
-    if goal == "min_latency":
-        return f"{value:.4g} ms"
-    return f"{value:.4g} qps"
+    unit = "ms" if goal == "min_latency" else "qps"
+    if interval is not None and len(interval) == 2 and interval[0] != interval[1]:
+        return f"{value:.4g} {unit} [{interval[0]:.4g}, {interval[1]:.4g}]"
+    return f"{value:.4g} {unit}"
 
 
 def pareto_front(rows: Sequence[Mapping[str, Any]]) -> set[str]:
@@ -369,7 +406,7 @@ def decide(candidates: Sequence[Candidate], params: Params,
     rows: list[dict[str, Any]] = []
     for candidate in candidates:
         point, problem = operating_point(candidate, objective, batch)
-        value = _objective_value(candidate, point, objective)
+        value, interval, compared = _objective_value(candidate, point, objective)
         violations = _violations(candidate, point, problem, params)
         if value is None and not violations:
             violations.append(problem or "no figure for the objective")
@@ -380,8 +417,10 @@ def decide(candidates: Sequence[Candidate], params: Params,
             "operating_point": None if point is None else {
                 "batch_size": point.batch_size, "concurrency": point.concurrency,
                 "latency_ms": point.latency_ms, "throughput_qps": point.throughput_qps,
+                "latency_ci_ms": point.latency_ci_ms, "throughput_ci_qps": point.throughput_ci_qps,
                 "description": point.describe()},
-            "objective_value": value, "eligible": not violations, "violations": violations,
+            "objective_value": value, "objective_ci": interval, "compared_ci": compared, "eligible": not violations,
+            "violations": violations,
         })
     _add_speedups(rows, params, baseline, stat)
     front = pareto_front(rows)
@@ -391,16 +430,20 @@ def decide(candidates: Sequence[Candidate], params: Params,
     eligible = [r for r in rows if r["eligible"]]
     sign = 1.0 if _lower_is_better(goal) else -1.0
     selected: str | None = None
+    tolerance = params.tie_breakers.tolerance_percent
     if eligible:
-        best_value = min(sign * r["objective_value"] for r in eligible) * sign
-        tolerance = params.tie_breakers.tolerance_percent / 100.0
-        tied = [r for r in eligible if abs(r["objective_value"] - best_value) <= tolerance * abs(best_value)]
-        tied_names = {r["name"] for r in tied}
+        best = min(eligible, key=lambda r: (sign * r["objective_value"], r["name"]))
+        best_figure = objective_figure(goal, best["objective_value"], best["compared_ci"])
+        for row in eligible:
+            ratio = worse_by(objective_figure(goal, row["objective_value"], row["compared_ci"]),  # type: ignore[arg-type]
+                             best_figure, _lower_is_better(goal))  # type: ignore[arg-type]
+            row["ratio_to_best"] = [ratio.value, ratio.low, ratio.high]
+            row["tie"] = not loses(ratio, tolerance)
+        tied = [r for r in eligible if r["tie"]]
         order = params.tie_breakers.order
 
         def rank_key(row: Mapping[str, Any]) -> tuple:
-            tie = row["name"] in tied_names
-            return (not tie, *(_tie_key(row, c) if tie else 0.0 for c in order),
+            return (not row["tie"], *(_tie_key(row, c) if row["tie"] else 0.0 for c in order),
                     sign * row["objective_value"], row["name"])
 
         ranked = sorted(eligible, key=rank_key)
@@ -408,14 +451,17 @@ def decide(candidates: Sequence[Candidate], params: Params,
         selected = winner["name"]
         for position, row in enumerate(ranked, start=1):
             row["rank"] = position
-            row["reason"] = _reason(row, winner, tied, best_value, order, objective_text, goal, stat,
-                                    params.tie_breakers.tolerance_percent, len(eligible))
+            row["reason"] = _reason(row, winner, best, tied, order, objective_text, goal, stat, tolerance,
+                                    len(eligible))
     for row in rows:
         if not row["eligible"]:
             row["rank"] = None
             row["reason"] = "excluded: " + "; ".join(row["violations"])
+    tied_names = [r["name"] for r in rows if r.get("tie")]
     return {
         "selected": selected,
+        "tie_within_noise": len(tied_names) > 1,
+        "tied": tied_names if len(tied_names) > 1 else [],
         "objective": {**objective.model_dump(), "batch_size": batch if goal == "min_latency" else
                       objective.batch_size, "description": objective_text},
         "constraints": params.constraints.describe(stat),
@@ -425,35 +471,43 @@ def decide(candidates: Sequence[Candidate], params: Params,
     }
 
 
-def _reason(row: Mapping[str, Any], winner: Mapping[str, Any], tied: Sequence[Mapping[str, Any]],
-            best_value: float, order: Sequence[str], objective_text: str, goal: str, stat: str,
+def _reason(row: Mapping[str, Any], winner: Mapping[str, Any], best: Mapping[str, Any],
+            tied: Sequence[Mapping[str, Any]], order: Sequence[str], objective_text: str, goal: str, stat: str,
             tolerance_percent: float, eligible_count: int) -> str:
     value = row["objective_value"]
-    tied_names = {r["name"] for r in tied}
+    shown = _value_text(value, goal, row.get("objective_ci"))
     if row["name"] == winner["name"]:
         if len(tied) == 1:
-            return f"selected: {objective_text} ({_value_text(value, goal)}) among {eligible_count} eligible"
+            return f"selected: {objective_text} ({shown}) among {eligible_count} eligible"
         others = [r for r in tied if r["name"] != winner["name"]]
         decided_by = next((c for c in order if any(_tie_key(o, c) != _tie_key(winner, c) for o in others)), None)
         how = f"; chosen by {CRITERION_TEXT[decided_by]} ({_show(decided_by, winner, stat)})" if decided_by else ""
-        return (f"selected: tied within {tolerance_percent:g}% on {objective_text} with "
-                f"{', '.join(r['name'] for r in others)}{how}")
-    if row["name"] in tied_names:
+        return (f"selected: tie within noise on {objective_text} ({shown}) with "
+                f"{', '.join(r['name'] for r in others)} (no difference beyond {tolerance_percent:g}% with 95% "
+                f"confidence){how}")
+    versus = (f"{shown} vs {_value_text(winner['objective_value'], goal, winner.get('objective_ci'))} for "
+              f"{winner['name']}")
+    if row["tie"]:
+        against = winner if winner["name"] == best["name"] else best
+        ratio = ratio_text(row_ratio(row)) + (f" to {against['name']}" if against is not winner else "")
         criterion = next((c for c in order if _tie_key(row, c) != _tie_key(winner, c)), None)
         if criterion is None:
-            return (f"tied with {winner['name']} within {tolerance_percent:g}% on {objective_text} and on every "
+            return (f"tie within noise with {winner['name']} on {objective_text} ({versus}; {ratio}) and on every "
                     f"tie-breaker; {winner['name']} is better on the objective or first by name")
-        return (f"tied with {winner['name']} within {tolerance_percent:g}% on {objective_text} "
-                f"({_value_text(value, goal)} vs {_value_text(winner['objective_value'], goal)}); lost the "
-                f"tie-break on {CRITERION_TEXT[criterion]}: {_show(criterion, row, stat)} vs "
-                f"{_show(criterion, winner, stat)}")
-    ratio = value / best_value if best_value else math.inf
+        return (f"tie within noise with {winner['name']} on {objective_text} ({versus}; {ratio}); lost the "
+                f"tie-break on {CRITERION_TEXT[criterion]}: {_show(criterion, row, stat, winner)} vs "
+                f"{_show(criterion, winner, stat, row)}")
+    ratio = row_ratio(row)
     if _lower_is_better(goal):
-        factor = f"{ratio:.3g}x {'slower' if goal == 'min_latency' else 'larger'}"
+        factor = f"{ratio.value:.3g}x {'slower' if goal == 'min_latency' else 'larger'}"
     else:
-        factor = f"{1 / ratio:.3g}x lower" if ratio else "none"
-    return (f"{objective_text}: {_value_text(value, goal)} vs {_value_text(winner['objective_value'], goal)} "
-            f"for {winner['name']} ({factor})")
+        factor = f"{ratio.value:.3g}x lower"
+    beyond = "" if ratio.low == ratio.high else f"; {ratio_text(ratio)}, beyond the {tolerance_percent:g}% tolerance"
+    versus_best = (f"{shown} vs {_value_text(best['objective_value'], goal, best.get('objective_ci'))} for "
+                   f"{best['name']}")
+    chosen = "" if best["name"] == winner["name"] else \
+        f"; {winner['name']} was chosen among the candidates tied within noise with {best['name']}"
+    return f"{objective_text}: {versus_best} ({factor}{beyond}){chosen}"
 
 
 def _add_speedups(rows: list[dict[str, Any]], params: Params, baseline: Mapping[str, Any] | None,

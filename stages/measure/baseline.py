@@ -19,6 +19,8 @@ from typing import Any
 
 from trtflow.stage import RecipeError
 
+from .compare import refusal_record, regression_verdicts
+
 FORMAT = "trtflow-baseline/1"
 #: Facts that must match for timings to be comparable: the hardware that did the work and the runtime.
 TIMING_FACTS_GPU = ("gpu", "tensorrt", "tensorrt_rtx")
@@ -26,6 +28,11 @@ TIMING_FACTS_CPU = ("cpu",)
 RUNTIME_FACT = {"onnxruntime": "onnxruntime", "torch": "torch"}
 #: Facts that must match for accuracy figures to be comparable (an engine's numerics follow GPU and TensorRT).
 ACCURACY_FACTS = ("gpu", "tensorrt", "tensorrt_rtx")
+
+
+#: What a baseline keeps of each point's uncertainty, so that gates weigh the noise of both sides.
+POINT_UNCERTAINTY = ("queries", "latency_ci_ms", "throughput_ci_qps", "open_intervals", "converged",
+                     "cpu_wait_ms_per_query")
 
 
 # -- what a baseline holds ------------------------------------------------------------------------------------
@@ -39,7 +46,8 @@ def benchmark_entry(summary: Mapping[str, Any], facts: Mapping[str, str]) -> dic
         "points": [
             {"batch_size": p.get("batch_size"), "streams": p.get("streams", 1),
              "latency_ms": p.get("latency_ms") or {"p50": p.get("median_ms"), "p99": p.get("p99_ms")},
-             "throughput_qps": p.get("throughput_qps")}
+             "throughput_qps": p.get("throughput_qps"),
+             **{key: p[key] for key in POINT_UNCERTAINTY if key in p}}
             for p in summary.get("points", []) if isinstance(p, Mapping)
         ],
         "load": [dict(p) for p in summary.get("load", []) if isinstance(p, Mapping)],
@@ -127,47 +135,18 @@ def _refusal(what: str, path: Path, changed: list[str]) -> str:
 
 
 # -- comparisons ----------------------------------------------------------------------------------------------
-def _point_key(point: Mapping[str, Any]) -> tuple[Any, Any]:
-    return point.get("batch_size"), point.get("streams", 1)
-
-
-def _median_ms(point: Mapping[str, Any]) -> float | None:
-    latency = point.get("latency_ms") or {}
-    value = latency.get("p50", latency.get("median", point.get("median_ms")))
-    return float(value) if isinstance(value, (int, float)) else None
-
-
 def compare_timings(baseline: Mapping[str, Any], summary: Mapping[str, Any], facts: Mapping[str, str],
-                    max_regression_percent: float, path: Path) -> list[str]:
-    """Failures of a benchmark summary against its baseline entry: per measured point, median latency more than
-    ``max_regression_percent`` above the baseline's, or throughput more than that below it."""
+                    max_regression_percent: float, path: Path, name: str | None = None) -> list[dict[str, str]]:
+    """Verdicts of a benchmark summary against its baseline entry, per measured point: median latency and
+    throughput compared with their uncertainty (`measure.compare.regression_verdicts`); one failing verdict when
+    the baseline was recorded on other hardware or another runtime. ``name``: the file as the recipe names it."""
+    gate = f"baseline {name or path}"
     changed = differences(baseline.get("facts") or {}, facts,
                           timing_facts(summary.get("backend"), summary.get("device")))
     if changed:
-        return [_refusal("benchmark", path, changed)]
-    recorded = {_point_key(p): p for p in baseline.get("points", [])}
-    failures = []
-    for point in summary.get("points", []):
-        where = f"batch {point.get('batch_size')}" + (f", {point['streams']} streams"
-                                                      if point.get("streams", 1) != 1 else "")
-        old = recorded.get(_point_key(point))
-        if old is None:
-            failures.append(f"{where}: baseline {path} has no such point (it has "
-                            f"{sorted(str(k) for k in recorded) or 'none'}); save the baseline again")
-            continue
-        new_ms, old_ms = _median_ms(point), _median_ms(old)
-        if new_ms is not None and old_ms:
-            change = (new_ms / old_ms - 1.0) * 100.0
-            if change > max_regression_percent:
-                failures.append(f"{where}: median latency {new_ms:.4g} ms is {change:.1f}% above the baseline's "
-                                f"{old_ms:.4g} ms (max_regression_percent {max_regression_percent:g})")
-        new_qps, old_qps = point.get("throughput_qps"), old.get("throughput_qps")
-        if isinstance(new_qps, (int, float)) and isinstance(old_qps, (int, float)) and old_qps > 0:
-            drop = (1.0 - new_qps / old_qps) * 100.0
-            if drop > max_regression_percent:
-                failures.append(f"{where}: throughput {new_qps:.4g} qps is {drop:.1f}% below the baseline's "
-                                f"{old_qps:.4g} qps (max_regression_percent {max_regression_percent:g})")
-    return failures
+        return [refusal_record(gate, _refusal("benchmark", path, changed))]
+    return regression_verdicts(baseline.get("points", []), summary, max_regression_percent, "the baseline's", gate,
+                               missing=f"baseline {path} has no such point")
 
 
 def compare_accuracy(baseline: Mapping[str, Any], summary: Mapping[str, Any], facts: Mapping[str, str],
@@ -214,12 +193,12 @@ def _entry(baseline: str, node: str | None, stage: str, gate_ctx: Any) -> tuple[
     return baseline_node(read_baseline(path), stage, node, path), path
 
 
-def timing_gate(baseline: str, node: str | None, summary: Mapping[str, Any], gate_ctx: Any,
-                max_regression_percent: float) -> list[str]:
+def timing_verdicts(baseline: str, node: str | None, summary: Mapping[str, Any], gate_ctx: Any,
+                    max_regression_percent: float) -> list[dict[str, str]]:
     """The benchmark's baseline gate: ``baseline`` is the recipe path of the file, ``node`` the entry's name
     (None: the node's own name where the engine says it, else the file's only benchmark node)."""
     entry, path = _entry(baseline, node, "benchmark", gate_ctx)
-    return compare_timings(entry, summary, gate_ctx.facts, max_regression_percent, path)
+    return compare_timings(entry, summary, gate_ctx.facts, max_regression_percent, path, baseline)
 
 
 def accuracy_gate(baseline: str | None, node: str | None, summary: Mapping[str, Any], gate_ctx: Any,

@@ -5,7 +5,8 @@ its own execution resources, that a `measure.load.Server` runs on its worker thr
 - ``tensorrt`` / ``tensorrt-rtx``: one execution context per instance on its own CUDA stream, device buffers
   bound once at the largest batch (`EngineSession.prepare`), the batch set per call (`EngineSession.reshape`);
 - ``onnxruntime``: one session per instance (each with its own thread pool, as Triton's instances have);
-- ``torch``: the module shared by the instances, each on its own CUDA stream (on the CPU: its own thread).
+- ``torch``: the module shared by the instances, each on its own CUDA stream (on the CPU: its own thread); with
+  ``cuda_graphs``, each instance captures one CUDA graph per batch size on first use (its warm-up) and replays it.
 
 Inputs stay where the backend keeps them between calls (device buffers for engines and PyTorch on CUDA);
 ONNX Runtime takes host arrays, so its CUDA provider's timings include the copies.
@@ -14,7 +15,6 @@ ONNX Runtime takes host arrays, so its CUDA provider's timings include the copie
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +25,7 @@ from trtflow.stage import StageFailed
 
 from ..runtimes.ort import OrtOptions, create_session
 from ..runtimes.tensorrt import FLAVOURS as TRT_FLAVOURS
+from .interference import available_cpus
 from .load import RunBatch
 
 
@@ -40,6 +41,7 @@ class ExecutorSpec:
     torch_model: str | None = None  # python:/absolute/file.py:function or python:package.module:function
     onnxruntime: OrtOptions = field(default_factory=OrtOptions)
     min_batch: int = 1  # smaller batches are padded up to it (an optimization profile's minimum)
+    cuda_graphs: bool = False  # torch on CUDA: replay one CUDA graph per batch size instead of eager launches
 
     @property
     def max_batch(self) -> int:
@@ -64,13 +66,6 @@ class Executor(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def _batch_views(feed: Mapping[str, Any], batch: int, cache: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -136,6 +131,7 @@ class TorchExecutor(Executor):
         self._min_batch = spec.min_batch
         self._device = torch.device("cuda", 0) if spec.device == "cuda" else torch.device("cpu")
         self._module = factory().to(self._device).eval()
+        self._graphs = spec.cuda_graphs and spec.device == "cuda"
         self._inputs = [torch.from_numpy(array).to(self._device) for array in spec.feed.values()]
         if spec.device == "cuda":
             torch.cuda.synchronize(self._device)
@@ -145,6 +141,7 @@ class TorchExecutor(Executor):
             "torch_threads": torch.get_num_threads(),
             "cpus": available_cpus(),
             "host_io": spec.device != "cuda",
+            "cuda_graphs": self._graphs,
         }
 
     def close(self) -> None:
@@ -164,6 +161,8 @@ class TorchExecutor(Executor):
 
             return run_cpu
         stream = torch.cuda.Stream(self._device)
+        if self._graphs:
+            return _graph_runner(torch, module, inputs, low, stream)
 
         def run_cuda(batch: int) -> None:
             with torch.inference_mode(), torch.cuda.stream(stream):
@@ -171,6 +170,32 @@ class TorchExecutor(Executor):
             stream.synchronize()
 
         return run_cuda
+
+
+def _graph_runner(torch: Any, module: Any, inputs: list[Any], low: int, stream: Any) -> RunBatch:
+    """An instance that replays its forward as a CUDA graph, one per batch size, captured on the first call of a
+    size (the server's warm-up runs every size on the serving thread). The graphs of one instance share a memory
+    pool: they run one at a time on its stream. Captures are thread-local, so instances may capture at once."""
+    graphs: dict[int, Any] = {}
+    pool = torch.cuda.graph_pool_handle()
+
+    def run(batch: int) -> None:
+        size = max(batch, low)
+        graph = graphs.get(size)
+        with torch.inference_mode(), torch.cuda.stream(stream):
+            if graph is None:
+                views = [tensor[:size] for tensor in inputs]
+                for _ in range(2):  # lazy initialisation (cuDNN algorithm choice, workspaces) before capture
+                    module(*views)
+                stream.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+                    module(*views)
+                graphs[size] = graph
+            graph.replay()
+        stream.synchronize()
+
+    return run
 
 
 def default_timer() -> Any:

@@ -167,3 +167,24 @@ def nsys_status(timeout_s: float = 120.0) -> dict[str, Any]:
     return {"usable": True, "nsys": nsys,
             "reason": "nsys writes reports here: run the benchmark under `nsys profile --trace=cuda "
             "--capture-range=cudaProfilerApi` to capture the profiled iterations"}
+
+
+def timed_call_kernels(session: Any, torch_call: Callable[[], Any] | None, feed: Mapping[str, Any], iterations: int,
+                       timer_factory: Callable[[], Any]) -> dict[str, Any]:
+    """The CUDA kernels of a benchmark's timed call, like nsys' kernel summary: an engine's enqueue on a forked
+    execution context (``session``), or the PyTorch module's call (``torch_call``)."""
+    reason = cuda_profiler_unavailable()
+    if reason:
+        return {"recorded": False, "reason": reason, "nsys": nsys_status()}
+    if session is not None:
+        with session.fork() as profiled, timer_factory() as timer:
+            profiled.prepare(feed)
+            stream = timer.new_stream()
+            record = profile_kernels(lambda: profiled.enqueue(stream), lambda: timer.synchronize(stream), iterations)
+    else:
+        import torch
+
+        assert torch_call is not None
+        torch_call()
+        record = profile_kernels(torch_call, torch.cuda.synchronize, iterations)
+    return {"recorded": True, **record, "nsys": nsys_status()}

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -40,6 +40,8 @@ RunBatch = Callable[[int], None]
 
 #: A generator is "behind" when it sends a request more than this after its intended time.
 DELAYED_SEND_NS = 1_000_000
+#: Runs of each instance at each warm-up size, on its serving thread, before any request.
+WARM_RUNS = 3
 #: Python's thread switch interval under load (default 5 ms): clients, batcher and instances share one interpreter,
 #: and a thread waiting 5 ms for the interpreter lock would add that to the latencies measured.
 SWITCH_INTERVAL_S = 2e-4
@@ -103,6 +105,15 @@ class Request:
     batch_samples: int = 0
     client: int = -1  # the closed-loop client that sent it
     done: threading.Event | None = None
+    ids: tuple[int, ...] = ()  # the load generator's ids of the samples it carries (LoadGen's response ids)
+    notify: Callable[[Request], None] | None = None  # called when it completes, or is dropped by a failing server
+
+    def release(self) -> None:
+        """Tell whoever waits for this request that it is over (completed, or never to be)."""
+        if self.done is not None:
+            self.done.set()
+        if self.notify is not None:
+            self.notify(self)
 
 
 @dataclass
@@ -119,10 +130,13 @@ class Server:
     clients are released and `check` re-raises the error in the caller's thread.
     """
 
-    def __init__(self, instances: Sequence[RunBatch], batching: DynamicBatching | None = None) -> None:
+    def __init__(self, instances: Sequence[RunBatch], batching: DynamicBatching | None = None,
+                 warm_sizes: Iterable[int] = ()) -> None:
         if not instances:
             raise ValueError("a server needs at least one model instance")
         self._instances = list(instances)
+        self._warm_sizes = sorted(set(warm_sizes))
+        self._ready = threading.Semaphore(0)
         self._policy = None if batching is None else _Policy(
             batching.max_batch_size, int(batching.max_queue_delay_ms * 1e6),
             tuple(batching.preferred_batch_sizes))
@@ -145,14 +159,18 @@ class Server:
             thread = threading.Thread(target=self._serve, args=(run,), name=f"instance-{index}", daemon=True)
             thread.start()
             self._threads.append(thread)
+        for _ in self._threads:  # every instance warmed up on its own thread (or failed) before any request
+            self._ready.acquire()
+        if self.error is not None:
+            self.__exit__(None, None, None)
+            raise self.error
         return self
 
     def __exit__(self, *exc: object) -> None:
         with self._lock:
             self._closing = True
             for request in self._queue:  # never run: release anyone waiting on them
-                if request.done is not None:
-                    request.done.set()
+                request.release()
             self._queue.clear()
             self._work.notify_all()
         for thread in self._threads:
@@ -165,8 +183,7 @@ class Server:
         request.sent_ns = request.sent_ns or time.monotonic_ns()
         with self._lock:
             if self._closing or self.error is not None:
-                if request.done is not None:
-                    request.done.set()
+                request.release()
                 return
             self._queue.append(request)
             self._submitted += 1
@@ -188,7 +205,25 @@ class Server:
             raise self.error
 
     # -- workers -------------------------------------------------------------------------------------------
+    def _warm(self, run: RunBatch) -> bool:
+        """Run the instance at every warm-up size a few times on the thread that will serve it: libraries keep
+        per-thread state (PyTorch's cuDNN and cuBLAS handles, the caching allocator's per-stream pools), and
+        creating it on the first measured request stalls that request by tens of milliseconds."""
+        try:
+            for size in self._warm_sizes:
+                for _ in range(WARM_RUNS):
+                    run(size)
+        except BaseException as error:  # handed to the caller by __enter__
+            with self._lock:
+                self.error = self.error or error
+            return False
+        finally:
+            self._ready.release()
+        return True
+
     def _serve(self, run: RunBatch) -> None:
+        if not self._warm(run):
+            return
         while True:
             with self._lock:
                 batch = self._next_batch()
@@ -205,8 +240,7 @@ class Server:
                     self.error = self.error or error
                     self._closing = True
                     for request in (*batch, *self._queue):
-                        if request.done is not None:
-                            request.done.set()
+                        request.release()
                     self._queue.clear()
                     self._work.notify_all()
                     self._idle.notify_all()
@@ -215,8 +249,7 @@ class Server:
             for request in batch:
                 request.dispatch_ns, request.done_ns = start, end
                 request.batch_id, request.batch_samples = batch_id, samples
-                if request.done is not None:
-                    request.done.set()
+                request.release()
             with self._lock:
                 self._completed += len(batch)
                 if self._completed >= self._submitted:
@@ -260,16 +293,6 @@ class Server:
 
 def _largest_prefix(sizes: Sequence[int], limit: int) -> int:
     return sum(1 for size in sizes if size <= limit)
-
-
-def warm_up(instances: Sequence[RunBatch], batch_sizes: Iterable[int], times: int = 3) -> None:
-    """Run every instance at every batch size a few times, so that lazy initialisation (kernels, handles,
-    shape-specific setup) happens before anything is measured."""
-    sizes = sorted(set(batch_sizes))
-    for run in instances:
-        for size in sizes:
-            for _ in range(times):
-                run(size)
 
 
 # -- load generators ---------------------------------------------------------------------------------------
@@ -358,25 +381,6 @@ def open_loop(server: Server, rate_qps: float, request_samples: int, warmup_s: f
                    settings={"arrival_rate_qps": rate_qps, "request_samples": request_samples, "seed": seed})
 
 
-@dataclass(frozen=True)
-class Level:
-    """One load level: ``value`` clients in flight (closed loop) or arrivals per second (open loop)."""
-
-    mode: Literal["closed", "open"]
-    value: float
-    request_samples: int
-    warmup_s: float
-    duration_s: float
-    seed: int = 0
-
-
-def run_level(server: Server, level: Level) -> LoadRun:
-    gc.collect()  # garbage of the previous level, collected before this one's clock starts
-    if level.mode == "closed":
-        return closed_loop(server, int(level.value), level.request_samples, level.warmup_s, level.duration_s)
-    return open_loop(server, level.value, level.request_samples, level.warmup_s, level.duration_s, level.seed)
-
-
 # -- summaries ---------------------------------------------------------------------------------------------
 LATENCY_KEYS = ("p50", "p90", "p95", "p99", "mean", "max")
 
@@ -387,11 +391,16 @@ def _ms(values_ns: Iterable[int], keys: Sequence[str] = LATENCY_KEYS) -> dict[st
 
 
 def summarize_run(run: LoadRun, latency_budget_ms: float | None = None) -> dict[str, Any]:
-    """Throughput, latency (arrival to completion, queueing included), queue time, batch sizes, lateness.
+    """Throughput, latency (arrival to completion, queueing included) with 95% intervals, queue time, batch sizes,
+    lateness.
 
     Throughput counts the samples that *completed* inside the window, over the window's length; latencies are
-    those of the requests that *arrived* inside it.
+    those of the requests that *arrived* inside it. A LoadGen run brings its own latencies (by LoadGen's clock,
+    from each query's scheduled time) and its own verdict on the budget (``meets_budget``: LoadGen's VALID, which
+    needs the p99 within the budget with confidence).
     """
+    from .intervals import QUANTILES, quantile_interval
+
     start, end = run.window_start_ns, run.window_end_ns
     measured = [r for r in run.requests if start <= r.arrival_ns < end and r.sent_ns]
     if not measured:
@@ -400,26 +409,41 @@ def summarize_run(run: LoadRun, latency_budget_ms: float | None = None) -> dict[
     completed = sum(r.samples for r in run.requests if start <= r.done_ns < end)
     completed_requests = sum(1 for r in run.requests if start <= r.done_ns < end)
     unfinished = [r for r in measured if not r.done_ns]
-    latencies = [(r.done_ns or run.cutoff_ns) - r.arrival_ns for r in measured]
+    settings = dict(run.settings)
+    loadgen = settings.pop("loadgen", None)
+    latencies = settings.pop("latencies_ns", None) or [(r.done_ns or run.cutoff_ns) - r.arrival_ns for r in measured]
     queueing = [(r.dispatch_ns or run.cutoff_ns) - r.arrival_ns for r in measured]
     service = [r.done_ns - r.dispatch_ns for r in measured if r.done_ns]  # a long one is a stall, not queueing
     batches = {r.batch_id: r.batch_samples for r in measured if r.done_ns}
-    result: dict[str, Any] = dict(run.settings)
+    result: dict[str, Any] = settings
+    latency = _ms(latencies)
+    ordered = sorted(v / 1e6 for v in latencies)
+    intervals = {}
+    for key, quantile in QUANTILES.items():
+        low, high, _ = quantile_interval(ordered, quantile)
+        intervals[key] = [min(low, latency[key]), max(high, latency[key])]
     result.update({
         "requests": len(measured),
+        "queries": len(latencies),
         "throughput_qps": completed / seconds,
         "requests_per_s": completed_requests / seconds,
-        "latency_ms": _ms(latencies),
+        "latency_ms": latency,
+        "latency_ci_ms": intervals,
         "queue_ms": _ms(queueing, ("p50", "p99", "mean")),
         "service_ms": _ms(service, ("p50", "p99", "max")) if service else None,
         "mean_batch_size": sum(batches.values()) / len(batches) if batches else 0.0,
         "delayed_sends": sum(1 for r in measured if r.sent_ns - r.arrival_ns > DELAYED_SEND_NS),
         "unfinished": len(unfinished),
     })
+    if loadgen is not None:
+        result["loadgen"] = loadgen
     if latency_budget_ms is not None:
         budget_ns = latency_budget_ms * 1e6
-        result["late_requests"] = sum(1 for latency in latencies if latency > budget_ns)
-        result["meets_budget"] = result["latency_ms"]["p99"] <= latency_budget_ms and not unfinished
+        result["late_requests"] = sum(1 for value in latencies if value > budget_ns)
+        if loadgen is not None:
+            result["meets_budget"] = bool(loadgen.get("valid")) and not unfinished
+        else:
+            result["meets_budget"] = result["latency_ms"]["p99"] <= latency_budget_ms and not unfinished
     if run.offered_rate_qps is not None:  # open loop: did completions keep up with what actually arrived?
         arrived = sum(r.samples for r in measured) / seconds
         result["saturated"] = bool(unfinished) or result["throughput_qps"] < 0.9 * arrived
@@ -462,6 +486,13 @@ def merge_runs(runs: Sequence[LoadRun]) -> LoadRun:
         for request in run.requests:
             request.batch_id += index << 40  # batch numbers restart in every replica
             requests.append(request)
+    settings = dict(runs[0].settings)
+    if all("latencies_ns" in run.settings for run in runs):  # LoadGen in each replica: its clock, every sample
+        settings["latencies_ns"] = [v for run in runs for v in run.settings["latencies_ns"]]
+    verdicts = [run.settings["loadgen"] for run in runs if "loadgen" in run.settings]
+    if verdicts:
+        valid = len(verdicts) == len(runs) and all(v.get("valid") for v in verdicts)
+        settings["loadgen"] = {"valid": valid, "result_validity": "VALID" if valid else "INVALID",
+                               "replicas": verdicts}
     return LoadRun(requests, start, end, max(run.cutoff_ns for run in runs),
-                   offered_rate_qps=sum(run.offered_rate_qps or 0 for run in runs) or None,
-                   settings=dict(runs[0].settings))
+                   offered_rate_qps=sum(run.offered_rate_qps or 0 for run in runs) or None, settings=settings)

@@ -17,7 +17,8 @@ from typing import Any
 from trtflow.stage import StageFailed
 
 from .instances import ExecutorSpec, open_executor
-from .load import DynamicBatching, Level, LoadRun, Server, run_level, steady_interpreter, warm_up
+from .levels import Level, run_level
+from .load import DynamicBatching, LoadRun, Server, steady_interpreter
 
 START_TIMEOUT_S = 600.0  # loading a large model (and importing torch) on a busy host is slow
 
@@ -29,14 +30,13 @@ def _replica_main(spec: ExecutorSpec, device: str, instances: int, batching: Dyn
     try:
         with open_executor(spec) as executor:
             runs = executor.instances(instances)
-            warm_up(runs, warm_sizes)
-            with steady_interpreter() as quiet, Server(runs, batching) as server:
-                conn.send(("ready", dict(executor.settings, **quiet)))
+            with steady_interpreter() as quiet, Server(runs, batching, warm_sizes) as server:
+                conn.send(("ready", dict(executor.settings, **quiet, cuda_visible_devices=device)))
                 while (level := conn.recv()) is not None:
                     barrier.wait()
                     run = run_level(server, level)
                     for request in run.requests:
-                        request.done = None  # events do not cross processes
+                        request.done = request.notify = None  # events and callbacks do not cross processes
                     conn.send(("ok", run))
     except BaseException as error:  # the parent raises it
         barrier.abort()

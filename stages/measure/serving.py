@@ -1,13 +1,16 @@
-"""The benchmark stage's serving-load measurements: closed- and open-loop levels over streams and GPUs.
+"""The benchmark stage's serving-load measurements: closed-loop levels, MLPerf scenarios, streams and GPUs.
 
 `measure_load` prepares the inputs at the largest batch the load needs (checked against the model's and the
 profile's batch limits), builds the model instances (`measure.instances`) in this process, or one replica process per
-GPU (`measure.replicas`) when ``gpus`` > 1, drives each level through a `measure.load.Server` and turns the request
-records into benchmark.json's ``load``, ``open_loop``, ``max_rate_meeting_budget`` and ``scaling`` sections.
+GPU (`measure.replicas`) when ``gpus`` > 1, drives each level (`measure.levels`) through a `measure.load.Server` and
+turns the request records into benchmark.json's ``load`` (closed loop), ``open_loop`` (MLPerf's Server scenario,
+driven by LoadGen where installed), ``scenarios`` (Offline, SingleStream, MultiStream through LoadGen),
+``max_rate_meeting_budget`` and ``scaling`` sections.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,37 +20,40 @@ from trtflow.stage import RecipeError, StageContext, StageSkipped
 
 from ..data import InputSpec
 from .instances import ExecutorSpec, available_cpus, open_executor
+from .levels import Level, run_level
 from .load import (
     DynamicBatching,
-    Level,
     LoadRun,
     Server,
     highest_rate_meeting_budget,
     merge_runs,
     next_rate_to_try,
-    run_level,
     steady_interpreter,
     summarize_run,
-    warm_up,
 )
+from .loadgen import ScenarioSpec, early_stopping_queries, unavailable
 
 if TYPE_CHECKING:
+    from trtflow.environment import GpuInfo
+
     from ..benchmark import Params
 
 ISSUE_LATENCY_KEYS = ("p50", "p90", "p95", "p99")
 
 
-def _visible_gpus(wanted: int | str) -> list[str]:
-    """The GPUs to serve from, as CUDA_VISIBLE_DEVICES names them: the node's own (the runner gives it every GPU
-    it asked for), by UUID or MIG id. Not their ordinals: a replica's CUDA_VISIBLE_DEVICES=1 would name the
-    machine's GPU 1, not the second of the node's."""
-    from trtflow.environment import gpus
+def serving_gpus(wanted: int | str, visible: Sequence[GpuInfo] | None = None) -> list[str]:
+    """What to put in each replica's CUDA_VISIBLE_DEVICES (a GPU's or MIG slice's UUID, else its nvidia-smi
+    index): one per GPU to serve from, among the ``visible`` ones (default: those this process may use, every GPU
+    the runner gave the node). ``wanted``: a count, or "all"."""
+    if visible is None:
+        from trtflow.environment import gpus
 
-    found = [gpu.visible_id for gpu in gpus()]
+        visible = gpus()
+    found = [gpu.visible_id for gpu in visible]
     count = len(found) if wanted == "all" else int(wanted)
-    if count > len(found):
+    if count > len(found) or count == 0:
         raise StageSkipped(f"gpus: {wanted} but {len(found)} GPU(s) are visible here",
-                           needs=f"a machine with {count} GPUs")
+                           needs=f"a machine with {max(count, 1)} GPUs, and the node given them all")
     return found[:count]
 
 
@@ -83,8 +89,7 @@ def _serving(spec: ExecutorSpec, devices: Sequence[str] | None, instances: int, 
     if devices is None:
         with open_executor(spec, timer_factory) as executor:
             runs = executor.instances(instances)
-            warm_up(runs, warm_sizes)
-            with steady_interpreter() as quiet, Server(runs, batching) as server:
+            with steady_interpreter() as quiet, Server(runs, batching, warm_sizes) as server:
                 yield (lambda level: run_level(server, level)), dict(executor.settings, **quiet)
         return
     from .replicas import Replicas
@@ -93,17 +98,29 @@ def _serving(spec: ExecutorSpec, devices: Sequence[str] | None, instances: int, 
         count = len(devices)
 
         def run(level: Level) -> LoadRun:
-            per_replica = [Level(level.mode, level.value / count if level.mode == "open" else level.value,
-                                 level.request_samples, level.warmup_s, level.duration_s, level.seed + index)
-                           for index in range(count)]
-            timeout = 2 * (level.warmup_s + level.duration_s) + 120.0
-            runs = replicas.run(per_replica, timeout)
+            runs = replicas.run([share(level, count, index) for index in range(count)],
+                                2 * (level.warmup_s + level.duration_s) + 120.0)
             per_gpu = [round(summarize_run(run)["throughput_qps"], 3) for run in runs]
             merged = merge_runs(runs)
             merged.settings["throughput_qps_per_gpu"] = per_gpu
             return merged
 
         yield run, dict(replicas.settings[0], devices=list(devices))
+
+
+def share(level: Level, count: int, index: int) -> Level:
+    """Replica ``index``'s part of a level served by ``count`` replicas: an arrival rate is split (Poisson streams
+    of rate r/n add up to one of rate r), each with its own seed; closed-loop clients are per replica."""
+    seed = level.seed + index
+    if level.mode == "open":
+        return dataclasses.replace(level, value=level.value / count, seed=seed)
+    if level.mode == "loadgen" and level.scenario is not None:
+        scenario = level.scenario
+        if scenario.scenario in ("Server", "Offline"):
+            scenario = dataclasses.replace(scenario, target_qps=scenario.target_qps / count)
+        return dataclasses.replace(level, value=level.value / count if scenario.scenario == "Server" else level.value,
+                                   seed=seed, scenario=dataclasses.replace(scenario, seed=seed))
+    return dataclasses.replace(level, seed=seed)
 
 
 def _closed_entry(summary: Mapping[str, Any], streams: int, gpus: int) -> dict[str, Any]:
@@ -122,8 +139,21 @@ def _closed_entry(summary: Mapping[str, Any], streams: int, gpus: int) -> dict[s
 
 
 def _open_entry(summary: Mapping[str, Any], rate: float, streams: int, gpus: int) -> dict[str, Any]:
-    entry = {"arrival_rate_qps": rate, "streams": streams, "gpus": gpus}
+    entry = {"arrival_rate_qps": rate, "scenario": "Server", "generator": "trtflow", "streams": streams, "gpus": gpus}
     entry.update({key: value for key, value in summary.items() if key not in ("arrival_rate_qps", "seed")})
+    return entry
+
+
+def _scenario_entry(summary: Mapping[str, Any], streams: int) -> dict[str, Any]:
+    """An Offline / SingleStream / MultiStream result: LoadGen's verdict and figures, ours with intervals."""
+    verdict = summary.get("loadgen") or {}
+    entry = {"scenario": summary.get("scenario"), "generator": "loadgen", "streams": streams,
+             "valid": bool(verdict.get("valid")), "throughput_qps": summary["throughput_qps"]}
+    if summary.get("scenario") == "Offline" and isinstance(verdict.get("result_samples_per_second"), (int, float)):
+        entry["throughput_qps"] = verdict["result_samples_per_second"]  # LoadGen's figure: samples / last completion
+    entry.update({key: summary[key] for key in ("queries", "latency_ms", "latency_ci_ms", "mean_batch_size",
+                                                "request_samples", "service_ms", "queue_ms") if key in summary})
+    entry["loadgen"] = verdict
     return entry
 
 
@@ -140,6 +170,61 @@ def _cpu_warnings(settings: Mapping[str, Any], instances: int, device: str) -> l
              "onnxruntime.intra_op_threads so that streams x threads <= CPUs"}]
 
 
+def load_generator(params: Params) -> tuple[str, list[dict[str, str]]]:
+    """The generator of the Server levels ("loadgen" or "trtflow") and a warning when auto fell back."""
+    reason = unavailable()
+    if params.load_generator == "trtflow":
+        return "trtflow", []
+    if reason is None:
+        return "loadgen", []
+    if params.load_generator == "loadgen" or params.scenarios:
+        wanted = "load_generator: loadgen" if params.load_generator == "loadgen" else f"scenarios {params.scenarios}"
+        raise StageSkipped(f"{wanted} needs MLPerf LoadGen: {reason}", needs="pip install 'trtflow[loadgen]'")
+    return "trtflow", [{"flag": "no-loadgen", "message": f"{reason}; the Server levels ran on trtflow's own "
+                        "generator, whose p99 is not LoadGen's verdict"}] if params.arrival_rate_qps else []
+
+
+def server_level(params: Params, rate: float, generator: str) -> Level:
+    if generator == "trtflow":
+        return Level("open", rate, 1, params.load_warmup_s, params.load_duration_s, params.seed)
+    queries = params.loadgen_min_queries or early_stopping_queries(0.99)
+    scenario = ScenarioSpec("Server", params.load_duration_s, target_qps=rate,
+                            latency_budget_ms=params.latency_budget_ms, min_query_count=queries, seed=params.seed)
+    return Level("loadgen", rate, 1, params.load_warmup_s, params.load_duration_s, params.seed, scenario)
+
+
+def scenario_levels(params: Params, offline_request: int) -> list[Level]:
+    levels = []
+    for name in params.scenarios:
+        # LoadGen's early stopping for the streams discards at least one query: it needs that many more
+        queries = params.loadgen_min_queries or early_stopping_queries(0.9 if name == "SingleStream" else 0.99,
+                                                                       overlatency=1)
+        if name == "Offline":
+            queries = 1  # one query carries every sample
+        scenario = ScenarioSpec(name, params.load_duration_s, target_qps=1000.0, min_query_count=queries,
+                                samples_per_query=params.multi_stream_samples, request_samples=offline_request,
+                                seed=params.seed)
+        levels.append(Level("loadgen", 0.0, 1, 0.0, params.load_duration_s, params.seed, scenario))
+    return levels
+
+
+def _plans(params: Params, gpu_count: int, closed_request: int, generator: str,
+           offline_request: int) -> list[tuple[int, int, list[Level]]]:
+    """(streams, gpus, levels): closed-loop levels on one GPU and on all; Server levels on all; the other MLPerf
+    scenarios on one."""
+    plans = []
+    for streams in params.stream_counts:
+        for gpus in ([1, gpu_count] if gpu_count > 1 else [1]):
+            levels = [Level("closed", c, closed_request, params.load_warmup_s, params.load_duration_s)
+                      for c in params.concurrency]
+            if gpus == gpu_count:
+                levels += [server_level(params, rate, generator) for rate in params.arrival_rate_qps]
+            if gpus == 1:
+                levels += scenario_levels(params, offline_request)
+            plans.append((streams, gpus, levels))
+    return plans
+
+
 def measure_load(ctx: StageContext, params: Params, backend: str, device: str, model: Path | None,
                  provenance: Path | None, specs: Sequence[InputSpec], base_shapes: Mapping[str, list[int]],
                  limits: tuple[int, int | None], timer_factory: Callable[[], Any]) -> dict[str, Any]:
@@ -147,36 +232,28 @@ def measure_load(ctx: StageContext, params: Params, backend: str, device: str, m
 
     batching = params.dynamic_batching
     closed_request = params.request_size or (1 if batching else batch_of(base_shapes))
-    largest = max(closed_request if params.concurrency else 1, batching.max_batch_size if batching else 1)
+    offline_request = batching.max_batch_size if batching else closed_request
+    largest = max(closed_request if params.concurrency else 1, batching.max_batch_size if batching else 1,
+                  offline_request if "Offline" in params.scenarios else 1,
+                  params.multi_stream_samples if "MultiStream" in params.scenarios else 1)
     check_batches(largest, limits, batching)
     low = limits[0]
     feed = make_feed(specs, with_batch(base_shapes, max(largest, low)), params, ctx.resolve, ctx.log)
     spec = ExecutorSpec(backend=backend, device=device, feed=feed, model=str(model) if model else None,
                         provenance=str(provenance) if provenance else None,
                         torch_model=_torch_reference(params.torch_model, ctx.resolve),
-                        onnxruntime=params.onnxruntime, min_batch=low)
-    gpu_count = 1
-    devices: list[str] = []
-    if params.gpus != 1:
-        devices = _visible_gpus(params.gpus)
-        gpu_count = len(devices)
+                        onnxruntime=params.onnxruntime, min_batch=low, cuda_graphs=params.torch_cuda_graphs)
+    devices = serving_gpus(params.gpus) if params.gpus != 1 else []
+    gpu_count = max(len(devices), 1)
+    generator, warnings = load_generator(params)
     # the batcher forms any size up to its maximum: warm every one, or the first use of a size (a kernel loaded
     # lazily, a shape-specific set-up) stalls a measured request
-    warm_sizes = list(range(1, largest + 1)) if batching else sorted({1, closed_request})
-
-    plans: list[tuple[int, int, list[Level]]] = []  # (streams, gpus, levels)
-    for streams in params.stream_counts:
-        for gpus in ([1, gpu_count] if gpu_count > 1 else [1]):
-            levels = [Level("closed", c, closed_request, params.load_warmup_s, params.load_duration_s)
-                      for c in params.concurrency]
-            if gpus == gpu_count:
-                levels += [Level("open", rate, 1, params.load_warmup_s, params.load_duration_s, params.seed)
-                           for rate in params.arrival_rate_qps]
-            plans.append((streams, gpus, levels))
+    warm_sizes = list(range(1, largest + 1)) if batching else sorted({1, closed_request, largest})
+    plans = _plans(params, gpu_count, closed_request, generator, offline_request)
 
     total = sum(len(levels) for _, _, levels in plans)
     done = 0
-    load, open_loop, best, warnings = [], [], [], []
+    load, open_loop, scenarios, best = [], [], [], []
     settings: dict[str, Any] = {}
     for streams, gpus, levels in plans:
         where = None if gpu_count == 1 else devices[:gpus]
@@ -189,36 +266,42 @@ def measure_load(ctx: StageContext, params: Params, backend: str, device: str, m
             queue = list(levels)
             while queue:
                 level = queue.pop(0)
-                what = (f"concurrency {int(level.value)}" if level.mode == "closed"
-                        else f"{level.value:g} requests/s")
                 total = max(total, done + 1 + len(queue))
-                ctx.progress(0.5 + 0.5 * done / total, f"load: {what}, {streams} stream(s), {gpus} GPU(s)")
+                ctx.progress(0.5 + 0.5 * done / total, f"load: {level.describe}, {streams} stream(s), {gpus} GPU(s)")
                 summary = summarize_run(serve(level), params.latency_budget_ms)
                 done += 1
                 if level.mode == "closed":
                     load.append(_closed_entry(summary, streams, gpus))
                     ctx.log.info("closed loop %s: %.1f samples/s, p50 %.4g ms, p99 %.4g ms", load[-1]["concurrency"],
                                  summary["throughput_qps"], summary["latency_ms"]["p50"], summary["latency_ms"]["p99"])
+                elif level.scenario is not None and level.scenario.scenario != "Server":
+                    scenarios.append(_scenario_entry(summary, streams))
+                    ctx.log.info("%s (LoadGen): %s, %.1f samples/s, p90 %.4g ms, p99 %.4g ms",
+                                 level.scenario.scenario, "VALID" if scenarios[-1]["valid"] else "INVALID",
+                                 scenarios[-1]["throughput_qps"], summary["latency_ms"]["p90"],
+                                 summary["latency_ms"]["p99"])
                 else:
-                    entry = _open_entry(summary, level.value, streams, gpus)
+                    entry = dict(_open_entry(summary, level.value, streams, gpus), generator=generator)
                     entry["searched"] = searched > 0
                     group.append(entry)
                     open_loop.append(entry)
-                    ctx.log.info("open loop %g/s: %.1f samples/s, p99 %.4g ms, mean batch %.2f", level.value,
-                                 summary["throughput_qps"], summary["latency_ms"]["p99"], summary["mean_batch_size"])
-                if summary["delayed_sends"] > 0.01 * summary["requests"]:
-                    warnings.append({"flag": "generator-behind", "message": f"{what}: {summary['delayed_sends']} "
-                                     "requests were sent more than 1 ms late (the host was too busy); their latency "
-                                     "still counts from the intended time"})
+                    ctx.log.info("Server %g/s (%s): %.1f samples/s, p99 %.4g ms, mean batch %.2f%s", level.value,
+                                 generator, summary["throughput_qps"], summary["latency_ms"]["p99"],
+                                 summary["mean_batch_size"], "" if "meets_budget" not in entry else
+                                 ", meets the budget" if entry["meets_budget"] else ", misses the budget")
+                if level.mode == "open" and summary["delayed_sends"] > 0.01 * summary["requests"]:
+                    warnings.append({"flag": "generator-behind", "message": f"{level.describe}: "
+                                     f"{summary['delayed_sends']} requests were sent more than 1 ms late (the host was "
+                                     "too busy); their latency still counts from the intended time"})
                 if not queue and group and searched < params.rate_search_probes:
                     rate = next_rate_to_try(group)
                     if rate is not None:
                         searched += 1
-                        queue.append(Level("open", rate, 1, params.load_warmup_s, params.load_duration_s,
-                                           params.seed))
+                        queue.append(server_level(params, rate, generator))
             if params.latency_budget_ms is not None and group:
                 top = highest_rate_meeting_budget(group)
                 best.append({"streams": streams, "gpus": gpus, "latency_budget_ms": params.latency_budget_ms,
+                             "generator": generator,
                              "arrival_rate_qps": top["arrival_rate_qps"] if top else None,
                              "throughput_qps": top["throughput_qps"] if top else None,
                              "p99_ms": top["latency_ms"]["p99"] if top else None})
@@ -227,12 +310,15 @@ def measure_load(ctx: StageContext, params: Params, backend: str, device: str, m
         "load_settings": {
             "request_size": closed_request, "duration_s": params.load_duration_s, "warmup_s": params.load_warmup_s,
             "dynamic_batching": batching.model_dump() if batching else None, "batch_limits": list(limits),
-            "streams": params.stream_counts, "gpus": gpu_count, "executor": settings, "warnings": warnings,
+            "streams": params.stream_counts, "gpus": gpu_count, "devices": devices or None,
+            "generator": generator, "executor": settings, "warnings": warnings,
         },
         "load": load,
     }
     if open_loop:
         result["open_loop"] = open_loop
+    if scenarios:
+        result["scenarios"] = scenarios
     if best:
         result["max_rate_meeting_budget"] = best
     if gpu_count > 1:

@@ -127,6 +127,21 @@ class QueryTiming:
         return self.h2d + self.compute + self.d2h
 
 
+def kept_queries(trace: Sequence[QueryTiming], warmup_ms: float) -> list[QueryTiming]:
+    """The queries of a trace timed after the warm-up (those whose compute started at or after ``warmup_ms``)."""
+    kept_from = next((i for i, t in enumerate(trace) if t.compute_start >= warmup_ms), None)
+    if kept_from is None:
+        raise ValueError(
+            f"all {len(trace)} timed queries fell inside the {warmup_ms} ms warm-up; run longer"
+        )
+    return list(trace[kept_from:])
+
+
+def trace_wall_ms(timed: Sequence[QueryTiming]) -> float:
+    """From the first kept query's H2D start to the last D2H end."""
+    return max(t.d2h_end for t in timed) - timed[0].h2d_start
+
+
 def report_trace(
     trace: Sequence[QueryTiming],
     warmup_ms: float,
@@ -137,16 +152,25 @@ def report_trace(
 ) -> dict:
     """trtexec's performance summary of a trace: queries whose compute started before ``warmup_ms`` are
     warm-up and dropped; wall time runs from the first kept query's H2D start to the last D2H end."""
-    kept_from = next((i for i, t in enumerate(trace) if t.compute_start >= warmup_ms), None)
-    if kept_from is None:
-        raise ValueError(
-            f"all {len(trace)} timed queries fell inside the {warmup_ms} ms warm-up; run longer"
-        )
-    timed = list(trace[kept_from:])
-    wall_ms = max(t.d2h_end for t in timed) - timed[0].h2d_start
+    timed = kept_queries(trace, warmup_ms)
+    return report_traces([timed], len(trace) - len(timed), batch_size, streams, percentiles, unstable_cv_percent)
+
+
+def report_traces(
+    windows: Sequence[Sequence[QueryTiming]],
+    warmup_queries: int,
+    batch_size: int,
+    streams: int = 1,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    unstable_cv_percent: float = UNSTABLE_CV_PERCENT,
+) -> dict:
+    """`report_trace` over several timed windows (their kept queries each): statistics over all their queries,
+    wall time summed over the windows."""
+    timed = [t for window in windows for t in window]
+    wall_ms = sum(trace_wall_ms(window) for window in windows if window)
     result = {
         "queries": len(timed),
-        "warmup_queries": kept_from,
+        "warmup_queries": warmup_queries,
         "wall_time_ms": wall_ms,
         "throughput_qps": throughput_qps(len(timed), batch_size, wall_ms),
         "latency_ms": summarize([t.latency for t in timed], percentiles),

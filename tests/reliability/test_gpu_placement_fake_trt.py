@@ -59,16 +59,16 @@ def test_a_benchmark_serves_from_the_gpus_its_node_was_given(two_gpus: dict[str,
     """Serving replicas are pinned by the ids the runner gave the node (UUIDs), not by ordinals: a replica's
     CUDA_VISIBLE_DEVICES=0 would name the machine's first GPU even when the node was given the second."""
     from trtflow.environment import gpus
-    from trtflow_stages.measure.serving import _visible_gpus
+    from trtflow_stages.measure.serving import serving_gpus
 
     monkeypatch.setenv("PATH", two_gpus["PATH"])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbb2222")  # the node was given the machine's second GPU
     gpus.cache_clear()
     try:
-        assert _visible_gpus(1) == ["GPU-bbbb2222"]
-        assert _visible_gpus("all") == ["GPU-bbbb2222"]
+        assert serving_gpus(1) == ["GPU-bbbb2222"]
+        assert serving_gpus("all") == ["GPU-bbbb2222"]
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaaa1111,GPU-bbbb2222")
         gpus.cache_clear()
-        assert _visible_gpus(2) == ["GPU-aaaa1111", "GPU-bbbb2222"]
+        assert serving_gpus(2) == ["GPU-aaaa1111", "GPU-bbbb2222"]
     finally:
         gpus.cache_clear()

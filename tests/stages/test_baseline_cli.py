@@ -59,8 +59,10 @@ def test_save_a_baseline_and_gate_on_it(tmp_path):
     assert [s["status"] for s in plan] == ["fresh", "fresh"]
     trtflow("run", str(recipe), cwd=tmp_path)
 
-    # a baseline that was 100x faster: the cached measurements now fail the gate, naming the baseline
+    # a baseline that was 100x faster (its interval too): the cached measurements now fail the gate, naming it
+    assert point["queries"] >= 3 and point["latency_ci_ms"]["p50"][0] <= point["latency_ms"]["p50"]
     entry["points"][0]["latency_ms"]["p50"] /= 100
+    entry["points"][0]["latency_ci_ms"]["p50"] = [v / 100 for v in point["latency_ci_ms"]["p50"]]
     path.write_text(json.dumps(document))
     trtflow("run", str(recipe), cwd=tmp_path, check=1)
     reason = _bench_reason(recipe, tmp_path)
@@ -68,8 +70,38 @@ def test_save_a_baseline_and_gate_on_it(tmp_path):
 
     # a baseline from another CPU is refused, saying why
     entry["points"][0]["latency_ms"]["p50"] *= 100
+    entry["points"][0]["latency_ci_ms"]["p50"] = [v * 100 for v in point["latency_ci_ms"]["p50"]]
     entry["facts"]["cpu"] = "x86_64 Some Other CPU x64"
     path.write_text(json.dumps(document))
     trtflow("run", str(recipe), cwd=tmp_path, check=1)
     reason = _bench_reason(recipe, tmp_path)
     assert "not compared with baseline" in reason and "Some Other CPU" in reason
+
+
+@pytest.mark.slow
+def test_a_gate_too_noisy_to_judge_is_inconclusive_not_a_failure(tmp_path):
+    """End to end: a pinned baseline whose median is known only loosely (a wide interval) cannot show the new run
+    is within 10% of it, nor that it is beyond: the run succeeds (exit 0), and console, JUnit and Markdown say the
+    gate was inconclusive."""
+    (tmp_path / "m.py").write_text((REPO / "examples" / "models" / "tiny_mlp.py").read_text())
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(RECIPE % "")
+    trtflow("run", str(recipe), cwd=tmp_path)
+    trtflow("baseline", "save", str(recipe), cwd=tmp_path)
+    path = tmp_path / "baselines" / "pinned.json"
+    document = json.loads(path.read_text())
+    (point,) = document["nodes"]["bench"]["points"]
+    median = point["latency_ms"]["p50"]
+    point["latency_ci_ms"]["p50"] = [median / 20, median * 20]  # a baseline measured on a very noisy day
+    point["throughput_ci_qps"] = [point["throughput_qps"] / 20, point["throughput_qps"] * 20]
+    path.write_text(json.dumps(document))
+
+    recipe.write_text(RECIPE % ",\n             baseline: baselines/pinned.json")
+    env_store = ("--store", str(tmp_path / "fresh"))  # measured again, against the baseline
+    ran = trtflow("run", str(recipe), *env_store, cwd=tmp_path)
+    assert "gate inconclusive" in ran.stdout and "too noisy to tell" in ran.stdout
+    junit = trtflow("report", str(recipe), *env_store, "-f", "junit", cwd=tmp_path).stdout
+    assert 'failures="0"' in junit and '<property name="gate" value="inconclusive"/>' in junit
+    assert "gate inconclusive: batch 2: inconclusive: median latency" in junit
+    markdown = trtflow("report", str(recipe), *env_store, cwd=tmp_path).stdout
+    assert "## Gate verdicts" in markdown and "| bench | baseline baselines/pinned.json | inconclusive |" in markdown

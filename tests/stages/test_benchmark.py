@@ -92,11 +92,27 @@ def test_onnxruntime_cnn_benchmark_with_batch_sweep(tiny_cnn_onnx, tmp_path):
     method = metrics["method"]
     assert "use_cuda_graph" not in method and "spin_wait" not in method and method["onnxruntime"]
     assert metrics["host"]["cpus"] >= 1 and len(metrics["host"]["load_average_before"]) == 3
+    assert "ran_alone" not in metrics["host"]  # measured instead: what else used the CPUs, how long we waited
+    assert metrics["host"]["others_cpu_percent"] is not None and metrics["host"]["wait_percent"] is not None
+    for point in metrics["points"]:  # every figure with its uncertainty
+        report = point["report"]
+        assert report["queries"] == sum(w["queries"] for w in report["repeats"]) and len(report["repeats"]) >= 5
+        for key in ("p50", "p99"):
+            low, high = report["latency_ci_ms"][key]
+            assert low <= report["latency_ms"][key] <= high
+        median_low, median_high = report["latency_ci_ms"]["p50"]
+        assert median_low <= report["latency_ms"]["median"] <= median_high
+        assert report["throughput_ci_qps"][0] <= report["throughput_qps"] <= report["throughput_ci_qps"][1]
+        assert isinstance(report["converged"], bool)
+        assert ("not-converged" in report["flags"]) == (not report["converged"])
+        assert report["host"]["seconds"] > 0 and report["cpu_wait_ms_per_query"] >= 0
     resources = benchmark.stage.resources_for(benchmark.Params())
     assert resources.gpu == 0 and resources.exclusive
     summary = result.summary
     assert summary["hardware"]["cpu"] and [p["batch_size"] for p in summary["points"]] == [1, 4]
     assert set(summary["points"][0]["latency_ms"]) == {"p50", "p90", "p95", "p99", "mean"}
+    assert {"queries", "latency_ci_ms", "throughput_ci_qps", "converged"} <= set(summary["points"][0])
+    assert summary["verdicts"] == []  # no gate configured: nothing judged
 
 
 def test_onnxruntime_session_options_are_used(tiny_mlp_onnx, tmp_path):
@@ -275,6 +291,13 @@ def test_load_params_are_checked():
         benchmark.Params.model_validate({"dynamic_batching": {"max_batch_size": 4}})
     with pytest.raises(ValueError, match="streams must be between 1 and 16"):
         benchmark.Params.model_validate({"streams": [1, 17]})
+    for wrong in ({"backend": "torch", "device": "cpu", "concurrency": [1]},  # CUDA graphs need CUDA
+                  {"backend": "onnxruntime", "device": "cuda", "concurrency": [1]},
+                  {"backend": "torch", "device": "cuda"}):  # no serving load to run them under
+        with pytest.raises(ValueError, match="torch_cuda_graphs applies to backend torch on device cuda"):
+            benchmark.Params.model_validate({**wrong, "torch_cuda_graphs": True})
+    assert benchmark.Params.model_validate({"backend": "torch", "device": "cuda", "arrival_rate_qps": [10],
+                                            "torch_cuda_graphs": True}).torch_cuda_graphs
     params = benchmark.Params.model_validate({"backend": "tensorrt", "gpus": 2, "concurrency": [1]})
     resources = benchmark.stage.resources_for(params)
     assert resources.gpu == 2 and resources.exclusive
@@ -289,3 +312,29 @@ def test_tensorrt_backend_is_skipped_in_check_without_a_runtime():
     with pytest.raises(StageSkipped) as skipped:
         benchmark.stage.check(params)
     assert skipped.value.needs and "tensorrt-rtx" in skipped.value.reason
+
+
+def test_host_watch_names_what_else_ran():
+    """A CPU-bound process that is not ours (started through a shell that exits, so it is nobody's child here)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from trtflow_stages.measure.interference import HostWatch, busy_warning
+
+    loop = "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"
+    shell = subprocess.run(["sh", "-c", f'"{sys.executable}" -c "{loop}" >/dev/null 2>&1 & echo $!'],
+                           capture_output=True, text=True, check=True)
+    pid = int(shell.stdout.strip())
+    watch = HostWatch()
+    time.sleep(1.0)
+    record = watch.report(busiest=1000)
+    while os.path.exists(f"/proc/{pid}"):  # let it finish (1.5 s of work at most)
+        time.sleep(0.1)
+    assert record["others_cpu_percent"] > 0 and record["steal_percent"] is not None
+    neighbour = next(p for p in record["busiest_others"] if p["pid"] == pid)
+    assert neighbour["command"].startswith("python") and neighbour["cpu_percent"] > 0
+    warning = busy_warning(dict(record, others_cpu_percent=60.0, wait_percent=12.0), "cpu")
+    assert warning["flag"] == "busy-host" and "waited for a CPU 12% of the time" in warning["message"]
+    assert busy_warning(dict(record, others_cpu_percent=1.0, wait_percent=0.5), "cpu") is None

@@ -272,3 +272,26 @@ def test_rate_search_doubles_halves_then_bisects():
         tried.append(point(rate, rate <= capacity))
     best = _load.highest_rate_meeting_budget(tried)["arrival_rate_qps"]
     assert capacity / 1.05 <= best <= capacity and len(tried) <= 10
+
+
+def test_each_instance_warms_up_on_its_serving_thread_before_the_first_request():
+    """Libraries keep per-thread state (PyTorch's cuDNN handles): warming an instance on another thread leaves the
+    first measured request to create it, so the server warms each instance on the thread that will serve it."""
+    seen: list[tuple[str, int]] = []
+
+    def instance(batch: int) -> None:
+        seen.append((threading.current_thread().name, batch))
+
+    with Server([instance, instance], warm_sizes=[1, 4]) as server:
+        warmed = list(seen)  # __enter__ returned: every instance is warm
+        done = threading.Event()
+        server.submit(Request(arrival_ns=time.monotonic_ns(), samples=2, done=done))
+        assert done.wait(30)
+    assert sorted(warmed) == sorted([(f"instance-{i}", size) for i in (0, 1) for size in (1, 4)] * _load.WARM_RUNS)
+    assert seen[-1][0] in ("instance-0", "instance-1") and seen[-1][1] == 2
+
+    def broken(batch: int) -> None:
+        raise RuntimeError("cannot load the kernels")
+
+    with pytest.raises(RuntimeError, match="cannot load the kernels"), Server([broken], warm_sizes=[1]):
+        pass

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from trtflow_stages.measure import levels as _levels
 from trtflow_stages.measure import load as _load
 from trtflow_stages.measure import serving as _serving
 from trtflow_stages.measure.instances import ExecutorSpec
@@ -18,11 +19,14 @@ def test_two_replicas_serve_one_level_together(tiny_mlp_onnx):
     spec = ExecutorSpec(backend="onnxruntime", device="cpu", model=str(tiny_mlp_onnx),
                         feed={"input": np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)},
                         onnxruntime=OrtOptions(intra_op_threads=1))
-    with Replicas(spec, ["0", "1"], instances=1, batching=None, warm_sizes=[1, 4]) as replicas:
+    gpus = [f"GPU-{'a' * 8}-0000-0000-0000-00000000000{i}" for i in (2, 3)]  # what serving_gpus hands out
+    with Replicas(spec, gpus, instances=1, batching=None, warm_sizes=[1, 4]) as replicas:
         assert [settings["intra_op_threads"] for settings in replicas.settings] == [1, 1]
-        closed = replicas.run([_load.Level("closed", 2, 4, 0.0, 0.3)] * 2, timeout_s=120)
-        open_runs = replicas.run([_load.Level("open", 100, 1, 0.0, 0.3, seed=1),
-                                  _load.Level("open", 100, 1, 0.0, 0.3, seed=2)], timeout_s=120)
+        # each replica process sees exactly its own GPU
+        assert [settings["cuda_visible_devices"] for settings in replicas.settings] == gpus
+        closed = replicas.run([_levels.Level("closed", 2, 4, 0.0, 0.3)] * 2, timeout_s=120)
+        open_runs = replicas.run([_levels.Level("open", 100, 1, 0.0, 0.3, seed=1),
+                                  _levels.Level("open", 100, 1, 0.0, 0.3, seed=2)], timeout_s=120)
     assert len(closed) == 2 and all(run.requests for run in closed)
     # started together: each replica's window overlaps the other's for most of its length
     merged = _load.merge_runs(closed)
@@ -41,3 +45,42 @@ def test_scaling_efficiency_against_one_gpu():
     (row,) = _serving.scaling(load, 2)  # no one-GPU point for 2 streams: nothing to compare with
     assert row == {"streams": 1, "concurrency_per_gpu": 4, "gpus": 2, "throughput_qps_1gpu": 1000.0,
                    "throughput_qps": 1900.0, "scaling_efficiency": 0.95}
+
+
+SMI_QUERY = """0, GPU-00000000-0000-0000-0000-000000000000, NVIDIA H200, 9.0, 580.159.04, 143771
+1, GPU-11111111-0000-0000-0000-000000000000, NVIDIA H200, 9.0, 580.159.04, 143771
+2, GPU-22222222-0000-0000-0000-000000000000, NVIDIA H200, 9.0, 580.159.04, 143771
+3, GPU-33333333-0000-0000-0000-000000000000, NVIDIA H200, 9.0, 580.159.04, 143771
+"""
+SMI_LIST = "".join(f"GPU {i}: NVIDIA H200 (UUID: GPU-{str(i) * 8}-0000-0000-0000-000000000000)\n" for i in range(4))
+
+
+def test_replicas_use_every_gpu_the_node_was_given():
+    """The runner names all of a node's GPUs in CUDA_VISIBLE_DEVICES (here the third and fourth of four): the
+    benchmark serves from each, by UUID (a replica's own CUDA_VISIBLE_DEVICES is read without the parent's), and
+    counts them as they are."""
+    from trtflow.environment import parse_smi, visible
+    from trtflow.errors import StageSkipped
+
+    given = visible(parse_smi(SMI_QUERY, SMI_LIST), "2,3")
+    assert [gpu.index for gpu in given] == [0, 1]  # CUDA renumbers them; their UUIDs name them anywhere
+    assert _serving.serving_gpus("all", given) == ["GPU-22222222-0000-0000-0000-000000000000",
+                                                   "GPU-33333333-0000-0000-0000-000000000000"]
+    assert _serving.serving_gpus(2, given) == _serving.serving_gpus("all", given)
+    assert _serving.serving_gpus(1, given) == ["GPU-22222222-0000-0000-0000-000000000000"]
+    with pytest.raises(StageSkipped, match="gpus: 3 but 2 GPU"):
+        _serving.serving_gpus(3, given)
+    with pytest.raises(StageSkipped, match="gpus: all but 0 GPU"):
+        _serving.serving_gpus("all", visible(parse_smi(SMI_QUERY, SMI_LIST), "7"))
+
+
+def test_a_level_is_shared_among_replicas():
+    from trtflow_stages.measure.levels import Level
+    from trtflow_stages.measure.loadgen import ScenarioSpec
+
+    server = Level("loadgen", 300.0, 1, 0.0, 2.0, seed=5, scenario=ScenarioSpec("Server", 2.0, target_qps=300.0))
+    parts = [_serving.share(server, 2, index) for index in range(2)]
+    assert [p.value for p in parts] == [150.0, 150.0] and [p.scenario.target_qps for p in parts] == [150.0, 150.0]
+    assert [p.scenario.seed for p in parts] == [5, 6]  # independent Poisson streams add up to one of 300/s
+    closed = _serving.share(Level("closed", 4, 1, 0.0, 1.0), 2, 1)
+    assert closed.value == 4  # clients are per replica

@@ -242,7 +242,8 @@ def test_benchmark_tensorrt_path_fake_trt(monkeypatch, tiny_cnn_onnx, engine_fil
     FakeTimer.instances.clear()
     monkeypatch.setattr(benchmark, "_cuda_timer", FakeTimer)
     params = {"backend": "tensorrt-rtx", "streams": 2, "include_host_transfers": True, "min_iterations": 4,
-              "warmup_ms": 0, "batch_sizes": [1, 4], "shapes": {"input": [1, 3, 32, 32]}}
+              "warmup_ms": 0, "batch_sizes": [1, 4], "shapes": {"input": [1, 3, 32, 32]}, "repeats": 1,
+              "min_duration_s": 0}
     result = run_stage(benchmark.stage, params, {"model": engine}, workdir=tmp_path)
     metrics = json.loads(result.outputs["metrics"].read_text())
     assert metrics["backend"] == "tensorrt-rtx" and metrics["device"] == "cuda"

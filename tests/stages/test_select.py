@@ -252,3 +252,50 @@ def test_engine_candidates_bring_their_provenance(tmp_path):
     assert summary["artifact"]["files"] == ["model.engine", "engine.json"]
     assert (ctx.out_dir / "model.engine").read_bytes() == b"engine build-int8-bs8"
     assert json.loads((ctx.out_dir / "engine.json").read_text())["backend"] == "tensorrt"
+
+
+def _with_intervals(candidate: Candidate, intervals: dict[int, tuple[float, float]], wait: float = 0.0) -> Candidate:
+    for point in candidate.benchmark["points"]:
+        low, high = intervals[point["batch_size"]]
+        point["latency_ci_ms"] = {"p50": [low, high]}
+        point["cpu_wait_ms_per_query"] = wait
+    return candidate
+
+
+def test_a_win_needs_confidence_beyond_the_tolerance_else_the_tie_breakers_decide():
+    fast, slow, quantized = candidates()
+    quantized.validation = valid("v-fp16", 0.9999)
+    # int8 at 2.0 ms [1.5, 2.6] against fp32 at 4.0 ms [3.0, 5.0] at batch 8: 2x apart, but the ratio's interval
+    # (1.15-3.33) clears the 5% tolerance: a clear win for the faster one, whatever accuracy says
+    items = [_with_intervals(fast, {1: (0.9, 1.1), 8: (3.0, 5.0)}),
+             _with_intervals(slow, {1: (0.9, 1.1), 8: (1.5, 2.6)})]
+    clear = decide(items, Params.model_validate({"objective": {"batch_size": 8}}))
+    assert clear["selected"] == "int8" and not clear["tie_within_noise"] and clear["tied"] == []
+    loser = by_name(clear)["fp32"]
+    assert loser["tie"] is False and loser["ratio_to_best"] == pytest.approx([2.0, 3.0 / 2.6, 5.0 / 1.5])
+    assert "(2x slower; ratio 2, 95% interval 1.15-3.33, beyond the 5% tolerance)" in loser["reason"]
+
+    # the same estimates with wide intervals: the ratio could be 1, a tie within noise, so accuracy decides
+    items = [_with_intervals(candidates()[0], {1: (0.9, 1.1), 8: (1.8, 5.0)}),
+             _with_intervals(candidates()[1], {1: (0.9, 1.1), 8: (1.5, 2.6)})]
+    tie = decide(items, Params.model_validate({"objective": {"batch_size": 8}}))
+    rows = by_name(tie)
+    assert tie["selected"] == "fp32" and tie["tie_within_noise"] and tie["tied"] == ["fp32", "int8"]
+    assert rows["fp32"]["reason"].startswith("selected: tie within noise on lowest p50 latency at batch 8")
+    assert "chosen by accuracy (cosine similarity)" in rows["fp32"]["reason"]
+    assert "tie within noise with fp32" in rows["int8"]["reason"] and "lost the tie-break on accuracy" in \
+        rows["int8"]["reason"]
+    # the decision is a function of the figures: the same inputs always give the same choice
+    assert decide(items, Params.model_validate({"objective": {"batch_size": 8}})) == tie
+
+
+def test_a_candidate_measured_on_a_busy_host_cannot_lose_by_the_noise():
+    # fp32 measured while its benchmark waited 3 ms per query for a CPU: 2.7x slower by the clock, but it may be as
+    # fast as int8 without the neighbours: a tie, which accuracy gives to fp32
+    items = [_with_intervals(candidates()[0], {1: (0.9, 1.1), 8: (3.9, 4.1)}, wait=3.0),
+             _with_intervals(candidates()[1], {1: (0.9, 1.1), 8: (1.45, 1.55)})]
+    items[1].benchmark["points"][1]["latency_ms"]["p50"] = 1.5
+    selection = decide(items, Params.model_validate({"objective": {"batch_size": 8}}))
+    assert selection["selected"] == "fp32" and selection["tie_within_noise"]
+    row = by_name(selection)["fp32"]
+    assert row["objective_ci"] == [3.9, 4.1] and row["compared_ci"] == pytest.approx([3.9 * 0.25**2, 4.1])

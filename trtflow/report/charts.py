@@ -39,7 +39,8 @@ def _status_color(alt: Any) -> Any:
 def accuracy_latency(rows: Sequence[dict[str, Any]], latency_title: str) -> str:
     """Accuracy (cosine similarity to the reference) against latency, the Pareto front joined by a line."""
     points = [{"candidate": r["name"], "status": r["status"], "latency_ms": r["operating_latency"],
-               "cosine": r["cosine"], "pareto": r["pareto"]}
+               "cosine": r["cosine"], "pareto": r["pareto"], **_bounds(r.get("operating_latency_ci"),
+                                                                      r["operating_latency"])}
               for r in rows if r["operating_latency"] is not None and r["cosine"] is not None]
     if not points:
         return ""
@@ -58,8 +59,10 @@ def accuracy_latency(rows: Sequence[dict[str, Any]], latency_title: str) -> str:
     labels = [alt.Chart(data).transform_filter(alt.datum.above == above)
               .mark_text(align="left", dx=8, dy=-9 if above else 13, fontSize=11)
               .encode(x=x, y=y, text="candidate:N") for above in (True, False)]
-    chart = alt.layer(front, dots, *labels).properties(width=WIDTH, height=HEIGHT,
-                                               title="accuracy against latency (dashed: Pareto front)")
+    bars = alt.Chart(data).mark_errorbar(ticks=True).encode(x=alt.X("low:Q", title=latency_title), x2="high:Q", y=y,
+                                                              color=_status_color(alt))
+    chart = alt.layer(front, bars, dots, *labels).properties(
+        width=WIDTH, height=HEIGHT, title="accuracy against latency (bars: 95% intervals; dashed: Pareto front)")
     return render_svg(chart)
 
 
@@ -70,20 +73,35 @@ def _batch_axis(alt: Any, points: Sequence[dict[str, Any]]) -> Any:
                  axis=alt.Axis(values=measured, format="d"))
 
 
+def _bounds(interval: Any, value: float) -> dict[str, float]:
+    """``low``/``high`` of a 95% interval (the value itself where there is none), for error bars."""
+    if isinstance(interval, (list, tuple)) and len(interval) == 2 and \
+            all(isinstance(v, (int, float)) for v in interval):
+        return {"low": float(interval[0]), "high": float(interval[1])}
+    return {"low": value, "high": value}
+
+
 def latency_batch(series: Sequence[dict[str, Any]], stat: str) -> str:
-    """Latency (p50 solid, the judged percentile dashed) against batch size, one line per candidate."""
+    """Latency (p50 solid, the judged percentile dashed) against batch size, one line per candidate, with the 95%
+    interval of each figure as an error bar."""
     stats = ["p50"] if stat == "p50" else ["p50", stat]
-    points = [{"candidate": s["candidate"], "batch_size": s["batch_size"], "statistic": name, "latency_ms": s[name]}
+    points = [{"candidate": s["candidate"], "batch_size": s["batch_size"], "statistic": name, "latency_ms": s[name],
+               **_bounds((s.get("intervals") or {}).get(name), s[name])}
               for s in series for name in stats if s.get(name) is not None and s.get("batch_size") is not None]
     if not points:
         return ""
     alt = _altair()
-    chart = alt.Chart(alt.Data(values=points)).mark_line(point=True).encode(
+    base = alt.Chart(alt.Data(values=points))
+    lines = base.mark_line(point=True).encode(
         x=_batch_axis(alt, points),
         y=alt.Y("latency_ms:Q", title="latency (ms)"),
         color=alt.Color("candidate:N"),
         strokeDash=alt.StrokeDash("statistic:N", title="statistic", sort=stats),
-    ).properties(width=WIDTH, height=HEIGHT, title="latency against batch size")
+    )
+    bars = base.mark_errorbar(ticks=True).encode(
+        x=_batch_axis(alt, points), y=alt.Y("low:Q", title="latency (ms)"), y2="high:Q", color=alt.Color("candidate:N"))
+    chart = alt.layer(bars, lines).properties(width=WIDTH, height=HEIGHT,
+                                              title="latency against batch size (bars: 95% intervals)")
     return render_svg(chart)
 
 

@@ -162,9 +162,11 @@ class ConsoleHooks(Hooks):
         if result.status == DONE:
             if not self.quiet:
                 self._print(f"{mark} {name} done in {result.duration:.1f}s{memory}")
+            self._print_inconclusive(result)
         elif result.status == CACHED:
             if not self.quiet:
                 self._print(f"{mark} {name} reused: {escape(result.reason)}")
+            self._print_inconclusive(result)
         elif result.status == SKIPPED:
             needs = f" (needs: {escape(result.hint)})" if result.hint else ""
             self._print(f"{mark} {name} skipped: {escape(result.error or result.reason)}{needs}")
@@ -182,6 +184,13 @@ class ConsoleHooks(Hooks):
                     if tail:
                         lines.append("[dim]" + escape(tail) + "[/]")
             self._print("\n".join(lines))
+
+    def _print_inconclusive(self, result: NodeResult) -> None:
+        """Gates too noisy to judge: no failure, but said (a stage records them in its summary's ``verdicts``)."""
+        verdicts = result.summary.get("verdicts") if isinstance(result.summary, dict) else None
+        for verdict in verdicts or []:
+            if isinstance(verdict, dict) and verdict.get("verdict") == "inconclusive":
+                self._print(f"  [yellow]gate inconclusive[/] (not a failure): {escape(str(verdict.get('message')))}")
 
     def stop_live(self) -> None:
         if self.live is not None:

@@ -26,6 +26,8 @@ class Decision:
     series: list[dict[str, Any]] = field(default_factory=list)  # per candidate and batch (charts)
     load: list[dict[str, Any]] = field(default_factory=list)  # per candidate and load level (charts)
     charts: list[tuple[str, str]] = field(default_factory=list)  # (title, SVG), filled by the HTML report
+    tied: list[str] = field(default_factory=list)  # candidates tied within noise with the best (the tie-breakers chose)
+    note: str = ""  # how the winner was chosen when it was a tie within noise
 
 
 def is_selection(summary: Any) -> bool:
@@ -61,8 +63,10 @@ def decision(node: str, summary: Mapping[str, Any]) -> Decision:
             "cosine": validation.get("cosine_similarity"), "mean_abs_error": validation.get("mean_abs_error"),
             "validation": "" if not validation else ("pass" if validation.get("passed") else "fail"),
             "latency": {b: ((by_batch.get(b) or {}).get("latency_ms") or {}) for b in batches},
+            "latency_ci": {b: ((by_batch.get(b) or {}).get("latency_ci_ms") or {}) for b in batches},
             "throughput": point.get("throughput_qps"), "at": point.get("description") or "",
-            "operating_latency": point.get("latency_ms"), "speedup": c.get("speedup"),
+            "operating_latency": point.get("latency_ms"), "operating_latency_ci": point.get("latency_ci_ms"),
+            "speedup": c.get("speedup"), "tie": bool(c.get("tie")),
             "pareto": bool(c.get("pareto")), "reason": c.get("reason") or "",
             "backend": " ".join(filter(None, [bench.get("backend"), bench.get("device")])),
         })
@@ -70,15 +74,19 @@ def decision(node: str, summary: Mapping[str, Any]) -> Decision:
             latency = p.get("latency_ms") or {}
             series.append({"candidate": c["name"], "status": status, "batch_size": p.get("batch_size"),
                            "p50": latency.get("p50"), stat: latency.get(stat),
-                           "throughput_qps": p.get("throughput_qps")})
+                           "throughput_qps": p.get("throughput_qps"),
+                           "intervals": dict(p.get("latency_ci_ms") or {})})
         for level in bench.get("load", []):
             latency = level.get("latency_ms") or {}
             if _number(level.get("throughput_qps")) and _number(latency.get(stat)):
                 load.append({"candidate": c["name"], "concurrency": level.get("concurrency"),
                              "throughput_qps": level["throughput_qps"], "latency_ms": latency[stat]})
+    winner = next((c for c in candidates if c["name"] == summary.get("selected")), {})
+    tied = list(summary.get("tied") or [])
     return Decision(node=node, selected=summary.get("selected"), objective=objective.get("description", ""),
                     percentile=stat, constraints=[c.get("text", str(c)) for c in summary.get("constraints") or []],
-                    baseline=summary.get("baseline"), rows=rows, batch_sizes=batches, series=series, load=load)
+                    baseline=summary.get("baseline"), rows=rows, batch_sizes=batches, series=series, load=load,
+                    tied=tied, note=(winner.get("reason") or "").removeprefix("selected: ") if len(tied) > 1 else "")
 
 
 def benchmark_series(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -92,5 +100,19 @@ def benchmark_series(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
             if isinstance(p, Mapping) and _number(p.get("median_ms")):
                 series.append({"candidate": n["node"], "status": "eligible", "batch_size": p.get("batch_size"),
                                "p50": p["median_ms"], "p99": p.get("p99_ms"),
-                               "throughput_qps": p.get("throughput_qps")})
+                               "throughput_qps": p.get("throughput_qps"),
+                               "intervals": dict(p.get("latency_ci_ms") or {})})
     return series
+
+
+def gate_notes(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """The gate verdicts that are not a plain pass, per node: fail, and inconclusive (too noisy to judge, which
+    fails nothing), as the stage recorded them in its summary (``verdicts``)."""
+    notes = []
+    for n in nodes:
+        summary = n.get("summary")
+        for verdict in (summary.get("verdicts") if isinstance(summary, Mapping) else None) or []:
+            if isinstance(verdict, Mapping) and verdict.get("verdict") in ("fail", "inconclusive"):
+                notes.append({"node": n["node"], "verdict": str(verdict["verdict"]), "gate": str(verdict.get("gate")),
+                              "message": str(verdict.get("message"))})
+    return notes

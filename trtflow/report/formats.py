@@ -85,7 +85,7 @@ def _template(name: str, autoescape: bool) -> Any:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
     env.filters["cell"] = lambda text: str(text).replace("|", "\\|").replace("\n", " ")
-    env.globals.update(fmt=_maybe, pair=_latency_pair)
+    env.globals.update(fmt=_maybe, pair=_latency_pair, ci=_with_interval)
     return env.get_template(name)
 
 
@@ -94,18 +94,28 @@ def _maybe(value: Any, spec: str) -> str:
     return spec % value if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
 
 
-def _latency_pair(latency: dict[str, Any], stat: str) -> str:
-    """"p50 / p99" (or p50 / the judged percentile) of one benchmark point."""
+def _with_interval(value: Any, interval: Any) -> str:
+    """A figure and its 95% interval: "2.41 (2.38-2.45)"."""
+    shown = _maybe(value, "%.4g")
+    if isinstance(interval, (list, tuple)) and len(interval) == 2 and shown != "-" and interval[0] != interval[1]:
+        return f"{shown} ({_maybe(interval[0], '%.4g')}-{_maybe(interval[1], '%.4g')})"
+    return shown
+
+
+def _latency_pair(latency: dict[str, Any], stat: str, intervals: dict[str, Any] | None = None) -> str:
+    """"p50 / p99" (or p50 / the judged percentile) of one benchmark point, each with its 95% interval."""
     other = stat if stat != "p50" else "p99"
     if not latency:
         return "-"
-    return f"{_maybe(latency.get('p50'), '%.4g')} / {_maybe(latency.get(other), '%.4g')}"
+    intervals = intervals or {}
+    return f"{_with_interval(latency.get('p50'), intervals.get('p50'))} / " \
+           f"{_with_interval(latency.get(other), intervals.get(other))}"
 
 
 def _context(data: dict[str, Any]) -> dict[str, Any]:
     from collections import Counter
 
-    from trtflow.report.decision import decisions
+    from trtflow.report.decision import decisions, gate_notes
     from trtflow.report.kernels import context as kernel_context
 
     run = data["run"]
@@ -115,6 +125,7 @@ def _context(data: dict[str, Any]) -> dict[str, Any]:
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["started"])),
         "counts": ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no nodes",
         "decisions": decisions(data), "nodes": _node_rows(data), "benchmark_charts": [],
+        "gate_notes": gate_notes(data["nodes"]),
         **kernel_context(data),
     }
 
@@ -148,9 +159,16 @@ def to_html(data: dict[str, Any]) -> str:
 
 
 def to_junit(data: dict[str, Any]) -> str:
-    """One test case per node: failed and gate-failed nodes are failures, skipped ones are skipped."""
+    """One test case per node: failed and gate-failed nodes are failures, skipped ones are skipped; a gate too noisy
+    to judge is no failure, and says so (a ``gate`` property "inconclusive" and the verdicts in system-out)."""
+    from trtflow.report.decision import gate_notes
+
     cases = []
     failures = skipped = 0
+    notes: dict[str, list[str]] = {}
+    for note in gate_notes(data["nodes"]):
+        if note["verdict"] == "inconclusive":
+            notes.setdefault(note["node"], []).append(note["message"])
     for n in data["nodes"]:
         name = xml_escape(n["node"])
         attrs = f'classname="trtflow.{xml_escape(data["recipe"])}.{xml_escape(n["stage"])}" name="{name}" ' \
@@ -164,6 +182,11 @@ def to_junit(data: dict[str, Any]) -> str:
             body = f'<skipped message="{message}"/>'
         else:
             body = ""
+        inconclusive = notes.get(n["node"])
+        if inconclusive:
+            text = "\n".join(f"gate inconclusive: {m}" for m in inconclusive)
+            body = ('<properties><property name="gate" value="inconclusive"/></properties>' + body +
+                    f"<system-out>{xml_escape(text)}</system-out>")
         cases.append(f"  <testcase {attrs}>{body}</testcase>")
     return (
         '<?xml version="1.0" encoding="UTF-8"?>\n'

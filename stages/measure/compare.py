@@ -1,0 +1,212 @@
+"""Comparing measurements that carry their uncertainty: a ratio with its interval, and a verdict.
+
+Each figure comes with a 95% interval (`measure.intervals`). The ratio of two figures gets the interval that
+holds whenever both of theirs do: from the lowest the numerator can be over the highest the denominator can be,
+to the highest over the lowest (a conservative interval: it ignores that both errors rarely reach their extremes
+together, so it does not cry wolf). A comparison against a limit then has three outcomes, as criterion and
+pyperf report them:
+
+- ``fail``: the whole interval is beyond the limit: a significant regression (a real 2x slowdown lands here);
+- ``pass``: the whole interval is within it: no regression beyond the limit, with confidence;
+- ``inconclusive``: the interval straddles the limit: the measurements are too noisy to tell. Not a failure,
+  and said plainly, with what would make it conclusive.
+
+Comparisons of two measurements (a regression, one candidate against another) also allow for interference: a
+figure measured while the host kept the benchmark waiting for a CPU may be that much better, and more
+(`latency_figure`).
+Figures without an interval (results recorded before intervals existed) count as exact.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Verdict = Literal["pass", "fail", "inconclusive"]
+NOISY_HINT = "measure longer (max_duration_s, repeats) or on a quieter host to decide"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """An estimate and its 95% interval."""
+
+    value: float
+    low: float
+    high: float
+
+    @classmethod
+    def exact(cls, value: float) -> Figure:
+        return cls(value, value, value)
+
+    def __str__(self) -> str:
+        if self.low == self.high == self.value:
+            return f"{self.value:.4g}"
+        return f"{self.value:.4g} [{self.low:.4g}, {self.high:.4g}]"
+
+    def ratio(self, other: Figure) -> Figure:
+        """``self / other`` with the interval that holds whenever both intervals do."""
+        if other.value <= 0 or other.low <= 0:
+            return Figure(math.inf, math.inf, math.inf)
+        return Figure(self.value / other.value, self.low / other.high, self.high / other.low)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+#: The lowest CPU share a figure is corrected for (a benchmark that ran 10% of the time says little).
+MIN_SHARE = 0.1
+
+
+def cpu_share(point: Mapping[str, Any]) -> float:
+    """The share of each query's time the benchmark's threads had a CPU: 1 - (run-queue wait per query / mean
+    latency), from ``cpu_wait_ms_per_query``; 1 when that was not measured."""
+    waited = point.get("cpu_wait_ms_per_query")
+    mean = (point.get("latency_ms") or {}).get("mean", (point.get("latency_ms") or {}).get("p50"))
+    if not (_number(waited) and waited > 0 and _number(mean) and mean > 0):
+        return 1.0
+    return max(1.0 - waited / mean, MIN_SHARE)
+
+
+def _figure(value: float, interval: Any) -> Figure:
+    if isinstance(interval, (list, tuple)) and len(interval) == 2 and all(_number(v) for v in interval):
+        return Figure(float(value), min(float(interval[0]), value), max(float(interval[1]), value))
+    return Figure.exact(float(value))
+
+
+def latency_figure(point: Mapping[str, Any], statistic: str, allow_wait: bool = False) -> Figure | None:
+    """A point's latency ``statistic`` (p50, p99, ...) with its interval, from a benchmark summary point.
+
+    ``allow_wait``: for comparing builds rather than judging a latency. A benchmark whose threads had a CPU only a
+    share s of the time (the rest they waited on a run queue behind other programs) measured queries up to 1/s
+    longer for the wait, and longer still for what sharing the core costs the running work (caches refilled after
+    every switch, a busy sibling hyperthread), which nothing measures; that is bounded by 1/s as well, so the
+    interval reaches down to low x s^2. A disturbed measurement cannot pass for a slower model, and an
+    undisturbed one (s = 1) is compared as measured."""
+    latency = point.get("latency_ms") or {}
+    value = latency.get(statistic)
+    if not _number(value) and statistic == "p50":
+        value = latency.get("median", point.get("median_ms"))
+    if not _number(value):
+        return None
+    figure = _figure(value, (point.get("latency_ci_ms") or {}).get(statistic))
+    share = cpu_share(point) if allow_wait else 1.0
+    return Figure(figure.value, figure.low * share * share, figure.high) if share < 1.0 else figure
+
+
+def throughput_figure(point: Mapping[str, Any], allow_wait: bool = False) -> Figure | None:
+    """A point's throughput with its interval; ``allow_wait`` as in `latency_figure` (the upper bound rises to
+    high / s^2)."""
+    value = point.get("throughput_qps")
+    if not _number(value):
+        return None
+    figure = _figure(value, point.get("throughput_ci_qps"))
+    share = cpu_share(point) if allow_wait else 1.0
+    return Figure(figure.value, figure.low, figure.high / (share * share)) if share < 1.0 else figure
+
+
+def at_most(figure: Figure, limit: float) -> Verdict:
+    """Is ``figure`` at most ``limit``? pass when its interval is, fail when its interval is entirely above."""
+    if figure.low > limit:
+        return "fail"
+    if figure.high <= limit:
+        return "pass"
+    return "inconclusive"
+
+
+def at_least(figure: Figure, limit: float) -> Verdict:
+    if figure.high < limit:
+        return "fail"
+    if figure.low >= limit:
+        return "pass"
+    return "inconclusive"
+
+
+def where(point: Mapping[str, Any]) -> str:
+    return f"batch {point.get('batch_size')}" + (f", {point['streams']} streams" if point.get("streams", 1) != 1
+                                                 else "")
+
+
+def record(gate: str, place: str, verdict: Verdict, message: str) -> dict[str, str]:
+    return {"gate": gate, "where": place, "verdict": verdict, "message": message}
+
+
+def refusal_record(gate: str, message: str) -> dict[str, str]:
+    """A comparison refused (another machine, a missing file): it fails, as the gate cannot be judged at all."""
+    return record(gate, "", "fail", message)
+
+
+def _point_key(point: Mapping[str, Any]) -> tuple[Any, Any]:
+    return point.get("batch_size"), point.get("streams", 1)
+
+
+def regression_verdicts(old_points: Sequence[Mapping[str, Any]], summary: Mapping[str, Any],
+                        max_regression_percent: float, against: str, gate: str,
+                        missing: str | None = None) -> list[dict[str, str]]:
+    """Per point of ``summary``: its median latency and throughput against the same point of ``old_points``.
+    ``against`` names the other side in messages ("the baseline's"); ``missing`` (None: skip silently) is the
+    advice for a point the other side lacks."""
+    allowed = max_regression_percent / 100.0
+    recorded = {_point_key(p): p for p in old_points}
+    found = []
+    for point in summary.get("points", []):
+        place = where(point)
+        old = recorded.get(_point_key(point))
+        if old is None:
+            if missing is not None:
+                found.append(record(gate, place, "fail", f"{place}: {missing} (it has "
+                                    f"{sorted(str(k) for k in recorded) or 'none'}); save the baseline again"))
+            continue
+        new_ms, old_ms = latency_figure(point, "p50", allow_wait=True), latency_figure(old, "p50", allow_wait=True)
+        if new_ms is not None and old_ms is not None and old_ms.value > 0:
+            found.append(_latency_verdict(gate, place, new_ms, old_ms, allowed, against, max_regression_percent))
+        new_qps, old_qps = throughput_figure(point, allow_wait=True), throughput_figure(old, allow_wait=True)
+        if new_qps is not None and old_qps is not None and old_qps.value > 0:
+            found.append(_throughput_verdict(gate, place, new_qps, old_qps, allowed, against, max_regression_percent))
+    return found
+
+
+def _ratio_text(ratio: Figure) -> str:
+    if ratio.low == ratio.high:
+        return ""
+    return f"; ratio {ratio.value:.3f}, 95% interval {ratio.low:.3f}-{ratio.high:.3f}"
+
+
+def _latency_verdict(gate: str, place: str, new: Figure, old: Figure, allowed: float, against: str,
+                     threshold: float) -> dict[str, str]:
+    ratio = new.ratio(old)
+    verdict = at_most(ratio, 1.0 + allowed)
+    change = (ratio.value - 1.0) * 100.0
+    spread = _ratio_text(ratio)
+    if verdict == "fail":
+        message = (f"{place}: median latency {new} ms is {change:.1f}% above {against} {old} ms "
+                   f"(max_regression_percent {threshold:g}{spread})")
+    elif verdict == "inconclusive":
+        message = (f"{place}: inconclusive: median latency {new} ms vs {against} {old} ms ({change:+.1f}%){spread}, "
+                   f"which straddles the {1 + allowed:.3g} allowed (max_regression_percent {threshold:g}): too noisy "
+                   f"to tell; {NOISY_HINT}")
+    else:
+        message = (f"{place}: median latency {new} ms vs {against} {old} ms ({change:+.1f}%), within "
+                   f"max_regression_percent {threshold:g}{spread}")
+    return record(gate, place, verdict, message)
+
+
+def _throughput_verdict(gate: str, place: str, new: Figure, old: Figure, allowed: float, against: str,
+                        threshold: float) -> dict[str, str]:
+    ratio = new.ratio(old)
+    verdict = at_least(ratio, 1.0 - allowed)
+    drop = (1.0 - ratio.value) * 100.0
+    spread = _ratio_text(ratio)
+    if verdict == "fail":
+        message = (f"{place}: throughput {new} qps is {drop:.1f}% below {against} {old} qps "
+                   f"(max_regression_percent {threshold:g}{spread})")
+    elif verdict == "inconclusive":
+        message = (f"{place}: inconclusive: throughput {new} qps vs {against} {old} qps ({-drop:+.1f}%){spread}, "
+                   f"which straddles the {1 - allowed:.3g} allowed (max_regression_percent {threshold:g}): too noisy "
+                   f"to tell; {NOISY_HINT}")
+    else:
+        message = (f"{place}: throughput {new} qps vs {against} {old} qps ({-drop:+.1f}%), within "
+                   f"max_regression_percent {threshold:g}{spread}")
+    return record(gate, place, verdict, message)

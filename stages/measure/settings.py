@@ -1,0 +1,153 @@
+"""The benchmark stage's parameters, in groups: timing (windows, precision), serving load, gates.
+
+`Params` of the benchmark stage inherits all three; the libraries that read a group take it as their type.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from trtflow.stage import StageParams
+
+from .intervals import Precision
+from .load import DynamicBatching
+from .windows import WindowPlan
+
+DURATION_CAP_FACTOR = 3.0  # max_duration_s by default: three times the minimum
+
+
+class TimingFields(StageParams):
+    """How each fixed-batch point is timed: warm-up, windows, minimums, precision and cap."""
+
+    repeats: int = Field(5, ge=1, le=50, description="Time each fixed-batch point in at least this many windows "
+                         "(min_duration_s split among them): their spread enters the intervals, so drift on the "
+                         "host widens them instead of passing for precision. 1: one window.")
+    warmup_ms: float = Field(200.0, ge=0, description="Warm-up time before timing (trtexec: 200 ms).")
+    min_iterations: int = Field(10, ge=1, description="At least this many timed queries (trtexec: 10).")
+    min_duration_s: float = Field(3.0, ge=0, description="And at least this long, over all windows (trtexec: 3 s).")
+    precision_percent: float = Field(
+        5.0, gt=0, description="Keep timing (window by window, up to max_duration_s) until the 95% interval of "
+        "each point's median latency is within this many percent of it.")
+    tail_precision_percent: float | None = Field(
+        None, gt=0, description="Also wait for p99's interval to be within this many percent (it needs 368 "
+        "queries to exist at all). Unset: p99's interval is reported, not waited for.")
+    max_duration_s: float | None = Field(
+        None, gt=0, description="Timed seconds per point at most while the precision is not reached (default: "
+        "3 x min_duration_s); a point that stops here is flagged not-converged.")
+
+    def window_plan(self) -> WindowPlan:
+        cap = self.max_duration_s if self.max_duration_s is not None else DURATION_CAP_FACTOR * self.min_duration_s
+        return WindowPlan(self.repeats, self.min_iterations, self.min_duration_s, cap,
+                          Precision(self.precision_percent, self.tail_precision_percent))
+
+
+class LoadFields(StageParams):
+    """Serving load: closed-loop clients, Server (open-loop) levels, MLPerf scenarios, batching, GPUs."""
+
+    # -- serving load ------------------------------------------------------------------------------------------
+    concurrency: list[int] = Field(
+        default_factory=list, description="Closed-loop load: per level, this many requests in flight (each "
+        "client sends its next request when its previous one completes); benchmark.json gets a 'load' entry "
+        "per level with throughput and latency p50/p90/p95/p99, queueing included.",
+    )
+    request_size: int | None = Field(
+        None, ge=1, description="Samples per closed-loop request (default: the batch of the shapes "
+        "benchmarked; 1 with dynamic_batching). Open-loop requests are single samples.",
+    )
+    arrival_rate_qps: list[float] = Field(
+        default_factory=list, description="Open-loop load (MLPerf's Server scenario): per level, single-sample "
+        "requests arriving as a Poisson process at this many per second, whatever the model's pace.",
+    )
+    scenarios: list[Literal["Offline", "SingleStream", "MultiStream"]] = Field(
+        default_factory=list, description="MLPerf scenarios to run through LoadGen besides the Server levels: "
+        "Offline (every sample at once: samples per second), SingleStream (one sample at a time: p90 latency), "
+        "MultiStream (multi_stream_samples per query: p99 query latency).",
+    )
+    load_generator: Literal["auto", "loadgen", "trtflow"] = Field(
+        "auto", description="What drives the Server levels (arrival_rate_qps): 'loadgen' (MLPerf LoadGen, the "
+        "loadgen extra: its clock and its early-stopping verdict on the budget), 'trtflow' (our own Poisson "
+        "generator), or 'auto': LoadGen where installed. Closed-loop concurrency levels are always trtflow's "
+        "(LoadGen has no closed loop of several clients).",
+    )
+    multi_stream_samples: int = Field(8, ge=1, description="Samples per MultiStream query (MLPerf: 8).")
+    loadgen_min_queries: int | None = Field(
+        None, ge=1, description="LoadGen's min_query_count per level; default: what its early stopping needs to "
+        "claim the judged percentile (Server: 459 for p99 with no query over the budget; SingleStream: 64 for p90; "
+        "MultiStream: 662 for p99).",
+    )
+    dynamic_batching: DynamicBatching | None = Field(
+        None, description="Merge queued requests into batches (Triton's dynamic batcher): max_batch_size "
+        "(within the profile's limits), max_queue_delay_ms, preferred_batch_sizes.",
+    )
+    latency_budget_ms: float | None = Field(
+        None, gt=0, description="Open-loop p99 latency budget: requests over it are counted late, and the "
+        "highest arrival rate that meets it is reported (with LoadGen: a VALID Server run, p99 within the budget "
+        "with confidence; with trtflow's generator: a p99 within it).",
+    )
+    rate_search_probes: int = Field(
+        0, ge=0, le=20, description="With latency_budget_ms and arrival_rate_qps: this many more open-loop levels "
+        "searching for the highest rate whose p99 meets the budget (doubling the best listed rate until one "
+        "misses, then bisecting).",
+    )
+    load_duration_s: float = Field(3.0, gt=0, description="Measured time per load level.")
+    load_warmup_s: float = Field(0.5, ge=0, description="Unmeasured time at the start of each load level.")
+    gpus: Literal["all"] | int = Field(
+        1, description="GPUs to serve from under load: N or 'all', one replica process per GPU; reports the "
+        "aggregate throughput and the scaling efficiency against one GPU (tensorrt, or device cuda).",
+    )
+    seed: int = Field(0, description="Seed of the open-loop arrival times.")
+
+    @field_validator("concurrency")
+    @classmethod
+    def _positive(cls, sizes: list[int]) -> list[int]:
+        if any(b < 1 for b in sizes):
+            raise ValueError(f"values must be >= 1, got {sizes}")
+        return sizes
+
+    @field_validator("arrival_rate_qps")
+    @classmethod
+    def _positive_rates(cls, rates: list[float]) -> list[float]:
+        if any(rate <= 0 for rate in rates):
+            raise ValueError(f"arrival rates must be > 0, got {rates}")
+        return sorted(rates)
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, gpus: str | int) -> str | int:
+        if isinstance(gpus, int) and gpus < 1:
+            raise ValueError(f"gpus must be >= 1 or 'all', got {gpus}")
+        return gpus
+
+    @property
+    def has_load(self) -> bool:
+        return bool(self.concurrency or self.arrival_rate_qps or self.scenarios)
+
+
+class GateFields(StageParams):
+    """Gates, judged by the engine on the summary (changing them re-judges cached measurements)."""
+
+    max_latency_ms_p50: float | None = Field(
+        None, gt=0, description="Gate: median latency at most this. Every threshold is judged on the figure's 95% "
+        "interval: fail when all of it is beyond the limit, inconclusive (not a failure) when it straddles it.")
+    max_latency_ms_p90: float | None = Field(None, gt=0, description="Gate: p90 latency at most this.")
+    max_latency_ms_p95: float | None = Field(None, gt=0, description="Gate: p95 latency at most this.")
+    max_latency_ms_p99: float | None = Field(None, gt=0, description="Gate: p99 latency at most this.")
+    max_latency_ms_mean: float | None = Field(None, gt=0, description="Gate: mean latency at most this.")
+    min_throughput_qps: float | None = Field(None, gt=0, description="Gate: throughput (samples/s) at least "
+                                             "this.")
+    max_regression_percent: float | None = Field(
+        None, gt=0,
+        description="Gate: compare each point's median latency and throughput with the pinned baseline (with "
+        "baseline; default 10) or else the last successful run of this node (compared only when that ran on "
+        "the same GPU/CPU), weighing both sides' 95% intervals: fail when the change is beyond this many percent "
+        "with confidence, pass when within it with confidence, inconclusive (not a failure) in between.")
+    baseline: str | None = Field(
+        None, description="A pinned baseline file (`trtflow baseline save`), relative to the recipe: points are "
+        "compared with it; a baseline from another GPU or TensorRT version is refused, saying so.",
+    )
+    baseline_node: str | None = Field(
+        None, description="The node's name in the baseline file (default: the file's only benchmark node).",
+    )
+

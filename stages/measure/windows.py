@@ -1,0 +1,165 @@
+"""Timing a benchmark point in windows until its figures are precise enough (or a time cap says stop).
+
+A point is timed as a series of *windows* (``repeats``): back-to-back queries for ``min_duration_s / repeats``
+each, the first one after a warm-up. Once there are at least ``repeats`` windows, ``min_iterations`` queries
+and ``min_duration_s`` of timing, the intervals are computed (`measure.intervals`); while they are wider than
+the precision asked for, one more window is timed, until ``max_duration_s`` of timing. A point that stopped at
+the cap without the precision is flagged ``not-converged``: its figures are reported with their (wide)
+intervals, never silently.
+
+`host_window` times a callable on the host clock (ONNX Runtime, PyTorch on the CPU), `cuda_event_window` with
+CUDA events around each call (PyTorch on a GPU); engines go through the cuda-python harness
+(`measure.cuda_timing`) window by window, in the benchmark stage.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .interference import thread_wait_ns
+from .intervals import Precision, Uncertainty, Window, uncertainty
+from .stats import report_host_latencies, summarize
+
+#: Times one window of about ``seconds``; ``index`` 0 is the first (the one that warms up).
+TimeWindow = Callable[[float, int], Window]
+MIN_WINDOW_S = 0.02
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    repeats: int = 5  # windows at least
+    min_iterations: int = 10  # queries at least, over all windows
+    min_duration_s: float = 3.0  # timed seconds at least, over all windows
+    max_duration_s: float = 10.0  # timed seconds at most while the precision is not reached
+    precision: Precision = field(default_factory=Precision)
+
+    @property
+    def window_s(self) -> float:
+        return max(self.min_duration_s / self.repeats, MIN_WINDOW_S)
+
+
+def measure_windows(time_window: TimeWindow, plan: WindowPlan,
+                    assess: Callable[[list[Window]], list[str]]) -> tuple[list[Window], list[str]]:
+    """Windows timed until the plan's minimums are met and ``assess`` (what is still imprecise) says nothing,
+    or ``max_duration_s`` of timing; returns the windows and what was still imprecise at the end."""
+    windows: list[Window] = []
+    spent_s = 0.0
+    while True:
+        window = time_window(plan.window_s, len(windows))
+        windows.append(window)
+        spent_s += window.wall_ms / 1000.0
+        if len(windows) < plan.repeats or spent_s < plan.min_duration_s or \
+                sum(len(w.latencies_ms) for w in windows) < plan.min_iterations:
+            continue
+        unmet = assess(windows)
+        if not unmet or spent_s >= plan.max_duration_s:
+            return windows, unmet
+
+
+def host_window(call: Callable[[], Any], warmup_ms: float) -> TimeWindow:
+    """Windows of ``call`` timed on the host clock (the first one after ``warmup_ms`` of untimed calls)."""
+
+    def window(seconds: float, index: int) -> Window:
+        if index == 0:
+            start = time.perf_counter_ns()
+            while (time.perf_counter_ns() - start) / 1e6 < warmup_ms:
+                call()
+        latencies: list[float] = []
+        wait_before = thread_wait_ns()
+        begin = now = time.perf_counter_ns()
+        while not latencies or (now - begin) / 1e9 < seconds:
+            before = time.perf_counter_ns()
+            call()
+            now = time.perf_counter_ns()
+            latencies.append((now - before) / 1e6)
+        wait_after = thread_wait_ns()
+        waited = (wait_after - wait_before) / 1e6 if wait_before is not None and wait_after is not None else None
+        return Window(latencies, (now - begin) / 1e6, waited)
+
+    return window
+
+
+def cuda_event_window(call: Callable[[], Any], warmup_ms: float) -> TimeWindow:
+    """As `host_window`, with torch.cuda events around each call (the GPU time of each query)."""
+    import torch
+
+    def window(seconds: float, index: int) -> Window:
+        if index == 0:
+            start_ns = time.perf_counter_ns()
+            while (time.perf_counter_ns() - start_ns) / 1e6 < warmup_ms:
+                call()
+            torch.cuda.synchronize()
+        latencies: list[float] = []
+        wait_before = thread_wait_ns()
+        begin = time.perf_counter_ns()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        while not latencies or (time.perf_counter_ns() - begin) / 1e9 < seconds:
+            start.record()
+            call()
+            end.record()
+            end.synchronize()
+            latencies.append(start.elapsed_time(end))
+        wall_ms = (time.perf_counter_ns() - begin) / 1e6
+        wait_after = thread_wait_ns()
+        waited = (wait_after - wait_before) / 1e6 if wait_before is not None and wait_after is not None else None
+        return Window(latencies, wall_ms, waited)
+
+    return window
+
+
+def window_uncertainty(windows: Sequence[Window], batch_size: int) -> Uncertainty:
+    """The intervals of the pooled figures of ``windows``."""
+    pooled = [v for w in windows for v in w.latencies_ms]
+    latency = summarize(pooled)
+    wall = sum(w.wall_ms for w in windows)
+    throughput = len(pooled) * batch_size / wall * 1000.0 if wall > 0 else float("inf")
+    return uncertainty(windows, latency, throughput, batch_size)
+
+
+def windows_record(windows: Sequence[Window], batch_size: int) -> list[dict[str, Any]]:
+    """Per window: its queries, median, p99, throughput and how long our threads waited for a CPU."""
+    rows = []
+    for w in windows:
+        summary = summarize(w.latencies_ms)
+        rows.append({"queries": len(w.latencies_ms), "median_ms": summary["median"], "p99_ms": summary["p99"],
+                     "throughput_qps": w.throughput(batch_size), "wait_ms": w.wait_ms,
+                     "wait_percent": None if w.wait_ms is None or w.wall_ms <= 0 else
+                     round(w.wait_ms / w.wall_ms * 100.0, 2)})
+    return rows
+
+
+def add_uncertainty(report: dict[str, Any], found: Uncertainty, unmet: Sequence[str], plan: WindowPlan,
+                    windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A point's report with its intervals, its windows and whether it converged (a flag when it did not)."""
+    report.update(found.as_dict())
+    report["repeats"] = windows
+    report["converged"] = not unmet
+    waits = [w.get("wait_ms") for w in windows]
+    if windows and all(isinstance(w, (int, float)) for w in waits):
+        report["cpu_wait_ms_per_query"] = sum(waits) / max(sum(w["queries"] for w in windows), 1)
+    if unmet:
+        report["warnings"].append({
+            "flag": "not-converged",
+            "message": f"not precise enough after {sum(w['queries'] for w in windows)} queries in {len(windows)} "
+            f"windows ({'; '.join(unmet)}): the intervals say how far the figures can be trusted; raise "
+            f"max_duration_s (now {plan.max_duration_s:g} s) or steady the host"})
+        report["flags"] = sorted({w["flag"] for w in report["warnings"]})
+    return report
+
+
+def report_windows(windows: Sequence[Window], batch_size: int, unstable_cv_percent: float, device: str,
+                   plan: WindowPlan, unmet: Sequence[str]) -> dict[str, Any]:
+    """The report of a host-timed point (`measure.stats.report_host_latencies` over all its windows), with its
+    intervals, per-window figures and convergence."""
+    pooled = [v for w in windows for v in w.latencies_ms]
+    report = report_host_latencies(pooled, sum(w.wall_ms for w in windows), batch_size,
+                                   unstable_cv_percent=unstable_cv_percent, device=device)
+    found = window_uncertainty(windows, batch_size)
+    return add_uncertainty(report, found, unmet, plan, windows_record(windows, batch_size))
+
+
+def assessor(batch_size: int, precision: Precision) -> Callable[[list[Window]], list[str]]:
+    return lambda windows: precision.unmet(window_uncertainty(windows, batch_size))

@@ -1,0 +1,111 @@
+"""Intervals and convergence (`measure.intervals`, `measure.windows`) on synthetic timings with known quantiles.
+
+Coverage is checked the way it is defined: over many independent samples from a distribution whose quantiles are
+known exactly, the 95% intervals must contain the true quantile about 95% of the time (never much less).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from trtflow_stages.measure import intervals as _intervals
+from trtflow_stages.measure import windows as _windows
+from trtflow_stages.measure.intervals import Precision, Window, min_queries, quantile_interval, uncertainty
+from trtflow_stages.measure.stats import summarize
+
+TRIALS = 400
+
+
+@pytest.mark.parametrize(("quantile", "size"), [(0.5, 60), (0.5, 1000), (0.9, 200), (0.99, 600), (0.99, 2000)])
+def test_order_statistic_intervals_cover_the_true_quantile(quantile, size):
+    rng = np.random.default_rng(1234)
+    true = 1.0 + (-math.log(1.0 - quantile))  # 1 ms + an exponential(1 ms) tail: known quantiles
+    covered = 0
+    for _ in range(TRIALS):
+        sample = 1.0 + rng.exponential(1.0, size)
+        low, high, bounded = quantile_interval(sample, quantile)
+        assert bounded and low <= high
+        covered += low <= true <= high
+    # exact binomial intervals are conservative: at least 95% nominal; allow sampling error of 400 trials
+    assert covered / TRIALS >= 0.925, covered / TRIALS
+
+
+def test_an_interval_exists_only_with_enough_queries():
+    assert [min_queries(q) for q in (0.5, 0.9, 0.95, 0.99)] == [6, 36, 72, 368]
+    values = np.linspace(1.0, 2.0, 367)
+    low, high, bounded = quantile_interval(values, 0.99)
+    # the upper bound is open: the largest value seen stands in
+    assert not bounded and high == values.max() and low < high
+    assert quantile_interval(np.linspace(1.0, 2.0, 368), 0.99)[2]
+
+
+def _windows_of(means: list[float], size: int = 200, seed: int = 0) -> list[Window]:
+    rng = np.random.default_rng(seed)
+    return [Window(list(mean + rng.exponential(0.1 * mean, size)), size * mean * 1.1) for mean in means]
+
+
+def _figures(windows: list[Window], batch: int = 1) -> tuple[dict, float]:
+    pooled = [v for w in windows for v in w.latencies_ms]
+    return summarize(pooled), len(pooled) * batch / sum(w.wall_ms for w in windows) * 1000
+
+
+def test_intervals_contain_the_estimates_and_widen_with_drift():
+    steady = _windows_of([1.0] * 5)
+    latency, throughput = _figures(steady)
+    found = uncertainty(steady, latency, throughput, 1)
+    assert found.queries == 1000 and not found.open
+    for key in ("p50", "p90", "p95", "p99", "mean"):
+        low, high = found.latency_ci_ms[key]
+        assert low <= latency[key] <= high
+    assert found.latency_ci_ms["p50"][0] <= latency["median"] <= found.latency_ci_ms["p50"][1]
+    assert found.throughput_ci_qps[0] <= throughput <= found.throughput_ci_qps[1]
+    assert found.precision_percent["p50"] < 3
+
+    drifting = _windows_of([1.0, 1.3, 0.9, 1.4, 1.0])  # the host got busier and quieter between windows
+    latency, throughput = _figures(drifting)
+    wide = uncertainty(drifting, latency, throughput, 1)
+    assert wide.precision_percent["p50"] > 2 * found.precision_percent["p50"]
+    # the same queries as one window: only the order statistics, which cannot see the drift
+    single = uncertainty([Window([v for w in drifting for v in w.latencies_ms], sum(w.wall_ms for w in drifting))],
+                         latency, throughput, 1)
+    assert single.precision_percent["p50"] < wide.precision_percent["p50"]
+
+
+def test_windows_stop_when_precise_or_at_the_cap_and_say_so():
+    plan = _windows.WindowPlan(repeats=3, min_iterations=10, min_duration_s=0.0, max_duration_s=1.0,
+                               precision=Precision(5.0))
+    steady = iter(_windows_of([1.0] * 50))
+    windows, unmet = _windows.measure_windows(lambda seconds, index: next(steady), plan,
+                                              _windows.assessor(1, plan.precision))
+    assert len(windows) == 3 and unmet == []  # converged as soon as the minimum was met
+
+    # windows whose medians jump by 2x: the median's interval stays wide until the cap (1 s: windows of 0.22 s
+    # and 0.44 s alternate, so the fourth one crosses it)
+    noisy = iter(_windows_of([1.0, 2.0] * 25, seed=1))
+    windows, unmet = _windows.measure_windows(lambda seconds, index: next(noisy), plan,
+                                              _windows.assessor(1, plan.precision))
+    assert len(windows) == 4 and unmet and unmet[0].startswith("p50 ±")
+    report = _windows.report_windows(windows, 1, 2.5, "cpu", plan, unmet)
+    assert report["converged"] is False and "not-converged" in report["flags"]
+    assert "raise max_duration_s (now 1 s)" in next(w["message"] for w in report["warnings"]
+                                                     if w["flag"] == "not-converged")
+    assert [w["queries"] for w in report["repeats"]] == [200] * 4
+
+
+def test_the_tail_can_be_part_of_the_stopping_rule():
+    windows = _windows_of([1.0] * 3, size=50)
+    latency, throughput = _figures(windows)
+    found = uncertainty(windows, latency, throughput, 1)
+    assert "p99" in found.open
+    assert Precision(50.0).unmet(found) == []
+    assert Precision(50.0, tail_percent=50.0).unmet(found) == ["p99 needs 368 queries for its interval, has 150"]
+
+
+def test_bootstrap_is_seeded():
+    windows = _windows_of([1.0, 1.2, 1.1, 0.9], seed=3)
+    latency, throughput = _figures(windows)
+    assert uncertainty(windows, latency, throughput, 1) == uncertainty(windows, latency, throughput, 1)
+    assert _intervals.SEED == 0
