@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from trtflow.stage import StageParams
 
-from ..measure.compare import latency_figure, throughput_figure
+from ..measure.compare import RUN_TO_RUN_PERCENT, latency_figure, throughput_figure
 from .ties import loses, objective_figure, ratio_text, row_ratio, worse_by
 
 Goal = Literal["min_latency", "max_throughput", "min_size", "max_throughput_under_latency"]
@@ -106,6 +106,10 @@ class TieBreakers(StageParams):
         5.0, ge=0, le=100, description="A candidate loses to the best one only when it is worse by more than "
         "this many percent with 95% confidence (the whole interval of the ratio of their figures beyond it); "
         "otherwise the two are tied within noise and the tie-breakers decide.")
+    run_to_run_percent: float = Field(
+        RUN_TO_RUN_PERCENT, ge=0, le=100, description="How much faster or slower the host itself may run between "
+        "two candidates' benchmarks (they ran at different times), which neither one's interval sees: a candidate "
+        "loses on a measured figure only beyond tolerance_percent and this too. 0 on a dedicated, quiet machine.")
     order: list[TieBreaker] = Field(
         default_factory=lambda: ["accuracy", "size"],
         description="Criteria applied in turn to tied candidates: accuracy (higher cosine similarity to the "
@@ -431,6 +435,7 @@ def decide(candidates: Sequence[Candidate], params: Params,
     sign = 1.0 if _lower_is_better(goal) else -1.0
     selected: str | None = None
     tolerance = params.tie_breakers.tolerance_percent
+    run_to_run = params.tie_breakers.run_to_run_percent
     if eligible:
         best = min(eligible, key=lambda r: (sign * r["objective_value"], r["name"]))
         best_figure = objective_figure(goal, best["objective_value"], best["compared_ci"])
@@ -438,7 +443,7 @@ def decide(candidates: Sequence[Candidate], params: Params,
             ratio = worse_by(objective_figure(goal, row["objective_value"], row["compared_ci"]),  # type: ignore[arg-type]
                              best_figure, _lower_is_better(goal))  # type: ignore[arg-type]
             row["ratio_to_best"] = [ratio.value, ratio.low, ratio.high]
-            row["tie"] = not loses(ratio, tolerance)
+            row["tie"] = not loses(ratio, tolerance, 0.0 if goal == "min_size" else run_to_run)
         tied = [r for r in eligible if r["tie"]]
         order = params.tie_breakers.order
 
@@ -451,7 +456,9 @@ def decide(candidates: Sequence[Candidate], params: Params,
         selected = winner["name"]
         for position, row in enumerate(ranked, start=1):
             row["rank"] = position
-            row["reason"] = _reason(row, winner, best, tied, order, objective_text, goal, stat, tolerance,
+            allowance = f"{tolerance:g}%" + ("" if goal == "min_size" or not run_to_run else
+                                             f" and the host's {run_to_run:g}% run-to-run variation")
+            row["reason"] = _reason(row, winner, best, tied, order, objective_text, goal, stat, allowance,
                                     len(eligible))
     for row in rows:
         if not row["eligible"]:
@@ -473,7 +480,7 @@ def decide(candidates: Sequence[Candidate], params: Params,
 
 def _reason(row: Mapping[str, Any], winner: Mapping[str, Any], best: Mapping[str, Any],
             tied: Sequence[Mapping[str, Any]], order: Sequence[str], objective_text: str, goal: str, stat: str,
-            tolerance_percent: float, eligible_count: int) -> str:
+            allowance: str, eligible_count: int) -> str:
     value = row["objective_value"]
     shown = _value_text(value, goal, row.get("objective_ci"))
     if row["name"] == winner["name"]:
@@ -483,7 +490,7 @@ def _reason(row: Mapping[str, Any], winner: Mapping[str, Any], best: Mapping[str
         decided_by = next((c for c in order if any(_tie_key(o, c) != _tie_key(winner, c) for o in others)), None)
         how = f"; chosen by {CRITERION_TEXT[decided_by]} ({_show(decided_by, winner, stat)})" if decided_by else ""
         return (f"selected: tie within noise on {objective_text} ({shown}) with "
-                f"{', '.join(r['name'] for r in others)} (no difference beyond {tolerance_percent:g}% with 95% "
+                f"{', '.join(r['name'] for r in others)} (no difference beyond {allowance} with 95% "
                 f"confidence){how}")
     versus = (f"{shown} vs {_value_text(winner['objective_value'], goal, winner.get('objective_ci'))} for "
               f"{winner['name']}")
@@ -502,7 +509,7 @@ def _reason(row: Mapping[str, Any], winner: Mapping[str, Any], best: Mapping[str
         factor = f"{ratio.value:.3g}x {'slower' if goal == 'min_latency' else 'larger'}"
     else:
         factor = f"{ratio.value:.3g}x lower"
-    beyond = "" if ratio.low == ratio.high else f"; {ratio_text(ratio)}, beyond the {tolerance_percent:g}% tolerance"
+    beyond = "" if ratio.low == ratio.high else f"; {ratio_text(ratio)}, beyond {allowance}"
     versus_best = (f"{shown} vs {_value_text(best['objective_value'], goal, best.get('objective_ci'))} for "
                    f"{best['name']}")
     chosen = "" if best["name"] == winner["name"] else \

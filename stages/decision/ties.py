@@ -2,7 +2,8 @@
 
 The best candidate is the one with the best estimate. Another candidate *loses* to it only when the whole 95%
 interval of their ratio (the interval that holds when both candidates' intervals do, `measure.compare.Figure`)
-lies beyond the tie tolerance: it is worse by more than ``tolerance_percent``, with confidence. Every other
+lies beyond the tie tolerance and the host's run-to-run variation (their benchmarks ran at different times): it
+is worse by more than ``tolerance_percent`` and ``run_to_run_percent``, with confidence. Every other
 candidate is *tied within noise* with the best, and the declared tie-breakers (accuracy, size, ...) decide among the
 tied ones, in a fixed order: the same measurements always give the same choice, and figures that differ only by
 noise cannot flip it. A figure without an interval (an old benchmark, an artifact's size) counts as exact.
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..measure.compare import Figure
+from ..measure.compare import Figure, worse_beyond
 
 
 def objective_figure(goal: str, value: float | None, interval: Any) -> Figure | None:
@@ -32,9 +33,11 @@ def worse_by(figure: Figure, best: Figure, lower_is_better: bool) -> Figure:
     return figure.ratio(best) if lower_is_better else best.ratio(figure)
 
 
-def loses(ratio: Figure, tolerance_percent: float) -> bool:
-    """Worse beyond the tolerance with confidence: the whole interval of the ratio is above 1 + tolerance."""
-    return ratio.low > 1.0 + tolerance_percent / 100.0
+def loses(ratio: Figure, tolerance_percent: float, run_to_run_percent: float = 0.0) -> bool:
+    """Worse beyond the tolerance with confidence, and beyond what the host's speed changing between the two
+    measurements (``run_to_run_percent``, `measure.compare.RUN_TO_RUN_PERCENT`) can explain: the whole interval
+    of the ratio is above (1 + tolerance) x (1 + run-to-run)."""
+    return worse_beyond(ratio, 1.0 + tolerance_percent / 100.0, run_to_run_percent)
 
 
 def ratio_text(ratio: Figure) -> str:

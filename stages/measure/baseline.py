@@ -19,7 +19,7 @@ from typing import Any
 
 from trtflow.stage import RecipeError
 
-from .compare import refusal_record, regression_verdicts
+from .compare import RUN_TO_RUN_PERCENT, refusal_record, regression_verdicts
 
 FORMAT = "trtflow-baseline/1"
 #: Facts that must match for timings to be comparable: the hardware that did the work and the runtime.
@@ -136,7 +136,8 @@ def _refusal(what: str, path: Path, changed: list[str]) -> str:
 
 # -- comparisons ----------------------------------------------------------------------------------------------
 def compare_timings(baseline: Mapping[str, Any], summary: Mapping[str, Any], facts: Mapping[str, str],
-                    max_regression_percent: float, path: Path, name: str | None = None) -> list[dict[str, str]]:
+                    max_regression_percent: float, path: Path, name: str | None = None,
+                    run_to_run_percent: float = RUN_TO_RUN_PERCENT) -> list[dict[str, str]]:
     """Verdicts of a benchmark summary against its baseline entry, per measured point: median latency and
     throughput compared with their uncertainty (`measure.compare.regression_verdicts`); one failing verdict when
     the baseline was recorded on other hardware or another runtime. ``name``: the file as the recipe names it."""
@@ -146,7 +147,7 @@ def compare_timings(baseline: Mapping[str, Any], summary: Mapping[str, Any], fac
     if changed:
         return [refusal_record(gate, _refusal("benchmark", path, changed))]
     return regression_verdicts(baseline.get("points", []), summary, max_regression_percent, "the baseline's", gate,
-                               missing=f"baseline {path} has no such point")
+                               missing=f"baseline {path} has no such point", run_to_run_percent=run_to_run_percent)
 
 
 def compare_accuracy(baseline: Mapping[str, Any], summary: Mapping[str, Any], facts: Mapping[str, str],
@@ -194,11 +195,13 @@ def _entry(baseline: str, node: str | None, stage: str, gate_ctx: Any) -> tuple[
 
 
 def timing_verdicts(baseline: str, node: str | None, summary: Mapping[str, Any], gate_ctx: Any,
-                    max_regression_percent: float) -> list[dict[str, str]]:
+                    max_regression_percent: float,
+                    run_to_run_percent: float = RUN_TO_RUN_PERCENT) -> list[dict[str, str]]:
     """The benchmark's baseline gate: ``baseline`` is the recipe path of the file, ``node`` the entry's name
     (None: the node's own name where the engine says it, else the file's only benchmark node)."""
     entry, path = _entry(baseline, node, "benchmark", gate_ctx)
-    return compare_timings(entry, summary, gate_ctx.facts, max_regression_percent, path, baseline)
+    return compare_timings(entry, summary, gate_ctx.facts, max_regression_percent, path, baseline,
+                           run_to_run_percent)
 
 
 def accuracy_gate(baseline: str | None, node: str | None, summary: Mapping[str, Any], gate_ctx: Any,

@@ -5,7 +5,8 @@
 - regression (``max_regression_percent``) against the pinned baseline (``baseline``) or else the previous
   successful run of the node on the same hardware: the ratio of the median latencies (and of the throughputs)
   gets the interval that holds when both sides' intervals do; it fails when that interval is entirely beyond
-  the allowed change, passes when entirely within, and is inconclusive when it straddles it.
+  the allowed change and beyond the host's run-to-run variation (``run_to_run_percent``), passes when entirely
+  within the allowed change, and is inconclusive otherwise.
 
 Every comparison gives a verdict record ``{"gate", "where", "verdict", "message"}``; the engine fails the node on
 the ``fail`` ones (`failures`), and the stage keeps all of them in its summary (``verdicts``) so the reports show
@@ -92,7 +93,8 @@ def previous_run_verdicts(summary: Mapping[str, Any], params: GateFields,
     if differences(previous.get("hardware") or {}, summary.get("hardware") or {}, hardware):
         return []
     return regression_verdicts(previous["points"], summary, params.max_regression_percent,
-                               "the previous run's", "regression (previous run)")
+                               "the previous run's", "regression (previous run)",
+                               run_to_run_percent=params.run_to_run_percent)
 
 
 def verdicts(params: GateFields, summary: Mapping[str, Any], gate_ctx: Any) -> list[dict[str, str]]:
@@ -100,7 +102,8 @@ def verdicts(params: GateFields, summary: Mapping[str, Any], gate_ctx: Any) -> l
     found = [item for point in summary.get("points", []) for item in threshold_verdicts(point, params)]
     if params.baseline is not None:
         threshold = params.max_regression_percent or DEFAULT_BASELINE_REGRESSION_PERCENT
-        found += timing_verdicts(params.baseline, params.baseline_node, summary, gate_ctx, threshold)
+        found += timing_verdicts(params.baseline, params.baseline_node, summary, gate_ctx, threshold,
+                                 params.run_to_run_percent)
     else:
         found += previous_run_verdicts(summary, params, gate_ctx.previous)
     return found

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 
 from trtflow.stage import StageParams
 
+from .compare import RUN_TO_RUN_PERCENT
 from .intervals import Precision
 from .load import DynamicBatching
 from .windows import WindowPlan
@@ -143,6 +144,12 @@ class GateFields(StageParams):
         "baseline; default 10) or else the last successful run of this node (compared only when that ran on "
         "the same GPU/CPU), weighing both sides' 95% intervals: fail when the change is beyond this many percent "
         "with confidence, pass when within it with confidence, inconclusive (not a failure) in between.")
+    run_to_run_percent: float = Field(
+        RUN_TO_RUN_PERCENT, ge=0, le=100,
+        description="How much faster or slower the host itself may run from one run to the next, which neither "
+        "run's intervals see (other virtual machines, busy sibling hyperthreads, GPU clocks): a regression fails "
+        "only when it is beyond max_regression_percent and this too; within it the gate is inconclusive. Measure "
+        "your CI's with bench/reproducibility.py; 0 on a dedicated, quiet machine.")
     baseline: str | None = Field(
         None, description="A pinned baseline file (`trtflow baseline save`), relative to the recipe: points are "
         "compared with it; a baseline from another GPU or TensorRT version is refused, saying so.",

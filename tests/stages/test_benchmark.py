@@ -196,14 +196,21 @@ def _summary(median_ms: float, qps: float, gpu: str = "NVIDIA H100 (sm90)") -> d
 
 
 def test_regression_gate_compares_with_the_previous_run_on_the_same_gpu():
-    params = {"backend": "tensorrt", "max_regression_percent": 10}
+    params = {"backend": "tensorrt", "max_regression_percent": 10, "run_to_run_percent": 0}
     now = _summary(12.0, 1000.0)
     assert _gate(params, now, None) == []
     assert _gate(params, now, _summary(11.5, 1000.0)) == []
     assert _gate(params, now, _summary(10.0, 1000.0)) == [
-        "batch 4: median latency 12 ms is 20.0% above the previous run's 10 ms (max_regression_percent 10)"]
+        "batch 4: median latency 12 ms is 20.0% above the previous run's 10 ms (max_regression_percent 10, "
+        "run_to_run_percent 0)"]
     assert _gate(params, now, _summary(12.0, 1200.0)) == [
-        "batch 4: throughput 1000 qps is 16.7% below the previous run's 1200 qps (max_regression_percent 10)"]
+        "batch 4: throughput 1000 qps is 16.7% below the previous run's 1200 qps (max_regression_percent 10, "
+        "run_to_run_percent 0)"]
+    # the default allows for the host running up to 15% slower between runs: 20% is no failure, 30% is
+    assert _gate({**params, "run_to_run_percent": 15}, now, _summary(10.0, 1000.0)) == []
+    assert _gate({"backend": "tensorrt", "max_regression_percent": 10}, _summary(13.0, 1000.0),
+                 _summary(10.0, 1000.0)) == ["batch 4: median latency 13 ms is 30.0% above the previous run's 10 ms "
+                                             "(max_regression_percent 10, run_to_run_percent 15)"]
     assert _gate(params, now, _summary(10.0, 1000.0, gpu="NVIDIA L4 (sm89)")) == []  # another GPU: no comparison
     assert _gate({"backend": "tensorrt"}, now, _summary(1.0, 1e6)) == []  # no threshold, no regression gate
 
@@ -221,9 +228,9 @@ def test_pinned_baseline_gate_compares_and_refuses_other_hardware(tmp_path):
     params = {"backend": "tensorrt", "baseline": "baseline.json"}
     context = {"resolve": lambda p: tmp_path / p}
     assert _gate(params, _summary(10.5, 980.0), facts=facts, **context) == []  # within the default 10%
-    (failure,) = _gate(params, _summary(12.0, 1000.0), facts=facts, **context)
-    assert "20.0% above the baseline's 10 ms" in failure
-    assert _gate({**params, "max_regression_percent": 25}, _summary(12.0, 1000.0), facts=facts, **context) == []
+    (failure,) = _gate(params, _summary(13.0, 1000.0), facts=facts, **context)
+    assert "30.0% above the baseline's 10 ms" in failure
+    assert _gate({**params, "max_regression_percent": 25}, _summary(13.0, 1000.0), facts=facts, **context) == []
     (refusal,) = _gate(params, _summary(10.0, 1000.0), facts={**facts, "tensorrt": "10.14.1"}, **context)
     assert "not compared with baseline" in refusal and "tensorrt: 10.13.0 -> 10.14.1" in refusal
     assert "trtflow baseline save" in refusal

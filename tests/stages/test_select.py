@@ -64,8 +64,13 @@ def test_ties_within_tolerance_go_to_the_tie_breakers():
     small = decide(candidates(), Params.model_validate(
         {"objective": {"batch_size": 1}, "tie_breakers": {"order": ["size"]}}))
     assert small["selected"] == "int8" and "chosen by size (1 MB)" in by_name(small)["int8"]["reason"]
-    strict = decide(candidates(), Params.model_validate(
+    # 1% apart: within the host's run-to-run allowance even with no tolerance; with neither, int8 wins
+    allowed = decide(candidates(), Params.model_validate(
         {"objective": {"batch_size": 1}, "tie_breakers": {"tolerance_percent": 0}}))
+    assert allowed["selected"] == "fp32"
+    assert "no difference beyond 0% and the host's 15% run-to-run variation" in by_name(allowed)["fp32"]["reason"]
+    strict = decide(candidates(), Params.model_validate(
+        {"objective": {"batch_size": 1}, "tie_breakers": {"tolerance_percent": 0, "run_to_run_percent": 0}}))
     assert strict["selected"] == "int8"
 
 
@@ -265,15 +270,21 @@ def _with_intervals(candidate: Candidate, intervals: dict[int, tuple[float, floa
 def test_a_win_needs_confidence_beyond_the_tolerance_else_the_tie_breakers_decide():
     fast, slow, quantized = candidates()
     quantized.validation = valid("v-fp16", 0.9999)
-    # int8 at 2.0 ms [1.5, 2.6] against fp32 at 4.0 ms [3.0, 5.0] at batch 8: 2x apart, but the ratio's interval
-    # (1.15-3.33) clears the 5% tolerance: a clear win for the faster one, whatever accuracy says
-    items = [_with_intervals(fast, {1: (0.9, 1.1), 8: (3.0, 5.0)}),
+    # int8 at 2.0 ms [1.5, 2.6] against fp32 at 4.0 ms [3.4, 5.0] at batch 8: 2x apart, and the ratio's interval
+    # (1.31-3.33) clears the 5% tolerance and the 15% run-to-run allowance (1.05 x 1.15 = 1.21): a clear win for
+    # the faster one, whatever accuracy says
+    items = [_with_intervals(fast, {1: (0.9, 1.1), 8: (3.4, 5.0)}),
              _with_intervals(slow, {1: (0.9, 1.1), 8: (1.5, 2.6)})]
     clear = decide(items, Params.model_validate({"objective": {"batch_size": 8}}))
     assert clear["selected"] == "int8" and not clear["tie_within_noise"] and clear["tied"] == []
     loser = by_name(clear)["fp32"]
-    assert loser["tie"] is False and loser["ratio_to_best"] == pytest.approx([2.0, 3.0 / 2.6, 5.0 / 1.5])
-    assert "(2x slower; ratio 2, 95% interval 1.15-3.33, beyond the 5% tolerance)" in loser["reason"]
+    assert loser["tie"] is False and loser["ratio_to_best"] == pytest.approx([2.0, 3.4 / 2.6, 5.0 / 1.5])
+    assert ("(2x slower; ratio 2, 95% interval 1.31-3.33, beyond 5% and the host's 15% run-to-run variation)"
+            in loser["reason"])
+    # an interval from 1.15 clears the tolerance but not the run-to-run allowance: a tie, accuracy decides
+    items = [_with_intervals(candidates()[0], {1: (0.9, 1.1), 8: (3.0, 5.0)}),
+             _with_intervals(candidates()[1], {1: (0.9, 1.1), 8: (1.5, 2.6)})]
+    assert decide(items, Params.model_validate({"objective": {"batch_size": 8}}))["tie_within_noise"]
 
     # the same estimates with wide intervals: the ratio could be 1, a tie within noise, so accuracy decides
     items = [_with_intervals(candidates()[0], {1: (0.9, 1.1), 8: (1.8, 5.0)}),
