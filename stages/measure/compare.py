@@ -179,10 +179,10 @@ def regression_verdicts(old_points: Sequence[Mapping[str, Any]], summary: Mappin
             continue
         new_ms, old_ms = latency_figure(point, "p50", allow_wait=True), latency_figure(old, "p50", allow_wait=True)
         if new_ms is not None and old_ms is not None and old_ms.value > 0:
-            found.append(_latency_verdict(gate, place, new_ms, old_ms, allowed, against))
+            found.append(_regression_verdict(gate, place, new_ms, old_ms, allowed, against, throughput=False))
         new_qps, old_qps = throughput_figure(point, allow_wait=True), throughput_figure(old, allow_wait=True)
         if new_qps is not None and old_qps is not None and old_qps.value > 0:
-            found.append(_throughput_verdict(gate, place, new_qps, old_qps, allowed, against))
+            found.append(_regression_verdict(gate, place, new_qps, old_qps, allowed, against, throughput=True))
     return found
 
 
@@ -218,40 +218,23 @@ def _ratio_text(ratio: Figure) -> str:
     return f"; ratio {ratio.value:.3f}, 95% interval {ratio.low:.3f}-{ratio.high:.3f}"
 
 
-def _latency_verdict(gate: str, place: str, new: Figure, old: Figure, allowed: Allowance,
-                     against: str) -> dict[str, str]:
+def _regression_verdict(gate: str, place: str, new: Figure, old: Figure, allowed: Allowance, against: str,
+                        throughput: bool) -> dict[str, str]:
+    """Median latency (``throughput`` False) or throughput, new against old, judged with ``allowed``."""
     ratio = new.ratio(old)
-    verdict = allowed.judge(ratio)
-    change = (ratio.value - 1.0) * 100.0
+    worse = old.ratio(new) if throughput else ratio
+    verdict = allowed.judge(worse, throughput)
+    what, unit = ("throughput", "qps") if throughput else ("median latency", "ms")
+    figures = f"{what} {new} {unit} vs {against} {old} {unit} ({(ratio.value - 1.0) * 100.0:+.1f}%)"
     spread = _ratio_text(ratio)
     if verdict == "fail":
-        message = (f"{place}: median latency {new} ms is {change:.1f}% above {against} {old} ms "
-                   f"(max_regression_percent {allowed.percent:g}, run_to_run_percent {allowed.run_to_run_percent:g}"
-                   f"{spread})")
+        change = (f"{(1.0 - ratio.value) * 100.0:.1f}% below" if throughput else
+                  f"{(ratio.value - 1.0) * 100.0:.1f}% above")
+        message = (f"{place}: {what} {new} {unit} is {change} {against} {old} {unit} (max_regression_percent "
+                   f"{allowed.percent:g}, run_to_run_percent {allowed.run_to_run_percent:g}{spread})")
     elif verdict == "inconclusive":
-        message = (f"{place}: inconclusive: median latency {new} ms vs {against} {old} ms ({change:+.1f}%){spread}, "
-                   f"which {allowed.why_inconclusive(ratio)}; {NOISY_HINT}")
+        message = (f"{place}: inconclusive: {figures}{spread}, which {allowed.why_inconclusive(worse, throughput)}; "
+                   f"{NOISY_HINT}")
     else:
-        message = (f"{place}: median latency {new} ms vs {against} {old} ms ({change:+.1f}%), within "
-                   f"max_regression_percent {allowed.percent:g}{spread}")
-    return record(gate, place, verdict, message)
-
-
-def _throughput_verdict(gate: str, place: str, new: Figure, old: Figure, allowed: Allowance,
-                        against: str) -> dict[str, str]:
-    ratio = new.ratio(old)
-    worse = old.ratio(new)
-    verdict = allowed.judge(worse, throughput=True)
-    drop = (1.0 - ratio.value) * 100.0
-    spread = _ratio_text(ratio)
-    if verdict == "fail":
-        message = (f"{place}: throughput {new} qps is {drop:.1f}% below {against} {old} qps "
-                   f"(max_regression_percent {allowed.percent:g}, run_to_run_percent {allowed.run_to_run_percent:g}"
-                   f"{spread})")
-    elif verdict == "inconclusive":
-        message = (f"{place}: inconclusive: throughput {new} qps vs {against} {old} qps ({-drop:+.1f}%){spread}, "
-                   f"which {allowed.why_inconclusive(worse, throughput=True)}; {NOISY_HINT}")
-    else:
-        message = (f"{place}: throughput {new} qps vs {against} {old} qps ({-drop:+.1f}%), within "
-                   f"max_regression_percent {allowed.percent:g}{spread}")
+        message = f"{place}: {figures}, within max_regression_percent {allowed.percent:g}{spread}"
     return record(gate, place, verdict, message)

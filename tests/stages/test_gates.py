@@ -71,6 +71,19 @@ def test_regression_against_the_previous_run_passes_fails_or_says_inconclusive()
                                      GateContext(previous=old))) == 2
 
 
+def test_a_change_the_host_alone_can_explain_is_inconclusive_not_a_failure():
+    params = {"backend": "onnxruntime", "max_regression_percent": 10}
+    old = summary(point(1.0, (0.99, 1.01)))
+    # 20% slower with tight intervals (ratio 1.19-1.21): beyond 10%, within 10% x the host's 15% run-to-run
+    drift = _judge(params, summary(point(1.2, (1.19, 1.21))), old)
+    assert [v["verdict"] for v in drift] == ["inconclusive", "inconclusive"]
+    assert "not beyond what the host's run-to-run variation (run_to_run_percent 15) can explain" in \
+        drift[0]["message"]
+    assert [v["verdict"] for v in _judge({**params, "run_to_run_percent": 0}, summary(point(1.2, (1.19, 1.21))),
+                                         old)] == ["fail", "fail"]
+    assert [v["verdict"] for v in _judge(params, summary(point(1.5, (1.48, 1.52))), old)] == ["fail", "fail"]
+
+
 def test_a_busy_host_makes_a_false_regression_inconclusive_but_a_real_one_still_fails():
     params = {"backend": "onnxruntime", "max_regression_percent": 10}
     old = summary(point(2.4, (2.38, 2.43), cpu_wait_ms_per_query=0.0))
