@@ -405,54 +405,60 @@ def _settings(params: Params, device: str) -> PointSettings:
 
 def _fixed_points(ctx: StageContext, params: Params, backend: str, device: str, opened: tuple[Any, Any, Any],
                   specs: Sequence[InputSpec], base_shapes: Mapping[str, list[int]]) -> tuple[list, Any, Any]:
-    """Every fixed-batch point (batch sizes x streams), and the layer and kernel profiles where asked for."""
+    """Every fixed-batch point (batch sizes x streams), and the layer and kernel profiles where asked for. Engine
+    points are timed one after another (each holds its contexts); host-timed ones take turns, a window each."""
     from .measure.calls import layer_profile, onnxruntime_call, torch_call
-    from .measure.fixed import engine_point, host_point
+    from .measure.fixed import engine_point, host_points
 
     session, ort_session, torch_module = opened
     settings = _settings(params, device)
     points: list[dict[str, Any]] = []
     layers = kernels = None
-    batches: list[int | None] = list(params.batch_sizes) or [None]
-    stream_counts = params.stream_counts if session is not None else [1]
-    total, done = len(batches) * len(stream_counts), 0
-    for batch in batches:
+    feeds = []
+    for batch in list(params.batch_sizes) or [None]:
         shapes = with_batch(base_shapes, batch)
-        batch_size = batch if batch is not None else batch_of(shapes)
-        feed = make_feed(specs, shapes, params, ctx.resolve, ctx.log)
-        for streams in stream_counts:
-            ctx.progress(0.5 * done / total if params.has_load else done / total,
-                         f"batch {batch_size}, {streams} stream(s): timing on {backend}")
-            if session is not None:
+        feeds.append((batch if batch is not None else batch_of(shapes), shapes, make_feed(specs, shapes, params,
+                                                                                        ctx.resolve, ctx.log)))
+    if session is not None:
+        total = len(feeds) * len(params.stream_counts)
+        for batch_size, shapes, feed in feeds:
+            for streams in params.stream_counts:
+                ctx.progress(0.5 * len(points) / total if params.has_load else len(points) / total,
+                             f"batch {batch_size}, {streams} stream(s): timing on {backend}")
                 with ctx.native_step(backend, f"timing batch {batch_size} on {streams} stream(s)"):
                     report = engine_point(session, feed, batch_size, streams, settings, _cuda_timer)
-                how = f"{backend} engine, {streams} stream(s)"
-            else:
-                if ort_session is not None:
-                    call, how = onnxruntime_call(ort_session, feed, params.device, params.include_host_transfers)
-                else:
-                    call, how = torch_call(torch_module, specs, feed, params.device), f"torch {params.device}"
-                with ctx.native_step(backend, f"timing batch {batch_size}"), steady_interpreter():
-                    report = host_point(call, batch_size, settings, cuda_events=backend == "torch" and device == "cuda")
-            done += 1
-            points.append({"batch_size": batch_size, "streams": streams, "shapes": shapes, "runs_on": how,
-                           "report": report})
-            ci = report["latency_ci_ms"]
-            ctx.log.info("batch %d, %d stream(s): median %.4g ms [%.4g, %.4g], p99 %.4g ms, %.1f qps, %d queries in %d "
-                         "windows%s, flags %s", batch_size, streams, report["latency_ms"]["median"], *ci["p50"],
-                         report["latency_ms"]["p99"], report["throughput_qps"], report["queries"],
-                         len(report["repeats"]), "" if report["converged"] else " (not converged)", report["flags"])
-        if params.profile_kernels and kernels is None:
-            from .measure.kernels import timed_call_kernels
+                points.append({"batch_size": batch_size, "streams": streams, "shapes": shapes,
+                               "runs_on": f"{backend} engine, {streams} stream(s)", "report": report})
+    else:
+        if ort_session is not None:
+            calls = [onnxruntime_call(ort_session, feed, params.device, params.include_host_transfers)
+                     for _, _, feed in feeds]
+        else:
+            calls = [(torch_call(torch_module, specs, feed, params.device), f"torch {params.device}")
+                     for _, _, feed in feeds]
+        ctx.progress(0.0, f"batch {', '.join(str(b) for b, _, _ in feeds)}: timing on {backend}, in turns")
+        with ctx.native_step(backend, f"timing batch {', '.join(str(b) for b, _, _ in feeds)}"), steady_interpreter():
+            reports = host_points([call for call, _ in calls], [b for b, _, _ in feeds], settings,
+                                  cuda_events=backend == "torch" and device == "cuda")
+        points = [{"batch_size": batch_size, "streams": 1, "shapes": shapes, "runs_on": how, "report": report}
+                  for (batch_size, shapes, _), (_, how), report in zip(feeds, calls, reports, strict=True)]
+    for point in points:
+        report, ci = point["report"], point["report"]["latency_ci_ms"]
+        ctx.log.info("batch %d, %d stream(s): median %.4g ms [%.4g, %.4g], p99 %.4g ms, %.1f qps, %d queries in %d "
+                     "windows%s, flags %s", point["batch_size"], point["streams"], report["latency_ms"]["median"],
+                     *ci["p50"], report["latency_ms"]["p99"], report["throughput_qps"], report["queries"],
+                     len(report["repeats"]), "" if report["converged"] else " (not converged)", report["flags"])
+    batch_size, _, feed = feeds[0]
+    if params.profile_kernels:
+        from .measure.kernels import timed_call_kernels
 
-            module_call = None if session is not None else torch_call(torch_module, specs, feed, "cuda")
-            with ctx.native_step(backend, f"recording CUDA kernels at batch {batch_size}"):
-                kernels = dict(timed_call_kernels(session, module_call, feed, params.kernel_iterations, _cuda_timer),
-                               batch_size=batch_size)
-        if params.profile_layers and session is not None and layers is None:
-            with ctx.native_step(backend, f"profiling layers at batch {batch_size}"):
-                layers = dict(layer_profile(session, feed, params.profile_iterations, _cuda_timer),
-                              batch_size=batch_size)
+        module_call = None if session is not None else torch_call(torch_module, specs, feed, "cuda")
+        with ctx.native_step(backend, f"recording CUDA kernels at batch {batch_size}"):
+            kernels = dict(timed_call_kernels(session, module_call, feed, params.kernel_iterations, _cuda_timer),
+                           batch_size=batch_size)
+    if params.profile_layers and session is not None:
+        with ctx.native_step(backend, f"profiling layers at batch {batch_size}"):
+            layers = dict(layer_profile(session, feed, params.profile_iterations, _cuda_timer), batch_size=batch_size)
     return points, layers, kernels
 
 

@@ -3,8 +3,8 @@
 - `engine_point`: an engine through the cuda-python harness (`measure.cuda_timing`): one execution context and
   stream per ``streams`` (as trtexec --streams), optional CUDA graph, spin-wait, host transfers through pinned
   buffers; each window is one run of the harness's loop, the first after the time-based warm-up;
-- `host_point`: any callable (ONNX Runtime, eager PyTorch) on the host clock, or with CUDA events for PyTorch on
-  a GPU.
+- `host_points`: callables (ONNX Runtime, eager PyTorch; one per batch size) on the host clock, or with CUDA
+  events for PyTorch on a GPU, timed in turns.
 
 Each returns the point's report: trtexec's statistics over every timed query (`measure.stats`), their 95%
 intervals (`measure.intervals`), the windows' own figures, whether it converged, and what else ran on the host
@@ -14,7 +14,7 @@ meanwhile (`measure.interference`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from .windows import (
     assessor,
     cuda_event_window,
     host_window,
+    measure_interleaved,
     measure_windows,
     report_windows,
     windows_record,
@@ -44,8 +45,8 @@ class PointSettings:
     include_host_transfers: bool = False
 
 
-def _with_host(report: dict[str, Any], watch: HostWatch, device: str) -> dict[str, Any]:
-    report["host"] = watch.report()
+def _with_host(report: dict[str, Any], host: dict[str, Any], device: str) -> dict[str, Any]:
+    report["host"] = dict(host)
     warning = busy_warning(report["host"], device)
     if warning is not None:
         report["warnings"].append(warning)
@@ -53,14 +54,18 @@ def _with_host(report: dict[str, Any], watch: HostWatch, device: str) -> dict[st
     return report
 
 
-def host_point(call: Callable[[], Any], batch_size: int, settings: PointSettings,
-               cuda_events: bool = False) -> dict[str, Any]:
-    """A point of ``call`` (one query of ``batch_size`` samples) on the host clock, or with CUDA events."""
+def host_points(calls: Sequence[Callable[[], Any]], batch_sizes: Sequence[int], settings: PointSettings,
+                cuda_events: bool = False) -> list[dict[str, Any]]:
+    """Points of ``calls`` (each one query of its ``batch_sizes`` samples) on the host clock, or with CUDA events,
+    timed in turns (`measure.windows.measure_interleaved`); what else ran is watched over them all."""
     watch = HostWatch()
-    timer = (cuda_event_window if cuda_events else host_window)(call, settings.warmup_ms)
-    windows, unmet = measure_windows(timer, settings.plan, assessor(batch_size, settings.plan.precision))
-    report = report_windows(windows, batch_size, settings.unstable_cv_percent, settings.device, settings.plan, unmet)
-    return _with_host(report, watch, settings.device)
+    timers = [(cuda_event_window if cuda_events else host_window)(call, settings.warmup_ms) for call in calls]
+    measured = measure_interleaved(timers, settings.plan,
+                                   [assessor(batch, settings.plan.precision) for batch in batch_sizes])
+    reports = [report_windows(windows, batch, settings.unstable_cv_percent, settings.device, settings.plan, unmet)
+               for (windows, unmet), batch in zip(measured, batch_sizes, strict=True)]
+    host = watch.report()
+    return [_with_host(report, host, settings.device) for report in reports]
 
 
 def engine_point(session: Any, feed: Mapping[str, Any], batch: int, streams: int, settings: PointSettings,
@@ -124,5 +129,5 @@ def engine_point(session: Any, feed: Mapping[str, Any], batch: int, streams: int
     for failure in failures:
         report["warnings"].append({"flag": "no-cuda-graph", "message": failure})
     report["flags"] = sorted({w["flag"] for w in report["warnings"]})
-    return _with_host(report, watch, "cuda")
+    return _with_host(report, watch.report(), "cuda")
 

@@ -5,7 +5,7 @@ each, the first one after a warm-up. Once there are at least ``repeats`` windows
 and ``min_duration_s`` of timing, the intervals are computed (`measure.intervals`); while they are wider than
 the precision asked for, one more window is timed, until ``max_duration_s`` of timing. A point that stopped at
 the cap without the precision is flagged ``not-converged``: its figures are reported with their (wide)
-intervals, never silently.
+intervals, never silently. The points of one benchmark take turns, a window each (`measure_interleaved`).
 
 `host_window` times a callable on the host clock (ONNX Runtime, PyTorch on the CPU), `cuda_event_window` with
 CUDA events around each call (PyTorch on a GPU); engines go through the cuda-python harness
@@ -45,18 +45,33 @@ def measure_windows(time_window: TimeWindow, plan: WindowPlan,
                     assess: Callable[[list[Window]], list[str]]) -> tuple[list[Window], list[str]]:
     """Windows timed until the plan's minimums are met and ``assess`` (what is still imprecise) says nothing,
     or ``max_duration_s`` of timing; returns the windows and what was still imprecise at the end."""
-    windows: list[Window] = []
-    spent_s = 0.0
-    while True:
-        window = time_window(plan.window_s, len(windows))
-        windows.append(window)
-        spent_s += window.wall_ms / 1000.0
-        if len(windows) < plan.repeats or spent_s < plan.min_duration_s or \
-                sum(len(w.latencies_ms) for w in windows) < plan.min_iterations:
-            continue
-        unmet = assess(windows)
-        if not unmet or spent_s >= plan.max_duration_s:
-            return windows, unmet
+    return measure_interleaved([time_window], plan, [assess])[0]
+
+
+def measure_interleaved(time_windows: Sequence[TimeWindow], plan: WindowPlan,
+                        assessments: Sequence[Callable[[list[Window]], list[str]]]
+                        ) -> list[tuple[list[Window], list[str]]]:
+    """Several points timed in turns, one window each per round, each until it is done as `measure_windows`
+    says. Taking turns spreads every point's windows over the whole measurement, so a spell of a slower host
+    (another program, a busy neighbour core) lands in every point's windows and widens their intervals, instead
+    of shifting one point as a whole while its intervals stay tight."""
+    windows: list[list[Window]] = [[] for _ in time_windows]
+    spent_s = [0.0 for _ in time_windows]
+    unmet: list[list[str] | None] = [None for _ in time_windows]  # None: still timing
+    while any(found is None for found in unmet):
+        for index, time_window in enumerate(time_windows):
+            if unmet[index] is not None:
+                continue
+            window = time_window(plan.window_s, len(windows[index]))
+            windows[index].append(window)
+            spent_s[index] += window.wall_ms / 1000.0
+            if len(windows[index]) < plan.repeats or spent_s[index] < plan.min_duration_s or \
+                    sum(len(w.latencies_ms) for w in windows[index]) < plan.min_iterations:
+                continue
+            imprecise = assessments[index](windows[index])
+            if not imprecise or spent_s[index] >= plan.max_duration_s:
+                unmet[index] = imprecise
+    return [(found, left or []) for found, left in zip(windows, unmet, strict=True)]
 
 
 def host_window(call: Callable[[], Any], warmup_ms: float) -> TimeWindow:

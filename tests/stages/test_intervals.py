@@ -7,6 +7,7 @@ known exactly, the 95% intervals must contain the true quantile about 95% of the
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -93,6 +94,25 @@ def test_windows_stop_when_precise_or_at_the_cap_and_say_so():
     assert "raise max_duration_s (now 1 s)" in next(w["message"] for w in report["warnings"]
                                                      if w["flag"] == "not-converged")
     assert [w["queries"] for w in report["repeats"]] == [200] * 4
+
+
+def test_points_take_turns_and_each_stops_on_its_own_terms():
+    plan = _windows.WindowPlan(repeats=3, min_iterations=10, min_duration_s=0.0, max_duration_s=1.0,
+                               precision=Precision(5.0))
+    order: list[str] = []
+    steady, noisy = iter(_windows_of([1.0] * 50)), iter(_windows_of([1.0, 2.0] * 25, seed=1))
+
+    def timer(name: str, windows: Iterator[Window]) -> _windows.TimeWindow:
+        def window(seconds: float, index: int) -> Window:
+            order.append(f"{name}{index}")
+            return next(windows)
+        return window
+
+    (calm, calm_unmet), (jumpy, jumpy_unmet) = _windows.measure_interleaved(
+        [timer("a", steady), timer("b", noisy)], plan, [_windows.assessor(1, plan.precision)] * 2)
+    # one window each per round; the steady point is done after its third, the noisy one goes on to the cap
+    assert order == ["a0", "b0", "a1", "b1", "a2", "b2", "b3"]
+    assert (len(calm), calm_unmet) == (3, []) and len(jumpy) == 4 and jumpy_unmet
 
 
 def test_the_tail_can_be_part_of_the_stopping_rule():
