@@ -123,8 +123,17 @@ def test_benchmark_regression_gate_uses_the_previous_run(tmp_path):
         "             max_regression_percent: 0.001}\n")
     trtflow("run", str(recipe), cwd=tmp_path)
     # a different export (hidden width) is a different model: the benchmark re-runs against the baseline
-    proc = trtflow("run", "--set", "nodes.export.params.factory_args.hidden=4096", str(recipe), cwd=tmp_path, check=1)
-    assert "quality gate failed" in proc.stdout and "above the previous run's" in proc.stdout
+    proc = trtflow("run", "--set", "nodes.export.params.factory_args.hidden=4096", str(recipe), cwd=tmp_path,
+                   check=None)
+    # about 2x slower: a failure, unless a busy host (the other half of a parallel test run, a CI neighbour) made
+    # this measurement too noisy to judge, which the gate must then say rather than fail (tests/stages/test_gates.py
+    # checks the verdicts themselves on fixed figures)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    assert "the previous run's" in proc.stdout
+    if proc.returncode == 1:
+        assert "quality gate failed" in proc.stdout and "above the previous run's" in proc.stdout
+    else:
+        assert "gate inconclusive (not a failure)" in proc.stdout
 
 
 def test_a_registered_stage_that_cannot_be_imported_is_named_with_its_package(tmp_path):
