@@ -153,3 +153,15 @@ def load_callable(spec: str, resolve: Callable[[str], Path], what: str = "callab
         raise StageFailed(f"{what} {spec!r}: {module_name or target} has no function {attr!r}",
                            hint=did_you_mean(attr, public) or f"functions there: {', '.join(public[:10]) or 'none'}")
     return fn
+
+
+def code_references(value: Any) -> list[str]:
+    """Every ``python:`` code reference among the strings of a parameter value (nested dicts and lists included),
+    in order."""
+    if isinstance(value, str):
+        return [value] if value.startswith(PYTHON_PREFIX) else []
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in code_references(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in code_references(v)]
+    return []

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtflow.callables import PYTHON_PREFIX, code_references
 from trtflow.codehash import CodeDigest, callable_code, stage_code
 from trtflow.environment import Environment, GpuInfo
 from trtflow.errors import RecipeError, StageSkipped, TrtflowError
@@ -29,7 +30,6 @@ from trtflow.status import FRESH, SKIP, STALE
 from trtflow.storage.store import Store
 
 KEY_FORMAT = 2
-PYTHON = "python:"
 
 
 @dataclass(frozen=True)
@@ -123,16 +123,6 @@ class Step:
                 "gate_failures": self.gate_failures, "needs": self.needs, "notes": self.notes}
 
 
-def _strings(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [s for v in value.values() for s in _strings(v)]
-    if isinstance(value, list):
-        return [s for v in value for s in _strings(v)]
-    return []
-
-
 def _substitute(value: Any, table: Mapping[str, Any]) -> Any:
     if isinstance(value, str):
         return table.get(value, value)
@@ -154,7 +144,7 @@ def _hash_callable(spec: str, kctx: KeyContext) -> CodeDigest | None:
     from trtflow.callables import module_origin, split_spec
 
     target, _ = split_spec(spec)
-    body = target[len(PYTHON):]
+    body = target[len(PYTHON_PREFIX):]
     if body.endswith(".py") or "/" in body or "\\" in body:
         path = kctx.resolve(body)
         if not path.is_file():
@@ -198,8 +188,8 @@ def key_parts(graph: Graph, node: ConcreteNode, output_digests: Mapping[tuple[st
         keyed[ref] = f"file:{digest}"
         shown[ref] = kctx.display(path)
     params = {k: v for k, v in node.params.items() if k not in stage.gate_params}
-    for text in _strings(params):
-        if not text.startswith(PYTHON) or text in keyed:
+    for text in code_references(params):
+        if text in keyed:
             continue
         try:
             code = _code_of_callable(text, kctx)
@@ -209,7 +199,7 @@ def key_parts(graph: Graph, node: ConcreteNode, output_digests: Mapping[tuple[st
             continue
         target, attr = text.rsplit(":", 1)
         keyed[text] = f"python:code:{code.digest}:{attr}"
-        body = target[len(PYTHON):]
+        body = target[len(PYTHON_PREFIX):]
         if body.endswith(".py"):
             shown[text] = f"python:{kctx.display(kctx.resolve(body))}:{attr}"
         files.update(code.files)

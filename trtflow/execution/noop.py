@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import trtflow
+from trtflow.callables import PYTHON_PREFIX, code_references
 from trtflow.codehash import callable_files, stage_files, stage_module_place
 from trtflow.environment import FACTS, Environment
 from trtflow.fingerprint import RACY_WINDOW_NS, StatCache, hash_file, hash_path, hash_text, hash_value
@@ -199,10 +200,8 @@ def _node_inputs(graph: Any, node: Any, parts: Any, kctx: Any, cache: StatCache)
         data[str(path)] = _confirm_path(path, parts.files[label], cache)
         covered.add(label)
     code = []
-    for text in _strings(node.params):
-        if not text.startswith("python:"):
-            continue
-        body = text[len("python:"):].rsplit(":", 1)[0]
+    for text in code_references(node.params):
+        body = text[len(PYTHON_PREFIX):].rsplit(":", 1)[0]
         if not (body.endswith(".py") or "/" in body):
             raise Uncertain(f"{text} names a module, found through sys.path")
         entry = kctx.resolve(body)
@@ -215,16 +214,6 @@ def _node_inputs(graph: Any, node: Any, parts: Any, kctx: Any, cache: StatCache)
     if set(parts.files) - covered:
         raise Uncertain(f"node {node.name}: files of its key not accounted for")
     return {"data": data, "code": code}
-
-
-def _strings(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [s for v in value.values() for s in _strings(v)]
-    if isinstance(value, list):
-        return [s for v in value for s in _strings(v)]
-    return []
 
 
 def certify(call: dict[str, Any] | None, before: dict[str, Any], pipeline: Any, steps: list[Any], store: Store,
