@@ -454,10 +454,10 @@ def decide(candidates: Sequence[Candidate], params: Params,
         ranked = sorted(eligible, key=rank_key)
         winner = ranked[0]
         selected = winner["name"]
+        allowance = f"{tolerance:g}%" + ("" if goal == "min_size" or not run_to_run else
+                                         f" and the host's {run_to_run:g}% run-to-run variation")
         for position, row in enumerate(ranked, start=1):
             row["rank"] = position
-            allowance = f"{tolerance:g}%" + ("" if goal == "min_size" or not run_to_run else
-                                             f" and the host's {run_to_run:g}% run-to-run variation")
             row["reason"] = _reason(row, winner, best, tied, order, objective_text, goal, stat, allowance,
                                     len(eligible))
     for row in rows:
