@@ -193,8 +193,7 @@ class Params(TimingFields, LoadFields, GateFields):
         return self
 
 
-GATE_PARAMS = ("max_latency_ms_p50", "max_latency_ms_p90", "max_latency_ms_p95", "max_latency_ms_p99",
-               "max_latency_ms_mean", "min_throughput_qps", "max_regression_percent", "baseline", "baseline_node")
+GATE_PARAMS = tuple(GateFields.model_fields)  # judged on the summary, left out of the node key
 
 
 # -- declarations -------------------------------------------------------------------------------------------
