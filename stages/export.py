@@ -574,7 +574,8 @@ def _export_confined(ctx: StageContext, params: Params, fmt: str, source: Path, 
 
     box = ctx.scratch / "confined"
     ctx.progress(0.05, "exporting in a confined child process")
-    request = {"node": ctx.node, "params": params.model_dump(mode="json"), "format": fmt, "source": str(source)}
+    request = {"node": ctx.node, "params": params.model_dump(mode="json"), "format": fmt,
+               "source": str(source.absolute())}
     answer = confinement.run(f"{__name__}:export_in_child", request, box, [source], log=ctx.log,
                              what=f"exporting {params.model} (in a confined child process)")
     confinement.take_file(box / _CHILD_MODEL, target)

@@ -32,7 +32,7 @@ def convert(source: Path, target: Path, opset: int, keras: bool, atol: float, rt
     except ImportError as error:
         raise StageFailed("converting a TensorFlow model needs tensorflow and tf2onnx",
                           hint="pip install 'trtflow[tensorflow]'") from error
-    request = {"source": str(source), "opset": opset, "kind": "keras" if keras else "saved", "atol": atol,
+    request = {"source": str(source.absolute()), "opset": opset, "kind": "keras" if keras else "saved", "atol": atol,
                "rtol": rtol}
     result = confinement.run(f"{__name__}:convert_in_child", request, box, [source], log=log, timeout=_TIMEOUT_S,
                              what=f"converting the TensorFlow model {source.name} with tf2onnx",
@@ -43,7 +43,7 @@ def convert(source: Path, target: Path, opset: int, keras: bool, atol: float, rt
 
 def signature_inputs(source: Path, keras: bool, box: Path, confine_child: bool = True) -> dict[str, Any]:
     """The serving signature's inputs (name -> shape with None for a dynamic size, dtype), read in a child."""
-    return confinement.run(f"{__name__}:signature_in_child", {"source": str(source),
+    return confinement.run(f"{__name__}:signature_in_child", {"source": str(source.absolute()),
                                                                "kind": "keras" if keras else "saved"},
                            box, [source], timeout=900.0, what=f"reading the inputs of {source.name}",
                            confine_child=confine_child)
