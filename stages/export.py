@@ -391,7 +391,7 @@ def _sample_fits(ctx: StageContext, params: Params, model: Any, binding: Any) ->
         if explained is not None:
             raise StageFailed(*explained) from error
         ctx.log.warning("the model fails on the sample inputs in eager PyTorch: %s: %s", type(error).__name__,
-                        " ".join(str(error).split())[:400])
+                        " ".join(str(error).split())[:2000])
 
 
 def _export_pytorch(ctx: StageContext, params: Params, target: Path, model: Any, program: Any = None,

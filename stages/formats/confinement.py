@@ -31,6 +31,7 @@ import errno
 import json
 import os
 import platform
+import re
 import signal
 import struct
 import subprocess
@@ -351,7 +352,7 @@ def run(function: str, request: Mapping[str, Any], box: Path, readable: Sequence
             code = None
         finally:  # whatever happened (a timeout, Ctrl-C): nothing the child started outlives it
             _kill_group(proc)
-    tail = _tail(log_file)
+    tail = _tail(log_file, 6000)
     if log is not None and tail:
         log.info("%s (child process): %s", what, tail)
     if code is None:
@@ -366,10 +367,11 @@ def run(function: str, request: Mapping[str, Any], box: Path, readable: Sequence
     if "error" in answer or code != 0 or not answer:
         message = str(answer.get("error") or _last_lines(tail) or f"exit code {code}")
         hint = str(answer.get("hint") or "")
-        if confine_child and _looks_denied(message):
-            hint = ("the model's code tried something the confinement forbids (writing outside its scratch "
-                    "folder, reading private files, the network); if you trust this file, set trust_code: true "
-                    "on the node to run it unconfined" + (f"; {hint}" if hint else ""))
+        denied = _denied(message) or _denied(_tail(log_file, 1 << 18)) if confine_child else None
+        if denied is not None:
+            hint = (f"the model's code tried something the confinement forbids ({denied}): writing outside its "
+                    "scratch folder, reading private files or using the network; if you trust this file as a "
+                    "program, set trust_code: true on the node to run it unconfined" + (f"; {hint}" if hint else ""))
         raise StageFailed(f"{what} failed: {message}", hint=hint or f"its log: {log_file}")
     return answer
 
@@ -382,7 +384,7 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def _tail(path: Path, limit: int = 6000) -> str:
+def _tail(path: Path, limit: int) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
@@ -396,9 +398,17 @@ def _last_lines(text: str) -> str:
     return " ".join(" ".join(lines[-3:]).split())[-500:]
 
 
-def _looks_denied(message: str) -> bool:
-    return any(word in message for word in ("Permission denied", "Operation not permitted", "EACCES", "EPERM",
-                                            "errno 13", "Errno 13", "PermissionError"))
+_DENIED = re.compile(r"[^\n]{0,160}(?:Permission denied|Operation not permitted|PermissionError)[^\n]{0,160}")
+
+
+def _denied(text: str) -> str | None:
+    """The first line of ``text`` that says the kernel denied something (shortened), or None."""
+    found = _DENIED.search(text)
+    if found is None:
+        return None
+    line = found.group(0)
+    errors = list(re.finditer(r"\w+(?:Error|Exception): ", line))  # from the error's name, if the line has one
+    return " ".join(line[errors[-1].start() if errors else 0:].split())[:300]
 
 
 def read_result(box: Path) -> dict[str, Any]:
