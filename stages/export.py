@@ -74,7 +74,8 @@ class Params(StageParams):
         "(README: Model files): without this they are converted in a child process the kernel confines (Linux "
         "Landlock: writes only in the node's scratch folder, no network), refused where no confinement is "
         "available, and a .pt2 holding pickled objects is refused. true: converted unconfined, as trtflow did "
-        "before it confined them. Set it only for a file you would run as a program; `trtflow plan` shows it.")
+        "before it confined them. Set it only for a file you would run as a program; `trtflow plan` shows it. It "
+        "may be turned on only in a recipe file, not with --set.", json_schema_extra={"written_in_recipe": True})
     factory_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the factory.")
     checkpoint: str | None = Field(
         default=None,
@@ -144,6 +145,12 @@ class Params(StageParams):
                     raise ValueError(f"profile {profile.name!r}: {name!r} has rank {len(shape_range.min)} but the "
                                      f"sample shape {spec.shape} has rank {len(spec.shape)}")
         return self
+
+    def notices(self) -> list[str]:
+        if not self.trust_code:
+            return []
+        return [f"trust_code: true: {self.model}'s own code runs unconfined when it is read (like a python: "
+                "factory)"]
 
     @property
     def is_onnx_file(self) -> bool:

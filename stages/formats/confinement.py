@@ -75,7 +75,7 @@ _SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/s
 #: Environment variables the child keeps (names, or prefixes ending in ``_``): where libraries are, threads.
 _KEEP_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "LC_", "OMP_",
              "MKL_", "OPENBLAS_", "KMP_", "TF_", "KERAS_BACKEND", "TORCH_", "PYTORCH_", "HF_HUB_OFFLINE",
-             "TRANSFORMERS_OFFLINE", "COVERAGE_", "TRTFLOW_TEST_")
+             "TRANSFORMERS_OFFLINE", "COVERAGE_", DISABLE_ENV)
 
 
 @dataclass(frozen=True)
