@@ -1,0 +1,132 @@
+"""What confining a model file's code costs an export: the same model exported confined and trusted, in rounds.
+
+For each format (a TorchScript archive and a torch.export program of a small MLP; with ``--tensorflow`` also a Keras
+SavedModel), each round exports the model twice in a fresh folder, in alternating order: with ``trust_code: true``
+(as trtflow read these files before it confined them: in this process for PyTorch, an unconfined child for
+TensorFlow) and without (in a child process confined by Landlock + seccomp). This process has torch, onnx and
+onnxruntime imported beforehand, as a node's warm process has. One warm-up export of each kind is not counted.
+
+Figures: per format and mode, the median wall time and its range over the rounds; per round, the extra seconds
+of the confined export over the trusted one, with their mean, a 95% t-interval and the range.
+
+    python bench/confinement_cost.py --rounds 3 [--tensorflow]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+_KERAS = """
+import os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+import keras
+inputs = keras.Input(shape=(8,), name="features")
+model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Dense(16, activation="relu")(inputs)))
+model.export(sys.argv[1], verbose=False)
+"""
+
+
+def _models(folder: Path, tensorflow: bool) -> dict[str, dict]:
+    import torch
+
+    class Mlp(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 4)
+
+        def forward(self, features: torch.Tensor) -> torch.Tensor:
+            return self.fc(features).relu()
+
+    torch.jit.save(torch.jit.script(Mlp().eval()), folder / "mlp.pt")
+    program = torch.export.export(Mlp().eval(), (torch.randn(2, 8),), dynamic_shapes=({0: torch.export.Dim("b")},))
+    torch.export.save(program, folder / "mlp.pt2")
+    models = {"torchscript": {"model": "mlp.pt", "inputs": {"features": {"shape": [2, 8],
+                                                                         "dynamic_axes": {0: "batch"}}}},
+              "exported_program": {"model": "mlp.pt2"}}
+    if tensorflow:
+        subprocess.run([sys.executable, "-c", _KERAS, str(folder / "saved")], check=True, capture_output=True)
+        models["tensorflow"] = {"model": "saved"}
+    return models
+
+
+def _export(folder: Path, params: dict, trusted: bool) -> float:
+    from trtflow.testing import run_stage
+    from trtflow_stages import export
+
+    work = Path(tempfile.mkdtemp(dir=folder, prefix="work-"))
+    start = time.perf_counter()
+    result = run_stage(export.stage, {**params, "trust_code": trusted}, workdir=work, recipe_dir=folder)
+    took = time.perf_counter() - start
+    expected = "trusted" if trusted else "confined"
+    if result.summary.get("model_code") != expected or result.summary.get("checked") is not True:
+        raise SystemExit(f"unexpected summary: {result.summary}")
+    return took
+
+
+def _t_interval(values: list[float]) -> tuple[float, float]:
+    from scipy import stats
+
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, mean
+    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+    return mean - half, mean + half
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tensorflow", action="store_true", help="also a Keras SavedModel (needs tf2onnx)")
+    parser.add_argument("--json", type=Path, help="write the raw times here")
+    args = parser.parse_args()
+    logging.disable(logging.WARNING)
+    import onnx  # noqa: F401  (as a node's warm process has them)
+    import onnxruntime  # noqa: F401
+    import torch  # noqa: F401
+
+    from trtflow_stages.formats import confinement
+
+    capability = confinement.probe()
+    if not capability.available:
+        raise SystemExit(f"cannot measure: {capability.describe()}")
+    raw: dict[str, dict[str, list[float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        models = _models(folder, args.tensorflow)
+        for fmt, params in models.items():
+            _export(folder, params, True)
+            _export(folder, params, False)
+            times: dict[str, list[float]] = {"trusted": [], "confined": []}
+            for index in range(args.rounds):
+                order = (True, False) if index % 2 == 0 else (False, True)
+                for trusted in order:
+                    times["trusted" if trusted else "confined"].append(_export(folder, params, trusted))
+            raw[fmt] = times
+    print(f"confinement: {capability.describe()}; {args.rounds} rounds per format")
+    print(f"{'format':<18} {'trusted s: median (range)':<28} {'confined s: median (range)':<28} "
+          "extra s: mean [95% t-interval] (range)")
+    for fmt, times in raw.items():
+        extra = [c - t for c, t in zip(times["confined"], times["trusted"], strict=True)]
+        low, high = _t_interval(extra)
+        cells = [f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})" for v in (times["trusted"],
+                                                                                       times["confined"])]
+        print(f"{fmt:<18} {cells[0]:<28} {cells[1]:<28} {statistics.fmean(extra):+.2f} [{low:+.2f}, {high:+.2f}] "
+              f"({min(extra):+.2f} to {max(extra):+.2f})")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"capability": capability.describe(), "rounds": args.rounds,
+                                         "seconds": raw}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
