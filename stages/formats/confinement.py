@@ -337,6 +337,7 @@ def run(function: str, request: Mapping[str, Any], box: Path, readable: Sequence
     for sub in ("", "home", "tmp", "cache"):
         (box / sub).mkdir(parents=True, exist_ok=sub != "")
     spec = {"function": function, "request": dict(request), "box": str(box), "confine": confine_child,
+            "parent": os.getpid(),
             "readable": [str(Path(p).absolute()) for p in readable]}
     spec_file = box.parent / f"{box.name}.request.json"
     spec_file.write_text(json.dumps(spec), encoding="utf-8")
@@ -466,6 +467,16 @@ def take_file(source: Path, target: Path) -> None:
 # The child side
 
 
+def _die_with_parent(parent: int) -> None:
+    """Be killed if the node's process dies (kill -9 of trtflow), so no confined child keeps working unwatched."""
+    try:
+        _libc().prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if parent and os.getppid() != parent:
+        os._exit(1)
+
+
 def child_main(argv: Sequence[str]) -> int:
     """Entry point of the child: confine, call the function, write its answer (or the error) to result.json."""
     import importlib
@@ -473,6 +484,7 @@ def child_main(argv: Sequence[str]) -> int:
 
     spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     box = Path(spec["box"])
+    _die_with_parent(int(spec.get("parent") or 0))
     answer: dict[str, Any]
     try:
         if spec["confine"]:

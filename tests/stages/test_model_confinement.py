@@ -276,3 +276,13 @@ def test_every_loader_of_a_code_carrying_format_is_guarded():
                 if not guarded:
                     unguarded.append(f"{path.relative_to(STAGES)}:{call.lineno} {name} in {function.name}")
     assert unguarded == []
+
+
+def test_doctor_says_whether_model_files_can_be_confined(tmp_path, monkeypatch):
+    import json
+
+    row = {b["backend"]: b for b in json.loads(trtflow_cli("doctor", "--json", cwd=tmp_path).stdout)["backends"]}
+    assert row["model confinement"]["run"] is confinement.probe().available
+    monkeypatch.setenv(confinement.DISABLE_ENV, "1")
+    row = {b["backend"]: b for b in json.loads(trtflow_cli("doctor", "--json", cwd=tmp_path).stdout)["backends"]}
+    assert row["model confinement"]["run"] is False and "trust_code: true" in row["model confinement"]["why"]
