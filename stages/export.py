@@ -567,10 +567,13 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     return summary
 
 
-#: What the confined child may add to the summary (it runs the model's code, so the rest is not taken from it).
-_CHILD_SUMMARY = ("exporter", "inputs_bound_by", "warnings", "checked", "checked_at", "checked_shapes",
-                  "max_abs_diff_vs_torch", "not_checked_because", "runtime_settings", "notes", "task", "model_type",
-                  "exported")
+#: What the confined child may add to the summary, with its type (it runs the model's code, so nothing else is
+#: taken from it, and nothing of another type).
+_CHILD_SUMMARY: dict[str, type | tuple[type, ...]] = {
+    "exporter": str, "inputs_bound_by": str, "warnings": list, "checked": (bool, str), "checked_at": list,
+    "checked_shapes": list, "max_abs_diff_vs_torch": (int, float), "not_checked_because": str, "notes": list,
+    "task": str, "model_type": str, "exported": str}
+_CHILD_EXTRA = ("task", "model_type", "exported")
 
 
 def _export_confined(ctx: StageContext, params: Params, fmt: str, source: Path, target: Path,
@@ -587,9 +590,14 @@ def _export_confined(ctx: StageContext, params: Params, fmt: str, source: Path, 
                              what=f"exporting {params.model} (in a confined child process)")
     confinement.take_file(box / _CHILD_MODEL, target)
     _checker(target)
-    taken = {k: v for k, v in {**answer.get("extra", {}), **answer.get("check", {})}.items() if k in _CHILD_SUMMARY}
-    extra.update({k: v for k, v in taken.items() if k in ("task", "model_type", "exported")})
-    return {k: v for k, v in taken.items() if k not in ("task", "model_type", "exported")}
+    answer = confinement.checked(answer, {"check": dict, "extra": dict}, f"exporting {params.model}")
+    parts = {**answer["extra"], **answer["check"]}
+    taken = {k: v for k, v in parts.items() if k in _CHILD_SUMMARY and isinstance(v, _CHILD_SUMMARY[k])}
+    if "checked" not in taken:
+        raise StageFailed(f"exporting {params.model}: the confined child answered without saying what it checked",
+                          hint="the model's code may have tampered with the conversion; see the node's log")
+    extra.update({k: v for k, v in taken.items() if k in _CHILD_EXTRA})
+    return {k: v for k, v in taken.items() if k not in _CHILD_EXTRA}
 
 
 _CHILD_MODEL = "work/out/model.onnx"

@@ -332,8 +332,10 @@ def run(function: str, request: Mapping[str, Any], box: Path, readable: Sequence
     if not function.startswith("trtflow_stages.") or ":" not in function:
         raise ValueError(f"not a trtflow_stages function: {function!r}")
     box = box.absolute()
-    if box.is_symlink() or box.exists():
-        shutil.rmtree(box) if box.is_dir() and not box.is_symlink() else box.unlink()
+    if box.is_dir() and not box.is_symlink():
+        shutil.rmtree(box)
+    elif box.is_symlink() or box.exists():
+        box.unlink()
     for sub in ("", "home", "tmp", "cache"):
         (box / sub).mkdir(parents=True, exist_ok=sub != "")
     spec = {"function": function, "request": dict(request), "box": str(box), "confine": confine_child,
@@ -375,6 +377,16 @@ def run(function: str, request: Mapping[str, Any], box: Path, readable: Sequence
                     "program, set trust_code: true on the node to run it unconfined" + (f"; {hint}" if hint else ""))
         raise StageFailed(f"{what} failed: {message}", hint=hint or f"its log: {log_file}")
     return answer
+
+
+def checked(answer: Mapping[str, Any], fields: Mapping[str, type | tuple[type, ...]], what: str) -> dict[str, Any]:
+    """The fields of a child's answer that have the expected types (the child ran the model's code, so its answer
+    is checked like any input): StageFailed for a required field (``fields``) that is missing or of another type."""
+    for name, kind in fields.items():
+        if not isinstance(answer.get(name), kind):
+            raise StageFailed(f"{what}: the child process answered without a valid {name!r}",
+                              hint="the model's code may have tampered with the conversion; see the node's log")
+    return dict(answer)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -64,7 +64,12 @@ def program_inputs(path: Path, confine_child: bool = True) -> list[DeclaredInput
     with _box() as box:
         answer = confinement.run(f"{__name__}:program_entries_in_child", {"source": str(path.absolute())}, box, [path],
                                  timeout=900.0, what=f"reading the inputs of {path.name}", confine_child=confine_child)
-    return _from_entries(answer["inputs"])
+    entries = confinement.checked(answer, {"inputs": dict}, f"reading the inputs of {path.name}")["inputs"]
+    try:
+        return _from_entries(entries)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise StageFailed(f"reading the inputs of {path.name}: the child process answered invalid inputs "
+                          f"({error!r})") from error
 
 
 def program_entries_in_child(request: dict[str, Any]) -> dict[str, Any]:

@@ -38,15 +38,28 @@ def convert(source: Path, target: Path, opset: int, keras: bool, atol: float, rt
                              what=f"converting the TensorFlow model {source.name} with tf2onnx",
                              confine_child=confine_child)
     confinement.take_file(box / MODEL_FILE, target)
+    result = confinement.checked(result, {"inputs": dict, "outputs": list, "checked_shapes": list}, "tf2onnx")
+    shapes = result["checked_shapes"]
+    if not shapes or not all(isinstance(c, dict) and isinstance(c.get("max_abs_diff_vs_tensorflow"), int | float)
+                             for c in shapes):
+        raise StageFailed("tf2onnx: the child process answered without valid checked shapes",
+                          hint="the model's code may have tampered with the conversion; see the node's log")
     return result
 
 
 def signature_inputs(source: Path, keras: bool, box: Path, confine_child: bool = True) -> dict[str, Any]:
     """The serving signature's inputs (name -> shape with None for a dynamic size, dtype), read in a child."""
-    return confinement.run(f"{__name__}:signature_in_child", {"source": str(source.absolute()),
-                                                               "kind": "keras" if keras else "saved"},
-                           box, [source], timeout=900.0, what=f"reading the inputs of {source.name}",
-                           confine_child=confine_child)
+    answer = confinement.run(f"{__name__}:signature_in_child", {"source": str(source.absolute()),
+                                                                 "kind": "keras" if keras else "saved"},
+                             box, [source], timeout=900.0, what=f"reading the inputs of {source.name}",
+                             confine_child=confine_child)
+    inputs = confinement.checked(answer, {"inputs": dict}, f"reading the inputs of {source.name}")["inputs"]
+    for name, spec in inputs.items():
+        if not (isinstance(spec, dict) and isinstance(spec.get("dtype"), str) and isinstance(spec.get("shape"), list)
+                and all(d is None or isinstance(d, int) for d in spec["shape"])):
+            raise StageFailed(f"reading the inputs of {source.name}: the child process answered an invalid input "
+                              f"{name!r}")
+    return answer
 
 
 # ---------------------------------------------------------------------------------------------------------
