@@ -2,9 +2,11 @@
 
 For each format (a TorchScript archive and a torch.export program of a small MLP; with ``--tensorflow`` also a Keras
 SavedModel), each round exports the model twice in a fresh folder, in alternating order: with ``trust_code: true``
-(as trtflow read these files before it confined them: in this process for PyTorch, an unconfined child for
-TensorFlow) and without (in a child process confined by Landlock + seccomp). This process has torch, onnx and
-onnxruntime imported beforehand, as a node's warm process has. One warm-up export of each kind is not counted.
+(as trtflow read these files before it confined them: in the node's process for PyTorch, an unconfined child for
+TensorFlow) and without (in a child process confined by Landlock + seccomp). Each export runs in a process forked
+from this one, which has imported torch, onnx and onnxruntime and exported nothing: as trtflow's local executor
+forks each node from a warm server that preloaded the stage's modules. One warm-up export of each kind (file
+caches) is not counted.
 
 Figures: per format and mode, the median wall time and its range over the rounds; per round, the extra seconds
 of the confined export over the trusted one, with their mean, a 95% t-interval and the range.
@@ -60,17 +62,37 @@ def _models(folder: Path, tensorflow: bool) -> dict[str, dict]:
 
 
 def _export(folder: Path, params: dict, trusted: bool) -> float:
-    from trtflow.testing import run_stage
-    from trtflow_stages import export
+    """Seconds one export takes in a process forked from this one (a node of the local executor)."""
+    import os
 
-    work = Path(tempfile.mkdtemp(dir=folder, prefix="work-"))
-    start = time.perf_counter()
-    result = run_stage(export.stage, {**params, "trust_code": trusted}, workdir=work, recipe_dir=folder)
-    took = time.perf_counter() - start
-    expected = "trusted" if trusted else "confined"
-    if result.summary.get("model_code") != expected or result.summary.get("checked") is not True:
-        raise SystemExit(f"unexpected summary: {result.summary}")
-    return took
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        code = 0
+        try:
+            from trtflow.testing import run_stage
+            from trtflow_stages import export
+
+            work = Path(tempfile.mkdtemp(dir=folder, prefix="work-"))
+            start = time.perf_counter()
+            result = run_stage(export.stage, {**params, "trust_code": trusted}, workdir=work, recipe_dir=folder)
+            took = time.perf_counter() - start
+            expected = "trusted" if trusted else "confined"
+            ok = result.summary.get("model_code") == expected and result.summary.get("checked") is True
+            os.write(write, json.dumps({"seconds": took} if ok else {"error": result.summary}).encode())
+        except BaseException as error:  # report anything to the parent, which stops
+            os.write(write, json.dumps({"error": repr(error)}).encode())
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        data = json.loads(answer.read() or b"{}")
+    os.waitpid(pid, 0)
+    if "seconds" not in data:
+        raise SystemExit(f"the export failed: {data.get('error')}")
+    return float(data["seconds"])
 
 
 def _t_interval(values: list[float]) -> tuple[float, float]:
@@ -94,6 +116,8 @@ def main() -> None:
     import onnxruntime  # noqa: F401
     import torch  # noqa: F401
 
+    import trtflow.testing  # noqa: F401  (the stage module, as the warm server imports it)
+    from trtflow_stages import export  # noqa: F401
     from trtflow_stages.formats import confinement
 
     capability = confinement.probe()

@@ -169,3 +169,18 @@ def writing_saved_model(folder: Path, marker: Path) -> Path:
     source.write_text(_SAVED_MODEL.replace("TARGET", repr(str(marker))))
     subprocess.run([sys.executable, str(source), str(folder)], check=True, capture_output=True, timeout=600)
     return folder
+
+
+def pickled_bin_huggingface(folder: Path, marker: Path) -> Path:
+    """A Hugging Face folder whose ``pytorch_model.bin`` holds, beside the tensors, a pickle that creates
+    ``marker`` (transformers reads it with torch's weights_only unpickler, which refuses it)."""
+    import transformers
+
+    config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, max_position_embeddings=16, num_labels=2)
+    model = transformers.BertForSequenceClassification(config)
+    model.config.save_pretrained(folder)
+    state = dict(model.state_dict())
+    state["bert.embeddings.word_embeddings.weight"] = _Touch(marker)
+    torch.save(state, folder / "pytorch_model.bin")
+    return folder

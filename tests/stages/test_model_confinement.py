@@ -155,6 +155,18 @@ def test_saved_model_writing_with_tf_io_is_confined(tmp_path, outside):
     assert _listing(outside) == ["existing.txt"]
 
 
+def test_hugging_face_bin_weights_holding_code_are_refused_as_data(tmp_path, outside, monkeypatch):
+    """A Hugging Face folder is data: even without confinement it is read in the node's process, and a .bin with a
+    pickled payload is refused by torch's weights_only unpickler, with a clear error."""
+    monkeypatch.setenv(confinement.DISABLE_ENV, "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    attacks.pickled_bin_huggingface(tmp_path / "bert", outside / "hf_pwned")
+    with pytest.raises(StageFailed, match="weights_only unpickler refuses") as refused:
+        _export(tmp_path, model="bert")
+    assert "safetensors" in refused.value.hint
+    assert _listing(outside) == ["existing.txt"]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Without confinement
 
