@@ -8,8 +8,12 @@ from this one, which has imported torch, onnx and onnxruntime and exported nothi
 forks each node from a warm server that preloaded the stage's modules. One warm-up export of each kind (file
 caches) is not counted.
 
+For the PyTorch formats a third mode, the same child process unconfined (`confinement.run` with
+``confine_child=False``), separates what a fresh process costs from what the kernel's confinement costs.
+
 Figures: per format and mode, the median wall time and its range over the rounds; per round, the extra seconds
-of the confined export over the trusted one, with their mean, a 95% t-interval and the range.
+of the confined export over the trusted one, and over the unconfined child, each with their mean, a 95%
+t-interval and the range.
 
     python bench/confinement_cost.py --rounds 3 [--tensorflow]
 """
@@ -61,7 +65,21 @@ def _models(folder: Path, tensorflow: bool) -> dict[str, dict]:
     return models
 
 
-def _export(folder: Path, params: dict, trusted: bool) -> float:
+def _child_unconfined(folder: Path, params: dict) -> dict:
+    """The PyTorch export as the confined path runs it, in a child process that does not confine itself."""
+    from trtflow_stages import export
+    from trtflow_stages.formats import confinement
+    from trtflow_stages.formats.sources import detect
+
+    source = (folder / params["model"]).absolute()
+    box = Path(tempfile.mkdtemp(dir=folder, prefix="work-")) / "confined"
+    request = {"node": "export", "params": export.Params(**params).model_dump(mode="json"),
+               "format": detect(params["model"], source).name, "source": str(source)}
+    answer = confinement.run("trtflow_stages.export:export_in_child", request, box, [source], confine_child=False)
+    return {"model_code": "child", "checked": answer["check"]["checked"]}
+
+
+def _export(folder: Path, params: dict, mode: str) -> float:
     """Seconds one export takes in a process forked from this one (a node of the local executor)."""
     import os
 
@@ -76,11 +94,14 @@ def _export(folder: Path, params: dict, trusted: bool) -> float:
 
             work = Path(tempfile.mkdtemp(dir=folder, prefix="work-"))
             start = time.perf_counter()
-            result = run_stage(export.stage, {**params, "trust_code": trusted}, workdir=work, recipe_dir=folder)
+            if mode == "child":
+                summary = _child_unconfined(folder, params)
+            else:
+                summary = run_stage(export.stage, {**params, "trust_code": mode == "trusted"}, workdir=work,
+                                    recipe_dir=folder).summary
             took = time.perf_counter() - start
-            expected = "trusted" if trusted else "confined"
-            ok = result.summary.get("model_code") == expected and result.summary.get("checked") is True
-            os.write(write, json.dumps({"seconds": took} if ok else {"error": result.summary}).encode())
+            ok = summary.get("model_code") == mode and summary.get("checked") is True
+            os.write(write, json.dumps({"seconds": took} if ok else {"error": summary}).encode())
         except BaseException as error:  # report anything to the parent, which stops
             os.write(write, json.dumps({"error": repr(error)}).encode())
             code = 1
@@ -128,24 +149,30 @@ def main() -> None:
         folder = Path(tmp)
         models = _models(folder, args.tensorflow)
         for fmt, params in models.items():
-            _export(folder, params, True)
-            _export(folder, params, False)
-            times: dict[str, list[float]] = {"trusted": [], "confined": []}
+            modes = ["trusted", "confined"] + (["child"] if fmt != "tensorflow" else [])
+            for mode in modes:
+                _export(folder, params, mode)
+            times: dict[str, list[float]] = {mode: [] for mode in modes}
             for index in range(args.rounds):
-                order = (True, False) if index % 2 == 0 else (False, True)
-                for trusted in order:
-                    times["trusted" if trusted else "confined"].append(_export(folder, params, trusted))
+                for mode in modes[index % len(modes):] + modes[:index % len(modes)]:
+                    times[mode].append(_export(folder, params, mode))
             raw[fmt] = times
     print(f"confinement: {capability.describe()}; {args.rounds} rounds per format")
-    print(f"{'format':<18} {'trusted s: median (range)':<28} {'confined s: median (range)':<28} "
-          "extra s: mean [95% t-interval] (range)")
+    print(f"{'format':<17} {'mode':<32} {'seconds: median (range)':<24} extra over trusted, over unconfined child: "
+          "mean [95% t-interval] (range)")
+    labels = {"trusted": "trusted (node's process / child)", "confined": "confined child",
+              "child": "unconfined child"}
     for fmt, times in raw.items():
-        extra = [c - t for c, t in zip(times["confined"], times["trusted"], strict=True)]
-        low, high = _t_interval(extra)
-        cells = [f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})" for v in (times["trusted"],
-                                                                                       times["confined"])]
-        print(f"{fmt:<18} {cells[0]:<28} {cells[1]:<28} {statistics.fmean(extra):+.2f} [{low:+.2f}, {high:+.2f}] "
-              f"({min(extra):+.2f} to {max(extra):+.2f})")
+        for mode, values in times.items():
+            line = f"{fmt:<17} {labels[mode]:<32} {statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+            if mode == "confined":
+                for base in ("trusted", "child"):
+                    if base in times:
+                        extra = [c - t for c, t in zip(values, times[base], strict=True)]
+                        low, high = _t_interval(extra)
+                        line += (f"{'' if base == 'trusted' else ';':<4}{statistics.fmean(extra):+.2f} "
+                                 f"[{low:+.2f}, {high:+.2f}] ({min(extra):+.2f} to {max(extra):+.2f})")
+            print(line)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"capability": capability.describe(), "rounds": args.rounds,

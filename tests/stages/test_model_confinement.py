@@ -127,6 +127,26 @@ def test_pt2_running_code_at_load_is_confined(tmp_path, outside, monkeypatch):
     udp.close()
 
 
+@needs_confinement
+@pytest.mark.parametrize("fmt", ["torchscript", "exported_program"])
+def test_a_confined_export_is_the_trusted_one(tmp_path, fmt):
+    """The confined child exports and checks as the node's process does: the same ONNX bytes, the same checks."""
+    import torch
+
+    if fmt == "torchscript":
+        torch.jit.save(torch.jit.script(attacks.Mlp().eval()), tmp_path / "mlp.pt")
+        params = {"model": "mlp.pt", "inputs": TS_INPUTS}
+    else:
+        attacks.clean_pt2(tmp_path / "mlp.pt2")
+        params = {"model": "mlp.pt2"}
+    confined = _export(tmp_path, work="confined", **params)
+    trusted = _export(tmp_path, work="trusted", trust_code=True, **params)
+    assert confined.outputs["model"].read_bytes() == trusted.outputs["model"].read_bytes()
+    same = {k: v for k, v in confined.summary.items() if k not in ("model_code", "confinement")}
+    assert same == {k: v for k, v in trusted.summary.items() if k != "model_code"}
+    assert confined.summary["model_code"] == "confined" and trusted.summary["model_code"] == "trusted"
+
+
 # ---------------------------------------------------------------------------------------------------------
 # TorchScript and TensorFlow
 
