@@ -571,7 +571,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
 #: taken from it, and nothing of another type).
 _CHILD_SUMMARY: dict[str, type | tuple[type, ...]] = {
     "exporter": str, "inputs_bound_by": str, "warnings": list, "checked": (bool, str), "checked_at": list,
-    "checked_shapes": list, "max_abs_diff_vs_torch": (int, float), "not_checked_because": str, "notes": list,
+    "checked_shapes": list, "max_abs_diff_vs_torch": (int, float), "not_checked_because": str,
     "task": str, "model_type": str, "exported": str}
 _CHILD_EXTRA = ("task", "model_type", "exported")
 

@@ -368,9 +368,9 @@ def run(function: str, request: Mapping[str, Any], box: Path, readable: Sequence
             name = f"signal {-code}"
         raise StageFailed(f"{what} died of {name}", hint=f"its log: {log_file}")
     if "error" in answer or code != 0 or not answer:
-        message = str(answer.get("error") or _last_lines(tail) or f"exit code {code}")
+        message = _printable(str(answer.get("error") or _last_lines(tail) or f"exit code {code}"))
         hint = str(answer.get("hint") or "")
-        denied = _denied(message) or _denied(_tail(log_file, 1 << 18)) if confine_child else None
+        denied = _denied(message) or _denied(_printable(_tail(log_file, 1 << 18))) if confine_child else None
         if denied is not None:
             hint = (f"the model's code tried something the confinement forbids ({denied}): writing outside its "
                     "scratch folder, reading private files or using the network; if you trust this file as a "
@@ -433,10 +433,25 @@ def read_result(box: Path) -> dict[str, Any]:
     except OSError as error:
         return {"error": f"its answer is unreadable: {error}"}
     try:
-        answer = json.loads(data)
-    except ValueError:
+        answer = _printable(json.loads(data))
+    except (ValueError, RecursionError):
         return {"error": "its answer is not JSON"}
     return answer if isinstance(answer, dict) else {"error": "its answer is not a JSON object"}
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _printable(value: Any) -> Any:
+    """``value`` with control characters removed from every string (the answer is shown on terminals: no escape
+    sequences from the model's code)."""
+    if isinstance(value, str):
+        return _CONTROL.sub("", value)
+    if isinstance(value, list):
+        return [_printable(v) for v in value]
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    return value
 
 
 def read_regular(path: Path, limit: int) -> bytes:
