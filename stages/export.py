@@ -584,7 +584,8 @@ def _export_confined(ctx: StageContext, params: Params, fmt: str, source: Path, 
 
     box = ctx.scratch / "confined"
     ctx.progress(0.05, "exporting in a confined child process")
-    request = {"node": ctx.node, "params": params.model_dump(mode="json"), "format": fmt,
+    # (only the fields the recipe set: which were set decides what the model's own declarations replace)
+    request = {"node": ctx.node, "params": params.model_dump(mode="json", exclude_unset=True), "format": fmt,
                "source": str(source.absolute())}
     answer = confinement.run(f"{__name__}:export_in_child", request, box, [source], log=ctx.log,
                              what=f"exporting {params.model} (in a confined child process)")
