@@ -10,6 +10,7 @@ fix, rather than one stage later in an ONNX Runtime error that does not point ba
 from __future__ import annotations
 
 import shutil
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
@@ -67,6 +68,14 @@ class Params(StageParams):
         default=None, description="Hugging Face folders: the task whose head to export (feature-extraction, "
         "text-classification, fill-mask, text-generation, image-classification, object-detection, ...). Default: "
         "the one config.json's architectures name.")
+    trust_code: bool = Field(
+        default=False, description="Trust the model file's own program, as a python: factory is trusted. TorchScript "
+        "archives, .pt2 programs, TensorFlow SavedModels and Keras files run code of their own when read or traced "
+        "(README: Model files): without this they are converted in a child process the kernel confines (Linux "
+        "Landlock: writes only in the node's scratch folder, no network), refused where no confinement is "
+        "available, and a .pt2 holding pickled objects is refused. true: converted unconfined, as trtflow did "
+        "before it confined them. Set it only for a file you would run as a program; `trtflow plan` shows it. It "
+        "may be turned on only in a recipe file, not with --set.", json_schema_extra={"written_in_recipe": True})
     factory_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the factory.")
     checkpoint: str | None = Field(
         default=None,
@@ -136,6 +145,12 @@ class Params(StageParams):
                     raise ValueError(f"profile {profile.name!r}: {name!r} has rank {len(shape_range.min)} but the "
                                      f"sample shape {spec.shape} has rank {len(spec.shape)}")
         return self
+
+    def notices(self) -> list[str]:
+        if not self.trust_code:
+            return []
+        return [f"trust_code: true: {self.model}'s own code runs unconfined when it is read (like a python: "
+                "factory)"]
 
     @property
     def is_onnx_file(self) -> bool:
@@ -383,7 +398,7 @@ def _sample_fits(ctx: StageContext, params: Params, model: Any, binding: Any) ->
         if explained is not None:
             raise StageFailed(*explained) from error
         ctx.log.warning("the model fails on the sample inputs in eager PyTorch: %s: %s", type(error).__name__,
-                        " ".join(str(error).split())[:400])
+                        " ".join(str(error).split())[:2000])
 
 
 def _export_pytorch(ctx: StageContext, params: Params, target: Path, model: Any, program: Any = None,
@@ -508,7 +523,9 @@ def _declared(params: Params, inputs: dict[str, dict[str, Any]], outputs: list[s
 
 
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
+    from .formats import confinement
     from .formats.sources import check_content, detect
+    from .formats.trust import decide
 
     target = ctx.output("model")
     source = None if params.model.startswith("python:") else ctx.resolve(params.model)
@@ -516,6 +533,9 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     if source is not None:
         check_content(fmt, source, params.model)
     summary_extra: dict[str, Any] = {"format": fmt.name}
+    permit = decide(fmt, source, params.model, params.trust_code) if source is not None else None
+    if permit is not None:
+        summary_extra.update(permit.record())
     ctx.progress(0.02, f"reading the {fmt.label}")
     if fmt.name == "onnx":
         assert source is not None
@@ -523,23 +543,83 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     elif fmt.name in ("tensorflow", "keras"):
         from .formats.tensorflow import convert
 
-        assert source is not None
-        ctx.progress(0.1, "converting with tf2onnx (in a child process)")
-        result = convert(source, target, params.opset, fmt.name == "keras", params.atol, params.rtol, ctx.log)
+        assert source is not None and permit is not None
+        ctx.progress(0.1, "converting with tf2onnx (in a child process" + (", confined)" if permit.confined else ")"))
+        result = convert(source, target, params.opset, fmt.name == "keras", params.atol, params.rtol,
+                         ctx.scratch / "confined", confine_child=permit.confined, log=ctx.log)
         check = {"exporter": "tf2onnx", "checked": True, "checked_shapes": result["checked_shapes"],
                  "max_abs_diff_vs_tensorflow": max(c["max_abs_diff_vs_tensorflow"] for c in result["checked_shapes"])}
         _checker(target)
     elif fmt.name == "python":
         check = _export_pytorch(ctx, params, target, _build_model(ctx, params))
         write_source(ctx, params)
+    elif permit is not None and permit.confined:
+        assert source is not None
+        check = _export_confined(ctx, params, fmt.name, source, target, summary_extra)
     else:
         assert source is not None
-        check = _export_saved_torch(ctx, params, fmt.name, source, target, summary_extra)
+        with confinement.trusting() if permit is not None and permit.mode == "trusted" else nullcontext():
+            check = _export_saved_torch(ctx, params, fmt.name, source, target, summary_extra)
     summary = describe_onnx(target)
     summary.update(summary_extra)
     summary.update(check)
     ctx.log.info("exported %s (%s): %s", params.model, fmt.label, summary)
     return summary
+
+
+#: What the confined child may add to the summary, with its type (it runs the model's code, so nothing else is
+#: taken from it, and nothing of another type).
+_CHILD_SUMMARY: dict[str, type | tuple[type, ...]] = {
+    "exporter": str, "inputs_bound_by": str, "warnings": list, "checked": (bool, str), "checked_at": list,
+    "checked_shapes": list, "max_abs_diff_vs_torch": (int, float), "not_checked_because": str,
+    "task": str, "model_type": str, "exported": str}
+_CHILD_EXTRA = ("task", "model_type", "exported")
+
+
+def _export_confined(ctx: StageContext, params: Params, fmt: str, source: Path, target: Path,
+                     extra: dict[str, Any]) -> dict[str, Any]:
+    """`_export_saved_torch` in a child process the kernel confines (formats.confinement): this process never
+    loads the model; it takes the ONNX file and the summary the child made."""
+    from .formats import confinement
+
+    box = ctx.scratch / "confined"
+    ctx.progress(0.05, "exporting in a confined child process")
+    # (only the fields the recipe set: which were set decides what the model's own declarations replace)
+    request = {"node": ctx.node, "params": params.model_dump(mode="json", exclude_unset=True), "format": fmt,
+               "source": str(source.absolute())}
+    answer = confinement.run(f"{__name__}:export_in_child", request, box, [source], log=ctx.log,
+                             what=f"exporting {params.model} (in a confined child process)")
+    confinement.take_file(box / _CHILD_MODEL, target)
+    _checker(target)
+    answer = confinement.checked(answer, {"check": dict, "extra": dict}, f"exporting {params.model}")
+    parts = {**answer["extra"], **answer["check"]}
+    taken = {k: v for k, v in parts.items() if k in _CHILD_SUMMARY and isinstance(v, _CHILD_SUMMARY[k])}
+    if "checked" not in taken:
+        raise StageFailed(f"exporting {params.model}: the confined child answered without saying what it checked",
+                          hint="the model's code may have tampered with the conversion; see the node's log")
+    extra.update({k: v for k, v in taken.items() if k in _CHILD_EXTRA})
+    return {k: v for k, v in taken.items() if k not in _CHILD_EXTRA}
+
+
+_CHILD_MODEL = "work/out/model.onnx"
+
+
+def export_in_child(request: dict[str, Any]) -> dict[str, Any]:
+    """In the confined child (formats.confinement.child_main): load, export and check the saved model in the
+    working folder, as the node's process does for a trusted one; the summary parts."""
+    import logging
+    import sys
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    box = Path.cwd()
+    ctx = StageContext(node=request["node"], scratch=box / "work", recipe_dir=box, outputs=stage.outputs,
+                       cache_dir=box / "cache", logger=logging.getLogger(f"trtflow.node.{request['node']}"))
+    params = Params.model_validate(request["params"])
+    extra: dict[str, Any] = {}
+    target = ctx.output("model")
+    assert target == box / _CHILD_MODEL
+    check = _export_saved_torch(ctx, params, request["format"], Path(request["source"]), target, extra)
+    return {"check": check, "extra": extra}
 
 
 def _export_saved_torch(ctx: StageContext, params: Params, fmt: str, source: Path, target: Path,

@@ -112,9 +112,10 @@ class Step:
 
     @property
     def notes(self) -> list[str]:
-        """What the stage said users should know about its stored result (its summary's ``notes``)."""
+        """What users should know: about the node's settings (its params' ``notices``), then about its stored
+        result (its summary's ``notes``)."""
         notes = ((self.manifest or {}).get("summary") or {}).get("notes")
-        return [str(n) for n in notes] if isinstance(notes, list) else []
+        return list(self.node.params_model.notices()) + ([str(n) for n in notes] if isinstance(notes, list) else [])
 
     def as_json(self) -> dict[str, Any]:
         return {"node": self.node.name, "stage": self.node.stage, "status": self.status, "reason": self.reason,

@@ -78,9 +78,17 @@ CodeReference = Annotated[str, AfterValidator(_check_code_reference)]
 
 
 class StageParams(BaseModel):
-    """Base class for a stage's parameters: unknown keys are errors; every field needs a description."""
+    """Base class for a stage's parameters: unknown keys are errors; every field needs a description.
+
+    A field declared with ``json_schema_extra={"written_in_recipe": True}`` (a grant of trust, e.g. export's
+    ``trust_code``) may be turned on only in a recipe file, not with ``--set``: the recipe loader refuses it.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def notices(self) -> list[str]:
+        """What a user should know about these settings before the node runs (`trtflow plan` shows each)."""
+        return []
 
 
 @dataclass(frozen=True)

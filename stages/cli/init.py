@@ -154,6 +154,7 @@ class Scaffold:
     write_inputs: bool = False  # the export node needs `inputs:` (a factory or a TorchScript archive)
     model_format: str = "onnx"
     task: str | None = None  # a Hugging Face folder's task, when given
+    trust_code: bool = False  # --trust-code: the export node reads the model file unconfined
 
     @property
     def dynamic(self) -> bool:
@@ -203,6 +204,8 @@ class Scaffold:
                   f"      model: {_flow(self.model_ref)}"]
         if self.task:
             lines.append(f"      task: {_flow(self.task)}")
+        if self.trust_code:
+            lines.append("      trust_code: true   # --trust-code: the model file's own code runs unconfined")
         if self.write_inputs:
             export_inputs = {}
             for spec in self.inputs:
@@ -305,7 +308,7 @@ def _inside_project(path: Path, output: Path, what: str) -> None:
 
 
 def scaffold(model: str, output: Path, data: Path | None, inputs: list[str], outputs: list[str], batch: str,
-             dims: list[str], name: str | None, task: str | None = None) -> Scaffold:
+             dims: list[str], name: str | None, task: str | None = None, trust_code: bool = False) -> Scaffold:
     recipe_dir = output.absolute().parent
     batch_range = Range.parse(batch, "--batch")
     dim_ranges: dict[str, Range] = {}
@@ -336,7 +339,7 @@ def scaffold(model: str, output: Path, data: Path | None, inputs: list[str], out
             reference = "python:" + os.path.relpath(path.absolute(), recipe_dir) + ":" + model.rpartition(":")[2]
         default_name = Path(target).stem if target.endswith(".py") else target.rpartition(".")[2]
     else:
-        specs, fmt, defaults = _saved_model_inputs(model, inputs, output, task)
+        specs, fmt, defaults = _saved_model_inputs(model, inputs, output, task, trust_code)
         path = Path(model)
         reference, label = os.path.relpath(path.absolute(), recipe_dir), model
         default_name = path.stem if path.is_file() else path.absolute().name
@@ -349,16 +352,27 @@ def scaffold(model: str, output: Path, data: Path | None, inputs: list[str], out
         data_ref = os.path.relpath(data.absolute(), recipe_dir)
     ranges = dynamic_ranges(specs, batch_range, dim_ranges)
     fmt_name = "python" if model.startswith("python:") else fmt.name
+    from ..formats.trust import RUNS_CODE
+
+    if trust_code and fmt_name not in RUNS_CODE:
+        raise TrtflowError(f"--trust-code is for model files that carry a program ({', '.join(RUNS_CODE)}); a "
+                           f"{'python: factory' if fmt_name == 'python' else fmt.label} needs no such word",
+                           hint="leave --trust-code out")
     return Scaffold(_recipe_name(name or default_name), reference, specs, ranges, data_ref, outputs, label,
-                    write_inputs=fmt_name in ("python", "torchscript"), model_format=fmt_name, task=task)
+                    write_inputs=fmt_name in ("python", "torchscript"), model_format=fmt_name, task=task,
+                    trust_code=trust_code)
 
 
-def _saved_model_inputs(model: str, inputs: list[str], output: Path,
-                        task: str | None = None) -> tuple[list[ModelInput], Any, dict]:
-    """(inputs, format, proposed ranges of non-batch dims) of a model file or folder; --input only for TorchScript."""
+def _saved_model_inputs(model: str, inputs: list[str], output: Path, task: str | None = None,
+                        trust_code: bool = False) -> tuple[list[ModelInput], Any, dict]:
+    """(inputs, format, proposed ranges of non-batch dims) of a model file or folder; --input only for TorchScript.
+
+    A model whose reading runs its own code is read as export would (formats.trust): in a confined child, or
+    unconfined with --trust-code, or refused."""
     from trtflow.errors import StageFailed
 
     from ..formats.sources import check_content, detect
+    from ..formats.trust import decide
 
     path = Path(model)
     if not path.exists():
@@ -370,6 +384,10 @@ def _saved_model_inputs(model: str, inputs: list[str], output: Path,
     except StageFailed as exc:
         raise TrtflowError(exc.message, hint=exc.hint) from None
     _inside_project(path, output, "the model")
+    try:
+        decide(fmt, path, model, trust_code, "give --trust-code")
+    except StageFailed as exc:
+        raise TrtflowError(exc.message, hint=exc.hint) from None
     if fmt.name == "torchscript":
         if not inputs:
             raise TrtflowError("a TorchScript archive does not record its input shapes: give each forward() argument "
@@ -385,7 +403,7 @@ def _saved_model_inputs(model: str, inputs: list[str], output: Path,
         from ..formats.describe import declared_inputs, default_dim_ranges
 
         try:
-            declared = declared_inputs(fmt, path, task)
+            declared = declared_inputs(fmt, path, task, trust_code)
         except StageFailed as exc:
             raise TrtflowError(exc.message, hint=exc.hint) from None
         specs = [ModelInput(d.name, d.dtype, d.dims, d.value_range) for d in declared]
@@ -418,6 +436,10 @@ def init(
     task: Annotated[str | None, typer.Option(
         "--task", help="For a Hugging Face folder: the task whose head to export (default: from config.json's "
         "architectures).")] = None,
+    trust_code: Annotated[bool, typer.Option(
+        "--trust-code", help="Trust the model file's own program (TorchScript, .pt2, SavedModel, Keras run code "
+        "when read or traced): read it unconfined, and write trust_code: true into the recipe. Without it such a "
+        "file is read in a child process the kernel confines, or refused where none is available.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing recipe file.")] = False,
 ) -> None:
     """Write a recipe for MODEL: profiles from its dynamic dimensions, fp32/fp16/int8 candidates validated and
@@ -426,7 +448,8 @@ def init(
         raise TrtflowError(f"{output} exists", hint="choose another --output, or --force to overwrite it")
     if task is not None and Path(model).is_file():
         raise TrtflowError("--task is for Hugging Face model folders")
-    plan = scaffold(model, output, data, inputs or [], outputs or ["output"], batch, dims or [], name, task)
+    plan = scaffold(model, output, data, inputs or [], outputs or ["output"], batch, dims or [], name, task,
+                    trust_code)
     recipe_dir = output.absolute().parent
     recipe_dir.mkdir(parents=True, exist_ok=True)
     schema, schema_file = _schema_reference(recipe_dir)

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trtflow.stage import StageFailed
 
+from . import confinement
 from .sources import ModelFormat
 
 
@@ -58,42 +59,67 @@ def huggingface_inputs(folder: Path, task: str | None) -> tuple[list[DeclaredInp
     return _from_entries(declared_inputs(config, _accepted(model))), raw
 
 
-def program_inputs(path: Path) -> list[DeclaredInput]:
+def program_inputs(path: Path, confine_child: bool = True) -> list[DeclaredInput]:
+    """A .pt2 program's inputs, read in a child process (loading a program may run code: `trust`)."""
+    with _box() as box:
+        answer = confinement.run(f"{__name__}:program_entries_in_child", {"source": str(path.absolute())}, box, [path],
+                                 timeout=900.0, what=f"reading the inputs of {path.name}", confine_child=confine_child)
+    entries = confinement.checked(answer, {"inputs": dict}, f"reading the inputs of {path.name}")["inputs"]
+    try:
+        return _from_entries(entries)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise StageFailed(f"reading the inputs of {path.name}: the child process answered invalid inputs "
+                          f"({error!r})") from error
+
+
+def program_entries_in_child(request: dict[str, Any]) -> dict[str, Any]:
+    """In the child: the program's export ``inputs:`` entries."""
     from .torch_archives import load_program
 
-    return _from_entries(load_program(path, path.name).inputs)
+    path = Path(request["source"])
+    return {"inputs": load_program(path, path.name).inputs}
 
 
-def tensorflow_inputs(path: Path, keras: bool) -> list[DeclaredInput]:
+def tensorflow_inputs(path: Path, keras: bool, confine_child: bool = True) -> list[DeclaredInput]:
     """The serving signature's inputs, read in a child process (TensorFlow stays out of this one)."""
-    code = ("import json, sys, tempfile\nfrom pathlib import Path\nimport tensorflow as tf\n"
-            "from trtflow_stages.formats.tensorflow import _load\n"
-            "with tempfile.TemporaryDirectory() as folder:\n"
-            "    function, loaded = _load(tf, sys.argv[1], sys.argv[2] == 'keras', Path(folder))\n"
-            "    specs = function.structured_input_signature[1]\n"
-            "    print(json.dumps({n: {'shape': [d for d in s.shape.as_list()], 'dtype': s.dtype.name}"
-            " for n, s in specs.items()}))\n")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-c", code, str(path), "keras" if keras else "saved"], capture_output=True,
-                          text=True, env=env, timeout=900, check=False)
-    if proc.returncode != 0:
-        raise StageFailed(f"cannot read the inputs of {path.name}: {' '.join(proc.stderr.strip().splitlines()[-2:])}")
+    from .tensorflow import signature_inputs
+
+    with _box() as box:
+        specs = signature_inputs(path, keras, box, confine_child)["inputs"]
     found = []
-    for name, spec in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+    for name, spec in specs.items():
         dims = tuple(size if size is not None else ("batch" if axis == 0 else f"{name}_{axis}")
                      for axis, size in enumerate(spec["shape"]))
         found.append(DeclaredInput(name, spec["dtype"], dims))
     return found
 
 
-def declared_inputs(fmt: ModelFormat, path: Path, task: str | None = None) -> list[DeclaredInput]:
-    """The inputs a self-describing model declares (ONNX files are read by `trtflow init` itself)."""
+@contextmanager
+def _box() -> Iterator[Path]:
+    """A private folder for a child process (its box), removed afterwards."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="trtflow-describe-"))
+    try:
+        yield folder / "confined"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def declared_inputs(fmt: ModelFormat, path: Path, task: str | None = None, trusted: bool = False,
+                    trust_word: str = "give --trust-code") -> list[DeclaredInput]:
+    """The inputs a self-describing model declares (ONNX files are read by `trtflow init` itself); a model that
+    runs its own code is read as `trust.decide` says (StageFailed where it may not be read)."""
+    from .trust import decide
+
+    permit = decide(fmt, path, path.name, trusted, trust_word)
     if fmt.name == "huggingface":
         return huggingface_inputs(path, task)[0]
     if fmt.name == "exported_program":
-        return program_inputs(path)
+        return program_inputs(path, permit.confined)
     if fmt.name in ("tensorflow", "keras"):
-        return tensorflow_inputs(path, fmt.name == "keras")
+        return tensorflow_inputs(path, fmt.name == "keras", permit.confined)
     raise StageFailed(f"a {fmt.label} does not declare its inputs")
 
 

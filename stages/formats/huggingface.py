@@ -154,6 +154,7 @@ def _wrapper_class() -> Any:
 def load_model(folder: Path, task: str | None, shown: str) -> HfModel:
     """The folder's model (weights from the folder, nothing downloaded) wrapped for export, with its inputs."""
     import os
+    import pickle
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -167,6 +168,10 @@ def load_model(folder: Path, task: str | None, shown: str) -> HfModel:
         config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
         auto = getattr(transformers, TASKS[chosen])
         model = auto.from_pretrained(str(folder), local_files_only=True, attn_implementation="eager")
+    except pickle.UnpicklingError as error:  # a .bin holding more than tensors: torch's weights_only refuses it
+        raise StageFailed(f"{shown!r} holds .bin weights with Python objects other than tensors, which torch's "
+                          f"weights_only unpickler refuses to load: {' '.join(str(error).split())[:200]}",
+                          hint="save the weights as safetensors (model.save_pretrained(folder) writes them)") from error
     except (ValueError, KeyError, OSError) as error:
         raise StageFailed(f"transformers cannot load {shown!r} for task {chosen}: {' '.join(str(error).split())[:400]}",
                           hint="check config.json's model_type and architectures, or set task: to what the "

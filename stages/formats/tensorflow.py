@@ -1,72 +1,74 @@
 """TensorFlow SavedModels and Keras files to ONNX through tf2onnx, in a child process.
 
 TensorFlow is large, slow to import (about 5 s) and keeps threads and memory for the life of the process, so it
-never loads into a node's process: `convert` runs this module as a child (``python -m ...formats.tensorflow``),
-which loads the model (a Keras file is first saved as a SavedModel with ``model.export``), converts its serving
-signature with ``tf2onnx.convert.from_function``, names the dynamic dimensions (``batch`` for axis 0, else
-``<input>_<axis>``), and checks the ONNX model against TensorFlow on random inputs at two sizes of every dynamic
-dimension. It prints one JSON line: the inputs, the outputs and each checked shape's largest difference.
+never loads into a node's process: `convert` runs `convert_in_child` in a child process (`confinement.run`:
+confined by the kernel, or unconfined for a model the recipe trusts), which loads the model (a Keras file is
+first saved as a SavedModel with ``model.export``), converts its serving signature with
+``tf2onnx.convert.from_function``, names the dynamic dimensions (``batch`` for axis 0, else ``<input>_<axis>``),
+and checks the ONNX model against TensorFlow on random inputs at two sizes of every dynamic dimension. It answers
+with the inputs, the outputs and each checked shape's largest difference. `signature_in_child` reads only the
+serving signature's inputs (for `trtflow init`).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from trtflow.stage import StageFailed
 
+from . import confinement
+
 _TIMEOUT_S = 1800.0
+MODEL_FILE = "model.onnx"
 
 
-def convert(source: Path, target: Path, opset: int, keras: bool, atol: float, rtol: float,
-            log: Any = None) -> dict[str, Any]:
-    """Convert ``source`` to ``target`` in a child process; the child's JSON summary, or StageFailed."""
+def convert(source: Path, target: Path, opset: int, keras: bool, atol: float, rtol: float, box: Path,
+            confine_child: bool = True, log: Any = None) -> dict[str, Any]:
+    """Convert ``source`` to ``target`` in a child process working in ``box``; its summary, or StageFailed."""
     try:
         import tf2onnx  # noqa: F401
     except ImportError as error:
         raise StageFailed("converting a TensorFlow model needs tensorflow and tf2onnx",
                           hint="pip install 'trtflow[tensorflow]'") from error
-    command = [sys.executable, "-m", __name__, str(source), str(target), str(opset), "keras" if keras else "saved",
-               str(atol), str(rtol)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=_TIMEOUT_S, env=env, check=False)
-    except subprocess.TimeoutExpired as error:
-        raise StageFailed(f"converting {source.name} with tf2onnx took more than {_TIMEOUT_S:.0f} s") from error
-    if log is not None and proc.stderr:
-        log.info("tf2onnx: %s", proc.stderr[-4000:])
-    result = {}
-    for line in reversed(proc.stdout.strip().splitlines()):
-        if line.startswith("{"):
-            result = json.loads(line)
-            break
-    if proc.returncode != 0 or "error" in result or not result:
-        if proc.returncode < 0:
-            what = f"the conversion process died of signal {-proc.returncode}"
-        else:
-            what = result.get("error") or " ".join(proc.stderr.strip().splitlines()[-3:])[:500]
-        raise StageFailed(f"cannot convert the TensorFlow model {source.name} to ONNX: {what}",
-                          hint=result.get("hint") or "the node's log holds tf2onnx's messages")
+    request = {"source": str(source.absolute()), "opset": opset, "kind": "keras" if keras else "saved", "atol": atol,
+               "rtol": rtol}
+    result = confinement.run(f"{__name__}:convert_in_child", request, box, [source], log=log, timeout=_TIMEOUT_S,
+                             what=f"converting the TensorFlow model {source.name} with tf2onnx",
+                             confine_child=confine_child)
+    confinement.take_file(box / MODEL_FILE, target)
+    result = confinement.checked(result, {"inputs": dict, "outputs": list, "checked_shapes": list}, "tf2onnx")
+    shapes = result["checked_shapes"]
+    if not shapes or not all(isinstance(c, dict) and isinstance(c.get("max_abs_diff_vs_tensorflow"), int | float)
+                             for c in shapes):
+        raise StageFailed("tf2onnx: the child process answered without valid checked shapes",
+                          hint="the model's code may have tampered with the conversion; see the node's log")
     return result
+
+
+def signature_inputs(source: Path, keras: bool, box: Path, confine_child: bool = True) -> dict[str, Any]:
+    """The serving signature's inputs (name -> shape with None for a dynamic size, dtype), read in a child."""
+    answer = confinement.run(f"{__name__}:signature_in_child", {"source": str(source.absolute()),
+                                                                 "kind": "keras" if keras else "saved"},
+                             box, [source], timeout=900.0, what=f"reading the inputs of {source.name}",
+                             confine_child=confine_child)
+    inputs = confinement.checked(answer, {"inputs": dict}, f"reading the inputs of {source.name}")["inputs"]
+    for name, spec in inputs.items():
+        if not (isinstance(spec, dict) and isinstance(spec.get("dtype"), str) and isinstance(spec.get("shape"), list)
+                and all(d is None or isinstance(d, int) for d in spec["shape"])):
+            raise StageFailed(f"reading the inputs of {source.name}: the child process answered an invalid input "
+                              f"{name!r}")
+    return answer
 
 
 # ---------------------------------------------------------------------------------------------------------
 # The child process
 
 
-def _fail(message: str, hint: str = "") -> int:
-    print(json.dumps({"error": message, "hint": hint}), flush=True)
-    return 1
-
-
 def _load(tf: Any, source: str, keras: bool, workdir: Path) -> tuple[Any, Any]:
     """(the serving function, the loaded SavedModel, which must stay referenced while the function is used)."""
+    confinement.guard(source)
     if keras:
         import keras as keras_lib
 
@@ -156,34 +158,47 @@ def _check(tf: Any, function: Any, target: Path, inputs: dict[str, dict[str, Any
     return results
 
 
-def main(argv: Sequence[str]) -> int:
-    source, target, opset, kind, atol, rtol = argv
+def convert_in_child(request: dict[str, Any]) -> dict[str, Any]:
+    """In the child: the model to ``model.onnx`` in the working folder, checked; the summary (or StageFailed)."""
     import tensorflow as tf
 
+    source, keras, target = request["source"], request["kind"] == "keras", Path.cwd() / MODEL_FILE
     with tempfile.TemporaryDirectory() as folder:
         try:
-            function, loaded = _load(tf, source, kind == "keras", Path(folder))
+            function, loaded = _load(tf, source, keras, Path(folder))
         except ValueError as error:
-            return _fail(str(error), "save the model again (model.export(folder) or tf.saved_model.save)")
+            raise StageFailed(str(error), hint="save the model again (model.export(folder) or "
+                              "tf.saved_model.save)") from error
         import tf2onnx
 
         specs = list(function.structured_input_signature[1].values())
         try:
-            tf2onnx.convert.from_function(tf.function(function), input_signature=specs, opset=int(opset),
-                                          output_path=target)
+            tf2onnx.convert.from_function(tf.function(function), input_signature=specs, opset=int(request["opset"]),
+                                          output_path=str(target))
         except Exception as error:  # tf2onnx raises many types for operators it cannot convert
-            return _fail(f"tf2onnx failed: {type(error).__name__}: {' '.join(str(error).split())[:500]}",
-                         "see the node's log for tf2onnx's messages; a newer opset may cover the operator")
-        inputs = _rename_dims(Path(target))
+            raise StageFailed(f"tf2onnx failed: {type(error).__name__}: {' '.join(str(error).split())[:500]}",
+                              hint="see the node's log for tf2onnx's messages; a newer opset may cover the "
+                              "operator") from error
+        inputs = _rename_dims(target)
         try:
-            checked = _check(tf, function, Path(target), inputs, float(atol), float(rtol))
+            checked = _check(tf, function, target, inputs, float(request["atol"]), float(request["rtol"]))
             del loaded
         except ValueError as error:
-            return _fail(f"the converted model does not match TensorFlow: {error}")
+            raise StageFailed(f"the converted model does not match TensorFlow: {error}") from error
     outputs = list(function.structured_outputs) if isinstance(function.structured_outputs, dict) else ["output_0"]
-    print(json.dumps({"inputs": inputs, "outputs": outputs, "checked_shapes": checked}), flush=True)
-    return 0
+    return {"inputs": inputs, "outputs": outputs, "checked_shapes": checked}
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def signature_in_child(request: dict[str, Any]) -> dict[str, Any]:
+    """In the child: the serving signature's inputs, {name: {shape, dtype}} (a dynamic size is None)."""
+    import tensorflow as tf
+
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            function, _loaded = _load(tf, request["source"], request["kind"] == "keras", Path(folder))
+        except ValueError as error:
+            raise StageFailed(str(error), hint="save the model again (model.export(folder) or "
+                              "tf.saved_model.save)") from error
+        specs = function.structured_input_signature[1]
+        return {"inputs": {name: {"shape": list(spec.shape.as_list()), "dtype": spec.dtype.name}
+                           for name, spec in specs.items()}}
