@@ -75,7 +75,8 @@ def decoder_reference(decoder: Any, prompts: Sequence[Any], new_tokens: int) -> 
     return [(run.tokens[0], run.logits[0]) for run in runs]
 
 
-def forced_candidate(decoder: Any, prompts: Sequence[Any], reference: Sequence[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+def forced_candidate(decoder: Any, prompts: Sequence[Any],
+                     reference: Sequence[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     """Per prompt, the candidate's argmax tokens and logits when fed the reference's tokens (teacher forcing)."""
     from ..runtimes.generation import greedy
 
@@ -125,7 +126,7 @@ def compare_generation(prompts: Sequence[Any], reference: Sequence[tuple[Any, An
     for index, (prompt, ref, cand) in enumerate(zip(prompts, reference, candidate, strict=True)):
         row = compare_prompt(ref, cand)
         row["prompt"] = index
-        row["prompt_length"] = int(len(prompt))
+        row["prompt_length"] = len(prompt)
         rows.append(row)
     record = {
         "prompts": len(rows),
