@@ -55,11 +55,19 @@ def torch_reference(model: Any, prompts: Sequence[Any], new_tokens: int) -> list
                                            min_new_tokens=None, eos_token_id=None, pad_token_id=0,
                                            output_logits=True, return_dict_in_generate=True)
     results = []
-    for prompt in prompts:
-        ids = torch.from_numpy(np.asarray(prompt, dtype=np.int64)).reshape(1, -1)
-        with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
-        tokens = out.sequences[0, ids.shape[1]:].numpy()
+    # generate() fills what a passed config leaves unset (the end-of-sequence id) from the model's own config: the
+    # model's is replaced for the call instead, so nothing of it (eos, processors) applies
+    saved, model.generation_config = model.generation_config, config
+    try:
+        outputs = []
+        for prompt in prompts:
+            ids = torch.from_numpy(np.asarray(prompt, dtype=np.int64)).reshape(1, -1)
+            with torch.inference_mode():
+                outputs.append((ids.shape[1], model.generate(input_ids=ids, attention_mask=torch.ones_like(ids))))
+    finally:
+        model.generation_config = saved
+    for length, out in outputs:
+        tokens = out.sequences[0, length:].numpy()
         logits = torch.stack(list(out.logits), dim=1)[0].float().numpy()
         if tokens.shape[0] != new_tokens:
             raise StageFailed(f"transformers' generate stopped after {tokens.shape[0]} of {new_tokens} tokens")
