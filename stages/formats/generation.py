@@ -196,11 +196,14 @@ def layout_from_io(inputs: Mapping[str, Sequence[Any]], input_types: Mapping[str
                     "position_ids" in inputs, dtype)
 
 
-def check_profiles(profiles: Sequence[Any], layout: KvLayout) -> None:
+def check_profiles(profiles: Sequence[Any], layout: KvLayout | None = None) -> None:
     """Each profile of a KV-cache model must keep ``attention_mask`` as long as past + sequence at min, opt and max,
-    and stay within the context length."""
+    and (with ``layout``) stay within the context length. Without ``layout``, profiles that shape no past (another
+    kind of model) are left alone."""
     for profile in profiles:
         shapes = profile.shapes
+        if layout is None and past_name(0, "key") not in shapes:
+            continue
         needed = [n for n in ("input_ids", "attention_mask", past_name(0, "key")) if n not in shapes]
         if needed:
             raise StageFailed(f"profile {profile.name!r} gives no shapes for {', '.join(needed)}",
@@ -215,7 +218,7 @@ def check_profiles(profiles: Sequence[Any], layout: KvLayout) -> None:
                     f"the sequence ({sequence}) make {past + sequence}",
                     hint="attention_mask covers the past and the new tokens: its length must be "
                     "past_sequence_length + sequence_length in min, opt and max")
-            if layout.context_length and mask > layout.context_length:
+            if layout is not None and layout.context_length and mask > layout.context_length:
                 raise StageFailed(
                     f"profile {profile.name!r}: at {pick}, past + sequence = {mask} exceeds the model's context "
                     f"length {layout.context_length}", hint=f"keep past + sequence <= {layout.context_length}")
