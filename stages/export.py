@@ -580,7 +580,7 @@ def _export_generation(ctx: StageContext, params: Params, generation: Any, targe
     """A causal LM with its KV cache as inputs and outputs (`formats.generation`), checked at the corners of each
     profile and by greedy generation against transformers' generate (`accuracy.generation`)."""
     from .accuracy.generation import check_against_torch
-    from .formats.generation import check_profiles, export_checks
+    from .formats.generation import check_profiles, export_checks, name_output_dims
 
     # the layout's names (Optimum's) are what every consumer of the model reads: they are not the recipe's to rename
     declared = _declared(params, generation.inputs, generation.outputs).model_copy(
@@ -593,6 +593,7 @@ def _export_generation(ctx: StageContext, params: Params, generation: Any, targe
     check_profiles(declared.profiles, layout)
     checks = export_checks({n: s.shape for n, s in declared.inputs.items()}, declared.profiles, layout)
     summary = _export_pytorch(ctx, declared, target, generation.module, checks=checks)
+    name_output_dims(target, layout)
     summary["kv_cache"] = {"layers": layout.layers, "kv_heads": layout.kv_heads, "head_dim": layout.head_dim,
                            "vocab_size": layout.vocab_size, "context_length": layout.context_length,
                            "position_ids": layout.position_ids}

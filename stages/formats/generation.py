@@ -309,6 +309,25 @@ def wrap(model: Any, config: Any) -> GenerationModel:
     return GenerationModel(module, model, layout, layout.input_entries(), layout.output_names)
 
 
+def name_output_dims(path: Any, layout: KvLayout) -> None:
+    """Name the exported outputs' dynamic dims as Optimum does (the TorchScript exporter names only the inputs' and
+    makes up the outputs', e.g. ``MatMullogits_dim_0``): logits ``[batch_size, sequence_length, vocab]``, each present
+    ``[batch_size, heads, past_sequence_length + sequence_length, head_dim]``."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    names = {"logits": (BATCH, SEQUENCE, None)}
+    names.update({name: (BATCH, None, TOTAL, None) for name in layout.present_names})
+    for output in model.graph.output:
+        wanted = names.get(output.name)
+        if wanted is None:
+            continue
+        for dim, name in zip(output.type.tensor_type.shape.dim, wanted, strict=False):
+            if name is not None and not dim.HasField("dim_value"):
+                dim.dim_param = name
+    onnx.save(model, str(path))
+
+
 def export_checks(sample: Mapping[str, Sequence[int]], profiles: Sequence[Any], layout: KvLayout) -> list[Any]:
     """The shapes an exported KV-cache model is checked at: the sample's, then each profile's min, opt and max (its
     sizes move together: attention_mask stays past + sequence); without profiles, a prompt with an empty past and
