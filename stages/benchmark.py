@@ -545,7 +545,7 @@ def _generation(ctx: StageContext, params: Params, model: Path | None, device: s
         session = create_session(model, runtime_options(model, params.onnxruntime, ctx.log).options,
                                  ort_providers(device))
     decoder = OrtDecoder(session)
-    with ctx.native_step("onnxruntime", "timing greedy generation"), steady_interpreter():
+    with ctx.native_step("onnxruntime", "timing greedy generation"):
         levels = measure_generation(decoder, params.generation, params.window_plan(),
                                     progress=lambda text: ctx.progress(0.5, text))
     for level in levels:

@@ -12,9 +12,10 @@ Each *request* is a prompt of ``context_length`` random token ids followed by ``
 its previous one ends; they share one decoder, which is stateless). A level is timed in windows like every
 benchmark point (`measure.windows`: ``repeats`` windows at least, ``min_iterations`` requests and ``min_duration_s``
 at least, then more windows until the 95% intervals of both medians are within ``precision_percent`` or
-``max_duration_s`` is spent, else flagged ``not-converged``); each figure's interval is the one every latency gets
-(`measure.intervals.uncertainty`: order statistics for the percentiles, a bootstrap for the mean, widened by the
-windows' spread), so each figure carries its count of requests (n) and its 95% interval.
+``max_duration_s`` is spent, else flagged ``not-converged``), with the interpreter steadied as for every host-timed
+benchmark (`measure.load.steady_interpreter`: garbage collection off); each figure's interval is the one every
+latency gets (`measure.intervals.uncertainty`: order statistics for the percentiles, a bootstrap for the mean,
+widened by the windows' spread), so each figure carries its count of requests (n) and its 95% interval.
 """
 
 from __future__ import annotations
@@ -170,11 +171,16 @@ def random_prompts(count: int, length: int, vocab_size: int, seed: int) -> list[
 def measure_generation(decoder: Any, bench: GenerationBench, plan: WindowPlan,
                        progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Every concurrency level of ``bench`` on ``decoder`` (`runtimes.generation`), in order."""
+    from .load import steady_interpreter
+
     bench.check_fits(decoder.layout.context_length)
     prompts = random_prompts(max(8, max(bench.concurrency)), bench.context_length, decoder.layout.vocab_size,
                              bench.seed)
-    return [measure_level(decoder, prompts, bench.new_tokens, clients, plan, progress=progress)
-            for clients in bench.concurrency]
+    # no garbage collection while timing: a full collection in a process holding a model takes tens of ms, which
+    # would land in some requests' figures (seen on a GPU before this was here: TPOT 46 ms instead of 5)
+    with steady_interpreter():
+        return [measure_level(decoder, prompts, bench.new_tokens, clients, plan, progress=progress)
+                for clients in bench.concurrency]
 
 
 def level_line(level: dict[str, Any]) -> str:
