@@ -114,6 +114,13 @@ class Params(StageParams):
         return validate_spec(value)
 
     @model_validator(mode="after")
+    def _generation_for_its_task(self) -> Params:
+        if self.generation is not None and self.task != "text-generation-with-past":
+            raise ValueError("generation (the greedy-generation check) applies to task text-generation-with-past, "
+                             f"not {self.task or 'the default task'}")
+        return self
+
+    @model_validator(mode="after")
     def _inputs_for_torch(self) -> Params:
         if not self.inputs:
             if self.self_describing:

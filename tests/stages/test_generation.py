@@ -129,6 +129,11 @@ def test_other_families_export_and_generate_like_pytorch(lm_dir, tmp_path, famil
     assert cache["context_length"] == 64
 
 
+def test_the_generation_check_belongs_to_its_task():
+    with pytest.raises(ValidationError, match="applies to task text-generation-with-past, not text-generation"):
+        export.Params.model_validate({"model": "llama", "task": "text-generation", "generation": {}})
+
+
 @pytest.mark.slow
 def test_dynamo_is_refused_for_the_cache_layout(llama, tmp_path):
     with pytest.raises(StageFailed, match="TorchScript exporter"):
