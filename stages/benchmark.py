@@ -55,6 +55,7 @@ from trtflow.stage import (
 from .data import DataSource, InputSpec, data_files, onnx_input_specs
 from .measure.feeds import batch_limits, batch_of, make_feed, resolve_shapes, with_batch
 from .measure.fixed import PointSettings
+from .measure.generation import GenerationBench
 from .measure.load import steady_interpreter
 from .measure.settings import GateFields, LoadFields, TimingFields
 from .runtimes.ort import OrtOptions
@@ -137,6 +138,13 @@ class Params(TimingFields, LoadFields, GateFields):
         "(PyTorch profiler, CUPTI; engines and device cuda). The summary keeps the top 5.",
     )
     kernel_iterations: int = Field(20, ge=1, description="Inferences whose kernels profile_kernels records.")
+    # -- generation -------------------------------------------------------------------------------------------
+    generation: GenerationBench | None = Field(
+        None, description="Time greedy generation of a causal LM exported with its KV cache (task "
+        "text-generation-with-past) instead of fixed batches: time to first token and time per output token per "
+        "request, at context_length prompt tokens and each concurrency, timed in windows like any point (repeats, "
+        "min_iterations requests, min_duration_s, precision_percent, max_duration_s); backend onnxruntime.",
+    )
 
     @field_validator("batch_sizes")
     @classmethod
@@ -188,6 +196,10 @@ class Params(TimingFields, LoadFields, GateFields):
         if self.scenarios and self.load_generator == "trtflow":
             raise ValueError(f"scenarios {self.scenarios} are run by MLPerf LoadGen: set load_generator to auto "
                              "or loadgen")
+        if self.generation is not None and (self.backend not in ("auto", "onnxruntime") or self.has_load or
+                                            self.batch_sizes or self.profile_layers or self.profile_kernels):
+            raise ValueError("generation times an ONNX model with its KV cache on ONNX Runtime; backend, serving "
+                             "load, batch_sizes and profiles do not apply (generation.concurrency sets the load)")
         if self.max_duration_s is not None and self.max_duration_s < self.min_duration_s:
             raise ValueError(f"max_duration_s {self.max_duration_s:g} is below min_duration_s {self.min_duration_s:g}")
         return self
@@ -472,6 +484,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     backend = _choose_backend(params, kind, provenance)
     device = "cuda" if backend in TRT_FLAVOURS else params.device
     watch = HostWatch()
+    if params.generation is not None:
+        return _generation(ctx, params, model, device, watch)
 
     session, ort_session, torch_module, specs = _open_model(ctx, params, backend, model, kind, provenance)
     base_shapes = resolve_shapes(specs, params)
@@ -512,6 +526,37 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         ctx.output("layers").write_text(json.dumps(layers, indent=2) + "\n", encoding="utf-8")
         metrics["top_layers"] = layers["profile"]["layers"][:TOP_LAYERS]
     summary = summary_of(metrics, ctx.facts, params)
+    summary["verdicts"] = metrics["verdicts"] = _verdicts_now(ctx, params, summary)
+    ctx.output("metrics").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    ctx.progress(1.0, "done")
+    return summary
+
+
+def _generation(ctx: StageContext, params: Params, model: Path | None, device: str, watch: Any) -> dict[str, Any]:
+    """Time to first token and per output token at each concurrency (`measure.generation`)."""
+    from .accuracy.recovery import runtime_options
+    from .measure.calls import ort_providers
+    from .measure.generation import level_line, measure_generation
+    from .runtimes.generation import OrtDecoder
+    from .runtimes.ort import create_session
+
+    assert model is not None and params.generation is not None
+    with ctx.native_step("onnxruntime", f"creating a session for {model.name}"):
+        session = create_session(model, runtime_options(model, params.onnxruntime, ctx.log).options,
+                                 ort_providers(device))
+    decoder = OrtDecoder(session)
+    with ctx.native_step("onnxruntime", "timing greedy generation"):
+        levels = measure_generation(decoder, params.generation, params.window_plan(),
+                                    progress=lambda text: ctx.progress(0.5, text))
+    for level in levels:
+        ctx.log.info("%s", level_line(level))
+    method = _method(params, "onnxruntime", device, f"onnxruntime {session.get_providers()[0]}")
+    method.update(timing="host clock from a request's start to each token on the host",
+                  generation=params.generation.model_dump())
+    metrics: dict[str, Any] = {"backend": "onnxruntime", "device": device, "method": method,
+                               "host": watch.report(), "points": [], "generation": levels}
+    summary = summary_of(metrics, ctx.facts, params)
+    summary["generation"] = levels
     summary["verdicts"] = metrics["verdicts"] = _verdicts_now(ctx, params, summary)
     ctx.output("metrics").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     ctx.progress(1.0, "done")

@@ -18,6 +18,7 @@ from pydantic import Field, field_validator, model_validator
 
 from trtflow.stage import ONNX, Output, ProfileSpec, Stage, StageContext, StageFailed, StageParams
 
+from .accuracy.generation import GenerationCheck
 from .formats.onnx_model import describe_onnx
 from .formats.torch_check import (
     CheckShape,
@@ -105,6 +106,10 @@ class Params(StageParams):
     atol: float = Field(default=1e-4, ge=0, description="Absolute tolerance of the ONNX Runtime check.")
     rtol: float = Field(default=1e-3, ge=0, description="Relative tolerance of the ONNX Runtime check.")
     seed: int = Field(default=0, description="Seed of the sample input.")
+    generation: GenerationCheck | None = Field(
+        default=None, description="task text-generation-with-past: the greedy-generation check against "
+        "transformers' generate (prompts, new_tokens, min_tokens_matched); default: 4 random prompts of 8 token "
+        "ids, 8 new tokens, every token equal and the logits within atol/rtol at every step.")
 
     @field_validator("model")
     @classmethod
@@ -116,6 +121,13 @@ class Params(StageParams):
         if not value.startswith("python:") and not re.fullmatch(r"[\w.]+:\w+", value):
             return value  # a path: its format is found when the stage runs (a folder cannot be told by name)
         return validate_spec(value)
+
+    @model_validator(mode="after")
+    def _generation_for_its_task(self) -> Params:
+        if self.generation is not None and self.task != "text-generation-with-past":
+            raise ValueError("generation (the greedy-generation check) applies to task text-generation-with-past, "
+                             f"not {self.task or 'the default task'}")
+        return self
 
     @model_validator(mode="after")
     def _inputs_for_torch(self) -> Params:
@@ -191,6 +203,8 @@ def _files(params: Params) -> list[str]:
     files = callable_files(params.model) if params.model.startswith("python:") else [params.model]
     if params.checkpoint:
         files.append(params.checkpoint)
+    if params.generation is not None:
+        files += params.generation.prompts.files()
     return files
 
 
@@ -367,7 +381,7 @@ def _fail_at(ctx: StageContext, params: Params, model: Any, binding: Any, path: 
     what = (f"the exported model {'fails' if result.status == 'failed' else 'deviates from PyTorch'} at "
             f"{check.label}: {result.detail}")
     if check.dim is None:
-        return StageFailed(what, hint="the export is not faithful even at the sample shape; check the "
+        return StageFailed(what, hint=f"the export is not faithful at the {check.origin} shape; check the "
                            "operators named in the log, or loosen atol/rtol")
     baked = baked_sizes(path, [sizes[check.dim]])
     nodes = [result.node] if result.node else []
@@ -402,9 +416,11 @@ def _sample_fits(ctx: StageContext, params: Params, model: Any, binding: Any) ->
 
 
 def _export_pytorch(ctx: StageContext, params: Params, target: Path, model: Any, program: Any = None,
-                    by_name: list[str] | None = None, dim_names: dict[str, str] | None = None) -> dict[str, Any]:
+                    by_name: list[str] | None = None, dim_names: dict[str, str] | None = None,
+                    checks: list[CheckShape] | None = None) -> dict[str, Any]:
     """Export a PyTorch model (``program``: its torch.export program, exported as is; ``by_name``: forward()'s
-    argument names where Python cannot see them, as in a TorchScript module) and check it at several shapes."""
+    argument names where Python cannot see them, as in a TorchScript module) and check it at several shapes
+    (``checks``, default `check_shapes`)."""
     from .formats.torch_export import Binding, bind_inputs
 
     names = list(params.inputs)
@@ -437,7 +453,7 @@ def _export_pytorch(ctx: StageContext, params: Params, target: Path, model: Any,
                 hint="the model's code turns that size into a constant (int() on a size, a Python branch or loop "
                 "on it, .item()): keep it symbolic, use a sample size of 2 or more, or remove the name from "
                 "dynamic_axes if the size never changes")
-    checks = check_shapes(params)
+    checks = checks or check_shapes(params)
     summary: dict[str, Any] = {"exporter": "dynamo" if params.dynamo else "torchscript",
                                "inputs_bound_by": binding.by}
     if warnings:
@@ -642,7 +658,45 @@ def _export_saved_torch(ctx: StageContext, params: Params, fmt: str, source: Pat
 
     hf = load_model(source, params.task, params.model)
     extra.update(task=hf.task, model_type=hf.model_type, **({"exported": "encoder"} if hf.encoder_only else {}))
+    if hf.generation is not None:
+        return _export_generation(ctx, params, hf.generation, target)
     return _export_pytorch(ctx, _declared(params, hf.inputs, hf.outputs), target, hf.module)
+
+
+def _export_generation(ctx: StageContext, params: Params, generation: Any, target: Path) -> dict[str, Any]:
+    """A causal LM with its KV cache as inputs and outputs (`formats.generation`), checked at the corners of each
+    profile and by greedy generation against transformers' generate (`accuracy.generation`)."""
+    from .accuracy.generation import check_against_torch
+    from .formats.generation import check_profiles, export_checks, name_output_dims
+
+    # the layout's names (Optimum's) are what every consumer of the model reads: they are not the recipe's to rename
+    declared = _declared(params, generation.inputs, generation.outputs).model_copy(
+        update={"outputs": list(generation.outputs)})
+    if declared.dynamo:
+        raise StageFailed("task text-generation-with-past exports with the TorchScript exporter: the attention "
+                          "mask's length is the past's plus the sequence's, a relation torch.export's named dims "
+                          "cannot state", hint="remove dynamo: true")
+    layout = generation.layout
+    check_profiles(declared.profiles, layout)
+    checks = export_checks({n: s.shape for n, s in declared.inputs.items()}, declared.profiles, layout)
+    summary = _export_pytorch(ctx, declared, target, generation.module, checks=checks)
+    name_output_dims(target, layout)
+    summary["kv_cache"] = {"layers": layout.layers, "kv_heads": layout.kv_heads, "head_dim": layout.head_dim,
+                           "vocab_size": layout.vocab_size, "context_length": layout.context_length,
+                           "position_ids": layout.position_ids}
+    if not params.check:
+        return summary
+    ctx.progress(0.92, "greedy generation: ONNX Runtime against transformers' generate")
+    check = params.generation or GenerationCheck()
+    record, failures = check_against_torch(target, generation.model, check, params.atol, params.rtol, ctx.resolve)
+    summary["generation_check"] = record
+    ctx.log.info("greedy generation vs transformers: tokens matched per prompt %s of %d; largest logit error %.3g",
+                 record["tokens_matched"], record["new_tokens"], record["max_abs_logit_error"])
+    if failures:
+        raise StageFailed("the exported model does not generate what PyTorch generates: " + "; ".join(failures[:3]),
+                          hint="see generation_check in the node's log; a near tie may flip on a tiny error: "
+                          "set generation: {allow_near_ties: true} if that is all it is")
+    return summary
 
 
 stage = Stage(

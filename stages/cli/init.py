@@ -24,6 +24,10 @@ import typer
 from trtflow.errors import RecipeError, TrtflowError  # not trtflow.stage: `trtflow --help` imports this module
 
 DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
+#: The tasks of a Hugging Face folder (`formats.huggingface.TASKS`; listed here so `trtflow --help` stays light).
+TASK_NAMES = ("feature-extraction", "fill-mask", "text-classification", "token-classification", "question-answering",
+              "text-generation", "text-generation-with-past", "image-classification", "object-detection",
+              "audio-classification", "automatic-speech-recognition")
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -429,13 +433,16 @@ def init(
         "marks a dynamic dimension (input:batch,3,224,224:float32).")] = None,
     outputs: Annotated[list[str] | None, typer.Option(
         "--output-name", help="For a factory: the names of its outputs, in order (default: output).")] = None,
-    batch: Annotated[str, typer.Option("--batch", help="MIN:OPT:MAX of the batch dimension (axis 0).")] = "1:8:32",
+    batch: Annotated[str | None, typer.Option(
+        "--batch", help="MIN:OPT:MAX of the batch dimension (axis 0); default 1:8:32, 1:1:4 for a causal LM "
+        "(generation).")] = None,
     dims: Annotated[list[str] | None, typer.Option(
         "--dim", help="NAME=MIN:OPT:MAX for another dynamic dimension, e.g. seq=1:128:512.")] = None,
     name: Annotated[str | None, typer.Option("--name", help="Recipe name (default: the model's).")] = None,
     task: Annotated[str | None, typer.Option(
         "--task", help="For a Hugging Face folder: the task whose head to export (default: from config.json's "
-        "architectures).")] = None,
+        "architectures; a causal LM gets text-generation-with-past, a generation recipe with a KV cache). "
+        "Tasks: " + ", ".join(TASK_NAMES) + ".")] = None,
     trust_code: Annotated[bool, typer.Option(
         "--trust-code", help="Trust the model file's own program (TorchScript, .pt2, SavedModel, Keras run code "
         "when read or traced): read it unconfined, and write trust_code: true into the recipe. Without it such a "
@@ -448,20 +455,21 @@ def init(
         raise TrtflowError(f"{output} exists", hint="choose another --output, or --force to overwrite it")
     if task is not None and Path(model).is_file():
         raise TrtflowError("--task is for Hugging Face model folders")
-    plan = scaffold(model, output, data, inputs or [], outputs or ["output"], batch, dims or [], name, task,
-                    trust_code)
+    if task is not None and task not in TASK_NAMES:
+        from trtflow.errors import did_you_mean
+
+        raise TrtflowError(f"--task {task!r} is not a task trtflow exports",
+                           hint=did_you_mean(task, list(TASK_NAMES)) or "tasks: " + ", ".join(TASK_NAMES))
+    if not model.startswith("python:") and Path(model).is_dir() and _is_generation(Path(model), task):
+        _init_generation(model, output, data, batch or "1:1:4", dims or [], name, inputs or [])
+        return
+    plan = scaffold(model, output, data, inputs or [], outputs or ["output"], batch or "1:8:32", dims or [], name,
+                    task, trust_code)
     recipe_dir = output.absolute().parent
     recipe_dir.mkdir(parents=True, exist_ok=True)
     schema, schema_file = _schema_reference(recipe_dir)
     text = plan.render(schema)
-    _check_recipe(text, output)
-    if schema_file is not None and not schema_file.exists():
-        import json
-
-        from trtflow.schema_export import recipe_json_schema
-
-        schema_file.write_text(json.dumps(recipe_json_schema(), indent=2) + "\n", encoding="utf-8")
-    output.write_text(text, encoding="utf-8")
+    _write(text, output, schema_file)
     err = sys.stderr
     print(f"wrote {output}: {len(plan.inputs)} input(s): " + "; ".join(s.describe() for s in plan.inputs), file=err)
     if plan.ranges:
@@ -470,6 +478,68 @@ def init(
     if plan.data_ref is None:
         print("WARNING: no --data given: the recipe calibrates, validates and benchmarks on RANDOM inputs; int8 "
               "accuracy on random data says little. Give real samples with --data samples.npz.", file=err)
+    print(f"next: trtflow run {output}", file=err)
+
+
+def _write(text: str, output: Path, schema_file: Path | None) -> None:
+    """Check the recipe as `trtflow run` would load it, then write it (and the schema it names, when missing)."""
+    _check_recipe(text, output)
+    if schema_file is not None and not schema_file.exists():
+        import json
+
+        from trtflow.schema_export import recipe_json_schema
+
+        schema_file.write_text(json.dumps(recipe_json_schema(), indent=2) + "\n", encoding="utf-8")
+    output.write_text(text, encoding="utf-8")
+
+
+def _is_generation(folder: Path, task: str | None) -> bool:
+    from .init_generation import is_generation
+
+    return is_generation(folder, task)
+
+
+def _init_generation(model: str, output: Path, data: Path | None, batch: str, dims: list[str], name: str | None,
+                     inputs: list[str]) -> None:
+    """A generation recipe for a causal LM (`cli.init_generation`): prompts from --data, ranges from --dim."""
+    from .init_generation import scaffold as generation_scaffold
+
+    if inputs:
+        raise TrtflowError("--input is for PyTorch factories and TorchScript archives; a Hugging Face folder "
+                           "declares its own inputs")
+    path = Path(model)
+    _inside_project(path, output, "the model")
+    recipe_dir = output.absolute().parent
+    batch_range = Range.parse(batch, "--batch")
+    ranges = {}
+    for item in dims:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise TrtflowError(f"--dim {item!r}: expected NAME=MIN:OPT:MAX, e.g. sequence_length=1:128:512")
+        found = Range.parse(value, f"--dim {key}")
+        ranges[key] = (found.min, found.opt, found.max)
+    prompts_ref = None
+    if data is not None:
+        if data.suffix not in (".json", ".npy", ".npz") or not data.is_file():
+            raise TrtflowError(f"--data {data}: a generation recipe takes prompts: a .json list of lists of token "
+                               "ids, or a .npy/.npz 2-D integer array", hint="give a prompts file, or leave --data "
+                               "out for random prompts")
+        _inside_project(data, output, "--data")
+        prompts_ref = os.path.relpath(data.absolute(), recipe_dir)
+    plan = generation_scaffold(path, os.path.relpath(path.absolute(), recipe_dir), model,
+                               _recipe_name(name or path.absolute().name),
+                               (batch_range.min, batch_range.opt, batch_range.max), ranges, prompts_ref)
+    recipe_dir.mkdir(parents=True, exist_ok=True)
+    schema, schema_file = _schema_reference(recipe_dir)
+    _write(plan.render(schema, _flow), output, schema_file)
+    err = sys.stderr
+    print(f"wrote {output}: generation with a KV cache ({plan.layout.layers} layers, {plan.layout.kv_heads} "
+          f"key/value heads of {plan.layout.head_dim}); context {plan.context}", file=err)
+    for line in plan.describe():
+        print(line, file=err)
+    print("WARNING: the int8 and fp16 candidates are calibrated on RANDOM token ids"
+          + ("" if prompts_ref else ", and the generation checks use random prompts") + "; see the recipe's header",
+          file=err)
     print(f"next: trtflow run {output}", file=err)
 
 

@@ -18,9 +18,11 @@ from pydantic import Field, model_validator
 from trtflow.stage import StageParams
 
 from ..measure.compare import RUN_TO_RUN_PERCENT, latency_figure, throughput_figure
+from .generation import GOAL as GENERATION_GOAL
+from .generation import first_token_text, levels_of, pick_level, point_source
 from .ties import loses, objective_figure, ratio_text, row_ratio, worse_by
 
-Goal = Literal["min_latency", "max_throughput", "min_size", "max_throughput_under_latency"]
+Goal = Literal["min_latency", "max_throughput", "min_size", "max_throughput_under_latency", "min_time_per_token"]
 Statistic = Literal["p50", "p90", "p95", "p99", "mean"]
 TieBreaker = Literal["accuracy", "size", "latency", "throughput"]
 
@@ -29,7 +31,10 @@ GOAL_TEXT = {
     "max_throughput": "highest throughput",
     "min_size": "smallest size",
     "max_throughput_under_latency": "highest throughput with {stat} latency <= {budget:g} ms",
+    "min_time_per_token": "lowest {stat} time per output token",
 }
+#: Goals judged on a time (lower is better, in ms).
+TIME_GOALS = ("min_latency", "min_time_per_token")
 
 
 class Objective(StageParams):
@@ -41,7 +46,9 @@ class Objective(StageParams):
         "'max_throughput': the highest throughput (at `batch_size`, or the best over every measured batch "
         "size and load level); 'min_size': the smallest artifact; 'max_throughput_under_latency': the highest "
         "throughput among the operating points (load levels of the benchmark's `load` sweep when present, "
-        "else batch sizes) whose latency stays within `latency_budget_ms`.",
+        "else batch sizes) whose latency stays within `latency_budget_ms`; 'min_time_per_token': the lowest time "
+        "per output token of greedy generation (benchmark params: generation) at `concurrency`, among candidates "
+        "whose time to first token (same statistic) is within `max_ttft_ms`.",
     )
     percentile: Statistic = Field("p50", description="The latency statistic judged: p50, p90, p95, p99 or mean.")
     batch_size: int | None = Field(
@@ -52,6 +59,12 @@ class Objective(StageParams):
         None, gt=0, description="For max_throughput_under_latency: the latency (at `percentile`) no operating "
         "point may exceed, e.g. a p99 service-level objective.",
     )
+    max_ttft_ms: float | None = Field(
+        None, gt=0, description="For min_time_per_token: the time to first token (at `percentile`) a candidate may "
+        "take at most.")
+    concurrency: int | None = Field(
+        None, ge=1, description="For min_time_per_token: the generation benchmark's concurrency level to judge "
+        "(default: the lowest measured).")
 
     @model_validator(mode="after")
     def _budget_for_its_goal(self) -> Objective:
@@ -60,10 +73,16 @@ class Objective(StageParams):
         if self.goal != "max_throughput_under_latency" and self.latency_budget_ms is not None:
             raise ValueError(f"latency_budget_ms is only used by goal max_throughput_under_latency; for goal "
                              f"{self.goal} limit latency with constraints.max_latency_ms")
+        if self.goal != GENERATION_GOAL and (self.max_ttft_ms is not None or self.concurrency is not None):
+            raise ValueError(f"max_ttft_ms and concurrency are used by goal {GENERATION_GOAL}, not {self.goal}")
         return self
 
     def describe(self) -> str:
         text = GOAL_TEXT[self.goal].format(stat=self.percentile, budget=self.latency_budget_ms or 0)
+        if self.goal == GENERATION_GOAL:
+            budget = f" with {self.percentile} time to first token <= {self.max_ttft_ms:g} ms" if self.max_ttft_ms \
+                else ""
+            return text + budget + (f" at concurrency {self.concurrency}" if self.concurrency else "")
         if self.batch_size is not None and self.goal != "min_size":
             text += f" at batch {self.batch_size}"
         return text
@@ -199,7 +218,7 @@ def performance_of(benchmark_json: Mapping[str, Any], node: str) -> dict[str, An
             **{key: level[key] for key in ("queries", "latency_ci_ms") if key in level},
         })
     return {"node": node, "backend": benchmark_json.get("backend"), "device": benchmark_json.get("device"),
-            "points": points, "load": load}
+            "points": points, "load": load, "generation": levels_of(benchmark_json)}
 
 
 def _number(value: Any) -> bool:
@@ -252,6 +271,14 @@ def operating_point(candidate: Candidate, objective: Objective, batch: int | Non
     if candidate.benchmark is None:
         return None, "no benchmark result"
     goal = objective.goal
+    if goal == GENERATION_GOAL:
+        level, problem = pick_level(candidate.benchmark.get("generation") or [], stat, objective.concurrency,
+                                    objective.max_ttft_ms)
+        if level is None:
+            return None, problem
+        source = point_source(level, stat)
+        return OperatingPoint(None, source["concurrency"], source["latency_ms"][stat], source["throughput_qps"],
+                              source["latency_ci_ms"].get(stat), None, source), ""
     if goal == "max_throughput_under_latency":
         points = [p for p in _points(candidate, stat, with_load=True) if _number(p.throughput_qps)]
         within = [p for p in points if _number(p.latency_ms) and p.latency_ms <= (objective.latency_budget_ms or 0)]
@@ -284,7 +311,7 @@ def _objective_value(candidate: Candidate, point: OperatingPoint | None,
         return float(candidate.size_bytes), None, None
     if point is None:
         return None, None, None
-    if objective.goal == "min_latency":
+    if objective.goal in TIME_GOALS:
         value, measured = point.latency_ms, point.latency_ci_ms
         figure = latency_figure({**point.source, "latency_ms": {objective.percentile: value},
                                  "latency_ci_ms": {objective.percentile: measured}},
@@ -299,7 +326,7 @@ def _objective_value(candidate: Candidate, point: OperatingPoint | None,
 
 
 def _lower_is_better(goal: str) -> bool:
-    return goal in ("min_latency", "min_size")
+    return goal in (*TIME_GOALS, "min_size")
 
 
 def _violations(candidate: Candidate, point: OperatingPoint | None, point_problem: str,
@@ -374,7 +401,7 @@ def _show(criterion: str, row: Mapping[str, Any], stat: str, other: Mapping[str,
 def _value_text(value: float, goal: str, interval: Sequence[float] | None = None) -> str:
     if goal == "min_size":
         return f"{value / 1e6:.3g} MB"
-    unit = "ms" if goal == "min_latency" else "qps"
+    unit = "ms" if goal in TIME_GOALS else "qps"
     if interval is not None and len(interval) == 2 and interval[0] != interval[1]:
         return f"{value:.4g} {unit} [{interval[0]:.4g}, {interval[1]:.4g}]"
     return f"{value:.4g} {unit}"
@@ -426,6 +453,8 @@ def decide(candidates: Sequence[Candidate], params: Params,
             "objective_value": value, "objective_ci": interval, "compared_ci": compared, "eligible": not violations,
             "violations": violations,
         })
+        if goal == GENERATION_GOAL and point is not None:
+            rows[-1]["first_token"] = first_token_text(point.source, stat, objective.max_ttft_ms)
     _add_speedups(rows, params, baseline, stat)
     front = pareto_front(rows)
     for row in rows:
@@ -460,6 +489,8 @@ def decide(candidates: Sequence[Candidate], params: Params,
             row["rank"] = position
             row["reason"] = _reason(row, winner, best, tied, order, objective_text, goal, stat, allowance,
                                     len(eligible))
+            if row.get("first_token"):
+                row["reason"] += f"; {row['first_token']}"
     for row in rows:
         if not row["eligible"]:
             row["rank"] = None
@@ -506,7 +537,7 @@ def _reason(row: Mapping[str, Any], winner: Mapping[str, Any], best: Mapping[str
                 f"{_show(criterion, winner, stat, row)}")
     ratio = row_ratio(row)
     if _lower_is_better(goal):
-        factor = f"{ratio.value:.3g}x {'slower' if goal == 'min_latency' else 'larger'}"
+        factor = f"{ratio.value:.3g}x {'slower' if goal in TIME_GOALS else 'larger'}"
     else:
         factor = f"{ratio.value:.3g}x lower"
     beyond = "" if ratio.low == ratio.high else f"; {ratio_text(ratio)}, beyond {allowance}"

@@ -18,6 +18,8 @@ from typing import Any
 
 from trtflow.stage import StageFailed
 
+from .generation import TASK as GENERATION_TASK
+
 #: Task -> transformers Auto class. The encoder of an encoder-decoder model is exported for "feature-extraction".
 TASKS = {
     "feature-extraction": "AutoModel",
@@ -26,6 +28,7 @@ TASKS = {
     "token-classification": "AutoModelForTokenClassification",
     "question-answering": "AutoModelForQuestionAnswering",
     "text-generation": "AutoModelForCausalLM",
+    "text-generation-with-past": "AutoModelForCausalLM",  # with a KV cache in and out (formats.generation)
     "image-classification": "AutoModelForImageClassification",
     "object-detection": "AutoModelForObjectDetection",
     "audio-classification": "AutoModelForAudioClassification",
@@ -56,6 +59,7 @@ class HfModel:
     inputs: dict[str, dict[str, Any]]
     outputs: list[str] = field(default_factory=list)
     encoder_only: bool = False
+    generation: Any = None  # text-generation-with-past: the formats.generation.GenerationModel
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -181,6 +185,12 @@ def load_model(folder: Path, task: str | None, shown: str) -> HfModel:
     if encoder_decoder and chosen == "feature-extraction" and hasattr(model, "get_encoder"):
         model, encoder_only = model.get_encoder(), True
     model.eval()
+    if chosen == GENERATION_TASK:
+        from .generation import wrap
+
+        generation = wrap(model, config)
+        return HfModel(generation.module, chosen, str(getattr(config, "model_type", "")), generation.inputs,
+                       generation.outputs, generation=generation)
     accepts = _accepted(model)
     inputs = declared_inputs(config, accepts)
     options: dict[str, Any] = {"return_dict": True}

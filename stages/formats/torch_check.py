@@ -30,7 +30,7 @@ class CheckShape:
     def label(self) -> str:
         shapes = ", ".join(f"{n} {s}" for n, s in self.shapes.items())
         if self.dim is None:
-            return f"the sample shape ({shapes})"
+            return f"the {self.origin} shape ({shapes})"
         return f"{self.dim} = {self.size} ({self.origin}): {shapes}"
 
 
