@@ -21,13 +21,14 @@ from trtflow import redact
 from trtflow.errors import Location, RecipeError, TrtflowError, did_you_mean
 from trtflow.fsutil import allowed_roots_for, resolve_user_path
 from trtflow.recipe.schema import Recipe
-from trtflow.recipe.yaml_data import KEY, Budget, Path_, Place, YamlSyntaxError, compose
+from trtflow.recipe.yaml_data import KEY, Budget, Path_, Place, YamlSyntaxError, compose, key_too_long
 
 __all__ = ["KEY", "LoadedRecipe", "Marks", "apply_overrides", "load_recipe", "parse_yaml", "validation_error"]
 
 MAX_RECIPE_BYTES = 16 << 20
 _MAX_EXTENDS_DEPTH = 16
 _MAX_LISTED_PROBLEMS = 20
+_SHOWN_SET_CHARS = 240  # of a --set argument named in an error (a value may be a megabyte long)
 _ENV_PATTERN = re.compile(r"\$\$\{|\$\{(?!\{)([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -225,7 +226,7 @@ def apply_overrides(data: dict, marks: Marks, overrides: Sequence[str], budget: 
         except UnicodeEncodeError:  # bytes that are not UTF-8 reach Python's argv as lone surrogates
             shown = expr.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
             raise RecipeError("not valid UTF-8 text", Location(f"--set {shown}", 0, 0)) from None
-        where = Location(f"--set {expr}", 0, 0)
+        where = Location(f"--set {_short(expr, limit=_SHOWN_SET_CHARS)}", 0, 0)
         if "=" not in expr:
             raise RecipeError("expected KEY.PATH=VALUE", where, hint="e.g. --set nodes.export.params.opset=18")
         dotted, raw = expr.split("=", 1)
@@ -234,6 +235,9 @@ def apply_overrides(data: dict, marks: Marks, overrides: Sequence[str], budget: 
             raise RecipeError("empty key", where)
         if len(parts) > budget.limits.max_depth:
             raise RecipeError(f"a key path of {len(parts)} parts (at most {budget.limits.max_depth})", where)
+        longest = max(parts, key=len)
+        if len(longest) > budget.limits.max_key_chars:
+            raise key_too_long(len(longest), budget.limits.max_key_chars, where)
         value: Any = ""
         value_marks: dict[Path_, Place] = {}
         if raw.strip():
