@@ -288,11 +288,10 @@ def _objective_value(candidate: Candidate, point: OperatingPoint | None,
         value, measured = point.latency_ms, point.latency_ci_ms
         figure = latency_figure({**point.source, "latency_ms": {objective.percentile: value},
                                  "latency_ci_ms": {objective.percentile: measured}},
-                                objective.percentile, allow_wait=True)
+                                objective.percentile)
     else:
         value, measured = point.throughput_qps, point.throughput_ci_qps
-        figure = throughput_figure({**point.source, "throughput_qps": value, "throughput_ci_qps": measured},
-                                   allow_wait=True)
+        figure = throughput_figure({**point.source, "throughput_qps": value, "throughput_ci_qps": measured})
     if figure is None:
         return None, None, None
     return figure.value, measured, None if figure.low == figure.high else [figure.low, figure.high]

@@ -18,10 +18,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .ab import Pairing
 from .interference import HostWatch, busy_warning, thread_wait_ns
 from .intervals import Window, uncertainty
 from .stats import QueryTiming, kept_queries, report_traces, trace_wall_ms
 from .windows import (
+    TimeWindow,
     WindowPlan,
     add_uncertainty,
     assessor,
@@ -55,17 +57,22 @@ def _with_host(report: dict[str, Any], host: dict[str, Any], device: str) -> dic
 
 
 def host_points(calls: Sequence[Callable[[], Any]], batch_sizes: Sequence[int], settings: PointSettings,
-                cuda_events: bool = False) -> list[dict[str, Any]]:
+                cuda_events: bool = False, pairings: Mapping[int, Pairing] | None = None) -> list[dict[str, Any]]:
     """Points of ``calls`` (each one query of its ``batch_sizes`` samples) on the host clock, or with CUDA events,
-    timed in turns (`measure.windows.measure_interleaved`); what else ran is watched over them all."""
+    timed in turns (`measure.windows.measure_interleaved`); what else ran is watched over them all. ``pairings``:
+    points timed in pairs with a reference (`measure.ab`)."""
     watch = HostWatch()
-    timers = [(cuda_event_window if cuda_events else host_window)(call, settings.warmup_ms) for call in calls]
-    measured = measure_interleaved(timers, settings.plan,
-                                   [assessor(batch, settings.plan.precision) for batch in batch_sizes])
+    measured = measure_interleaved([host_timer(call, settings, cuda_events) for call in calls], settings.plan,
+                                   [assessor(batch, settings.plan.precision) for batch in batch_sizes], pairings)
     reports = [report_windows(windows, batch, settings.unstable_cv_percent, settings.device, settings.plan, unmet)
                for (windows, unmet), batch in zip(measured, batch_sizes, strict=True)]
     host = watch.report()
     return [_with_host(report, host, settings.device) for report in reports]
+
+
+def host_timer(call: Callable[[], Any], settings: PointSettings, cuda_events: bool = False) -> TimeWindow:
+    """Windows of ``call`` on the host clock, or with CUDA events around each call (PyTorch on a GPU)."""
+    return (cuda_event_window if cuda_events else host_window)(call, settings.warmup_ms)
 
 
 def engine_point(session: Any, feed: Mapping[str, Any], batch: int, streams: int, settings: PointSettings,
