@@ -27,7 +27,8 @@ def window_figures(window: Window, batch_size: int) -> dict[str, float]:
     """One window's figures for a pair: median, p99 (trtexec's), mean latency, throughput, and the share of its
     time its threads waited for a CPU."""
     ordered = sorted(window.latencies_ms)
-    figures = {"p50": median(ordered), "p99": percentile(ordered, 99.0), "mean": sum(ordered) / len(ordered),
+    figures = {"p50": median(ordered), "p90": percentile(ordered, 90.0), "p95": percentile(ordered, 95.0),
+               "p99": percentile(ordered, 99.0), "mean": sum(ordered) / len(ordered),
                "throughput": window.throughput(batch_size), "queries": float(len(ordered))}
     if window.wait_ms is not None and window.wall_ms > 0:
         figures["wait_share"] = min(window.wait_ms / window.wall_ms, 1.0)

@@ -283,7 +283,8 @@ def regression_verdicts(comparison: Comparison, summary: Mapping[str, Any], old_
                 found.append(comparison.paired(paired, figure, place, primary))
                 continue
             if pairs_here is False and paired is not None and primary:
-                why_stored = f"the reference was paired at {where({'batch_size': paired.batch_size, 'streams': paired.streams})}, not here"
+                paired_at = where({"batch_size": paired.batch_size, "streams": paired.streams})
+                why_stored = f"the reference was paired at {paired_at}, not here"
             if old is None:
                 if primary and missing is not None:
                     found.append(comparison.refusal(f"{place}: {missing} (it has "

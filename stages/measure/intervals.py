@@ -17,10 +17,11 @@ error:
 
 The reported interval is the hull of the two (and always contains the estimate). On latencies with AR(1)
 correlation 0.5 and 5% drift from window to window, 5 windows of 200 queries, the intervals of p50, p99 and
-throughput cover the true figure at least 92% of the time (tests/stages/test_intervals.py, seeded). A point has *converged* when
-the interval of its median is within ``precision_percent`` of the estimate (and p99's within
-``tail_precision_percent`` where that is asked for); the throughput's interval is reported, not waited for (it
-follows the mean, which one stall can move).
+throughput cover the true figure at least 92% of the time (tests/stages/test_intervals.py, seeded).
+
+A point has *converged* when the interval of its median is within ``precision_percent`` of the estimate (and
+p99's within ``tail_precision_percent`` where that is asked for); the throughput's interval is reported, not
+waited for (it follows the mean, which one stall can move).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ rank test's 3/pi efficiency).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from statistics import NormalDist
@@ -310,3 +310,33 @@ class PairedRecord:
         return cls(data.get("batch_size"), int(data.get("streams") or 1), str(data.get("figure", "p50")), pairs,
                    looks or [max(len(pairs), 1)], bool(data.get("ended")),
                    float(data.get("alpha_fail", ALPHA_FAIL)), float(data.get("alpha_pass", ALPHA_PASS)))
+
+
+# -- several candidates timed round-robin ------------------------------------------------------------------------
+#: select's error rates: the chance of calling a candidate worse beyond the preference band when it is exactly at
+#: it, and of calling it within the band when it is exactly at it, over all its comparisons with the leader.
+ALPHA_SELECT = 0.05
+
+
+def select_budget(candidates: int) -> Budget:
+    """The error budget of each comparison with the leader among ``candidates`` (Bonferroni over them)."""
+    share = ALPHA_SELECT / max(candidates - 1, 1)
+    return Budget(share, share)
+
+
+def round_robin(rounds: Sequence[Mapping[str, Mapping[str, float]]], names: Sequence[str], figure: str,
+                limit: float, budget: Budget, schedule: Schedule, ended: bool) -> tuple[str, dict[str, Look]]:
+    """The leader of candidates timed in rounds (one window each per round, in a random order) and each other
+    candidate's comparison with it: per round the log of its figure over the leader's (> 0 is worse), judged
+    against ``limit`` like a pair (`sequential`). The leader has the best Hodges-Lehmann estimate against the
+    first candidate."""
+    anchor = names[0]
+
+    def ratios(name: str, against: str) -> list[float]:
+        found = [log_ratio(float(r[name][figure]), float(r[against][figure]), figure) for r in rounds]
+        return [v for v in found if math.isfinite(v)]
+
+    leader = min(names, key=lambda n: (hodges_lehmann(ratios(n, anchor)) if n != anchor and ratios(n, anchor)
+                                       else 0.0, n))
+    return leader, {name: sequential(ratios(name, leader), schedule, limit, budget, ended)
+                    for name in names if name != leader}
