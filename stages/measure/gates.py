@@ -197,7 +197,7 @@ class Comparison:
                       f"beyond nor within max_regression_percent {self.percent:g} with confidence at {cause} "
                       f"({detail}){waited}; {NOISY_HINT}")
         return self.verdict(look.outcome, reason, place, figure, ratio, interval, PAIRED, primary, look.pairs,
-                            able.text())
+                            able.text(figure))
 
     # ----- stored figures
     @staticmethod
@@ -249,8 +249,14 @@ class Comparison:
             z = _NORMAL.inv_cdf(POWER)
             fails = limit * allowance * math.exp((_NORMAL.inv_cdf(1 - self.budget.alpha_fail) + z) * spread)
             passes = limit * math.exp(-(_NORMAL.inv_cdf(1 - self.budget.alpha_pass) + z) * spread)
-            able = (f"fails a change of {(fails - 1) * 100:+.1f}% or more and passes one of {(passes - 1) * 100:+.1f}% "
-                    f"or less {POWER:.0%} of the time (stored figures, ±{spread * 100:.2g}% combined)")
+            if figure == "throughput":
+                able = (f"fails a throughput change of {(1 / fails - 1) * 100:+.1f}% or worse and passes one of "
+                        f"{(1 / passes - 1) * 100:+.1f}% or better {POWER:.0%} of the time (stored figures, "
+                        f"±{spread * 100:.2g}% combined)")
+            else:
+                able = (f"fails a change of {(fails - 1) * 100:+.1f}% or more and passes one of "
+                        f"{(passes - 1) * 100:+.1f}% or less {POWER:.0%} of the time (stored figures, "
+                        f"±{spread * 100:.2g}% combined)")
         else:
             able = "no power: a figure has no finite interval"
         return self.verdict(outcome, reason, place, figure, ratio.value, (ratio.low, ratio.high), STORED, primary,

@@ -225,10 +225,15 @@ class Power:
     pairs: int
     sigma: float
 
-    def text(self, worse: str = "slower") -> str:
+    def text(self, figure: str = "p50") -> str:
+        """The statement, as a change of ``figure`` (throughput: a drop is worse)."""
+        noise = f"noise ±{self.sigma * 100:.2g}% per pair, up to {self.pairs} pairs"
+        if figure == "throughput":
+            return (f"fails a throughput change of {(1 / self.fails_from - 1) * 100:+.1f}% or worse and passes one "
+                    f"of {(1 / self.passes_below - 1) * 100:+.1f}% or better {self.probability:.0%} of the time "
+                    f"({noise})") if self.passes_below > 0 else f"no power ({noise})"
         return (f"fails a change of {(self.fails_from - 1) * 100:+.1f}% or more and passes one of "
-                f"{(self.passes_below - 1) * 100:+.1f}% or less {self.probability:.0%} of the time (noise "
-                f"±{self.sigma * 100:.2g}% per pair, up to {self.pairs} pairs)")
+                f"{(self.passes_below - 1) * 100:+.1f}% or less {self.probability:.0%} of the time ({noise})")
 
     def as_dict(self) -> dict[str, Any]:
         return {"fails_from": self.fails_from, "passes_below": self.passes_below, "probability": self.probability,

@@ -242,7 +242,9 @@ class HooksObserver(RunObserver):
 
     def nodes_up_to_date(self, results: list[NodeResult]) -> None:
         for res in results:
-            if res.error:  # up to date, but its cached measurements fail the gate as it stands now: say so
+            # up to date, but its cached measurements fail the gate as it stands now, or a gate could not decide
+            # (on_inconclusive: warn): say so
+            if res.error or any(v.primary and v.outcome == "inconclusive" for v in res.verdicts):
                 self.hooks.on_node_end(res)
 
     def node_started(self, start: NodeStart) -> None:

@@ -167,6 +167,8 @@ class ConsoleHooks(Hooks):
             if not self.quiet:
                 self._print(f"{mark} {name} reused: {escape(result.reason)}")
             self._print_inconclusive(result)
+        elif result.status == FRESH:
+            self._print_inconclusive(result)
         elif result.status == SKIPPED:
             needs = f" (needs: {escape(result.hint)})" if result.hint else ""
             self._print(f"{mark} {name} skipped: {escape(result.error or result.reason)}{needs}")
