@@ -268,7 +268,7 @@ class Scaffold:
                 {"batch_size": opt_batch} if opt_batch else {})}),
             "      baseline: simplify",
             "      # the candidates not clearly beaten are timed again together (finalists); one within 5% of the",
-            "      # fastest is a tie, and the most accurate of the tied ones wins (tolerance_percent: a preference band)",
+            "      # fastest is a tie, and the most accurate tied one wins (tolerance_percent: a preference band)",
             "      tie_breakers: {tolerance_percent: 5, order: [accuracy, size]}",
             "",
             "  - name: build                   # a TensorRT engine of the selected model (TensorRT-RTX builds on CPUs)",
