@@ -59,6 +59,7 @@ class Pairing:
     done: bool = False
     last: Look | None = None
     _spent_s: float = 0.0
+    _reference_s: float = 0.0
     _references: int = 0
 
     def __post_init__(self) -> None:
@@ -78,6 +79,7 @@ class Pairing:
             theirs = self.reference(seconds, self._references)
         self._references += 1
         self._spent_s += ours.wall_ms / 1000.0
+        self._reference_s += theirs.wall_ms / 1000.0
         self.record.add(order, window_figures(theirs, self.plan.batch_size),
                         window_figures(ours, self.plan.batch_size))
         count = len(self.record.pairs)
@@ -97,6 +99,7 @@ class Pairing:
             found["stopped"] = {"pairs": self.last.pairs, "outcome": self.last.outcome,
                                 "ratio": self.last.ratio if math.isfinite(self.last.estimate) else None}
         found["seconds"] = round(self._spent_s, 3)
+        found["reference_seconds"] = round(self._reference_s, 3)
         return found
 
 
