@@ -58,7 +58,7 @@ class NoiseModel:
     query_noise: float  # per query (log-normal sigma)
     stall_rate: float
     stall_factor: tuple[float, float]
-    queries: int  # per window
+    queries: int  # per window of window_s (the latency sets how many fit in a window of another length)
     latency_ms: float
     window_s: float
     max_seconds: float  # the point's max_duration_s: the candidate side of the pairs is timed at most this long
@@ -78,13 +78,15 @@ class Host:
         self.rng = rng
         self.level = rng.gauss(0.0, model.drift)  # this run's level: runs differ by the drift
 
-    def window(self, factor: float) -> Window:
+    def window(self, factor: float, seconds: float | None = None) -> Window:
+        """One window of ``seconds`` (default the model's) of a model ``factor`` times the base latency."""
         m = self.model
+        queries = max(1, round((seconds or m.window_s) * 1000.0 / (m.latency_ms * factor)))
         innovation = m.drift * math.sqrt(1.0 - m.correlation ** 2)
         self.level = m.correlation * self.level + self.rng.gauss(0.0, innovation)
         base = m.latency_ms * factor * math.exp(self.level)
         latencies = []
-        for _ in range(m.queries):
+        for _ in range(queries):
             value = base * math.exp(self.rng.gauss(0.0, m.query_noise))
             if self.rng.random() < m.stall_rate:
                 value *= self.rng.uniform(*m.stall_factor)
@@ -93,7 +95,7 @@ class Host:
 
 
 def timer(host: Host, factor: float) -> Any:
-    return lambda seconds, index: host.window(factor)
+    return lambda seconds, index: host.window(factor, seconds)
 
 
 def gate_trial(model: NoiseModel, change: float, seed: int, family: int = 1) -> tuple[str, int]:
@@ -106,7 +108,7 @@ def gate_trial(model: NoiseModel, change: float, seed: int, family: int = 1) -> 
     rng = random.Random(seed)
     host = Host(model, rng)
     params = Params.model_validate({"backend": "onnxruntime", "max_regression_percent": 10})
-    plan = pair_plan(params, model.window_s, model.max_seconds, family, 8, seed=seed)
+    plan = pair_plan(params, model.window_s, model.max_seconds / 3.0, model.max_seconds, family, 8, seed=seed)
     pairing = Pairing(plan, timer(host, 1.0))
     candidate = timer(host, 1.0 + change)
     index = 0

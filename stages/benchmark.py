@@ -456,8 +456,8 @@ def _pairings(ctx: StageContext, params: Params, backend: str, device: str, spec
         planned.why = f"the reference does not run here: {getattr(error, 'message', None) or error}"
         return {}
     settings = _settings(params, device)
-    plan = pair_plan(params, settings.plan.window_s, settings.plan.max_duration_s, ctx.gate_family, batch,
-                     seed=params.seed)
+    plan = pair_plan(params, settings.plan.window_s, settings.plan.min_duration_s, settings.plan.max_duration_s,
+                     ctx.gate_family, batch, seed=params.seed)
     return {index: Pairing(plan, host_timer(call, settings, backend == "torch" and device == "cuda"))}
 
 

@@ -47,6 +47,7 @@ class PairPlan:
     schedule: Schedule
     max_seconds: float  # timed seconds of the candidate's side at most
     seed: int = 0
+    window_s: float = 0.2  # each window of a pair
 
 
 @dataclass
@@ -69,7 +70,9 @@ class Pairing:
         self._random = random.Random(self.plan.seed)
 
     def step(self, candidate: TimeWindow, seconds: float, index: int) -> Window:
-        """Time one pair (reference and candidate, in a random order); returns the candidate's window."""
+        """Time one pair (reference and candidate, in a random order, each a window of the plan's ``window_s``:
+        ``seconds``, the unpaired points' window, is not used); returns the candidate's window."""
+        seconds = self.plan.window_s
         order = "AB" if self._random.random() < 0.5 else "BA"
         if order == "AB":
             theirs = self.reference(seconds, self._references)
@@ -101,6 +104,18 @@ class Pairing:
         found["seconds"] = round(self._spent_s, 3)
         found["reference_seconds"] = round(self._reference_s, 3)
         return found
+
+
+MIN_WINDOW_S = 0.02
+
+
+def pair_window(window_s: float, min_seconds: float, budget: Budget) -> float:
+    """The window of each side of a pair: the point's usual window, or shorter, so that the first look's pairs fit
+    in the point's ``min_seconds`` (a gated point decided at its first look times twice the seconds of the same
+    point ungated)."""
+    from .paired import MAX_LOOKS
+
+    return max(min(window_s, min_seconds / budget.first_pairs(MAX_LOOKS)), MIN_WINDOW_S)
 
 
 def pair_cap(max_seconds: float, window_s: float, budget: Budget) -> Schedule:

@@ -18,7 +18,7 @@ from typing import Any
 
 from trtflow.stage import Pin, Reference
 
-from .ab import PairPlan, pair_cap
+from .ab import PairPlan, pair_cap, pair_window
 from .baseline import baseline_reference
 from .gates import allowed_ratio
 from .paired import ALPHA_PASS, Budget, family_alpha
@@ -109,11 +109,13 @@ def gate_batch(params: GateFields, batch_sizes: Sequence[int]) -> int | None:
     return max(batch_sizes)
 
 
-def pair_plan(params: GateFields, window_s: float, max_seconds: float, family: int, batch: int,
+def pair_plan(params: GateFields, window_s: float, min_seconds: float, max_seconds: float, family: int, batch: int,
               streams: int = 1, seed: int = 0) -> PairPlan:
     """How the gate point is paired: the figure and threshold its stopping rule watches, the recipe's share of the
-    error budget, and its cap (the candidate's side timed at most ``max_seconds``, the point's usual cap)."""
+    error budget, the window of each side (`measure.ab.pair_window`) and the cap (the candidate's side timed at
+    most ``max_seconds``, the point's usual cap: a paired point times at most twice what it would alone)."""
     percent = params.max_regression_percent or DEFAULT_PERCENT
     budget = Budget(family_alpha(family), ALPHA_PASS)
+    window = pair_window(window_s, min_seconds, budget)
     return PairPlan(batch, streams, params.gate_figure, math.log(allowed_ratio(percent, params.gate_figure)), budget,
-                    pair_cap(max_seconds, window_s, budget), max_seconds, seed)
+                    pair_cap(max_seconds, window, budget), max_seconds, seed, window)
