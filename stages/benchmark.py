@@ -461,6 +461,40 @@ def _pairings(ctx: StageContext, params: Params, backend: str, device: str, spec
     return {index: Pairing(plan, host_timer(call, settings, backend == "torch" and device == "cuda"))}
 
 
+def _engine_reference(ctx: StageContext, params: Params, backend: str, feeds: Sequence[tuple[int, Any, Any]],
+                      planned: Any) -> tuple[Any, tuple[int, int] | None, Any]:
+    """The reference engine, opened, the gate point (batch, streams) it is paired at, and what makes its pairing;
+    (None, None, None) when it cannot be (``planned.why`` says why)."""
+    from .formats.onnx_model import candidate_kind
+    from .measure.ab import Pairing
+    from .measure.reference import gate_batch, pair_plan
+    from .runtimes.trt_runtime import open_engine, provenance_for
+
+    if planned is None or planned.why is not None:
+        return None, None, None
+    model = ctx.reference.inputs.get("model")
+    if model is None or candidate_kind(model) != "engine":
+        planned.why = "the reference is not an engine, which this node's backend times"
+        return None, None, None
+    batches = [batch for batch, _, _ in feeds]
+    batch = gate_batch(params, batches)
+    if batch is None:
+        planned.why = f"the gate point (batch {params.gate_batch_size}) is not among the measured {batches}"
+        return None, None, None
+    try:
+        with ctx.native_step(backend, f"deserialising the reference {model.name}"):
+            reference = open_engine(model, provenance_for(model), backend, ctx.gpu)
+            reference.__enter__()
+    except (RecipeError, StageSkipped, StageFailed, OSError) as error:
+        planned.why = f"the reference does not run here: {getattr(error, 'message', None) or error}"
+        return None, None, None
+    settings = _settings(params, "cuda")
+    streams = min(params.stream_counts)
+    plan = pair_plan(params, settings.plan.window_s, settings.plan.min_duration_s, settings.plan.max_duration_s,
+                     ctx.gate_family, batch, streams, seed=params.seed)
+    return reference, (batch, streams), lambda window: Pairing(plan, window)
+
+
 def _fixed_points(ctx: StageContext, params: Params, backend: str, device: str, opened: tuple[Any, Any, Any],
                   specs: Sequence[InputSpec], base_shapes: Mapping[str, list[int]],
                   planned: Any = None) -> tuple[list, Any, Any, Any]:
@@ -480,17 +514,24 @@ def _fixed_points(ctx: StageContext, params: Params, backend: str, device: str, 
         feeds.append((batch if batch is not None else batch_of(shapes), shapes, make_feed(specs, shapes, params,
                                                                                         ctx.resolve, ctx.log)))
     if session is not None:
-        if planned is not None and planned.why is None:
-            planned.why = "engines are not yet timed in A/B pairs with their reference"
+        reference, gate_at, pair = _engine_reference(ctx, params, backend, feeds, planned)
         total = len(feeds) * len(params.stream_counts)
-        for batch_size, shapes, feed in feeds:
-            for streams in params.stream_counts:
-                ctx.progress(0.5 * len(points) / total if params.has_load else len(points) / total,
-                             f"batch {batch_size}, {streams} stream(s): timing on {backend}")
-                with ctx.native_step(backend, f"timing batch {batch_size} on {streams} stream(s)"):
-                    report = engine_point(session, feed, batch_size, streams, settings, _cuda_timer)
-                points.append({"batch_size": batch_size, "streams": streams, "shapes": shapes,
-                               "runs_on": f"{backend} engine, {streams} stream(s)", "report": report})
+        try:
+            for batch_size, shapes, feed in feeds:
+                for streams in params.stream_counts:
+                    paired_here = (batch_size, streams) == gate_at
+                    ctx.progress(0.5 * len(points) / total if params.has_load else len(points) / total,
+                                 f"batch {batch_size}, {streams} stream(s): timing on {backend}"
+                                 + (" in A/B pairs with the reference" if paired_here else ""))
+                    with ctx.native_step(backend, f"timing batch {batch_size} on {streams} stream(s)"):
+                        report = engine_point(session, feed, batch_size, streams, settings, _cuda_timer,
+                                              reference if paired_here else None, pair if paired_here else None)
+                    paired = report.pop("paired", paired)
+                    points.append({"batch_size": batch_size, "streams": streams, "shapes": shapes,
+                                   "runs_on": f"{backend} engine, {streams} stream(s)", "report": report})
+        finally:
+            if reference is not None:
+                reference.__exit__(None, None, None)
     else:
         if ort_session is not None:
             calls = [onnxruntime_call(ort_session, feed, params.device, params.include_host_transfers)
