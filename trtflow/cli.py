@@ -314,6 +314,7 @@ def show(
             "summary": (manifest or {}).get("summary"), "built_key": (manifest or {}).get("key"),
             "built_in_run": (manifest or {}).get("run_id"), "duration": (manifest or {}).get("duration"),
             "peak_rss": (manifest or {}).get("peak_rss"), "last_run": last,
+            "verdicts": [v.as_dict() for v in step.verdicts],  # its gates as they judge the stored result now
         })
     if as_json:
         print(json.dumps(infos[0] if len(infos) == 1 else infos, indent=1, default=str))
@@ -324,7 +325,7 @@ def show(
     for info in infos:
         console.print(f"[bold]{info['node']}[/] ({info['stage']}): {info['status']}: {info['reason']}")
         for key in ("key", "built_key", "built_in_run", "inputs", "params", "matrix", "facts", "outputs", "summary",
-                    "duration", "peak_rss"):
+                    "verdicts", "duration", "peak_rss"):
             if info[key] not in (None, {}, []):
                 console.print(f"[bold]{key}[/]:", Pretty(info[key]))
         last = info["last_run"]
