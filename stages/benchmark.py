@@ -295,7 +295,8 @@ def _method(params: Params, backend: str, device: str, runs_on: str) -> dict[str
                               "max_duration_s": plan.max_duration_s, "precision_percent": params.precision_percent,
                               "tail_precision_percent": params.tail_precision_percent, "confidence": 0.95,
                               "intervals": "order statistics (percentiles), bootstrap of batch means (mean), "
-                              "widened by the windows' spread", "runs_on": runs_on}
+                              "widened by a Student t interval over the windows' own figures", "runs_on": runs_on,
+                              "data": params.data.model_dump(mode="json") if params.data is not None else None}
     if backend in TRT_FLAVOURS:
         method.update(timing="CUDA events (cuda-python harness)", spin_wait=params.spin_wait,
                       use_cuda_graph=params.use_cuda_graph, include_host_transfers=params.include_host_transfers,

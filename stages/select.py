@@ -48,7 +48,6 @@ from trtflow.stage import (
     Resources,
     Stage,
     StageContext,
-    TrtflowError,
 )
 
 from .decision.selection import Candidate, Params, accuracy_of, decide, performance_of, table
@@ -219,15 +218,16 @@ def _time_finalists(ctx: StageContext, params: Params, selection: Mapping[str, A
     try:
         with ctx.native_step("onnxruntime", f"timing the finalists {names} together"):
             timers = onnxruntime_timers(plan["models"], plan["shapes"], plan["options"], plan["device"],
-                                        plan["warmup_ms"], ctx.log)
+                                        plan["warmup_ms"], ctx.log, plan["data"], ctx.resolve)
             from .measure.load import steady_interpreter
 
             with steady_interpreter():
                 record = measure_round_robin(timers, plan["batch_size"], plan["figure"],
                                              params.tie_breakers.tolerance_percent, plan["window_s"],
                                              plan["max_seconds"])
-    except (TrtflowError, OSError) as error:
-        why = f"timing them here failed: {getattr(error, 'message', None) or error}"
+    except Exception as error:  # an optional refinement: the stored figures still decide, and say so
+        detail = getattr(error, "message", None) or f"{type(error).__name__}: {error}"
+        why = f"timing them here failed ({detail}); the stored figures decided"
         ctx.log.warning("finalists not timed together: %s", why)
         return {"why": why}
     ctx.log.info("finalists %s timed together: %d rounds", names, len(record["rounds"]))

@@ -82,20 +82,23 @@ class _Feed:
 
 
 def onnxruntime_timers(models: Mapping[str, Path], shapes: Mapping[str, Mapping[str, list[int]]],
-                       options: Mapping[str, Any], device: str, warmup_ms: float, log: Any) -> dict[str, TimeWindow]:
+                       options: Mapping[str, Any], device: str, warmup_ms: float, log: Any,
+                       data: Mapping[str, Any] | None = None, resolve: Any = Path) -> dict[str, TimeWindow]:
     """A window timer per ONNX model, each on an ONNX Runtime session with the benchmark's ``options`` on
-    ``device``, fed random inputs (seed 0) in its benchmarked ``shapes``."""
+    ``device``, fed in its benchmarked ``shapes`` from the benchmark's ``data`` (a `data.DataSource`, its paths
+    ``resolve``d like the recipe's; None: random inputs, seed 0)."""
     from ..accuracy.recovery import runtime_options
-    from ..data import onnx_input_specs
+    from ..data import DataSource, onnx_input_specs
     from ..runtimes.ort import OrtOptions, create_session
     from .calls import onnxruntime_call, ort_providers
     from .feeds import make_feed
     from .windows import host_window
 
+    source = DataSource.model_validate(dict(data)) if data else None
     timers = {}
     for name, model in models.items():
         specs = onnx_input_specs(model)
-        feed = make_feed(specs, shapes[name], _Feed(shapes[name]), Path, log)
+        feed = make_feed(specs, shapes[name], _Feed(shapes[name], data=source), resolve, log)
         settings = runtime_options(model, OrtOptions.model_validate(dict(options)), log).options
         session = create_session(model, settings, ort_providers(device))
         call, _ = onnxruntime_call(session, feed, device, include_host_transfers=False)
@@ -121,8 +124,9 @@ def timing_plan(rows: Sequence[Mapping[str, Any]], objective: Mapping[str, Any],
     methods = [benches[name].get("method") or {} for name in benches]
     devices = {benches[name].get("device") for name in benches}
     options = [m.get("onnxruntime") for m in methods]
-    if len(devices) != 1 or any(o != options[0] for o in options):
-        return "the finalists were benchmarked with different devices or ONNX Runtime options"
+    data = [m.get("data") for m in methods]
+    if len(devices) != 1 or any(o != options[0] for o in options) or any(d != data[0] for d in data):
+        return "the finalists were benchmarked with different devices, ONNX Runtime options or data"
     device = devices.pop() or "cpu"
     if device == "cuda" and gpu is None:
         return "they ran on CUDA, and this node has no GPU (give select `resources: {gpu: 1}`)"
@@ -138,5 +142,6 @@ def timing_plan(rows: Sequence[Mapping[str, Any]], objective: Mapping[str, Any],
                  for m in methods) if methods else 0.2
     cap = max_seconds or min(float(m.get("max_duration_s") or 3.0) for m in methods)
     return {"figure": figure, "batch_size": batch, "shapes": shapes, "options": options[0] or {}, "device": device,
+            "data": data[0],
             "warmup_ms": float(methods[0].get("warmup_ms") or 200.0), "window_s": window, "max_seconds": cap,
             "models": {name: models[name] for name in points}}
