@@ -118,6 +118,15 @@ def pin_latest(recipe: str | Path, nodes: Sequence[str], overrides: Sequence[str
     return pinned
 
 
+def unpin(identities: Sequence[str], store: str | Path | None = None) -> list[str]:
+    """Remove the pins of these artifact identities from the store (what `trtflow baseline pin` made); returns the
+    ones it removed. Their objects are freed by the next gc unless a recipe's results or another pin use them."""
+    from trtflow.storage.pins import PinStore
+
+    pins = PinStore(default_store(store))
+    return [identity for identity in identities if pins.remove_pinned(identity)]
+
+
 def _project_root(pipeline: Any) -> Path:
     from trtflow.fsutil import project_root
 

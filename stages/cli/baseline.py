@@ -4,6 +4,7 @@
                                               pinned) and write the baseline file to commit (default:
                                               baselines/<recipe name>.json beside the recipe); `save` is the same
     trtflow baseline show FILE                print what a baseline holds
+    trtflow baseline unpin FILE               release the artifacts FILE pins from the store (gc frees them)
 
 Benchmark nodes then compare with it through ``baseline: FILE`` (and ``max_regression_percent``): the pinned
 artifact is re-measured beside the candidate in A/B pairs; a validate node compares accuracy figures through its
@@ -105,3 +106,26 @@ def show(file: Annotated[Path, typer.Argument(help="A baseline file.", show_defa
     typer.echo(f"baseline of recipe {document.get('recipe')}, saved {document.get('saved')}")
     for name, entry in (document.get("nodes") or {}).items():
         typer.echo("\n".join(_describe(name, entry)))
+
+
+@app.command("unpin")
+def unpin(
+    file: Annotated[Path, typer.Argument(help="A baseline file whose pinned artifacts to release.",
+                                         show_default=False)],
+    store: Annotated[str | None, typer.Option("--store", help="Store directory (env TRTFLOW_STORE; default "
+                                              ".trtflow)")] = None,
+) -> None:
+    """Release the artifacts a baseline file pins in the store; the next `trtflow gc` frees what nothing else keeps.
+    Gates on the file then compare its stored figures (and say so) until it is pinned again."""
+    from trtflow.api import unpin as release
+
+    from ..measure.baseline import read_baseline
+
+    document = read_baseline(file)
+    identities = sorted({str(entry["identity"]) for entry in (document.get("nodes") or {}).values()
+                         if isinstance(entry, dict) and entry.get("identity")})
+    removed = release(identities, store)
+    for identity in identities:
+        typer.echo(f"{identity[:12]}: {'released' if identity in removed else 'not pinned in this store'}")
+    if not identities:
+        typer.echo(f"{file} pins no artifact")

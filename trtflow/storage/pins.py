@@ -163,6 +163,15 @@ class PinStore:
         self._write(self.pinned_path(identity), pin)
         return identity
 
+    def remove_pinned(self, identity: str) -> bool:
+        """Remove a `trtflow baseline pin` pin (its objects go at the next gc, unless something else keeps them);
+        False when this store has no such pin."""
+        path = self.pinned_path(identity)
+        if path.is_symlink() or not path.is_file():
+            return False
+        path.unlink()
+        return True
+
     def all(self) -> list[tuple[Path, Pin | None]]:
         """Every pin file with its pin (None: unreadable)."""
         if not self.root.is_dir() or self.root.is_symlink():
