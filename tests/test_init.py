@@ -39,6 +39,9 @@ def test_init_onnx_writes_a_recipe_that_plans(tmp_path, tiny_cnn_onnx):
         "random": {"seed": 0, "num_samples": 32, "shapes": {"input": [1, 3, 32, 32]}}}
     assert nodes["select"]["inputs"]["candidates"] == ["simplify", "convert", "quantize"]
     assert nodes["benchmark"]["params"]["batch_sizes"] == [1, 4, 8]
+    # decisions measurable on a shared machine: one ONNX Runtime thread, finalists timed together (the default)
+    assert nodes["benchmark"]["params"]["onnxruntime"] == {"intra_op_threads": 1}
+    assert nodes["select"]["params"]["tie_breakers"] == {"tolerance_percent": 5, "order": ["accuracy", "size"]}
     plan = trtflow("plan", "recipes/cnn.yaml", cwd=tmp_path).stdout
     assert "13 nodes: 0 fresh, 13 stale" in plan
     again = trtflow("init", "cnn.onnx", "-o", "recipes/cnn.yaml", cwd=tmp_path, check=1)

@@ -79,6 +79,61 @@ def run_unchanged(recipe: str | Path, targets: Sequence[str] = (), overrides: Se
     return noop.run_unchanged(recipe, targets, overrides, default_store(store), options, hooks or Hooks())
 
 
+def pin_latest(recipe: str | Path, nodes: Sequence[str], overrides: Sequence[str] = (),
+               store: str | Path | None = None) -> dict[str, dict[str, Any]]:
+    """Pin, in the store, the artifact each of ``nodes`` measured in its latest run: the outputs of the nodes that
+    fed it (a model with its external weights, an engine with engine.json) and the recipe and code files it read
+    (a ``python:`` model factory), so gc keeps them while the pin exists. Returns, per node, the pin's description
+    (what a baseline file records, `trtflow.storage.pins.Pin.describe`) and its identity. Runs nothing."""
+    from trtflow.storage.pins import Pin, PinStore, pin_record
+
+    pipeline = load_pipeline(recipe, overrides)
+    st = default_store(store)
+    st.ensure()
+    current = st.refs.current(pipeline.identity.id)
+    pins = PinStore(st)
+    graph = pipeline.graph
+    root = _project_root(pipeline)
+    pinned: dict[str, dict[str, Any]] = {}
+    for name in nodes:
+        node = graph.nodes[name]
+        manifest = st.read_manifest(current[name]) if current.get(name) else None
+        if manifest is None:
+            continue
+        inputs = {}
+        for slot, refs in node.upstream.items():
+            if graph.stages[node.stage].inputs[slot].many or len(refs) != 1:
+                continue
+            src, out = refs[0]
+            produced = st.read_manifest(current[src]) if current.get(src) else None
+            if produced is None or out not in (produced.get("outputs") or {}):
+                continue
+            objects = {o["filename"]: {"digest": o["digest"], "size": int(o["size"])}
+                       for o in produced["outputs"].values()}
+            inputs[slot] = {"file": produced["outputs"][out]["filename"], "objects": objects}
+        files = pins.keep_files({path: root / path for path in manifest.get("files") or {}})
+        pin = Pin(inputs, files, pin_record(name, pipeline.identity.id, node.params, manifest.get("summary") or {},
+                                            manifest.get("key")))
+        pinned[name] = {"identity": pins.write_pinned(pin), "artifact": pin.describe(), "params": dict(node.params)}
+    return pinned
+
+
+def unpin(identities: Sequence[str], store: str | Path | None = None) -> list[str]:
+    """Remove the pins of these artifact identities from the store (what `trtflow baseline pin` made); returns the
+    ones it removed. Their objects are freed by the next gc unless a recipe's results or another pin use them."""
+    from trtflow.storage.pins import PinStore
+
+    pins = PinStore(default_store(store))
+    return [identity for identity in identities if pins.remove_pinned(identity)]
+
+
+def _project_root(pipeline: Any) -> Path:
+    from trtflow.fsutil import project_root
+
+    folder = Path(pipeline.loaded.path).resolve().parent
+    return project_root(folder) or folder
+
+
 def latest_results(recipe: str | Path, overrides: Sequence[str] = (),
                    store: str | Path | None = None) -> dict[str, dict[str, Any]]:
     """Per node of ``recipe``: the stored result its latest run used (key, stage, summary, facts, outputs).

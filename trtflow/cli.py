@@ -15,6 +15,7 @@ from trtflow import __version__
 from trtflow.errors import (
     EXIT_ENVIRONMENT,
     EXIT_FAILED,
+    EXIT_INCONCLUSIVE,
     EXIT_INTERRUPTED,
     EXIT_STORE,
     StoreError,
@@ -159,7 +160,19 @@ def run(
             r.status in ("fresh", "done", "cached") or (r.error and "--require-gpu" in r.error) or r.status == "blocked"
             for r in results
         )
-        raise typer.Exit(EXIT_ENVIRONMENT if require_gpu and only_env else EXIT_FAILED)
+        if require_gpu and only_env:
+            raise typer.Exit(EXIT_ENVIRONMENT)
+        raise typer.Exit(EXIT_INCONCLUSIVE if _only_undecided(summary) else EXIT_FAILED)
+
+
+def _only_undecided(summary: Any) -> bool:
+    """Every node that did not succeed failed only because a gate could not decide (and nothing else broke)."""
+    from trtflow.verdicts import only_inconclusive
+
+    failed = [r for r in summary.results.values() if r.status not in ("fresh", "done", "cached", "skipped")]
+    return not summary.problems and bool(failed) and all(
+        (r.status == "gate_failed" and only_inconclusive(r.verdicts)) or r.status == "blocked" for r in failed) \
+        and any(r.status == "gate_failed" for r in failed)
 
 
 # ----------------------------------------------------------------------------- plan
@@ -301,6 +314,7 @@ def show(
             "summary": (manifest or {}).get("summary"), "built_key": (manifest or {}).get("key"),
             "built_in_run": (manifest or {}).get("run_id"), "duration": (manifest or {}).get("duration"),
             "peak_rss": (manifest or {}).get("peak_rss"), "last_run": last,
+            "verdicts": [v.as_dict() for v in step.verdicts],  # its gates as they judge the stored result now
         })
     if as_json:
         print(json.dumps(infos[0] if len(infos) == 1 else infos, indent=1, default=str))
@@ -311,7 +325,7 @@ def show(
     for info in infos:
         console.print(f"[bold]{info['node']}[/] ({info['stage']}): {info['status']}: {info['reason']}")
         for key in ("key", "built_key", "built_in_run", "inputs", "params", "matrix", "facts", "outputs", "summary",
-                    "duration", "peak_rss"):
+                    "verdicts", "duration", "peak_rss"):
             if info[key] not in (None, {}, []):
                 console.print(f"[bold]{key}[/]:", Pretty(info[key]))
         last = info["last_run"]

@@ -13,6 +13,7 @@ EXIT_FAILED = 1  # a stage failed or a quality gate failed
 EXIT_USAGE = 2  # bad recipe or bad command-line usage
 EXIT_ENVIRONMENT = 3  # this machine cannot run the requested backend
 EXIT_STORE = 4  # the store is busy (gc), damaged, read-only, full, or of a newer format
+EXIT_INCONCLUSIVE = 5  # a quality gate could not decide at its cap (on_inconclusive: fail), and nothing else failed
 EXIT_INTERRUPTED = 130
 
 

@@ -28,6 +28,8 @@ from trtflow.recipe.expand import ConcreteNode
 from trtflow.stage import Resources
 from trtflow.status import FRESH, SKIP, STALE
 from trtflow.storage.store import Store
+from trtflow.verdicts import GateVerdict
+from trtflow.verdicts import failures as blocking_failures
 
 KEY_FORMAT = 2
 
@@ -78,6 +80,8 @@ class KeyParts:
     # for slots that take results whose gate failed (a chooser): each producer's current gate failures, so a
     # threshold change upstream (which re-judges without re-running) still re-runs the chooser
     verdicts: dict[str, list[str]] = field(default_factory=dict)
+    # the pinned artifact the node measures beside its candidate (`Stage.reference`): the digest of its files
+    reference: str | None = None
 
     @property
     def key(self) -> str:
@@ -86,12 +90,14 @@ class KeyParts:
                        "files": sorted(set(self.files.values())), "facts": self.facts}
         if self.verdicts:
             ingredients["verdicts"] = self.verdicts
+        if self.reference:
+            ingredients["reference"] = self.reference
         return hash_value(ingredients)
 
     def as_manifest(self) -> dict[str, Any]:
         return {"stage": self.stage, "version": self.version, "code": self.code, "code_files": self.code_files,
                 "params": self.params, "inputs": self.inputs, "input_sources": self.input_sources,
-                "files": self.files, "facts": self.facts, "verdicts": self.verdicts}
+                "files": self.files, "facts": self.facts, "verdicts": self.verdicts, "reference": self.reference}
 
 
 @dataclass
@@ -104,6 +110,7 @@ class Step:
     manifest: dict[str, Any] | None = None
     waits_for: list[str] = field(default_factory=list)
     gate_failures: list[str] = field(default_factory=list)
+    verdicts: list[GateVerdict] = field(default_factory=list)  # its gate's verdicts as judged by the plan (fresh)
     needs: str | None = None  # for a skipped node: what the machine lacks
 
     @property
@@ -121,7 +128,8 @@ class Step:
         return {"node": self.node.name, "stage": self.node.stage, "status": self.status, "reason": self.reason,
                 "key": self.key, "inputs": {s: [f"{n}.{o}" for n, o in refs]
                                             for s, refs in self.node.upstream.items()},
-                "gate_failures": self.gate_failures, "needs": self.needs, "notes": self.notes}
+                "gate_failures": self.gate_failures, "needs": self.needs, "notes": self.notes,
+                "verdicts": [v.as_dict() for v in self.verdicts]}
 
 
 def _substitute(value: Any, table: Mapping[str, Any]) -> Any:
@@ -222,22 +230,54 @@ def key_parts(graph: Graph, node: ConcreteNode, output_digests: Mapping[tuple[st
               for slot, slot_refs in node.upstream.items() if stage.inputs[slot].accept_gate_failed
               for src, _ in slot_refs}
     return KeyParts(node.stage, stage.version, code.digest, code.files, _substitute(params, shown),
-                    _substitute(params, keyed), inputs, sources, files, facts, judged)
+                    _substitute(params, keyed), inputs, sources, files, facts, judged,
+                    pinned_reference(graph, node, kctx))
 
 
-def judge(graph: Graph, node: ConcreteNode, manifest: Mapping[str, Any], kctx: KeyContext) -> list[str]:
-    """The failures of the node's quality gates on its stored summary (empty: passed, or no gate)."""
+def pinned_reference(graph: Graph, node: ConcreteNode, kctx: KeyContext) -> str | None:
+    """The digest of the pinned artifact ``node`` measures beside its candidate (None: none, or the node's last
+    accepted result, which changes as results are accepted and so stays out of the key)."""
+    stage = graph.stages[node.stage]
+    if stage.reference is None:
+        return None
+    try:
+        wanted = stage.reference_for(node.params_model, kctx.resolve, node.name)
+    except TrtflowError as exc:
+        raise RecipeError(f"node {node.name!r}: {exc.message}", node.location, hint=exc.hint) from None
+    if not isinstance(wanted, Mapping):
+        return None
+    from trtflow.storage.pins import Pin
+
+    pin = Pin.from_dict(wanted)
+    if pin is None:
+        raise RecipeError(f"node {node.name!r}: its reference artifact is not described correctly",
+                          node.location, hint="pin it again (`trtflow baseline pin RECIPE`)")
+    return pin.identity
+
+
+def gate_family(graph: Graph, kctx: KeyContext) -> int:
+    """How many nodes of the graph make a comparison (`Stage.compares`): the recipe's false alarm rate is
+    divided among them."""
+    memo = ("gate family", id(graph))
+    if memo not in kctx.memo:
+        kctx.memo[memo] = max(sum(1 for n in graph.nodes.values()
+                                  if graph.stages[n.stage].compares_for(n.params_model)), 1)
+    return int(kctx.memo[memo])
+
+
+def judge(graph: Graph, node: ConcreteNode, manifest: Mapping[str, Any], kctx: KeyContext) -> list[GateVerdict]:
+    """The verdicts of the node's quality gates on its stored summary (empty: no gate)."""
     from trtflow.stage import GateContext
 
     stage = graph.stages[node.stage]
     if stage.gate is None:
         return []
     gate_ctx = GateContext(previous=manifest.get("previous_summary"), facts=manifest.get("facts", {}),
-                           resolve=kctx.resolve, node=node.name)
+                           resolve=kctx.resolve, node=node.name, family=gate_family(graph, kctx))
     try:
         return stage.judge(node.params_model, manifest.get("summary") or {}, gate_ctx)
     except TrtflowError as exc:
-        return [exc.message]
+        return [GateVerdict.failure(exc.message)]
 
 
 def explain(parts: KeyParts, previous: Mapping[str, Any] | None, damaged_note: Mapping[str, Any] | None = None
@@ -274,6 +314,8 @@ def explain(parts: KeyParts, previous: Mapping[str, Any] | None, damaged_note: M
                 reasons.append(f"file {path} added")
         elif old_files[path] != parts.files[path]:
             reasons.append(f"file {path} changed")
+    if (previous.get("reference") or None) != parts.reference:
+        reasons.append("the pinned reference artifact changed" if parts.reference else "no pinned reference any more")
     old_verdicts = previous.get("verdicts") or {}
     for src in sorted(set(old_verdicts) | set(parts.verdicts)):
         if old_verdicts.get(src) != parts.verdicts.get(src):
@@ -347,10 +389,12 @@ def make_plan(graph: Graph, store: Store, env: Environment, recipe_dir: Path,
             if manifest is not None and store.intact(manifest, stat_cache):
                 for out_name, out in manifest["outputs"].items():
                     digests[(name, out_name)] = out["digest"]
-                failures = judge(graph, node, manifest, kctx)
+                judged = judge(graph, node, manifest, kctx)
+                failures = blocking_failures(judged)
                 verdicts[name] = failures
                 reasons = ["up to date"] if not failures else [f"gate failed last run: {'; '.join(failures)}"]
-                steps.append(Step(node, FRESH, reasons, key, parts, manifest, gate_failures=failures))
+                steps.append(Step(node, FRESH, reasons, key, parts, manifest, gate_failures=failures,
+                                  verdicts=judged))
                 status[name] = FRESH
                 continue
             if manifest is not None:

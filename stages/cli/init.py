@@ -253,6 +253,7 @@ class Scaffold:
             '    inputs: {model: "${{ matrix.candidate }}"}',
             "    params:",
             "      backend: onnxruntime",
+            "      onnxruntime: {intra_op_threads: 1}   # one core: timings that hold on a shared machine (CI runners)",
         ]
         if any(spec.value_range for spec in self.inputs) and self.data_ref is None:
             lines.append("      data: *data               # for the value ranges (token ids below the vocabulary)")
@@ -273,6 +274,9 @@ class Scaffold:
             "      objective: " + _flow({"goal": "min_latency", "percentile": "p50", **(
                 {"batch_size": opt_batch} if opt_batch else {})}),
             "      baseline: simplify",
+            "      # the candidates not clearly beaten are timed again together (finalists); one within 5% of the",
+            "      # fastest is a tie, and the most accurate tied one wins (tolerance_percent: a preference band)",
+            "      tie_breakers: {tolerance_percent: 5, order: [accuracy, size]}",
             "",
             "  - name: build                   # a TensorRT engine of the selected model (TensorRT-RTX builds on CPUs)",
             "    stage: build",

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from trtflow.plan import Step
 from trtflow.storage.journal import Journal
 from trtflow.storage.refs import RecipeIdentity, RefStore
+from trtflow.verdicts import with_verdicts
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,8 @@ class JournalObserver(RunObserver):
         import json
 
         rows = [(self.run_id, r.node, r.stage, r.key, r.status, r.reason,
-                 json.dumps(r.summary) if r.summary else None) for r in results]
+                 json.dumps(recorded) if (recorded := with_verdicts(r.summary, r.verdicts)) else None)
+                for r in results]
         self.guarded("recording up-to-date nodes", lambda: self.journal.record_nodes(rows))
 
     def node_started(self, start: NodeStart) -> None:
@@ -171,7 +173,7 @@ class JournalObserver(RunObserver):
         self.guarded(f"recording node {res.node}", lambda: self.journal.node_state(
             self.run_id, res.node, res.stage, res.key, res.status, res.reason, started=res.started,
             ended=time.time() if res.started else None, log_path=str(res.log_path) if res.log_path else None,
-            error=res.error, summary=res.summary or None))
+            error=res.error, summary=with_verdicts(res.summary, res.verdicts) or None))
         if res.peak_rss:
             peak = res.peak_rss
             self.guarded("recording memory", lambda: self.journal.set_peak_rss(self.run_id, res.node, peak))
@@ -240,7 +242,9 @@ class HooksObserver(RunObserver):
 
     def nodes_up_to_date(self, results: list[NodeResult]) -> None:
         for res in results:
-            if res.error:  # up to date, but its cached measurements fail the gate as it stands now: say so
+            # up to date, but its cached measurements fail the gate as it stands now, or a gate could not decide
+            # (on_inconclusive: warn): say so
+            if res.error or any(v.primary and v.outcome == "inconclusive" for v in res.verdicts):
                 self.hooks.on_node_end(res)
 
     def node_started(self, start: NodeStart) -> None:

@@ -41,6 +41,9 @@ class Job:
     input_objects: dict[str, dict[str, str]] = field(default_factory=dict)
     # slot -> per input: its producer's node, template, matrix and own inputs (StageContext.input_sources)
     input_sources: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # the reference the node measures beside its candidate, laid out in its scratch (`stage.Reference.as_json`)
+    reference: dict[str, Any] | None = None
+    gate_family: int = 1  # how many nodes of the recipe make a comparison (StageContext.gate_family)
 
     @property
     def gpu(self) -> int | None:

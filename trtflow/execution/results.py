@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtflow.status import FRESH
+from trtflow.verdicts import GateVerdict
 
 if TYPE_CHECKING:
     from trtflow.plan import Step
@@ -52,6 +53,7 @@ class NodeResult:
     outputs: dict[str, Path] = field(default_factory=dict)
     peak_rss: int | None = None  # bytes, for nodes that ran a process
     started: float | None = None  # when the node's thread took it (time.time()), for nodes that were processed
+    verdicts: list[GateVerdict] = field(default_factory=list)  # its gate's verdicts as judged in this run
 
 
 @dataclass

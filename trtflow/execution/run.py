@@ -23,7 +23,7 @@ from typing import Any
 from trtflow.environment import Environment
 from trtflow.execution.context import RunContext
 from trtflow.execution.ledger import Ledger, Produced
-from trtflow.execution.lifecycle import GATE_HINT, Lifecycle
+from trtflow.execution.lifecycle import Lifecycle, gate_hint
 from trtflow.execution.loop import Loop
 from trtflow.execution.observers import HooksObserver, JournalObserver, Observers, RefsObserver
 from trtflow.execution.progress import ProgressBoard
@@ -153,8 +153,8 @@ class Runner:
                 except OSError as exc:
                     self.notes.problem(materialize_error(name, self.options.output_dir / name, exc).message)
             res = NodeResult(name, step.node.stage, GATE_FAILED if error else FRESH, step.reason, step.key,
-                             error=error, hint=GATE_HINT if error else None, outputs=outputs,
-                             summary=manifest.get("summary", {}))
+                             error=error, hint=gate_hint(step.verdicts) if error else None, outputs=outputs,
+                             summary=manifest.get("summary", {}), verdicts=list(step.verdicts))
             results[name] = res
             done.append(res)
         self.observers.nodes_up_to_date(done)

@@ -48,7 +48,7 @@ def run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: loggin
             ) -> dict[str, Any]:
     """Run the job's stage and return its result record ({status, summary, error, hint})."""
     from trtflow.errors import GateFailed, StageSkipped, TrtflowError
-    from trtflow.stage import StageContext
+    from trtflow.stage import Reference, StageContext
 
     if get_stage is None:
         from trtflow.registry import get_stage
@@ -61,6 +61,7 @@ def run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: loggin
             cache_dir=Path(job.cache_dir), facts=job.facts, gpu=job.gpu,
             allowed_roots=[Path(p) for p in job.allowed_roots], logger=log, progress_file=job.progress_file,
             previous_summary=job.previous_summary, input_sources=job.input_sources, ran_alone=job.ran_alone,
+            reference=Reference.from_json(job.reference), gate_family=job.gate_family,
         )
         log.info("stage %s %s starting; params %s", stage.name, stage.version, json.dumps(job.params))
         inputs = {slot: [Path(each) for each in p] if isinstance(p, list) else Path(p)

@@ -167,6 +167,8 @@ class ConsoleHooks(Hooks):
             if not self.quiet:
                 self._print(f"{mark} {name} reused: {escape(result.reason)}")
             self._print_inconclusive(result)
+        elif result.status == FRESH:
+            self._print_inconclusive(result)
         elif result.status == SKIPPED:
             needs = f" (needs: {escape(result.hint)})" if result.hint else ""
             self._print(f"{mark} {name} skipped: {escape(result.error or result.reason)}{needs}")
@@ -186,11 +188,11 @@ class ConsoleHooks(Hooks):
             self._print("\n".join(lines))
 
     def _print_inconclusive(self, result: NodeResult) -> None:
-        """Gates too noisy to judge: no failure, but said (a stage records them in its summary's ``verdicts``)."""
-        verdicts = result.summary.get("verdicts") if isinstance(result.summary, dict) else None
-        for verdict in verdicts or []:
-            if isinstance(verdict, dict) and verdict.get("verdict") == "inconclusive":
-                self._print(f"  [yellow]gate inconclusive[/] (not a failure): {escape(str(verdict.get('message')))}")
+        """Primary gates that could not decide but fail nothing (on_inconclusive: warn): said, never silent."""
+        for verdict in result.verdicts:
+            if verdict.primary and verdict.outcome == "inconclusive" and not verdict.blocking:
+                self._print(f"  [yellow]gate inconclusive[/] (on_inconclusive: warn, not failing the run): "
+                            f"{escape(verdict.reason)}")
 
     def stop_live(self) -> None:
         if self.live is not None:

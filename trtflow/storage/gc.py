@@ -1,7 +1,8 @@
 """Garbage collection: drop what no recipe file's latest runs use, under the store lock.
 
 Roots: for every recipe file with refs, the key each of its nodes used in its latest run (refs/<recipe>/current.json),
-plus the keys of runs younger than the retention (``keep_days``, refs history). A recipe file that no longer exists
+plus the keys of runs younger than the retention (``keep_days``, refs history), plus every object a pin keeps
+(`pins`: the reference artifacts comparisons re-measure). A recipe file that no longer exists
 keeps its roots for a grace period (``forget_missing_days``, counted from the first gc that saw it missing): a
 branch switch, a rename in progress or an unmounted share must not cost every result of a recipe.
 
@@ -20,6 +21,7 @@ from typing import Any
 from trtflow.errors import StoreError
 from trtflow.storage.journal import Journal
 from trtflow.storage.lock import EXCLUSIVE, StoreLock
+from trtflow.storage.pins import PinStore
 from trtflow.storage.refs import RecipeRefs
 from trtflow.storage.store import Store
 
@@ -104,7 +106,7 @@ def _collect(store: Store, keep_days: float, dry_run: bool, report: GcReport, fo
                     roots.setdefault(key, f"{refs.recipe_id}:{node} (run {record.get('run_id')})")
     by_id = {r.recipe_id: r for r in recipes}
 
-    live_digests: set[str] = set()
+    live_digests: set[str] = PinStore(store).digests()
     doomed: list[tuple[Path, dict[str, Any] | None]] = []
     for path, manifest in store.iter_manifests():
         key = path.stem

@@ -5,6 +5,7 @@ Layout under the store root (``.trtflow`` by default):
   objects/ab/<digest>      artifact files, read-only once committed; a file's name IS its content digest
   nodes/ab/<key>.json      node manifests (written last: a manifest means the node is complete)
   refs/<recipe>/           what each recipe file's latest runs used (see refs.py): gc's roots
+  pins/                    reference artifacts comparisons re-measure (see pins.py): gc's roots too
   caches/                  shared mutable caches (TensorRT timing caches) under file locks
   locks/                   per-node-key build locks (one process builds, others wait and reuse)
   logs/<run>/<node>.log    per-node logs
@@ -38,7 +39,7 @@ from trtflow.storage.refs import RefStore, migrate_legacy_refs
 
 READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
 FORMAT = 2  # 1: the first release (no format.json, refs by recipe name)
-SUBDIRS = ("objects", "nodes", "refs", "caches", "locks", "logs", "tmp")
+SUBDIRS = ("objects", "nodes", "refs", "caches", "locks", "logs", "tmp", "pins")
 
 
 @dataclass(frozen=True)
