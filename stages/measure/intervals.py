@@ -104,15 +104,21 @@ def mean_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tu
 def window_interval(estimates: Sequence[float], center: float,
                     confidence: float = CONFIDENCE) -> tuple[float, float] | None:
     """The interval of ``center`` (the pooled estimate) from the spread of the windows' own estimates: Student t
-    with w - 1 degrees of freedom over w windows; None under 3 windows."""
+    with w - 1 degrees of freedom over w windows; None under 3 windows. Times and rates are positive and vary by
+    factors (a slower spell of the host scales them), so when every estimate is positive the interval is taken on
+    their logarithms: never below zero, however few and scattered the windows."""
     from scipy import stats
 
     count = len(estimates)
     if count < 3:
         return None
-    mean = sum(estimates) / count
-    deviation = math.sqrt(sum((e - mean) ** 2 for e in estimates) / (count - 1))
+    positive = center > 0 and all(e > 0 for e in estimates)
+    values = [math.log(e) for e in estimates] if positive else list(estimates)
+    mean = sum(values) / count
+    deviation = math.sqrt(sum((v - mean) ** 2 for v in values) / (count - 1))
     half = float(stats.t.ppf(0.5 + confidence / 2.0, count - 1)) * deviation / math.sqrt(count)
+    if positive:
+        return center * math.exp(-half), center * math.exp(half)
     return center - half, center + half
 
 
