@@ -41,6 +41,7 @@ from trtflow.stage import (
     METRICS,
     ONNX,
     CodeReference,
+    Figures,
     GateContext,
     Input,
     Output,
@@ -272,6 +273,14 @@ def gate(params: Params, summary: Mapping[str, Any], gate_ctx: GateContext) -> l
     from .measure.gates import failures, verdicts
 
     return failures(verdicts(params, summary, gate_ctx))
+
+
+def figures(params: Params, summary: Mapping[str, Any]) -> Figures:
+    """What the recipe's history keeps of a result (`measure.figures`): per point its median and p99 latency and
+    throughput with their intervals, the serving capacity, the scenarios' figures; the gated ones primary."""
+    from .measure.figures import history_figures
+
+    return history_figures(params, summary)
 
 
 def _verdicts_now(ctx: StageContext, params: Params, summary: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -587,4 +596,5 @@ stage = Stage(
     preload=("onnxruntime", "numpy"),
     gate=gate,
     gate_params=GATE_PARAMS,
+    figures=figures,
 )
