@@ -12,7 +12,7 @@ from pydantic import Field
 from tests.engine.toystages import STAGES
 from trtflow.environment import Environment
 from trtflow.execution.local import InlineExecutor
-from trtflow.execution.results import RunOptions
+from trtflow.execution.results import NodeResult, RunOptions
 from trtflow.execution.run import Runner
 from trtflow.graph import build_graph
 from trtflow.history.record import RunInfo, rows_of
@@ -76,7 +76,7 @@ def _run(tmp_path: Path, latency: float, broken: bool = False) -> Any:
 
 
 def test_each_measurement_adds_its_figures_once(tmp_path: Path) -> None:
-    first, rows, recipe = _run(tmp_path, 2.0)
+    first, rows, _ = _run(tmp_path, 2.0)
     assert first.ok
     assert [(r["node"], r["figure"], r["value"], r["low"], r["high"], r["n"], r["run_id"]) for r in rows] == [
         ("bench", "p50 latency, batch 1", 2.0, 1.8, 2.2, 100, first.run_id)], "a NaN figure is left out"
@@ -103,13 +103,10 @@ def test_a_stage_whose_figures_fail_gets_a_warning_and_its_run_succeeds(tmp_path
 
 
 def test_rows_of_ignores_results_that_were_not_used(tmp_path: Path) -> None:
-    class Failed:
-        node, stage, status, key = "bench", "timed", "failed", None
-        summary = {"latency_ms": 1.0, "interval": [1, 1], "queries": 1}
-
-    assert rows_of(RunInfo("run", "r.yaml"), Failed(), TIMED, TimedParams(latency=1.0)) == []
-    Failed.status = "cached"
-    (row,) = rows_of(RunInfo("run", "r.yaml", recorded=5.0), Failed(), TIMED, TimedParams(latency=1.0))
+    result = NodeResult("bench", "timed", "failed", summary={"latency_ms": 1.0, "interval": [1, 1], "queries": 1})
+    assert rows_of(RunInfo("run", "r.yaml"), result, TIMED, TimedParams(latency=1.0)) == []
+    result.status = "cached"
+    (row,) = rows_of(RunInfo("run", "r.yaml", recorded=5.0), result, TIMED, TimedParams(latency=1.0))
     assert row["recorded"] == 5.0 and row["measurement"]
 
 
