@@ -477,7 +477,7 @@ def next_rate_to_try(points: Sequence[Mapping[str, Any]], tolerance: float = 0.0
 #: A confirmation run lasts at least this many relaxation times of the queue at its rate (`relaxation_s`).
 SETTLE_RELAXATIONS = 30.0
 #: ... and at most this many times the shortest confirmation asked for.
-CONFIRM_CAP_FACTOR = 3.0
+CONFIRM_CAP_FACTOR = 2.0
 #: The highest utilisation the relaxation time is computed for (at 1 it is infinite).
 MAX_UTILISATION = 0.98
 

@@ -95,7 +95,7 @@ class LoadFields(StageParams):
     confirm_duration_s: float = Field(
         10.0, ge=0, description="After a rate search (rate_search_probes), confirm the rate it found with one run "
         "at least this long (and long enough for the queue to settle: 30 of its relaxation times at that rate, up "
-        "to 3x this; at least the queries the p99 needs); when the rate misses the budget there, step down by "
+        "to 2x this; at least the queries the p99 needs); when the rate misses the budget there, step down by "
         "confirm_step_percent and confirm again. The serving capacity is the confirmed rate, so it does not "
         "depend on load_duration_s. 0: no confirmation (the figure is the search's, at load_duration_s).")
     confirm_steps: int = Field(4, ge=0, le=20, description="Step-downs after a failed confirmation before the "
