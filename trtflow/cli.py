@@ -366,7 +366,9 @@ def history(
     threshold: Annotated[float, typer.Option(
         min=0, help="--check: the smallest change of a figure's mean, in percent, that fails.")] = 10.0,
     latest: Annotated[int, typer.Option(
-        min=1, help="--check: judge change points among this many latest runs.")] = 5,
+        min=1, help="--check: judge changes that start among this many latest runs.")] = 5,
+    runs_after: Annotated[int, typer.Option(
+        min=1, help="--check: ... and that this many runs show (1: one slow night fails).")] = 2,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """The trend of each benchmark figure over the runs that measured it, with 95% intervals and change points."""
@@ -383,13 +385,17 @@ def history(
     if not st.db_path.exists():
         raise TrtflowError(f"no runs recorded in {st.root}", hint="run `trtflow run` first")
     if check:
+        if runs_after > latest:
+            raise UsageError(f"--runs-after {runs_after} exceeds --latest {latest}: no change could ever fail",
+                             hint="keep --runs-after at most --latest")
         require()  # the gate cannot judge without the detector: exit 3, not a silent pass
     found = view.load(Journal(st.db_path, readonly=True), recipe_id, nodes or (), figure, last, all_figures)
-    findings = check_history(found.series, threshold, latest, all_figures) if check else []
+    findings = check_history(found.series, threshold, latest, all_figures, runs_after) if check else []
     if as_json:
         data = view.as_json(found)
         if check:
-            data["check"] = {"threshold_percent": threshold, "latest": latest, "passed": not findings,
+            data["check"] = {"threshold_percent": threshold, "latest": latest, "runs_after": runs_after,
+                             "passed": not findings,
                              "regressions": [f.message for f in findings]}
         print(json.dumps(data, indent=1, default=str))
     else:

@@ -17,6 +17,7 @@ from trtflow.history.changes import MAX_PVALUE, change_points
 from trtflow.history.record import parse
 
 LATEST = 5  # the check judges changes that start among this many latest runs
+RUNS_AFTER = 2  # ... and that this many runs show (one bad night is an outlier, not yet a step)
 
 
 @dataclass(frozen=True)
@@ -129,9 +130,10 @@ class Finding:
 
 
 def check(series: Sequence[Series], threshold_percent: float, latest: int = LATEST,
-          all_figures: bool = False) -> list[Finding]:
+          all_figures: bool = False, runs_after: int = RUNS_AFTER) -> list[Finding]:
     """Regressions beyond ``threshold_percent`` (the change of the mean, by the figure's direction) that start among
-    the ``latest`` runs of each primary figure (every figure with ``all_figures``). Needs `find_changes` first."""
+    the ``latest`` runs of each primary figure (every figure with ``all_figures``) and that at least ``runs_after``
+    runs show. Needs `find_changes` first."""
     findings = []
     for one in series:
         if not (one.primary or all_figures):
@@ -139,7 +141,7 @@ def check(series: Sequence[Series], threshold_percent: float, latest: int = LATE
         if one.changes is None:
             raise ValueError(f"the change points of {one.node}: {one.figure} were not computed")
         for change in one.changes:
-            recent = change.index >= len(one.points) - latest
-            if recent and change.regression and abs(change.percent) >= threshold_percent:
+            since = len(one.points) - change.index
+            if runs_after <= since <= latest and change.regression and abs(change.percent) >= threshold_percent:
                 findings.append(Finding(one, change, threshold_percent))
     return findings
