@@ -43,7 +43,7 @@ def unavailable() -> str | None:
     try:
         import otava.analysis  # noqa: F401
     except ImportError as exc:
-        return f"change points need Apache Otava, which is not installed ({exc.name} is missing)"
+        return f"change points need Apache Otava, which is not installed ({exc.name or exc})"
     return None
 
 

@@ -99,3 +99,28 @@ def as_json(history: History) -> dict[str, Any]:
                 for c in s.changes],
         } for s in history.series],
     }
+
+
+def html_sections(history: History) -> list[dict[str, Any]]:
+    """Per series with two runs or more: its chart, its change points and its latest figure, for the HTML report."""
+    from trtflow.report import charts
+
+    sections = []
+    for s in history.series:
+        points = [{"when": p.recorded * 1000.0, "value": p.value, "low": p.low, "high": p.high} for p in s.points]
+        changes = [{"when": c.recorded * 1000.0, "kind": c.kind, "label": f"{c.percent:+.1f}%"}
+                   for c in s.changes or []]
+        svg = charts.history_trend(points, changes, f"{s.node}: {s.figure}", s.unit)
+        if not svg:
+            continue
+        latest = s.points[-1]
+        sections.append({
+            "node": s.node, "figure": s.figure, "unit": s.unit, "better": s.better, "runs": len(s.points),
+            "svg": svg, "latest": f"{s.describe(latest.value)}{_interval(latest.low, latest.high)}"
+            + (f", n {latest.n}" if latest.n else ""),
+            "changes": [{"run": c.run_id, "when": c.when, "before": s.describe(c.mean_before),
+                         "after": s.describe(c.mean_after), "percent": f"{c.percent:+.1f}%",
+                         "pvalue": f"{c.pvalue:.2g}", "kind": c.kind} for c in s.changes or []],
+            "computed": s.changes is not None,
+        })
+    return sections
