@@ -115,6 +115,10 @@ def run(
         "--ray-transfer", help="Where Ray workers exchange artifacts: a directory they share or s3://bucket/prefix "
         "(default: the remote cache; under --no-push, needed for a cluster of several machines).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only failures and the summary.")] = False,
+    rerun: Annotated[list[str] | None, typer.Option(
+        "--rerun", help="Run this node again although its result is stored (repeatable; a matrix node's name runs "
+        "all of its nodes), e.g. a nightly benchmark, so that its history gets a new measurement; what uses it "
+        "runs again if the new result differs.")] = None,
 ) -> None:
     """Run the stale nodes of a recipe, reusing everything that is up to date."""
     from trtflow import api
@@ -137,6 +141,7 @@ def run(
         push=not no_push,
         ray_transfer=ray_transfer,
         memory_limit=_parse_size(memory) if memory else None,
+        rerun=frozenset(rerun or ()),
     )
     if jobs:
         options.jobs = jobs

@@ -72,8 +72,17 @@ def test_a_run_records_its_benchmark_figures_and_history_shows_them(project: Pat
     assert point["facts"]["backend"] == "torch" and "others_cpu_percent" in point["facts"]
     again = trtflow_cli("run", "recipe.yaml", cwd=project)  # up to date: the same measurement, no new point
     assert again.returncode == 0
-    assert len(json.loads(trtflow_cli("history", "recipe.yaml", "--json", cwd=project).stdout)["series"][0]
-               ["points"]) == 1
+
+    def points() -> list[dict]:
+        return json.loads(trtflow_cli("history", "recipe.yaml", "--json", cwd=project).stdout)["series"][0]["points"]
+
+    assert len(points()) == 1
+    nightly = trtflow_cli("run", "recipe.yaml", "--rerun", "bench", cwd=project)  # what a nightly job runs
+    assert "run again as asked (--rerun)" in nightly.stdout, nightly.stdout
+    measured = points()
+    assert len(measured) == 2 and measured[0]["key"] == measured[1]["key"], "measured again under the same key"
+    unknown = trtflow_cli("run", "recipe.yaml", "--rerun", "bnech", cwd=project, check=2)
+    assert "--rerun bnech: no such node" in unknown.stdout + unknown.stderr
 
 
 def test_the_nightly_check_fails_on_a_step_and_the_report_draws_it(project: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,9 @@ class TimedParams(StageParams):
 
 
 def _timed(ctx: StageContext, inputs: dict[str, Path], params: TimedParams) -> dict[str, Any]:
-    ctx.output("out").write_text(str(params.latency))
-    return {"latency_ms": params.latency, "interval": [params.latency * 0.9, params.latency * 1.1], "queries": 100}
+    ctx.output("out").write_text(f"{params.latency} measured at {time.time()}")
+    return {"latency_ms": params.latency, "interval": [params.latency * 0.9, params.latency * 1.1], "queries": 100,
+            "measured_at": time.time()}
 
 
 def _figures(params: TimedParams, summary: dict[str, Any]) -> Figures:
@@ -52,7 +54,7 @@ TIMED = Stage("timed", "1", "reports a latency", TimedParams, _timed, outputs={"
 LOOKUP = dict(STAGES, timed=TIMED)
 
 
-def _run(tmp_path: Path, latency: float, broken: bool = False) -> Any:
+def _run(tmp_path: Path, latency: float, broken: bool = False, rerun: frozenset[str] = frozenset()) -> Any:
     path = tmp_path / "r.yaml"
     path.write_text(textwrap.dedent(f"""\
         name: r
@@ -67,10 +69,10 @@ def _run(tmp_path: Path, latency: float, broken: bool = False) -> Any:
     identity = identity_of(loaded.path, loaded.recipe.name)
     journal = Journal(store.db_path)
     try:
-        steps = make_plan(graph, store, ENV, loaded.directory, journal, identity.id)
-        summary = Runner(graph, store, ENV, identity, journal, RunOptions(jobs=1),
+        steps = make_plan(graph, store, ENV, loaded.directory, journal, identity.id, rerun)
+        summary = Runner(graph, store, ENV, identity, journal, RunOptions(jobs=1, rerun=rerun),
                          executor=InlineExecutor(graph.stages)).run(steps)
-        return summary, journal.history(identity.id), identity.id
+        return summary, journal.history(identity.id), steps
     finally:
         journal.close()
 
@@ -92,6 +94,18 @@ def test_each_measurement_adds_its_figures_once(tmp_path: Path) -> None:
     assert (series.node, series.figure, series.values, series.primary) == ("bench", "p50 latency, batch 1",
                                                                           [2.0, 2.5], True)
     assert series.points[1].facts == {"gpu": "none"}
+
+
+def test_rerun_measures_a_stored_result_again_and_adds_a_point(tmp_path: Path) -> None:
+    first, _, _ = _run(tmp_path, 2.0)
+    again, rows, steps = _run(tmp_path, 2.0, rerun=frozenset({"bench"}))
+    plan = {s.node.name: s for s in steps}
+    assert plan["bench"].status == "stale" and "--rerun" in plan["bench"].reason
+    assert plan["src"].status == "fresh", "only the nodes named run again"
+    assert again.results["bench"].status == "done" and again.results["bench"].key == first.results["bench"].key
+    assert [r["run_id"] for r in rows] == [first.run_id, again.run_id], "a new measurement under the same key"
+    store = Store(tmp_path / "store")
+    assert store.read_manifest(first.results["bench"].key)["run_id"] == again.run_id, "the stored result replaced"
 
 
 def test_a_stage_whose_figures_fail_gets_a_warning_and_its_run_succeeds(tmp_path: Path) -> None:
