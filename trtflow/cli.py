@@ -358,7 +358,8 @@ def report(
 @app.command()
 def history(
     recipe: RecipeArg,
-    nodes: Annotated[list[str] | None, typer.Argument(help="Only these nodes.", show_default=False)] = None,
+    nodes: Annotated[list[str] | None, typer.Argument(
+        help="Only these nodes (a matrix node's name: all of its nodes).", show_default=False)] = None,
     store: StoreOpt = None,
     figure: Annotated[str | None, typer.Option(help="Only figures whose name contains this, e.g. p99.")] = None,
     last: Annotated[int | None, typer.Option(min=2, help="Only each figure's latest N runs.")] = None,
@@ -389,6 +390,12 @@ def history(
     st.check_format()
     if not st.db_path.exists():
         raise TrtflowError(f"no runs recorded in {st.root}", hint="run `trtflow run` first")
+    if nodes:  # a matrix node's name stands for all of its nodes; a name no longer in the recipe is looked up as is
+        from trtflow.pipeline import load_pipeline
+
+        graph = load_pipeline(recipe).graph
+        nodes = sorted({n for n, c in graph.nodes.items() if n in nodes or c.template in nodes}
+                       | (set(nodes) - set(graph.nodes) - {c.template for c in graph.nodes.values()}))
     if check:
         if runs_after > latest:
             raise UsageError(f"--runs-after {runs_after} exceeds --latest {latest}: no change could ever fail",

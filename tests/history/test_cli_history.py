@@ -64,6 +64,8 @@ def test_a_run_records_its_benchmark_figures_and_history_shows_them(project: Pat
     proc = trtflow_cli("history", "recipe.yaml", cwd=project)
     assert "bench (benchmark): p50 latency, batch 1 [ms, lower is better, primary]: 1 run(s)" in proc.stdout
     assert "95% interval" in proc.stdout and "change points: none" in proc.stdout
+    assert "p50 latency, batch 1" in trtflow_cli("history", "recipe.yaml", "bench", cwd=project).stdout
+    assert "matches" in trtflow_cli("history", "recipe.yaml", "--figure", "nothing-like-it", cwd=project).stdout
     every = json.loads(trtflow_cli("history", "recipe.yaml", "--all", "--json", cwd=project).stdout)
     figures = {s["figure"]: s for s in every["series"]}
     assert {"p50 latency, batch 1", "p99 latency, batch 1", "throughput, batch 1"} <= set(figures)

@@ -129,11 +129,20 @@ class Finding:
                 f"the threshold {self.threshold_percent:g}%")
 
 
+def worse_percent(series: Series, value: float, reference: float) -> float:
+    """How much worse ``value`` is than ``reference``, in percent, by the figure's direction (negative: better)."""
+    if not reference:
+        return 0.0
+    change = (value / reference - 1.0) * 100.0
+    return change if series.better == "lower" else -change
+
+
 def check(series: Sequence[Series], threshold_percent: float, latest: int = LATEST,
           all_figures: bool = False, runs_after: int = RUNS_AFTER) -> list[Finding]:
     """Regressions beyond ``threshold_percent`` (the change of the mean, by the figure's direction) that start among
-    the ``latest`` runs of each primary figure (every figure with ``all_figures``) and that at least ``runs_after``
-    runs show. Needs `find_changes` first."""
+    the ``latest`` runs of each primary figure (every figure with ``all_figures``), that at least ``runs_after`` runs
+    show, and that every run since shows (each worse than the mean before the change by half the threshold or more:
+    a step, not one slow night beside normal ones). Needs `find_changes` first."""
     findings = []
     for one in series:
         if not (one.primary or all_figures):
@@ -142,6 +151,9 @@ def check(series: Sequence[Series], threshold_percent: float, latest: int = LATE
             raise ValueError(f"the change points of {one.node}: {one.figure} were not computed")
         for change in one.changes:
             since = len(one.points) - change.index
-            if runs_after <= since <= latest and change.regression and abs(change.percent) >= threshold_percent:
+            if not (runs_after <= since <= latest and change.regression and abs(change.percent) >= threshold_percent):
+                continue
+            if all(worse_percent(one, v, change.mean_before) >= threshold_percent / 2
+                   for v in one.values[change.index:]):
                 findings.append(Finding(one, change, threshold_percent))
     return findings

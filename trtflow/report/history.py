@@ -22,19 +22,21 @@ class History:
     recipe_id: str
     series: list[Series]
     note: str = ""  # why change points are missing, if they are
+    recorded: int = 0  # series recorded for the recipe (before filtering)
 
 
 def load(journal: Journal, recipe_id: str, nodes: Sequence[str] = (), figure: str | None = None,
          last: int | None = None, all_figures: bool = False) -> History:
     """The series of a recipe file (primary figures unless ``all_figures``; names containing ``figure``), with their
     change points where the detector is installed."""
-    series = [s for s in series_of(journal.history(recipe_id, nodes), last)
+    recorded = series_of(journal.history(recipe_id, nodes), last)
+    series = [s for s in recorded
               if (all_figures or s.primary) and (figure is None or figure.lower() in s.figure.lower())]
     reason = unavailable()
     if reason is None:
         find_changes(series)
-        return History(recipe_id, series)
-    return History(recipe_id, series, f"{reason}: {EXTRA_HINT}")
+        return History(recipe_id, series, recorded=len(recorded))
+    return History(recipe_id, series, f"{reason}: {EXTRA_HINT}", len(recorded))
 
 
 def sparkline(values: Sequence[float]) -> str:
@@ -54,6 +56,9 @@ def _interval(low: float | None, high: float | None) -> str:
 
 def text_lines(history: History, runs: bool = False) -> list[str]:
     """The terminal view: per series its range, a sparkline, the latest figure and the change points."""
+    if not history.series and history.recorded:
+        return [f"none of the {history.recorded} figure(s) recorded for {history.recipe_id} matches (only primary "
+                "figures are shown without --all)"]
     if not history.series:
         return [f"no figures recorded for {history.recipe_id} yet: a run records each benchmark node's figures "
                 "when it measures them"]
