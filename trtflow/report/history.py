@@ -81,7 +81,7 @@ def text_lines(history: History, runs: bool = False) -> list[str]:
             starts = {c.index for c in s.changes or []}
             for index, p in enumerate(s.points):
                 mark = "  <- change" if index in starts else ""
-                where = ", ".join(str(p.facts[k]) for k in ("gpu", "cpu") if p.facts.get(k))
+                where = ", ".join(str(p.facts[k]) for k in ("gpu", "cpu") if p.facts.get(k) not in (None, "", "none"))
                 lines.append(f"    {p.when}  {p.run_id}  {p.value:.4g}{_interval(p.low, p.high)}"
                              + (f"  n {p.n}" if p.n else "") + f"  key {(p.key or '-')[:12]}"
                              + (f"  {where}" if where else "") + mark)
