@@ -5,8 +5,9 @@ detector is Apache Otava's (`trtflow.history.changes`), the check `trtflow histo
 Rates measured with these seeds (bench/history_power.py has more trials and noise levels):
 - a 10% step at run 20 of 30 is found within 2 runs of its place in 99.7% of 300 series;
 - an unchanged series of 30 runs shows no change point in 96.3% of 300 (a change point by chance in 3.7%);
-- the check (threshold 10%, latest 5 runs, 2 runs after the change, every run since agreeing) fails a 15% step by the 2nd run after it in
-  92% and by the 5th in 99.5% of 200 trials, and never (0 of 200) on an unchanged series over 5 nights.
+- the check (threshold 10%, latest 5 runs, 2 runs after the change, every run since agreeing) fails a 15% step
+  by the 2nd run after it in 92% and by the 5th in 99.5% of 200 trials, and never (0 of 200) on an unchanged
+  series over 5 nights.
 """
 
 from __future__ import annotations
