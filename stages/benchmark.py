@@ -41,6 +41,7 @@ from trtflow.stage import (
     METRICS,
     ONNX,
     CodeReference,
+    Figures,
     GateContext,
     GateVerdict,
     Input,
@@ -286,6 +287,14 @@ def gate(params: Params, summary: Mapping[str, Any], gate_ctx: GateContext) -> l
     from .measure.gates import verdicts
 
     return verdicts(params, summary, gate_ctx)
+
+
+def figures(params: Params, summary: Mapping[str, Any]) -> Figures:
+    """What the recipe's history keeps of a result (`measure.figures`): per point its median and p99 latency and
+    throughput with their intervals, the serving capacity, the scenarios' figures; the gated ones primary."""
+    from .measure.figures import history_figures
+
+    return history_figures(params, summary)
 
 
 def _reference(params: Params, resolve: Any, node: str) -> str | Mapping[str, Any] | None:
@@ -745,4 +754,5 @@ stage = Stage(
     gate_params=GATE_PARAMS,
     compares=_compares,
     reference=_reference,
+    figures=figures,
 )

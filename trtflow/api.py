@@ -6,7 +6,7 @@ The planner, the recipe schema and the runner are imported by the functions that
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,11 +51,13 @@ def run(recipe: str | Path, targets: Sequence[str] = (), overrides: Sequence[str
     call = noop.invocation(recipe, targets, overrides, st, options)  # before output_dir gets its default
     before = noop.snapshot() if call is not None else {}
     pipeline = load_pipeline(recipe, overrides, targets)
+    options.rerun = rerun_nodes(pipeline, options.rerun)
     st.ensure()
     journal = Journal(st.db_path)
     try:
         env = Environment.from_env()
-        steps = make_plan(pipeline.graph, st, env, pipeline.loaded.directory, journal, pipeline.identity.id)
+        steps = make_plan(pipeline.graph, st, env, pipeline.loaded.directory, journal, pipeline.identity.id,
+                          options.rerun)
         if options.output_dir is None:
             options.output_dir = (Path("build") / pipeline.name).absolute()
         runner = Runner(pipeline.graph, st, env, pipeline.identity, journal, options, hooks,
@@ -65,6 +67,20 @@ def run(recipe: str | Path, targets: Sequence[str] = (), overrides: Sequence[str
         return pipeline, steps, summary
     finally:
         journal.close()
+
+
+def rerun_nodes(pipeline: Pipeline, names: Collection[str]) -> frozenset[str]:
+    """The nodes ``--rerun`` names (a node, or a matrix node's name for all of its nodes), among those this run
+    runs; an unknown name is a usage error (exit 2)."""
+    from trtflow.errors import UsageError
+
+    nodes = pipeline.graph.nodes
+    found = frozenset(n for n, c in nodes.items() if n in names or c.template in names)
+    unknown = sorted(set(names) - set(nodes) - {c.template for c in nodes.values()})
+    if unknown:
+        raise UsageError(f"--rerun {', '.join(unknown)}: no such node in this run",
+                         hint=f"nodes: {', '.join(sorted({c.template or n for n, c in nodes.items()}))}")
+    return found
 
 
 def run_unchanged(recipe: str | Path, targets: Sequence[str] = (), overrides: Sequence[str] = (),

@@ -12,7 +12,7 @@ it runs on. Gate thresholds (`Stage.gate_params`) are left out: changing one re-
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -369,9 +369,15 @@ def planned_device(graph: Graph, node: ConcreteNode) -> GpuInfo | None:
     return next((g for g in gpus() if resources.accepts(g)), None)
 
 
+#: Why a node named by ``trtflow run --rerun`` runs although its result is stored.
+RERUN_REASON = "run again as asked (--rerun): its stored result is replaced by a new one"
+
+
 def make_plan(graph: Graph, store: Store, env: Environment, recipe_dir: Path,
-              stat_cache: StatCache | None = None, recipe_id: str | None = None) -> list[Step]:
-    """Classify every node of ``graph`` as fresh, stale or skipped, with reasons. Pure: runs no stage."""
+              stat_cache: StatCache | None = None, recipe_id: str | None = None,
+              rerun: Collection[str] = ()) -> list[Step]:
+    """Classify every node of ``graph`` as fresh, stale or skipped, with reasons. Pure: runs no stage. ``rerun``:
+    nodes to run again although their result is stored (``trtflow run --rerun``, e.g. a nightly benchmark)."""
     kctx = KeyContext.for_recipe(recipe_dir, env, stat_cache)
     refs = store.refs.current(recipe_id) if recipe_id is not None else {}
     verdicts: dict[str, list[str]] = {}
@@ -386,7 +392,7 @@ def make_plan(graph: Graph, store: Store, env: Environment, recipe_dir: Path,
         else:
             key = parts.key
             manifest = store.read_manifest(key)
-            if manifest is not None and store.intact(manifest, stat_cache):
+            if manifest is not None and name not in rerun and store.intact(manifest, stat_cache):
                 for out_name, out in manifest["outputs"].items():
                     digests[(name, out_name)] = out["digest"]
                 judged = judge(graph, node, manifest, kctx)
@@ -397,7 +403,9 @@ def make_plan(graph: Graph, store: Store, env: Environment, recipe_dir: Path,
                                   verdicts=judged))
                 status[name] = FRESH
                 continue
-            if manifest is not None:
+            if manifest is not None and name in rerun:
+                reasons = [RERUN_REASON]
+            elif manifest is not None:
                 bad = store.damaged_outputs(manifest, stat_cache)
                 reasons = [f"stored output {', '.join(bad)} missing or damaged (will be rebuilt)"]
             else:

@@ -41,6 +41,8 @@ from trtflow.verdicts import GateVerdict, as_verdicts
 __all__ = [
     "CodeReference",
     "EnvironmentUnavailable",
+    "Figure",
+    "Figures",
     "GateContext",
     "GateFailed",
     "GateVerdict",
@@ -201,6 +203,46 @@ class GateContext:
     family: int = 1
 
 
+@dataclass(frozen=True)
+class Figure:
+    """One figure of a node's result that the recipe's history keeps (`trtflow history`): a statistic with its
+    sample count and 95% interval, e.g. the p99 latency at batch 8.
+
+    ``name`` identifies the series across runs (keep it stable: "p99 latency, batch 8"); ``better`` says which way
+    is an improvement; ``primary`` marks what the node's gates judge (its objective point), the figures
+    `trtflow history --check` judges by default; ``context`` holds what a reader needs to interpret the value (a
+    level length, a search bracket), JSON-serialisable. ``low``/``high``: the 95% interval, None where the figure
+    has none (a search bracket is not an interval: put it in ``context``).
+    """
+
+    name: str
+    value: float
+    unit: str
+    better: str  # "lower" or "higher"
+    low: float | None = None
+    high: float | None = None
+    n: int | None = None
+    primary: bool = False
+    context: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.better not in ("lower", "higher"):
+            raise ValueError(f"Figure.better must be 'lower' or 'higher', got {self.better!r}")
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What a node's result adds to the history: its figures, and facts about where they were measured (GPU, CPU,
+    host load), JSON-serialisable."""
+
+    figures: tuple[Figure, ...] = ()
+    facts: Mapping[str, Any] = field(default_factory=dict)
+
+
+#: ``figures(params, summary) -> Figures``: the figures of a node's summary for the recipe's history.
+FiguresFn = Callable[[Any, Mapping[str, Any]], Figures]
+
+
 #: ``gate(params, summary, gate_ctx) -> verdicts`` (a plain string is a failure message; none: the gate passes).
 GateFn = Callable[[Any, Mapping[str, Any], GateContext], Sequence[GateVerdict | str]]
 #: ``reference(params, resolve, node) -> "accepted" | a pinned artifact (`Pin.describe`'s form) | None``: what
@@ -259,6 +301,9 @@ class Stage:
       alarm rate is divided among such nodes (`GateContext.family`, `StageContext.gate_family`).
     - ``reference``: what the node measures beside its candidate (see `ReferenceFn`); the engine lays it out for
       the stage (`StageContext.reference`) and, for "accepted", keeps the artifact of each accepted result.
+    - ``figures``: the figures of a result that the recipe's history keeps (`Figures`, from the params and the
+      summary ``run`` returned); the engine records them in the journal once per measurement, and
+      `trtflow history` shows their trend and change points.
     - ``memory``: peak host memory estimate (bytes) from the input sizes, for memory-aware scheduling.
     - ``preload``: heavy modules ``run`` imports (torch, onnx, ...): a warm process imports them once and forks
       the nodes from it. Only modules whose import starts no thread and does not initialise CUDA belong here.
@@ -281,6 +326,7 @@ class Stage:
     gate_params: tuple[str, ...] = ()
     compares: Callable[[Any], bool] | None = None
     reference: ReferenceFn | None = None
+    figures: FiguresFn | None = None
     memory: MemoryFn | None = None
     preload: tuple[str, ...] = ()
 

@@ -92,6 +92,15 @@ class LoadFields(StageParams):
         "searching for the highest rate whose p99 meets the budget (doubling the best listed rate until one "
         "misses, then bisecting).",
     )
+    confirm_duration_s: float = Field(
+        10.0, ge=0, description="After a rate search (rate_search_probes), confirm the rate it found with one run "
+        "at least this long (and long enough for the queue to settle: 30 of its relaxation times at that rate, up "
+        "to 2x this; at least the queries the p99 needs); when the rate misses the budget there, step down by "
+        "confirm_step_percent and confirm again. The serving capacity is the confirmed rate, so it does not "
+        "depend on load_duration_s. 0: no confirmation (the figure is the search's, at load_duration_s).")
+    confirm_steps: int = Field(4, ge=0, le=20, description="Step-downs after a failed confirmation before the "
+                               "capacity is reported unconfirmed (none).")
+    confirm_step_percent: float = Field(5.0, gt=0, lt=50, description="How far each step-down lowers the rate.")
     load_duration_s: float = Field(3.0, gt=0, description="Measured time per load level.")
     load_warmup_s: float = Field(0.5, ge=0, description="Unmeasured time at the start of each load level.")
     gpus: Literal["all"] | int = Field(

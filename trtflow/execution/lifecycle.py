@@ -98,7 +98,8 @@ class Lifecycle:
         previous = previous_manifest(ctx.store, ctx.recipe.id, node.name, ctx.refs_at_start)
         if step.parts is None or step.key != key:  # planned before its inputs were known: say what changed
             step.reasons = explain(parts, previous)
-        reused = self._reuse(node, key, "identical result already in the store", upstream)
+        again = node.name in ctx.options.rerun  # `--rerun`: measure again, whatever is stored or cached
+        reused = None if again else self._reuse(node, key, "identical result already in the store", upstream)
         if reused is not None:
             return reused
         if stage.check is not None:
@@ -114,10 +115,10 @@ class Lifecycle:
         if isinstance(lock, NodeResult):
             return Finished(lock)
         try:
-            reused = self._reuse(node, key, "built meanwhile by another trtflow run", upstream)
+            reused = None if again else self._reuse(node, key, "built meanwhile by another trtflow run", upstream)
             if reused is not None:
                 return reused
-            if self._pull(node, key):
+            if not again and self._pull(node, key):
                 reused = self._reuse(node, key, f"pulled from the remote cache {ctx.cache.url}", upstream)
                 if reused is not None:
                     return reused

@@ -66,7 +66,8 @@ def _dir_mtime(path: str) -> int | None:
 def invocation(recipe: str | Path, targets: Sequence[str], overrides: Sequence[str], store: Store,
                options: Any) -> dict[str, Any] | None:
     """What identifies a run command for the shortcut; None if the shortcut never applies to it."""
-    if options.remote or options.executor not in ("local", "inline") or os.environ.get("TRTFLOW_NO_SHORTCUT"):
+    if options.remote or options.executor not in ("local", "inline") or os.environ.get("TRTFLOW_NO_SHORTCUT") \
+            or getattr(options, "rerun", None):
         return None
     return {"recipe": str(Path(recipe).resolve()), "targets": list(targets), "overrides": list(overrides),
             "store": str(store.root.resolve()), "output_dir": str(options.output_dir) if options.output_dir else None,

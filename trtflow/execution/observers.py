@@ -29,6 +29,7 @@ from trtflow.errors import StoreError
 from trtflow.execution.results import Hooks, NodeResult, Notes, Progress
 
 if TYPE_CHECKING:
+    from trtflow.graph import Graph
     from trtflow.plan import Step
 from trtflow.storage.journal import Journal
 from trtflow.storage.refs import RecipeIdentity, RefStore
@@ -185,6 +186,42 @@ class JournalObserver(RunObserver):
     def run_ended(self, status: str) -> None:
         if self._started:
             self.guarded("recording the end of the run", lambda: self.journal.end_run(self.run_id, status))
+
+
+class HistoryObserver(RunObserver):
+    """Adds the figures of every result the run used to the recipe's history (`trtflow.history.record.rows_of`),
+    once per measurement. A failed write is a run problem; a stage whose ``figures`` raises gets a warning."""
+
+    def __init__(self, journal: Journal, graph: Graph, run_id: str, recipe: RecipeIdentity, notes: Notes) -> None:
+        self.journal = journal
+        self.graph = graph
+        self.run_id = run_id
+        self.recipe = recipe
+        self.notes = notes
+
+    def _record(self, results: Sequence[NodeResult]) -> None:
+        from trtflow.history.record import RunInfo, rows_of
+
+        run = RunInfo(self.run_id, self.recipe.id)
+        rows: list[dict[str, Any]] = []
+        for res in results:
+            node = self.graph.nodes.get(res.node)
+            stage = self.graph.stages.get(res.stage)
+            if node is None or stage is None or stage.figures is None:
+                continue
+            try:
+                rows += rows_of(run, res, stage, node.params_model)
+            except Exception as exc:  # the stage's code: its failure must not fail a run whose results are stored
+                self.notes.warning(f"{res.node}: its figures were not added to the history: stage {res.stage}'s "
+                                   f"figures() failed: {type(exc).__name__}: {exc}")
+        if rows:
+            guarded(self.notes, "recording the history of figures", lambda: self.journal.add_history(rows))
+
+    def nodes_up_to_date(self, results: list[NodeResult]) -> None:
+        self._record(results)
+
+    def node_ended(self, result: NodeResult) -> None:
+        self._record([result])
 
 
 class RefsObserver(RunObserver):

@@ -36,6 +36,7 @@ class RunOptions:
     push: bool = True  # push what this run builds to the remote cache (False: only pull, e.g. untrusted CI)
     ray_transfer: str | None = None  # where Ray workers exchange artifacts (default: the remote cache, if pushing)
     memory_limit: int | None = None  # bytes the scheduler may hand out (default: what the machine has free)
+    rerun: frozenset[str] = frozenset()  # nodes run again although their result is stored (--rerun)
 
 
 @dataclass

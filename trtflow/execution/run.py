@@ -25,7 +25,7 @@ from trtflow.execution.context import RunContext
 from trtflow.execution.ledger import Ledger, Produced
 from trtflow.execution.lifecycle import Lifecycle, gate_hint
 from trtflow.execution.loop import Loop
-from trtflow.execution.observers import HooksObserver, JournalObserver, Observers, RefsObserver
+from trtflow.execution.observers import HistoryObserver, HooksObserver, JournalObserver, Observers, RefsObserver
 from trtflow.execution.progress import ProgressBoard
 from trtflow.execution.protocol import Executor
 from trtflow.execution.results import (
@@ -64,6 +64,7 @@ class Runner:
         self.journal_observer = JournalObserver(journal, self.run_id, recipe, self.options.command, self.notes)
         self.observers = Observers([
             self.journal_observer,
+            HistoryObserver(journal, graph, self.run_id, recipe, self.notes),
             RefsObserver(store.refs, recipe, self.run_id, nodes, self.notes),
             self.board,
             HooksObserver(self.hooks),

@@ -40,7 +40,9 @@ def render(journal: Journal, recipe: str, fmt: str) -> str:
     if fmt == "markdown":
         return to_markdown(data)
     if fmt == "html":
-        return to_html(data)
+        from trtflow.report.history import load as load_history
+
+        return to_html(data, load_history(journal, recipe))
     if fmt == "junit":
         return to_junit(data)
     raise UsageError(f"unknown report format {fmt!r}", hint=f"choose one of {', '.join(FORMATS)}")
@@ -135,12 +137,16 @@ def to_markdown(data: dict[str, Any]) -> str:
     return _template("report.md.j2", autoescape=False).render(**_context(data))
 
 
-def to_html(data: dict[str, Any]) -> str:
-    """One self-contained page (inline SVG charts, no script, no network): the decision, then the nodes."""
+def to_html(data: dict[str, Any], history: Any = None) -> str:
+    """One self-contained page (inline SVG charts, no script, no network): the decision, then the nodes; with the
+    recipe's `history.History`, the trend of each primary figure and its change points."""
     from trtflow.report import charts
     from trtflow.report.decision import benchmark_series
+    from trtflow.report.history import html_sections
 
     context = _context(data)
+    context["history"] = html_sections(history) if history is not None else []
+    context["history_note"] = history.note if history is not None else ""
     for d in context["decisions"]:
         latency_title = f"{d.percentile} latency (ms) at the operating point"
         d.charts = [(title, svg) for title, svg in (

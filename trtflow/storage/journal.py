@@ -1,4 +1,5 @@
-"""SQLite journal: runs, node states and timings (for status, show and reports), and the file-hash stat cache.
+"""SQLite journal: runs, node states and timings (for status, show and reports), the history of measured figures
+(`trtflow history`), and the file-hash stat cache.
 
 The journal is history, not truth: objects, manifests and refs are. So every SQLite failure becomes a
 `StoreError` that says what happened and what to do (a damaged journal is reset by `trtflow verify --fix`
@@ -14,7 +15,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,13 @@ CREATE TABLE IF NOT EXISTS node_runs (
     PRIMARY KEY (run_id, node)
 );
 CREATE INDEX IF NOT EXISTS node_runs_node ON node_runs(node, started);
+CREATE TABLE IF NOT EXISTS history (
+    recipe_id TEXT, node TEXT, figure TEXT, measurement TEXT, run_id TEXT, recorded REAL, stage TEXT, key TEXT,
+    value REAL, low REAL, high REAL, n INTEGER, unit TEXT, better TEXT, is_primary INTEGER, facts TEXT,
+    context TEXT,
+    PRIMARY KEY (recipe_id, node, figure, measurement)
+);
+CREATE INDEX IF NOT EXISTS history_series ON history(recipe_id, node, figure, recorded);
 CREATE TABLE IF NOT EXISTS stat_cache (
     path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, inode INTEGER, digest TEXT
 );
@@ -259,6 +267,47 @@ class Journal:
     def set_peak_rss(self, run_id: str, node: str, peak: int) -> None:
         self._execute(f"recording the memory of node {node}",
                       "UPDATE node_runs SET peak_rss = ? WHERE run_id = ? AND node = ?", (peak, run_id, node))
+
+    # ----- history: one row per (recipe file, node, figure, measurement); a reused result adds nothing
+    HISTORY_COLUMNS = ("recipe_id", "node", "figure", "measurement", "run_id", "recorded", "stage", "key", "value",
+                       "low", "high", "n", "unit", "better", "is_primary", "facts", "context")
+
+    def add_history(self, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Record figures (`HISTORY_COLUMNS`; ``facts``/``context`` as JSON text), in one transaction; a row of a
+        measurement already recorded is kept as it was. Returns how many rows were new."""
+        if not rows:
+            return 0
+        columns = self.HISTORY_COLUMNS
+        sql = (f"INSERT OR IGNORE INTO history ({', '.join(columns)}) "
+               f"VALUES ({', '.join('?' for _ in columns)})")
+        with self.guard("recording the history of figures"):
+            self.conn.execute("BEGIN")
+            try:
+                before = self.conn.total_changes
+                self.conn.executemany(sql, [tuple(row.get(c) for c in columns) for row in rows])
+                added = self.conn.total_changes - before
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+        return added
+
+    def history(self, recipe_id: str, nodes: Sequence[str] = ()) -> list[dict[str, Any]]:
+        """The recorded figures of a recipe file (of ``nodes`` only, if given), oldest first. A journal written
+        before the history existed has none."""
+        if not self._has_table("history"):
+            return []
+        query = "SELECT * FROM history WHERE recipe_id = ?"
+        args: tuple = (recipe_id,)
+        if nodes:
+            query += f" AND node IN ({', '.join('?' for _ in nodes)})"
+            args += tuple(nodes)
+        return self._rows(query + " ORDER BY recorded, rowid", args)
+
+    def _has_table(self, name: str) -> bool:
+        rows = self._execute("reading the journal", "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                             (name,))
+        return bool(rows.fetchall())
 
     # ----- stat cache (fingerprint.StatCache protocol): an optimisation, so it never fails a command
     def get(self, path: str, size: int, mtime_ns: int, inode: int) -> str | None:
