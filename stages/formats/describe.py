@@ -39,23 +39,34 @@ def _from_entries(entries: dict[str, dict[str, Any]]) -> list[DeclaredInput]:
     return found
 
 
+@dataclass(frozen=True)
+class HfPart:
+    """One graph a Hugging Face folder exports as (an encoder-decoder: its encoder, then its decoder)."""
+
+    task: str
+    part: str | None
+    inputs: list[DeclaredInput]
+    #: (min, opt, max) proposed for each dynamic dim other than the batch, within what the model takes
+    ranges: dict[str, tuple[int, int, int]]
+
+
+def huggingface_parts(folder: Path, task: str | None) -> list[HfPart]:
+    """The graphs of a Hugging Face folder's model (built on the meta device: no weights read)."""
+    from .huggingface import default_ranges, describe_folder
+
+    entries, found, chosen, parts = describe_folder(folder, task)
+    described = [HfPart(chosen, parts[0] if parts else None, _from_entries(entries), default_ranges(found))]
+    for part in parts[1:]:
+        entries, found, _, _ = describe_folder(folder, chosen, part)
+        described.append(HfPart(chosen, part, _from_entries(entries), default_ranges(found)))
+    return described
+
+
 def huggingface_inputs(folder: Path, task: str | None) -> tuple[list[DeclaredInput], dict[str, Any]]:
-    """The inputs of a Hugging Face folder's model (built on the meta device: no weights read), and its config."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-    import transformers
+    """The inputs of a Hugging Face folder's model (its first part), and its config."""
+    from .huggingface import read_config
 
-    from .huggingface import TASKS, _accepted, declared_inputs, read_config, task_of
-
-    raw = read_config(folder)
-    config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
-    chosen = task_of(raw, task)
-    with torch.device("meta"):
-        model = getattr(transformers, TASKS[chosen]).from_config(config)
-    encoder_decoder = getattr(config, "is_encoder_decoder", False)
-    if encoder_decoder and chosen == "feature-extraction" and hasattr(model, "get_encoder"):
-        model = model.get_encoder()
-    return _from_entries(declared_inputs(config, _accepted(model))), raw
+    return huggingface_parts(folder, task)[0].inputs, read_config(folder)
 
 
 def program_inputs(path: Path) -> list[DeclaredInput]:
@@ -98,9 +109,8 @@ def declared_inputs(fmt: ModelFormat, path: Path, task: str | None = None) -> li
 
 
 def default_dim_ranges(fmt: ModelFormat, path: Path) -> dict[str, tuple[int, int, int]]:
-    """Ranges (min, opt, max) proposed for dynamic dims other than the batch: a text model's sequence length."""
+    """Ranges (min, opt, max) proposed for dynamic dims other than the batch (a Hugging Face model's sequence
+    length or audio length, within what its config allows)."""
     if fmt.name != "huggingface":
         return {}
-    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    limit = config.get("max_position_embeddings") or config.get("n_positions") or 512
-    return {"sequence": (1, min(128, int(limit)), min(512, int(limit))), "samples": (1600, 16000, 48000)}
+    return huggingface_parts(path, None)[0].ranges

@@ -111,14 +111,47 @@ def _flatten(value: Any) -> list[Any]:
     return []
 
 
-def torch_outputs(model: Any, binding: Any, params: Params, arrays: dict[str, Any]) -> list[Any]:
+def torch_result(model: Any, binding: Any, params: Params, arrays: dict[str, Any]) -> Any:
+    """What the model returns for ``arrays`` (a tensor, a tuple, a dict...)."""
     import torch
 
     args, kwargs = binding.call_arguments(tensors(params, arrays))
     with torch.no_grad():
-        result = model(*args, **kwargs)
+        return model(*args, **kwargs)
+
+
+def as_arrays(result: Any) -> list[Any]:
+    """The tensors of a model's result, in order, as float numpy arrays."""
     return [t.float().numpy() if not t.is_nested else t.to_padded_tensor(0.0).float().numpy()
             for t in _flatten(result)]
+
+
+def torch_outputs(model: Any, binding: Any, params: Params, arrays: dict[str, Any]) -> list[Any]:
+    return as_arrays(torch_result(model, binding, params, arrays))
+
+
+def output_names(result: Any) -> list[str]:
+    """Names for the tensors of a model's result, in `as_arrays`' order: a dict's keys (``key_i`` for a list under
+    one), a named tuple's fields, else ``output`` for one tensor and ``output_0``, ``output_1``... for several."""
+    import torch
+
+    def names_of(value: Any, prefix: str) -> list[str]:
+        if isinstance(value, torch.Tensor):
+            return [prefix]
+        if isinstance(value, dict):
+            return [n for key, item in value.items() for n in names_of(item, f"{prefix}.{key}" if prefix else str(key))]
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            return [n for key, item in zip(value._fields, value, strict=True)
+                    for n in names_of(item, f"{prefix}.{key}" if prefix else key)]
+        if isinstance(value, (list, tuple)):
+            return [n for i, item in enumerate(value) for n in names_of(item, f"{prefix}_{i}" if prefix else
+                                                                        f"output_{i}")]
+        return []
+
+    if isinstance(result, torch.Tensor):
+        return ["output"]
+    names = names_of(result, "")
+    return names if len(set(names)) == len(names) and names else [f"output_{i}" for i in range(len(_flatten(result)))]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -132,6 +165,10 @@ class ShapeResult:
     detail: str = ""
     max_abs_diff: float | None = None
     node: str | None = None
+    #: the framework's output shapes at this check (for naming the outputs' dims)
+    output_shapes: list[list[int]] | None = None
+    #: "framework": the model itself fails at this shape (no ONNX question); else the ONNX model is at fault
+    cause: str = "onnx"
 
     def record(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"shapes": self.check.shapes, "status": self.status}
