@@ -17,6 +17,7 @@ from trtflow.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_STORE,
+    EXIT_USAGE,
     StoreError,
     TrtflowError,
     UsageError,
@@ -159,7 +160,16 @@ def run(
             r.status in ("fresh", "done", "cached") or (r.error and "--require-gpu" in r.error) or r.status == "blocked"
             for r in results
         )
-        raise typer.Exit(EXIT_ENVIRONMENT if require_gpu and only_env else EXIT_FAILED)
+        if require_gpu and only_env:
+            raise typer.Exit(EXIT_ENVIRONMENT)
+        raise typer.Exit(failed_exit_code(results))
+
+
+def failed_exit_code(results: Any) -> int:
+    """The exit code of a run that failed: the one kind of mistake every failed node made (2: what the recipe
+    says does not fit the model, as `trtflow init` reports it too; 3: this machine lacks what a node needs), else 1."""
+    codes = {r.error_code or EXIT_FAILED for r in results if r.status in ("failed", "gate_failed")}
+    return codes.pop() if len(codes) == 1 and codes <= {EXIT_USAGE, EXIT_ENVIRONMENT} else EXIT_FAILED
 
 
 # ----------------------------------------------------------------------------- plan

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtflow.stage import StageFailed
+from trtflow.stage import RecipeMismatch, StageFailed
 
 
 @dataclass(frozen=True)
@@ -161,15 +161,25 @@ def task_of(config: dict[str, Any], task: str | None) -> str:
                               hint=f"tasks: {', '.join(TASKS)}; leave task out to take it from config.json's "
                               "architectures")
         return task
-    model_type = str(config.get("model_type", ""))
-    for architecture in config.get("architectures") or []:
-        for candidate in _TASK_LIST:
-            if any(architecture in _names(_mapping(constant).get(model_type)) for _, constant in candidate.autos):
-                return candidate.name
+    found = architecture_task(config)
+    if found is not None:
+        return found
     supported = supported_tasks(config)
     if "feature-extraction" in supported or not supported:
         return "feature-extraction"
     return supported[0]
+
+
+def architecture_task(config: dict[str, Any]) -> str | None:
+    """The task whose transformers mapping names the class in ``config.architectures`` (None: no task does)."""
+    model_type = str(config.get("model_type", ""))
+    for architecture in config.get("architectures") or []:
+        for candidate in _TASK_LIST:
+            if candidate.name in _TOWERS:
+                continue
+            if any(architecture in _names(_mapping(constant).get(model_type)) for _, constant in candidate.autos):
+                return candidate.name
+    return None
 
 
 def _size(value: Any) -> tuple[int, int]:
@@ -346,7 +356,7 @@ def _check_part(task: str, part: str | None, parts: tuple[str, ...]) -> str | No
     if part not in PARTS:
         raise StageFailed(f"part {part!r} is not one of {', '.join(PARTS)}")
     if not parts:
-        raise StageFailed(f"part: {part} is for encoder-decoder models; this model exports as one graph for task "
+        raise RecipeMismatch(f"part: {part} is for encoder-decoder models; this model exports as one graph for task "
                           f"{task}", hint="leave part out")
     return part
 
@@ -450,7 +460,7 @@ def _auto_for(transformers: Any, config: Any, task: str) -> Any:
         if model_type in _mapping(constant):
             return getattr(transformers, auto)
     tasks = supported_tasks(config.to_dict())
-    raise StageFailed(f"a {model_type!r} model cannot do task {task!r} (transformers has no {task} model for it)",
+    raise RecipeMismatch(f"a {model_type!r} model cannot do task {task!r} (transformers has no {task} model for it)",
                       hint=f"tasks a {model_type!r} model can do: {', '.join(tasks) or 'none that export knows'}")
 
 
@@ -529,7 +539,7 @@ def load_model(folder: Path, task: str | None, shown: str, part: str | None = No
     missing = sorted(info.get("missing_keys") or [])
     if missing:
         shown_keys = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
-        raise StageFailed(f"the weights in {shown!r} lack {len(missing)} tensor(s) that task {chosen} needs "
+        raise RecipeMismatch(f"the weights in {shown!r} lack {len(missing)} tensor(s) that task {chosen} needs "
                           f"({shown_keys}): exported, they would hold random values",
                           hint=f"set task: to what the weights are for (config.json's architectures: "
                           f"{', '.join(raw.get('architectures') or ['none'])}; tasks this model type can do: "

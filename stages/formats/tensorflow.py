@@ -39,7 +39,8 @@ def convert(source: Path, target: Path, opset: int, keras: bool, atol: float, rt
     and max, opt being the base shape."""
     require_tensorflow()
     options = {"outputs": list(outputs) if outputs is not None else None,
-               "ranges": {name: {str(axis): list(r) for axis, r in axes.items()} for name, axes in (ranges or {}).items()}}
+               "ranges": {name: {str(axis): list(r) for axis, r in axes.items()}
+                          for name, axes in (ranges or {}).items()}}
     command = [sys.executable, "-m", __name__, str(source), str(target), str(opset), "keras" if keras else "saved",
                str(atol), str(rtol), json.dumps(options)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")

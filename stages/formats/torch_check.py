@@ -228,6 +228,32 @@ def explain_input_error(error: BaseException, params: Params, model: Any) -> tup
         return (f"ids of {', '.join(repr(n) for n in names)} reach past the model's embedding"
                 + (f" of {rows} rows" if rows else "") + f" ({shown})",
                 f"set high: {rows if rows else 'the vocabulary size'} (exclusive) for {', '.join(names)} in inputs")
+    conv = re.search(r"weight of size \[([\d, ]+)\], expected input\[([\d, ]+)\] to have (\d+) channels, but got "
+                     r"(\d+) channels", text)
+    if conv:
+        weight = [int(d) for d in conv.group(1).split(",")]
+        seen = [int(d) for d in conv.group(2).split(",")]
+        wanted = int(conv.group(3))
+        rank = len(weight)  # a conv's weight [out, in, *kernel]: its batched input has the same rank
+        matches = [n for n, s in inputs.items() if list(s.shape) == seen]
+        if matches:  # the right rank, the wrong number of channels
+            name = matches[0]
+            fixed = [*seen[:1], wanted, *seen[2:]]
+            return (f"input {name!r} has {seen[1]} channels (axis 1 of {seen}), but the model's first convolution "
+                    f"takes {wanted}", f"give {name} a shape with {wanted} channels at axis 1, e.g. {fixed}")
+        unbatched = [n for n, s in inputs.items() if [1, *s.shape] == seen or list(s.shape) == seen[1:]]
+        names = unbatched or list(inputs)
+        shape = list(inputs[names[0]].shape) if names[0] in inputs else seen
+        example = [shape[0] if shape else 1, wanted, *(["H", "W", "D"][:rank - 2])]
+        return (f"input {names[0]!r} has rank {len(shape)} (shape {shape}), but the model's first convolution takes "
+                f"rank {rank} ([batch, {wanted} channels, then {rank - 2} spatial dims])",
+                f"give {names[0]} a shape of rank {rank}, e.g. {example}".replace("'", ""))
+    norm = re.search(r"expected (\d+)D input \(got (\d+)D input\)", text)
+    if norm:
+        wanted, got = int(norm.group(1)), int(norm.group(2))
+        names = [n for n, s in inputs.items() if len(s.shape) == got] or list(inputs)
+        return (f"input {', '.join(repr(n) for n in names)} has rank {got}, but the model's first normalisation "
+                f"layer takes rank {wanted}", f"give {', '.join(names)} a shape of rank {wanted}")
     rank = re.search(r"Expected (\d+)D \(unbatched\) or (\d+)D \(batched\) input to (\w+), but got input of size: "
                      r"\[([\d, ]*)\]", text)
     if rank:

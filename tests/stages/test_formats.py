@@ -271,15 +271,14 @@ def test_wrong_rank_says_the_rank_the_model_takes(tmp_path):
     assert "rank 2" in info.value.message and "rank 4" in info.value.hint
 
 
-def test_no_shape_compared_is_not_reported_as_checked(tmp_path):
-    """Issue 20.8: every shape check skipped (PyTorch itself fails) used to read `checked: true`, diff 0.0."""
+def test_a_model_that_fails_at_its_sample_fails_the_node_before_exporting(tmp_path):
+    """Issue 20.8 reported every shape skipped as `checked: true`; issue 25: a shape the recipe declares that the
+    model cannot run fails the node with the reason (never a pass with nothing compared)."""
     model = _factory_file(tmp_path, OnlyTraced)
-    result = _export(tmp_path, model=model, inputs={"x": {"shape": [2, 3], "dynamic_axes": {0: "batch"}}})
-    summary = result.summary
-    assert summary["checked"] is False
-    assert "PyTorch itself fails" in summary["not_checked_because"]
-    assert "max_abs_diff_vs_torch" not in summary
-    assert all(entry["status"] == "skipped" for entry in summary["checked_shapes"])
+    with pytest.raises(StageFailed) as info:
+        _export(tmp_path, model=model, inputs={"x": {"shape": [2, 3], "dynamic_axes": {0: "batch"}}})
+    assert "the model fails on the sample inputs (x: float32[2, 3])" in info.value.message
+    assert "this code path runs only when traced" in info.value.message
 
 
 @pytest.mark.slow

@@ -52,6 +52,7 @@ class NodeResult:
     outputs: dict[str, Path] = field(default_factory=dict)
     peak_rss: int | None = None  # bytes, for nodes that ran a process
     started: float | None = None  # when the node's thread took it (time.time()), for nodes that were processed
+    error_code: int | None = None  # a failed node: the exit code of its kind of mistake (errors.EXIT_*)
 
 
 @dataclass
