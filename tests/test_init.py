@@ -20,7 +20,7 @@ trtflow = trtflow_cli
 
 def test_init_onnx_writes_a_recipe_that_plans(tmp_path, tiny_cnn_onnx):
     (tmp_path / "cnn.onnx").write_bytes(tiny_cnn_onnx.read_bytes())
-    outside = trtflow("init", "cnn.onnx", "-o", "recipes/cnn.yaml", cwd=tmp_path, check=1)
+    outside = trtflow("init", "cnn.onnx", "-o", "recipes/cnn.yaml", cwd=tmp_path, check=2)  # as run at plan
     assert "outside the project" in outside.stderr and "pyproject.toml" in outside.stderr
     assert not (tmp_path / "recipes" / "cnn.yaml").exists()
     (tmp_path / "pyproject.toml").write_text("")  # the folder holding model and recipes is the project
@@ -41,7 +41,7 @@ def test_init_onnx_writes_a_recipe_that_plans(tmp_path, tiny_cnn_onnx):
     assert nodes["benchmark"]["params"]["batch_sizes"] == [1, 4, 8]
     plan = trtflow("plan", "recipes/cnn.yaml", cwd=tmp_path).stdout
     assert "13 nodes: 0 fresh, 13 stale" in plan
-    again = trtflow("init", "cnn.onnx", "-o", "recipes/cnn.yaml", cwd=tmp_path, check=1)
+    again = trtflow("init", "cnn.onnx", "-o", "recipes/cnn.yaml", cwd=tmp_path, check=2)
     assert "exists" in again.stderr and "--force" in again.stderr
 
 
@@ -62,16 +62,16 @@ def test_init_with_data_and_a_shipped_schema(tmp_path, tiny_cnn_onnx):
 
 def test_init_factory_needs_input_specs(tmp_path):
     (tmp_path / "net.py").write_text((REPO / "examples" / "models" / "tiny_transformer.py").read_text())
-    proc = trtflow("init", "python:net.py:build", cwd=tmp_path, check=1)
+    proc = trtflow("init", "python:net.py:build", cwd=tmp_path, check=2)
     assert "give each forward() argument with --input NAME:DIMS[:DTYPE]" in proc.stderr
-    proc = trtflow("init", "python:net.py:build", "--input", "input_ids:batch,seq:int64", cwd=tmp_path, check=1)
+    proc = trtflow("init", "python:net.py:build", "--input", "input_ids:batch,seq:int64", cwd=tmp_path, check=2)
     assert "seq (axis 1 of input_ids)" in proc.stderr and "--dim seq=1:128:512" in proc.stderr
     trtflow("init", "python:net.py:build", "--input", "input_ids:batch,seq:int64", "--dim", "seq=4:16:32",
             "--output-name", "logits", "--batch", "1:2:4", cwd=tmp_path)
     recipe = yaml.safe_load((tmp_path / "recipe.yaml").read_text())
     export = recipe["nodes"][0]["params"]
     assert recipe["name"] == "net"
-    assert export == {"model": "python:net.py:build", "outputs": ["logits"],
+    assert export == {"model": "python:net.py:build", "outputs": ["logits"], "profiles": ["default"],
                       "inputs": {"input_ids": {"shape": [2, 16], "dtype": "int64",
                                                "dynamic_axes": {0: "batch", 1: "seq"}}}}
     assert recipe["profiles"]["default"]["input_ids"] == {"min": [1, 4], "opt": [2, 16], "max": [4, 32]}
@@ -173,6 +173,6 @@ def test_init_hugging_face_task_option(tmp_path):
                    timeout=600)
     trtflow("init", "bert", "--task", "feature-extraction", "-o", "recipe.yaml", cwd=tmp_path)
     export = yaml.safe_load((tmp_path / "recipe.yaml").read_text())["nodes"][0]["params"]
-    assert export == {"model": "bert", "task": "feature-extraction"}
+    assert export == {"model": "bert", "task": "feature-extraction", "profiles": ["default"]}
     profile = yaml.safe_load((tmp_path / "recipe.yaml").read_text())["profiles"]["default"]
     assert profile["input_ids"] == {"min": [1, 1], "opt": [8, 32], "max": [32, 32]}  # max_position_embeddings 32
