@@ -161,6 +161,9 @@ class Params(StageParams):
                                      f"inputs {list(self.inputs)}")
                 for axis, (low, high) in enumerate(zip(shape_range.min, shape_range.max, strict=True)):
                     if axis < len(spec.shape) and axis not in spec.dynamic_axes and {low, high} != {spec.shape[axis]}:
+                        if low == high:
+                            raise ValueError(f"profile {profile.name!r} gives axis {axis} of {name!r} the size {low}, "
+                                             f"but inputs.{name}.shape has {spec.shape[axis]} there (a fixed axis)")
                         raise ValueError(f"profile {profile.name!r} varies axis {axis} of {name!r} ({low}..{high}) "
                                          f"but inputs.{name}.dynamic_axes does not mark axis {axis} dynamic")
                 if len(shape_range.min) != len(spec.shape):

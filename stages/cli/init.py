@@ -473,6 +473,10 @@ def _saved_model_parts(model: str, inputs: list[str], output: Path, task: str | 
                           part.ranges, part.task, part.part) for part in parts]
     from ..formats.describe import declared_inputs, default_dim_ranges
 
+    if fmt.name in ("tensorflow", "keras"):
+        from ..formats.tensorflow import require_tensorflow
+
+        require_tensorflow()
     declared = declared_inputs(fmt, path, task)
     specs = [ModelInput(d.name, d.dtype, d.dims, d.value_range) for d in declared]
     if not specs:

@@ -71,7 +71,13 @@ def require_tensorflow() -> None:
 
     from trtflow.errors import EnvironmentUnavailable
 
-    missing = [name for name in ("tensorflow", "tf2onnx") if importlib.util.find_spec(name) is None]
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):
+            return True
+
+    missing = [name for name in ("tensorflow", "tf2onnx") if absent(name)]
     if missing:
         raise EnvironmentUnavailable(f"a TensorFlow model needs {' and '.join(missing)}, which "
                                      f"{'is' if len(missing) == 1 else 'are'} not installed here",
