@@ -102,7 +102,7 @@ PREPROCESSOR_SIZE = {"resnet": 64, "detr": 64, "segformer": 64}
 #: Extra recipes: one tower of a vision-text model, by task (name -> (folder, task)).
 TOWERS = {"clip-text": ("clip", "text-feature-extraction"), "clip-vision": ("clip", "image-feature-extraction")}
 #: What the zoo's runs override (--set) on every benchmark node: short measurements.
-BENCHMARK_SET = ("min_duration_s=0.2", "max_duration_s=0.4", "warmup_ms=20", "batch_sizes=[1]")
+BENCHMARK_SET = ("min_duration_s=0.2", "max_duration_s=0.4", "warmup_ms=20")
 
 
 @dataclass
@@ -190,14 +190,17 @@ def run_recipe(folder: Path, name: str, jobs: int = 2) -> Result:
     return Result(name, task, nodes, seconds, proc.stdout[-4000:] + proc.stderr[-2000:])
 
 
-def run_zoo(folder: Path, names: list[str] | None = None) -> list[Result]:
-    models = sorted({model for model, _ in recipes(names).values()})
-    save_models(folder, models)
-    results = []
-    for name, (model, arguments) in recipes(names).items():
+def run_zoo(folder: Path, names: list[str] | None = None, parallel: int = 2) -> list[Result]:
+    """Save the models, write every recipe with `trtflow init`, then run the recipes ``parallel`` at a time (each
+    with one job: two recipes keep two cores busier than one recipe's chain of nodes with two jobs)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    chosen = recipes(names)
+    save_models(folder, sorted({model for model, _ in chosen.values()}))
+    for name, (model, arguments) in chosen.items():
         init_recipe(folder, name, model, arguments)
-        results.append(run_recipe(folder, name))
-    return results
+    with ThreadPoolExecutor(parallel) as pool:
+        return list(pool.map(lambda name: run_recipe(folder, name, jobs=1 if parallel > 1 else 2), chosen))
 
 
 def architecture(name: str) -> str:
