@@ -224,7 +224,8 @@ def _check_files(params: Params, files: Mapping[str, Path]) -> None:
     fmt = detect(params.model, path)
     check_content(fmt, path, params.model)
     if (params.task is not None or params.part is not None) and fmt.name != "huggingface":
-        raise StageFailed(f"task: and part: are for Hugging Face model folders; {params.model!r} is a {fmt.label}",
+        raise RecipeMismatch(f"task: and part: are for Hugging Face model folders; {params.model!r} is not one "
+                             f"({fmt.label})",
                           hint="leave task and part out")
 
 
@@ -696,7 +697,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     if source is not None:
         check_content(fmt, source, params.model)
     if (params.task is not None or params.part is not None) and fmt.name != "huggingface":
-        raise StageFailed(f"task: and part: are for Hugging Face model folders; {params.model!r} is a {fmt.label}",
+        raise RecipeMismatch(f"task: and part: are for Hugging Face model folders; {params.model!r} is not one "
+                             f"({fmt.label})",
                           hint="leave task and part out")
     summary_extra: dict[str, Any] = {"format": fmt.name}
     ctx.progress(0.02, f"reading the {fmt.label}")
