@@ -66,17 +66,20 @@ class ModelInput:
 
 
 def read_onnx_inputs(path: Path) -> list[ModelInput]:
-    """Inputs of an ONNX file; an unnamed dynamic dimension is named ``<input>_<axis>`` (axis 0: ``batch``)."""
+    """Inputs of an ONNX file; an unnamed dynamic dimension is named as export names one (`dim_names`: ``batch`` at
+    axis 0, ``height``/``width`` of an image, else ``<input>_<axis>``)."""
     from ..data import onnx_input_specs
+    from ..formats.dim_names import input_dim_name
 
     inputs = []
     for spec in onnx_input_specs(path):
         dims: list[int | str] = []
+        static = [d if isinstance(d, int) and d > 0 else None for d in spec.shape]
         for axis, dim in enumerate(spec.shape):
             if (isinstance(dim, int) and dim > 0) or (isinstance(dim, str) and dim):
                 dims.append(dim)
             else:
-                dims.append("batch" if axis == 0 else f"{spec.name}_{axis}")
+                dims.append(input_dim_name(spec.name, axis, static))
         inputs.append(ModelInput(spec.name, spec.dtype, tuple(dims)))
     return inputs
 

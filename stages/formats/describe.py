@@ -17,6 +17,7 @@ from typing import Any
 
 from trtflow.stage import StageFailed
 
+from .dim_names import input_dim_name
 from .sources import ModelFormat
 
 
@@ -91,7 +92,7 @@ def tensorflow_inputs(path: Path, keras: bool) -> list[DeclaredInput]:
         raise StageFailed(f"cannot read the inputs of {path.name}: {' '.join(proc.stderr.strip().splitlines()[-2:])}")
     found = []
     for name, spec in json.loads(proc.stdout.strip().splitlines()[-1]).items():
-        dims = tuple(size if size is not None else ("batch" if axis == 0 else f"{name}_{axis}")
+        dims = tuple(size if size is not None else input_dim_name(name, axis, spec["shape"])
                      for axis, size in enumerate(spec["shape"]))
         found.append(DeclaredInput(name, spec["dtype"], dims))
     return found
