@@ -13,7 +13,7 @@ import json
 import onnx
 import pytest
 
-from tests.stages.zoo_models import TOWERS, ZOO, markdown, run_zoo
+from tests.stages.zoo_models import EXPECTED_GATE_FAILURES, TOWERS, ZOO, markdown, run_zoo
 
 
 @pytest.mark.slow
@@ -23,10 +23,12 @@ def test_every_zoo_model_goes_through_init_and_run_unedited(tmp_path):
     results = run_zoo(tmp_path)
     print(f"\n{markdown(results)}\n{len(results)} recipes in {sum(r.seconds for r in results):.0f} s of runs")
     assert {r.recipe for r in results} == set(ZOO) | set(TOWERS)
-    failed = {r.recipe: {n: s for n, s in r.nodes.items() if s not in ("done", "cached", "fresh")}
-              for r in results}
+    failed = {r.recipe: r.unexpected for r in results}
     assert not any(failed.values()) and all(r.nodes for r in results), \
         f"{failed}\n" + "\n".join(r.output[-1500:] for r in results if failed[r.recipe] or not r.nodes)
+    for (recipe, node), why in EXPECTED_GATE_FAILURES.items():  # a gate failure is a verdict, not a crash
+        status = next(r.nodes.get(node) for r in results if r.recipe == recipe)
+        assert status in ("gate_failed", "done"), (recipe, node, status, why)
     # the model's own names reach the Triton repository: DETR's boxes, the encoder-decoders' parts
     detr = (tmp_path / "build" / "detr" / "triton" / "model" / "config.pbtxt").read_text()
     assert 'name: "logits"' in detr and 'name: "pred_boxes"' in detr

@@ -76,7 +76,8 @@ ZOO: dict[str, tuple[str, str, str, dict[str, Any], tuple[str, ...]]] = {
     "dpt": ("DPT", "DPTConfig", "DPTForDepthEstimation",
             {"image_size": 32, "patch_size": 8, "backbone_out_indices": [0, 1, 2, 3],
              "neck_hidden_sizes": [8, 8, 16, 16], "fusion_hidden_size": 16, "hidden_size": 32,
-             "num_hidden_layers": 4, "num_attention_heads": 2, "intermediate_size": 64}, ()),
+             "num_hidden_layers": 4, "num_attention_heads": 2, "intermediate_size": 64,
+             "initializer_range": 0.2}, ()),  # at 0.02 the random head's depths are ~4e-10: zero in fp16
     "clip": ("CLIP (both towers)", "CLIPConfig", "CLIPModel",
              {"text_config": {"vocab_size": 128, "max_position_embeddings": 32, "bos_token_id": 0, "eos_token_id": 2,
                               "pad_token_id": 1, **_T},
@@ -101,6 +102,11 @@ ZOO: dict[str, tuple[str, str, str, dict[str, Any], tuple[str, ...]]] = {
 PREPROCESSOR_SIZE = {"resnet": 64, "detr": 64, "segformer": 64}
 #: Extra recipes: one tower of a vision-text model, by task (name -> (folder, task)).
 TOWERS = {"clip-text": ("clip", "text-feature-extraction"), "clip-vision": ("clip", "image-feature-extraction")}
+#: Gates that fail on these random weights, and why (the run goes on: select chooses among the others).
+EXPECTED_GATE_FAILURES = {
+    ("clip", "validate-quantize"): "int8 CLIP: logits_per_image/text are scaled by exp(logit_scale) = 14.3 and near "
+    "zero with random weights, so their mean relative error (0.18) misses init's 0.05 budget (cosine 0.9995)",
+}
 #: What the zoo's runs override (--set) on every benchmark node: short measurements.
 BENCHMARK_SET = ("min_duration_s=0.2", "max_duration_s=0.4", "warmup_ms=20")
 
@@ -116,6 +122,12 @@ class Result:
     @property
     def passed(self) -> int:
         return sum(1 for s in self.nodes.values() if s in ("done", "cached", "fresh"))
+
+    @property
+    def unexpected(self) -> dict[str, str]:
+        """Nodes that did not pass, other than the gate failures `EXPECTED_GATE_FAILURES` explains."""
+        return {node: status for node, status in self.nodes.items() if status not in ("done", "cached", "fresh")
+                and not (status == "gate_failed" and (self.recipe, node) in EXPECTED_GATE_FAILURES)}
 
 
 def save_models(folder: Path, names: list[str] | None = None) -> None:
@@ -212,8 +224,10 @@ def architecture(name: str) -> str:
 def markdown(results: list[Result]) -> str:
     lines = ["| architecture | task | nodes passed | seconds |", "|---|---|---|---|"]
     for result in results:
-        lines.append(f"| {architecture(result.recipe)} | {result.task} | {result.passed}/{len(result.nodes)} | "
-                     f"{result.seconds:.0f} |")
+        others = ", ".join(f"{node}: {status.replace('_', ' ')}" for node, status in result.nodes.items()
+                           if status not in ("done", "cached", "fresh"))
+        lines.append(f"| {architecture(result.recipe)} | {result.task} | {result.passed}/{len(result.nodes)}"
+                     + (f" ({others})" if others else "") + f" | {result.seconds:.0f} |")
     return "\n".join(lines)
 
 
