@@ -281,3 +281,20 @@ def test_init_task_names_are_export_tasks():
     from trtflow_stages.formats.huggingface import TASKS
 
     assert tuple(TASKS) == _TASK_NAMES
+
+
+def test_an_architecture_no_task_maps_gets_a_note_naming_the_tasks(tmp_path):
+    import transformers
+
+    (tmp_path / "pyproject.toml").write_text("")
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=32)
+    config.architectures = ["BertForNextSentencePrediction"]
+    config.save_pretrained(tmp_path / "nsp")
+    (tmp_path / "nsp" / "model.safetensors").write_bytes(b"not read by init")  # init builds on the meta device
+    proc = trtflow("init", "nsp", "-o", "r.yaml", cwd=tmp_path)
+    assert ("note: config.json's architectures (BertForNextSentencePrediction) name no task export knows; the "
+            "recipe exports feature-extraction. Tasks this model can do: fill-mask, text-classification") in proc.stderr
+    proc = trtflow("init", "nsp", "--task", "object-detection", "-o", "r.yaml", "--force", cwd=tmp_path, check=2)
+    assert "a 'bert' model cannot do task 'object-detection'" in proc.stderr
+    assert "tasks a 'bert' model can do: text2text-generation" not in proc.stderr and "fill-mask" in proc.stderr
