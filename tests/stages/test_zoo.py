@@ -9,6 +9,7 @@ fp32/fp16/int8 candidates, validation, benchmarks, select, a TensorRT-RTX engine
 from __future__ import annotations
 
 import json
+import os
 
 import onnx
 import pytest
@@ -18,17 +19,22 @@ from tests.stages.zoo_models import EXPECTED_GATE_FAILURES, TOWERS, ZOO, markdow
 
 @pytest.mark.slow
 def test_every_zoo_model_goes_through_init_and_run_unedited(tmp_path):
+    """Every recipe of the zoo; TRTFLOW_ZOO=bert,t5,... runs only those (the whole zoo takes at least 8 minutes
+    on an idle 2-core machine)."""
     pytest.importorskip("transformers")
     (tmp_path / "pyproject.toml").write_text("")
-    results = run_zoo(tmp_path)
+    chosen = [n for n in os.environ.get("TRTFLOW_ZOO", "").split(",") if n] or None
+    results = run_zoo(tmp_path, chosen)
     print(f"\n{markdown(results)}\n{len(results)} recipes in {sum(r.seconds for r in results):.0f} s of runs")
-    assert {r.recipe for r in results} == set(ZOO) | set(TOWERS)
+    assert {r.recipe for r in results} == set(chosen or [*ZOO, *TOWERS])
     failed = {r.recipe: r.unexpected for r in results}
     assert not any(failed.values()) and all(r.nodes for r in results), \
         f"{failed}\n" + "\n".join(r.output[-1500:] for r in results if failed[r.recipe] or not r.nodes)
     for (recipe, node), why in EXPECTED_GATE_FAILURES.items():  # a gate failure is a verdict, not a crash
-        status = next(r.nodes.get(node) for r in results if r.recipe == recipe)
+        status = next((r.nodes.get(node) for r in results if r.recipe == recipe), "done")
         assert status in ("gate_failed", "done"), (recipe, node, status, why)
+    if chosen is not None and not {"detr", "t5", "roberta"} <= set(chosen):
+        return
     # the model's own names reach the Triton repository: DETR's boxes, the encoder-decoders' parts
     detr = (tmp_path / "build" / "detr" / "triton" / "model" / "config.pbtxt").read_text()
     assert 'name: "logits"' in detr and 'name: "pred_boxes"' in detr
