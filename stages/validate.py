@@ -50,6 +50,7 @@ from .accuracy.compare import (
     Precision,
     Tolerance,
     compare_outputs,
+    expected_precision,
     judge_output,
     judge_task_metrics,
     likely_cause,
@@ -85,10 +86,12 @@ class Params(StageParams):
         None, ge=1, description="Rows of the data per model call. Default: the model's static batch "
         "dimension, or 1 when it is dynamic."
     )
-    expect: Precision = Field(
-        "fp32", description="The precision the candidate was built in; it picks the default tolerances: "
+    expect: Precision | None = Field(
+        None, description="The precision the candidate was built in; it picks the default tolerances: "
         + "; ".join(f"{p}: atol {a:g}, rtol {r:g}, {s}, cosine >= {c:g}"
-                    for p, (a, r, s, c) in DEFAULT_TOLERANCES.items()) + ".",
+                    for p, (a, r, s, c) in DEFAULT_TOLERANCES.items())
+        + ". Default: the precision the candidate's producer recorded (quantize's mode, convert's precision, an "
+        "engine's precision), else fp32.",
     )
     tolerances: Tolerance = Field(
         default_factory=Tolerance, description="Overrides of the default gates for every output."
@@ -249,8 +252,9 @@ GATE_PARAMS = ("expect", "tolerances", "output_tolerances", "task_thresholds")
 def gate(params: Params, summary: Mapping[str, Any], gate_ctx: GateContext) -> list[str]:
     """The accuracy gates: per-output tolerances (by ``expect``), NaN/Inf, cosine similarity, task metrics."""
     failures: list[str] = []
+    expect = expected_precision(params.expect, summary.get("candidate_origin"))
     for name, entry in (summary.get("outputs") or {}).items():
-        failures += judge_output(name, entry, resolved_tolerance(params, name))
+        failures += judge_output(name, entry, resolved_tolerance(params, name, expect))
     if params.generation is not None:
         failures += judge_generation(summary.get("generation"), params.generation)
     failures += judge_task_metrics(summary.get("task_metrics") or {}, params.task_thresholds)
@@ -403,7 +407,9 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
                     hint="save reference outputs for exactly the rows of the data (same order)")
 
     ctx.progress(0.92, "comparing")
-    outputs = compare_outputs(reference, candidate, params)
+    origin = candidate_origin(candidate_path)
+    expect = expected_precision(params.expect, origin)
+    outputs = compare_outputs(reference, candidate, params, expect)
     task_metrics: dict[str, float] = {}
     if params.task_metric:
         from trtflow.callables import load_callable
@@ -415,7 +421,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         "node": ctx.node,
         "reference": "onnxruntime (CPU)" if has_reference else f"saved outputs {params.reference_outputs}",
         "candidate": candidate_desc,
-        "candidate_origin": candidate_origin(candidate_path),
+        "candidate_origin": origin,
+        "expect": expect,
         "data": params.data.describe(),
         "uncalibrated_data": params.data.uncalibrated,
         "rows": rows,

@@ -260,6 +260,24 @@ CATALOGUE: list[Bad] = [
           - {name: e, stage: export, params: {model: m.onnx}}
           - {name: b, stage: build, params: {workspace: lots}}
         """), r"workspace: cannot read 'lots' as a size", "recipe.yaml:4", files={"m.onnx": "x"}),
+    # ------------------------------------------------------------------ the model a recipe names (issue 25)
+    Bad("export-unknown-task", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: bert, task: "
+        "text-clasification}}\n", r"task 'text-clasification' is not a task export knows; did you mean "
+        r"'text-classification'\?", "recipe.yaml:3", files={"bert/config.json": '{"model_type": "bert"}',
+                                                            "bert/model.safetensors": "w"}),
+    Bad("export-folder-without-config", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: bert}}\n",
+        r"the folder 'bert' is neither a Hugging Face model folder \(no config.json\) nor a TensorFlow SavedModel",
+        "recipe.yaml:3", files={"bert/model.safetensors": "weights"}, hint="point model: at"),
+    Bad("export-hf-folder-without-weights", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: bert}}\n",
+        r"the Hugging Face folder 'bert' has a config but no weights", "recipe.yaml:3",
+        files={"bert/config.json": '{"model_type": "bert"}'}, hint="save_pretrained"),
+    Bad("export-task-for-an-onnx-file", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: m.onnx, "
+        "task: fill-mask}}\n", r"task: and part: are for Hugging Face model folders; 'm.onnx' is not "
+        r"one \(ONNX file\)",
+        "recipe.yaml:3", files={"m.onnx": "x"}),
+    Bad("export-torchscript-that-is-a-pickle", "name: x\nnodes:\n  - {name: e, stage: export, params: {model: m.pt, "
+        "inputs: {x: {shape: [1, 2]}}}}\n", r"'m.pt' is not a TorchScript archive: not a zip archive",
+        "recipe.yaml:3", files={"m.pt": b"\x80\x04not a zip"}),
     # ------------------------------------------------------------------ the graph
     Bad("duplicate-node-name", r("""
         name: x

@@ -18,6 +18,7 @@ from trtflow.errors import (
     EXIT_INCONCLUSIVE,
     EXIT_INTERRUPTED,
     EXIT_STORE,
+    EXIT_USAGE,
     StoreError,
     TrtflowError,
     UsageError,
@@ -167,7 +168,7 @@ def run(
         )
         if require_gpu and only_env:
             raise typer.Exit(EXIT_ENVIRONMENT)
-        raise typer.Exit(EXIT_INCONCLUSIVE if _only_undecided(summary) else EXIT_FAILED)
+        raise typer.Exit(EXIT_INCONCLUSIVE if _only_undecided(summary) else failed_exit_code(results))
 
 
 def _only_undecided(summary: Any) -> bool:
@@ -178,6 +179,13 @@ def _only_undecided(summary: Any) -> bool:
     return not summary.problems and bool(failed) and all(
         (r.status == "gate_failed" and only_inconclusive(r.verdicts)) or r.status == "blocked" for r in failed) \
         and any(r.status == "gate_failed" for r in failed)
+
+
+def failed_exit_code(results: Any) -> int:
+    """The exit code of a run that failed: the one kind of mistake every failed node made (2: what the recipe
+    says does not fit the model, as `trtflow init` reports it too; 3: this machine lacks what a node needs), else 1."""
+    codes = {r.error_code or EXIT_FAILED for r in results if r.status in ("failed", "gate_failed")}
+    return codes.pop() if len(codes) == 1 and codes <= {EXIT_USAGE, EXIT_ENVIRONMENT} else EXIT_FAILED
 
 
 # ----------------------------------------------------------------------------- plan

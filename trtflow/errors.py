@@ -6,6 +6,7 @@ message and a hint saying what to do. Anything else that escapes is our bug (`In
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 EXIT_OK = 0
@@ -17,12 +18,23 @@ EXIT_INCONCLUSIVE = 5  # a quality gate could not decide at its cap (on_inconclu
 EXIT_INTERRUPTED = 130
 
 
+#: Terminal control sequences (colours, cursor moves) that a library's message may carry (transformers' load
+#: report, Keras errors): a message is text, whatever prints it (a terminal, a log, a JSON report).
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+
+
+def plain(text: str) -> str:
+    """``text`` without terminal control sequences."""
+    return _ANSI.sub("", text) if "\x1b" in text else text
+
+
 class TrtflowError(Exception):
     """A problem the user can fix; the CLI prints it without a traceback."""
 
     exit_code = EXIT_FAILED
 
     def __init__(self, message: str, hint: str | None = None) -> None:
+        message, hint = plain(message), plain(hint) if hint is not None else None
         super().__init__(message)
         self.message = message
         self.hint = hint
@@ -89,6 +101,14 @@ class StoreBusy(StoreError):
 
 class StageFailed(TrtflowError):
     """Raised by a stage for an expected failure whose message is enough (no traceback in the log)."""
+
+
+class RecipeMismatch(StageFailed):
+    """What the recipe (or `trtflow init`'s options) declares does not fit the model, found when a stage looks at the
+    model: inputs it does not take, a profile beyond its limits, a task it cannot do. A usage mistake (exit 2),
+    like a recipe error, whichever command finds it."""
+
+    exit_code = EXIT_USAGE
 
 
 class GateFailed(StageFailed):

@@ -177,6 +177,7 @@ def key_parts(graph: Graph, node: ConcreteNode, output_digests: Mapping[tuple[st
         refs = stage.files_for(node.params_model)
     except RecipeError as exc:
         raise RecipeError(f"node {node.name!r}: {exc.message}", node.location, hint=exc.hint) from None
+    resolved: dict[str, Path] = {}
     for ref in refs:
         try:
             path = kctx.resolve(ref)
@@ -196,6 +197,12 @@ def key_parts(graph: Graph, node: ConcreteNode, output_digests: Mapping[tuple[st
         files[kctx.display(path)] = digest
         keyed[ref] = f"file:{digest}"
         shown[ref] = kctx.display(path)
+        resolved[ref] = path
+    if stage.check_files is not None and resolved:
+        try:
+            stage.check_files(node.params_model, resolved)
+        except TrtflowError as exc:
+            raise RecipeError(f"node {node.name!r}: {exc.message}", node.location, hint=exc.hint) from None
     params = {k: v for k, v in node.params.items() if k not in stage.gate_params}
     for text in code_references(params):
         if text in keyed:

@@ -30,6 +30,7 @@ from trtflow.errors import (
     EnvironmentUnavailable,
     GateFailed,
     RecipeError,
+    RecipeMismatch,
     StageFailed,
     StageSkipped,
     TrtflowError,
@@ -51,6 +52,7 @@ __all__ = [
     "Pin",
     "ProfileSpec",
     "RecipeError",
+    "RecipeMismatch",
     "Reference",
     "Resources",
     "ShapeRange",
@@ -293,6 +295,9 @@ class Stage:
       on beyond its graph inputs (a model file, calibration data); they are hashed into the node key.
     - ``check``: called before any work with the params; raises `StageSkipped` (backend cannot run here)
       or `EnvironmentUnavailable`/`RecipeError` with a clear message.
+    - ``check_files``: called at plan time with the params and ``files`` resolved (recipe path -> Path, each one
+      present); raises a `TrtflowError` when a file is not what the params need (a model folder that holds no
+      model), which the planner reports as a recipe error at the node's line. Cheap: it runs on every plan.
     - ``gate`` / ``gate_params``: quality gates applied by the engine to the summary ``run`` returned, on a
       fresh run and again on every cached reuse; ``gate_params`` (top-level param names) only configure gates,
       so they are left out of the node key: changing a threshold re-judges the cached measurements. A gate
@@ -322,6 +327,7 @@ class Stage:
     environment: Sequence[str] | Callable[[Any], Sequence[str]] = ()
     files: Callable[[Any], Sequence[str]] | None = None
     check: Callable[[Any], None] | None = None
+    check_files: Callable[[Any, Mapping[str, Path]], None] | None = None
     gate: GateFn | None = None
     gate_params: tuple[str, ...] = ()
     compares: Callable[[Any], bool] | None = None

@@ -7,8 +7,6 @@ declarations the export stage derives, so the recipe `trtflow init` writes agree
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,6 +16,7 @@ from typing import Any
 from trtflow.stage import StageFailed
 
 from . import confinement
+from .dim_names import input_dim_name
 from .sources import ModelFormat
 
 
@@ -40,23 +39,34 @@ def _from_entries(entries: dict[str, dict[str, Any]]) -> list[DeclaredInput]:
     return found
 
 
+@dataclass(frozen=True)
+class HfPart:
+    """One graph a Hugging Face folder exports as (an encoder-decoder: its encoder, then its decoder)."""
+
+    task: str
+    part: str | None
+    inputs: list[DeclaredInput]
+    #: (min, opt, max) proposed for each dynamic dim other than the batch, within what the model takes
+    ranges: dict[str, tuple[int, int, int]]
+
+
+def huggingface_parts(folder: Path, task: str | None) -> list[HfPart]:
+    """The graphs of a Hugging Face folder's model (built on the meta device: no weights read)."""
+    from .huggingface import default_ranges, describe_folder
+
+    entries, found, chosen, parts = describe_folder(folder, task)
+    described = [HfPart(chosen, parts[0] if parts else None, _from_entries(entries), default_ranges(found))]
+    for part in parts[1:]:
+        entries, found, _, _ = describe_folder(folder, chosen, part)
+        described.append(HfPart(chosen, part, _from_entries(entries), default_ranges(found)))
+    return described
+
+
 def huggingface_inputs(folder: Path, task: str | None) -> tuple[list[DeclaredInput], dict[str, Any]]:
-    """The inputs of a Hugging Face folder's model (built on the meta device: no weights read), and its config."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-    import transformers
+    """The inputs of a Hugging Face folder's model (its first part), and its config."""
+    from .huggingface import read_config
 
-    from .huggingface import TASKS, _accepted, declared_inputs, read_config, task_of
-
-    raw = read_config(folder)
-    config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
-    chosen = task_of(raw, task)
-    with torch.device("meta"):
-        model = getattr(transformers, TASKS[chosen]).from_config(config)
-    encoder_decoder = getattr(config, "is_encoder_decoder", False)
-    if encoder_decoder and chosen == "feature-extraction" and hasattr(model, "get_encoder"):
-        model = model.get_encoder()
-    return _from_entries(declared_inputs(config, _accepted(model))), raw
+    return huggingface_parts(folder, task)[0].inputs, read_config(folder)
 
 
 def program_inputs(path: Path, confine_child: bool = True) -> list[DeclaredInput]:
@@ -88,7 +98,7 @@ def tensorflow_inputs(path: Path, keras: bool, confine_child: bool = True) -> li
         specs = signature_inputs(path, keras, box, confine_child)["inputs"]
     found = []
     for name, spec in specs.items():
-        dims = tuple(size if size is not None else ("batch" if axis == 0 else f"{name}_{axis}")
+        dims = tuple(size if size is not None else input_dim_name(name, axis, spec["shape"])
                      for axis, size in enumerate(spec["shape"]))
         found.append(DeclaredInput(name, spec["dtype"], dims))
     return found
@@ -124,9 +134,8 @@ def declared_inputs(fmt: ModelFormat, path: Path, task: str | None = None, trust
 
 
 def default_dim_ranges(fmt: ModelFormat, path: Path) -> dict[str, tuple[int, int, int]]:
-    """Ranges (min, opt, max) proposed for dynamic dims other than the batch: a text model's sequence length."""
+    """Ranges (min, opt, max) proposed for dynamic dims other than the batch (a Hugging Face model's sequence
+    length or audio length, within what its config allows)."""
     if fmt.name != "huggingface":
         return {}
-    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    limit = config.get("max_position_embeddings") or config.get("n_positions") or 512
-    return {"sequence": (1, min(128, int(limit)), min(512, int(limit))), "samples": (1600, 16000, 48000)}
+    return huggingface_parts(path, None)[0].ranges

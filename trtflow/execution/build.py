@@ -180,7 +180,8 @@ class Builder:
         if outcome.status != protocol.OK:
             status = GATE_FAILED if outcome.status == protocol.GATE_FAILED else FAILED
             return Built(NodeResult(node.name, node.stage, status, step.reason, key, error=outcome.error,
-                                    hint=outcome.hint, summary=outcome.summary, **common))
+                                    hint=outcome.hint, summary=outcome.summary, error_code=outcome.error_code,
+                                    **common))
         if outcome.stored_outputs is not None:
             present = set(outcome.stored_outputs)
         else:

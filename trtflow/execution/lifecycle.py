@@ -110,7 +110,7 @@ class Lifecycle:
                                                ctx.options.require_gpu))
             except TrtflowError as exc:
                 return Finished(NodeResult(node.name, node.stage, FAILED, step.reason, key, error=exc.message,
-                                           hint=exc.hint))
+                                           hint=exc.hint, error_code=exc.exit_code))
         lock = self._key_lock(node, key)
         if isinstance(lock, NodeResult):
             return Finished(lock)

@@ -82,6 +82,8 @@ class Outcome:
     hint: str | None = None
     exit_code: int | None = None
     signal: int | None = None
+    #: the CLI exit code of the kind of mistake the stage raised (errors.EXIT_*), when it raised a TrtflowError
+    error_code: int | None = None
     peak_rss: int | None = None  # bytes
     # outputs already stored elsewhere (a remote cache) by the executor: name -> {digest, size, filename, kind};
     # None: the outputs are files in job.out_dir

@@ -55,6 +55,7 @@ class NodeResult:
     peak_rss: int | None = None  # bytes, for nodes that ran a process
     started: float | None = None  # when the node's thread took it (time.time()), for nodes that were processed
     verdicts: list[GateVerdict] = field(default_factory=list)  # its gate's verdicts as judged in this run
+    error_code: int | None = None  # a failed node: the exit code of its kind of mistake (errors.EXIT_*)
 
 
 @dataclass

@@ -76,7 +76,7 @@ def run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: loggin
         result = {"status": GATE_FAILED, "error": exc.message, "hint": exc.hint, "summary": exc.metrics}
     except TrtflowError as exc:
         log.error("%s", exc)
-        result = {"status": FAILED, "error": exc.message, "hint": exc.hint}
+        result = {"status": FAILED, "error": exc.message, "hint": exc.hint, "error_code": exc.exit_code}
     except KeyboardInterrupt:
         result = {"status": INTERRUPTED, "error": "interrupted"}
     except BaseException as exc:

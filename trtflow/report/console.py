@@ -182,7 +182,7 @@ class ConsoleHooks(Hooks):
             if result.log_path:
                 lines.append(f"  log:  {escape(_rel(result.log_path))}")
                 if result.status == "failed":
-                    tail = _log_tail(result.log_path, 12)
+                    tail = _log_tail(result.log_path, 12, result.error or "")
                     if tail:
                         lines.append("[dim]" + escape(tail) + "[/]")
             self._print("\n".join(lines))
@@ -249,9 +249,16 @@ class ConsoleHooks(Hooks):
                     self._print(f"  {escape(name):<{self.width}} {escape(_rel(path))}")
 
 
-def _log_tail(path: Path, lines: int) -> str:
+def _log_tail(path: Path, lines: int, error: str = "") -> str:
+    """The last lines of a failed node's log, unless the log ends with the error just printed: a failure the stage
+    explained (its message is enough) is not printed again and again."""
     try:
         text = read_tail(path, 8192)
     except OSError:
         return ""
-    return "\n".join("  | " + line for line in text.strip().splitlines()[-lines:])
+    records = text.strip().splitlines()
+    errors = [line for line in records if " ERROR " in line]
+    first = " ".join(error.strip().splitlines()[0].split())[:80] if error.strip() else ""
+    if first and errors and first in " ".join(errors[-1].split()):
+        return ""
+    return "\n".join("  | " + line for line in records[-lines:])
