@@ -77,7 +77,7 @@ def test_generation_ranges_and_prompts_from_the_options(project):
 @pytest.mark.slow
 def test_generation_mistakes_on_the_command_line_name_the_option(project):
     for args, message in (
-            (["--task", "text-generation-with-pas"], "--task 'text-generation-with-pas' is not a task trtflow exports"),
+            (["--task", "text-generation-with-pas"], "--task 'text-generation-with-pas' is not a task export knows"),
             (["--data", "pyproject.toml"], "a generation recipe takes prompts")):
         proc = trtflow("init", "llama", "-o", "bad.yaml", "--force", *args, cwd=project, check=None)
         assert proc.returncode not in (0, 70) and message in proc.stderr, proc.stderr

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtflow.stage import StageFailed
+from trtflow.stage import RecipeMismatch, StageFailed
 
 #: Landlock ABI that the confinement needs: 4 is the first with network rules (Linux 6.7).
 MIN_ABI = 4
@@ -375,7 +375,10 @@ def run(function: str, request: Mapping[str, Any], box: Path, readable: Sequence
             hint = (f"the model's code tried something the confinement forbids ({denied}): writing outside its "
                     "scratch folder, reading private files or using the network; if you trust this file as a "
                     "program, set trust_code: true on the node to run it unconfined" + (f"; {hint}" if hint else ""))
-        raise StageFailed(f"{what} failed: {message}", hint=hint or f"its log: {log_file}")
+        # a mistake in what the recipe declares keeps its kind (exit 2), as in the node's own process; a forged
+        # flag from the model's code can change no more than that code
+        kind = RecipeMismatch if answer.get("mismatch") is True and denied is None else StageFailed
+        raise kind(f"{what} failed: {message}", hint=hint or f"its log: {log_file}")
     return answer
 
 
@@ -526,7 +529,8 @@ def child_main(argv: Sequence[str]) -> int:
             with trusting() if not spec["confine"] else nullcontext():
                 answer = getattr(importlib.import_module(module), name)(spec["request"])
         except StageFailed as failed:
-            answer = {"error": failed.message, "hint": failed.hint or ""}
+            answer = {"error": failed.message, "hint": failed.hint or "",
+                      "mismatch": isinstance(failed, RecipeMismatch)}
         except Exception as error:  # the model's own code can raise anything: report it, with the traceback
             traceback.print_exc()
             answer = {"error": f"{type(error).__name__}: {' '.join(str(error).split())[:500]}"}

@@ -194,6 +194,8 @@ def _check(tf: Any, function: Any, target: Path, inputs: dict[str, dict[str, Any
             if why == "derived":
                 results.append({"shapes": shown, "status": "skipped", "detail": detail})
                 continue
+            if dim is None:  # the base shape: the model's own failure, not a size the recipe chose
+                raise ValueError(detail) from error
             raise ValueError(f"{detail}; the recipe's profiles declare {dim} = {sizes[dim]} ({why})") from error
         expected_by_name = {k: np.asarray(v) for k, v in expected.items()} if isinstance(expected, dict) else {
             names[0]: np.asarray(expected)}

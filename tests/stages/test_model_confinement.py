@@ -209,7 +209,7 @@ def test_an_onnx_file_is_data_and_needs_no_confinement(tmp_path, monkeypatch, ti
     (tmp_path / "cnn.onnx").write_bytes(tiny_cnn_onnx.read_bytes())
     assert _export(tmp_path, model="cnn.onnx", check=False).summary["model_code"] == "data"
     (tmp_path / "pyproject.toml").write_text("")
-    wrong = trtflow_cli("init", "cnn.onnx", "-o", "r.yaml", "--trust-code", cwd=tmp_path, check=1)
+    wrong = trtflow_cli("init", "cnn.onnx", "-o", "r.yaml", "--trust-code", cwd=tmp_path, check=2)
     assert "--trust-code is for model files that carry a program" in wrong.stderr
 
 
