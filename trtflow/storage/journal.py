@@ -21,7 +21,7 @@ from typing import Any
 
 from trtflow.errors import StoreBusy, StoreError
 
-FORMAT = 2  # PRAGMA user_version; 0 = the first release's journal (no recipe_id column)
+FORMAT = 3  # PRAGMA user_version; 0 = the first release's journal (no recipe_id column); 3: ctime in the stat cache
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -35,7 +35,7 @@ CREATE TABLE IF NOT EXISTS node_runs (
 );
 CREATE INDEX IF NOT EXISTS node_runs_node ON node_runs(node, started);
 CREATE TABLE IF NOT EXISTS stat_cache (
-    path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, inode INTEGER, digest TEXT
+    path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER, inode INTEGER, digest TEXT
 );
 """
 
@@ -261,24 +261,26 @@ class Journal:
                       "UPDATE node_runs SET peak_rss = ? WHERE run_id = ? AND node = ?", (peak, run_id, node))
 
     # ----- stat cache (fingerprint.StatCache protocol): an optimisation, so it never fails a command
-    def get(self, path: str, size: int, mtime_ns: int, inode: int) -> str | None:
+    def get(self, path: str, sig: tuple[int, int, int, int]) -> str | None:
+        """The digest recorded for ``path`` if its signature (size, mtime, ctime, inode) is still ``sig``."""
         try:
             with self._lock:
-                row = self.conn.execute("SELECT size, mtime_ns, inode, digest FROM stat_cache WHERE path = ?",
-                                        (path,)).fetchone()
+                row = self.conn.execute("SELECT size, mtime_ns, ctime_ns, inode, digest FROM stat_cache "
+                                        "WHERE path = ?", (path,)).fetchone()
         except (sqlite3.Error, StoreError):
             return None
-        if row and row[0] == size and row[1] == mtime_ns and row[2] == inode:
-            return row[3]
+        if row and tuple(row[:4]) == tuple(sig):
+            return row[4]
         return None
 
-    def put(self, path: str, size: int, mtime_ns: int, inode: int, digest: str) -> None:
+    def put(self, path: str, sig: tuple[int, int, int, int], digest: str) -> None:
         if self.readonly:
             return
+        size, mtime_ns, ctime_ns, inode = sig
         try:
             with self._lock:
-                self.conn.execute("INSERT OR REPLACE INTO stat_cache VALUES (?, ?, ?, ?, ?)",
-                                  (path, size, mtime_ns, inode, digest))
+                self.conn.execute("INSERT OR REPLACE INTO stat_cache (path, size, mtime_ns, ctime_ns, inode, digest) "
+                                  "VALUES (?, ?, ?, ?, ?, ?)", (path, size, mtime_ns, ctime_ns, inode, digest))
         except (sqlite3.Error, StoreError):
             return
 
@@ -305,6 +307,10 @@ def _migrate(conn: sqlite3.Connection) -> None:
     node_columns = {row[1] for row in conn.execute("PRAGMA table_info(node_runs)").fetchall()}
     if "peak_rss" not in node_columns:
         conn.execute("ALTER TABLE node_runs ADD COLUMN peak_rss INTEGER")
+    cache_columns = {row[1] for row in conn.execute("PRAGMA table_info(stat_cache)").fetchall()}
+    if "ctime_ns" not in cache_columns:  # entries without a ctime cannot tell a restored mtime: start afresh
+        conn.execute("DROP TABLE stat_cache")
+        conn.executescript(SCHEMA)
     conn.execute(f"PRAGMA user_version = {FORMAT}")
 
 
