@@ -5,23 +5,32 @@ key's ingredients with those recorded when the node last ran for this recipe fil
 
 The key is made of: the stage's name, its declared version and the digest of its code (`codehash`); its
 parameters, with every recipe file they name replaced by that file's content digest and every `python:` callable
-by the digest of its file and the project modules it imports (so moving a recipe, or spelling a path another
-way, changes nothing); the digests of its inputs; and the environment facts it declares, taken from the device
-it runs on. Gate thresholds (`Stage.gate_params`) are left out: changing one re-judges cached measurements.
+by the digest of its file (so moving a recipe, or spelling a path another way, changes nothing); the digests of its
+inputs; the environment facts it declares, taken from the device it runs on; and, for a node with `python:` code,
+the project modules that code imports, with their digests. Gate thresholds (`Stage.gate_params`) are left out:
+changing one re-judges cached measurements.
+
+The modules a `python:` reference imports are *seen, not guessed*: the worker records them while the code runs
+(`trtflow.depfile`), and the result is committed under the key made with what was recorded. The planner finds a
+stored result from the key without those modules (the *pre-key*) as ccache's direct mode does: for each set of
+modules recorded under that pre-key (the journal's index, most recent first), then the text scanner's guess
+(`codehash`, all a first plan has), it hashes the modules as they are now and looks up the key that makes; a
+result is usable when it is intact and no module slot that was empty when it was built holds a module now. The
+planner is the one judge of "up to date": the no-op shortcut (`execution.noop`) replays what it observed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from trtflow.callables import PYTHON_PREFIX, code_references
-from trtflow.codehash import CodeDigest, callable_code, stage_code
+from trtflow.codehash import callable_files, stage_code
 from trtflow.environment import Environment, GpuInfo
 from trtflow.errors import RecipeError, StageSkipped, TrtflowError
-from trtflow.fingerprint import StatCache, diff_values, hash_path, hash_value
+from trtflow.fingerprint import StatCache, diff_values, hash_file, hash_path, hash_value
 from trtflow.fsutil import allowed_roots_for, project_root, resolve_user_path
 from trtflow.graph import Graph
 from trtflow.recipe.expand import ConcreteNode
@@ -30,11 +39,24 @@ from trtflow.status import FRESH, SKIP, STALE
 from trtflow.storage.store import Store
 
 KEY_FORMAT = 2
+MISSING = "missing"  # the digest of a module file that is not there (any digest of a file differs from it)
+
+# A set of project modules a node's code imported: (file labels, empty module slot labels), both sorted; labels are
+# paths relative to the project root (absolute outside it).
+DepSet = tuple[tuple[str, ...], tuple[str, ...]]
+
+
+@runtime_checkable
+class DepIndex(Protocol):
+    """Where the planner finds the module sets recorded under a pre-key (the journal; losing it costs rebuilds)."""
+
+    def dep_sets(self, pre: str) -> list[DepSet]: ...
 
 
 @dataclass(frozen=True)
 class KeyContext:
-    """What key computation needs besides the graph: where the recipe lives, the environment, a stat cache."""
+    """What key computation needs besides the graph: where the recipe lives, the environment, a stat cache (and,
+    when it is the journal, the index of recorded module sets)."""
 
     recipe_dir: Path
     project_root: Path
@@ -60,6 +82,24 @@ class KeyContext:
         except ValueError:
             return path.as_posix()
 
+    def locate(self, label: str) -> Path:
+        """The path a recorded label names (the inverse of `display`)."""
+        return self.project_root / label if not label.startswith("/") else Path(label)
+
+    def module_digest(self, label: str) -> str:
+        """The digest of a module file as it is now (`MISSING` when it is gone), once per plan."""
+        memo = ("module", label)
+        if memo not in self.memo:
+            try:
+                self.memo[memo] = hash_file(self.locate(label), self.stat_cache)
+            except OSError:
+                self.memo[memo] = MISSING
+        return self.memo[memo]
+
+    def dep_sets(self, pre: str) -> list[DepSet]:
+        index = self.stat_cache
+        return index.dep_sets(pre) if isinstance(index, DepIndex) else []
+
 
 @dataclass
 class KeyParts:
@@ -78,20 +118,48 @@ class KeyParts:
     # for slots that take results whose gate failed (a chooser): each producer's current gate failures, so a
     # threshold change upstream (which re-judges without re-running) still re-runs the chooser
     verdicts: dict[str, list[str]] = field(default_factory=dict)
+    # a node with python: code: the project modules it imports (label -> digest) and the module slots that were
+    # empty when they were recorded (labels), for one of `guesses`, the module sets worth trying (likeliest first)
+    runs_code: bool = False
+    deps: dict[str, str] = field(default_factory=dict)
+    absent: list[str] = field(default_factory=list)
+    guesses: list[DepSet] = field(default_factory=list, compare=False, repr=False)
 
-    @property
-    def key(self) -> str:
+    def _ingredients(self) -> dict[str, Any]:
         ingredients = {"format": KEY_FORMAT, "stage": self.stage, "version": self.version, "code": self.code,
                        "params": self.keyed_params, "inputs": self.inputs,
                        "files": sorted(set(self.files.values())), "facts": self.facts}
         if self.verdicts:
             ingredients["verdicts"] = self.verdicts
-        return hash_value(ingredients)
+        return ingredients
+
+    @property
+    def pre_key(self) -> str:
+        """The key without the modules the node's code imports: what finds the module sets recorded for it."""
+        return hash_value(self._ingredients())
+
+    @property
+    def key(self) -> str:
+        if not self.runs_code:
+            return self.pre_key
+        return hash_value({**self._ingredients(), "deps": self.deps})
+
+    @property
+    def dep_set(self) -> DepSet:
+        return tuple(sorted(self.deps)), tuple(sorted(self.absent))
+
+    def with_deps(self, deps: DepSet, kctx: KeyContext) -> KeyParts:
+        """These parts with the module set ``deps``, each module hashed as it is now."""
+        files, absent = deps
+        return replace(self, deps={label: kctx.module_digest(label) for label in files}, absent=list(absent))
 
     def as_manifest(self) -> dict[str, Any]:
-        return {"stage": self.stage, "version": self.version, "code": self.code, "code_files": self.code_files,
-                "params": self.params, "inputs": self.inputs, "input_sources": self.input_sources,
-                "files": self.files, "facts": self.facts, "verdicts": self.verdicts}
+        manifest = {"stage": self.stage, "version": self.version, "code": self.code, "code_files": self.code_files,
+                    "params": self.params, "inputs": self.inputs, "input_sources": self.input_sources,
+                    "files": self.files, "facts": self.facts, "verdicts": self.verdicts}
+        if self.runs_code:
+            manifest.update(pre=self.pre_key, deps=self.deps, absent=self.absent)
+        return manifest
 
 
 @dataclass
@@ -133,14 +201,24 @@ def _substitute(value: Any, table: Mapping[str, Any]) -> Any:
     return value
 
 
-def _code_of_callable(spec: str, kctx: KeyContext) -> CodeDigest | None:
-    """Digest of the code a `python:` reference runs (its file or module, and the project files it imports)."""
+@dataclass(frozen=True)
+class CodeEntry:
+    """The file a `python:` reference names, its digest, and the project files the text scanner finds it importing
+    (the first guess at its module set, before a run has recorded it)."""
+
+    path: Path
+    digest: str
+    scanned: tuple[Path, ...]
+
+
+def code_entry(spec: str, kctx: KeyContext) -> CodeEntry | None:
+    """The file a `python:` reference runs (None: a module with no .py file), once per plan."""
     if ("code", spec) not in kctx.memo:
-        kctx.memo[("code", spec)] = _hash_callable(spec, kctx)
+        kctx.memo[("code", spec)] = _find_entry(spec, kctx)
     return kctx.memo[("code", spec)]
 
 
-def _hash_callable(spec: str, kctx: KeyContext) -> CodeDigest | None:
+def _find_entry(spec: str, kctx: KeyContext) -> CodeEntry | None:
     from trtflow.callables import module_origin, split_spec
 
     target, _ = split_spec(spec)
@@ -150,9 +228,16 @@ def _hash_callable(spec: str, kctx: KeyContext) -> CodeDigest | None:
         if not path.is_file():
             raise TrtflowError(f"file {body!r} of {spec!r} not found (looked at {path})",
                                hint="paths are relative to the recipe file")
-        return callable_code(path, kctx.project_root, kctx.stat_cache)
-    origin = module_origin(body)
-    return callable_code(Path(origin), kctx.project_root, kctx.stat_cache) if origin else None
+    else:
+        origin = module_origin(body)
+        if not origin:
+            return None
+        path = Path(origin).resolve()
+    try:
+        digest = hash_file(path, kctx.stat_cache)
+    except OSError as exc:
+        raise TrtflowError(f"cannot read {spec!r} ({path}): {exc.strerror or exc}") from None
+    return CodeEntry(path, digest, tuple(callable_files(path, kctx.project_root)))
 
 
 def key_parts(graph: Graph, node: ConcreteNode, output_digests: Mapping[tuple[str, str], str], kctx: KeyContext,
@@ -188,21 +273,23 @@ def key_parts(graph: Graph, node: ConcreteNode, output_digests: Mapping[tuple[st
         keyed[ref] = f"file:{digest}"
         shown[ref] = kctx.display(path)
     params = {k: v for k, v in node.params.items() if k not in stage.gate_params}
+    entries: list[CodeEntry] = []
     for text in code_references(params):
         if text in keyed:
             continue
         try:
-            code = _code_of_callable(text, kctx)
+            entry = code_entry(text, kctx)
         except TrtflowError as exc:
             raise RecipeError(f"node {node.name!r}: {exc.message}", node.location, hint=exc.hint) from None
-        if code is None:
+        if entry is None:
             continue
         target, attr = text.rsplit(":", 1)
-        keyed[text] = f"python:code:{code.digest}:{attr}"
+        keyed[text] = f"python:file:{entry.digest}:{attr}"
         body = target[len(PYTHON_PREFIX):]
         if body.endswith(".py"):
-            shown[text] = f"python:{kctx.display(kctx.resolve(body))}:{attr}"
-        files.update(code.files)
+            shown[text] = f"python:{kctx.display(entry.path)}:{attr}"
+        files[kctx.display(entry.path)] = entry.digest
+        entries.append(entry)
     inputs: dict[str, str] = {}
     sources: dict[str, str] = {}
     for slot, slot_refs in node.upstream.items():
@@ -220,8 +307,51 @@ def key_parts(graph: Graph, node: ConcreteNode, output_digests: Mapping[tuple[st
     judged = {src: sorted((verdicts or {}).get(src, []))
               for slot, slot_refs in node.upstream.items() if stage.inputs[slot].accept_gate_failed
               for src, _ in slot_refs}
-    return KeyParts(node.stage, stage.version, code.digest, code.files, _substitute(params, shown),
-                    _substitute(params, keyed), inputs, sources, files, facts, judged)
+    parts = KeyParts(node.stage, stage.version, code.digest, code.files, _substitute(params, shown),
+                     _substitute(params, keyed), inputs, sources, files, facts, judged)
+    if entries:
+        scanned = tuple(sorted({kctx.display(p) for e in entries for p in e.scanned}))
+        parts.runs_code = True
+        parts.guesses = list(dict.fromkeys([*kctx.dep_sets(parts.pre_key), (scanned, ())]))
+        parts = parts.with_deps(parts.guesses[0], kctx)
+    return parts
+
+
+def recorded_parts(parts: KeyParts, deps: Any, kctx: KeyContext) -> KeyParts:
+    """The key parts of a node whose code ran, with the modules the worker recorded it importing (`depfile.Deps`;
+    None when nothing was reported: the node then counts as changed, so it is never reused blindly)."""
+    from trtflow.depfile import CHANGED
+
+    if not parts.runs_code:
+        return parts
+    if deps is None:
+        return replace(parts, deps={"(not recorded)": CHANGED}, absent=[])
+    return replace(parts, deps={kctx.display(Path(p)): d for p, d in sorted(deps.files.items())},
+                   absent=sorted(kctx.display(Path(a)) for a in deps.absent))
+
+
+def taken_slots(manifest: Mapping[str, Any], kctx: KeyContext) -> list[str]:
+    """The module slots that were empty when ``manifest``'s node ran and hold a module now."""
+    from trtflow.depfile import slot_taken
+
+    absent = manifest.get("absent") or []
+    return [label for label in absent if isinstance(label, str) and slot_taken(str(kctx.locate(label)))]
+
+
+def usable(store: Store, manifest: Mapping[str, Any], kctx: KeyContext) -> bool:
+    """The one rule for reusing a stored result: its outputs are intact and its code would import what it did."""
+    return store.intact(manifest, kctx.stat_cache) and not taken_slots(manifest, kctx)
+
+
+def find_stored(store: Store, parts: KeyParts, kctx: KeyContext) -> tuple[KeyParts, dict[str, Any] | None]:
+    """The node's key parts with the module set under which a usable stored result exists, and that result; else
+    the parts with the likeliest module set (most recently recorded, else the scanner's guess) and None."""
+    options = [parts] if not parts.runs_code else [parts.with_deps(g, kctx) for g in parts.guesses]
+    for option in options:
+        manifest = store.read_manifest(option.key)
+        if manifest is not None and usable(store, manifest, kctx):
+            return option, manifest
+    return options[0], None
 
 
 def judge(graph: Graph, node: ConcreteNode, manifest: Mapping[str, Any], kctx: KeyContext) -> list[str]:
@@ -273,6 +403,15 @@ def explain(parts: KeyParts, previous: Mapping[str, Any] | None, damaged_note: M
                 reasons.append(f"file {path} added")
         elif old_files[path] != parts.files[path]:
             reasons.append(f"file {path} changed")
+    old_deps = previous.get("deps") or {}
+    if isinstance(old_deps, dict) and parts.runs_code:
+        for path in sorted(set(old_deps) | set(parts.deps)):
+            if path not in parts.deps:
+                reasons.append(f"module {path} no longer imported")
+            elif path not in old_deps:
+                reasons.append(f"module {path} now imported")
+            elif old_deps[path] != parts.deps[path]:
+                reasons.append(f"module {path} changed")
     old_verdicts = previous.get("verdicts") or {}
     for src in sorted(set(old_verdicts) | set(parts.verdicts)):
         if old_verdicts.get(src) != parts.verdicts.get(src):
@@ -284,6 +423,19 @@ def explain(parts: KeyParts, previous: Mapping[str, Any] | None, damaged_note: M
             source = parts.input_sources.get(slot) or previous.get("input_sources", {}).get(slot, "?")
             reasons.append(f"input {slot} changed (from {source})")
     return reasons or ["no record of a previous build with these settings"]
+
+
+def stale_reasons(store: Store, parts: KeyParts, kctx: KeyContext, recipe_id: str | None, node: str,
+                  refs: dict[str, str] | None = None) -> list[str]:
+    """Why no stored result of ``parts`` (as `find_stored` left them) can be used."""
+    manifest = store.read_manifest(parts.key)
+    if manifest is not None:
+        bad = store.damaged_outputs(manifest, kctx.stat_cache)
+        if bad:
+            return [f"stored output {', '.join(bad)} missing or damaged (will be rebuilt)"]
+        return [f"module {label} now exists (it was not there when the node last ran)"
+                for label in taken_slots(manifest, kctx)] or ["its stored result cannot be used"]
+    return explain(parts, previous_manifest(store, recipe_id, node, refs), damaged_note(store, parts.key))
 
 
 def previous_manifest(store: Store, recipe_id: str | None, node: str,
@@ -341,9 +493,9 @@ def make_plan(graph: Graph, store: Store, env: Environment, recipe_dir: Path,
             stale_up = [u for u in graph.upstream(name) if status.get(u) != FRESH]
             step = Step(node, STALE, [f"upstream {', '.join(stale_up)} will run first"], waits_for=stale_up)
         else:
+            parts, manifest = find_stored(store, parts, kctx)
             key = parts.key
-            manifest = store.read_manifest(key)
-            if manifest is not None and store.intact(manifest, stat_cache):
+            if manifest is not None:
                 for out_name, out in manifest["outputs"].items():
                     digests[(name, out_name)] = out["digest"]
                 failures = judge(graph, node, manifest, kctx)
@@ -352,12 +504,7 @@ def make_plan(graph: Graph, store: Store, env: Environment, recipe_dir: Path,
                 steps.append(Step(node, FRESH, reasons, key, parts, manifest, gate_failures=failures))
                 status[name] = FRESH
                 continue
-            if manifest is not None:
-                bad = store.damaged_outputs(manifest, stat_cache)
-                reasons = [f"stored output {', '.join(bad)} missing or damaged (will be rebuilt)"]
-            else:
-                reasons = explain(parts, previous_manifest(store, recipe_id, name, refs), damaged_note(store, key))
-            step = Step(node, STALE, reasons, key, parts)
+            step = Step(node, STALE, stale_reasons(store, parts, kctx, recipe_id, name, refs), key, parts)
         skipped = _skip_reason(graph, node)
         if skipped is not None:
             step.status, step.needs = SKIP, skipped.needs

@@ -1,9 +1,11 @@
-"""SQLite journal: runs, node states and timings (for status, show and reports), and the file-hash stat cache.
+"""SQLite journal: runs, node states and timings (for status, show and reports), the file-hash stat cache, and the
+index of the module sets `python:` code was recorded importing (by pre-key, see `plan`).
 
 The journal is history, not truth: objects, manifests and refs are. So every SQLite failure becomes a
 `StoreError` that says what happened and what to do (a damaged journal is reset by `trtflow verify --fix`
 without losing a stored result), read-only stores are opened read-only for the commands that only read, and
-the stat cache (an optimisation) never fails a command.
+the stat cache and the module-set index (optimisations: losing them costs re-hashing and rebuilds, never a wrong
+reuse) never fail a command.
 """
 
 from __future__ import annotations
@@ -37,7 +39,11 @@ CREATE INDEX IF NOT EXISTS node_runs_node ON node_runs(node, started);
 CREATE TABLE IF NOT EXISTS stat_cache (
     path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER, inode INTEGER, digest TEXT
 );
+CREATE TABLE IF NOT EXISTS dep_sets (
+    pre TEXT, deps TEXT, used REAL, PRIMARY KEY (pre, deps)
+);
 """
+DEP_SETS_TRIED = 64  # the module sets the planner tries per pre-key, most recently used first
 
 _RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
@@ -281,6 +287,36 @@ class Journal:
             with self._lock:
                 self.conn.execute("INSERT OR REPLACE INTO stat_cache (path, size, mtime_ns, ctime_ns, inode, digest) "
                                   "VALUES (?, ?, ?, ?, ?, ?)", (path, size, mtime_ns, ctime_ns, inode, digest))
+        except (sqlite3.Error, StoreError):
+            return
+
+
+    # ----- module sets recorded by pre-key (plan.DepIndex protocol): an optimisation, so it never fails a command
+    def dep_sets(self, pre: str) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+        """The module sets recorded for ``pre``, most recently used first: (file labels, empty slot labels)."""
+        try:
+            with self._lock:
+                rows = self.conn.execute("SELECT deps FROM dep_sets WHERE pre = ? ORDER BY used DESC LIMIT ?",
+                                         (pre, DEP_SETS_TRIED)).fetchall()
+        except (sqlite3.Error, StoreError):
+            return []
+        found = []
+        for (text,) in rows:
+            try:
+                files, absent = json.loads(text)
+                found.append((tuple(str(f) for f in files), tuple(str(a) for a in absent)))
+            except (ValueError, TypeError):
+                continue
+        return found
+
+    def note_dep_set(self, pre: str, deps: tuple[tuple[str, ...], tuple[str, ...]]) -> None:
+        """Record that a result under ``pre`` was made (or used) with the module set ``deps``."""
+        if self.readonly:
+            return
+        try:
+            with self._lock:
+                self.conn.execute("INSERT OR REPLACE INTO dep_sets (pre, deps, used) VALUES (?, ?, ?)",
+                                  (pre, json.dumps([list(deps[0]), list(deps[1])]), time.time()))
         except (sqlite3.Error, StoreError):
             return
 
