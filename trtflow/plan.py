@@ -30,6 +30,7 @@ from trtflow.callables import PYTHON_PREFIX, code_references
 from trtflow.codehash import callable_files, stage_code
 from trtflow.environment import Environment, GpuInfo
 from trtflow.errors import RecipeError, StageSkipped, TrtflowError
+from trtflow.evidence import Evidence
 from trtflow.fingerprint import StatCache, diff_values, hash_file, hash_path, hash_value
 from trtflow.fsutil import allowed_roots_for, project_root, resolve_user_path
 from trtflow.graph import Graph
@@ -65,15 +66,25 @@ class KeyContext:
     stat_cache: StatCache | None = None
     # what this plan has already worked out, so that a recipe of thousands of nodes costs linear time
     memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+    # what the decisions rested on, when the no-op shortcut asks for it
+    evidence: Evidence | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def for_recipe(cls, recipe_dir: Path, env: Environment, stat_cache: StatCache | None = None) -> KeyContext:
+    def for_recipe(cls, recipe_dir: Path, env: Environment, stat_cache: StatCache | None = None,
+                   evidence: Evidence | None = None) -> KeyContext:
         recipe_dir = Path(recipe_dir).resolve()
         return cls(recipe_dir, project_root(recipe_dir) or recipe_dir, tuple(allowed_roots_for(recipe_dir)), env,
-                   stat_cache)
+                   stat_cache, evidence=evidence)
 
     def resolve(self, path: str) -> Path:
-        return resolve_user_path(path, self.recipe_dir, self.allowed_roots)
+        resolved = resolve_user_path(path, self.recipe_dir, self.allowed_roots)
+        if self.evidence is not None:
+            self.evidence.paths[path] = str(resolved)
+        return resolved
+
+    def observe(self, path: Path, digest: str) -> None:
+        if self.evidence is not None:
+            self.evidence.files[str(path)] = digest
 
     def display(self, path: Path) -> str:
         """A path as it is recorded: relative to the project root when inside it."""
@@ -230,6 +241,8 @@ def _find_entry(spec: str, kctx: KeyContext) -> CodeEntry | None:
                                hint="paths are relative to the recipe file")
     else:
         origin = module_origin(body)
+        if kctx.evidence is not None:
+            kctx.evidence.modules[body] = origin or ""
         if not origin:
             return None
         path = Path(origin).resolve()
@@ -237,6 +250,7 @@ def _find_entry(spec: str, kctx: KeyContext) -> CodeEntry | None:
         digest = hash_file(path, kctx.stat_cache)
     except OSError as exc:
         raise TrtflowError(f"cannot read {spec!r} ({path}): {exc.strerror or exc}") from None
+    kctx.observe(path, digest)
     return CodeEntry(path, digest, tuple(callable_files(path, kctx.project_root)))
 
 
@@ -269,6 +283,7 @@ def key_parts(graph: Graph, node: ConcreteNode, output_digests: Mapping[tuple[st
         except OSError as exc:
             raise RecipeError(f"node {node.name!r}: cannot read {ref!r}: {exc.strerror or exc}",
                               node.location) from None
+        kctx.observe(path, digest)
         files[kctx.display(path)] = digest
         keyed[ref] = f"file:{digest}"
         shown[ref] = kctx.display(path)
@@ -303,6 +318,8 @@ def key_parts(graph: Graph, node: ConcreteNode, output_digests: Mapping[tuple[st
             inputs[label] = digest
             sources[label] = f"{ref[0]}.{ref[1]}"
     facts = kctx.env.facts(stage.environment_for(node.params_model), device)
+    if kctx.evidence is not None and device is None:
+        kctx.evidence.facts.update(facts)
     code = stage_code(stage.run.__module__, kctx.stat_cache)
     judged = {src: sorted((verdicts or {}).get(src, []))
               for slot, slot_refs in node.upstream.items() if stage.inputs[slot].accept_gate_failed
@@ -479,9 +496,11 @@ def planned_device(graph: Graph, node: ConcreteNode) -> GpuInfo | None:
 
 
 def make_plan(graph: Graph, store: Store, env: Environment, recipe_dir: Path,
-              stat_cache: StatCache | None = None, recipe_id: str | None = None) -> list[Step]:
-    """Classify every node of ``graph`` as fresh, stale or skipped, with reasons. Pure: runs no stage."""
-    kctx = KeyContext.for_recipe(recipe_dir, env, stat_cache)
+              stat_cache: StatCache | None = None, recipe_id: str | None = None,
+              evidence: Evidence | None = None) -> list[Step]:
+    """Classify every node of ``graph`` as fresh, stale or skipped, with reasons. Pure: runs no stage.
+    ``evidence``: filled in with what the decisions rested on (for the no-op shortcut)."""
+    kctx = KeyContext.for_recipe(recipe_dir, env, stat_cache, evidence)
     refs = store.refs.current(recipe_id) if recipe_id is not None else {}
     verdicts: dict[str, list[str]] = {}
     steps: list[Step] = []
@@ -496,6 +515,7 @@ def make_plan(graph: Graph, store: Store, env: Environment, recipe_dir: Path,
             parts, manifest = find_stored(store, parts, kctx)
             key = parts.key
             if manifest is not None:
+                _observe_result(parts, kctx)
                 for out_name, out in manifest["outputs"].items():
                     digests[(name, out_name)] = out["digest"]
                 failures = judge(graph, node, manifest, kctx)
@@ -516,6 +536,16 @@ def make_plan(graph: Graph, store: Store, env: Environment, recipe_dir: Path,
         steps.append(step)
         status[name] = step.status
     return steps
+
+
+def _observe_result(parts: KeyParts, kctx: KeyContext) -> None:
+    """The module set by which a fresh result of python: code was found, for the evidence."""
+    if kctx.evidence is None or not parts.runs_code:
+        return
+    kctx.evidence.dep_sets.append((parts.pre_key, parts.dep_set))
+    for label, digest in parts.deps.items():
+        kctx.observe(kctx.locate(label), digest)
+    kctx.evidence.absent.update(str(kctx.locate(label)) for label in parts.absent)
 
 
 def _skip_reason(graph: Graph, node: ConcreteNode) -> StageSkipped | None:
