@@ -46,13 +46,20 @@ def fresh_modules(folder: Path) -> Iterator[None]:
         forget_modules(folder)
 
 
+_ELSEWHERE: dict[str, set[str]] = {}  # per project: names of modules known to come from elsewhere
+
+
 def forget_modules(project: Path) -> None:
     """Drop the modules imported from ``project`` (a new worker process would import them afresh)."""
-    root = str(project.resolve())
-    for name, module in list(sys.modules.items()):
-        file = getattr(module, "__file__", None)
-        if isinstance(file, str) and (file.startswith(root) or file.startswith(str(project))):
+    roots = (str(project.resolve()), str(project))
+    elsewhere = _ELSEWHERE.setdefault(roots[0], set())
+    for name in sys.modules.keys() - elsewhere:
+        module = sys.modules[name]
+        file = getattr(module, "__dict__", {}).get("__file__")  # not getattr: a module's __getattr__ may be slow
+        if isinstance(file, str) and file.startswith(roots):
             del sys.modules[name]
+        else:
+            elsewhere.add(name)
 
 
 def backdate(folder: Path, exclude: Sequence[Path] = ()) -> None:

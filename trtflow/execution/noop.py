@@ -162,7 +162,9 @@ def _path_holds(path: str, entry: dict[str, Any]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- writing
-def _stage_record(stage: Any, code_files: dict[str, str], cache: StatCache) -> dict[str, Any]:
+def _stage_record(stage: Any, code_files: dict[str, str], closures: dict[str, Any], cache: StatCache
+                  ) -> dict[str, Any]:
+    """A stage's entry point and the code closures of its modules (each closure recorded once in ``closures``)."""
     from trtflow.registry import stage_entry_points
 
     ep = stage_entry_points().get(stage.name)
@@ -170,13 +172,16 @@ def _stage_record(stage: Any, code_files: dict[str, str], cache: StatCache) -> d
     if ep is None or dist_path is None:
         raise Uncertain(f"stage {stage.name} does not come from an entry point")
     entry_file = Path(dist_path) / "entry_points.txt"
-    closures = []
+    origins = []
     for module in dict.fromkeys([stage.run.__module__, ep.module]):
         place = stage_module_place(module)
         top = sys.modules.get(module.split(".")[0])
         if place is None:
             raise Uncertain(f"module {module} has no file")
         origin, package_dir = place
+        origins.append(str(origin))
+        if str(origin) in closures:
+            continue
         files = stage_files(origin, module.split(".")[0], package_dir)
         entries = {}
         for path in files:
@@ -184,10 +189,10 @@ def _stage_record(stage: Any, code_files: dict[str, str], cache: StatCache) -> d
             # the files of the key are confirmed against its digests; the entry point's module (its params'
             # defaults, its version) as the stage was loaded
             entries[str(path)] = _file_entry(str(path), code_files.get(label), cache)
-        closures.append({"origin": str(origin), "package": module.split(".")[0], "package_dir": str(package_dir),
-                         "top_file": getattr(top, "__file__", None) or str(origin), "files": entries})
+        closures[str(origin)] = {"package": module.split(".")[0], "package_dir": str(package_dir),
+                                 "top_file": getattr(top, "__file__", None) or str(origin), "files": entries}
     return {"entry_point": ep.value, "entry_file": str(entry_file), "entry": _file_entry(str(entry_file), None, cache),
-            "closures": closures}
+            "closures": origins}
 
 
 def _label(path: Path, base: Path) -> str:
@@ -231,10 +236,12 @@ def _gather(call: dict[str, Any], before: dict[str, Any], pipeline: Any, steps: 
     texts = {str(p): hash_text(t) for p, t in loaded.sources.items()}
     names = {m for t in [*loaded.sources.values(), *call["overrides"], *evidence.paths]
              for m in _ENV_NAME.findall(t)}
-    stages = {}
+    stages: dict[str, Any] = {}
+    closures: dict[str, Any] = {}
     for step in steps:
         name = step.node.stage
-        stages[name] = stages.get(name) or _stage_record(graph.stages[name], step.parts.code_files, cache)
+        if name not in stages:
+            stages[name] = _stage_record(graph.stages[name], step.parts.code_files, closures, cache)
     nodes = []
     objects: dict[str, Sig] = {}
     for step in steps:
@@ -263,7 +270,8 @@ def _gather(call: dict[str, Any], before: dict[str, Any], pipeline: Any, steps: 
             "files": {p: _path_entry(p, d, cache) for p, d in sorted(evidence.files.items())},
             "absent": sorted(evidence.absent),
             "dep_sets": [[pre, list(files), list(absent)] for pre, (files, absent) in evidence.dep_sets],
-            "stages": stages, "facts": dict(evidence.facts), "nodes": nodes, "objects": objects}
+            "stages": stages, "closures": closures, "facts": dict(evidence.facts), "nodes": nodes,
+            "objects": objects}
 
 
 # ---------------------------------------------------------------------------------------------- checking
@@ -340,15 +348,14 @@ def _check_dep_sets(record: dict[str, Any], store: Store, journal: Any) -> bool:
 def _check_code(record: dict[str, Any], store: Store, journal: Any) -> bool:
     if _engine_files() != record["engine"]:
         return False
-    for stage in record["stages"].values():
-        if not _entry_holds(stage["entry_file"], stage["entry"]):
+    if not all(_entry_holds(stage["entry_file"], stage["entry"]) for stage in record["stages"].values()):
+        return False
+    for origin, c in record["closures"].items():
+        package_dir = Path(c["top_file"]).resolve().parent  # resolved again: a package folder may be a link
+        found = stage_files(Path(origin), c["package"], package_dir)
+        if (str(package_dir) != c["package_dir"] or sorted(map(str, found)) != sorted(c["files"])
+                or not all(_entry_holds(p, e) for p, e in c["files"].items())):
             return False
-        for c in stage["closures"]:
-            package_dir = Path(c["top_file"]).resolve().parent  # resolved again: a package folder may be a link
-            found = stage_files(Path(c["origin"]), c["package"], package_dir)
-            if (str(package_dir) != c["package_dir"] or sorted(map(str, found)) != sorted(c["files"])
-                    or not all(_entry_holds(p, e) for p, e in c["files"].items())):
-                return False
     return True
 
 
