@@ -1,14 +1,16 @@
-"""The project modules a stage's run really imports, recorded while it runs (as a compiler writes a depfile).
+"""The project files a stage's run really uses, recorded while it runs (as a compiler writes a depfile).
 
 While the stage of a node with ``python:`` references runs (in its worker process: `execution.worker.run_job`), an
 import finder placed first on ``sys.meta_path`` sees every module the import system looks for, whatever form the
-code used to ask (any ``import`` statement, ``importlib.import_module``, ``__import__``), and
-`callables.load_callable` notes the ``python:`` file it executes. Kept, for the node's key (see `plan`):
+code used to ask (any ``import`` statement, ``importlib.import_module``, ``__import__``); `callables.load_callable`
+notes the ``python:`` file it executes; and an audit hook (PEP 578) sees every file opened for reading, so code
+loaded without the import system (``runpy``, ``spec_from_file_location``, ``exec(open(...).read())``) and data the
+code reads count too. Kept, for the node's key (see `plan`):
 
-  files   every module file found inside the recipe's roots (its project, ``TRTFLOW_ALLOWED_PATHS``), outside the
-          virtual environments and installed packages *below* a root (wherever the project itself lives: a checkout
-          in ``<venv>/src/`` is a project like any other), and outside trtflow's and the stage's own packages (keyed
-          as the stage's code): path -> digest of its content, read before the module's code runs;
+  files   every such file inside the recipe's roots (its project, ``TRTFLOW_ALLOWED_PATHS``), outside the virtual
+          environments and installed packages *below* a root (wherever the project itself lives: a checkout in
+          ``<venv>/src/`` is a project like any other), outside trtflow's and the stage's own packages (keyed as the
+          stage's code) and outside the store: path -> digest of its content, read before the code reads it;
   absent  module slots ("<folder>/<name>") inside the roots where a module was looked for and not found: for a
           module found nowhere, every such search folder; for a project module, those searched before the one it
           came from. A module created in a slot later would be imported instead, so it is checked like a file.
@@ -16,12 +18,14 @@ code used to ask (any ``import`` statement, ``importlib.import_module``, ``__imp
 A project module imported before the run began (a process that runs several nodes) counts as well, with the digest
 of the content it was imported with (`_IMPORTED`); one imported outside any recording cannot vouch for its content,
 nor can a file that changed while the node ran: both are recorded as `CHANGED`, a digest no file has, so the node
-is rebuilt the next time rather than trusted.
+is rebuilt the next time rather than trusted. A file read and gone by the end of the run is recorded as `MISSING`.
+Not seen: folder listings (a file added to a folder the code globs), and reads outside the roots.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -32,6 +36,7 @@ from typing import Any
 from trtflow.fingerprint import Sig, hash_file_content, signature
 
 CHANGED = "changed-while-running"
+MISSING = "missing"  # plan.MISSING: what a file that is not there hashes to
 _SKIP_DIRS = {"site-packages", "dist-packages", ".venv", "venv", ".tox", ".git", "__pycache__", "node_modules"}
 
 
@@ -86,21 +91,24 @@ class _Recording:
         if real in self.files or not self.relevant(real):
             return
         try:
-            sig = signature(os.stat(real))
+            st = os.stat(real)
+            if not stat.S_ISREG(st.st_mode):
+                return
             digest = hash_file_content(real)  # type: ignore[arg-type]
         except OSError:
             return
-        self.files[real] = (sig, digest)
-        _IMPORTED[real] = (sig, digest)
+        self.files[real] = (signature(st), digest)
+        _IMPORTED[real] = (signature(st), digest)
 
     def finish(self) -> Deps:
         deps = Deps()
         for path, (sig, digest) in self.files.items():
             try:
-                unchanged = signature(os.stat(path)) == sig
+                now = signature(os.stat(path))
             except OSError:
-                unchanged = False
-            deps.files[path] = digest if unchanged else CHANGED
+                deps.files[path] = MISSING
+                continue
+            deps.files[path] = digest if now == sig else CHANGED
         for name, module in list(sys.modules.items()):  # imported before the run began, used again by it
             file = getattr(module, "__file__", None)
             if not isinstance(file, str) or name in ("__main__", "__mp_main__"):
@@ -160,6 +168,39 @@ class _Finder:
 
 
 _FINDER = _Finder()
+_WRITING = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_IN_HOOK: set[int] = set()  # threads inside the hook (it reads files itself)
+_HOOKED = False
+
+
+def _opened(event: str, args: tuple[Any, ...]) -> None:
+    """The audit hook: a file this thread's recording opens for reading (the hook stays once added; without a
+    recording it returns at once)."""
+    if event != "open" or not _ACTIVE:
+        return
+    thread = threading.get_ident()
+    recording = _ACTIVE.get(thread)
+    if recording is None or thread in _IN_HOOK:
+        return
+    path, mode, flags = (tuple(args) + (None, None, 0))[:3]
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not isinstance(path, str) or (mode is not None and any(c in str(mode) for c in "wax+")):
+        return
+    if mode is None and isinstance(flags, int) and flags & _WRITING:
+        return
+    _IN_HOOK.add(thread)
+    try:
+        if path.endswith(".pyc"):  # a cached module's code: the source it was compiled from
+            from importlib.util import source_from_cache
+
+            try:
+                path = source_from_cache(path)
+            except ValueError:
+                return
+        recording.note(os.path.abspath(path))
+    finally:
+        _IN_HOOK.discard(thread)
 
 
 def note_entry(path: str | os.PathLike[str]) -> None:
@@ -183,10 +224,14 @@ def recording(roots: Iterable[str | os.PathLike[str]], excluded: Iterable[str | 
     deps = Deps()
     current = _Recording(roots, excluded)
     thread = threading.get_ident()
+    global _HOOKED
     with _LOCK:
         _ACTIVE[thread] = current
         if _FINDER not in sys.meta_path:
             sys.meta_path.insert(0, _FINDER)
+        if not _HOOKED:
+            sys.addaudithook(_opened)
+            _HOOKED = True
     try:
         yield deps
     finally:

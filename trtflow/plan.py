@@ -28,6 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from trtflow.callables import PYTHON_PREFIX, code_references
 from trtflow.codehash import callable_files, stage_code
+from trtflow.depfile import MISSING
 from trtflow.environment import Environment, GpuInfo
 from trtflow.errors import RecipeError, StageSkipped, TrtflowError
 from trtflow.evidence import Evidence
@@ -40,7 +41,6 @@ from trtflow.status import FRESH, SKIP, STALE
 from trtflow.storage.store import Store
 
 KEY_FORMAT = 2
-MISSING = "missing"  # the digest of a module file that is not there (any digest of a file differs from it)
 
 # A set of project modules a node's code imported: (file labels, empty module slot labels), both sorted; labels are
 # paths relative to the project root (absolute outside it).
@@ -423,12 +423,13 @@ def explain(parts: KeyParts, previous: Mapping[str, Any] | None, damaged_note: M
     old_deps = previous.get("deps") or {}
     if isinstance(old_deps, dict) and parts.runs_code:
         for path in sorted(set(old_deps) | set(parts.deps)):
+            what = "module" if path.endswith((".py", ".so", ".pyd")) else "file read by its code:"
             if path not in parts.deps:
-                reasons.append(f"module {path} no longer imported")
+                reasons.append(f"{what} {path} no longer used")
             elif path not in old_deps:
-                reasons.append(f"module {path} now imported")
+                reasons.append(f"{what} {path} now used")
             elif old_deps[path] != parts.deps[path]:
-                reasons.append(f"module {path} changed")
+                reasons.append(f"{what} {path} changed")
     old_verdicts = previous.get("verdicts") or {}
     for src in sorted(set(old_verdicts) | set(parts.verdicts)):
         if old_verdicts.get(src) != parts.verdicts.get(src):

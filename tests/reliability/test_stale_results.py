@@ -136,6 +136,14 @@ FORMS = {
                                    "blocks/__init__.py": ""}, "blocks/head.py"),
     "dynamic import": ({"model.py": "import importlib\n\nNAME = 'hel' + 'per'\n\n\ndef make():\n"
                                     "    return importlib.import_module(NAME).VALUE\n"}, "helper.py"),
+    "runpy, no import": ({"model.py": "import os\nimport runpy\n\n\ndef make():\n    here = os.path.dirname(__file__)\n"
+                                      "    return runpy.run_path(os.path.join(here, 'helper.py'))['VALUE']\n"},
+                         "helper.py"),
+    "exec of its text": ({"model.py": "import os\n\nHERE = os.path.dirname(__file__)\n\n\ndef make():\n"
+                                      "    scope = {}\n    exec(open(os.path.join(HERE, 'helper.py')).read(), scope)\n"
+                                      "    return scope['VALUE']\n"}, "helper.py"),
+    "a data file it reads": ({"model.py": "import os\n\nHERE = os.path.dirname(__file__)\n\n\ndef make():\n"
+                                          "    return open(os.path.join(HERE, 'labels.txt')).read()\n"}, "labels.txt"),
 }
 
 
@@ -171,7 +179,7 @@ def _check_helper_edit(root: Path, helper: str) -> None:
     assert not project.shortcut()
     assert project.run()["factory"] == "done"
     assert b"second" in project.output("factory", "out.txt")
-    assert f"module {helper} changed" in step.reason  # recorded while the code ran, and named
+    assert f"{helper} changed" in step.reason  # recorded while the code ran, and named
     assert helper in project.plan()["factory"].parts.deps
 
 

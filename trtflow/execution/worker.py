@@ -71,7 +71,7 @@ def run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: loggin
                   for slot, p in job.inputs.items()}
         recorded = None
         if code_references(job.params):
-            with depfile.recording(_code_roots(job), _not_project_code(stage)) as recorded:
+            with depfile.recording(_code_roots(job), [*_not_project_code(stage), _store_of(job)]) as recorded:
                 summary = stage.run(ctx, inputs, params) or {}
         else:
             summary = stage.run(ctx, inputs, params) or {}
@@ -120,6 +120,11 @@ def _not_project_code(stage: Any) -> list[str]:
     if file:
         folders.append(os.path.dirname(file) if os.path.basename(file).startswith("__init__.") else file)
     return folders
+
+
+def _store_of(job: Job) -> str:
+    """The store the job's scratch, logs and caches live in: trtflow's files, never the project's."""
+    return os.path.dirname(os.path.abspath(job.cache_dir))
 
 
 def main(job_file: str) -> int:
