@@ -22,6 +22,8 @@ class Evidence:
     files: dict[str, str] = field(default_factory=dict)
     # module slots ("<folder>/<name>") that were empty when a fresh result's code ran, and must stay empty
     absent: set[str] = field(default_factory=set)
+    # files the code read that were gone when its run ended (and are still gone): they must stay gone
+    missing: set[str] = field(default_factory=set)
     # (pre-key, module set) by which the planner found each fresh result of python: code in the journal's index
     dep_sets: list[tuple[str, tuple[tuple[str, ...], tuple[str, ...]]]] = field(default_factory=list)
     # environment facts the keys were made with (a host's; GPU nodes are never replayed) -> value

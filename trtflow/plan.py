@@ -21,6 +21,7 @@ planner is the one judge of "up to date": the no-op shortcut (`execution.noop`) 
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -93,16 +94,28 @@ class KeyContext:
         except ValueError:
             return path.as_posix()
 
-    def locate(self, label: str) -> Path:
-        """The path a recorded label names (the inverse of `display`)."""
-        return self.project_root / label if not label.startswith("/") else Path(label)
+    def locate(self, label: str) -> Path | None:
+        """The path a recorded label names (the inverse of `display`). Labels come from records a cloned repository
+        or a shared store may carry: one that climbs out (``..``) or names a place outside the allowed roots
+        locates nothing (None)."""
+        path = Path(label)
+        if ".." in path.parts:
+            return None
+        if not path.is_absolute():
+            return self.project_root / path
+        return path if any(r == path or r in path.parents for r in self.allowed_roots) else None
 
     def module_digest(self, label: str) -> str:
-        """The digest of a module file as it is now (`MISSING` when it is gone), once per plan."""
+        """The digest of a file the node's code used, as it is now (`MISSING` when it is gone or is not a regular
+        file: a named pipe is never opened), once per plan."""
         memo = ("module", label)
         if memo not in self.memo:
+            path = self.locate(label)
             try:
-                self.memo[memo] = hash_file(self.locate(label), self.stat_cache)
+                if path is None:
+                    raise FileNotFoundError(label)
+                regular = stat.S_ISREG(path.stat().st_mode)
+                self.memo[memo] = hash_file(path, self.stat_cache) if regular else MISSING
             except OSError:
                 self.memo[memo] = MISSING
         return self.memo[memo]
@@ -352,7 +365,12 @@ def taken_slots(manifest: Mapping[str, Any], kctx: KeyContext) -> list[str]:
     from trtflow.depfile import slot_taken
 
     absent = manifest.get("absent") or []
-    return [label for label in absent if isinstance(label, str) and slot_taken(str(kctx.locate(label)))]
+    taken = []
+    for label in absent:
+        path = kctx.locate(label) if isinstance(label, str) else None
+        if path is None or slot_taken(str(path)):  # a label that leaves the project: the record is not ours
+            taken.append(str(label))
+    return taken
 
 
 def usable(store: Store, manifest: Mapping[str, Any], kctx: KeyContext) -> bool:
@@ -545,7 +563,9 @@ def _observe_result(parts: KeyParts, kctx: KeyContext) -> None:
         return
     kctx.evidence.dep_sets.append((parts.pre_key, parts.dep_set))
     for label, digest in parts.deps.items():
-        kctx.observe(kctx.locate(label), digest)
+        path = kctx.locate(label)
+        if path is not None and digest != MISSING:
+            kctx.observe(path, digest)
     kctx.evidence.absent.update(str(kctx.locate(label)) for label in parts.absent)
 
 

@@ -24,6 +24,7 @@ import pytest
 
 from tests.reliability.freshness import Project, fresh_modules, toy_plugin
 from tests.settle import short_racy_window, wait_settled
+from trtflow.storage.journal import Journal
 from trtflow.storage.store import Store
 
 
@@ -382,3 +383,49 @@ def test_the_record_keeps_paths_as_spelled(root: Path, monkeypatch: pytest.Monke
     (record,) = (project.store / "noop").iterdir()
     paths = json.loads(record.read_text())["paths"]
     assert paths == {"data/$CALIB": str((root / "data" / "a.txt").resolve())}
+
+
+# ------------------------------------------------------------------------------------ records are data
+@pytest.mark.timeout(120)
+def test_a_planted_index_entry_reads_nothing_outside_and_opens_no_pipe(root: Path, tmp_path: Path) -> None:
+    """The journal's index of module sets may come with a cloned repository: a label that climbs out of the
+    project, or names a named pipe, is treated as a file that is not there (never opened)."""
+    (root / "model.py").write_text("def make():\n    return 'm'\n")
+    (root / "recipe.yaml").write_text(
+        "name: r\nnodes:\n  - {name: factory, stage: coder, params: {model: 'python:model.py:make'}}\n")
+    project = Project(root)
+    project.settled_with_record()
+    (tmp_path / "outside.txt").write_text("secret")
+    os.mkfifo(root / "pipe.py")
+    pre = project.plan()["factory"].parts.pre_key
+    journal = Journal(Store(project.store).db_path)
+    try:
+        for planted in (("../outside.txt", "model.py"), ("model.py", "pipe.py"), (str(tmp_path / "outside.txt"),)):
+            journal.note_dep_set(pre, (tuple(sorted(planted)), ()))
+    finally:
+        journal.close()
+    step = project.plan()["factory"]
+    assert step.status == "fresh" and set(step.parts.deps) == {"model.py"}
+    assert project.run()["factory"] == "fresh"
+
+
+@pytest.mark.timeout(120)
+def test_a_planted_noop_record_naming_a_pipe_steps_aside(root: Path) -> None:
+    """A no-op record is read from the store: what it names is checked as a regular file before it is read."""
+    (root / "calib.bin").write_bytes(b"c")
+    (root / "recipe.yaml").write_text("name: r\nnodes:\n  - {name: read, stage: reader, params: {path: calib.bin}}\n")
+    project = Project(root)
+    project.settled_with_record()
+    pipe = root / "pipe"
+    os.mkfifo(pipe)
+    (record_file,) = (project.store / "noop").iterdir()
+    record = json.loads(record_file.read_text())
+    st = pipe.stat()
+    sig = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+    for field in ("texts", "files"):
+        planted = dict(record)
+        planted[field] = ({str(pipe): "0" * 32} if field == "texts"
+                          else {str(pipe): {"sig": sig, "digest": "0" * 32, "racy": True}})
+        record_file.write_text(json.dumps(planted))
+        assert not project.shortcut()
+    assert set(project.run().values()) == {"fresh"}

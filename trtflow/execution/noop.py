@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -45,6 +46,7 @@ from trtflow.status import FRESH
 from trtflow.storage.store import Store
 
 FORMAT = 2
+MAX_TEXT = 16 << 20  # a recipe file's size limit (recipe.load.MAX_RECIPE_BYTES)
 _ENV_NAME = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
 Sig = list[int]  # [size, mtime_ns, ctime_ns, inode]
 
@@ -54,8 +56,24 @@ class Uncertain(Exception):
 
 
 def _sig(path: Path | str) -> Sig:
+    """A regular file's signature; OSError for anything else (a record may be planted: a named pipe it names must
+    not be opened, a device not read)."""
     st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(f"{path} is not a regular file")
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _text(path: str) -> str:
+    """A recipe file's text, read only if it is a regular file (opened without blocking, checked on the open file)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(MAX_TEXT + 1).decode("utf-8")
+    finally:
+        os.close(fd)
 
 
 def _dir_mtime(path: str) -> int | None:
@@ -268,7 +286,7 @@ def _gather(call: dict[str, Any], before: dict[str, Any], pipeline: Any, steps: 
                        "project": str(project_root(identity.path.parent))},
             "paths": dict(evidence.paths), "modules": dict(evidence.modules),
             "files": {p: _path_entry(p, d, cache) for p, d in sorted(evidence.files.items())},
-            "absent": sorted(evidence.absent),
+            "absent": sorted(evidence.absent), "missing": sorted(evidence.missing),
             "dep_sets": [[pre, list(files), list(absent)] for pre, (files, absent) in evidence.dep_sets],
             "stages": stages, "closures": closures, "facts": dict(evidence.facts), "nodes": nodes,
             "objects": objects}
@@ -308,7 +326,7 @@ def _check_recipe(record: dict[str, Any], store: Store, journal: Any) -> bool:
     roots = allowed_roots_for(path.parent)
     return (recipe_id(path) == recipe["id"] and str(project_root(path.parent)) == recipe["project"]
             and [str(p) for p in roots] == recipe["roots"]
-            and all(hash_text(Path(p).read_bytes().decode("utf-8")) == d for p, d in record["texts"].items())
+            and all(hash_text(_text(p)) == d for p, d in record["texts"].items())
             and all(str(resolve_user_path(spelled, Path(base), roots)) == resolved
                     for spelled, base, resolved in record["extends"]))
 
@@ -333,7 +351,8 @@ def _check_files(record: dict[str, Any], store: Store, journal: Any) -> bool:
     from trtflow.depfile import slot_taken
 
     return (all(_path_holds(p, entry) for p, entry in record["files"].items())
-            and not any(slot_taken(slot) for slot in record["absent"]))
+            and not any(slot_taken(slot) for slot in record["absent"])
+            and not any(os.path.lexists(p) for p in record["missing"]))
 
 
 def _check_dep_sets(record: dict[str, Any], store: Store, journal: Any) -> bool:
