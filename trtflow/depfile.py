@@ -111,7 +111,9 @@ class _Recording:
             deps.files[path] = digest if now == sig else CHANGED
         for name, module in list(sys.modules.items()):  # imported before the run began, used again by it
             file = getattr(module, "__file__", None)
-            if not isinstance(file, str) or name in ("__main__", "__mp_main__"):
+            # a module object may carry a made-up __file__ (torch.ops says "_ops.py"): only real absolute files
+            if (not isinstance(file, str) or not os.path.isabs(file) or name in ("__main__", "__mp_main__")
+                    or not os.path.isfile(file)):
                 continue
             real = os.path.realpath(file)
             if real not in deps.files and self.relevant(real):
