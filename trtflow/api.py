@@ -41,6 +41,7 @@ def run(recipe: str | Path, targets: Sequence[str] = (), overrides: Sequence[str
         hooks: Hooks | None = None) -> tuple[Pipeline, list[Step], RunSummary]:
     """Run the stale nodes of ``recipe``; returns the pipeline, the plan and the per-node results."""
     from trtflow.environment import Environment
+    from trtflow.evidence import Evidence
     from trtflow.execution import noop
     from trtflow.execution.run import Runner
     from trtflow.plan import make_plan
@@ -50,6 +51,7 @@ def run(recipe: str | Path, targets: Sequence[str] = (), overrides: Sequence[str
     st = default_store(store)
     call = noop.invocation(recipe, targets, overrides, st, options)  # before output_dir gets its default
     before = noop.snapshot() if call is not None else {}
+    evidence = Evidence() if call is not None else None
     pipeline = load_pipeline(recipe, overrides, targets)
     options.rerun = rerun_nodes(pipeline, options.rerun)
     st.ensure()
@@ -57,13 +59,13 @@ def run(recipe: str | Path, targets: Sequence[str] = (), overrides: Sequence[str
     try:
         env = Environment.from_env()
         steps = make_plan(pipeline.graph, st, env, pipeline.loaded.directory, journal, pipeline.identity.id,
-                          options.rerun)
+                          options.rerun, evidence)
         if options.output_dir is None:
             options.output_dir = (Path("build") / pipeline.name).absolute()
         runner = Runner(pipeline.graph, st, env, pipeline.identity, journal, options, hooks,
                         recipe_nodes=pipeline.recipe_nodes)
         summary = runner.run(steps)
-        noop.certify(call, before, pipeline, steps, st, journal, runner.ctx.kctx, summary)
+        noop.certify(call, before, pipeline, steps, st, journal, evidence, summary)
         return pipeline, steps, summary
     finally:
         journal.close()

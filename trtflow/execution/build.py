@@ -25,7 +25,7 @@ from trtflow.execution.observers import NodeStart
 from trtflow.execution.protocol import Job, Outcome
 from trtflow.execution.results import DONE, FAILED, GATE_FAILED, INTERRUPTED, NodeResult, skipped_result
 from trtflow.execution.scheduler import Allocation
-from trtflow.plan import KeyParts, Step, gate_family
+from trtflow.plan import KeyParts, Step, gate_family, recorded_parts
 from trtflow.stage import NATIVE_STEP_FILE, Reference
 
 
@@ -189,6 +189,11 @@ class Builder:
         unwritten = protocol.unwritten_outputs(node.stage, stage.outputs, present)
         if unwritten:
             return Built(NodeResult(node.name, node.stage, FAILED, step.reason, key, error=unwritten, **common))
+        if parts.runs_code:  # committed under the key made with the modules its code was seen importing
+            from trtflow.depfile import Deps
+
+            parts = recorded_parts(parts, Deps.from_json(outcome.deps), ctx.kctx)
+            key = parts.key
         manifest = dict(parts.as_manifest(), node=node.name, recipe=ctx.recipe.name, recipe_id=ctx.recipe.id,
                         summary=outcome.summary, run_id=ctx.run_id, started=started,
                         duration=time.time() - started, previous_summary=previous_summary,

@@ -24,7 +24,7 @@ from trtflow.execution.context import RunContext
 from trtflow.execution.ledger import Produced, Upstream
 from trtflow.execution.results import CACHED, DONE, FAILED, GATE_FAILED, INTERRUPTED, NodeResult, skipped_result
 from trtflow.execution.scheduler import Allocation
-from trtflow.plan import Step, explain, judge, key_parts, previous_manifest
+from trtflow.plan import KeyParts, Step, explain, find_stored, judge, key_parts, previous_manifest
 from trtflow.recipe.expand import ConcreteNode
 from trtflow.storage.store import materialize_error
 from trtflow.verdicts import GateVerdict, accepted, only_inconclusive
@@ -94,12 +94,13 @@ class Lifecycle:
                 "this time)",
                 hint="wire an output the upstream node writes in this case, e.g. select.engine when the candidates "
                 "are engines"))
+        parts, _ = find_stored(ctx.store, parts, ctx.kctx)
         key = parts.key
         previous = previous_manifest(ctx.store, ctx.recipe.id, node.name, ctx.refs_at_start)
         if step.parts is None or step.key != key:  # planned before its inputs were known: say what changed
             step.reasons = explain(parts, previous)
         again = node.name in ctx.options.rerun  # `--rerun`: measure again, whatever is stored or cached
-        reused = None if again else self._reuse(node, key, "identical result already in the store", upstream)
+        reused = None if again else self._reuse(node, parts, "identical result already in the store", upstream)
         if reused is not None:
             return reused
         if stage.check is not None:
@@ -115,31 +116,42 @@ class Lifecycle:
         if isinstance(lock, NodeResult):
             return Finished(lock)
         try:
-            reused = None if again else self._reuse(node, key, "built meanwhile by another trtflow run", upstream)
+            reused = None if again else self._reuse(node, parts, "built meanwhile by another trtflow run", upstream)
             if reused is not None:
                 return reused
             if not again and self._pull(node, key):
-                reused = self._reuse(node, key, f"pulled from the remote cache {ctx.cache.url}", upstream)
+                reused = self._reuse(node, parts, f"pulled from the remote cache {ctx.cache.url}", upstream)
                 if reused is not None:
                     return reused
             built = self.builder.build(step, parts, key, allocation, upstream, previous, started)
             if built.manifest is None:
                 return Finished(built.result)
-            ctx.observers.result_used(node.name, key)  # durable in refs before anyone hears the node is done
-            self._push(node.name, key)
+            committed = built.manifest["key"]  # with the modules its code was seen importing
+            self._note_deps(built.manifest)
+            ctx.observers.result_used(node.name, committed)  # durable in refs before anyone hears the node is done
+            self._push(node.name, committed)
             return self._deliver(built.result, built.manifest, upstream)
         finally:
             lock.release()
 
     # ----------------------------------------------------------------- the store and the remote cache
-    def _reuse(self, node: ConcreteNode, key: str, why: str, upstream: Upstream | None = None) -> Finished | None:
+    def _reuse(self, node: ConcreteNode, parts: KeyParts, why: str,
+               upstream: Upstream | None = None) -> Finished | None:
         ctx = self.ctx
-        manifest = ctx.store.read_manifest(key)
-        if manifest is None or not ctx.store.intact(manifest, ctx.journal):
+        found, manifest = find_stored(ctx.store, parts, ctx.kctx)
+        if manifest is None:
             return None
-        ctx.observers.result_used(node.name, key)
-        res = NodeResult(node.name, node.stage, CACHED, why, key, summary=manifest.get("summary", {}))
+        self._note_deps(manifest)
+        ctx.observers.result_used(node.name, found.key)
+        res = NodeResult(node.name, node.stage, CACHED, why, found.key, summary=manifest.get("summary", {}))
         return self._deliver(res, manifest, upstream)
+
+    def _note_deps(self, manifest: dict[str, Any]) -> None:
+        """Index the module set of a result of python: code under its pre-key, so the next plan finds it."""
+        note = getattr(self.ctx.journal, "note_dep_set", None)
+        pre, deps, absent = manifest.get("pre"), manifest.get("deps"), manifest.get("absent")
+        if note is not None and isinstance(pre, str) and isinstance(deps, dict) and isinstance(absent, list):
+            note(pre, (tuple(sorted(deps)), tuple(sorted(absent))))
 
     def _key_lock(self, node: ConcreteNode, key: str) -> Any:
         """The lock of ``key`` (every trtflow run on this store builds it once), or the result of waiting."""

@@ -97,7 +97,7 @@ class LocalExecutor:
             status = CRASHED
         return Outcome(status, summary=result.get("summary") or {}, error=result.get("error"),
                        hint=result.get("hint"), exit_code=handle.exit_code, peak_rss=handle.maxrss,
-                       error_code=result.get("error_code"))
+                       error_code=result.get("error_code"), deps=result.get("deps"))
 
     def _start(self, job: Job, env: dict[str, str | None]) -> _Handle:
         if self._server is not None and self._server.alive:
@@ -215,7 +215,7 @@ class InlineExecutor:
         result = run_job(job, get_stage)
         write_result(job, result)
         return Outcome(result["status"], summary=result.get("summary") or {}, error=result.get("error"),
-                       hint=result.get("hint"), error_code=result.get("error_code"))
+                       hint=result.get("hint"), error_code=result.get("error_code"), deps=result.get("deps"))
 
     def interrupt(self) -> None:
         return None

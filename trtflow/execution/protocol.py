@@ -88,6 +88,8 @@ class Outcome:
     # outputs already stored elsewhere (a remote cache) by the executor: name -> {digest, size, filename, kind};
     # None: the outputs are files in job.out_dir
     stored_outputs: dict[str, dict[str, Any]] | None = None
+    # the project modules the stage's python: code imported while it ran (`depfile.Deps.as_json`); None: not recorded
+    deps: dict[str, Any] | None = None
 
 
 def unwritten_outputs(stage: str, outputs: Mapping[str, Any], present: Container[str]) -> str | None:

@@ -141,9 +141,12 @@ class Runner:
     def _record_fresh(self, fresh: list[Step], results: dict[str, NodeResult], ledger: Ledger) -> None:
         """The plan's up-to-date nodes: in the ledger, their outputs under build/, their gates judged as planned."""
         done = []
+        note = getattr(self.journal, "note_dep_set", None)
         for step in fresh:
             name = step.node.name
             manifest = step.manifest or {}
+            if note is not None and step.parts is not None and step.parts.runs_code and step.key is not None:
+                note(step.parts.pre_key, step.parts.dep_set)  # the set the plan found it by: found again next time
             has_gate = self.graph.stages[step.node.stage].gate is not None
             ledger.record(name, Produced.from_manifest(manifest, list(step.gate_failures) if has_gate else None))
             outputs: dict[str, Path] = {}

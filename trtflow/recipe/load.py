@@ -73,6 +73,8 @@ class LoadedRecipe:
     path: Path
     marks: Marks
     sources: dict[Path, str] = field(default_factory=dict)  # every recipe file read (extends too) -> its text
+    # each `extends` as written (after ${VAR}), the folder it is relative to, and the file it resolved to
+    extends: list[tuple[str, Path, Path]] = field(default_factory=list)
 
     @property
     def directory(self) -> Path:
@@ -135,7 +137,7 @@ def _read_text(path: Path, display: str) -> str:
 
 
 def _read_raw(path: Path, stack: tuple[Path, ...], roots: list[Path], budget: Budget,
-              sources: dict[Path, str]) -> tuple[dict, Marks]:
+              sources: dict[Path, str], extends: list[tuple[str, Path, Path]]) -> tuple[dict, Marks]:
     display = _display(path)
     if len(stack) > _MAX_EXTENDS_DEPTH:
         raise RecipeError(f"recipe 'extends' chain deeper than {_MAX_EXTENDS_DEPTH}", Location(display, 0, 0))
@@ -161,7 +163,8 @@ def _read_raw(path: Path, stack: tuple[Path, ...], roots: list[Path], budget: Bu
         raise RecipeError(f"recipes extend each other in a cycle: {chain}", where, "extends")
     if not base_path.exists():
         raise RecipeError(f"base recipe {base_ref!r} not found (looked at {_display(base_path)})", where, "extends")
-    base, base_marks = _read_raw(base_path, (*stack, base_path), roots, budget, sources)
+    extends.append((base_ref, path.parent, base_path))
+    base, base_marks = _read_raw(base_path, (*stack, base_path), roots, budget, sources, extends)
     data = dict(data)
     data.pop("extends")
     return merge_recipes(base, base_marks, data, marks)
@@ -278,13 +281,14 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
     path = Path(path).resolve()
     budget = Budget()
     sources: dict[Path, str] = {}
-    data, marks = _read_raw(path, (path,), allowed_roots_for(path.parent), budget, sources)
+    extends: list[tuple[str, Path, Path]] = []
+    data, marks = _read_raw(path, (path,), allowed_roots_for(path.parent), budget, sources, extends)
     apply_overrides(data, marks, overrides, budget)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc, marks, (), Recipe) from None
-    return LoadedRecipe(recipe=recipe, path=path, marks=marks, sources=sources)
+    return LoadedRecipe(recipe=recipe, path=path, marks=marks, sources=sources, extends=extends)
 
 
 def validation_error(exc: Any, marks: Marks, prefix: Path_, model: Any = None,

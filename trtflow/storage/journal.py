@@ -1,10 +1,12 @@
 """SQLite journal: runs, node states and timings (for status, show and reports), the history of measured figures
-(`trtflow history`), and the file-hash stat cache.
+(`trtflow history`), the file-hash stat cache, and the index of the module sets `python:` code was recorded
+importing (by pre-key, see `plan`).
 
 The journal is history, not truth: objects, manifests and refs are. So every SQLite failure becomes a
 `StoreError` that says what happened and what to do (a damaged journal is reset by `trtflow verify --fix`
 without losing a stored result), read-only stores are opened read-only for the commands that only read, and
-the stat cache (an optimisation) never fails a command.
+the stat cache and the module-set index (optimisations: losing them costs re-hashing and rebuilds, never a wrong
+reuse) never fail a command.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 from trtflow.errors import StoreBusy, StoreError
 
-FORMAT = 2  # PRAGMA user_version; 0 = the first release's journal (no recipe_id column)
+FORMAT = 3  # PRAGMA user_version; 0 = the first release's journal (no recipe_id column); 3: ctime in the stat cache
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -43,9 +45,13 @@ CREATE TABLE IF NOT EXISTS history (
 );
 CREATE INDEX IF NOT EXISTS history_series ON history(recipe_id, node, figure, recorded);
 CREATE TABLE IF NOT EXISTS stat_cache (
-    path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, inode INTEGER, digest TEXT
+    path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER, inode INTEGER, digest TEXT
+);
+CREATE TABLE IF NOT EXISTS dep_sets (
+    pre TEXT, deps TEXT, used REAL, PRIMARY KEY (pre, deps)
 );
 """
+DEP_SETS_TRIED = 64  # the module sets the planner tries per pre-key, most recently used first
 
 _RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
@@ -310,24 +316,56 @@ class Journal:
         return bool(rows.fetchall())
 
     # ----- stat cache (fingerprint.StatCache protocol): an optimisation, so it never fails a command
-    def get(self, path: str, size: int, mtime_ns: int, inode: int) -> str | None:
+    def get(self, path: str, sig: tuple[int, int, int, int]) -> str | None:
+        """The digest recorded for ``path`` if its signature (size, mtime, ctime, inode) is still ``sig``."""
         try:
             with self._lock:
-                row = self.conn.execute("SELECT size, mtime_ns, inode, digest FROM stat_cache WHERE path = ?",
-                                        (path,)).fetchone()
+                row = self.conn.execute("SELECT size, mtime_ns, ctime_ns, inode, digest FROM stat_cache "
+                                        "WHERE path = ?", (path,)).fetchone()
         except (sqlite3.Error, StoreError):
             return None
-        if row and row[0] == size and row[1] == mtime_ns and row[2] == inode:
-            return row[3]
+        if row and tuple(row[:4]) == tuple(sig):
+            return row[4]
         return None
 
-    def put(self, path: str, size: int, mtime_ns: int, inode: int, digest: str) -> None:
+    def put(self, path: str, sig: tuple[int, int, int, int], digest: str) -> None:
+        if self.readonly:
+            return
+        size, mtime_ns, ctime_ns, inode = sig
+        try:
+            with self._lock:
+                self.conn.execute("INSERT OR REPLACE INTO stat_cache (path, size, mtime_ns, ctime_ns, inode, digest) "
+                                  "VALUES (?, ?, ?, ?, ?, ?)", (path, size, mtime_ns, ctime_ns, inode, digest))
+        except (sqlite3.Error, StoreError):
+            return
+
+
+    # ----- module sets recorded by pre-key (plan.DepIndex protocol): an optimisation, so it never fails a command
+    def dep_sets(self, pre: str) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+        """The module sets recorded for ``pre``, most recently used first: (file labels, empty slot labels)."""
+        try:
+            with self._lock:
+                rows = self.conn.execute("SELECT deps FROM dep_sets WHERE pre = ? ORDER BY used DESC LIMIT ?",
+                                         (pre, DEP_SETS_TRIED)).fetchall()
+        except (sqlite3.Error, StoreError):
+            return []
+        found = []
+        for (text,) in rows:
+            try:
+                files, absent = json.loads(text)
+                found.append((tuple(str(f) for f in files), tuple(str(a) for a in absent)))
+            except (ValueError, TypeError):
+                continue
+        return found
+
+    def note_dep_set(self, pre: str, deps: tuple[tuple[str, ...], tuple[str, ...]]) -> None:
+        """Record that a result under ``pre`` was made (or used) with the module set ``deps``."""
         if self.readonly:
             return
         try:
             with self._lock:
-                self.conn.execute("INSERT OR REPLACE INTO stat_cache VALUES (?, ?, ?, ?, ?)",
-                                  (path, size, mtime_ns, inode, digest))
+                self.conn.execute("INSERT OR REPLACE INTO dep_sets (pre, deps, used) VALUES (?, ?, ?)",
+                                  (pre, json.dumps([list(deps[0]), list(deps[1])]), time.time()))
         except (sqlite3.Error, StoreError):
             return
 
@@ -354,6 +392,10 @@ def _migrate(conn: sqlite3.Connection) -> None:
     node_columns = {row[1] for row in conn.execute("PRAGMA table_info(node_runs)").fetchall()}
     if "peak_rss" not in node_columns:
         conn.execute("ALTER TABLE node_runs ADD COLUMN peak_rss INTEGER")
+    cache_columns = {row[1] for row in conn.execute("PRAGMA table_info(stat_cache)").fetchall()}
+    if "ctime_ns" not in cache_columns:  # entries without a ctime cannot tell a restored mtime: start afresh
+        conn.execute("DROP TABLE stat_cache")
+        conn.executescript(SCHEMA)
     conn.execute(f"PRAGMA user_version = {FORMAT}")
 
 

@@ -121,15 +121,16 @@ def confined(folder: Path, name: object) -> Path | None:
 
 
 def made_by_us(path: Path, record: Any) -> bool:
-    """``path`` is a regular file with the size, mtime and inode the index recorded when trtflow made it."""
+    """``path`` is a regular file with the size, mtime, ctime and inode the index recorded when trtflow made it (a
+    copy edited in place with its size and mtime restored has another ctime: it is the user's now)."""
     if not isinstance(record, Mapping):
         return False
     try:
         st = path.lstat()
     except OSError:
         return False
-    return stat.S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns, st.st_ino) == (
-        record.get("size"), record.get("mtime_ns"), record.get("ino"))
+    return stat.S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) == (
+        record.get("size"), record.get("mtime_ns"), record.get("ctime_ns"), record.get("ino"))
 
 
 def materialize(manifest: Mapping[str, Any], dest: Path, object_path: Callable[[str], Path]) -> dict[str, Path]:
@@ -155,7 +156,8 @@ def materialize(manifest: Mapping[str, Any], dest: Path, object_path: Callable[[
         if not (same_key and made_by_us(target, recorded.get(filename))):
             _copy_atomically(object_path(out["digest"]), target)
         st = target.lstat()
-        files[filename] = {"digest": out["digest"], "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
+        files[filename] = {"digest": out["digest"], "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                           "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
     for leftover, record in recorded.items():
         path = confined(folder, leftover) if leftover not in files else None
         if path is not None and made_by_us(path, record):

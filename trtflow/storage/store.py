@@ -15,7 +15,8 @@ Layout under the store root (``.trtflow`` by default):
 
 The store never keeps or serves an object whose bytes do not match its name: a commit re-checks an object that
 is already there (a same-size object damaged in place is replaced, not kept), and `intact` re-hashes an object
-whose (size, mtime, inode) differ from those recorded when it was last verified.
+whose signature (size, mtime, ctime, inode) differs from the one recorded when it was last verified: rewriting an
+object in place changes its ctime even when its size and mtime are restored.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.errors import StoreError, TrtflowError
-from trtflow.fingerprint import StatCache, hash_file_content
+from trtflow.fingerprint import StatCache, hash_file_content, signature
 from trtflow.fsutil import atomic_write_text, fsync_dir
 from trtflow.storage import outputs
 from trtflow.storage.manifest import FORMAT as MANIFEST_FORMAT
@@ -188,7 +189,7 @@ class Store:
             return False
         if not stat.S_ISREG(st.st_mode) or st.st_size != size:
             return False
-        if stat_cache is not None and stat_cache.get(str(path), st.st_size, st.st_mtime_ns, st.st_ino) == digest:
+        if stat_cache is not None and stat_cache.get(str(path), signature(st)) == digest:
             return True
         try:
             actual = hash_file_content(path)
@@ -196,8 +197,8 @@ class Store:
             return False
         if actual != digest:
             return False
-        if stat_cache is not None:
-            stat_cache.put(str(path), st.st_size, st.st_mtime_ns, st.st_ino, digest)
+        if stat_cache is not None and signature(path.lstat()) == signature(st):
+            stat_cache.put(str(path), signature(st), digest)
         return True
 
     # ----- commit
@@ -215,9 +216,8 @@ class Store:
         os.chmod(source, READ_ONLY)
         os.replace(source, target)  # also replaces a damaged object of the same name
         fsync_dir(target.parent)
-        if stat_cache is not None:
-            st = target.stat()
-            stat_cache.put(str(target), st.st_size, st.st_mtime_ns, st.st_ino, digest)
+        if stat_cache is not None:  # written by us, read-only, renamed into place: trusted at once
+            stat_cache.put(str(target), signature(target.stat()), digest)
         return digest, size
 
     def commit(self, key: str, manifest: dict[str, Any], out_dir: Path, outputs: Mapping[str, tuple[str, str]],

@@ -31,7 +31,7 @@ from typing import Any
 import xxhash
 
 from trtflow.errors import TrtflowError
-from trtflow.fingerprint import CHUNK, StatCache
+from trtflow.fingerprint import CHUNK, StatCache, signature
 from trtflow.fsutil import atomic_write_bytes, fsync_dir
 from trtflow.storage.manifest import Problem, check_key, is_key, manifest_problem, outputs_problem
 from trtflow.storage.remote.backend import open_backend
@@ -263,8 +263,7 @@ class RemoteCache:
             target = store.object_path(out["digest"])
             self._pull_object(node, name, out, store, target)
             if stat_cache is not None:
-                st = target.stat()
-                stat_cache.put(str(target), st.st_size, st.st_mtime_ns, st.st_ino, out["digest"])
+                stat_cache.put(str(target), signature(target.stat()), out["digest"])
             copied += 1
             nbytes += out["size"]
         return Transfer(objects=copied, bytes=nbytes, present=present)
