@@ -527,8 +527,6 @@ def _config(transformers: Any, folder: Path) -> Any:
 
 def load_model(folder: Path, task: str | None, shown: str, part: str | None = None) -> HfModel:
     """The folder's model (weights from the folder, nothing downloaded) wrapped for export, with its inputs."""
-    import pickle
-
     transformers = _quiet_transformers()
     raw = read_config(folder)
     chosen = task_of(raw, task)
@@ -539,14 +537,16 @@ def load_model(folder: Path, task: str | None, shown: str, part: str | None = No
     try:
         model, info = auto.from_pretrained(str(folder), local_files_only=True, attn_implementation="eager",
                                            output_loading_info=True)
-    except pickle.UnpicklingError as error:  # a .bin holding more than tensors: torch's weights_only refuses it
-        raise StageFailed(f"{shown!r} holds .bin weights with Python objects other than tensors, which torch's "
-                          f"weights_only unpickler refuses to load: {' '.join(str(error).split())[:200]}",
-                          hint="save the weights as safetensors (model.save_pretrained(folder) writes them)") from error
     except (ValueError, KeyError, OSError, RuntimeError) as error:
         raise StageFailed(f"transformers cannot load {shown!r} for task {chosen}: {' '.join(str(error).split())[:400]}",
                           hint="check config.json's model_type and architectures, or set task: to what the "
                           f"weights are for ({', '.join(supported_tasks(raw))})") from error
+    except Exception as error:  # a .bin holding more than tensors: torch's weights_only unpickler refuses it
+        if type(error).__name__ != "UnpicklingError":
+            raise
+        raise StageFailed(f"{shown!r} holds .bin weights with Python objects other than tensors, which torch's "
+                          f"weights_only unpickler refuses to load: {' '.join(str(error).split())[:200]}",
+                          hint="save the weights as safetensors (model.save_pretrained(folder) writes them)") from error
     missing = sorted(info.get("missing_keys") or [])
     if missing:
         shown_keys = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
