@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import Field, model_validator
 
+from trtflow.digits import distinct
 from trtflow.stage import StageFailed, StageParams
 
 Precision = Literal["fp32", "tf32", "fp16", "bf16", "int8", "fp8", "int4", "fp4"]
@@ -234,15 +235,8 @@ def _ratio(value: float, limit: float) -> float:
 
 def _fmt(value: float, bound: float | None = None) -> str:
     """``value`` in 4 significant digits, or as many more as it takes to differ from ``bound`` when it does (a
-    cosine similarity of 0.9999899 against a min of 0.99999 is not "1")."""
-    text = f"{value:.4g}"
-    if bound is None or value == bound or math.isnan(value):
-        return text
-    for digits in range(4, 17):
-        text = f"{value:.{digits}g}"
-        if text != f"{bound:.{digits}g}" and float(text) != bound:
-            return text
-    return repr(value)
+    cosine similarity of 0.9999899 against a min of 0.99999 is not "1"): `trtflow.digits.distinct`."""
+    return distinct(value, () if bound is None else (bound,), least=4)
 
 
 def judge_output(name: str, entry: Mapping[str, Any], tolerance: Mapping[str, Any]) -> list[str]:

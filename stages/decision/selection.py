@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from trtflow.digits import distinct
 from trtflow.stage import StageParams
 
 from ..measure.compare import RUN_TO_RUN_PERCENT, latency_figure, throughput_figure, unmeasurable
@@ -397,21 +398,27 @@ CRITERION_TEXT = {"accuracy": "accuracy (cosine similarity)", "size": "size", "l
                   "throughput": "throughput"}
 
 
-def _show(criterion: str, row: Mapping[str, Any], stat: str, other: Mapping[str, Any] | None = None) -> str:
+def _show(criterion: str, row: Mapping[str, Any], stat: str, against: Sequence[Mapping[str, Any]] = ()) -> str:
+    """A candidate's figure for a tie-breaker; a cosine similarity with enough digits to tell it from those of the
+    candidates in ``against`` (0.99999992 vs 1, not 1 vs 1)."""
     if criterion == "accuracy":
         value = (row.get("validation") or {}).get("cosine_similarity")
-        theirs = ((other or {}).get("validation") or {}).get("cosine_similarity")
-        digits = 6  # enough to tell it from the other side's figure (0.99999992 vs 1, not 1 vs 1)
-        while _number(value) and _number(theirs) and value != theirs and digits < 12 and \
-                f"{value:.{digits}g}" == f"{theirs:.{digits}g}":
-            digits += 1
-        return f"{value:.{digits}g}" if _number(value) else "none"
+        theirs = [(other.get("validation") or {}).get("cosine_similarity") for other in against]
+        return distinct(value, theirs, least=6) if _number(value) else "none"
     if criterion == "size":
         return f"{row['size_bytes'] / 1e6:.3g} MB"
     point = row.get("operating_point") or {}
     if criterion == "latency":
         return f"{stat} {point['latency_ms']:.4g} ms" if _number(point.get("latency_ms")) else "none"
     return f"{point['throughput_qps']:.4g} qps" if _number(point.get("throughput_qps")) else "none"
+
+
+def _chosen_text(criterion: str, winner: Mapping[str, Any], others: Sequence[Mapping[str, Any]], stat: str) -> str:
+    """How the tie-breaker that decided sets the winner apart from the candidates tied with it: "; chosen by
+    accuracy: cosine similarity 1 vs 0.99999994 for fp16" (each figure named, none left bare)."""
+    label = "cosine similarity " if criterion == "accuracy" else ""
+    versus = ", ".join(f"{_show(criterion, other, stat, [winner])} for {other['name']}" for other in others)
+    return f"; chosen by {criterion}: {label}{_show(criterion, winner, stat, others)} vs {versus}"
 
 
 def _value_text(value: float, goal: str, interval: Sequence[float] | None = None) -> str:
@@ -602,7 +609,7 @@ def _reason(row: Mapping[str, Any], winner: Mapping[str, Any], best: Mapping[str
             return f"selected: {objective_text} ({shown}) among {eligible_count} eligible{together}"
         others = [r for r in tied if r["name"] != winner["name"]]
         decided_by = next((c for c in order if any(_tie_key(o, c) != _tie_key(winner, c) for o in others)), None)
-        how = f"; chosen by {CRITERION_TEXT[decided_by]} ({_show(decided_by, winner, stat)})" if decided_by else ""
+        how = _chosen_text(decided_by, winner, others, stat) if decided_by else ""
         unmeasured = [r for r in tied if r.get("unmeasurable")]
         if unmeasured:
             return (f"selected: {objective_text} ({shown}); "
@@ -623,8 +630,9 @@ def _reason(row: Mapping[str, Any], winner: Mapping[str, Any], best: Mapping[str
         if criterion is None:
             return (f"{standing} and on every tie-breaker; {winner['name']} is better on the objective or first by "
                     "name")
-        return (f"{standing}; lost the tie-break on {CRITERION_TEXT[criterion]}: {_show(criterion, row, stat, winner)} "
-                f"vs {_show(criterion, winner, stat, row)}")
+        return (f"{standing}; lost the tie-break on {CRITERION_TEXT[criterion]}: "
+                f"{_show(criterion, row, stat, [winner])} vs {_show(criterion, winner, stat, [row])} "
+                f"for {winner['name']}")
     ratio = row_ratio(row)
     if _lower_is_better(goal):
         factor = f"{ratio.value:.3g}x {'slower' if goal in TIME_GOALS else 'larger'}"

@@ -63,7 +63,7 @@ def test_ties_within_tolerance_go_to_the_tie_breakers():
     assert "lost the tie-break on accuracy (cosine similarity): 0.997 vs 1" in by_name(accurate)["int8"]["reason"]
     small = decide(candidates(), Params.model_validate(
         {"objective": {"batch_size": 1}, "tie_breakers": {"order": ["size"]}}))
-    assert small["selected"] == "int8" and "chosen by size (1 MB)" in by_name(small)["int8"]["reason"]
+    assert small["selected"] == "int8" and "chosen by size: 1 MB vs 4 MB for fp32" in by_name(small)["int8"]["reason"]
     # 1% apart: within the host's run-to-run allowance even with no tolerance; with neither, int8 wins
     allowed = decide(candidates(), Params.model_validate(
         {"objective": {"batch_size": 1}, "tie_breakers": {"tolerance_percent": 0}}))
@@ -295,7 +295,7 @@ def test_a_win_needs_confidence_beyond_the_tolerance_else_the_tie_breakers_decid
     rows = by_name(tie)
     assert tie["selected"] == "fp32" and tie["tie_within_noise"] and tie["tied"] == ["fp32", "int8"]
     assert rows["fp32"]["reason"].startswith("selected: tie within noise on lowest p50 latency at batch 8")
-    assert "chosen by accuracy (cosine similarity)" in rows["fp32"]["reason"]
+    assert "chosen by accuracy: cosine similarity 1 vs 0.997 for int8" in rows["fp32"]["reason"]
     assert "tie within noise with fp32" in rows["int8"]["reason"] and "lost the tie-break on accuracy" in \
         rows["int8"]["reason"]
     # the decision is a function of the figures: the same inputs always give the same choice
@@ -393,3 +393,15 @@ def test_run_times_the_finalists_together_on_onnxruntime(tmp_path, tiny_mlp_onnx
     _, stored = _run(tmp_path / "again", inputs, sources, {})
     assert stored["finalists"] == {"measured": False,
                                    "why": "simplify's benchmark does not record the shapes of batch 2"}
+
+
+def test_a_tie_break_on_accuracy_names_both_figures_with_the_digits_that_tell_them_apart():
+    # fp16 within 1e-7 of fp32's exact 1: both print "1" at 6 digits; the reason must not read "1 vs 1" or "(1)"
+    items = [Candidate("fp32", "onnx", 4_000_000, "fp32", validation=valid("v-fp32", 1.0),
+                       benchmark=bench("b-fp32", [(1, 1.0)])),
+             Candidate("fp16", "onnx", 2_000_000, "fp16", validation=valid("v-fp16", 0.99999994),
+                       benchmark=bench("b-fp16", [(1, 1.0)]))]
+    rows = by_name(decide(items, Params()))
+    assert rows["fp32"]["reason"].endswith("; chosen by accuracy: cosine similarity 1 vs 0.9999999 for fp16")
+    assert rows["fp16"]["reason"].endswith("lost the tie-break on accuracy (cosine similarity): 0.9999999 vs 1 for "
+                                           "fp32")
