@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -240,6 +241,8 @@ class ConsoleHooks(Hooks):
                 parts.append(f"{blocked} not run")
             self._print(("[green]Done[/]" if summary.ok else "[red]Failed[/]") + f" in {seconds:.1f}s: "
                         + ", ".join(parts) + ".")
+        for line in decision_lines(results.values()):
+            print(hide(line), flush=True)  # plain: the no-op path never imports rich, and a reason is no markup
         if not summary.ok:
             self._print(f"Fix the problem above, then resume (finished nodes are kept):\n  {escape(resume)}")
         if output_dir is not None and not self.quiet and (done or reused):
@@ -247,6 +250,14 @@ class ConsoleHooks(Hooks):
             for name, res in results.items():
                 for path in res.outputs.values():
                     self._print(f"  {escape(name):<{self.width}} {escape(_rel(path))}")
+
+
+def decision_lines(results: Iterable[NodeResult]) -> list[str]:
+    """What each chooser node (``select``) of the run chose and why, one line each, with the flags of the
+    benchmarks it rested on (`report.decision.headline`); from the stored result when the node was up to date."""
+    from trtflow.report.decision import headline, is_selection
+
+    return [headline(res.node, res.summary) for res in results if is_selection(res.summary)]
 
 
 def _log_tail(path: Path, lines: int, error: str = "") -> str:

@@ -121,3 +121,44 @@ def gate_notes(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                           "estimate": verdict.estimate, "interval": list(interval) if interval else None,
                           "on_inconclusive": verdict.on_inconclusive})
     return sorted(notes, key=lambda note: (not note["primary"], note["verdict"] == "pass"))
+
+
+def benchmark_flags(summary: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Per benchmark node a selection rested on, the flags its measurements carry (``busy-host``,
+    ``not-converged``, ...: `measure.stats`, `measure.windows`, `measure.interference`), each with where it was
+    raised (batch size or concurrency), and the candidates select found unmeasurable (the benchmark waited for a
+    CPU most of the time)."""
+    flags: dict[str, list[str]] = {}
+    for c in summary.get("candidates") or []:
+        bench = c.get("benchmark") or {}
+        node = bench.get("node") or c.get("name")
+        raised: dict[str, list[str]] = {}
+        for p in bench.get("points") or []:
+            for flag in p.get("flags") or []:
+                raised.setdefault(str(flag), []).append(f"batch {p.get('batch_size')}")
+        for level in bench.get("generation") or []:
+            for flag in level.get("flags") or []:
+                raised.setdefault(str(flag), []).append(f"concurrency {level.get('concurrency')}")
+        found = [f"{flag} ({', '.join(dict.fromkeys(where))})" for flag, where in sorted(raised.items())]
+        if c.get("unmeasurable") or (summary.get("unmeasurable") or {}).get(c.get("name")):
+            found.append("unmeasurable")
+        if found:
+            flags[str(node)] = found
+    return flags
+
+
+def headline(node: str, summary: Mapping[str, Any]) -> str:
+    """One line: what a chooser node chose and why (its winner's reason: the objective, the figure with its 95%
+    interval, the margin or the tie-break), and the flags of the benchmarks it rested on. Plain text."""
+    objective = (summary.get("objective") or {}).get("description") or "its objective"
+    selected = summary.get("selected")
+    if selected is None:
+        line = f"{node}: no candidate qualifies for {objective}"
+    else:
+        winner = next((c for c in summary["candidates"] if c.get("name") == selected), {})
+        reason = (winner.get("reason") or objective).removeprefix("selected: ")
+        line = f"{node}: chose {selected}: {reason}"
+    flags = benchmark_flags(summary)
+    if flags:
+        line += "; benchmarks flagged: " + "; ".join(f"{bench} {', '.join(found)}" for bench, found in flags.items())
+    return line
