@@ -47,6 +47,14 @@ def _console(stderr: bool = False) -> Any:
     return Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
+def _whole_lines_console() -> Any:
+    """A console for stdout that is not a terminal: tables as wide as their content (rich would cut them to
+    $COLUMNS, or 80), so that a script, grep or a CI log gets whole ids and names."""
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True, width=100_000, color_system=None)
+
+
 def _emit(text: str, output: Path | None) -> None:
     """Write ``text`` to ``output`` (saying so on stderr) or to stdout."""
     if output:
@@ -261,6 +269,8 @@ def status(
     from rich.table import Table
 
     console = _console()
+    if not console.is_terminal:  # a pipe or a file: whole run ids and recipe names, never cut to 80 columns
+        console = _whole_lines_console()
     table = Table(title="recent runs", box=None, header_style="bold")
     for col in ("run", "recipe", "started", "duration", "status"):
         table.add_column(col)
@@ -289,9 +299,12 @@ def show(
     node: Annotated[str, typer.Argument(help="Node name (as listed by `trtflow plan`), or a matrix node's name.")],
     store: StoreOpt = None,
     set_: SetOpt = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="yaml or json.")] = "yaml",
+    as_json: Annotated[bool, typer.Option("--json", help="The same as --format json.")] = False,
 ) -> None:
-    """Everything about one node: params, key, inputs, outputs, log, timings, summary."""
+    """Everything about one node: params, key, inputs, outputs, log, timings, summary (YAML, or JSON)."""
+    if fmt not in ("yaml", "json"):
+        raise UsageError(f"--format {fmt!r}: expected yaml or json")
     from trtflow.environment import Environment
     from trtflow.pipeline import default_store, load_pipeline
     from trtflow.plan import make_plan
@@ -329,27 +342,15 @@ def show(
             "peak_rss": (manifest or {}).get("peak_rss"), "last_run": last,
             "verdicts": [v.as_dict() for v in step.verdicts],  # its gates as they judge the stored result now
         })
-    if as_json:
-        print(json.dumps(infos[0] if len(infos) == 1 else infos, indent=1, default=str))
-        return
-    from rich.pretty import Pretty
+    from trtflow.redact import hide
 
-    console = _console()
-    for info in infos:
-        console.print(f"[bold]{info['node']}[/] ({info['stage']}): {info['status']}: {info['reason']}")
-        for key in ("key", "built_key", "built_in_run", "inputs", "params", "matrix", "facts", "outputs", "summary",
-                    "verdicts", "duration", "peak_rss"):
-            if info[key] not in (None, {}, []):
-                console.print(f"[bold]{key}[/]:", Pretty(info[key]))
-        last = info["last_run"]
-        if last:
-            console.print(
-                f"[bold]last run[/]: {last['status']} in run {last['run_id']}"
-                + (f", {last['duration']:.1f}s" if last["duration"] else "")
-                + (f", log {last['log_path']}" if last["log_path"] else "")
-            )
-            if last.get("error"):
-                console.print(f"[bold]error[/]: {last['error']}")
+    data = infos[0] if len(infos) == 1 else infos
+    text = json.dumps(data, indent=1, default=str)
+    if not as_json and fmt == "yaml":
+        import yaml
+
+        text = yaml.safe_dump(json.loads(text), sort_keys=False, allow_unicode=True, width=1_000_000).rstrip("\n")
+    print(hide(text))
 
 
 # ----------------------------------------------------------------------------- report
