@@ -28,9 +28,21 @@ def collect(journal: Journal, recipe: str) -> dict[str, Any]:
             last = journal.last_executed(row["node"], recipe_file)
             if last and last["summary"]:
                 summary = json.loads(last["summary"])
-        nodes.append({k: row[k] for k in ("node", "stage", "status", "reason", "duration", "log_path", "error",
-                                          "key")} | {"summary": summary})
+        node = {k: row[k] for k in ("node", "stage", "status", "reason", "duration", "log_path", "error", "key")}
+        nodes.append(node | {"summary": summary, "run_duration": row["duration"], **_origin(journal, row)})
     return {"recipe": recipe, "recipe_file": recipe_file, "run": run, "nodes": nodes}
+
+
+def _origin(journal: Journal, row: dict[str, Any]) -> dict[str, Any]:
+    """Where a result this run reused (up to date, or taken from the cache) was built: ``built_in_run`` and, as
+    ``duration``, the time that build took (the time the result cost, not the 0 s of reusing it); nothing for a
+    node this run executed, or whose build the journal no longer holds."""
+    if row["status"] not in ("fresh", "cached") or not row["key"]:
+        return {}
+    built = journal.built(row["key"])
+    if built is None or built["run_id"] == row["run_id"]:
+        return {}
+    return {"built_in_run": built["run_id"], "duration": built["duration"]}
 
 
 def render(journal: Journal, recipe: str, fmt: str) -> str:
@@ -74,8 +86,16 @@ def _node_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Nodes with their flattened metrics (a chooser's summary is the decision table instead)."""
     from trtflow.report.decision import is_selection
 
-    return [dict(n, metrics=[] if is_selection(n["summary"])
+    return [dict(n, detail=_detail(n), metrics=[] if is_selection(n["summary"])
                  else [(k, _fmt(v)) for k, v in _flat_metrics(n["summary"])]) for n in data["nodes"]]
+
+
+def _detail(node: dict[str, Any]) -> str:
+    """A node's error or reason; for a reused result, the run that built it (its time is that build's)."""
+    text = node["error"] or node["reason"] or ""
+    if node.get("built_in_run"):
+        text += f" (reused from run {node['built_in_run']}, which took the time shown)"
+    return text
 
 
 def _template(name: str, autoescape: bool) -> Any:
@@ -188,11 +208,20 @@ def to_junit(data: dict[str, Any]) -> str:
             body = f'<skipped message="{message}"/>'
         else:
             body = ""
+        properties, out = [], []
         warned = [v.reason for v in verdicts if v.primary and v.outcome == "inconclusive" and not v.blocking]
         if warned:
-            text = "\n".join(f"gate inconclusive (on_inconclusive: warn): {m}" for m in warned)
-            body = ('<properties><property name="gate" value="inconclusive"/></properties>' + body +
-                    f"<system-out>{xml_escape(text)}</system-out>")
+            properties.append(("gate", "inconclusive"))
+            out += [f"gate inconclusive (on_inconclusive: warn): {m}" for m in warned]
+        if n.get("built_in_run"):  # time= is what the result cost when it was built, not the 0 s of reusing it
+            properties.append(("reused_from_run", n["built_in_run"]))
+            out.append(f"reused: the result of run {n['built_in_run']} (built in {(n['duration'] or 0):.3f}s)")
+        if properties:
+            quote = {'"': "&quot;"}
+            body = "<properties>" + "".join(f'<property name="{xml_escape(k, quote)}" value="{xml_escape(v, quote)}"/>'
+                                            for k, v in properties) + "</properties>" + body
+        if out:
+            body += f"<system-out>{xml_escape(chr(10).join(out))}</system-out>"
         cases.append(f"  <testcase {attrs}>{body}</testcase>")
     return (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
