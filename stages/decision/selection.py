@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from trtflow.digits import distinct
+from trtflow.digits import decimals_apart, distinct
 from trtflow.stage import StageParams
 
 from ..measure.compare import RUN_TO_RUN_PERCENT, latency_figure, throughput_figure, unmeasurable
@@ -669,6 +669,8 @@ def table(selection: Mapping[str, Any]) -> str:
     stat = selection["objective"]["percentile"]
     header = ("candidate", "kind", "precision", "size MB", "cosine", "valid", f"{stat} ms", "qps", "at", "verdict")
     lines = [header]
+    decimals = decimals_apart([(r.get("validation") or {}).get("cosine_similarity") for r in selection["candidates"]],
+                              least=5)
     for row in selection["candidates"]:
         validation = row.get("validation") or {}
         point = row.get("operating_point") or {}
@@ -676,7 +678,7 @@ def table(selection: Mapping[str, Any]) -> str:
         verdict = "SELECTED" if row["name"] == selection["selected"] else row["reason"]
         lines.append((
             row["name"], row["kind"], row.get("precision") or "-", f"{row['size_bytes'] / 1e6:.3g}",
-            f"{cosine:.5f}" if _number(cosine) else "-",
+            f"{cosine:.{decimals}f}" if _number(cosine) else "-",
             "-" if not validation else ("pass" if validation.get("passed") else "FAIL"),
             f"{point['latency_ms']:.4g}" if _number(point.get("latency_ms")) else "-",
             f"{point['throughput_qps']:.4g}" if _number(point.get("throughput_qps")) else "-",

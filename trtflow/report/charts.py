@@ -38,32 +38,43 @@ def _status_color(alt: Any) -> Any:
 
 def accuracy_latency(rows: Sequence[dict[str, Any]], latency_title: str) -> str:
     """Accuracy (cosine similarity to the reference) against latency, the Pareto front joined by a line."""
+    chart = accuracy_latency_chart(rows, latency_title)
+    return render_svg(chart) if chart is not None else ""
+
+
+def accuracy_latency_chart(rows: Sequence[dict[str, Any]], latency_title: str) -> Any:
+    """The chart of `accuracy_latency` (None: nothing to draw). The selected candidate is drawn last, as a larger
+    ringed marker: candidates with the same figures (fp32 and fp16 both at cosine 1) never hide it."""
     points = [{"candidate": r["name"], "status": r["status"], "latency_ms": r["operating_latency"],
                "cosine": r["cosine"], "pareto": r["pareto"], **_bounds(r.get("operating_latency_ci"),
                                                                       r["operating_latency"])}
               for r in rows if r["operating_latency"] is not None and r["cosine"] is not None]
     if not points:
-        return ""
+        return None
     for i, point in enumerate(sorted(points, key=lambda p: p["latency_ms"])):
         point["above"] = i % 2 == 0  # neighbours' labels go above and below: close points stay legible
+    points.sort(key=lambda p: p["status"] == "selected")  # drawn in order: the selected one last, on top
     alt = _altair()
     data = alt.Data(values=points)
     x = alt.X("latency_ms:Q", title=latency_title, scale=alt.Scale(zero=False, nice=True))
     y = alt.Y("cosine:Q", title="cosine similarity to the reference", scale=alt.Scale(zero=False, nice=True))
     front = alt.Chart(alt.Data(values=sorted((p for p in points if p["pareto"]), key=lambda p: p["latency_ms"]))) \
         .mark_line(strokeDash=[6, 3], color="#fd8d3c", interpolate="step-after").encode(x=x, y=y)
-    dots = alt.Chart(data).mark_point(filled=True, size=120).encode(
-        x=x, y=y, color=_status_color(alt),
-        shape=alt.Shape("pareto:N", title="Pareto front", scale=alt.Scale(domain=[True, False],
-                                                                          range=["diamond", "circle"])))
+    shape = alt.Shape("pareto:N", title="Pareto front", scale=alt.Scale(domain=[True, False],
+                                                                        range=["diamond", "circle"]))
+    others = alt.Chart(data).transform_filter(alt.datum.status != "selected").mark_point(filled=True, size=120) \
+        .encode(x=x, y=y, color=_status_color(alt), shape=shape)
+    selected = alt.Chart(data).transform_filter(alt.datum.status == "selected") \
+        .mark_point(filled=True, size=220, stroke="#000000", strokeWidth=1.5, opacity=1) \
+        .encode(x=x, y=y, color=_status_color(alt), shape=shape)
     labels = [alt.Chart(data).transform_filter(alt.datum.above == above)
               .mark_text(align="left", dx=8, dy=-9 if above else 13, fontSize=11)
               .encode(x=x, y=y, text="candidate:N") for above in (True, False)]
     bars = alt.Chart(data).mark_errorbar(ticks=True).encode(x=alt.X("low:Q", title=latency_title), x2="high:Q", y=y,
                                                               color=_status_color(alt))
-    chart = alt.layer(front, bars, dots, *labels).properties(
-        width=WIDTH, height=HEIGHT, title="accuracy against latency (bars: 95% intervals; dashed: Pareto front)")
-    return render_svg(chart)
+    return alt.layer(front, bars, others, *labels, selected).properties(
+        width=WIDTH, height=HEIGHT, title="accuracy against latency (bars: 95% intervals; dashed: Pareto front; "
+        "ringed: selected)")
 
 
 def _batch_axis(alt: Any, points: Sequence[dict[str, Any]]) -> Any:
@@ -106,17 +117,29 @@ def latency_batch(series: Sequence[dict[str, Any]], stat: str) -> str:
 
 
 def throughput_batch(series: Sequence[dict[str, Any]]) -> str:
-    points = [{"candidate": s["candidate"], "batch_size": s["batch_size"], "throughput_qps": s["throughput_qps"]}
+    """Throughput against batch size, one line per candidate, with each figure's 95% interval as an error bar."""
+    chart = throughput_batch_chart(series)
+    return render_svg(chart) if chart is not None else ""
+
+
+def throughput_batch_chart(series: Sequence[dict[str, Any]]) -> Any:
+    """The chart of `throughput_batch` (None: nothing to draw); the selected candidate's line is drawn last."""
+    points = [{"candidate": s["candidate"], "status": s.get("status", "eligible"), "batch_size": s["batch_size"],
+               "throughput_qps": s["throughput_qps"], **_bounds(s.get("throughput_ci"), s["throughput_qps"])}
               for s in series if s.get("throughput_qps") is not None and s.get("batch_size") is not None]
     if not points:
-        return ""
+        return None
+    points.sort(key=lambda p: p["status"] == "selected")
     alt = _altair()
-    chart = alt.Chart(alt.Data(values=points)).mark_line(point=True).encode(
-        x=_batch_axis(alt, points),
-        y=alt.Y("throughput_qps:Q", title="throughput (inferences/s)"),
-        color=alt.Color("candidate:N"),
-    ).properties(width=WIDTH, height=HEIGHT, title="throughput against batch size")
-    return render_svg(chart)
+    base = alt.Chart(alt.Data(values=points))
+    y_title = "throughput (inferences/s)"
+    bars = base.mark_errorbar(ticks=True).encode(
+        x=_batch_axis(alt, points), y=alt.Y("low:Q", title=y_title), y2="high:Q", color=alt.Color("candidate:N"))
+    lines = base.mark_line(point=True).encode(
+        x=_batch_axis(alt, points), y=alt.Y("throughput_qps:Q", title=y_title), color=alt.Color("candidate:N"),
+        strokeWidth=alt.condition(alt.datum.status == "selected", alt.value(3), alt.value(1.5)))
+    return alt.layer(bars, lines).properties(width=WIDTH, height=HEIGHT,
+                                             title="throughput against batch size (bars: 95% intervals)")
 
 
 def load_curves(load: Sequence[dict[str, Any]], stat: str) -> str:

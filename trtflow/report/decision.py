@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trtflow.digits import decimals_apart
+
 
 @dataclass
 class Decision:
@@ -28,6 +30,7 @@ class Decision:
     charts: list[tuple[str, str]] = field(default_factory=list)  # (title, SVG), filled by the HTML report
     tied: list[str] = field(default_factory=list)  # candidates tied within noise with the best (the tie-breakers chose)
     note: str = ""  # how the winner was chosen when it was a tie within noise
+    cosine_format: str = "%.6f"  # enough decimals to tell the candidates' cosine similarities apart
 
 
 def is_selection(summary: Any) -> bool:
@@ -74,19 +77,21 @@ def decision(node: str, summary: Mapping[str, Any]) -> Decision:
             latency = p.get("latency_ms") or {}
             series.append({"candidate": c["name"], "status": status, "batch_size": p.get("batch_size"),
                            "p50": latency.get("p50"), stat: latency.get(stat),
-                           "throughput_qps": p.get("throughput_qps"),
+                           "throughput_qps": p.get("throughput_qps"), "throughput_ci": p.get("throughput_ci_qps"),
                            "intervals": dict(p.get("latency_ci_ms") or {})})
         for level in bench.get("load", []):
             latency = level.get("latency_ms") or {}
             if _number(level.get("throughput_qps")) and _number(latency.get(stat)):
                 load.append({"candidate": c["name"], "concurrency": level.get("concurrency"),
                              "throughput_qps": level["throughput_qps"], "latency_ms": latency[stat]})
+    decimals = decimals_apart([r["cosine"] for r in rows], least=6)  # 1.0000000 vs 0.9999999, not 1.000000 twice
     winner = next((c for c in candidates if c["name"] == summary.get("selected")), {})
     tied = list(summary.get("tied") or [])
     return Decision(node=node, selected=summary.get("selected"), objective=objective.get("description", ""),
                     percentile=stat, constraints=[c.get("text", str(c)) for c in summary.get("constraints") or []],
                     baseline=summary.get("baseline"), rows=rows, batch_sizes=batches, series=series, load=load,
-                    tied=tied, note=(winner.get("reason") or "").removeprefix("selected: ") if len(tied) > 1 else "")
+                    tied=tied, note=(winner.get("reason") or "").removeprefix("selected: ") if len(tied) > 1 else "",
+                    cosine_format=f"%.{decimals}f")
 
 
 def benchmark_series(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -101,6 +106,7 @@ def benchmark_series(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
                 series.append({"candidate": n["node"], "status": "eligible", "batch_size": p.get("batch_size"),
                                "p50": p["median_ms"], "p99": p.get("p99_ms"),
                                "throughput_qps": p.get("throughput_qps"),
+                               "throughput_ci": p.get("throughput_ci_qps"),
                                "intervals": dict(p.get("latency_ci_ms") or {})})
     return series
 
