@@ -95,18 +95,29 @@ def layers(recipe: RecipeArg, node: NodeArg, set_: SetOpt = None, store: StoreOp
 
 
 def _accuracy_table(before: Any, after: Any) -> Any:
+    """The accuracy before and after the change found; before alone when there is no change (the candidate
+    already passes, or nothing was tried): no column of figures that were never measured."""
     from rich.table import Table
+
+    from trtflow.digits import distinct
 
     table = Table(title="accuracy against the reference (the validate node's data and tolerances)",
                   title_justify="left")
-    for column in ("output", "before: max abs error", "before: cosine", "after: max abs error", "after: cosine",
-                   "passes"):
+    columns = ["output", "max abs error", "cosine", "passes"] if after is None else \
+        ["output", "before: max abs error", "before: cosine", "after: max abs error", "after: cosine", "passes"]
+    for column in columns:
         table.add_column(column)
     for name, entry in before.outputs.items():
-        later = after.outputs.get(name, {}) if after else {}
-        table.add_row(name, f"{entry['max_abs_error']:.4g}", f"{entry['cosine_similarity']:.6f}",
-                      f"{later.get('max_abs_error', float('nan')):.4g}",
-                      f"{later.get('cosine_similarity', float('nan')):.6f}",
+        cosine = entry["cosine_similarity"]
+        if after is None:
+            table.add_row(name, f"{entry['max_abs_error']:.4g}", distinct(cosine, [1.0], least=6),
+                          "yes" if entry.get("passed") else "no")
+            continue
+        later = after.outputs.get(name, {})
+        later_cosine = later.get("cosine_similarity")
+        table.add_row(name, f"{entry['max_abs_error']:.4g}", distinct(cosine, [later_cosine, 1.0], least=6),
+                      f"{later['max_abs_error']:.4g}" if "max_abs_error" in later else "-",
+                      distinct(later_cosine, [cosine, 1.0], least=6) if later_cosine is not None else "-",
                       "yes" if later.get("passed") else "no")
     return table
 
