@@ -206,3 +206,20 @@ def test_debug_layers_reports_where_the_error_starts(fp16_project):
 def test_debug_precision_explains_a_node_that_is_not_debuggable(fp16_project):
     proc = trtflow("debug", "precision", "r.yaml", "export", cwd=fp16_project, check=1)
     assert "'export' runs the export stage; give a validate node" in proc.stderr
+
+
+def test_debug_precision_prints_no_after_row_when_the_candidate_already_passes():
+    from rich.console import Console
+
+    from trtflow_stages.accuracy.precision_debug import Evaluation
+    from trtflow_stages.cli.debug import _accuracy_table
+
+    entry = {"max_abs_error": 2e-4, "mean_abs_error": 1e-5, "cosine_similarity": 0.99999994, "passed": True}
+    console = Console(record=True, width=200)
+    console.print(_accuracy_table(Evaluation((), True, {"y": entry}, []), None))
+    text = console.export_text()
+    assert "after" not in text and "nan" not in text
+    assert "0.9999999" in text and "yes" in text  # not "1.000000": it is not exactly the reference
+    fixed = Evaluation(("mm2",), True, {"y": dict(entry, cosine_similarity=1.0)}, [])
+    console.print(_accuracy_table(Evaluation((), False, {"y": dict(entry, passed=False)}, ["y: too far"]), fixed))
+    assert "after: cosine" in console.export_text()

@@ -3,6 +3,7 @@ rendered by a real headless Chromium is not blank."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -109,3 +110,57 @@ def test_html_report_renders_in_headless_chromium(tmp_path: Path):
     assert len(colors) > 50  # anti-aliased text and coloured chart marks, not a flat page
     # the decision's green (selected row and banner) is on screen: the page is the report, not an error page
     assert any(g > r + 10 and g > b + 5 for _, (r, g, b) in colors)
+
+
+def test_the_decision_headline_names_the_choice_its_reason_and_the_flagged_benchmarks():
+    from trtflow.report.decision import decision, headline
+
+    data = run_data(with_load=False)
+    selection = data["nodes"][-1]["summary"]
+    assert headline("select", selection) == f"select: chose convert: {by_reason(selection, 'convert')}"
+    flagged = json.loads(json.dumps(selection))
+    rows = {c["name"]: c for c in flagged["candidates"]}
+    rows["simplify"]["benchmark"]["points"][2]["flags"] = ["busy-host", "not-converged"]
+    rows["quantize"]["benchmark"]["points"][0]["flags"] = ["not-converged"]
+    assert headline("select", flagged).endswith(
+        "; benchmarks flagged: benchmark-simplify busy-host (batch 8), not-converged (batch 8); "
+        "benchmark-quantize not-converged (batch 1)")
+    none = dict(flagged, selected=None)
+    assert headline("pick", none).startswith("pick: no candidate qualifies for lowest p99 latency at batch 8")
+    assert decision("select", selection).cosine_format == "%.6f"  # 1 and 0.99999 differ at 6 decimals
+
+
+def by_reason(selection: dict, name: str) -> str:
+    return next(c["reason"] for c in selection["candidates"] if c["name"] == name).removeprefix("selected: ")
+
+
+def test_cosine_similarities_that_differ_never_print_alike():
+    data = run_data(with_load=False)
+    for candidate in data["nodes"][-1]["summary"]["candidates"]:
+        if candidate["name"] == "convert":
+            candidate["validation"]["cosine_similarity"] = 0.99999994  # fp16 against fp32's exact 1
+    text = to_markdown(data)
+    assert "| 1.0000000 |" in text and "| 0.9999999 |" in text and "1.000000 |" not in text
+
+
+def test_the_throughput_chart_has_error_bars_and_the_selected_point_is_drawn_on_top():
+    from trtflow.report import charts
+    from trtflow.report.decision import decision
+
+    data = run_data(with_load=False)
+    selection = data["nodes"][-1]["summary"]
+    for candidate in selection["candidates"]:
+        for point in candidate["benchmark"]["points"]:
+            point["throughput_ci_qps"] = [point["throughput_qps"] * 0.9, point["throughput_qps"] * 1.1]
+    d = decision("select", selection)
+    spec = charts.throughput_batch_chart(d.series).to_dict()
+    bars, line = spec["layer"]
+    assert bars["mark"]["type"] == "errorbar" and bars["encoding"]["y"]["field"] == "low"
+    values = spec["data"]["values"] if "data" in spec else bars["data"]["values"]
+    assert all(v["low"] == pytest.approx(v["throughput_qps"] * 0.9) for v in values)
+    assert values[-1]["candidate"] == "convert" and line["mark"]["type"] == "line"  # the selected line drawn last
+    accuracy = charts.accuracy_latency_chart(d.rows, "p99 latency (ms)").to_dict()
+    top = accuracy["layer"][-1]
+    assert top["mark"]["size"] > accuracy["layer"][2]["mark"]["size"] and top["mark"]["stroke"]
+    assert top["transform"] == [{"filter": "(datum.status === 'selected')"}]
+    assert charts.throughput_batch(d.series).startswith("<svg")
