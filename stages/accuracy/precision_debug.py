@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtflow.digits import distinct
 from trtflow.stage import StageContext, StageFailed
 
 _LOG = logging.getLogger(__name__)
@@ -296,7 +297,8 @@ def _worst(evaluation: Evaluation) -> str:
     if not evaluation.outputs:
         return "no outputs"
     name, entry = min(evaluation.outputs.items(), key=lambda kv: kv[1].get("cosine_similarity", 1.0))
-    return (f"{name}: cosine {entry['cosine_similarity']:.5f}, max abs error {entry['max_abs_error']:.4g}")
+    return (f"{name}: cosine {distinct(entry['cosine_similarity'], [1.0], least=5)}, max abs error "
+            f"{entry['max_abs_error']:.4g}")
 
 
 def node_pattern(name: str) -> str:

@@ -52,6 +52,8 @@ def _write_json(data: dict[str, Any], path: Path) -> None:
 def _layer_table(title: str, rows: list[dict[str, Any]]) -> Any:
     from rich.table import Table
 
+    from trtflow.digits import distinct
+
     table = Table(title=title, title_justify="left")
     for column in ("#", "node", "op", "rel. error", "inputs' rel. error", "added", "max abs error", "cosine"):
         is_node = column == "node"
@@ -60,7 +62,7 @@ def _layer_table(title: str, rows: list[dict[str, Any]]) -> Any:
     for row in rows:
         table.add_row(str(row["position"]), row["node"], row["op_type"], f"{row['rel_error']:.3g}",
                       f"{row['input_rel_error']:.3g}", f"{row['added_rel_error']:.3g}",
-                      f"{row['max_abs_error']:.3g}", f"{row['cosine']:.6f}")
+                      f"{row['max_abs_error']:.3g}", distinct(row["cosine"], [1.0], least=6))
     return table
 
 
