@@ -97,6 +97,15 @@ class ConsoleHooks(Hooks):
         with self._lock:
             self.console.print(text, highlight=False)
 
+    def _plain(self, text: str) -> None:
+        """Text that is no markup (a reason may hold brackets), on the console if one was made; else printed: the
+        no-op path never imports rich."""
+        if callable(self._console) and not hasattr(self._console, "print"):
+            print(hide(text), flush=True)
+            return
+        with self._lock:
+            self.console.print(hide(text), markup=False, highlight=False)
+
     # ----- the live panel (terminals only)
     def _panel(self) -> Any:
         from rich.text import Text
@@ -242,7 +251,7 @@ class ConsoleHooks(Hooks):
             self._print(("[green]Done[/]" if summary.ok else "[red]Failed[/]") + f" in {seconds:.1f}s: "
                         + ", ".join(parts) + ".")
         for line in decision_lines(results.values()):
-            print(hide(line), flush=True)  # plain: the no-op path never imports rich, and a reason is no markup
+            self._plain(line)
         if not summary.ok:
             self._print(f"Fix the problem above, then resume (finished nodes are kept):\n  {escape(resume)}")
         if output_dir is not None and not self.quiet and (done or reused):
