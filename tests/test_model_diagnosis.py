@@ -223,3 +223,12 @@ def test_debug_precision_prints_no_after_row_when_the_candidate_already_passes()
     fixed = Evaluation(("mm2",), True, {"y": dict(entry, cosine_similarity=1.0)}, [])
     console.print(_accuracy_table(Evaluation((), False, {"y": dict(entry, passed=False)}, ["y: too far"]), fixed))
     assert "after: cosine" in console.export_text()
+
+
+@pytest.mark.slow
+def test_debug_precision_on_a_candidate_that_already_passes_says_so_without_an_after_row(fp16_project):
+    keep = ["--set", 'nodes.lower.params.nodes_to_exclude=["shift_up$"]']
+    trtflow("run", "r.yaml", *keep, cwd=fp16_project)
+    proc = trtflow("debug", "precision", "r.yaml", "check", *keep, cwd=fp16_project)
+    assert "the candidate already passes its accuracy gate: nothing to change" in proc.stdout
+    assert "after" not in proc.stdout and "nan" not in proc.stdout, proc.stdout
