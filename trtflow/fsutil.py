@@ -176,10 +176,3 @@ def allowed_roots_for(recipe_dir: Path) -> list[Path]:
     roots += [Path(p).expanduser().resolve() for p in extra.split(os.pathsep) if p]
     return list(dict.fromkeys(roots))
 
-
-def read_tail(path: str | Path, max_bytes: int) -> str:
-    """The last ``max_bytes`` of a (log) file as text, undecodable bytes replaced; raises OSError."""
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        f.seek(max(0, f.tell() - max_bytes))
-        return f.read().decode("utf-8", "replace")

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtflow.execution.results import CACHED, DONE, SKIPPED, Hooks, NodeResult, Progress, RunSummary
-from trtflow.fsutil import read_tail
 from trtflow.redact import hide
 from trtflow.status import FRESH, SKIP
+from trtflow.storage import confined
 
 if TYPE_CHECKING:
     from trtflow.plan import Step
@@ -249,7 +249,7 @@ class ConsoleHooks(Hooks):
 
 def _log_tail(path: Path, lines: int) -> str:
     try:
-        text = read_tail(path, 8192)
+        text = confined.tail_of(path, 8192)
     except OSError:
         return ""
     return "\n".join("  | " + line for line in text.strip().splitlines()[-lines:])

@@ -227,7 +227,7 @@ class Tree:
             except OSError:
                 target = "?"
             return Refused(shown, f"is a symbolic link (to {target}); trtflow reads and writes only real folders "
-                           "and files there", hint="remove the link")
+                           "and files there: remove the link", hint="remove the link")
         return Refused(shown, "is not a folder", hint="remove it")
 
     def _open_dir(self, folder: int, name: str, shown: Path, create: bool) -> int:
@@ -309,6 +309,15 @@ class Tree:
             return self.exists()
         st = self.stat(rel)
         return st is not None and stat.S_ISDIR(st.st_mode)
+
+    def readlink(self, rel: Rel) -> str:
+        """Where the link ``rel`` points (for messages); '?' if it is not a link or cannot be read."""
+        parts = _parts(rel)
+        try:
+            with self._folder(parts[:-1]) as folder:
+                return os.readlink(parts[-1], dir_fd=folder)
+        except OSError:
+            return "?"
 
     def listdir(self, rel: Rel = ()) -> list[tuple[str, os.stat_result]]:
         """(name, own status) of every entry of the folder ``rel``, sorted by name; [] if it does not exist."""
@@ -611,6 +620,23 @@ class Tree:
         finally:
             os.close(fd)
 
+    def seal(self, rel: Rel, mode: int) -> None:
+        """fsync the regular file ``rel`` and ``fchmod`` it to ``mode`` (an object made read-only before its rename)."""
+        parts = _parts(rel)
+        with self._folder(parts[:-1]) as folder:
+            fd, _ = self._file_fd(folder, parts[-1], self.shown(parts))
+        try:
+            os.fsync(fd)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+
+    def remove_empty_folder(self, rel: Rel) -> None:
+        """Remove the empty folder ``rel``; raises OSError if it is not empty (or not a folder)."""
+        parts = _parts(rel)
+        with self._folder(parts[:-1]) as folder:
+            os.rmdir(parts[-1], dir_fd=folder)
+
     def chmod(self, rel: Rel, mode: int) -> None:
         """``fchmod`` the regular file or folder ``rel`` (a link is refused, never followed)."""
         parts = _parts(rel)
@@ -628,6 +654,12 @@ class Tree:
                 os.fchmod(fd, mode)
             finally:
                 os.close(fd)
+
+    def fsync_folder(self, rel: Rel = ()) -> None:
+        """fsync the folder ``rel`` (a rename or a new name in it made durable); best effort."""
+        parts = check_relative(rel) if rel else ()
+        with contextlib.suppress(OSError), self._folder(parts) as folder:
+            os.fsync(folder)
 
     def rename(self, source: Rel, target: Rel, *, durable: bool = False, parents: bool = True) -> None:
         """Rename ``source`` to ``target`` (both below this tree), replacing a target file or link."""
@@ -720,6 +752,54 @@ class Tree:
             os.close(fd)
 
 
+def locate(path: Path | str, base: Path | str | None = None) -> tuple[Tree, tuple[str, ...]]:
+    """A tree and the parts below it of ``path``: below ``base`` (walked without following links) when ``path`` is
+    there, else below its own folder (which was made, or checked, through a tree by the caller: a scratch space, a
+    log folder handed to another process by its path)."""
+    path = Path(path).absolute()
+    if base is not None:
+        root = Path(base).absolute()
+        try:
+            parts = path.relative_to(root).parts
+        except ValueError:
+            parts = ()
+        if parts:
+            return Tree(root), check_relative(parts)
+    return Tree(path.parent), (check_name(path.name),)
+
+
+def tail_of(path: Path | str, max_bytes: int) -> str:
+    """The last ``max_bytes`` of the regular file ``path`` (a log; never a pipe or a device) as text."""
+    tree, parts = locate(path)
+    try:
+        return tree.read_tail(parts, max_bytes)
+    finally:
+        tree.close()
+
+
+def as_tree(folder: Path | str | Tree) -> Tree:
+    """``folder`` as a `Tree` (a path is opened as one, its own links followed: the caller's choice)."""
+    return folder if isinstance(folder, Tree) else Tree(folder)
+
+
+class FileLock:
+    """An exclusive ``flock`` on a lock file of a tree (opened by `Tree.open_lock`: never a link, never truncated),
+    taken by ``acquire`` and given back by ``release``."""
+
+    def __init__(self, tree: Tree, rel: Rel) -> None:
+        self.path = tree.shown(rel)
+        self._fd: int | None = tree.open_lock(rel)
+
+    def acquire(self, timeout: float, cancelled: Callable[[], bool] | None = None) -> bool:
+        assert self._fd is not None
+        return try_flock(self._fd, fcntl.LOCK_EX, timeout, cancelled=cancelled)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 def try_flock(fd: int, flag: int, timeout: float, poll: float = 0.05,
               cancelled: Callable[[], bool] | None = None) -> bool:
     """Take ``flock(flag)`` on ``fd`` within ``timeout`` seconds; False if it could not (or was cancelled)."""
@@ -733,6 +813,39 @@ def try_flock(fd: int, flag: int, timeout: float, poll: float = 0.05,
         if time.monotonic() >= deadline or (cancelled is not None and cancelled()):
             return False
         time.sleep(poll)
+
+
+@contextlib.contextmanager
+def open_regular(path: Path) -> Iterator[IO[bytes]]:
+    """The regular file ``path`` open for reading, its last component not followed: for a file reached just
+    before through a `Tree` (a stored object, a node's output) that an API names by its path."""
+    fd = os.open(path, _READ)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Refused(path, "is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
+        yield f
+
+
+@contextlib.contextmanager
+def reopen_for_writing(path: Path) -> Iterator[int]:
+    """A descriptor writing the regular file ``path`` from its start (truncated), its last component not followed:
+    for a file made just before through a `Tree` (``staged``) that an API names by its path."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Refused(path, "is not a regular file")
+        os.ftruncate(fd, 0)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    _write_all(fd, data)
 
 
 def _write_all(fd: int, data: bytes) -> None:

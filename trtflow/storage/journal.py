@@ -4,6 +4,13 @@ The journal is history, not truth: objects, manifests and refs are. So every SQL
 `StoreError` that says what happened and what to do (a damaged journal is reset by `trtflow verify --fix`
 without losing a stored result), read-only stores are opened read-only for the commands that only read, and
 the stat cache (an optimisation) never fails a command.
+
+The journal file may come with a cloned repository or a shared store, so it is opened only as a regular file
+that is not a link and has one link (and so are its ``-wal``, ``-shm`` and ``-journal`` companions, which SQLite
+opens by name), in the store's real folder (`confined.Tree`); after SQLite opened it, the file it opened is
+checked to be that one. A database that is not a trtflow journal (other tables, views or triggers, another
+``application_id``) is refused, never written into; schema code never runs with side effects
+(``trusted_schema=OFF``).
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import json
 import os
 import re
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -20,8 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.errors import StoreBusy, StoreError
+from trtflow.storage import confined
+from trtflow.storage.confined import Tree
 
 FORMAT = 2  # PRAGMA user_version; 0 = the first release's journal (no recipe_id column)
+APPLICATION_ID = int.from_bytes(b"TRTF", "big")  # PRAGMA application_id of a trtflow journal
+COMPANIONS = ("-wal", "-shm", "-journal")
+#: What a trtflow journal may hold (older ones have no application_id): anything else is someone else's database.
+OWN_OBJECTS = {("table", "runs"), ("table", "node_runs"), ("table", "stat_cache"), ("index", "node_runs_node"),
+               ("index", "sqlite_autoindex_runs_1"), ("index", "sqlite_autoindex_node_runs_1"),
+               ("index", "sqlite_autoindex_stat_cache_1")}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -57,6 +73,10 @@ class StoreFull(StoreError):
     """The disk holding the store is full."""
 
 
+class JournalRefused(StoreError):
+    """The journal's file is a link, not a regular file, or a database that is not a trtflow journal."""
+
+
 def translate(exc: sqlite3.Error, path: Path, doing: str) -> StoreError:
     """The `StoreError` a user should see for an SQLite failure while ``doing`` something."""
     text = str(exc)
@@ -78,10 +98,14 @@ def translate(exc: sqlite3.Error, path: Path, doing: str) -> StoreError:
 
 
 class Journal:
-    """The run journal. ``readonly=True`` never writes (commands that only read: plan, status, report)."""
+    """The run journal. ``readonly=True`` never writes (commands that only read: plan, status, report).
 
-    def __init__(self, path: Path, readonly: bool = False) -> None:
-        self.path = Path(path)
+    ``tree``: the store's folder (`Store.tree`); by default the folder of ``path``."""
+
+    def __init__(self, path: Path, readonly: bool = False, tree: Tree | None = None) -> None:
+        self.path = Path(path).absolute()
+        self.tree = tree if tree is not None else Tree(self.path.parent)
+        self.name = confined.check_name(self.path.name, "journal name")
         self.readonly = readonly
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.RLock()  # one connection shared by the runner's threads: one statement at a time
@@ -94,10 +118,79 @@ class Journal:
                 self._conn = self._open_readonly() if self.readonly else self._open_writable()
         return self._conn
 
+    def _check_files(self) -> os.stat_result | None:
+        """The journal's own status (None: absent), once it and its companions are regular files that are not
+        links and have one link each, in the store's real folder; raises JournalRefused otherwise."""
+        found = None
+        for suffix in ("", *COMPANIONS):
+            name = self.name + suffix
+            try:
+                st = self.tree.stat(name)
+            except FileNotFoundError:
+                return None
+            except confined.Refused as exc:
+                raise JournalRefused(f"the journal's folder {exc.message}", hint=exc.hint) from None
+            if st is None:
+                continue
+            shown = self.tree.shown(name)
+            if stat.S_ISLNK(st.st_mode):
+                raise JournalRefused(f"the journal file {shown} is a symbolic link (to "
+                                     f"{_readlink(self.tree, name)}); trtflow opens only its own journal, a "
+                                     "regular file in the store", hint=f"remove {shown}")
+            if not stat.S_ISREG(st.st_mode):
+                raise JournalRefused(f"the journal file {shown} is not a regular file",
+                                     hint=f"remove {shown}")
+            if st.st_nlink != 1:
+                raise JournalRefused(f"the journal file {shown} has {st.st_nlink} links (a hard link to another "
+                                     "file?); trtflow writes only into its own journal", hint=f"remove {shown}")
+            if not suffix:
+                found = st
+        return found
+
+    def _same_file(self, conn: sqlite3.Connection, checked: os.stat_result | None) -> None:
+        """After SQLite opened the journal by name: it is the regular file that was checked (not a link put in
+        its place meanwhile)."""
+        now = self._check_files()
+        try:
+            followed = os.stat(self.path)
+        except OSError:
+            followed = None
+        if now is None or followed is None or (followed.st_dev, followed.st_ino) != (now.st_dev, now.st_ino) or (
+                checked is not None and (now.st_dev, now.st_ino) != (checked.st_dev, checked.st_ino)):
+            conn.close()
+            raise JournalRefused(f"the journal file {self.path} changed while trtflow opened it",
+                                 hint="another process is replacing it; run again")
+
+    def _check_ours(self, conn: sqlite3.Connection) -> int:
+        """Refuse a database that is not a trtflow journal; returns its application_id."""
+        conn.execute("PRAGMA trusted_schema = OFF")
+        app = conn.execute("PRAGMA application_id").fetchone()[0]
+        objects = {(t, n) for t, n in conn.execute("SELECT type, name FROM sqlite_master").fetchall()}
+        foreign = objects - OWN_OBJECTS
+        if (app not in (0, APPLICATION_ID)) or foreign:
+            names = ", ".join(sorted(f"{t} {n}" for t, n in foreign)[:5]) or f"application_id {app}"
+            raise JournalRefused(f"the journal file {self.path} is not a trtflow journal (it holds {names}); "
+                                 "trtflow does not write into other databases",
+                                 hint=f"move {self.path} away (a fresh journal is made), or use another store")
+        return int(app)
+
     def _open_writable(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.tree.ensure()
+            checked = self._check_files()
+            if checked is None:
+                self.tree.create(self.name, b"")  # exclusive, never through a link: SQLite fills the empty file
+                checked = self._check_files()
+        except confined.Refused as exc:
+            raise JournalRefused(f"the journal {exc.message}", hint=exc.hint) from None
+        except OSError as exc:
+            raise sqlite3.OperationalError(f"unable to open database file ({exc.strerror or exc})") from None
         conn = sqlite3.connect(str(self.path), timeout=60, isolation_level=None, check_same_thread=False)
         try:
+            self._same_file(conn, checked)
+            app = self._check_ours(conn)
+            if app != APPLICATION_ID:
+                conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -113,9 +206,10 @@ class Journal:
         return conn
 
     def _open_readonly(self) -> sqlite3.Connection:
-        if not self.path.exists():
+        checked = self._check_files()
+        if checked is None:
             raise sqlite3.OperationalError("unable to open database file")
-        uri = self.path.absolute().as_uri()
+        uri = self.path.as_uri()
         try:
             conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=60, isolation_level=None,
                                    check_same_thread=False)
@@ -123,7 +217,12 @@ class Journal:
         except sqlite3.OperationalError:
             # A WAL database on a read-only mount cannot create its shared-memory file: read it as immutable.
             conn = sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None, check_same_thread=False)
-        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        try:
+            self._same_file(conn, checked)
+            self._check_ours(conn)
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def close(self) -> None:
@@ -308,19 +407,21 @@ def _migrate(conn: sqlite3.Connection) -> None:
     conn.execute(f"PRAGMA user_version = {FORMAT}")
 
 
-def open_for_reading(path: Path) -> Journal | None:
-    """A read-only journal, or None when the store has none yet."""
-    return Journal(path, readonly=True) if path.exists() else None
-
-
-def reset(path: Path) -> Path | None:
-    """Move a damaged journal aside (keeping it for inspection) so a fresh one is created; returns where."""
-    if not path.exists():
+def reset(tree: Tree, name: str = "trtflow.db") -> Path | None:
+    """Move a damaged (or foreign, or planted) journal aside, companions too, keeping it for inspection, so a fresh
+    one is created; returns where. A link is moved as the link it is, never followed."""
+    if tree.stat(name) is None:
         return None
-    aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-    os.replace(path, aside)
-    for suffix in ("-wal", "-shm"):
-        companion = path.with_name(path.name + suffix)
-        if companion.exists():
-            os.replace(companion, aside.with_name(aside.name + suffix))
-    return aside
+    aside = f"{name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+    tree.rename(name, aside)
+    for suffix in COMPANIONS:
+        if tree.stat(name + suffix) is not None:
+            tree.rename(name + suffix, aside + suffix)
+    return tree.shown(aside)
+
+
+def _readlink(tree: Tree, name: str) -> str:
+    try:
+        return os.readlink(name, dir_fd=tree.fd())
+    except OSError:
+        return "?"
