@@ -36,7 +36,7 @@ from trtflow.callables import PYTHON_PREFIX, code_references
 from trtflow.codehash import callable_files, stage_files, stage_module_place
 from trtflow.environment import FACTS, Environment
 from trtflow.fingerprint import RACY_WINDOW_NS, StatCache, hash_file, hash_path, hash_text, hash_value
-from trtflow.fsutil import allowed_roots_for, project_root, recipe_id
+from trtflow.fsutil import MAX_RECIPE_BYTES, allowed_roots_for, project_root, read_regular, recipe_id
 from trtflow.status import FRESH
 from trtflow.storage import confined
 from trtflow.storage.store import Store
@@ -340,7 +340,8 @@ def _check_recipe(record: dict[str, Any], store: Store) -> bool:
     path = Path(recipe["path"])
     return (recipe_id(path) == recipe["id"] and str(project_root(path.parent)) == recipe["project"]
             and [str(p) for p in allowed_roots_for(path.parent)] == recipe["roots"]
-            and all(hash_text(Path(p).read_bytes().decode("utf-8")) == d for p, d in record["texts"].items()))
+            and all(hash_text(read_regular(p, MAX_RECIPE_BYTES).decode("utf-8")) == d
+                    for p, d in record["texts"].items()))
 
 
 def _check_code(record: dict[str, Any], store: Store) -> bool:
