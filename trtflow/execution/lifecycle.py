@@ -132,11 +132,11 @@ class Lifecycle:
 
     def _key_lock(self, node: ConcreteNode, key: str) -> Any:
         """The lock of ``key`` (every trtflow run on this store builds it once), or the result of waiting."""
-        from trtflow.storage.confined import FileLock
+        from trtflow.storage.confined import Flock
 
         ctx = self.ctx
         try:
-            lock = FileLock(ctx.store.tree, ctx.store.lock_rel(key))
+            lock = Flock(ctx.store.tree, ctx.store.lock_rel(key))
         except OSError as exc:
             return NodeResult(node.name, node.stage, FAILED, "", key,
                               error=f"cannot take the node's build lock: {exc.strerror or exc}",

@@ -29,7 +29,6 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from trtflow.environment import GpuInfo
@@ -264,15 +263,13 @@ def _run_node(job_data: dict[str, Any], outputs: dict[str, tuple[str, str, bool]
               ) -> tuple[dict[str, Any], str]:
     """On a Ray worker: pull inputs from the transfer area, run the stage in a child process, upload the outputs
     there if the stage wrote every required one."""
-    import tempfile
-
     from trtflow.execution.local import LocalExecutor
     from trtflow.storage.remote import RemoteCache
 
     job = Job.from_json(job_data)
     remote = RemoteCache(transfer_url)
-    work = Path(tempfile.mkdtemp(prefix=f"trtflow-{job.node}-"))  # this worker's own folder, walked as a tree
-    tree = Tree(work)
+    tree = confined.private_folder(f"trtflow-{job.node}-")  # this worker's own folder, walked as a tree
+    work = tree.path
     try:
         cache = Store(work / "inputs")
         inputs_dir = work / "scratch" / "in"

@@ -19,7 +19,6 @@ import json
 import os
 import re
 import sqlite3
-import stat
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -118,49 +117,6 @@ class Journal:
                 self._conn = self._open_readonly() if self.readonly else self._open_writable()
         return self._conn
 
-    def _check_files(self) -> os.stat_result | None:
-        """The journal's own status (None: absent), once it and its companions are regular files that are not
-        links and have one link each, in the store's real folder; raises JournalRefused otherwise."""
-        found = None
-        for suffix in ("", *COMPANIONS):
-            name = self.name + suffix
-            try:
-                st = self.tree.stat(name)
-            except FileNotFoundError:
-                return None
-            except confined.Refused as exc:
-                raise JournalRefused(f"the journal's folder {exc.message}", hint=exc.hint) from None
-            if st is None:
-                continue
-            shown = self.tree.shown(name)
-            if stat.S_ISLNK(st.st_mode):
-                raise JournalRefused(f"the journal file {shown} is a symbolic link (to "
-                                     f"{_readlink(self.tree, name)}); trtflow opens only its own journal, a "
-                                     "regular file in the store", hint=f"remove {shown}")
-            if not stat.S_ISREG(st.st_mode):
-                raise JournalRefused(f"the journal file {shown} is not a regular file",
-                                     hint=f"remove {shown}")
-            if st.st_nlink != 1:
-                raise JournalRefused(f"the journal file {shown} has {st.st_nlink} links (a hard link to another "
-                                     "file?); trtflow writes only into its own journal", hint=f"remove {shown}")
-            if not suffix:
-                found = st
-        return found
-
-    def _same_file(self, conn: sqlite3.Connection, checked: os.stat_result | None) -> None:
-        """After SQLite opened the journal by name: it is the regular file that was checked (not a link put in
-        its place meanwhile)."""
-        now = self._check_files()
-        try:
-            followed = os.stat(self.path)
-        except OSError:
-            followed = None
-        if now is None or followed is None or (followed.st_dev, followed.st_ino) != (now.st_dev, now.st_ino) or (
-                checked is not None and (now.st_dev, now.st_ino) != (checked.st_dev, checked.st_ino)):
-            conn.close()
-            raise JournalRefused(f"the journal file {self.path} changed while trtflow opened it",
-                                 hint="another process is replacing it; run again")
-
     def _check_ours(self, conn: sqlite3.Connection) -> int:
         """Refuse a database that is not a trtflow journal; returns its application_id."""
         conn.execute("PRAGMA trusted_schema = OFF")
@@ -174,20 +130,23 @@ class Journal:
                                  hint=f"move {self.path} away (a fresh journal is made), or use another store")
         return int(app)
 
-    def _open_writable(self) -> sqlite3.Connection:
+    def _connect(self, create: bool) -> sqlite3.Connection:
+        """The journal's file opened through the store's confined tree (a regular file, not a link, ours)."""
         try:
-            self.tree.ensure()
-            checked = self._check_files()
-            if checked is None:
-                self.tree.create(self.name, b"")  # exclusive, never through a link: SQLite fills the empty file
-                checked = self._check_files()
+            if create:
+                self.tree.ensure()
+            return self.tree.sqlite_connect(self.name, create=create, timeout=60, isolation_level=None,
+                                            check_same_thread=False)
+        except FileNotFoundError:
+            raise sqlite3.OperationalError("unable to open database file") from None
         except confined.Refused as exc:
-            raise JournalRefused(f"the journal {exc.message}", hint=exc.hint) from None
+            raise JournalRefused(f"the journal file {exc.message}", hint=exc.hint) from None
         except OSError as exc:
             raise sqlite3.OperationalError(f"unable to open database file ({exc.strerror or exc})") from None
-        conn = sqlite3.connect(str(self.path), timeout=60, isolation_level=None, check_same_thread=False)
+
+    def _open_writable(self) -> sqlite3.Connection:
+        conn = self._connect(create=True)
         try:
-            self._same_file(conn, checked)
             app = self._check_ours(conn)
             if app != APPLICATION_ID:
                 conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
@@ -206,19 +165,8 @@ class Journal:
         return conn
 
     def _open_readonly(self) -> sqlite3.Connection:
-        checked = self._check_files()
-        if checked is None:
-            raise sqlite3.OperationalError("unable to open database file")
-        uri = self.path.as_uri()
+        conn = self._connect(create=False)
         try:
-            conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=60, isolation_level=None,
-                                   check_same_thread=False)
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        except sqlite3.OperationalError:
-            # A WAL database on a read-only mount cannot create its shared-memory file: read it as immutable.
-            conn = sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None, check_same_thread=False)
-        try:
-            self._same_file(conn, checked)
             self._check_ours(conn)
         except BaseException:
             conn.close()
@@ -419,9 +367,3 @@ def reset(tree: Tree, name: str = "trtflow.db") -> Path | None:
             tree.rename(name + suffix, aside + suffix)
     return tree.shown(aside)
 
-
-def _readlink(tree: Tree, name: str) -> str:
-    try:
-        return os.readlink(name, dir_fd=tree.fd())
-    except OSError:
-        return "?"
