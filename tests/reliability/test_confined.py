@@ -80,7 +80,7 @@ def _file_calls(tree: ast.AST) -> list[tuple[ast.Call, str]]:
         name = func.attr
         if (owner == "os" and name in OS_CALLS) or (owner == "shutil" and name not in SHUTIL_HARMLESS) \
                 or (owner == "sqlite3" and name == "connect") or (owner == "tempfile" and name in TEMPFILE_CALLS) \
-                or owner in ("filelock", "io", "builtins") and name in ("open", "FileLock", "SoftFileLock"):
+                or (owner in ("filelock", "io", "builtins") and name in ("open", "FileLock", "SoftFileLock")):
             found.append((node, f"{owner}.{name}()"))
         elif name in PATH_METHODS and len(node.args) in PATH_METHODS[name] and owner not in MODULES_WITH_OPEN \
                 and not (name == "replace" and node.keywords):
@@ -227,7 +227,7 @@ def test_only_a_small_regular_file_is_read(tmp_path: Path, kind: str) -> None:
     def read() -> None:
         try:
             tree.read_bytes("format.json", confined.FORMAT_FILE)
-        except BaseException as exc:  # noqa: BLE001 (handed to the test's thread)
+        except BaseException as exc:
             errors.append(exc)
         done.set()
 
