@@ -18,6 +18,7 @@ through the store's `confined.Tree`: a link in the store is removed as a link, n
 
 from __future__ import annotations
 
+import logging
 import stat
 import time
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from trtflow.storage.store import NOOP, TRANSFER, Store
 DAY = 86400.0
 FORGET_MISSING_DAYS = 7.0
 NOOP_RECORD_DAYS = 30.0
+log = logging.getLogger("trtflow.storage")
 
 
 @dataclass
@@ -280,13 +282,17 @@ def _latest_run_per_recipe(store: Store) -> set[str]:
     journal = store.journal(readonly=True)
     try:
         rows = journal._rows("SELECT id, recipe_id, recipe, started FROM runs ORDER BY started", ())
-    except Exception:  # a damaged journal must not stop gc; `verify` reports it
+    except StoreError as exc:  # a damaged or refused journal must not stop gc; `verify` reports it
+        log.warning("gc could not read the journal (%s): the logs of each recipe's latest run are kept only when a "
+                    "stored result comes from that run", exc.message)
         return set()
     finally:
         journal.close()
     latest: dict[str, str] = {}
     for row in rows:
-        latest[row["recipe_id"] or row["recipe"]] = row["id"]
+        recipe, run_id = row["recipe_id"] or row["recipe"], row["id"]
+        if isinstance(recipe, str) and isinstance(run_id, str):
+            latest[recipe] = run_id
     return set(latest.values())
 
 

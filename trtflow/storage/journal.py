@@ -16,6 +16,7 @@ checked to be that one. A database that is not a trtflow journal (other tables, 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -30,6 +31,7 @@ from trtflow.errors import StoreBusy, StoreError
 from trtflow.storage import confined
 from trtflow.storage.confined import Tree
 
+log = logging.getLogger("trtflow.storage")
 FORMAT = 2  # PRAGMA user_version; 0 = the first release's journal (no recipe_id column)
 APPLICATION_ID = int.from_bytes(b"TRTF", "big")  # PRAGMA application_id of a trtflow journal
 COMPANIONS = ("-wal", "-shm", "-journal")
@@ -108,6 +110,7 @@ class Journal:
         self.readonly = readonly
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.RLock()  # one connection shared by the runner's threads: one statement at a time
+        self._said = False  # a journal that cannot be used was reported
 
     # ----- connection
     @property
@@ -313,7 +316,12 @@ class Journal:
             with self._lock:
                 row = self.conn.execute("SELECT size, mtime_ns, inode, digest FROM stat_cache WHERE path = ?",
                                         (path,)).fetchone()
-        except (sqlite3.Error, StoreError):
+        except sqlite3.Error:
+            return None
+        except StoreError as exc:
+            if not self._said:
+                self._said = True
+                log.warning("the journal cannot be used, so files are hashed again: %s", exc.message)
             return None
         if row and row[0] == size and row[1] == mtime_ns and row[2] == inode:
             return row[3]

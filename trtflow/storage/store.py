@@ -233,6 +233,8 @@ class Store:
             except Refused as exc:
                 raise self._refused(exc) from None
         except Refused as exc:
+            if exc.path == self.root:
+                raise self._refused(exc) from None
             raise StoreError(f"the store's format file {exc.message}",
                              hint='replace it with a regular file holding {"format": 2}') from None
         except (OSError, ValueError, KeyError, TypeError):
