@@ -272,6 +272,7 @@ def _run_node(job_data: dict[str, Any], outputs: dict[str, tuple[str, str, bool]
     work = tree.path
     try:
         cache = Store(work / "inputs")
+        tree.mkdir("scratch")
         inputs_dir = work / "scratch" / "in"
         for place, objects in job.input_objects.items():  # place: "<slot>", or "<slot>/<producer>" in a many-slot
             remote.pull_objects(objects, cache, node=job.node)

@@ -246,6 +246,7 @@ class RemoteCache:
         if problem:
             raise RemoteCorrupt(f"the outputs of node {node} are unusable: {problem}")
         self.check()
+        store.tree.ensure()  # a worker's scratch store may not exist yet
         copied = nbytes = present = 0
         for name, out in _unique_outputs(outputs):
             if store.object_intact(out["digest"], out["size"], stat_cache):
