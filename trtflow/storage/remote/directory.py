@@ -43,6 +43,11 @@ class DirectoryBackend:
         except (FileNotFoundError, FileExistsError, NotADirectoryError):
             raise
         except Refused as exc:
+            if exc.why.startswith("is not a folder") and exc.path != self.root / path:
+                if what == "read":  # something that is not a folder on the way: nothing of that name is there
+                    raise NotADirectoryError(exc.message) from None
+                raise RemoteError(f"cannot {what} {self.root / path}: {exc.message}",
+                                  hint="remove that entry from the remote directory") from None
             raise Unreadable(_why(exc, self.tree.path, path)) from None
         except OSError as exc:
             hint = ("make the remote directory writable for this user, or use it read-only by not pushing"
@@ -62,11 +67,11 @@ class DirectoryBackend:
             raise
 
     def size(self, path: str) -> int | None:
-        with self._errors("read", path):
-            try:
+        try:
+            with self._errors("read", path):
                 st = self.tree.stat(path)
-            except (FileNotFoundError, NotADirectoryError):
-                return None
+        except (FileNotFoundError, NotADirectoryError):
+            return None
         if st is None:
             return None
         if stat.S_ISLNK(st.st_mode):
