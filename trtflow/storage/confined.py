@@ -40,6 +40,7 @@ import os
 import secrets
 import shutil
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ log = logging.getLogger("trtflow.storage")
 
 CHUNK = 1 << 20
 NAME_MAX = 255
+_OPENING = threading.Lock()
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -166,11 +168,16 @@ class Tree:
         if self._fd is None:
             flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if self.follow_root else os.O_NOFOLLOW)
             try:
-                self._fd = os.open(self.path, flags)
+                fd = os.open(self.path, flags)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                     raise self._describe(self.path, None, self.path.name) from None
                 raise
+            with _OPENING:  # two threads opening it at once keep one descriptor
+                if self._fd is None:
+                    self._fd = fd
+                else:
+                    os.close(fd)
         return self._fd
 
     def exists(self) -> bool:
