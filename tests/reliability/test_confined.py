@@ -206,10 +206,15 @@ def test_a_root_found_by_default_may_not_be_a_link_one_the_user_named_may(tmp_pa
     assert Tree(tmp_path / ".trtflow").read_bytes("secret.txt", confined.NOTE) == b"secret"
 
 
+KINDS = [confined.MANIFEST, confined.REFS, confined.LEDGER, confined.NOOP_RECORD, confined.FORMAT_FILE,
+         confined.INDEX, confined.NOTE, confined.JOB, confined.CACHE]
+
+
+@pytest.mark.parametrize("file_kind", KINDS, ids=lambda k: k.name)
 @pytest.mark.parametrize("kind", ["named pipe", "link to /dev/zero", "huge", "folder"])
-def test_only_a_small_regular_file_is_read(tmp_path: Path, kind: str) -> None:
-    """A pipe is refused without blocking (bounded time, no sleep), /dev/zero is never read, a file larger than its
-    kind's cap is refused before it is read."""
+def test_only_a_small_regular_file_is_read(tmp_path: Path, kind: str, file_kind: confined.Kind) -> None:
+    """For every kind of file trtflow reads: a pipe is refused without blocking (bounded time, no sleep),
+    /dev/zero is never read, a file larger than its kind's cap is refused before it is read (a sparse file)."""
     tree = Tree(tmp_path)
     target = tmp_path / "format.json"
     if kind == "named pipe":
@@ -220,13 +225,13 @@ def test_only_a_small_regular_file_is_read(tmp_path: Path, kind: str) -> None:
         target.mkdir()
     else:
         with open(target, "wb") as f:
-            f.truncate(confined.FORMAT_FILE.cap + 1)
+            f.truncate(file_kind.cap + 1)
     done = threading.Event()
     errors: list[BaseException] = []
 
     def read() -> None:
         try:
-            tree.read_bytes("format.json", confined.FORMAT_FILE)
+            tree.read_bytes("format.json", file_kind)
         except BaseException as exc:
             errors.append(exc)
         done.set()
@@ -234,8 +239,8 @@ def test_only_a_small_regular_file_is_read(tmp_path: Path, kind: str) -> None:
     threading.Thread(target=read, daemon=True).start()
     assert done.wait(30), "reading blocked"
     assert len(errors) == 1 and isinstance(errors[0], Refused), errors
-    expected = {"named pipe": "a named pipe", "link to /dev/zero": "symbolic link", "huge": "more than a format file",
-                "folder": "a folder"}[kind]
+    expected = {"named pipe": "a named pipe", "link to /dev/zero": "symbolic link",
+                "huge": f"more than a {file_kind.name}", "folder": "a folder"}[kind]
     assert expected in str(errors[0])
 
 
