@@ -321,6 +321,7 @@ class StageContext:
         self._native_steps: list[dict[str, Any]] = []
         self.out_dir = scratch / "out"
         self._scratch = Tree(scratch)  # made real by the runner; nothing below it is reached through a link
+        self._scratch.ensure()  # (a context made by hand, e.g. trtflow.testing, may name a folder to create)
         self._scratch.mkdir("out")
 
     def output(self, name: str) -> Path:
