@@ -7,10 +7,14 @@ median of --repeat runs. Beside it, what reading the same file costs with PyYAML
 (`yaml.load(..., CSafeLoader)` in a fresh interpreter), the floor any YAML-based tool starts from. With
 --phases, also the in-process split: load (YAML, schema), expand (matrix, parameters), graph, plan.
 
-Linear planning grows about 10x from 500 to 5,000 nodes (a little less: the start-up is fixed).
+Linear planning grows about 10x from 500 to 5,000 nodes (a little less: the start-up is fixed). With --code, every
+node is instead a `copy` node of the test plugin (tests/reliability/plugins.py) that names a data file and a
+`python:` callable whose file imports a helper module: the path resolution, file hashing, code scanning and module-set
+lookups a `python:` node costs the planner.
 
     python bench/plan_scaling.py                       # 500 5000 20000, 3 repeats
     python bench/plan_scaling.py --sizes 500 5000 --repeat 5 --phases
+    python bench/plan_scaling.py --sizes 500 5000 --code
 """
 
 from __future__ import annotations
@@ -53,10 +57,20 @@ print(f"{t1 - t0:.3f} {t2 - t1:.3f} {t3 - t2:.3f} {t4 - t3:.3f}")
 """
 
 
-def write_recipe(folder: Path, n: int) -> Path:
+def write_recipe(folder: Path, n: int, code: bool = False) -> Path:
     lines = [f"name: scale{n}", "nodes:"]
+    if code:
+        (folder / "data").mkdir(exist_ok=True)
+        for i in range(10):
+            (folder / "data" / f"d{i}.txt").write_text(f"data {i}\n")
+        (folder / "helper.py").write_text("VALUE = 'v'\n")
+        (folder / "model.py").write_text("import helper\n\n\ndef make():\n    return helper.VALUE\n")
     for i in range(n):
         lines.append(f"  - name: n{i:05d}")
+        if code:
+            lines.append("    stage: copy")
+            lines.append(f"    params: {{path: data/d{i % 10}.txt, make: 'python:model.py:make'}}")
+            continue
         lines.append("    stage: synth")
         lines.append(f"    params: {{text: n{i:05d}, size: 64}}")
         if i:
@@ -64,6 +78,16 @@ def write_recipe(folder: Path, n: int) -> Path:
     path = folder / f"scale{n}.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def code_env(work: Path) -> dict[str, str]:
+    """The environment with the test plugin's stages (`copy`) discoverable, as bench/noop_overhead.py makes it."""
+    sys.path.insert(0, str(REPO))
+    from tests.reliability.plugins import subprocess_env, write_plugin_distribution
+
+    env = subprocess_env(write_plugin_distribution(work / "test-plugins"), dict(os.environ))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
 
 
 def child_env(work: Path) -> dict[str, str]:
@@ -92,20 +116,21 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[500, 5000, 20000])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--phases", action="store_true", help="Also time load, expand, graph and plan in-process.")
+    parser.add_argument("--code", action="store_true", help="Nodes with a data file and python: code (see above).")
     args = parser.parse_args()
     trtflow = [shutil.which("trtflow") or sys.executable, *([] if shutil.which("trtflow") else ["-m", "trtflow.cli"])]
     work = Path(tempfile.mkdtemp(prefix="trtflow-plan-scaling-"))
     (work / "pyproject.toml").write_text("")  # the project the recipes belong to
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {load:.2f}; "
-          f"median of {args.repeat}, empty store (every node stale)")
+          f"median of {args.repeat}, empty store (every node stale){'; python: nodes' if args.code else ''}")
     try:
-        env = child_env(work)
+        env = code_env(work) if args.code else child_env(work)
         rows: list[tuple[int, float]] = []
         header = f"{'nodes':>6} | {'trtflow plan':>12} | {'per node':>9} | {'vs first':>8} | {'yaml.load (C) only':>18}"
         print(header + (" | load / expand / graph / plan (in-process)" if args.phases else ""))
         for n in args.sizes:
-            recipe = write_recipe(work, n)
+            recipe = write_recipe(work, n, args.code)
             store = work / f"store{n}"
             plan = statistics.median(timed([*trtflow, "plan", str(recipe), "--store", str(store)], work,
                                            args.repeat, env))

@@ -11,7 +11,12 @@ and prints, side by side with what a user would measure instead (one stream timi
    (LoadGen's verdict: VALID, the p99 within budget with confidence); repeated ``--runs`` times, with the spread;
 4. ``scaling``: one replica process per GPU against one GPU at the same per-GPU concurrency (needs 2+ GPUs),
    repeated ``--runs`` times, with the spread of the efficiency;
-5. ``scenarios``: MLPerf's Offline, SingleStream and MultiStream scenarios through LoadGen.
+5. ``scenarios``: MLPerf's Offline, SingleStream and MultiStream scenarios through LoadGen;
+6. ``capacity``: the serving capacity (highest Server rate whose p99 meets the budget) as the stage reports it: the
+   rate search with ``--duration`` levels ending in its confirmation run, ``--runs`` times; the same search with
+   ``--long-level-s`` levels and no confirmation; and an independent reference: LoadGen's Server scenario driving a
+   plain SUT (a queue and one thread replaying the model as a CUDA graph, nothing of trtflow's server) for
+   ``--reference-s`` at 0.9, 1.0 and 1.1 times the first run's capacity (VALID or not by LoadGen's verdict).
 
     python bench/serving_load.py --device cuda --model resnet50 --out results
     python bench/serving_load.py --device cpu --model tiny_cnn --quick      # try it on a CPU
@@ -24,15 +29,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import queue
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 SHAPES = {"resnet50": [1, 3, 224, 224], "tiny_cnn": [1, 3, 32, 32]}
 
 
@@ -214,7 +222,188 @@ def scenarios(args: argparse.Namespace) -> dict[str, Any]:
     return metrics
 
 
-SECTIONS = {"closed": closed, "curves": curves, "batching": batching, "scaling": scaling, "scenarios": scenarios}
+def _capacity_of(metrics: dict[str, Any]) -> dict[str, Any]:
+    (top,) = metrics["max_rate_meeting_budget"]
+    return top
+
+
+def _capacity_line(label: str, metrics: dict[str, Any]) -> str:
+    top = _capacity_of(metrics)
+    searched = [p for p in metrics["open_loop"] if not p.get("confirmation")]
+    confirmations = [p for p in metrics["open_loop"] if p.get("confirmation")]
+    levels = ", ".join(f"{p['arrival_rate_qps']:g}/s {'ok' if p.get('meets_budget') else 'miss'}" for p in searched)
+    confirmed = ", ".join(f"{p['arrival_rate_qps']:.1f}/s for {p['duration_s']:g} s: p99 {p['latency_ms']['p99']:.2f} "
+                          f"ms, {p['queries']} queries, {'VALID' if p.get('meets_budget') else 'INVALID'}"
+                          for p in confirmations)
+    return (f"  {label}: capacity {top['arrival_rate_qps']} (search {top['search_rate_qps']}, bracket "
+            f"{top['bracket_qps']}, levels {top['level_s']:g} s; {metrics['bench_wall_s']} s)\n"
+            f"    levels: {levels}\n" + (f"    confirmation: {confirmed}" if confirmed else "    no confirmation"))
+
+
+def _plain_loadgen_verdict(run: Any, rate: float, duration: float, budget_ms: float, seed: int) -> dict[str, Any]:
+    """LoadGen's Server scenario at ``rate`` driving a plain SUT (a queue and one worker thread): its verdict."""
+    import tempfile
+
+    import mlperf_loadgen as lg
+
+    from trtflow_stages.measure.loadgen import early_stopping_queries, read_detail, read_trace
+
+    work: queue.Queue = queue.Queue()
+    ready = threading.Event()
+
+    def worker() -> None:
+        for _ in range(3):
+            run()
+        ready.set()
+        while (item := work.get()) is not None:
+            run()
+            lg.QuerySamplesComplete([lg.QuerySampleResponse(item.id, 0, 0)])
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    ready.wait()
+
+    def issue(samples: Any) -> None:
+        for sample in samples:
+            work.put(sample)
+
+    settings = lg.TestSettings()
+    settings.scenario = lg.TestScenario.Server
+    settings.mode = lg.TestMode.PerformanceOnly
+    settings.server_target_qps = rate
+    settings.server_target_latency_ns = int(budget_ms * 1e6)
+    settings.server_target_latency_percentile = 0.99
+    settings.min_duration_ms = int(duration * 1000)
+    settings.min_query_count = early_stopping_queries(0.99)
+    settings.schedule_rng_seed = seed
+    with tempfile.TemporaryDirectory() as folder:
+        logs = lg.LogSettings()
+        logs.log_output.outdir = folder
+        logs.enable_trace = True
+        sut = lg.ConstructSUT(issue, lambda: None)
+        qsl = lg.ConstructQSL(1024, 1024, lambda s: None, lambda s: None)
+        lg.StartTestWithLogSettings(sut, qsl, settings, logs)
+        lg.DestroyQSL(qsl)
+        lg.DestroySUT(sut)
+        detail = read_detail(Path(folder) / "mlperf_log_detail.txt")
+        latencies, _ = read_trace(Path(folder) / "mlperf_log_trace.json")
+    work.put(None)
+    thread.join()
+    ordered = sorted(v / 1e6 for v in latencies)
+    return {"rate": rate, "duration_s": duration, "valid": detail.get("result_validity") == "VALID",
+            "queries": len(ordered), "p99_ms": ordered[int(0.99 * (len(ordered) - 1))] if ordered else None,
+            "overlatency": detail.get("result_overlatency_query_count"),
+            "early_stopping": detail.get("early_stopping_result")}
+
+
+def _graph_replay(args: argparse.Namespace) -> Any:
+    """The model's forward as one CUDA graph replayed on its own stream (or eager on a CPU), synchronised."""
+    import serving_models
+    import torch
+
+    module = getattr(serving_models, args.model)().to(args.device).eval()
+    sample = torch.randn(*SHAPES[args.model], device=args.device)
+    if args.device != "cuda":
+        def eager() -> None:
+            with torch.inference_mode():
+                module(sample)
+        return eager
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.inference_mode(), torch.cuda.stream(stream):
+        for _ in range(3):
+            module(sample)
+        stream.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            module(sample)
+    stream.synchronize()
+
+    def replay() -> None:
+        with torch.cuda.stream(stream):
+            graph.replay()
+        stream.synchronize()
+
+    return replay
+
+
+def capacity(args: argparse.Namespace) -> dict[str, Any]:
+    """The capacity with short levels and a confirmation (``--runs`` times), with long levels, and LoadGen's
+    verdicts on a plain SUT around it; interleaved, and saved after each step (a call cut short keeps them)."""
+    search = {"arrival_rate_qps": [args.start_rate], "latency_budget_ms": args.budget_ms,
+              "rate_search_probes": args.probes, "min_duration_s": 0.3, "warmup_ms": 100}
+    results: dict[str, Any] = {"short": [], "long": None, "long_runs": [], "reference": []}
+    out = args.out / "capacity.json"
+
+    def save() -> None:
+        out.write_text(json.dumps(results, indent=1, default=str))
+
+    def short(index: int) -> None:
+        params = {**base_params(args), **search, "seed": index, "confirm_duration_s": args.confirm_s}
+        metrics = run_benchmark(params, f"capacity-short-{index}")
+        results["short"].append(metrics)
+        print(_capacity_line(f"run {index + 1}, {args.duration:g} s levels + confirmation", metrics), flush=True)
+        save()
+
+    def long(index: int = 0) -> None:
+        params = {**base_params(args), **search, "load_duration_s": args.long_level_s, "confirm_duration_s": 0,
+                  "seed": 100 + index}
+        results["long_runs"].append(run_benchmark(params, f"capacity-long-{index}"))
+        results["long"] = results["long_runs"][0]
+        print(_capacity_line(f"{args.long_level_s:g} s levels, no confirmation, run {index + 1}",
+                             results["long_runs"][-1]), flush=True)
+        save()
+
+    def reference() -> None:
+        if args.reference_rates:
+            rates = [(rate, None) for rate in args.reference_rates]
+        else:
+            center = _capacity_of(results["short"][0])["arrival_rate_qps"] if results["short"] else None
+            if not center:
+                print("  reference: skipped (no confirmed rate to center it on)")
+                return
+            rates = [(round(center * factor, 1), factor) for factor in (0.9, 1.0, 1.1)]
+        run = _graph_replay(args)
+        for rate, factor in rates:
+            verdict = _plain_loadgen_verdict(run, rate, args.reference_s, args.budget_ms, 0)
+            verdict["factor"] = factor
+            results["reference"].append(verdict)
+            print(f"  LoadGen + plain SUT at {verdict['rate']:g}/s{f' ({factor:g} x run 1)' if factor else ''} for "
+                  f"{args.reference_s:g} s: {'VALID' if verdict['valid'] else 'INVALID'}, p99 {verdict['p99_ms']:.2f} "
+                  f"ms, {verdict['queries']} queries, {verdict['overlatency']} over {args.budget_ms:g} ms", flush=True)
+            save()
+
+    print(f"\n== serving capacity: {args.model} on {args.device}, p99 budget {args.budget_ms:g} ms, "
+          f"{'CUDA graphs' if args.cuda_graphs else 'eager'}, no batching")
+    parts = set(args.capacity_parts)
+    shorts = [lambda i=i: short(i) for i in range(args.runs)] if "short" in parts else []
+    longs = [lambda i=i: long(i) for i in range(args.long_runs)] if "long" in parts else []
+    # interleaved (drift over the call hits every configuration alike); the reference after two short runs
+    order = [*shorts[:1], *longs[:1], *shorts[1:2], *([reference] if "reference" in parts else []), *shorts[2:],
+             *longs[1:]]
+    for step in order:
+        step()
+    rates = [_capacity_of(m)["arrival_rate_qps"] for m in results["short"]]
+    confirmed = [r for r in rates if r]
+    print(f"  capacity with {args.duration:g} s levels + confirmation: {spread(confirmed)}; runs: {rates}")
+    long_rates = [_capacity_of(m)["arrival_rate_qps"] for m in results["long_runs"]]
+    if long_rates:
+        print(f"  capacity with {args.long_level_s:g} s levels: {spread([r for r in long_rates if r])}")
+    if long_rates and confirmed:
+        long_rate = statistics.median(r for r in long_rates if r)
+        print(f"  against the {args.long_level_s:g} s levels' median ({long_rate}): "
+              + ", ".join(f"{r / long_rate - 1:+.1%}" for r in confirmed))
+    valid = [v["rate"] for v in results["reference"] if v["valid"]]
+    if valid and confirmed:
+        print(f"  LoadGen + plain SUT: highest VALID rate tried {max(valid):g}; runs against it: "
+              + ", ".join(f"{r / max(valid) - 1:+.1%}" for r in confirmed))
+    results["capacity"] = {"short": rates, "long": long_rates, "reference_valid": valid,
+                           "reference_invalid": [v["rate"] for v in results["reference"] if not v["valid"]]}
+    save()
+    return results["capacity"]
+
+
+SECTIONS = {"closed": closed, "curves": curves, "batching": batching, "scaling": scaling, "scenarios": scenarios,
+            "capacity": capacity}
 
 
 def main() -> int:
@@ -233,6 +422,14 @@ def main() -> int:
                         help="what drives the Server levels (benchmark param load_generator)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="serve CUDA graph replays of the model (benchmark param torch_cuda_graphs)")
+    parser.add_argument("--confirm-s", type=float, default=10.0, help="capacity: confirm_duration_s of the stage")
+    parser.add_argument("--long-level-s", type=float, default=10.0, help="capacity: level length of the long search")
+    parser.add_argument("--reference-s", type=float, default=12.0, help="capacity: seconds per LoadGen reference run")
+    parser.add_argument("--reference-rates", type=float, nargs="*", default=[],
+                        help="capacity: the reference's rates (default: 0.9, 1 and 1.1 x the first run's capacity)")
+    parser.add_argument("--long-runs", type=int, default=1, help="capacity: searches with --long-level-s levels")
+    parser.add_argument("--capacity-parts", nargs="+", choices=["short", "long", "reference"],
+                        default=["short", "long", "reference"], help="capacity: which parts to run")
     parser.add_argument("--quick", action="store_true", help="fewer levels and probes (a trial run)")
     parser.add_argument("--out", type=Path, default=Path("serving-results"))
     args = parser.parse_args()

@@ -41,7 +41,9 @@ from trtflow.stage import (
     METRICS,
     ONNX,
     CodeReference,
+    Figures,
     GateContext,
+    GateVerdict,
     Input,
     Output,
     ProfileSpec,
@@ -49,12 +51,14 @@ from trtflow.stage import (
     Resources,
     Stage,
     StageContext,
+    StageFailed,
     StageSkipped,
 )
 
 from .data import DataSource, InputSpec, data_files, onnx_input_specs
 from .measure.feeds import batch_limits, batch_of, make_feed, resolve_shapes, with_batch
 from .measure.fixed import PointSettings
+from .measure.generation import GenerationBench
 from .measure.load import steady_interpreter
 from .measure.settings import GateFields, LoadFields, TimingFields
 from .runtimes.ort import OrtOptions
@@ -137,6 +141,13 @@ class Params(TimingFields, LoadFields, GateFields):
         "(PyTorch profiler, CUPTI; engines and device cuda). The summary keeps the top 5.",
     )
     kernel_iterations: int = Field(20, ge=1, description="Inferences whose kernels profile_kernels records.")
+    # -- generation -------------------------------------------------------------------------------------------
+    generation: GenerationBench | None = Field(
+        None, description="Time greedy generation of a causal LM exported with its KV cache (task "
+        "text-generation-with-past) instead of fixed batches: time to first token and time per output token per "
+        "request, at context_length prompt tokens and each concurrency, timed in windows like any point (repeats, "
+        "min_iterations requests, min_duration_s, precision_percent, max_duration_s); backend onnxruntime.",
+    )
 
     @field_validator("batch_sizes")
     @classmethod
@@ -188,6 +199,10 @@ class Params(TimingFields, LoadFields, GateFields):
         if self.scenarios and self.load_generator == "trtflow":
             raise ValueError(f"scenarios {self.scenarios} are run by MLPerf LoadGen: set load_generator to auto "
                              "or loadgen")
+        if self.generation is not None and (self.backend not in ("auto", "onnxruntime") or self.has_load or
+                                            self.batch_sizes or self.profile_layers or self.profile_kernels):
+            raise ValueError("generation times an ONNX model with its KV cache on ONNX Runtime; backend, serving "
+                             "load, batch_sizes and profiles do not apply (generation.concurrency sets the load)")
         if self.max_duration_s is not None and self.max_duration_s < self.min_duration_s:
             raise ValueError(f"max_duration_s {self.max_duration_s:g} is below min_duration_s {self.min_duration_s:g}")
         return self
@@ -266,25 +281,32 @@ def _cuda_timer() -> Any:
 
 
 # -- gates (applied by the engine to the summary) -------------------------------------------------------------
-def gate(params: Params, summary: Mapping[str, Any], gate_ctx: GateContext) -> list[str]:
-    """Latency and throughput thresholds, then regression against a pinned baseline or the previous run: the
-    ``fail`` verdicts of `measure.gates.verdicts` (inconclusive ones fail nothing)."""
-    from .measure.gates import failures, verdicts
-
-    return failures(verdicts(params, summary, gate_ctx))
-
-
-def _verdicts_now(ctx: StageContext, params: Params, summary: Mapping[str, Any]) -> list[dict[str, str]]:
-    """The verdicts of the gates as they stand when the node runs (kept in the summary for the reports)."""
-    from trtflow.errors import TrtflowError
-
+def gate(params: Params, summary: Mapping[str, Any], gate_ctx: GateContext) -> list[GateVerdict]:
+    """Latency and throughput limits, then regression against a pinned baseline or the last accepted result
+    (`measure.gates`): typed verdicts; the engine fails the node on the blocking ones."""
     from .measure.gates import verdicts
 
-    gate_ctx = GateContext(previous=ctx.previous_summary, facts=ctx.facts, resolve=ctx.resolve, node=ctx.node)
-    try:
-        return verdicts(params, summary, gate_ctx)
-    except TrtflowError as error:  # the engine's judgement raises it again and reports it
-        return [{"gate": "baseline", "where": "", "verdict": "fail", "message": error.message}]
+    return verdicts(params, summary, gate_ctx)
+
+
+def figures(params: Params, summary: Mapping[str, Any]) -> Figures:
+    """What the recipe's history keeps of a result (`measure.figures`): per point its median and p99 latency and
+    throughput with their intervals, the serving capacity, the scenarios' figures; the gated ones primary."""
+    from .measure.figures import history_figures
+
+    return history_figures(params, summary)
+
+
+def _reference(params: Params, resolve: Any, node: str) -> str | Mapping[str, Any] | None:
+    from .measure.reference import reference_request
+
+    return reference_request(params, resolve, node)
+
+
+def _compares(params: Params) -> bool:
+    from .measure.reference import compares
+
+    return compares(params)
 
 
 def _method(params: Params, backend: str, device: str, runs_on: str) -> dict[str, Any]:
@@ -294,7 +316,8 @@ def _method(params: Params, backend: str, device: str, runs_on: str) -> dict[str
                               "max_duration_s": plan.max_duration_s, "precision_percent": params.precision_percent,
                               "tail_precision_percent": params.tail_precision_percent, "confidence": 0.95,
                               "intervals": "order statistics (percentiles), bootstrap of batch means (mean), "
-                              "widened by the windows' spread", "runs_on": runs_on}
+                              "widened by a Student t interval over the windows' own figures", "runs_on": runs_on,
+                              "data": params.data.model_dump(mode="json") if params.data is not None else None}
     if backend in TRT_FLAVOURS:
         method.update(timing="CUDA events (cuda-python harness)", spin_wait=params.spin_wait,
                       use_cuda_graph=params.use_cuda_graph, include_host_transfers=params.include_host_transfers,
@@ -402,32 +425,135 @@ def _settings(params: Params, device: str) -> PointSettings:
                          params.spin_wait, params.use_cuda_graph, params.include_host_transfers)
 
 
+def _open_reference(ctx: StageContext, params: Params, backend: str, specs: Sequence[InputSpec],
+                    feed: Mapping[str, Any], planned: Any) -> Any:
+    """The reference's call at the gate point, opened with the candidate's runtime and settings (a pinned
+    ``python:`` factory from the reference's copy of its file); raises what keeps it from running here."""
+    from trtflow.callables import load_callable
+    from trtflow.fsutil import project_root
+
+    from .formats.onnx_model import candidate_kind
+    from .measure.calls import torch_call
+    from .measure.reference import torch_factory
+
+    reference = ctx.reference
+    model = reference.inputs.get("model")
+    if backend == "torch" and model is None:
+        spec = planned.params.get("torch_model") or params.torch_model
+        copy = torch_factory(spec, reference, ctx.resolve, project_root(ctx.recipe_dir) or ctx.recipe_dir) \
+            if spec else None
+        if copy is None:
+            raise RecipeError(f"the reference pins no copy of its model factory {spec!r}")
+        module = load_callable(copy, Path, "reference torch_model")()
+        return torch_call(module, specs, feed, params.device)
+    kind = candidate_kind(model) if model is not None else None
+    if kind is None or (backend == "onnxruntime") != (kind == "onnx") or backend == "torch":
+        raise RecipeError(f"the reference is {'no model' if kind is None else 'an ' + kind}, which this node's "
+                          f"backend {backend} does not time beside its candidate")
+    _, ort_session, _, _ = _open_model(ctx, params, backend, model, kind, None)
+    from .measure.calls import onnxruntime_call
+
+    return onnxruntime_call(ort_session, feed, params.device, params.include_host_transfers)[0]
+
+
+def _pairings(ctx: StageContext, params: Params, backend: str, device: str, specs: Sequence[InputSpec],
+              feeds: Sequence[tuple[int, Any, Any]], planned: Any) -> dict[int, Any]:
+    """The gate point timed in pairs with the reference (`measure.ab`), or nothing (``planned.why`` says why)."""
+    from .measure.ab import Pairing
+    from .measure.fixed import host_timer
+    from .measure.reference import gate_batch, pair_plan
+
+    if planned is None or planned.why is not None:
+        return {}
+    batches = [batch for batch, _, _ in feeds]
+    batch = gate_batch(params, batches)
+    if batch is None:
+        planned.why = f"the gate point (batch {params.gate_batch_size}) is not among the measured {batches}"
+        return {}
+    index = batches.index(batch)
+    try:
+        with ctx.native_step(backend, f"opening the reference at batch {batch}"):
+            call = _open_reference(ctx, params, backend, specs, feeds[index][2], planned)
+    except (RecipeError, StageSkipped, StageFailed, OSError) as error:
+        planned.why = f"the reference does not run here: {getattr(error, 'message', None) or error}"
+        return {}
+    settings = _settings(params, device)
+    plan = pair_plan(params, settings.plan.window_s, settings.plan.min_duration_s, settings.plan.max_duration_s,
+                     ctx.gate_family, batch, seed=params.seed)
+    return {index: Pairing(plan, host_timer(call, settings, backend == "torch" and device == "cuda"))}
+
+
+def _engine_reference(ctx: StageContext, params: Params, backend: str, feeds: Sequence[tuple[int, Any, Any]],
+                      planned: Any) -> tuple[Any, tuple[int, int] | None, Any]:
+    """The reference engine, opened, the gate point (batch, streams) it is paired at, and what makes its pairing;
+    (None, None, None) when it cannot be (``planned.why`` says why)."""
+    from .formats.onnx_model import candidate_kind
+    from .measure.ab import Pairing
+    from .measure.reference import gate_batch, pair_plan
+    from .runtimes.trt_runtime import open_engine, provenance_for
+
+    if planned is None or planned.why is not None:
+        return None, None, None
+    model = ctx.reference.inputs.get("model")
+    if model is None or candidate_kind(model) != "engine":
+        planned.why = "the reference is not an engine, which this node's backend times"
+        return None, None, None
+    batches = [batch for batch, _, _ in feeds]
+    batch = gate_batch(params, batches)
+    if batch is None:
+        planned.why = f"the gate point (batch {params.gate_batch_size}) is not among the measured {batches}"
+        return None, None, None
+    try:
+        with ctx.native_step(backend, f"deserialising the reference {model.name}"):
+            reference = open_engine(model, provenance_for(model), backend, ctx.gpu)
+            reference.__enter__()
+    except (RecipeError, StageSkipped, StageFailed, OSError) as error:
+        planned.why = f"the reference does not run here: {getattr(error, 'message', None) or error}"
+        return None, None, None
+    settings = _settings(params, "cuda")
+    streams = min(params.stream_counts)
+    plan = pair_plan(params, settings.plan.window_s, settings.plan.min_duration_s, settings.plan.max_duration_s,
+                     ctx.gate_family, batch, streams, seed=params.seed)
+    return reference, (batch, streams), lambda window: Pairing(plan, window)
+
+
 def _fixed_points(ctx: StageContext, params: Params, backend: str, device: str, opened: tuple[Any, Any, Any],
-                  specs: Sequence[InputSpec], base_shapes: Mapping[str, list[int]]) -> tuple[list, Any, Any]:
+                  specs: Sequence[InputSpec], base_shapes: Mapping[str, list[int]],
+                  planned: Any = None) -> tuple[list, Any, Any, Any]:
     """Every fixed-batch point (batch sizes x streams), and the layer and kernel profiles where asked for. Engine
-    points are timed one after another (each holds its contexts); host-timed ones take turns, a window each."""
+    points are timed one after another (each holds its contexts); host-timed ones take turns, a window each, the
+    gate point in pairs with the reference when there is one (``planned``, `measure.reference`)."""
     from .measure.calls import layer_profile, onnxruntime_call, torch_call
     from .measure.fixed import engine_point, host_points
 
     session, ort_session, torch_module = opened
     settings = _settings(params, device)
     points: list[dict[str, Any]] = []
-    layers = kernels = None
+    layers = kernels = paired = None
     feeds = []
     for batch in list(params.batch_sizes) or [None]:
         shapes = with_batch(base_shapes, batch)
         feeds.append((batch if batch is not None else batch_of(shapes), shapes, make_feed(specs, shapes, params,
                                                                                         ctx.resolve, ctx.log)))
     if session is not None:
+        reference, gate_at, pair = _engine_reference(ctx, params, backend, feeds, planned)
         total = len(feeds) * len(params.stream_counts)
-        for batch_size, shapes, feed in feeds:
-            for streams in params.stream_counts:
-                ctx.progress(0.5 * len(points) / total if params.has_load else len(points) / total,
-                             f"batch {batch_size}, {streams} stream(s): timing on {backend}")
-                with ctx.native_step(backend, f"timing batch {batch_size} on {streams} stream(s)"):
-                    report = engine_point(session, feed, batch_size, streams, settings, _cuda_timer)
-                points.append({"batch_size": batch_size, "streams": streams, "shapes": shapes,
-                               "runs_on": f"{backend} engine, {streams} stream(s)", "report": report})
+        try:
+            for batch_size, shapes, feed in feeds:
+                for streams in params.stream_counts:
+                    paired_here = (batch_size, streams) == gate_at
+                    ctx.progress(0.5 * len(points) / total if params.has_load else len(points) / total,
+                                 f"batch {batch_size}, {streams} stream(s): timing on {backend}"
+                                 + (" in A/B pairs with the reference" if paired_here else ""))
+                    with ctx.native_step(backend, f"timing batch {batch_size} on {streams} stream(s)"):
+                        report = engine_point(session, feed, batch_size, streams, settings, _cuda_timer,
+                                              reference if paired_here else None, pair if paired_here else None)
+                    paired = report.pop("paired", paired)
+                    points.append({"batch_size": batch_size, "streams": streams, "shapes": shapes,
+                                   "runs_on": f"{backend} engine, {streams} stream(s)", "report": report})
+        finally:
+            if reference is not None:
+                reference.__exit__(None, None, None)
     else:
         if ort_session is not None:
             calls = [onnxruntime_call(ort_session, feed, params.device, params.include_host_transfers)
@@ -435,10 +561,13 @@ def _fixed_points(ctx: StageContext, params: Params, backend: str, device: str, 
         else:
             calls = [(torch_call(torch_module, specs, feed, params.device), f"torch {params.device}")
                      for _, _, feed in feeds]
-        ctx.progress(0.0, f"batch {', '.join(str(b) for b, _, _ in feeds)}: timing on {backend}, in turns")
+        pairings = _pairings(ctx, params, backend, device, specs, feeds, planned)
+        ctx.progress(0.0, f"batch {', '.join(str(b) for b, _, _ in feeds)}: timing on {backend}, in turns"
+                     + (" (the gate point in A/B pairs with the reference)" if pairings else ""))
         with ctx.native_step(backend, f"timing batch {', '.join(str(b) for b, _, _ in feeds)}"), steady_interpreter():
             reports = host_points([call for call, _ in calls], [b for b, _, _ in feeds], settings,
-                                  cuda_events=backend == "torch" and device == "cuda")
+                                  cuda_events=backend == "torch" and device == "cuda", pairings=pairings)
+        paired = next((pairing.summary() for pairing in pairings.values()), None)
         points = [{"batch_size": batch_size, "streams": 1, "shapes": shapes, "runs_on": how, "report": report}
                   for (batch_size, shapes, _), (_, how), report in zip(feeds, calls, reports, strict=True)]
     for point in points:
@@ -458,12 +587,13 @@ def _fixed_points(ctx: StageContext, params: Params, backend: str, device: str, 
     if params.profile_layers and session is not None:
         with ctx.native_step(backend, f"profiling layers at batch {batch_size}"):
             layers = dict(layer_profile(session, feed, params.profile_iterations, _cuda_timer), batch_size=batch_size)
-    return points, layers, kernels
+    return points, layers, kernels, paired
 
 
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
     from .formats.onnx_model import candidate_kind
     from .measure.interference import HostWatch
+    from .measure.reference import planned as planned_reference
     from .runtimes.trt_runtime import read_provenance
 
     model = inputs.get("model")
@@ -472,14 +602,18 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     backend = _choose_backend(params, kind, provenance)
     device = "cuda" if backend in TRT_FLAVOURS else params.device
     watch = HostWatch()
+    if params.generation is not None:
+        return _generation(ctx, params, model, device, watch)
 
     session, ort_session, torch_module, specs = _open_model(ctx, params, backend, model, kind, provenance)
+    reference = planned_reference(params, ctx.reference, ctx.resolve, ctx.node)
     base_shapes = resolve_shapes(specs, params)
     if session is not None:
         session.__enter__()
     try:
-        points, layers, kernels = _fixed_points(ctx, params, backend, device, (session, ort_session, torch_module),
-                                                specs, base_shapes)
+        points, layers, kernels, paired = _fixed_points(ctx, params, backend, device,
+                                                        (session, ort_session, torch_module), specs, base_shapes,
+                                                        reference)
     finally:
         if session is not None:
             session.__exit__(None, None, None)
@@ -502,6 +636,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         "points": points,
         **load_result,
     }
+    if reference is not None:
+        metrics["reference"] = reference.summary(paired)
     if kernels is not None:
         from .measure.kernels import top_kernels
 
@@ -512,7 +648,36 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         ctx.output("layers").write_text(json.dumps(layers, indent=2) + "\n", encoding="utf-8")
         metrics["top_layers"] = layers["profile"]["layers"][:TOP_LAYERS]
     summary = summary_of(metrics, ctx.facts, params)
-    summary["verdicts"] = metrics["verdicts"] = _verdicts_now(ctx, params, summary)
+    ctx.output("metrics").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    ctx.progress(1.0, "done")
+    return summary
+
+
+def _generation(ctx: StageContext, params: Params, model: Path | None, device: str, watch: Any) -> dict[str, Any]:
+    """Time to first token and per output token at each concurrency (`measure.generation`)."""
+    from .accuracy.recovery import runtime_options
+    from .measure.calls import ort_providers
+    from .measure.generation import level_line, measure_generation
+    from .runtimes.generation import OrtDecoder
+    from .runtimes.ort import create_session
+
+    assert model is not None and params.generation is not None
+    with ctx.native_step("onnxruntime", f"creating a session for {model.name}"):
+        session = create_session(model, runtime_options(model, params.onnxruntime, ctx.log).options,
+                                 ort_providers(device))
+    decoder = OrtDecoder(session)
+    with ctx.native_step("onnxruntime", "timing greedy generation"):
+        levels = measure_generation(decoder, params.generation, params.window_plan(),
+                                    progress=lambda text: ctx.progress(0.5, text))
+    for level in levels:
+        ctx.log.info("%s", level_line(level))
+    method = _method(params, "onnxruntime", device, f"onnxruntime {session.get_providers()[0]}")
+    method.update(timing="host clock from a request's start to each token on the host",
+                  generation=params.generation.model_dump())
+    metrics: dict[str, Any] = {"backend": "onnxruntime", "device": device, "method": method,
+                               "host": watch.report(), "points": [], "generation": levels}
+    summary = summary_of(metrics, ctx.facts, params)
+    summary["generation"] = levels
     ctx.output("metrics").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     ctx.progress(1.0, "done")
     return summary
@@ -546,7 +711,7 @@ def summary_of(metrics: Mapping[str, Any], facts: Mapping[str, str], params: Par
         "host": {key: metrics["host"].get(key) for key in ("others_cpu_percent", "wait_percent", "steal_percent",
                                                           "load_average_before", "load_average_after")},
     }
-    for key in ("load", "open_loop", "max_rate_meeting_budget", "scaling", "scenarios"):
+    for key in ("load", "open_loop", "max_rate_meeting_budget", "scaling", "scenarios", "reference"):
         if key in metrics:
             summary[key] = metrics[key]
     for key in ("top_kernels", "kernel_time_per_iteration_ms"):
@@ -587,4 +752,7 @@ stage = Stage(
     preload=("onnxruntime", "numpy"),
     gate=gate,
     gate_params=GATE_PARAMS,
+    compares=_compares,
+    reference=_reference,
+    figures=figures,
 )

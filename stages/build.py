@@ -38,6 +38,7 @@ from trtflow.stage import (
 )
 
 from .accuracy.diagnosis import hint_text, memory_findings, trt_build_repro
+from .formats.generation import check_profiles as check_cache_profiles
 from .formats.onnx_model import ModelFacts, inspect_model
 from .runtimes.profiles import check_profiles
 from .runtimes.tensorrt import (
@@ -385,6 +386,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     facts = inspect_model(model_path)
     profiles = params.all_profiles()
     check_profiles(profiles, facts.inputs)
+    check_cache_profiles(profiles)  # a KV-cache model's: attention_mask as long as past + sequence
 
     trt = import_trt(backend)
     version = str(trt.__version__)

@@ -10,13 +10,25 @@ fix, rather than one stage later in an ONNX Runtime error that does not point ba
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from trtflow.stage import ONNX, Output, ProfileSpec, Stage, StageContext, StageFailed, StageParams
+from trtflow.stage import (
+    ONNX,
+    Output,
+    ProfileSpec,
+    RecipeMismatch,
+    Stage,
+    StageContext,
+    StageFailed,
+    StageParams,
+)
 
+from .accuracy.generation import GenerationCheck
 from .formats.onnx_model import describe_onnx
 from .formats.torch_check import (
     CheckShape,
@@ -65,8 +77,22 @@ class Params(StageParams):
     )
     task: str | None = Field(
         default=None, description="Hugging Face folders: the task whose head to export (feature-extraction, "
-        "text-classification, fill-mask, text-generation, image-classification, object-detection, ...). Default: "
-        "the one config.json's architectures name.")
+        "text-classification, fill-mask, question-answering, text-generation, text-generation-with-past (a KV cache "
+        "in and out, for generation), text2text-generation, "
+        "image-classification, object-detection, semantic-segmentation, zero-shot-image-classification, "
+        "image-feature-extraction, text-feature-extraction, audio-classification, automatic-speech-recognition, "
+        "...; README lists them). Default: the one config.json's architectures name.")
+    part: Literal["encoder", "decoder"] | None = Field(
+        default=None, description="Hugging Face encoder-decoder models (T5, BART, Whisper): which part to export, "
+        "the encoder or the decoder (fed the encoder's hidden states; no KV cache). Default: the encoder.")
+    trust_code: bool = Field(
+        default=False, description="Trust the model file's own program, as a python: factory is trusted. TorchScript "
+        "archives, .pt2 programs, TensorFlow SavedModels and Keras files run code of their own when read or traced "
+        "(README: Model files): without this they are converted in a child process the kernel confines (Linux "
+        "Landlock: writes only in the node's scratch folder, no network), refused where no confinement is "
+        "available, and a .pt2 holding pickled objects is refused. true: converted unconfined, as trtflow did "
+        "before it confined them. Set it only for a file you would run as a program; `trtflow plan` shows it. It "
+        "may be turned on only in a recipe file, not with --set.", json_schema_extra={"written_in_recipe": True})
     factory_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the factory.")
     checkpoint: str | None = Field(
         default=None,
@@ -78,8 +104,11 @@ class Params(StageParams):
         "archives; .pt2 programs, Hugging Face folders and TensorFlow models declare their own (given here, they "
         "replace them). Named like forward()'s parameters they are passed by name; otherwise by position.",
     )
-    outputs: list[str] = Field(default_factory=lambda: ["output"], description="Names given to the outputs "
-                               "(self-describing formats: default the model's own names).")
+    outputs: list[str] | None = Field(
+        default=None, description="Names given to the outputs, one per output tensor. Default: the model's own (a "
+        "Hugging Face model's output fields such as logits or last_hidden_state, a TensorFlow signature's keys, "
+        "the keys of a dict or the fields of a named tuple forward() returns), else 'output' for one output and "
+        "output_0, output_1, ... for several.")
     opset: int = Field(default=17, ge=9, le=23, description="ONNX opset version to export with.")
     dynamo: bool = Field(
         default=False,
@@ -96,6 +125,23 @@ class Params(StageParams):
     atol: float = Field(default=1e-4, ge=0, description="Absolute tolerance of the ONNX Runtime check.")
     rtol: float = Field(default=1e-3, ge=0, description="Relative tolerance of the ONNX Runtime check.")
     seed: int = Field(default=0, description="Seed of the sample input.")
+    generation: GenerationCheck | None = Field(
+        default=None, description="task text-generation-with-past: the greedy-generation check against "
+        "transformers' generate (prompts, new_tokens, min_tokens_matched); default: 4 random prompts of 8 token "
+        "ids, 8 new tokens, every token equal and the logits within atol/rtol at every step.")
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, value: str | None) -> str | None:
+        from trtflow.errors import did_you_mean
+
+        from .formats.huggingface import TASKS
+
+        if value is not None and value not in TASKS:
+            suggestion = did_you_mean(value, list(TASKS))
+            raise ValueError(f"task {value!r} is not a task export knows" + (f"; {suggestion}" if suggestion else "")
+                             + f" (tasks: {', '.join(TASKS)})")
+        return value
 
     @field_validator("model")
     @classmethod
@@ -107,6 +153,13 @@ class Params(StageParams):
         if not value.startswith("python:") and not re.fullmatch(r"[\w.]+:\w+", value):
             return value  # a path: its format is found when the stage runs (a folder cannot be told by name)
         return validate_spec(value)
+
+    @model_validator(mode="after")
+    def _generation_for_its_task(self) -> Params:
+        if self.generation is not None and self.task != "text-generation-with-past":
+            raise ValueError("generation (the greedy-generation check) applies to task text-generation-with-past, "
+                             f"not {self.task or 'the default task'}")
+        return self
 
     @model_validator(mode="after")
     def _inputs_for_torch(self) -> Params:
@@ -130,12 +183,21 @@ class Params(StageParams):
                                      f"inputs {list(self.inputs)}")
                 for axis, (low, high) in enumerate(zip(shape_range.min, shape_range.max, strict=True)):
                     if axis < len(spec.shape) and axis not in spec.dynamic_axes and {low, high} != {spec.shape[axis]}:
+                        if low == high:
+                            raise ValueError(f"profile {profile.name!r} gives axis {axis} of {name!r} the size {low}, "
+                                             f"but inputs.{name}.shape has {spec.shape[axis]} there (a fixed axis)")
                         raise ValueError(f"profile {profile.name!r} varies axis {axis} of {name!r} ({low}..{high}) "
                                          f"but inputs.{name}.dynamic_axes does not mark axis {axis} dynamic")
                 if len(shape_range.min) != len(spec.shape):
                     raise ValueError(f"profile {profile.name!r}: {name!r} has rank {len(shape_range.min)} but the "
                                      f"sample shape {spec.shape} has rank {len(spec.shape)}")
         return self
+
+    def notices(self) -> list[str]:
+        if not self.trust_code:
+            return []
+        return [f"trust_code: true: {self.model}'s own code runs unconfined when it is read (like a python: "
+                "factory)"]
 
     @property
     def is_onnx_file(self) -> bool:
@@ -176,7 +238,25 @@ def _files(params: Params) -> list[str]:
     files = callable_files(params.model) if params.model.startswith("python:") else [params.model]
     if params.checkpoint:
         files.append(params.checkpoint)
+    if params.generation is not None:
+        files += params.generation.prompts.files()
     return files
+
+
+def _check_files(params: Params, files: Mapping[str, Path]) -> None:
+    """At plan time: the model file or folder holds what its name says (a Hugging Face folder has a config.json,
+    a .pt file is a TorchScript archive...), so a wrong path is a recipe error at the node's line, before any work."""
+    from .formats.sources import check_content, detect
+
+    path = files.get(params.model)
+    if path is None:
+        return
+    fmt = detect(params.model, path)
+    check_content(fmt, path, params.model)
+    if (params.task is not None or params.part is not None) and fmt.name != "huggingface":
+        raise RecipeMismatch(f"task: and part: are for Hugging Face model folders; {params.model!r} is not one "
+                             f"({fmt.label})",
+                          hint="leave task and part out")
 
 
 def _environment(params: Params) -> list[str]:
@@ -262,29 +342,42 @@ def _check_shape(ctx: StageContext, params: Params, session: Any, path: Path, mo
     arrays = sample_inputs(params, check.shapes)
     try:
         expected = torch_outputs(model, binding, params, arrays)
-    except Exception as error:
-        return ShapeResult(check, "skipped", f"PyTorch itself fails at this shape: {type(error).__name__}: "
-                           f"{' '.join(str(error).split())[:300]}")
+    except Exception as error:  # the model's own code: any exception type
+        detail = f"PyTorch itself fails at this shape: {_first_line(error)}"
+        if check.origin == "derived from the sample":  # a size we chose, not one the recipe promises
+            return ShapeResult(check, "skipped", detail)
+        return ShapeResult(check, "failed", detail, cause="framework")
+    shapes = [list(e.shape) for e in expected]
     feed = {i.name: arrays[i.name] for i in session.get_inputs()}
     try:
         with ort_run_step(ctx, path, feed, what=f"checking the exported model at {check.label}"):
             actual = session.run(None, feed)
     except Exception as error:
         detail, node = ort_error(error)
-        return ShapeResult(check, "failed", f"ONNX Runtime: {detail}", node=node)
+        return ShapeResult(check, "failed", f"ONNX Runtime: {detail}", node=node, output_shapes=shapes)
     worst = 0.0
     for index, (exp, got) in enumerate(zip(expected, actual, strict=False)):
         got = np.asarray(got, dtype=np.float32)
         name = params.outputs[index] if index < len(params.outputs) else f"#{index}"
         if exp.shape != got.shape:
             return ShapeResult(check, "deviates", f"output {name}: ONNX Runtime shape {list(got.shape)}, PyTorch "
-                               f"{list(exp.shape)}")
+                               f"{list(exp.shape)}", output_shapes=shapes)
         diff = float(np.max(np.abs(exp - got))) if exp.size else 0.0
         worst = max(worst, diff)
         if not np.allclose(got, exp, atol=params.atol, rtol=params.rtol, equal_nan=True):
             return ShapeResult(check, "deviates", f"output {name}: ONNX Runtime differs from PyTorch by up to "
-                               f"{diff:.3g} (atol {params.atol}, rtol {params.rtol})", max_abs_diff=diff)
-    return ShapeResult(check, "ok", max_abs_diff=worst)
+                               f"{diff:.3g} (atol {params.atol}, rtol {params.rtol})", max_abs_diff=diff,
+                               output_shapes=shapes)
+    return ShapeResult(check, "ok", max_abs_diff=worst, output_shapes=shapes)
+
+
+def _first_line(error: BaseException) -> str:
+    """An exception as one line: TorchScript's interpreter traceback cut off (its cause is the last line)."""
+    text = str(error)
+    if "Traceback of TorchScript" in text or "The following operation failed" in text:
+        lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+        text = lines[-1] if lines else text
+    return f"{type(error).__name__}: {' '.join(text.split())[:300]}"
 
 
 def _check_model(ctx: StageContext, params: Params, path: Path, model: Any, binding: Any,
@@ -349,10 +442,15 @@ def _fail_at(ctx: StageContext, params: Params, model: Any, binding: Any, path: 
 
     check = result.check
     sizes = params.dim_sizes()
+    if result.cause == "framework":
+        return RecipeMismatch(f"the model cannot run at {check.label}, which the recipe declares: {result.detail}",
+                           hint=f"lower the {check.origin.split()[-1]} of {check.dim!r} in the profiles "
+                           f"({', '.join(p.name for p in params.profiles)}) to sizes the model takes"
+                           if check.dim else "give a sample shape the model takes (inputs: shape)")
     what = (f"the exported model {'fails' if result.status == 'failed' else 'deviates from PyTorch'} at "
             f"{check.label}: {result.detail}")
     if check.dim is None:
-        return StageFailed(what, hint="the export is not faithful even at the sample shape; check the "
+        return StageFailed(what, hint=f"the export is not faithful at the {check.origin} shape; check the "
                            "operators named in the log, or loosen atol/rtol")
     baked = baked_sizes(path, [sizes[check.dim]])
     nodes = [result.node] if result.node else []
@@ -371,37 +469,72 @@ def _fail_at(ctx: StageContext, params: Params, model: Any, binding: Any, path: 
     return StageFailed(f"{what}; {cause}", hint="; ".join(fixes))
 
 
-def _sample_fits(ctx: StageContext, params: Params, model: Any, binding: Any) -> None:
-    """Run the model once on the sample: an input of the wrong dtype, range or rank fails here, saying what to set
-    (another error is left to the exporter and the checks, which say what they could not do)."""
-    from .formats.torch_check import explain_input_error
+def _sample_fits(ctx: StageContext, params: Params, model: Any, binding: Any) -> list[str]:
+    """Run the model once on the sample: inputs it cannot take (the wrong dtype, range, rank or size) fail here,
+    naming what to set, before any exporter runs. Returns names for its outputs (`torch_check.output_names`)."""
+    from .formats.torch_check import explain_input_error, output_names, torch_result
 
+    shapes = {n: s.shape for n, s in params.inputs.items()}
     try:
-        torch_outputs(model, binding, params, sample_inputs(params, {n: s.shape for n, s in params.inputs.items()}))
-    except Exception as error:
+        result = torch_result(model, binding, params, sample_inputs(params, shapes))
+    except Exception as error:  # the model's own code: any exception type
+        ctx.log.info("the model fails on the sample inputs", exc_info=True)
         explained = explain_input_error(error, params, model)
         if explained is not None:
-            raise StageFailed(*explained) from error
-        ctx.log.warning("the model fails on the sample inputs in eager PyTorch: %s: %s", type(error).__name__,
-                        " ".join(str(error).split())[:400])
+            raise RecipeMismatch(*explained) from None
+        given = ", ".join(f"{n}: {s.dtype}{list(s.shape)}" for n, s in params.inputs.items())
+        raise StageFailed(f"the model fails on the sample inputs ({given}): {_first_line(error)}",
+                          hint="give inputs: with the names, ranks, sizes and dtypes forward() takes (the node's log "
+                          "holds the model's traceback)") from None
+    return output_names(result)
 
 
-def _export_pytorch(ctx: StageContext, params: Params, target: Path, model: Any, program: Any = None,
-                    by_name: list[str] | None = None, dim_names: dict[str, str] | None = None) -> dict[str, Any]:
-    """Export a PyTorch model (``program``: its torch.export program, exported as is; ``by_name``: forward()'s
-    argument names where Python cannot see them, as in a TorchScript module) and check it at several shapes."""
+def _named_outputs(params: Params, found: list[str]) -> Params:
+    """``params`` with output names: the recipe's (one per output tensor), else the model's own."""
+    if params.outputs is None:
+        return params.model_copy(update={"outputs": found})
+    if len(params.outputs) != len(found):
+        raise RecipeMismatch(f"outputs: names {len(params.outputs)} output(s) {params.outputs}, but the model returns "
+                          f"{len(found)} tensor(s) (its own names: {found})",
+                          hint="give one name per output tensor, or leave outputs out to use the model's own names")
+    return params
+
+
+def _bind(params: Params, model: Any, by_name: list[str] | None) -> Any:
+    """How the recipe's inputs reach forward(): by name where forward()'s names are known (a TorchScript module's
+    schema, a program's inputs), else `bind_inputs`."""
+    from trtflow.errors import did_you_mean
+
     from .formats.torch_export import Binding, bind_inputs
 
     names = list(params.inputs)
-    binding = bind_inputs(model, names)
-    if by_name and set(names) <= set(by_name):
-        binding = Binding(tuple(n for n in by_name if n in names), by="name")
+    if not by_name:
+        return bind_inputs(model, names)
+    if set(names) <= set(by_name):
+        return Binding(tuple(n for n in by_name if n in names), by="name")
+    unknown = [n for n in names if n not in by_name]
+    suggestions = [s for s in (did_you_mean(n, by_name) for n in unknown) if s]
+    raise RecipeMismatch(f"input {unknown[0]!r} is not an argument of the model's forward({', '.join(by_name)})"
+                      + (f"; {suggestions[0]}" if suggestions else ""),
+                      hint=f"name the inputs like forward()'s arguments: {', '.join(by_name)}")
+
+
+def _export_pytorch(ctx: StageContext, params: Params, target: Path, model: Any, program: Any = None,
+                    by_name: list[str] | None = None, dim_names: dict[str, str] | None = None,
+                    limits: dict[str, Any] | None = None,
+                    checks: list[CheckShape] | None = None) -> tuple[dict[str, Any], Params]:
+    """Export a PyTorch model (``program``: its torch.export program, exported as is; ``by_name``: forward()'s
+    argument names where Python cannot see them, as in a TorchScript module; ``limits``: how far each dynamic dim
+    may go) and check it at several shapes (``checks``, default `check_shapes`). Returns the summary and the params
+    it used (output names resolved)."""
+    binding = _bind(params, model, by_name)
     for note in binding.notes:
         ctx.log.info("%s", note)
+    _within_limits(params, limits or {})
     warnings = size_one_warnings(params)
     for warning in warnings:
         ctx.log.warning("%s", warning)
-    _sample_fits(ctx, params, model, binding)
+    params = _named_outputs(params, _sample_fits(ctx, params, model, binding))
     ctx.progress(0.1, f"exporting with {'torch.export (dynamo)' if params.dynamo else 'TorchScript'}")
     try:
         _export(ctx, params, model, binding, params.dynamo, target, program)
@@ -422,7 +555,7 @@ def _export_pytorch(ctx: StageContext, params: Params, target: Path, model: Any,
                 hint="the model's code turns that size into a constant (int() on a size, a Python branch or loop "
                 "on it, .item()): keep it symbolic, use a sample size of 2 or more, or remove the name from "
                 "dynamic_axes if the size never changes")
-    checks = check_shapes(params)
+    checks = checks or check_shapes(params)
     summary: dict[str, Any] = {"exporter": "dynamo" if params.dynamo else "torchscript",
                                "inputs_bound_by": binding.by}
     if warnings:
@@ -430,25 +563,62 @@ def _export_pytorch(ctx: StageContext, params: Params, target: Path, model: Any,
     _checker(target)
     if not params.check:
         summary["checked"] = False
-        return summary
+        return summary, params
     results = _check_model(ctx, params, target, model, binding, checks)
     summary["checked_shapes"] = [r.record() for r in results]
     for result in results:
         if result.status == "skipped":
             ctx.log.warning("not checked at %s: %s", result.check.label, result.detail)
+            summary.setdefault("warnings", []).append(f"not checked at {result.check.label}: {result.detail}")
         if result.status in ("failed", "deviates"):
             raise _fail_at(ctx, params, model, binding, target, result, checks)
-    compared = [r for r in results if r.status == "ok"]
-    if not compared:  # every shape was skipped: nothing was compared, so nothing is claimed
-        summary["checked"] = False
-        summary["not_checked_because"] = "; ".join(f"at {r.check.label}: {r.detail}" for r in results)
-        ctx.log.warning("the exported model was not compared with PyTorch at any shape: %s",
-                        summary["not_checked_because"])
-        return summary
+    compared = [r for r in results if r.status == "ok"]  # the sample at least: it ran in PyTorch (_sample_fits)
+    _name_output_dims(ctx, params, target, compared)
     summary["checked"] = True
     summary["checked_at"] = [r.check.label for r in compared]
     summary["max_abs_diff_vs_torch"] = max(r.max_abs_diff or 0.0 for r in compared)
-    return summary
+    return summary, params
+
+
+def _within_limits(params: Params, limits: dict[str, Any]) -> None:
+    """Refuse a profile that asks a dim to go beyond what the model takes (RoBERTa's 128 tokens), before exporting."""
+    for profile in params.profiles:
+        for name, shape_range in profile.shapes.items():
+            spec = params.inputs.get(name)
+            if spec is None:
+                continue
+            for axis, dim in spec.dynamic_axes.items():
+                limit = limits.get(dim)
+                if limit is None or axis >= len(shape_range.max):
+                    continue
+                low, high = shape_range.min[axis], shape_range.max[axis]
+                if limit.high is not None and high > limit.high:
+                    raise RecipeMismatch(f"profile {profile.name!r} asks {dim!r} up to {high} (input {name!r}, axis "
+                                      f"{axis}), but the model takes at most {limit.high}: {limit.why}",
+                                      hint=f"set the profile's max {dim} to {limit.high} or less")
+                if low < limit.low:
+                    raise RecipeMismatch(f"profile {profile.name!r} asks {dim!r} down to {low} (input {name!r}, axis "
+                                      f"{axis}), but the model needs at least {limit.low}: {limit.why}",
+                                      hint=f"set the profile's min {dim} to {limit.low} or more")
+
+
+def _name_output_dims(ctx: StageContext, params: Params, target: Path, compared: list[ShapeResult]) -> None:
+    """Give the outputs' dynamic dims the names of the input dims they follow (`formats.dim_names`)."""
+    from .formats.dim_names import Observation, dynamic_output_axes, output_dim_names, rename_output_dims
+
+    sample = params.dim_sizes()
+    observations = []
+    for result in compared:
+        if result.output_shapes is None or len(result.output_shapes) != len(params.outputs or []):
+            continue
+        dims = dict(sample)
+        if result.check.dim is not None and result.check.size is not None:
+            dims[result.check.dim] = result.check.size
+        observations.append(Observation(dims, dict(zip(params.outputs or [], result.output_shapes, strict=True))))
+    names = output_dim_names(observations, dynamic_output_axes(target))
+    renamed = rename_output_dims(target, names)
+    if renamed:
+        ctx.log.info("output dims named after the input dims they follow: %s", renamed)
 
 
 def _checker(path: Path) -> None:
@@ -471,12 +641,55 @@ def _check_onnx_file(ctx: StageContext, params: Params, path: Path) -> dict[str,
     found = recover(path, log=ctx.log)  # a crash in a child: settings that run (accuracy.recovery)
     try:
         with ort_session_step(ctx, path, options=found.options):
-            create_session(path, found.options)
+            session = create_session(path, found.options)
     except Exception as exc:
         raise StageFailed(f"ONNX Runtime cannot load the model: {str(exc)[:500]}") from exc
+    summary: dict[str, Any] = {"checked": "loads in ONNX Runtime"}
+    if params.profiles:
+        summary["checked"] = "loads and runs in ONNX Runtime at the profiles' min and max"
+        summary["checked_shapes"] = _run_at_profiles(ctx, params, path, session)
     if found.recovered:
-        return {"checked": "loads in ONNX Runtime", "runtime_settings": found.record(), "notes": [found.note()]}
-    return {"checked": "loads in ONNX Runtime"}
+        summary.update(runtime_settings=found.record(), notes=[found.note()])
+    return summary
+
+
+def _run_at_profiles(ctx: StageContext, params: Params, path: Path, session: Any) -> list[dict[str, Any]]:
+    """Run an ONNX file at each profile's min and max (random values; integers 0 or 1): a profile the model cannot
+    run fails here, not in a build or a Triton server."""
+    import numpy as np
+
+    from .accuracy.diagnosis import ort_run_step
+    from .formats.onnx_model import inspect_model
+    from .runtimes.profiles import check_profiles
+
+    check_profiles(params.profiles, inspect_model(path).inputs)
+    types = {i.name: i.type for i in session.get_inputs()}
+    rng = np.random.default_rng(params.seed)
+    checked = []
+    for profile in params.profiles:
+        for pick in ("min", "max"):
+            shapes = {name: list(getattr(shape, pick)) for name, shape in profile.shapes.items()}
+            feed = {}
+            for name, kind in types.items():
+                shape = shapes.get(name)
+                if shape is None:
+                    continue
+                if "int" in kind:
+                    feed[name] = rng.integers(0, 2, size=shape).astype("int32" if "int32" in kind else "int64")
+                elif "bool" in kind:
+                    feed[name] = rng.random(shape) > 0.5
+                else:
+                    feed[name] = rng.random(shape).astype("float16" if "float16" in kind else "float32")
+            label = f"profile {profile.name!r} {pick} ({', '.join(f'{n} {s}' for n, s in shapes.items())})"
+            try:
+                with ort_run_step(ctx, path, feed, what=f"running the model at {label}"):
+                    session.run(None, feed)
+            except Exception as error:  # ONNX Runtime raises its own types
+                detail, _ = ort_error(error)
+                raise RecipeMismatch(f"the model cannot run at {label}, which the recipe declares: {detail}",
+                                     hint=f"give profile {profile.name!r} sizes the model takes") from None
+            checked.append({"profile": profile.name, "at": pick, "shapes": shapes, "status": "ok"})
+    return checked
 
 
 def _copy_onnx(ctx: StageContext, params: Params, source: Path, target: Path) -> dict[str, Any]:
@@ -491,12 +704,12 @@ def _copy_onnx(ctx: StageContext, params: Params, source: Path, target: Path) ->
     return _check_onnx_file(ctx, params, target)
 
 
-def _declared(params: Params, inputs: dict[str, dict[str, Any]], outputs: list[str]) -> Params:
+def _declared(params: Params, inputs: dict[str, dict[str, Any]], outputs: list[str] | None = None) -> Params:
     """``params`` with the inputs (and output names) the model declares, unless the recipe gave its own."""
     update: dict[str, Any] = {}
     if not params.inputs:
         update["inputs"] = inputs
-    if "outputs" not in params.model_fields_set and outputs:
+    if params.outputs is None and outputs:
         update["outputs"] = outputs
     if not update:
         return params
@@ -508,14 +721,23 @@ def _declared(params: Params, inputs: dict[str, dict[str, Any]], outputs: list[s
 
 
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
+    from .formats import confinement
     from .formats.sources import check_content, detect
+    from .formats.trust import decide
 
     target = ctx.output("model")
     source = None if params.model.startswith("python:") else ctx.resolve(params.model)
     fmt = detect(params.model, source)
     if source is not None:
         check_content(fmt, source, params.model)
+    if (params.task is not None or params.part is not None) and fmt.name != "huggingface":
+        raise RecipeMismatch(f"task: and part: are for Hugging Face model folders; {params.model!r} is not one "
+                             f"({fmt.label})",
+                          hint="leave task and part out")
     summary_extra: dict[str, Any] = {"format": fmt.name}
+    permit = decide(fmt, source, params.model, params.trust_code) if source is not None else None
+    if permit is not None:
+        summary_extra.update(permit.record())
     ctx.progress(0.02, f"reading the {fmt.label}")
     if fmt.name == "onnx":
         assert source is not None
@@ -523,23 +745,97 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     elif fmt.name in ("tensorflow", "keras"):
         from .formats.tensorflow import convert
 
-        assert source is not None
-        ctx.progress(0.1, "converting with tf2onnx (in a child process)")
-        result = convert(source, target, params.opset, fmt.name == "keras", params.atol, params.rtol, ctx.log)
+        assert source is not None and permit is not None
+        ctx.progress(0.1, "converting with tf2onnx (in a child process" + (", confined)" if permit.confined else ")"))
+        result = convert(source, target, params.opset, fmt.name == "keras", params.atol, params.rtol,
+                         ctx.scratch / "confined", confine_child=permit.confined, log=ctx.log,
+                         outputs=params.outputs, ranges=_profile_ranges(params))
         check = {"exporter": "tf2onnx", "checked": True, "checked_shapes": result["checked_shapes"],
                  "max_abs_diff_vs_tensorflow": max(c["max_abs_diff_vs_tensorflow"] for c in result["checked_shapes"])}
         _checker(target)
     elif fmt.name == "python":
-        check = _export_pytorch(ctx, params, target, _build_model(ctx, params))
-        write_source(ctx, params)
+        check, used = _export_pytorch(ctx, params, target, _build_model(ctx, params))
+        write_source(ctx, used)
+    elif permit is not None and permit.confined:
+        assert source is not None
+        check = _export_confined(ctx, params, fmt.name, source, target, summary_extra)
     else:
         assert source is not None
-        check = _export_saved_torch(ctx, params, fmt.name, source, target, summary_extra)
+        with confinement.trusting() if permit is not None and permit.mode == "trusted" else nullcontext():
+            check = _export_saved_torch(ctx, params, fmt.name, source, target, summary_extra)
     summary = describe_onnx(target)
     summary.update(summary_extra)
     summary.update(check)
     ctx.log.info("exported %s (%s): %s", params.model, fmt.label, summary)
     return summary
+
+
+#: What the confined child may add to the summary, with its type (it runs the model's code, so nothing else is
+#: taken from it, and nothing of another type).
+_CHILD_SUMMARY: dict[str, type | tuple[type, ...]] = {
+    "exporter": str, "inputs_bound_by": str, "warnings": list, "checked": (bool, str), "checked_at": list,
+    "checked_shapes": list, "max_abs_diff_vs_torch": (int, float), "not_checked_because": str,
+    "task": str, "model_type": str, "part": str}
+_CHILD_EXTRA = ("task", "model_type", "part")
+
+
+def _export_confined(ctx: StageContext, params: Params, fmt: str, source: Path, target: Path,
+                     extra: dict[str, Any]) -> dict[str, Any]:
+    """`_export_saved_torch` in a child process the kernel confines (formats.confinement): this process never
+    loads the model; it takes the ONNX file and the summary the child made."""
+    from .formats import confinement
+
+    box = ctx.scratch / "confined"
+    ctx.progress(0.05, "exporting in a confined child process")
+    # (only the fields the recipe set: which were set decides what the model's own declarations replace)
+    request = {"node": ctx.node, "params": params.model_dump(mode="json", exclude_unset=True), "format": fmt,
+               "source": str(source.absolute())}
+    answer = confinement.run(f"{__name__}:export_in_child", request, box, [source], log=ctx.log,
+                             what=f"exporting {params.model} (in a confined child process)")
+    confinement.take_file(box / _CHILD_MODEL, target)
+    _checker(target)
+    answer = confinement.checked(answer, {"check": dict, "extra": dict}, f"exporting {params.model}")
+    parts = {**answer["extra"], **answer["check"]}
+    taken = {k: v for k, v in parts.items() if k in _CHILD_SUMMARY and isinstance(v, _CHILD_SUMMARY[k])}
+    if "checked" not in taken:
+        raise StageFailed(f"exporting {params.model}: the confined child answered without saying what it checked",
+                          hint="the model's code may have tampered with the conversion; see the node's log")
+    extra.update({k: v for k, v in taken.items() if k in _CHILD_EXTRA})
+    return {k: v for k, v in taken.items() if k not in _CHILD_EXTRA}
+
+
+_CHILD_MODEL = "work/out/model.onnx"
+
+
+def export_in_child(request: dict[str, Any]) -> dict[str, Any]:
+    """In the confined child (formats.confinement.child_main): load, export and check the saved model in the
+    working folder, as the node's process does for a trusted one; the summary parts."""
+    import logging
+    import sys
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    box = Path.cwd()
+    ctx = StageContext(node=request["node"], scratch=box / "work", recipe_dir=box, outputs=stage.outputs,
+                       cache_dir=box / "cache", logger=logging.getLogger(f"trtflow.node.{request['node']}"))
+    params = Params.model_validate(request["params"])
+    extra: dict[str, Any] = {}
+    target = ctx.output("model")
+    assert target == box / _CHILD_MODEL
+    check = _export_saved_torch(ctx, params, request["format"], Path(request["source"]), target, extra)
+    return {"check": check, "extra": extra}
+
+
+def _profile_ranges(params: Params) -> dict[str, dict[int, tuple[int, int, int]]]:
+    """input -> axis -> (min, opt, max) over the profiles, for a model whose inputs export does not know yet."""
+    ranges: dict[str, dict[int, tuple[int, int, int]]] = {}
+    for profile in params.profiles:
+        for name, shape in profile.shapes.items():
+            for axis, (low, opt, high) in enumerate(zip(shape.min, shape.opt, shape.max, strict=True)):
+                if low == high:
+                    continue
+                old = ranges.setdefault(name, {}).get(axis)
+                ranges[name][axis] = (min(low, old[0]), old[1], max(high, old[2])) if old else (low, opt, high)
+    return ranges
 
 
 def _export_saved_torch(ctx: StageContext, params: Params, fmt: str, source: Path, target: Path,
@@ -550,24 +846,63 @@ def _export_saved_torch(ctx: StageContext, params: Params, fmt: str, source: Pat
 
         module = load_torchscript(source, params.model)
         forced = params.model_copy(update={"dynamo": False})  # a scripted module needs the TorchScript exporter
-        return _export_pytorch(ctx, forced, target, module, by_name=script_input_names(module))
+        return _export_pytorch(ctx, forced, target, module, by_name=script_input_names(module))[0]
     if fmt == "exported_program":
         from .formats.torch_archives import load_program
 
         program = load_program(source, params.model)
-        declared = _declared(params, program.inputs, program.outputs).model_copy(update={"dynamo": True})
+        # outputs: named from what the program's module returns (a dict's keys), not its graph's node names
+        declared = _declared(params, program.inputs).model_copy(update={"dynamo": True})
         return _export_pytorch(ctx, declared, target, program.module, program=program.program,
-                               by_name=list(program.inputs), dim_names=program.dim_names)
+                               by_name=list(program.inputs), dim_names=program.dim_names)[0]
     from .formats.huggingface import load_model
 
-    hf = load_model(source, params.task, params.model)
-    extra.update(task=hf.task, model_type=hf.model_type, **({"exported": "encoder"} if hf.encoder_only else {}))
-    return _export_pytorch(ctx, _declared(params, hf.inputs, hf.outputs), target, hf.module)
+    hf = load_model(source, params.task, params.model, params.part)
+    extra.update(task=hf.task, model_type=hf.model_type, **({"part": hf.part} if hf.part else {}))
+    if hf.generation is not None:
+        return _export_generation(ctx, params, hf.generation, target)
+    return _export_pytorch(ctx, _declared(params, hf.inputs, hf.outputs), target, hf.module, limits=hf.limits)[0]
+
+
+def _export_generation(ctx: StageContext, params: Params, generation: Any, target: Path) -> dict[str, Any]:
+    """A causal LM with its KV cache as inputs and outputs (`formats.generation`), checked at the corners of each
+    profile and by greedy generation against transformers' generate (`accuracy.generation`)."""
+    from .accuracy.generation import check_against_torch
+    from .formats.generation import check_profiles, export_checks, name_output_dims
+
+    # the layout's names (Optimum's) are what every consumer of the model reads: they are not the recipe's to rename
+    declared = _declared(params, generation.inputs, generation.outputs).model_copy(
+        update={"outputs": list(generation.outputs)})
+    if declared.dynamo:
+        raise StageFailed("task text-generation-with-past exports with the TorchScript exporter: the attention "
+                          "mask's length is the past's plus the sequence's, a relation torch.export's named dims "
+                          "cannot state", hint="remove dynamo: true")
+    layout = generation.layout
+    check_profiles(declared.profiles, layout)
+    checks = export_checks({n: s.shape for n, s in declared.inputs.items()}, declared.profiles, layout)
+    summary = _export_pytorch(ctx, declared, target, generation.module, checks=checks)[0]
+    name_output_dims(target, layout)
+    summary["kv_cache"] = {"layers": layout.layers, "kv_heads": layout.kv_heads, "head_dim": layout.head_dim,
+                           "vocab_size": layout.vocab_size, "context_length": layout.context_length,
+                           "position_ids": layout.position_ids}
+    if not params.check:
+        return summary
+    ctx.progress(0.92, "greedy generation: ONNX Runtime against transformers' generate")
+    check = params.generation or GenerationCheck()
+    record, failures = check_against_torch(target, generation.model, check, params.atol, params.rtol, ctx.resolve)
+    summary["generation_check"] = record
+    ctx.log.info("greedy generation vs transformers: tokens matched per prompt %s of %d; largest logit error %.3g",
+                 record["tokens_matched"], record["new_tokens"], record["max_abs_logit_error"])
+    if failures:
+        raise StageFailed("the exported model does not generate what PyTorch generates: " + "; ".join(failures[:3]),
+                          hint="see generation_check in the node's log; a near tie may flip on a tiny error: "
+                          "set generation: {allow_near_ties: true} if that is all it is")
+    return summary
 
 
 stage = Stage(
     name="export",
-    version="3",
+    version="4",
     description="A model (PyTorch factory, TorchScript, .pt2, Hugging Face folder, TensorFlow SavedModel or Keras "
     "file, or an ONNX file) to an ONNX model, checked against its framework at the sample shape and at other "
     "sizes of every dynamic dimension.",
@@ -578,5 +913,6 @@ stage = Stage(
                               optional=True)},
     environment=_environment,
     files=_files,
+    check_files=_check_files,
     preload=("torch", "onnx", "onnxruntime"),
 )

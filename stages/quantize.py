@@ -307,8 +307,6 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     placement = choose_placement(model_path, params)
     ctx.log.info("Q/DQ placement: %s (%s)", placement.name, placement.reason)
     out_dir = ctx.scratch / "quantized"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    quantized_path = out_dir / "model.onnx"
     log_file = ctx.scratch / "modelopt.log"
     kwargs: dict[str, Any] = {}
     nodes_to_exclude = list(params.nodes_to_exclude or [])
@@ -325,52 +323,83 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     if params.block_size is not None:
         kwargs["block_size"] = params.block_size
 
-    ctx.progress(0.1, f"quantizing to {params.mode} ({params.method}) with ModelOpt")
-    from modelopt.onnx.quantization import quantize
+    def quantize_with(method: str, folder: Path) -> Path:
+        """ModelOpt's quantization with calibration ``method`` into ``folder``; the quantized model's path."""
+        from modelopt.onnx.quantization import quantize
 
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / "model.onnx"
+        ctx.progress(0.1, f"quantizing to {params.mode} ({method}) with ModelOpt")
+        try:
+            with ctx.native_step("modelopt", f"quantizing the model to {params.mode} (calibration runs the model "
+                                 "on ONNX Runtime)"):
+                quantize(
+                    str(model_path),
+                    quantize_mode=params.mode,
+                    calibration_data_reader=calibration_reader(dataset, batch_size, calibration_progress)
+                    if reader is not None else None,
+                    calibration_method=method,
+                    calibration_eps=list(params.calibration_eps),
+                    nodes_to_exclude=nodes_to_exclude or None,
+                    use_external_data_format=params.use_external_data_format,
+                    simplify=params.simplify,
+                    output_path=str(target),
+                    log_level="INFO",
+                    log_file=str(log_file),
+                    **kwargs,
+                )
+        except (StageFailed, RecipeError):
+            raise
+        except Exception as error:
+            ctx.log.exception("ModelOpt quantization failed")
+            raise StageFailed(
+                f"ModelOpt {params.mode} quantization ({method}) failed: {type(error).__name__}: {error}",
+                hint="the node's log holds ModelOpt's log and the traceback; try excluding the failing nodes "
+                "with nodes_to_exclude",
+            ) from error
+        finally:
+            _relay_log(log_file, ctx)
+        if not target.exists():
+            raise StageFailed(f"ModelOpt wrote no quantized model to {target}",
+                              hint="see ModelOpt's messages in the node's log")
+        return target
+
+    method = params.method
+    recovery: dict[str, Any] | None = None
+    recoverable = reader is not None and params.mode in ("int8", "fp8") and params.calibration_method is None
     try:
-        with ctx.native_step("modelopt", f"quantizing the model to {params.mode} (calibration runs the model "
-                             "on ONNX Runtime)"):
-            quantize(
-                str(model_path),
-                quantize_mode=params.mode,
-                calibration_data_reader=reader,
-                calibration_method=params.method,
-                calibration_eps=list(params.calibration_eps),
-                nodes_to_exclude=nodes_to_exclude or None,
-                use_external_data_format=params.use_external_data_format,
-                simplify=params.simplify,
-                output_path=str(quantized_path),
-                log_level="INFO",
-                log_file=str(log_file),
-                **kwargs,
-            )
-    except (StageFailed, RecipeError):
-        raise
-    except Exception as error:
-        ctx.log.exception("ModelOpt quantization failed")
-        raise StageFailed(
-            f"ModelOpt {params.mode} quantization ({params.method}) failed: {type(error).__name__}: {error}",
-            hint="the node's log holds ModelOpt's log and the traceback; try excluding the failing nodes "
-            "with nodes_to_exclude",
-        ) from error
-    finally:
-        _relay_log(log_file, ctx)
-    if not quantized_path.exists():
-        raise StageFailed(f"ModelOpt wrote no quantized model to {quantized_path}",
-                          hint="see ModelOpt's messages in the node's log")
+        quantized_path = quantize_with(method, out_dir)
+    except StageFailed as failed:
+        if not recoverable:
+            raise
+        # the calibrator itself failed on the data (entropy: "Too many bins for data range"): the other method
+        from trtflow_stages.accuracy.calibration import FALLBACK
 
+        method = FALLBACK[params.method]
+        ctx.log.warning("calibration %s failed (%s): trying %s", params.method, failed.message, method)
+        try:
+            quantized_path = quantize_with(method, ctx.scratch / f"quantized-{method}")
+        except StageFailed as again:
+            raise StageFailed(f"{failed.message}; retried with calibration_method {method}, which failed too: "
+                              f"{again.message}", hint=failed.hint) from None
+        recovery = {"tried": [{"method": params.method, "error": failed.message}], "chosen": method,
+                    "reason": f"calibration {params.method} failed on the calibration data ({failed.message}); "
+                    f"{method} worked"}
+    if recovery is None and reader is not None and params.mode in ("int8", "fp8"):
+        method, quantized_path, recovery = _numeric_recovery(ctx, params, model_path, quantized_path, dataset,
+                                                             batch_size, quantize_with)
     ctx.progress(0.9, "counting quantized nodes")
     model = onnx.load(str(quantized_path), load_external_data=False)
     counts = count_quantized(model)
-    external = out_dir / "model.onnx_data"
+    external = quantized_path.with_name("model.onnx_data")
     shutil.move(str(quantized_path), ctx.output("model"))
     if external.exists():
         shutil.move(str(external), ctx.output("weights"))
     data = params.calibration_data
     summary: dict[str, Any] = {
         "mode": params.mode,
-        "calibration_method": params.method,
+        "calibration_method": method,
+        **({"calibration_recovery": recovery} if recovery else {}),
         "calibrated": bool(params.uses_data and data is not None and not data.uncalibrated),
         "calibration_data": data.kind if params.uses_data and data is not None else None,
         "calibration_samples": rows,
@@ -391,6 +420,36 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     ctx.output("summary").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     ctx.progress(1.0, f"{counts['quantized_nodes']} nodes quantized")
     return summary
+
+
+def _numeric_recovery(ctx: StageContext, params: Params, original: Path, quantized: Path, dataset: Any,
+                      batch_size: int, quantize_with: Any) -> tuple[str, Path, dict[str, Any] | None]:
+    """(method, model, record): a calibration that failed numerically (`accuracy.calibration`) retried with the
+    other method when the method was ModelOpt's default; the model that agrees better with the original is kept."""
+    from trtflow_stages.accuracy.calibration import FALLBACK, agreement, calibration_batches, session
+
+    batches = calibration_batches(dataset, batch_size)
+    reference = session(original, ctx.log)
+    first = agreement(params.method, reference, session(quantized, ctx.log), batches)
+    ctx.log.info("quantized model vs the original on calibration data: %s", first.describe())
+    if not first.failed:
+        return params.method, quantized, None
+    if params.calibration_method is not None:  # the recipe chose it: said, not overridden
+        ctx.log.warning("calibration %s failed numerically (%s); calibration_method: %s might not",
+                        params.method, first.describe(), FALLBACK[params.method])
+        return params.method, quantized, {"tried": [first.record()], "chosen": params.method,
+                                          "reason": f"failed numerically ({first.describe()}); the recipe chose "
+                                          "the method, so it is kept"}
+    other = FALLBACK[params.method]
+    ctx.log.warning("calibration %s failed numerically (%s): trying %s", params.method, first.describe(), other)
+    retried = quantize_with(other, quantized.parent.parent / f"quantized-{other}")
+    second = agreement(other, reference, session(retried, ctx.log), batches)
+    ctx.log.info("with %s: %s", other, second.describe())
+    better = second if second.score > first.score else first
+    reason = (f"{first.describe()}: a broken calibration, not a lossy one; retried with {other} "
+              f"({second.describe()}); kept {better.method}")
+    return better.method, retried if better is second else quantized, {
+        "tried": [first.record(), second.record()], "chosen": better.method, "reason": reason}
 
 
 @dataclass(frozen=True)
@@ -535,7 +594,7 @@ def _relay_log(log_file: Path, ctx: StageContext) -> None:
 
 stage = Stage(
     name="quantize",
-    version="3",
+    version="4",
     description="Post-training quantization with NVIDIA ModelOpt: int8, fp8, int4 of an ONNX model; nvfp4, mxfp8 "
     "of the export node's PyTorch model on a GPU.",
     params=Params,

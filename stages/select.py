@@ -16,7 +16,11 @@ Each candidate gets an operating point (a batch size, or a concurrency of a benc
 the objective: the lowest latency at a percentile and batch size, the highest throughput, the smallest size,
 or the highest throughput whose latency stays within a budget (AITune's and Model Analyzer's strategies).
 Constraints exclude candidates (validation passed, latency, throughput, size); the best eligible one wins,
-candidates within ``tie_breakers.tolerance_percent`` of it are ties broken in the stated order. Every
+candidates within ``tie_breakers.tolerance_percent`` of it (a preference band) are ties broken in the stated order.
+The finalists, the candidates not clearly beaten on their stored benchmark figures, are timed again together in
+round-robin windows (`measure.finalists`, ``finalists``), so a 10% difference is seen even when the host's speed
+moved by more than that between their benchmarks; where they cannot be timed here, the stored figures decide and
+the selection says so. Every
 candidate's metrics and the reason it won, lost or was excluded go to selection.json; the winner's artifact
 and its companions (external weights, engine.json) are copied beside it. When no candidate qualifies, the
 selection is still written (the report shows it) and the node's gate fails with the table.
@@ -41,6 +45,7 @@ from trtflow.stage import (
     Input,
     Output,
     RecipeError,
+    Resources,
     Stage,
     StageContext,
 )
@@ -195,6 +200,40 @@ def materialize_selected(ctx: StageContext, path: Path, kind: str) -> list[str]:
     return written
 
 
+def _time_finalists(ctx: StageContext, params: Params, selection: Mapping[str, Any],
+                    paths: Mapping[str, Path]) -> dict[str, Any] | None:
+    """The finalists (eligible, not clearly beaten on stored figures) timed together (`measure.finalists`), or
+    why they could not be; None when there is nothing to time (one finalist, or finalists.measure off)."""
+    from .measure.finalists import measure_round_robin, onnxruntime_timers, timing_plan
+
+    rows = [row for row in selection["candidates"] if row.get("eligible") and row.get("tie")]
+    if not params.finalists.measure or len(rows) < 2:
+        return None
+    plan = timing_plan(rows, selection["objective"], paths, ctx.gpu, params.finalists.max_duration_s)
+    if isinstance(plan, str):
+        ctx.log.info("finalists not timed together: %s", plan)
+        return {"why": plan}
+    names = ", ".join(plan["models"])
+    ctx.progress(0.0, f"timing the finalists {names} together at batch {plan['batch_size']}")
+    try:
+        with ctx.native_step("onnxruntime", f"timing the finalists {names} together"):
+            timers = onnxruntime_timers(plan["models"], plan["shapes"], plan["options"], plan["device"],
+                                        plan["warmup_ms"], ctx.log, plan["data"], ctx.resolve)
+            from .measure.load import steady_interpreter
+
+            with steady_interpreter():
+                record = measure_round_robin(timers, plan["batch_size"], plan["figure"],
+                                             params.tie_breakers.tolerance_percent, plan["window_s"],
+                                             plan["max_seconds"])
+    except Exception as error:  # an optional refinement: the stored figures still decide, and say so
+        detail = getattr(error, "message", None) or f"{type(error).__name__}: {error}"
+        why = f"timing them here failed ({detail}); the stored figures decided"
+        ctx.log.warning("finalists not timed together: %s", why)
+        return {"why": why}
+    ctx.log.info("finalists %s timed together: %d rounds", names, len(record["rounds"]))
+    return record
+
+
 def run(ctx: StageContext, inputs: dict[str, Any], params: Params) -> dict[str, Any]:
     candidates, paths = gather(inputs, ctx.input_sources, params)
     names = [c.name for c in candidates]
@@ -221,6 +260,9 @@ def run(ctx: StageContext, inputs: dict[str, Any], params: Params) -> dict[str, 
         baseline = {"name": node, **performance_of(_read_json(Path(inputs["baseline"]), "baseline"), node)}
 
     selection = decide(candidates, params, baseline)
+    finalists = _time_finalists(ctx, params, selection, paths)
+    if finalists is not None:
+        selection = decide(candidates, params, baseline, finalists)
     if selection["selected"] is not None:
         winner = selection["selected"]
         kind = next(c.kind for c in candidates if c.name == winner)
@@ -231,6 +273,11 @@ def run(ctx: StageContext, inputs: dict[str, Any], params: Params) -> dict[str, 
         ctx.log.error("no candidate qualifies\n%s", table(selection))
     ctx.output("selection").write_text(json.dumps(selection, indent=2) + "\n", encoding="utf-8")
     return selection
+
+
+def _resources(params: Params) -> Resources:
+    """Timing the finalists together is a measurement: nothing else runs beside it."""
+    return Resources(cpu=1.0, exclusive=params.finalists.measure)
 
 
 def gate(params: Params, summary: Mapping[str, Any], gate_ctx: GateContext) -> list[str]:
@@ -265,5 +312,6 @@ stage = Stage(
         "provenance": Output(METRICS, "engine.json", "the selected engine's provenance", optional=True),
     },
     gate=gate,
+    resources=_resources,
     preload=("onnx", "numpy"),
 )

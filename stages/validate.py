@@ -50,12 +50,14 @@ from .accuracy.compare import (
     Precision,
     Tolerance,
     compare_outputs,
+    expected_precision,
     judge_output,
     judge_task_metrics,
     likely_cause,
     measure_task_metric,
     resolved_tolerance,
 )
+from .accuracy.generation import GenerationCheck, judge_generation
 from .data import DataSource, batch_rows, data_files, onnx_input_specs, open_dataset
 from .formats.onnx_model import candidate_kind
 from .runtimes.ort import OrtOptions
@@ -69,18 +71,27 @@ BackendName = Literal["auto", "onnxruntime", "tensorrt", "tensorrt-rtx", "fake-q
 
 
 class Params(StageParams):
-    data: DataSource = Field(
-        ..., description="The inputs both models run on (a .npz/.npy file or directory, a callable, or "
-        "random data with a seed and per-input ranges)."
+    data: DataSource | None = Field(
+        None, description="The inputs both models run on (a .npz/.npy file or directory, a callable, or "
+        "random data with a seed and per-input ranges). Required unless `generation` is given."
+    )
+    generation: GenerationCheck | None = Field(
+        None, description="Validate a causal LM exported with its KV cache (task text-generation-with-past) by "
+        "greedy generation instead of `data`: from each prompt the reference generates new_tokens tokens; the "
+        "candidate, fed the same tokens, must choose the same ones (the first min_tokens_matched of every prompt) "
+        "and its logits at every step are gated as the output 'logits' (tolerances by `expect`). validate.json "
+        "says how many tokens matched per prompt."
     )
     batch_size: int | None = Field(
         None, ge=1, description="Rows of the data per model call. Default: the model's static batch "
         "dimension, or 1 when it is dynamic."
     )
-    expect: Precision = Field(
-        "fp32", description="The precision the candidate was built in; it picks the default tolerances: "
+    expect: Precision | None = Field(
+        None, description="The precision the candidate was built in; it picks the default tolerances: "
         + "; ".join(f"{p}: atol {a:g}, rtol {r:g}, {s}, cosine >= {c:g}"
-                    for p, (a, r, s, c) in DEFAULT_TOLERANCES.items()) + ".",
+                    for p, (a, r, s, c) in DEFAULT_TOLERANCES.items())
+        + ". Default: the precision the candidate's producer recorded (quantize's mode, convert's precision, an "
+        "engine's precision), else fp32.",
     )
     tolerances: Tolerance = Field(
         default_factory=Tolerance, description="Overrides of the default gates for every output."
@@ -116,6 +127,14 @@ class Params(StageParams):
     def _thresholds_need_metric(self) -> Params:
         if self.task_thresholds and self.task_metric is None:
             raise ValueError("task_thresholds are set but no task_metric computes them")
+        if (self.data is None) == (self.generation is None):
+            raise ValueError("give either 'data' (inputs both models run on) or 'generation' (greedy generation "
+                             "from prompts, for a model exported with its KV cache)" if self.data is None else
+                             "'data' and 'generation' exclude each other: generation feeds the models prompts")
+        if self.generation is not None and (self.reference_outputs or self.task_metric or self.backend not in
+                                            ("auto", "onnxruntime")):
+            raise ValueError("generation validates an ONNX candidate against an ONNX reference with ONNX Runtime; "
+                             "reference_outputs, task_metric and other backends do not apply")
         return self
 
 
@@ -142,7 +161,7 @@ def _resources(params: Params) -> frozenset[str]:
 
 
 def _files(params: Params) -> list[str]:
-    files = data_files(params.data)
+    files = data_files(params.data) + (params.generation.prompts.files() if params.generation else [])
     if params.reference_outputs:
         files.append(params.reference_outputs)
     for reference in (params.task_metric,):
@@ -233,8 +252,11 @@ GATE_PARAMS = ("expect", "tolerances", "output_tolerances", "task_thresholds")
 def gate(params: Params, summary: Mapping[str, Any], gate_ctx: GateContext) -> list[str]:
     """The accuracy gates: per-output tolerances (by ``expect``), NaN/Inf, cosine similarity, task metrics."""
     failures: list[str] = []
+    expect = expected_precision(params.expect, summary.get("candidate_origin"))
     for name, entry in (summary.get("outputs") or {}).items():
-        failures += judge_output(name, entry, resolved_tolerance(params, name))
+        failures += judge_output(name, entry, resolved_tolerance(params, name, expect))
+    if params.generation is not None:
+        failures += judge_generation(summary.get("generation"), params.generation)
     failures += judge_task_metrics(summary.get("task_metrics") or {}, params.task_thresholds)
     if failures:
         failures.append(likely_cause(params, summary, gate_ctx.node))
@@ -277,6 +299,9 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         runtime_needs,
     )
 
+    if params.generation is not None:
+        return _finish(ctx, params, _validate_generation(ctx, inputs, params))
+    assert params.data is not None  # the params' validator: data or generation
     has_reference = "reference" in inputs
     if has_reference == (params.reference_outputs is not None):
         raise RecipeError("give exactly one reference: the 'reference' input (an ONNX model) or the "
@@ -382,7 +407,9 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
                     hint="save reference outputs for exactly the rows of the data (same order)")
 
     ctx.progress(0.92, "comparing")
-    outputs = compare_outputs(reference, candidate, params)
+    origin = candidate_origin(candidate_path)
+    expect = expected_precision(params.expect, origin)
+    outputs = compare_outputs(reference, candidate, params, expect)
     task_metrics: dict[str, float] = {}
     if params.task_metric:
         from trtflow.callables import load_callable
@@ -394,7 +421,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         "node": ctx.node,
         "reference": "onnxruntime (CPU)" if has_reference else f"saved outputs {params.reference_outputs}",
         "candidate": candidate_desc,
-        "candidate_origin": candidate_origin(candidate_path),
+        "candidate_origin": origin,
+        "expect": expect,
         "data": params.data.describe(),
         "uncalibrated_data": params.data.uncalibrated,
         "rows": rows,
@@ -408,16 +436,75 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         "outputs": outputs,
         "task_metrics": task_metrics,
     }
-    # The verdict under this run's thresholds, for readers of validate.json; the engine re-judges the
-    # measurements with `gate` whenever the thresholds change, without running again.
+    metrics = _finish(ctx, params, metrics)
+    worst = min((entry["cosine_similarity"] for entry in outputs.values()), default=math.nan)
+    ctx.progress(1.0, f"measured {len(outputs)} output(s) on {rows} rows; lowest cosine similarity {worst:.4f}")
+    return metrics
+
+
+def _finish(ctx: StageContext, params: Params, metrics: dict[str, Any]) -> dict[str, Any]:
+    """validate.json with the verdict under this run's thresholds, for its readers; the engine re-judges the
+    measurements with `gate` whenever the thresholds change, without running again."""
     failures = gate(params, metrics, GateContext(node=ctx.node))
     metrics.update(passed=not failures, failures=failures,
                    judged_with={name: getattr(params, name) for name in GATE_PARAMS})
     metrics = json.loads(json.dumps(metrics, default=_plain))
     ctx.output("metrics").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-    worst = min((entry["cosine_similarity"] for entry in outputs.values()), default=math.nan)
-    ctx.progress(1.0, f"measured {len(outputs)} output(s) on {rows} rows; lowest cosine similarity {worst:.4f}")
     return metrics
+
+
+def _validate_generation(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
+    """Greedy generation from prompts: the reference free, the candidate teacher-forced (`accuracy.generation`)."""
+    from .accuracy.generation import compare_generation, decoder_reference, forced_candidate
+    from .accuracy.ort_fixes import fix_for_onnxruntime
+    from .data.prompts import load_prompts
+    from .runtimes.generation import OrtDecoder
+    from .runtimes.ort import create_session
+
+    assert params.generation is not None
+    if "reference" not in inputs:
+        raise RecipeError("generation needs the 'reference' input: the model exported with its KV cache",
+                          field="generation", hint="wire `reference: <export node>`")
+    candidate_path = inputs["candidate"]
+    if candidate_kind(candidate_path) != "onnx":
+        raise RecipeError("generation runs ONNX candidates with ONNX Runtime; this candidate is an engine",
+                          field="generation", hint="validate the ONNX model the engine is built from")
+    settings: dict[str, Any] = {}
+    reference_options = _settings(ctx, inputs["reference"], params, "reference", settings)
+    fixed_path, fixes = fix_for_onnxruntime(candidate_path, ctx.scratch / "candidate")
+    candidate_options = _settings(ctx, fixed_path, params, "candidate", settings, candidate_path)
+    check = params.generation
+    with ctx.native_step("onnxruntime", "generating with the reference model",
+                         repro=_ort_repro(reference_options, "reference")):
+        reference_decoder = OrtDecoder(create_session(inputs["reference"], reference_options))
+        prompts = load_prompts(check.prompts, reference_decoder.layout.vocab_size, ctx.resolve)
+        ctx.progress(0.1, f"reference: greedy generation from {check.prompts.describe()}")
+        reference = decoder_reference(reference_decoder, prompts, check.new_tokens)
+    with ctx.native_step("onnxruntime", "running the candidate model on the reference's tokens",
+                         repro=_ort_repro(candidate_options, "candidate"), hint=_ort_hint(candidate_path,
+                                                                                        candidate_options)):
+        ctx.progress(0.5, "candidate: fed the reference's tokens (teacher forcing)")
+        candidate = forced_candidate(OrtDecoder(create_session(fixed_path, candidate_options)), prompts, reference)
+    record, joined_reference, joined_candidate = compare_generation(prompts, reference, candidate)
+    record["prompts_from"] = check.prompts.describe()
+    ctx.progress(0.9, f"tokens matched per prompt: {record['tokens_matched']} of {check.new_tokens}")
+    return {
+        "node": ctx.node,
+        "reference": "onnxruntime (CPU), greedy generation",
+        "candidate": "onnxruntime (CPU), fed the reference's tokens",
+        "candidate_origin": candidate_origin(candidate_path),
+        "data": record["prompts_from"],
+        "uncalibrated_data": check.prompts.path is None,
+        "rows": sum(len(tokens) for tokens, _ in reference),
+        "onnxruntime": params.onnxruntime.model_dump(),
+        "runtime_settings": settings,
+        "notes": [f"{which} model: {entry['recovered_from']}; ran with {entry['onnxruntime']}"
+                  for which, entry in settings.items() if "recovered_from" in entry],
+        "onnxruntime_rewrites": [fix.reason for fix in fixes],
+        "outputs": compare_outputs(joined_reference, joined_candidate, params),
+        "task_metrics": {},
+        "generation": record,
+    }
 
 
 stage = Stage(

@@ -20,7 +20,7 @@ trtflow = trtflow_cli
 
 def test_init_onnx_writes_a_recipe_that_plans(tmp_path, tiny_cnn_onnx):
     (tmp_path / "cnn.onnx").write_bytes(tiny_cnn_onnx.read_bytes())
-    outside = trtflow("init", "cnn.onnx", "-o", "recipes/cnn.yaml", cwd=tmp_path, check=1)
+    outside = trtflow("init", "cnn.onnx", "-o", "recipes/cnn.yaml", cwd=tmp_path, check=2)  # as run at plan
     assert "outside the project" in outside.stderr and "pyproject.toml" in outside.stderr
     assert not (tmp_path / "recipes" / "cnn.yaml").exists()
     (tmp_path / "pyproject.toml").write_text("")  # the folder holding model and recipes is the project
@@ -39,9 +39,12 @@ def test_init_onnx_writes_a_recipe_that_plans(tmp_path, tiny_cnn_onnx):
         "random": {"seed": 0, "num_samples": 32, "shapes": {"input": [1, 3, 32, 32]}}}
     assert nodes["select"]["inputs"]["candidates"] == ["simplify", "convert", "quantize"]
     assert nodes["benchmark"]["params"]["batch_sizes"] == [1, 4, 8]
+    # decisions measurable on a shared machine: one ONNX Runtime thread, finalists timed together (the default)
+    assert nodes["benchmark"]["params"]["onnxruntime"] == {"intra_op_threads": 1}
+    assert nodes["select"]["params"]["tie_breakers"] == {"tolerance_percent": 5, "order": ["accuracy", "size"]}
     plan = trtflow("plan", "recipes/cnn.yaml", cwd=tmp_path).stdout
     assert "13 nodes: 0 fresh, 13 stale" in plan
-    again = trtflow("init", "cnn.onnx", "-o", "recipes/cnn.yaml", cwd=tmp_path, check=1)
+    again = trtflow("init", "cnn.onnx", "-o", "recipes/cnn.yaml", cwd=tmp_path, check=2)
     assert "exists" in again.stderr and "--force" in again.stderr
 
 
@@ -62,16 +65,16 @@ def test_init_with_data_and_a_shipped_schema(tmp_path, tiny_cnn_onnx):
 
 def test_init_factory_needs_input_specs(tmp_path):
     (tmp_path / "net.py").write_text((REPO / "examples" / "models" / "tiny_transformer.py").read_text())
-    proc = trtflow("init", "python:net.py:build", cwd=tmp_path, check=1)
+    proc = trtflow("init", "python:net.py:build", cwd=tmp_path, check=2)
     assert "give each forward() argument with --input NAME:DIMS[:DTYPE]" in proc.stderr
-    proc = trtflow("init", "python:net.py:build", "--input", "input_ids:batch,seq:int64", cwd=tmp_path, check=1)
+    proc = trtflow("init", "python:net.py:build", "--input", "input_ids:batch,seq:int64", cwd=tmp_path, check=2)
     assert "seq (axis 1 of input_ids)" in proc.stderr and "--dim seq=1:128:512" in proc.stderr
     trtflow("init", "python:net.py:build", "--input", "input_ids:batch,seq:int64", "--dim", "seq=4:16:32",
             "--output-name", "logits", "--batch", "1:2:4", cwd=tmp_path)
     recipe = yaml.safe_load((tmp_path / "recipe.yaml").read_text())
     export = recipe["nodes"][0]["params"]
     assert recipe["name"] == "net"
-    assert export == {"model": "python:net.py:build", "outputs": ["logits"],
+    assert export == {"model": "python:net.py:build", "outputs": ["logits"], "profiles": ["default"],
                       "inputs": {"input_ids": {"shape": [2, 16], "dtype": "int64",
                                                "dynamic_axes": {0: "batch", 1: "seq"}}}}
     assert recipe["profiles"]["default"]["input_ids"] == {"min": [1, 4], "opt": [2, 16], "max": [4, 32]}
@@ -173,6 +176,128 @@ def test_init_hugging_face_task_option(tmp_path):
                    timeout=600)
     trtflow("init", "bert", "--task", "feature-extraction", "-o", "recipe.yaml", cwd=tmp_path)
     export = yaml.safe_load((tmp_path / "recipe.yaml").read_text())["nodes"][0]["params"]
-    assert export == {"model": "bert", "task": "feature-extraction"}
+    assert export == {"model": "bert", "task": "feature-extraction", "profiles": ["default"]}
     profile = yaml.safe_load((tmp_path / "recipe.yaml").read_text())["profiles"]["default"]
     assert profile["input_ids"] == {"min": [1, 1], "opt": [8, 32], "max": [32, 32]}  # max_position_embeddings 32
+
+
+# -- mistakes named at the earliest point, with one exit code per kind (issue 25) ------------------------------
+
+_CNN = '''
+import torch
+
+
+class Cnn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, image):
+        return self.fc(self.bn(self.conv(image)).relu().mean((2, 3)))
+
+
+torch.jit.save(torch.jit.script(Cnn().eval()), "cnn.pt")
+'''
+
+
+@pytest.fixture(scope="module")
+def cnn_archive(tmp_path_factory):
+    import subprocess
+    import sys
+
+    folder = tmp_path_factory.mktemp("cnn")
+    (folder / "pyproject.toml").write_text("")
+    (folder / "make.py").write_text(_CNN)
+    subprocess.run([sys.executable, "make.py"], cwd=folder, check=True, capture_output=True, timeout=300)
+    return folder
+
+
+@pytest.mark.parametrize(("given", "message", "hint"), [
+    ("image:batch,3,64", r"--input: input 'image' has rank 3 \(shape \[\d+, 3, 64\]\), but the model's first "
+     r"convolution takes rank 4", r"give image a shape of rank 4"),
+    ("image:batch,4,32,32", r"input 'image' has 4 channels \(axis 1 of \[\d+, 4, 32, 32\]\), but the model's first "
+     r"convolution takes 3", r"3 channels at axis 1"),
+    ("img:batch,3,32,32", r"--input 'img': the model's forward\(\) takes image; did you mean 'image'\?",
+     r"name each --input like forward\(\)'s argument: image"),
+])
+def test_init_names_a_torchscript_input_mistake(cnn_archive, given, message, hint):
+    import re
+
+    proc = trtflow("init", "cnn.pt", "--input", given, "-o", "r.yaml", "--force", cwd=cnn_archive, check=2)
+    assert re.search(message, proc.stderr), proc.stderr
+    assert re.search(hint, proc.stderr), proc.stderr
+    assert "Traceback" not in proc.stderr and "\x1b[" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_run_names_the_same_mistake_with_the_same_exit_code(cnn_archive):
+    """The wrong channels given to run: export fails naming them, exit 2 as from init, and the console does not
+    repeat the message from the node's log."""
+    (cnn_archive / "four.yaml").write_text("name: four\nnodes:\n  - {name: export, stage: export, params: {model: "
+                                           "cnn.pt, inputs: {image: {shape: [2, 4, 32, 32]}}}}\n")
+    proc = trtflow("run", "four.yaml", cwd=cnn_archive, check=2)
+    assert "input 'image' has 4 channels (axis 1 of [2, 4, 32, 32]), but the model's first convolution takes 3" \
+        in proc.stdout, proc.stdout
+    assert proc.stdout.count("has 4 channels") == 1 and "Traceback" not in proc.stdout, proc.stdout
+
+
+def test_a_folder_without_config_json_is_named_at_plan_and_by_init(tmp_path):
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "model.safetensors").write_bytes(b"weights")
+    init = trtflow("init", "bert", "-o", "r.yaml", cwd=tmp_path, check=2)
+    assert "the folder 'bert' is neither a Hugging Face model folder (no config.json)" in init.stderr
+    (tmp_path / "r.yaml").write_text("name: r\nnodes:\n  - name: export\n    stage: export\n"
+                                     "    params: {model: bert}\n")
+    for command in ("plan", "run"):
+        proc = trtflow(command, "r.yaml", cwd=tmp_path, check=2)
+        assert proc.stderr.count("no config.json") == 1 and "r.yaml:3" in proc.stderr, proc.stderr
+
+
+def test_init_with_a_missing_package_exits_3_with_the_install_hint(tmp_path):
+    """tensorflow hidden from the interpreter (a meta-path finder that refuses it): init says what to install."""
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "saved").mkdir()
+    (tmp_path / "saved" / "saved_model.pb").write_bytes(b"")
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        "import sys\n\n\nclass _Hide:\n    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('tensorflow', 'tf2onnx'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}')\n\n\nsys.meta_path.insert(0, _Hide())\n")
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hide), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "trtflow.cli", "init", "saved", "-o", "r.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 3, proc.stderr
+    assert "needs tensorflow and tf2onnx, which are not installed here" in proc.stderr
+    assert "pip install 'trtflow[tensorflow]'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_init_task_names_are_export_tasks():
+    from trtflow_stages.cli.init import TASK_NAMES
+    from trtflow_stages.formats.huggingface import TASKS
+
+    assert tuple(TASKS) == TASK_NAMES
+
+
+def test_an_architecture_no_task_maps_gets_a_note_naming_the_tasks(tmp_path):
+    import transformers
+
+    (tmp_path / "pyproject.toml").write_text("")
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=32)
+    config.architectures = ["BertForNextSentencePrediction"]
+    config.save_pretrained(tmp_path / "nsp")
+    (tmp_path / "nsp" / "model.safetensors").write_bytes(b"not read by init")  # init builds on the meta device
+    proc = trtflow("init", "nsp", "-o", "r.yaml", cwd=tmp_path)
+    assert ("note: config.json's architectures (BertForNextSentencePrediction) name no task export knows; the "
+            "recipe exports feature-extraction. Tasks this model can do: fill-mask, text-classification") in proc.stderr
+    proc = trtflow("init", "nsp", "--task", "object-detection", "-o", "r.yaml", "--force", cwd=tmp_path, check=2)
+    assert "a 'bert' model cannot do task 'object-detection'" in proc.stderr
+    assert "tasks a 'bert' model can do: text2text-generation" not in proc.stderr and "fill-mask" in proc.stderr

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trtflow import depfile
 from trtflow.errors import RecipeError, StageFailed
 
 PYTHON_PREFIX = "python:"
@@ -125,6 +126,7 @@ def load_callable(spec: str, resolve: Callable[[str], Path], what: str = "callab
         if module_spec is None or module_spec.loader is None:
             raise StageFailed(f"cannot load {what} file {str(path)!r} as Python")
         module = importlib.util.module_from_spec(module_spec)
+        depfile.note_entry(path)  # a python: file is executed, not imported: the node's depfile must still see it
         sys.modules[name] = module
         # the file's folder goes last on the module path: its own helper modules are found, but a numpy.py (or
         # any name of an installed or standard module) beside it never replaces the real one, for the callable
@@ -140,6 +142,9 @@ def load_callable(spec: str, resolve: Callable[[str], Path], what: str = "callab
     else:
         if project_root is not None and str(project_root) not in sys.path:
             sys.path.append(str(project_root))
+        origin = module_origin(module_name)
+        if origin is not None:
+            depfile.note_entry(origin)
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:

@@ -1,4 +1,4 @@
-"""The `trtflow` command line: run, plan, status, show, report, schema, gc, verify, doctor."""
+"""The `trtflow` command line: run, plan, status, show, report, history, schema, gc, verify, doctor."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from trtflow import __version__
 from trtflow.errors import (
     EXIT_ENVIRONMENT,
     EXIT_FAILED,
+    EXIT_INCONCLUSIVE,
     EXIT_INTERRUPTED,
     EXIT_STORE,
+    EXIT_USAGE,
     StoreError,
     TrtflowError,
     UsageError,
@@ -115,6 +117,10 @@ def run(
         "--ray-transfer", help="Where Ray workers exchange artifacts: a directory they share or s3://bucket/prefix "
         "(default: the remote cache; under --no-push, needed for a cluster of several machines).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only failures and the summary.")] = False,
+    rerun: Annotated[list[str] | None, typer.Option(
+        "--rerun", help="Run this node again although its result is stored (repeatable; a matrix node's name runs "
+        "all of its nodes), e.g. a nightly benchmark, so that its history gets a new measurement; what uses it "
+        "runs again if the new result differs.")] = None,
 ) -> None:
     """Run the stale nodes of a recipe, reusing everything that is up to date."""
     from trtflow import api
@@ -137,6 +143,7 @@ def run(
         push=not no_push,
         ray_transfer=ray_transfer,
         memory_limit=_parse_size(memory) if memory else None,
+        rerun=frozenset(rerun or ()),
     )
     if jobs:
         options.jobs = jobs
@@ -159,7 +166,26 @@ def run(
             r.status in ("fresh", "done", "cached") or (r.error and "--require-gpu" in r.error) or r.status == "blocked"
             for r in results
         )
-        raise typer.Exit(EXIT_ENVIRONMENT if require_gpu and only_env else EXIT_FAILED)
+        if require_gpu and only_env:
+            raise typer.Exit(EXIT_ENVIRONMENT)
+        raise typer.Exit(EXIT_INCONCLUSIVE if _only_undecided(summary) else failed_exit_code(results))
+
+
+def _only_undecided(summary: Any) -> bool:
+    """Every node that did not succeed failed only because a gate could not decide (and nothing else broke)."""
+    from trtflow.verdicts import only_inconclusive
+
+    failed = [r for r in summary.results.values() if r.status not in ("fresh", "done", "cached", "skipped")]
+    return not summary.problems and bool(failed) and all(
+        (r.status == "gate_failed" and only_inconclusive(r.verdicts)) or r.status == "blocked" for r in failed) \
+        and any(r.status == "gate_failed" for r in failed)
+
+
+def failed_exit_code(results: Any) -> int:
+    """The exit code of a run that failed: the one kind of mistake every failed node made (2: what the recipe
+    says does not fit the model, as `trtflow init` reports it too; 3: this machine lacks what a node needs), else 1."""
+    codes = {r.error_code or EXIT_FAILED for r in results if r.status in ("failed", "gate_failed")}
+    return codes.pop() if len(codes) == 1 and codes <= {EXIT_USAGE, EXIT_ENVIRONMENT} else EXIT_FAILED
 
 
 # ----------------------------------------------------------------------------- plan
@@ -299,6 +325,7 @@ def show(
             "summary": (manifest or {}).get("summary"), "built_key": (manifest or {}).get("key"),
             "built_in_run": (manifest or {}).get("run_id"), "duration": (manifest or {}).get("duration"),
             "peak_rss": (manifest or {}).get("peak_rss"), "last_run": last,
+            "verdicts": [v.as_dict() for v in step.verdicts],  # its gates as they judge the stored result now
         })
     if as_json:
         print(json.dumps(infos[0] if len(infos) == 1 else infos, indent=1, default=str))
@@ -309,7 +336,7 @@ def show(
     for info in infos:
         console.print(f"[bold]{info['node']}[/] ({info['stage']}): {info['status']}: {info['reason']}")
         for key in ("key", "built_key", "built_in_run", "inputs", "params", "matrix", "facts", "outputs", "summary",
-                    "duration", "peak_rss"):
+                    "verdicts", "duration", "peak_rss"):
             if info[key] not in (None, {}, []):
                 console.print(f"[bold]{key}[/]:", Pretty(info[key]))
         last = info["last_run"]
@@ -344,6 +371,80 @@ def report(
     journal = st.journal(readonly=True)
     text = render(journal, recipe_id, fmt)
     _emit(text, output)
+
+
+# ----------------------------------------------------------------------------- history
+@app.command()
+def history(
+    recipe: RecipeArg,
+    nodes: Annotated[list[str] | None, typer.Argument(
+        help="Only these nodes (a matrix node's name: all of its nodes).", show_default=False)] = None,
+    store: StoreOpt = None,
+    figure: Annotated[str | None, typer.Option(help="Only figures whose name contains this, e.g. p99.")] = None,
+    last: Annotated[int | None, typer.Option(min=2, help="Only each figure's latest N runs.")] = None,
+    all_figures: Annotated[bool, typer.Option(
+        "--all", help="Every figure, not only the primary ones (those the nodes' gates judge).")] = False,
+    runs: Annotated[bool, typer.Option("--runs", help="List every run of each figure.")] = False,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Fail (exit 1) when a regression beyond --threshold starts among the --latest runs of a "
+        "primary figure (every figure with --all): the nightly CI gate. Needs the history extra.")] = False,
+    threshold: Annotated[float, typer.Option(
+        min=0, help="--check: the smallest change of a figure's mean, in percent, that fails.")] = 10.0,
+    latest: Annotated[int, typer.Option(
+        min=1, help="--check: judge changes that start among this many latest runs.")] = 5,
+    runs_after: Annotated[int, typer.Option(
+        min=1, help="--check: ... and that this many runs show (1: one slow night fails).")] = 2,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The trend of each benchmark figure over the runs that measured it, with 95% intervals and change points."""
+    from trtflow.history.changes import require
+    from trtflow.history.trend import check as check_history
+    from trtflow.pipeline import default_store, identity_of
+    from trtflow.recipe.load import load_recipe
+    from trtflow.report import history as view
+    from trtflow.storage.journal import Journal
+
+    recipe_id = identity_of(load_recipe(recipe).path, "").id
+    st = default_store(store)
+    st.check_format()
+    if not st.db_path.exists():
+        raise TrtflowError(f"no runs recorded in {st.root}", hint="run `trtflow run` first")
+    if nodes:  # a matrix node's name stands for all of its nodes; a name no longer in the recipe is looked up as is
+        from trtflow.pipeline import load_pipeline
+
+        graph = load_pipeline(recipe).graph
+        nodes = sorted({n for n, c in graph.nodes.items() if n in nodes or c.template in nodes}
+                       | (set(nodes) - set(graph.nodes) - {c.template for c in graph.nodes.values()}))
+    if check:
+        if runs_after > latest:
+            raise UsageError(f"--runs-after {runs_after} exceeds --latest {latest}: no change could ever fail",
+                             hint="keep --runs-after at most --latest")
+        require()  # the gate cannot judge without the detector: exit 3, not a silent pass
+    found = view.load(Journal(st.db_path, readonly=True), recipe_id, nodes or (), figure, last, all_figures)
+    findings = check_history(found.series, threshold, latest, all_figures, runs_after) if check else []
+    if as_json:
+        data = view.as_json(found)
+        if check:
+            data["check"] = {"threshold_percent": threshold, "latest": latest, "runs_after": runs_after,
+                             "passed": not findings,
+                             "regressions": [f.message for f in findings]}
+        print(json.dumps(data, indent=1, default=str))
+    else:
+        console = _console()
+        for line in view.text_lines(found, runs):
+            console.print(line, markup=False, highlight=False)
+        if check:
+            judged = sum(1 for s in found.series if s.primary or all_figures)
+            if findings:
+                console.print(f"history check FAILED: {len(findings)} regression(s) beyond {threshold:g}% among the "
+                              f"latest {latest} run(s):", markup=False, style="bold red")
+                for finding in findings:
+                    console.print(f"  {finding.message}", markup=False, highlight=False)
+            else:
+                console.print(f"history check passed: no regression beyond {threshold:g}% starts among the latest "
+                              f"{latest} run(s) of {judged} figure(s)", markup=False)
+    if findings:
+        raise typer.Exit(EXIT_FAILED)
 
 
 # ----------------------------------------------------------------------------- schema

@@ -2,14 +2,20 @@
 project modules it imports. Part of every node key, so a result is never reused across a change of the code
 that made it (no hand-bumped version strings to forget).
 
-Imports are found by reading the source (a line scan for ``import`` / ``from ... import``, including imports inside
-functions), never by importing it: `plan` runs no user code. Only files inside the given roots are followed
-(the stage's package; the recipe's project, minus virtual environments), so installed libraries are covered by
-the environment facts (their versions), not by hashing site-packages.
+Imports are found by parsing the source (every ``import`` and ``from ... import`` statement anywhere in the file,
+in any layout, and ``importlib.import_module`` / ``__import__`` of a literal name), never by importing it: `plan`
+runs no user code. Only files inside the given roots are followed (the stage's package; the recipe's project,
+minus the virtual environments and installed packages *inside* it, wherever the project itself lives: a checkout
+in ``<venv>/src/`` is a project like any other), so installed libraries are covered by the environment facts
+(their versions), not by hashing site-packages.
+
+For a stage this scan is the key's code. For a `python:` reference it is only the first guess: the modules the
+code really imports are recorded while it runs (`trtflow.depfile`) and those decide from then on (`plan`).
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 from collections.abc import Iterable
@@ -28,12 +34,48 @@ class CodeDigest:
     files: dict[str, str] = field(default_factory=dict)  # path (relative to ``base``) -> content digest
 
 
+_DYNAMIC = {"import_module", "__import__"}
+_PARSED: dict[tuple[str, int, int, int, int], list[tuple[int, str, list[str]]]] = {}
+
+
 def _imports(path: Path) -> list[tuple[int, str, list[str]]]:
-    """(relative level, module, imported names) for every import statement in ``path``."""
+    """(relative level, module, imported names) for every import in ``path`` (parsed once per file version)."""
     try:
+        st = path.stat()
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return []
+    memo = (str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    if memo not in _PARSED:
+        try:
+            _PARSED[memo] = _parsed_imports(ast.parse(text, str(path)))
+        except (SyntaxError, ValueError):  # not Python we can parse: the line scan finds what it can
+            _PARSED[memo] = _scanned_imports(text)
+    return _PARSED[memo]
+
+
+def _parsed_imports(tree: ast.AST) -> list[tuple[int, str, list[str]]]:
+    found: list[tuple[int, str, list[str]]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(0, alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.level, node.module or "", [a.name for a in node.names if a.name != "*"]))
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str) and _called_name(node.func) in _DYNAMIC):
+            name = node.args[0].value
+            if name and all(part.isidentifier() for part in name.split(".")):
+                found.append((0, name, []))
+    return found
+
+
+def _called_name(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Name):
+        return func.id
+    return func.attr if isinstance(func, ast.Attribute) else None
+
+
+def _scanned_imports(text: str) -> list[tuple[int, str, list[str]]]:
     found: list[tuple[int, str, list[str]]] = []
     for match in _IMPORT.finditer(text):
         source, names, plain = match.groups()
@@ -60,9 +102,12 @@ def _module_file(base: Path) -> Path | None:
 
 
 def _within(path: Path, roots: Iterable[Path]) -> bool:
-    if _SKIP_DIRS & set(path.parts):
-        return False
-    return any(path == r or r in path.parents for r in roots)
+    """Inside one of ``roots``, and not in a virtual environment or installed package *below* that root (the
+    folders above a root do not matter: a project may itself live in ``<venv>/src/``)."""
+    for root in roots:
+        if path == root or root in path.parents:
+            return not _SKIP_DIRS & set(path.relative_to(root).parts[:-1])
+    return False
 
 
 def _resolve(entry: Path, level: int, module: str, names: list[str], search: list[Path]) -> list[Path]:

@@ -6,6 +6,7 @@ message and a hint saying what to do. Anything else that escapes is our bug (`In
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 EXIT_OK = 0
@@ -13,7 +14,18 @@ EXIT_FAILED = 1  # a stage failed or a quality gate failed
 EXIT_USAGE = 2  # bad recipe or bad command-line usage
 EXIT_ENVIRONMENT = 3  # this machine cannot run the requested backend
 EXIT_STORE = 4  # the store is busy (gc), damaged, read-only, full, or of a newer format
+EXIT_INCONCLUSIVE = 5  # a quality gate could not decide at its cap (on_inconclusive: fail), and nothing else failed
 EXIT_INTERRUPTED = 130
+
+
+#: Terminal control sequences (colours, cursor moves) that a library's message may carry (transformers' load
+#: report, Keras errors): a message is text, whatever prints it (a terminal, a log, a JSON report).
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+
+
+def plain(text: str) -> str:
+    """``text`` without terminal control sequences."""
+    return _ANSI.sub("", text) if "\x1b" in text else text
 
 
 class TrtflowError(Exception):
@@ -22,6 +34,7 @@ class TrtflowError(Exception):
     exit_code = EXIT_FAILED
 
     def __init__(self, message: str, hint: str | None = None) -> None:
+        message, hint = plain(message), plain(hint) if hint is not None else None
         super().__init__(message)
         self.message = message
         self.hint = hint
@@ -88,6 +101,14 @@ class StoreBusy(StoreError):
 
 class StageFailed(TrtflowError):
     """Raised by a stage for an expected failure whose message is enough (no traceback in the log)."""
+
+
+class RecipeMismatch(StageFailed):
+    """What the recipe (or `trtflow init`'s options) declares does not fit the model, found when a stage looks at the
+    model: inputs it does not take, a profile beyond its limits, a task it cannot do. A usage mistake (exit 2),
+    like a recipe error, whichever command finds it."""
+
+    exit_code = EXIT_USAGE
 
 
 class GateFailed(StageFailed):

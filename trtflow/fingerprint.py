@@ -1,7 +1,11 @@
 """Canonical hashing of parameters, files and environment facts.
 
-Files are hashed with xxh3-128, streamed in 1 MiB blocks. A (size, mtime_ns, inode) record in the
-store's stat cache lets unchanged files skip re-reading entirely.
+Files are hashed with xxh3-128, streamed in 1 MiB blocks. A file's *signature* (size, mtime, ctime, inode) in the
+store's stat cache lets unchanged files skip re-reading entirely. ctime is part of it because it cannot be set
+back: a file rewritten with its size kept and its mtime restored (``cp`` + ``touch -r``, ``rsync --inplace -t``)
+gets a new ctime. A signature is trusted only once it is *settled*: a file whose mtime or ctime lies within
+`RACY_WINDOW_NS` of the moment its content was read could change again within the same timestamp granule, so its
+digest is not cached (it is read again next time).
 """
 
 from __future__ import annotations
@@ -59,25 +63,39 @@ def stream_digests(f: IO[bytes], sha256: bool) -> tuple[str, str | None]:
     return fast.hexdigest(), strong.hexdigest() if strong is not None else None
 
 
-class StatCache(Protocol):
-    def get(self, path: str, size: int, mtime_ns: int, inode: int) -> str | None: ...
+Sig = tuple[int, int, int, int]  # size, mtime_ns, ctime_ns, inode
 
-    def put(self, path: str, size: int, mtime_ns: int, inode: int, digest: str) -> None: ...
+
+def signature(st: os.stat_result) -> Sig:
+    """What the stat shortcuts compare: size, mtime, ctime and inode (ctime cannot be set back by a user)."""
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+def settled(sig: Sig | list[int], read_at_ns: int) -> bool:
+    """Whether a file's signature identifies its content read at ``read_at_ns``: neither its mtime nor its ctime
+    lies within `RACY_WINDOW_NS` before that moment (on a filesystem with coarse timestamps, a change in the same
+    granule would keep the signature)."""
+    return read_at_ns - max(sig[1], sig[2]) > RACY_WINDOW_NS
+
+
+class StatCache(Protocol):
+    def get(self, path: str, sig: Sig) -> str | None: ...
+
+    def put(self, path: str, sig: Sig, digest: str) -> None: ...
 
 
 def hash_file(path: Path, cache: StatCache | None = None) -> str:
-    """Digest of a file's content, reusing a cached digest when size, mtime and inode are unchanged."""
-    st = path.stat()
+    """Digest of a file's content, reusing a cached digest while its signature is unchanged."""
+    sig = signature(path.stat())
     key = str(path.resolve())
     if cache is not None:
-        cached = cache.get(key, st.st_size, st.st_mtime_ns, st.st_ino)
+        cached = cache.get(key, sig)
         if cached:
             return cached
+    read_at = time.time_ns()
     digest = hash_file_content(path)
-    # A file modified within the last couple of seconds could change again without its mtime moving on
-    # coarse-grained filesystems: do not trust the shortcut for it yet.
-    if cache is not None and time.time_ns() - st.st_mtime_ns > RACY_WINDOW_NS:
-        cache.put(key, st.st_size, st.st_mtime_ns, st.st_ino, digest)
+    if cache is not None and settled(sig, read_at) and signature(path.stat()) == sig:
+        cache.put(key, sig, digest)
     return digest
 
 

@@ -30,6 +30,7 @@ from trtflow.errors import (
     EnvironmentUnavailable,
     GateFailed,
     RecipeError,
+    RecipeMismatch,
     StageFailed,
     StageSkipped,
     TrtflowError,
@@ -37,16 +38,24 @@ from trtflow.errors import (
 from trtflow.recipe.schema import ProfileSpec, ShapeRange
 from trtflow.storage.confined import Tree
 from trtflow.storage.confined import locate as confined_locate
+from trtflow.storage.pins import Pin
+from trtflow.verdicts import GateVerdict, as_verdicts
 
 __all__ = [
     "CodeReference",
     "EnvironmentUnavailable",
+    "Figure",
+    "Figures",
     "GateContext",
     "GateFailed",
+    "GateVerdict",
     "Input",
     "Output",
+    "Pin",
     "ProfileSpec",
     "RecipeError",
+    "RecipeMismatch",
+    "Reference",
     "Resources",
     "ShapeRange",
     "SharedCache",
@@ -80,9 +89,17 @@ CodeReference = Annotated[str, AfterValidator(_check_code_reference)]
 
 
 class StageParams(BaseModel):
-    """Base class for a stage's parameters: unknown keys are errors; every field needs a description."""
+    """Base class for a stage's parameters: unknown keys are errors; every field needs a description.
+
+    A field declared with ``json_schema_extra={"written_in_recipe": True}`` (a grant of trust, e.g. export's
+    ``trust_code``) may be turned on only in a recipe file, not with ``--set``: the recipe loader refuses it.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def notices(self) -> list[str]:
+        """What a user should know about these settings before the node runs (`trtflow plan` shows each)."""
+        return []
 
 
 @dataclass(frozen=True)
@@ -185,10 +202,86 @@ class GateContext:
     resolve: Callable[[str], Path] | None = None
     #: The node being judged (its name in the recipe).
     node: str = ""
+    #: How many nodes of the recipe make a comparison (`Stage.compares`): each one's error rate is divided among
+    #: them, so that a recipe run raises a false alarm no more often than one comparison would.
+    family: int = 1
 
 
-#: ``gate(params, summary, gate_ctx) -> failure messages`` (empty: the gate passes).
-GateFn = Callable[[Any, Mapping[str, Any], GateContext], list[str]]
+@dataclass(frozen=True)
+class Figure:
+    """One figure of a node's result that the recipe's history keeps (`trtflow history`): a statistic with its
+    sample count and 95% interval, e.g. the p99 latency at batch 8.
+
+    ``name`` identifies the series across runs (keep it stable: "p99 latency, batch 8"); ``better`` says which way
+    is an improvement; ``primary`` marks what the node's gates judge (its objective point), the figures
+    `trtflow history --check` judges by default; ``context`` holds what a reader needs to interpret the value (a
+    level length, a search bracket), JSON-serialisable. ``low``/``high``: the 95% interval, None where the figure
+    has none (a search bracket is not an interval: put it in ``context``).
+    """
+
+    name: str
+    value: float
+    unit: str
+    better: str  # "lower" or "higher"
+    low: float | None = None
+    high: float | None = None
+    n: int | None = None
+    primary: bool = False
+    context: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.better not in ("lower", "higher"):
+            raise ValueError(f"Figure.better must be 'lower' or 'higher', got {self.better!r}")
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What a node's result adds to the history: its figures, and facts about where they were measured (GPU, CPU,
+    host load), JSON-serialisable."""
+
+    figures: tuple[Figure, ...] = ()
+    facts: Mapping[str, Any] = field(default_factory=dict)
+
+
+#: ``figures(params, summary) -> Figures``: the figures of a node's summary for the recipe's history.
+FiguresFn = Callable[[Any, Mapping[str, Any]], Figures]
+
+
+#: ``gate(params, summary, gate_ctx) -> verdicts`` (a plain string is a failure message; none: the gate passes).
+GateFn = Callable[[Any, Mapping[str, Any], GateContext], Sequence[GateVerdict | str]]
+#: ``reference(params, resolve, node) -> "accepted" | a pinned artifact (`Pin.describe`'s form) | None``: what
+#: the node measures beside its candidate. "accepted": the artifact of this node's last accepted result (every
+#: primary gate verdict passed), kept by the engine; a mapping: a pinned artifact (its files' digests), which
+#: enters the node key.
+ReferenceFn = Callable[[Any, Callable[[str], Path], str], "str | Mapping[str, Any] | None"]
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A reference artifact laid out for a stage, as its inputs are: ``inputs`` (slot -> the file the slot
+    names, its producer's other outputs beside it), ``files`` (project-relative path -> the pinned copy of a
+    recipe file or code file the node used), and what was recorded with it (``record``: the node's params and
+    summary when it was pinned, the pin's name and time). ``missing``: why it could not be laid out (then the
+    paths are empty and a stage falls back to the recorded figures)."""
+
+    name: str
+    inputs: Mapping[str, Path] = field(default_factory=dict)
+    files: Mapping[str, Path] = field(default_factory=dict)
+    record: Mapping[str, Any] = field(default_factory=dict)
+    missing: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "inputs": {k: str(v) for k, v in self.inputs.items()},
+                "files": {k: str(v) for k, v in self.files.items()}, "record": dict(self.record),
+                "missing": self.missing}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> Reference | None:
+        if not data:
+            return None
+        return cls(str(data.get("name", "")), {k: Path(v) for k, v in (data.get("inputs") or {}).items()},
+                   {k: Path(v) for k, v in (data.get("files") or {}).items()}, dict(data.get("record") or {}),
+                   data.get("missing"))
 #: ``memory(params, input_sizes) -> bytes``: peak host memory of a node, from its inputs' sizes by slot.
 MemoryFn = Callable[[Any, Mapping[str, int]], int]
 
@@ -204,9 +297,20 @@ class Stage:
       on beyond its graph inputs (a model file, calibration data); they are hashed into the node key.
     - ``check``: called before any work with the params; raises `StageSkipped` (backend cannot run here)
       or `EnvironmentUnavailable`/`RecipeError` with a clear message.
+    - ``check_files``: called at plan time with the params and ``files`` resolved (recipe path -> Path, each one
+      present); raises a `TrtflowError` when a file is not what the params need (a model folder that holds no
+      model), which the planner reports as a recipe error at the node's line. Cheap: it runs on every plan.
     - ``gate`` / ``gate_params``: quality gates applied by the engine to the summary ``run`` returned, on a
       fresh run and again on every cached reuse; ``gate_params`` (top-level param names) only configure gates,
-      so they are left out of the node key: changing a threshold re-judges the cached measurements.
+      so they are left out of the node key: changing a threshold re-judges the cached measurements. A gate
+      returns `GateVerdict` objects (`trtflow.verdicts`).
+    - ``compares``: whether a node with these params makes a comparison (a regression gate): the recipe's false
+      alarm rate is divided among such nodes (`GateContext.family`, `StageContext.gate_family`).
+    - ``reference``: what the node measures beside its candidate (see `ReferenceFn`); the engine lays it out for
+      the stage (`StageContext.reference`) and, for "accepted", keeps the artifact of each accepted result.
+    - ``figures``: the figures of a result that the recipe's history keeps (`Figures`, from the params and the
+      summary ``run`` returned); the engine records them in the journal once per measurement, and
+      `trtflow history` shows their trend and change points.
     - ``memory``: peak host memory estimate (bytes) from the input sizes, for memory-aware scheduling.
     - ``preload``: heavy modules ``run`` imports (torch, onnx, ...): a warm process imports them once and forks
       the nodes from it. Only modules whose import starts no thread and does not initialise CUDA belong here.
@@ -225,8 +329,12 @@ class Stage:
     environment: Sequence[str] | Callable[[Any], Sequence[str]] = ()
     files: Callable[[Any], Sequence[str]] | None = None
     check: Callable[[Any], None] | None = None
+    check_files: Callable[[Any, Mapping[str, Path]], None] | None = None
     gate: GateFn | None = None
     gate_params: tuple[str, ...] = ()
+    compares: Callable[[Any], bool] | None = None
+    reference: ReferenceFn | None = None
+    figures: FiguresFn | None = None
     memory: MemoryFn | None = None
     preload: tuple[str, ...] = ()
 
@@ -239,9 +347,15 @@ class Stage:
     def files_for(self, params: Any) -> tuple[str, ...]:
         return tuple(self.files(params)) if self.files else ()
 
-    def judge(self, params: Any, summary: Mapping[str, Any], gate_ctx: GateContext) -> list[str]:
-        """Failure messages of the stage's gates for this summary (empty when it passes or has no gate)."""
-        return list(self.gate(params, summary, gate_ctx)) if self.gate is not None else []
+    def judge(self, params: Any, summary: Mapping[str, Any], gate_ctx: GateContext) -> list[GateVerdict]:
+        """The verdicts of the stage's gates for this summary (empty when it has no gate)."""
+        return as_verdicts(self.gate(params, summary, gate_ctx)) if self.gate is not None else []
+
+    def compares_for(self, params: Any) -> bool:
+        return bool(self.compares(params)) if self.compares is not None else False
+
+    def reference_for(self, params: Any, resolve: Callable[[str], Path], node: str) -> str | Mapping[str, Any] | None:
+        return self.reference(params, resolve, node) if self.reference is not None else None
 
 
 class SharedCache:
@@ -297,8 +411,14 @@ class StageContext:
         previous_summary: Mapping[str, Any] | None = None,
         input_sources: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
         ran_alone: bool | None = None,
+        reference: Reference | None = None,
+        gate_family: int = 1,
     ) -> None:
         self.node = node
+        #: What the node measures beside its candidate (`Stage.reference`), laid out like its inputs; None: none.
+        self.reference = reference
+        #: How many nodes of the recipe make a comparison (`GateContext.family`).
+        self.gate_family = max(int(gate_family), 1)
         #: Per input slot, one entry per artifact (in the order of ``inputs[slot]``): the producing node's
         #: ``node`` name, ``template``, ``matrix`` values and ``inputs`` (its own slots -> producer node names).
         #: True when the engine ran nothing beside this node (an exclusive node, e.g. a benchmark); None: unknown.

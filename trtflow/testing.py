@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.environment import Environment
-from trtflow.stage import Stage, StageContext
+from trtflow.stage import Reference, Stage, StageContext
 
 
 @dataclass
@@ -27,8 +27,11 @@ def run_stage(
     workdir: Path | None = None,
     recipe_dir: Path | None = None,
     facts: Mapping[str, str] | None = None,
+    reference: Reference | None = None,
+    gate_family: int = 1,
 ) -> StageRun:
-    """Validate ``params``, run ``stage`` in this process and return its output paths and summary.
+    """Validate ``params``, run ``stage`` in this process and return its output paths and summary. ``reference``:
+    what the node measures beside its candidate (`StageContext.reference`), as the engine would lay it out.
 
     Exceptions from the stage propagate unchanged, so tests can assert on them.
     """
@@ -47,6 +50,7 @@ def run_stage(
         facts=env.facts(stage.environment_for(validated)),
         allowed_roots=[recipe_dir, workdir, Path.cwd()],
         logger=logging.getLogger(f"trtflow.test.{stage.name}"),
+        reference=reference, gate_family=gate_family,
     )
     if stage.check is not None:
         stage.check(validated)

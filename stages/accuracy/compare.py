@@ -67,16 +67,35 @@ class Bound(StageParams):
 class AccuracyParams(Protocol):
     """What the comparison reads of a validate node's params (the validate stage's ``Params``)."""
 
-    expect: str
+    expect: str | None
     tolerances: Tolerance
     output_tolerances: Mapping[str, Tolerance]
     task_metric: str | None
     task_thresholds: Mapping[str, Bound]
 
 
-def resolved_tolerance(params: AccuracyParams, output: str) -> dict[str, Any]:
-    """The gates for ``output``: per-output override, then the all-outputs override, then the default."""
-    atol, rtol, stat, cosine = DEFAULT_TOLERANCES[params.expect]
+#: The precision a producer records (quantize's mode, convert's precision, an engine's) -> DEFAULT_TOLERANCES' key.
+_PRODUCED = {"int8": "int8", "fp8": "fp8", "int4": "int4", "nvfp4": "fp4", "mxfp8": "fp8", "fp16": "fp16",
+             "bf16": "bf16", "fp32": "fp32", "tf32": "tf32", "best": "int8"}
+
+
+def expected_precision(expect: str | None, origin: Mapping[str, Any] | None) -> str:
+    """The precision whose default gates apply: ``expect`` when the recipe sets it, else the one the candidate's
+    producer recorded (quantize's ``mode``, convert's or an engine's ``precision``), else fp32."""
+    if expect is not None:
+        return expect
+    origin = origin or {}
+    for key in ("mode", "precision"):
+        value = origin.get(key)
+        if isinstance(value, str) and value in _PRODUCED:
+            return _PRODUCED[value]
+    return "fp32"
+
+
+def resolved_tolerance(params: AccuracyParams, output: str, expect: str | None = None) -> dict[str, Any]:
+    """The gates for ``output``: per-output override, then the all-outputs override, then the default of
+    ``expect`` (default: ``params.expect``, else fp32)."""
+    atol, rtol, stat, cosine = DEFAULT_TOLERANCES[expect or params.expect or "fp32"]
     chosen = {"atol": atol, "rtol": rtol, "check_error_stat": stat, "min_cosine_similarity": cosine}
     for override in (params.tolerances, params.output_tolerances.get(output)):
         if override is not None:
@@ -213,8 +232,17 @@ def _ratio(value: float, limit: float) -> float:
     return value / limit if limit > 0 else (math.inf if value > 0 else 0.0)
 
 
-def _fmt(value: float) -> str:
-    return f"{value:.4g}"
+def _fmt(value: float, bound: float | None = None) -> str:
+    """``value`` in 4 significant digits, or as many more as it takes to differ from ``bound`` when it does (a
+    cosine similarity of 0.9999899 against a min of 0.99999 is not "1")."""
+    text = f"{value:.4g}"
+    if bound is None or value == bound or math.isnan(value):
+        return text
+    for digits in range(4, 17):
+        text = f"{value:.{digits}g}"
+        if text != f"{bound:.{digits}g}" and float(text) != bound:
+            return text
+    return repr(value)
 
 
 def judge_output(name: str, entry: Mapping[str, Any], tolerance: Mapping[str, Any]) -> list[str]:
@@ -241,13 +269,13 @@ def judge_output(name: str, entry: Mapping[str, Any], tolerance: Mapping[str, An
         abs_value, rel_value = entry[f"{stat}_abs_error"], entry[f"{stat}_rel_error"]
         if not (abs_value <= atol or rel_value <= rtol):
             failures.append(
-                f"{name}: {stat} abs error {_fmt(abs_value)} > atol {atol:g} ({_ratio(abs_value, atol):.3g}x) "
-                f"and {stat} rel error {_fmt(rel_value)} > rtol {rtol:g} ({_ratio(rel_value, rtol):.3g}x)"
+                f"{name}: {stat} abs error {_fmt(abs_value, atol)} > atol {atol:g} ({_ratio(abs_value, atol):.3g}x) "
+                f"and {stat} rel error {_fmt(rel_value, rtol)} > rtol {rtol:g} ({_ratio(rel_value, rtol):.3g}x)"
             )
     min_cos = tolerance["min_cosine_similarity"]
     similarity = entry["cosine_similarity"]
     if math.isnan(similarity) or similarity < min_cos:
-        failures.append(f"{name}: cosine similarity {_fmt(similarity)} < min {min_cos:g} "
+        failures.append(f"{name}: cosine similarity {_fmt(similarity, min_cos)} < min {min_cos:g} "
                         f"(short by {_fmt(min_cos - similarity)})")
     return failures
 
@@ -257,10 +285,10 @@ def judge_task_metrics(values: Mapping[str, float], thresholds: Mapping[str, Bou
     for key, bound in thresholds.items():
         value = values.get(key, math.nan)
         if bound.min is not None and not value >= bound.min:
-            failures.append(f"task metric {key} {_fmt(value)} < min {bound.min:g} (short by "
+            failures.append(f"task metric {key} {_fmt(value, bound.min)} < min {bound.min:g} (short by "
                             f"{_fmt(bound.min - value)})")
         if bound.max is not None and not value <= bound.max:
-            failures.append(f"task metric {key} {_fmt(value)} > max {bound.max:g} (over by "
+            failures.append(f"task metric {key} {_fmt(value, bound.max)} > max {bound.max:g} (over by "
                             f"{_fmt(value - bound.max)})")
     return failures
 
@@ -268,26 +296,27 @@ def judge_task_metrics(values: Mapping[str, float], thresholds: Mapping[str, Bou
 def likely_cause(params: AccuracyParams, summary: Mapping[str, Any], node: str = "") -> str:
     """What most likely made the candidate differ, and what to do next, from what its producer recorded."""
     origin = summary.get("candidate_origin") or {}
+    expect = expected_precision(params.expect, origin)
     causes: list[str] = []
     if summary.get("uncalibrated_data"):
         causes.append("the validation data is random, which may exercise ranges real inputs never reach")
-    if params.expect in ("int8", "fp8", "int4", "fp4"):
+    if expect in ("int8", "fp8", "int4", "fp4"):
         if origin.get("calibrated") is False:
             causes.append("the model was calibrated on random data: calibrate it on real inputs")
-        if origin.get("quantize_ops") in ("modelopt", "custom") and params.expect == "int8":
+        if origin.get("quantize_ops") in ("modelopt", "custom") and expect == "int8":
             causes.append(f"its Q/DQ placement ({origin['quantize_ops']}) may quantize attention probabilities or "
                           "the residual stream, which int8 represents poorly: try quantize_ops: weighted")
         if not causes:
             causes.append("quantization error accumulates through the network: keep the most sensitive layers "
                           "in high precision with nodes_to_exclude, or try the other calibration_method")
-    elif params.expect in ("fp16", "bf16"):
+    elif expect in ("fp16", "bf16"):
         kept = origin.get("fp32_nodes")
         where = f" (the conversion kept {kept} node(s) in fp32 with data_max {origin.get('data_max')})" \
             if kept is not None else ""
-        causes.append(f"values beyond {params.expect}'s range or precision{where}: lower data_max or keep the "
+        causes.append(f"values beyond {expect}'s range or precision{where}: lower data_max or keep the "
                       "offending nodes in fp32 with nodes_to_exclude")
     else:
-        causes.append(f"the candidate should compute what the reference computes in {params.expect}: a conversion "
+        causes.append(f"the candidate should compute what the reference computes in {expect}: a conversion "
                       "or runtime changed the computation")
     node = node or summary.get("node") or "NODE"
     return (f"likely cause: {'; '.join(causes)}. Next: find the first layer that diverges with "
@@ -295,12 +324,12 @@ def likely_cause(params: AccuracyParams, summary: Mapping[str, Any], node: str =
 
 
 def compare_outputs(reference: Mapping[str, Any], candidate: Mapping[str, Any],
-                    params: AccuracyParams) -> dict[str, dict[str, Any]]:
+                    params: AccuracyParams, expect: str | None = None) -> dict[str, dict[str, Any]]:
     """`measure_outputs`, each output with its tolerance and verdict under ``params`` (for callers that judge
     in-process, e.g. precision debugging)."""
     outputs = measure_outputs(reference, candidate)
     for name, entry in outputs.items():
-        tolerance = resolved_tolerance(params, name)
+        tolerance = resolved_tolerance(params, name, expect)
         failures = judge_output(name, entry, tolerance)
         entry.update(tolerance=tolerance, passed=not failures, failures=failures)
     return outputs

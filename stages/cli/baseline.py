@@ -1,11 +1,14 @@
-"""``trtflow baseline``: pin a recipe's latest measurements in a file to commit (a ``trtflow.commands`` plugin).
+"""``trtflow baseline``: pin a recipe's latest artifacts and measurements (a ``trtflow.commands`` plugin).
 
-    trtflow baseline save RECIPE [-o FILE]    write the baseline (default: baselines/<recipe name>.json beside
-                                              the recipe)
+    trtflow baseline pin RECIPE [-o FILE]     pin each benchmark node's artifact in the store (kept by gc while
+                                              pinned) and write the baseline file to commit (default:
+                                              baselines/<recipe name>.json beside the recipe); `save` is the same
     trtflow baseline show FILE                print what a baseline holds
+    trtflow baseline unpin FILE               release the artifacts FILE pins from the store (gc frees them)
 
-Benchmark nodes then compare with it through ``baseline: FILE`` (and ``max_regression_percent``); a validate node
-through its baseline hook (`measure.baseline.accuracy_gate`).
+Benchmark nodes then compare with it through ``baseline: FILE`` (and ``max_regression_percent``): the pinned
+artifact is re-measured beside the candidate in A/B pairs; a validate node compares accuracy figures through its
+baseline hook (`measure.baseline.accuracy_gate`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,14 @@ def _describe(name: str, entry: dict[str, Any]) -> list[str]:
     setup = ", ".join(f"{key} {facts[key]}" for key in ("gpu", "tensorrt", "tensorrt_rtx", "onnxruntime", "torch",
                                                           "cpu") if facts.get(key) not in (None, "none", "unset"))
     lines = [f"{name} ({entry.get('stage')}; {setup or 'no facts recorded'})"]
+    artifact = entry.get("artifact") or {}
+    if artifact:
+        files = [name for slot in (artifact.get("inputs") or {}).values() for name in slot.get("objects", {})]
+        files += list(artifact.get("files") or {})
+        lines.append(f"  artifact {str(entry.get('identity', ''))[:12]}: {', '.join(files) or 'no files'} (re-measured "
+                     "beside the candidate by gated runs)")
+    elif entry.get("stage") == "benchmark":
+        lines.append("  no artifact pinned (an older baseline): gates compare its stored figures; pin it again")
     for point in entry.get("points", []):
         queries = f" ({point['queries']} queries)" if point.get("queries") else ""
         lines.append(f"  batch {point.get('batch_size')}, {point.get('streams', 1)} stream(s): p50 "
@@ -46,8 +57,8 @@ def _describe(name: str, entry: dict[str, Any]) -> list[str]:
     return lines
 
 
-@app.command("save")
-def save(
+@app.command("pin")
+def pin(
     recipe: Annotated[Path, typer.Argument(help="Recipe YAML file whose latest results to pin.", show_default=False)],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Baseline file to write (default: "
                                                 "baselines/<recipe name>.json beside the recipe).")] = None,
@@ -55,18 +66,21 @@ def save(
                                               ".trtflow)")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a recipe value, as for `run`.")] = None,
 ) -> None:
-    """Write the latest benchmark and validate results of RECIPE to a baseline file (reads the store only)."""
-    from trtflow.api import latest_results
+    """Pin the artifact each benchmark node of RECIPE measured last (kept in the store while pinned) and write its
+    latest benchmark and validate figures, with the pinned artifacts' digests, to a baseline file."""
+    from trtflow.api import latest_results, pin_latest
     from trtflow.recipe.load import load_recipe
 
     from ..measure.baseline import make_baseline
 
     loaded = load_recipe(recipe)
     results = latest_results(recipe, set_ or (), store)
-    document = make_baseline(loaded.recipe.name, results)
+    benchmarks = [name for name, result in results.items() if result.get("stage") == "benchmark"]
+    artifacts = pin_latest(recipe, benchmarks, set_ or (), store) if benchmarks else {}
+    document = make_baseline(loaded.recipe.name, results, artifacts)
     if not document["nodes"]:
         raise TrtflowError(f"no benchmark or validate results of {recipe} in the store",
-                           hint=f"run `trtflow run {recipe}` first, then save the baseline")
+                           hint=f"run `trtflow run {recipe}` first, then pin the baseline")
     target = output or Path(recipe).parent / "baselines" / f"{loaded.recipe.name}.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -77,7 +91,10 @@ def save(
     except ValueError:
         shown = target.resolve()
     typer.echo(f"wrote {target}: commit it, and point gates at it (benchmark params: `baseline: {shown}`, "
-               "`max_regression_percent: 10`)")
+               "`max_regression_percent: 10`); the artifacts stay in this store while the baseline pins them")
+
+
+app.command("save", help="The same as `pin` (its earlier name).")(pin)
 
 
 @app.command("show")
@@ -89,3 +106,26 @@ def show(file: Annotated[Path, typer.Argument(help="A baseline file.", show_defa
     typer.echo(f"baseline of recipe {document.get('recipe')}, saved {document.get('saved')}")
     for name, entry in (document.get("nodes") or {}).items():
         typer.echo("\n".join(_describe(name, entry)))
+
+
+@app.command("unpin")
+def unpin(
+    file: Annotated[Path, typer.Argument(help="A baseline file whose pinned artifacts to release.",
+                                         show_default=False)],
+    store: Annotated[str | None, typer.Option("--store", help="Store directory (env TRTFLOW_STORE; default "
+                                              ".trtflow)")] = None,
+) -> None:
+    """Release the artifacts a baseline file pins in the store; the next `trtflow gc` frees what nothing else keeps.
+    Gates on the file then compare its stored figures (and say so) until it is pinned again."""
+    from trtflow.api import unpin as release
+
+    from ..measure.baseline import read_baseline
+
+    document = read_baseline(file)
+    identities = sorted({str(entry["identity"]) for entry in (document.get("nodes") or {}).values()
+                         if isinstance(entry, dict) and entry.get("identity")})
+    removed = release(identities, store)
+    for identity in identities:
+        typer.echo(f"{identity[:12]}: {'released' if identity in removed else 'not pinned in this store'}")
+    if not identities:
+        typer.echo(f"{file} pins no artifact")

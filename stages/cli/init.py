@@ -21,9 +21,17 @@ from typing import Annotated, Any
 
 import typer
 
-from trtflow.errors import RecipeError, TrtflowError  # not trtflow.stage: `trtflow --help` imports this module
+from trtflow.errors import RecipeError, TrtflowError, UsageError  # not trtflow.stage: `trtflow --help` imports this
 
 DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
+#: The tasks export knows (formats.huggingface.TASKS; a test keeps them equal): spelled out so that `trtflow --help`
+#: does not import transformers' mappings.
+TASK_NAMES = ("text2text-generation", "fill-mask", "text-classification", "token-classification",
+              "question-answering", "text-generation", "text-generation-with-past", "image-classification",
+              "object-detection",
+              "semantic-segmentation", "image-segmentation", "universal-segmentation", "depth-estimation",
+              "zero-shot-image-classification", "image-feature-extraction", "text-feature-extraction",
+              "audio-classification", "automatic-speech-recognition", "feature-extraction")
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -39,9 +47,9 @@ class Range:
         try:
             low, opt, high = (int(p) for p in parts)
         except ValueError:
-            raise TrtflowError(f"{what}: {text!r} is not MIN:OPT:MAX (three integers, e.g. 1:8:32)") from None
+            raise UsageError(f"{what}: {text!r} is not MIN:OPT:MAX (three integers, e.g. 1:8:32)") from None
         if not 1 <= low <= opt <= high:
-            raise TrtflowError(f"{what}: need 1 <= MIN <= OPT <= MAX, got {text!r}")
+            raise UsageError(f"{what}: need 1 <= MIN <= OPT <= MAX, got {text!r}")
         return cls(low, opt, high)
 
 
@@ -59,17 +67,20 @@ class ModelInput:
 
 
 def read_onnx_inputs(path: Path) -> list[ModelInput]:
-    """Inputs of an ONNX file; an unnamed dynamic dimension is named ``<input>_<axis>`` (axis 0: ``batch``)."""
+    """Inputs of an ONNX file; an unnamed dynamic dimension is named as export names one (`dim_names`: ``batch`` at
+    axis 0, ``height``/``width`` of an image, else ``<input>_<axis>``)."""
     from ..data import onnx_input_specs
+    from ..formats.dim_names import input_dim_name
 
     inputs = []
     for spec in onnx_input_specs(path):
         dims: list[int | str] = []
+        static = [d if isinstance(d, int) and d > 0 else None for d in spec.shape]
         for axis, dim in enumerate(spec.shape):
             if (isinstance(dim, int) and dim > 0) or (isinstance(dim, str) and dim):
                 dims.append(dim)
             else:
-                dims.append("batch" if axis == 0 else f"{spec.name}_{axis}")
+                dims.append(input_dim_name(spec.name, axis, static))
         inputs.append(ModelInput(spec.name, spec.dtype, tuple(dims)))
     return inputs
 
@@ -78,10 +89,10 @@ def parse_input_option(text: str) -> ModelInput:
     """``NAME:DIMS[:DTYPE]``, DIMS comma-separated; a name is a dynamic dimension (``input:batch,3,224,224``)."""
     parts = text.split(":")
     if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
-        raise TrtflowError(f"--input {text!r}: expected NAME:DIMS[:DTYPE], e.g. input:batch,3,224,224:float32")
+        raise UsageError(f"--input {text!r}: expected NAME:DIMS[:DTYPE], e.g. input:batch,3,224,224:float32")
     dtype = parts[2] if len(parts) == 3 else "float32"
     if dtype not in DTYPES:
-        raise TrtflowError(f"--input {text!r}: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        raise UsageError(f"--input {text!r}: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     dims: list[int | str] = []
     for token in parts[1].split(","):
         token = token.strip()
@@ -90,12 +101,14 @@ def parse_input_option(text: str) -> ModelInput:
         elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", token):
             dims.append(token)
         else:
-            raise TrtflowError(f"--input {text!r}: dimension {token!r} is neither a positive size nor a name")
+            raise UsageError(f"--input {text!r}: dimension {token!r} is neither a positive size nor a name")
     return ModelInput(parts[0], dtype, tuple(dims))
 
 
-def dynamic_ranges(inputs: list[ModelInput], batch: Range, dims: dict[str, Range]) -> dict[str, Range]:
-    """A range for every dynamic dimension name: axis 0 is the batch, others must be given with --dim."""
+def dynamic_ranges(inputs: list[ModelInput], batch: Range, dims: dict[str, Range],
+                   partial: bool = False) -> dict[str, Range]:
+    """A range for every dynamic dimension name: axis 0 is the batch, others must be given with --dim (``partial``:
+    ``dims`` may name dims of other inputs, as an encoder-decoder's chains share one --dim list)."""
     ranges: dict[str, Range] = {}
     missing: list[str] = []
     for spec in inputs:
@@ -109,12 +122,12 @@ def dynamic_ranges(inputs: list[ModelInput], batch: Range, dims: dict[str, Range
             else:
                 missing.append(f"{dim} (axis {axis} of {spec.name})")
     if missing:
-        raise TrtflowError(
+        raise UsageError(
             "dynamic dimensions other than the batch need a range: " + ", ".join(missing),
             hint="give each one, e.g. " + " ".join(f"--dim {m.split()[0]}=1:128:512" for m in missing))
     unknown = sorted(set(dims) - set(ranges))
-    if unknown:
-        raise TrtflowError(f"--dim names no dynamic dimension of the model: {', '.join(unknown)}",
+    if unknown and not partial:
+        raise UsageError(f"--dim names no dynamic dimension of the model: {', '.join(unknown)}",
                            hint="dynamic dimensions: " + (", ".join(ranges) or "none"))
     return ranges
 
@@ -144,16 +157,22 @@ def _schema_reference(recipe_dir: Path) -> tuple[str, Path | None]:
 
 @dataclass
 class Scaffold:
+    """One chain of the recipe: export, the fp32/fp16/int8 candidates, validation, benchmarks, selection, engine
+    and Triton repository. An encoder-decoder model gets two (``part``: encoder, decoder), their nodes and profile
+    named after the part."""
+
     name: str
     model_ref: str  # what the export node's `model` param says
     inputs: list[ModelInput]
     ranges: dict[str, Range]
     data_ref: str | None  # a recipe path of real data, or None for random data
-    outputs: list[str]
+    outputs: list[str] | None  # output names given with --output-name (None: the model's own)
     source: str  # what `trtflow init` was given, for the header
     write_inputs: bool = False  # the export node needs `inputs:` (a factory or a TorchScript archive)
     model_format: str = "onnx"
-    task: str | None = None  # a Hugging Face folder's task, when given
+    task: str | None = None  # a Hugging Face folder's task
+    part: str | None = None  # an encoder-decoder's part (encoder, decoder)
+    trust_code: bool = False  # --trust-code: the export node reads the model file unconfined
 
     @property
     def dynamic(self) -> bool:
@@ -163,6 +182,14 @@ class Scaffold:
     def batch(self) -> Range | None:
         names = {spec.dims[0] for spec in self.inputs if spec.dims and isinstance(spec.dims[0], str)}
         return self.ranges[names.pop()] if len(names) == 1 else None
+
+    @property
+    def suffix(self) -> str:
+        return f"-{self.part}" if self.part else ""
+
+    @property
+    def profile(self) -> str:
+        return self.part or "default"
 
     def data_source(self) -> dict[str, Any]:
         if self.data_ref is not None:
@@ -175,34 +202,30 @@ class Scaffold:
             random["ranges"] = ranges
         return {"random": random}
 
-    def render(self, schema: str) -> str:
+    def profile_lines(self) -> list[str]:
+        if not self.dynamic:
+            return []
+        shapes = {spec.name: {"min": _shape(spec, self.ranges, "min"), "opt": _shape(spec, self.ranges, "opt"),
+                              "max": _shape(spec, self.ranges, "max")}
+                  for spec in self.inputs if any(isinstance(d, str) for d in spec.dims)}
+        return [f"  {self.profile}: {_flow(shapes)}"]
+
+    def node_lines(self) -> list[str]:
         batch = self.batch
         opt_batch = batch.opt if batch else None
-        lines = [f"# yaml-language-server: $schema={schema}",
-                 f"# Written by `trtflow init {self.source}` ({self.model_format}): a starting point; edit it freely.",
-                 "# Model inputs: " + "; ".join(spec.describe() for spec in self.inputs)]
-        if self.data_ref is None:
-            lines += [
-                "#",
-                "# WARNING: no --data was given, so calibration, validation and benchmarks use RANDOM inputs",
-                "# (`random:` below). int8 calibration and accuracy figures on random data say little about real",
-                "# inputs: replace every `random:` data source with real samples (`path: samples.npz`, one array per",
-                "# input), or run `trtflow init ... --data samples.npz`.",
-            ]
-        lines += [f"name: {self.name}", f"description: {_flow('fp32, fp16 and int8 candidates of ' + self.source)}"]
-        if self.dynamic:
-            shapes = {spec.name: {"min": _shape(spec, self.ranges, "min"), "opt": _shape(spec, self.ranges, "opt"),
-                                  "max": _shape(spec, self.ranges, "max")}
-                      for spec in self.inputs if any(isinstance(d, str) for d in spec.dims)}
-            lines += ["", "profiles:                      # proposed from the dynamic dimensions",
-                      f"  default: {_flow(shapes)}"]
+        x = self.suffix
+        anchor = "data" + (f"_{self.part}" if self.part else "")
         opt_shapes = {spec.name: _shape(spec, self.ranges, "opt") for spec in self.inputs}
         data = _flow(self.data_source())
-        candidates = "[simplify, convert, quantize]"
-        lines += ["", "nodes:", "  - name: export", "    stage: export", "    params:",
-                  f"      model: {_flow(self.model_ref)}"]
+        candidates = f"[simplify{x}, convert{x}, quantize{x}]"
+        lines = [f"  - name: export{x}" + (f"                # the {self.part}" if self.part else ""),
+                 "    stage: export", "    params:", f"      model: {_flow(self.model_ref)}"]
         if self.task:
             lines.append(f"      task: {_flow(self.task)}")
+        if self.part:
+            lines.append(f"      part: {self.part}")
+        if self.trust_code:
+            lines.append("      trust_code: true   # --trust-code: the model file's own code runs unconfined")
         if self.write_inputs:
             export_inputs = {}
             for spec in self.inputs:
@@ -211,46 +234,55 @@ class Scaffold:
                 if axes:
                     entry["dynamic_axes"] = axes
                 export_inputs[spec.name] = entry
-            lines += [f"      inputs: {_flow(export_inputs)}", f"      outputs: {_flow(self.outputs)}"]
+            lines.append(f"      inputs: {_flow(export_inputs)}")
+        if self.outputs:
+            lines.append(f"      outputs: {_flow(self.outputs)}")
+        if self.dynamic:
+            lines.append(f"      profiles: [{self.profile}]   # checked at the profile's min and max")
         lines += [
             "",
-            "  - name: simplify                # the fp32 candidate",
+            f"  - name: simplify{x}                # the fp32 candidate",
             "    stage: simplify",
+            f"    inputs: {{model: export{x}}}" if x else None,
             f"    params: {{input_shapes: {_flow(opt_shapes)}}}",
             "",
-            "  - name: convert                 # fp16 candidate (ModelOpt AutoCast; fp32 where values overflow fp16)",
+            f"  - name: convert{x}                 # fp16 candidate (ModelOpt AutoCast; fp32 where values overflow "
+            "fp16)",
             "    stage: convert",
-            "    inputs: {model: simplify}",
-            f"    params: {{precision: fp16, calibration_data: &data {data}}}",
+            f"    inputs: {{model: simplify{x}}}",
+            f"    params: {{precision: fp16, calibration_data: &{anchor} {data}}}",
             "",
-            "  - name: quantize                # int8 candidate (ModelOpt post-training quantization)",
+            f"  - name: quantize{x}                # int8 candidate (ModelOpt post-training quantization)",
             "    stage: quantize",
-            "    inputs: {model: simplify}",
-            "    params: {mode: int8, calibration_data: *data}",
+            f"    inputs: {{model: simplify{x}}}",
+            f"    params: {{mode: int8, calibration_data: *{anchor}}}",
             "",
-            "  - name: validate                # every candidate against the original model, with one accuracy budget",
+            f"  - name: validate{x}                # every candidate against the original model, with one accuracy "
+            "budget",
             "    stage: validate",
             f"    matrix: {{candidate: {candidates}}}",
-            '    inputs: {reference: export, candidate: "${{ matrix.candidate }}"}',
+            f'    inputs: {{reference: export{x}, candidate: "${{{{ matrix.candidate }}}}"}}',
             "    params:",
-            "      data: *data",
+            f"      data: *{anchor}",
         ]
+        lines = [line for line in lines if line is not None]
         if opt_batch:
             lines.append(f"      batch_size: {opt_batch}")
         lines += [
             "      tolerances: {check_error_stat: mean, atol: 0.05, rtol: 0.05, min_cosine_similarity: 0.99}",
             "",
-            "  - name: benchmark               # on ONNX Runtime; on a GPU, benchmark engines (pipelines/cnn.yaml)",
+            f"  - name: benchmark{x}               # on ONNX Runtime; on a GPU, benchmark engines (pipelines/cnn.yaml)",
             "    stage: benchmark",
             f"    matrix: {{candidate: {candidates}}}",
             '    inputs: {model: "${{ matrix.candidate }}"}',
             "    params:",
             "      backend: onnxruntime",
+            "      onnxruntime: {intra_op_threads: 1}   # one core: timings that hold on a shared machine (CI runners)",
         ]
         if any(spec.value_range for spec in self.inputs) and self.data_ref is None:
-            lines.append("      data: *data               # for the value ranges (token ids below the vocabulary)")
+            lines.append(f"      data: *{anchor}               # for the value ranges (token ids below the vocabulary)")
         if self.dynamic:
-            lines.append("      profile: default")
+            lines.append(f"      profile: {self.profile}")
             if batch:
                 sizes = sorted({batch.min, batch.opt, batch.max})
                 lines.append(f"      batch_sizes: {_flow(sizes)}")
@@ -259,26 +291,63 @@ class Scaffold:
         lines += [
             "      min_duration_s: 1.0",
             "",
-            "  - name: select                  # the fastest candidate that passes validation; selection.json says why",
+            f"  - name: select{x}                  # the fastest candidate that passes validation; selection.json "
+            "says why",
             "    stage: select",
-            f"    inputs: {{candidates: {candidates}, validations: validate, benchmarks: benchmark}}",
+            f"    inputs: {{candidates: {candidates}, validations: validate{x}, benchmarks: benchmark{x}}}",
             "    params:",
             "      objective: " + _flow({"goal": "min_latency", "percentile": "p50", **(
                 {"batch_size": opt_batch} if opt_batch else {})}),
-            "      baseline: simplify",
+            f"      baseline: simplify{x}",
+            "      # the candidates not clearly beaten are timed again together (finalists); one within 5% of the",
+            "      # fastest is a tie, and the most accurate tied one wins (tolerance_percent: a preference band)",
+            "      tie_breakers: {tolerance_percent: 5, order: [accuracy, size]}",
             "",
-            "  - name: build                   # a TensorRT engine of the selected model (TensorRT-RTX builds on CPUs)",
+            f"  - name: build{x}                   # a TensorRT engine of the selected model (TensorRT-RTX builds on "
+            "CPUs)",
             "    stage: build",
-            "    inputs: {model: select}",
-            "    params: {backend: auto" + (", profile: default" if self.dynamic else "") + "}",
+            f"    inputs: {{model: select{x}}}",
+            "    params: {backend: auto" + (f", profile: {self.profile}" if self.dynamic else "") + "}",
             "",
-            "  - name: triton                  # a Triton model repository of the selected model",
+            f"  - name: triton{x}                  # a Triton model repository of the selected model",
             "    stage: triton",
-            "    inputs: {model: select}",
-            "    params: {" + ("profile: default, " if self.dynamic and batch else "")
+            f"    inputs: {{model: select{x}}}",
+            "    params: {" + (f"profile: {self.profile}, " if self.dynamic and batch else "")
             + ("max_batch_size: 0, " if not batch else "") + "instance_kind: gpu}",
         ]
-        return "\n".join(lines) + "\n"
+        return lines
+
+
+def render(chains: list[Scaffold], schema: str) -> str:
+    """The recipe text: a header, the profiles of every chain, then each chain's nodes."""
+    first = chains[0]
+    lines = [f"# yaml-language-server: $schema={schema}",
+             f"# Written by `trtflow init {first.source}` ({first.model_format}"
+             + (f", task {first.task}" if first.task else "") + "): a starting point; edit it freely."]
+    for chain in chains:
+        lines.append(f"# {chain.part.capitalize() + ' inputs' if chain.part else 'Model inputs'}: "
+                     + "; ".join(spec.describe() for spec in chain.inputs))
+    if len(chains) > 1:
+        lines.append(f"# An encoder-decoder model: the {' and the '.join(str(c.part) for c in chains)} are exported, "
+                     "optimised and deployed each as its own chain (the decoder without a KV cache).")
+    if first.data_ref is None:
+        lines += [
+            "#",
+            "# WARNING: no --data was given, so calibration, validation and benchmarks use RANDOM inputs",
+            "# (`random:` below). int8 calibration and accuracy figures on random data say little about real",
+            "# inputs: replace every `random:` data source with real samples (`path: samples.npz`, one array per",
+            "# input), or run `trtflow init ... --data samples.npz`.",
+        ]
+    lines += [f"name: {first.name}", f"description: {_flow('fp32, fp16 and int8 candidates of ' + first.source)}"]
+    profiles = [line for chain in chains for line in chain.profile_lines()]
+    if profiles:
+        lines += ["", "profiles:                      # proposed from the dynamic dimensions", *profiles]
+    lines += ["", "nodes:"]
+    for index, chain in enumerate(chains):
+        if index:
+            lines.append("")
+        lines += chain.node_lines()
+    return "\n".join(lines) + "\n"
 
 
 def _recipe_name(text: str) -> str:
@@ -295,7 +364,7 @@ def _inside_project(path: Path, output: Path, what: str) -> None:
     roots = allowed_roots_for(recipe_dir)
     if any(target.is_relative_to(root) for root in roots):
         return
-    raise TrtflowError(
+    raise UsageError(
         f"{what} {path} is outside the project of {output} ({roots[0]}): a recipe may only read files inside its "
         "project (the nearest folder above the recipe holding a .git or a pyproject.toml; without one, the "
         "recipe's own folder)",
@@ -304,95 +373,179 @@ def _inside_project(path: Path, output: Path, what: str) -> None:
              "folder in TRTFLOW_ALLOWED_PATHS")
 
 
-def scaffold(model: str, output: Path, data: Path | None, inputs: list[str], outputs: list[str], batch: str,
-             dims: list[str], name: str | None, task: str | None = None) -> Scaffold:
+def scaffold(model: str, output: Path, data: Path | None, inputs: list[str], outputs: list[str] | None, batch: str,
+             dims: list[str], name: str | None, task: str | None = None, trust_code: bool = False) -> list[Scaffold]:
+    """The recipe's chains for ``model``: one, or an encoder-decoder's encoder and decoder."""
     recipe_dir = output.absolute().parent
     batch_range = Range.parse(batch, "--batch")
     dim_ranges: dict[str, Range] = {}
     for item in dims:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise TrtflowError(f"--dim {item!r}: expected NAME=MIN:OPT:MAX, e.g. seq=1:128:512")
+            raise UsageError(f"--dim {item!r}: expected NAME=MIN:OPT:MAX, e.g. seq=1:128:512")
         dim_ranges[key] = Range.parse(value, f"--dim {key}")
+    data_ref = None
+    if data is not None:
+        if not data.exists():
+            raise UsageError(f"--data {data} not found", hint="give a .npz/.npy file or a directory of them")
+        _inside_project(data, output, "--data")
+        data_ref = os.path.relpath(data.absolute(), recipe_dir)
     if model.startswith("python:"):
         from trtflow.callables import validate_spec
+
+        if trust_code:
+            raise UsageError("--trust-code is for model files that carry a program; a python: factory needs no such "
+                             "word", hint="leave --trust-code out")
 
         try:
             validate_spec(model)
         except ValueError as exc:
-            raise TrtflowError(f"{model!r}: {exc}") from None
+            raise UsageError(f"{model!r}: {exc}") from None
         if not inputs:
-            raise TrtflowError("a PyTorch factory declares no input shapes: give each forward() argument with "
-                               "--input NAME:DIMS[:DTYPE]", hint="e.g. --input input:batch,3,224,224:float32 (a name "
-                               "in DIMS is a dynamic dimension; axis 0 is the batch)")
+            raise UsageError("a PyTorch factory declares no input shapes: give each forward() argument with "
+                             "--input NAME:DIMS[:DTYPE]", hint="e.g. --input input:batch,3,224,224:float32 (a name "
+                             "in DIMS is a dynamic dimension; axis 0 is the batch)")
         specs = [parse_input_option(text) for text in inputs]
-        reference, label = model, model
+        reference = model
         target = model[len("python:"):].rpartition(":")[0]
         if target.endswith(".py"):
             path = Path(target)
             if not path.is_file():
-                raise TrtflowError(f"{target} not found", hint="give the factory's file relative to this directory")
+                raise UsageError(f"{target} not found", hint="give the factory's file relative to this directory")
             _inside_project(path, output, "the factory's file")
             reference = "python:" + os.path.relpath(path.absolute(), recipe_dir) + ":" + model.rpartition(":")[2]
         default_name = Path(target).stem if target.endswith(".py") else target.rpartition(".")[2]
-    else:
-        specs, fmt, defaults = _saved_model_inputs(model, inputs, output, task)
-        path = Path(model)
-        reference, label = os.path.relpath(path.absolute(), recipe_dir), model
-        default_name = path.stem if path.is_file() else path.absolute().name
-        dim_ranges = {**{k: Range(*v) for k, v in defaults.items() if any(k in s.dims for s in specs)}, **dim_ranges}
-    data_ref = None
-    if data is not None:
-        if not data.exists():
-            raise TrtflowError(f"--data {data} not found", hint="give a .npz/.npy file or a directory of them")
-        _inside_project(data, output, "--data")
-        data_ref = os.path.relpath(data.absolute(), recipe_dir)
-    ranges = dynamic_ranges(specs, batch_range, dim_ranges)
-    fmt_name = "python" if model.startswith("python:") else fmt.name
-    return Scaffold(_recipe_name(name or default_name), reference, specs, ranges, data_ref, outputs, label,
-                    write_inputs=fmt_name in ("python", "torchscript"), model_format=fmt_name, task=task)
+        ranges = dynamic_ranges(specs, batch_range, dim_ranges)
+        return [Scaffold(_recipe_name(name or default_name), reference, specs, ranges, data_ref, outputs, model,
+                         write_inputs=True, model_format="python")]
+    path = Path(model)
+    reference = os.path.relpath(path.absolute(), recipe_dir)
+    recipe_name = _recipe_name(name or (path.stem if path.is_file() else path.absolute().name))
+    chains = []
+    for described in _saved_model_parts(model, inputs, output, task, batch_range, trust_code):
+        proposed = {k: Range(*v) for k, v in described.ranges.items() if any(k in s.dims for s in described.inputs)}
+        ranges = dynamic_ranges(described.inputs, batch_range, {**proposed, **dim_ranges}, partial=True)
+        ranges = {k: v for k, v in ranges.items() if any(k in spec.dims for spec in described.inputs)}
+        chains.append(Scaffold(recipe_name, reference, described.inputs, ranges, data_ref, outputs, model,
+                               write_inputs=described.format == "torchscript", model_format=described.format,
+                               task=described.task, part=described.part, trust_code=trust_code))
+    unknown = sorted(set(dim_ranges) - {d for chain in chains for d in chain.ranges})
+    if unknown:
+        raise UsageError(f"--dim names no dynamic dimension of the model: {', '.join(unknown)}",
+                         hint="dynamic dimensions: " + (", ".join(sorted({d for c in chains for d in c.ranges}))
+                                                        or "none"))
+    return chains
 
 
-def _saved_model_inputs(model: str, inputs: list[str], output: Path,
-                        task: str | None = None) -> tuple[list[ModelInput], Any, dict]:
-    """(inputs, format, proposed ranges of non-batch dims) of a model file or folder; --input only for TorchScript."""
-    from trtflow.errors import StageFailed
+@dataclass(frozen=True)
+class Described:
+    """A graph of a saved model: its inputs, format, proposed ranges of non-batch dims, task and part."""
 
+    inputs: list[ModelInput]
+    format: str
+    ranges: dict[str, tuple[int, int, int]]
+    task: str | None = None
+    part: str | None = None
+
+
+def _saved_model_parts(model: str, inputs: list[str], output: Path, task: str | None,
+                       batch: Range, trust_code: bool = False) -> list[Described]:
+    """The graphs of a model file or folder (two for an encoder-decoder); --input only for TorchScript.
+
+    A model whose reading runs its own code is read as export would (formats.trust): in a confined child, or
+    unconfined with --trust-code, or refused."""
     from ..formats.sources import check_content, detect
+    from ..formats.trust import RUNS_CODE, decide
 
     path = Path(model)
     if not path.exists():
-        raise TrtflowError(f"model {model!r} not found", hint="give an .onnx, .pt, .pt2, .keras file, a Hugging Face "
-                           "or SavedModel folder, or python:file.py:factory")
+        raise UsageError(f"model {model!r} not found", hint="give an .onnx, .pt, .pt2, .keras file, a Hugging Face "
+                         "or SavedModel folder, or python:file.py:factory")
     try:
         fmt = detect(model, path)
         check_content(fmt, path, model)
-    except StageFailed as exc:
-        raise TrtflowError(exc.message, hint=exc.hint) from None
+    except TrtflowError as exc:  # what `trtflow run` reports as a recipe error (exit 2) at plan time
+        raise UsageError(exc.message, hint=exc.hint) from None
     _inside_project(path, output, "the model")
+    if trust_code and fmt.name not in RUNS_CODE:
+        raise UsageError(f"--trust-code is for model files that carry a program ({', '.join(RUNS_CODE)}); a "
+                         f"{fmt.label} needs no such word", hint="leave --trust-code out")
+    # a model trtflow will not read (it runs code, and nothing confines it here) fails as export's node would
+    permit = decide(fmt, path, model, trust_code, "give --trust-code")
+    if task is not None and fmt.name != "huggingface":
+        raise UsageError(f"--task is for Hugging Face model folders; {model} is a {fmt.label}")
     if fmt.name == "torchscript":
         if not inputs:
-            raise TrtflowError("a TorchScript archive does not record its input shapes: give each forward() argument "
-                               "with --input NAME:DIMS[:DTYPE]", hint="e.g. --input input:batch,3,224,224:float32")
-        return [parse_input_option(text) for text in inputs], fmt, {}
+            raise UsageError("a TorchScript archive does not record its input shapes: give each forward() argument "
+                             "with --input NAME:DIMS[:DTYPE]", hint="e.g. --input input:batch,3,224,224:float32")
+        specs = [parse_input_option(text) for text in inputs]
+        _check_torchscript_inputs(path, specs, batch, permit.confined)
+        return [Described(specs, fmt.name, {})]
     if inputs:
-        raise TrtflowError(f"--input is for PyTorch factories and TorchScript archives; a {fmt.label} declares its "
-                           "own inputs")
+        raise UsageError(f"--input is for PyTorch factories and TorchScript archives; a {fmt.label} declares its "
+                         "own inputs")
     if fmt.name == "onnx":
-        specs = read_onnx_inputs(path)
-        defaults: dict = {}
-    else:
-        from ..formats.describe import declared_inputs, default_dim_ranges
+        return [Described(read_onnx_inputs(path), fmt.name, {})]
+    if fmt.name == "huggingface":
+        from ..formats.describe import huggingface_parts
 
-        try:
-            declared = declared_inputs(fmt, path, task)
-        except StageFailed as exc:
-            raise TrtflowError(exc.message, hint=exc.hint) from None
-        specs = [ModelInput(d.name, d.dtype, d.dims, d.value_range) for d in declared]
-        defaults = default_dim_ranges(fmt, path)
+        parts = huggingface_parts(path, task)
+        note = _architecture_note(path, task, parts[0].task)
+        if note:
+            print(note, file=sys.stderr)
+        return [Described([ModelInput(d.name, d.dtype, d.dims, d.value_range) for d in part.inputs], fmt.name,
+                          part.ranges, part.task, part.part) for part in parts]
+    from ..formats.describe import declared_inputs, default_dim_ranges
+
+    if fmt.name in ("tensorflow", "keras"):
+        from ..formats.tensorflow import require_tensorflow
+
+        require_tensorflow()
+    declared = declared_inputs(fmt, path, task, trust_code)
+    specs = [ModelInput(d.name, d.dtype, d.dims, d.value_range) for d in declared]
     if not specs:
-        raise TrtflowError(f"{model} has no inputs to feed")
-    return specs, fmt, defaults
+        raise UsageError(f"{model} has no inputs to feed")
+    return [Described(specs, fmt.name, default_dim_ranges(fmt, path))]
+
+
+def _architecture_note(folder: Path, task: str | None, chosen: str) -> str | None:
+    """A note when config.json's architectures name a class no task maps (the base model's features are exported)."""
+    from ..formats.huggingface import architecture_task, read_config, supported_tasks
+
+    config = read_config(folder)
+    if task is not None or architecture_task(config) is not None or not config.get("architectures"):
+        return None
+    return (f"note: config.json's architectures ({', '.join(config['architectures'])}) name no task export knows; "
+            f"the recipe exports {chosen}. Tasks this model can do: {', '.join(supported_tasks(config))} (--task)")
+
+
+def _check_torchscript_inputs(path: Path, specs: list[ModelInput], batch: Range, confined: bool = True) -> None:
+    """--input against the archive: forward()'s argument names (read without loading it), then one run at the
+    given shapes in a child process; a mistake is named here, as export would name it."""
+    from trtflow.errors import RecipeMismatch, did_you_mean
+
+    from ..formats.torch_probe import forward_names, probe
+
+    names = forward_names(path)
+    given = [spec.name for spec in specs]
+    if names is not None:
+        unknown = [n for n in given if n not in names]
+        if unknown:
+            suggestion = did_you_mean(unknown[0], names)
+            raise RecipeMismatch(f"--input {unknown[0]!r}: the model's forward() takes {', '.join(names) or 'nothing'}"
+                                 + (f"; {suggestion}" if suggestion else ""),
+                                 hint=f"name each --input like forward()'s argument: {', '.join(names)}")
+        missing = [n for n in names if n not in given]
+        if missing:
+            raise RecipeMismatch(f"forward() also takes {', '.join(missing)}, which no --input gives",
+                                 hint="give one --input per forward() argument")
+    sizes = {"batch": max(2, batch.opt)}
+    entries = {spec.name: {"shape": [d if isinstance(d, int) else sizes.get(d, 2) for d in spec.dims],
+                           "dtype": spec.dtype, **({"low": 0, "high": 2} if spec.dtype.startswith("int") else {})}
+               for spec in specs}
+    found = probe(path, entries, confined)
+    if found is not None:
+        raise RecipeMismatch(f"--input: {found[0]}", hint=found[1])
 
 
 def init(
@@ -407,30 +560,62 @@ def init(
         "--data", help="Real model inputs (.npz with one array per input, axis 0 = samples; .npy; or a directory of "
         "them) for calibration, validation and benchmarks. Without it the recipe uses random data.")] = None,
     inputs: Annotated[list[str] | None, typer.Option(
-        "--input", help="For a factory: NAME:DIMS[:DTYPE] per forward() argument, DIMS comma-separated, a name "
-        "marks a dynamic dimension (input:batch,3,224,224:float32).")] = None,
+        "--input", help="For a factory or a TorchScript archive: NAME:DIMS[:DTYPE] per forward() argument, DIMS "
+        "comma-separated, a name marks a dynamic dimension (input:batch,3,224,224:float32).")] = None,
     outputs: Annotated[list[str] | None, typer.Option(
-        "--output-name", help="For a factory: the names of its outputs, in order (default: output).")] = None,
-    batch: Annotated[str, typer.Option("--batch", help="MIN:OPT:MAX of the batch dimension (axis 0).")] = "1:8:32",
+        "--output-name", help="The names of the outputs, in order (default: the model's own names: a Hugging Face "
+        "model's output fields, a signature's keys, a dict's keys; else output, or output_0, output_1...).")] = None,
+    batch: Annotated[str | None, typer.Option(
+        "--batch", help="MIN:OPT:MAX of the batch dimension (axis 0); default 1:8:32, 1:1:4 for a causal LM "
+        "(generation).")] = None,
     dims: Annotated[list[str] | None, typer.Option(
-        "--dim", help="NAME=MIN:OPT:MAX for another dynamic dimension, e.g. seq=1:128:512.")] = None,
+        "--dim", help="NAME=MIN:OPT:MAX for another dynamic dimension, e.g. sequence=1:128:512.")] = None,
     name: Annotated[str | None, typer.Option("--name", help="Recipe name (default: the model's).")] = None,
     task: Annotated[str | None, typer.Option(
         "--task", help="For a Hugging Face folder: the task whose head to export (default: from config.json's "
-        "architectures).")] = None,
+        "architectures; a causal LM gets text-generation-with-past, a generation recipe with a KV cache): "
+        + ", ".join(TASK_NAMES) + ".")] = None,
+    trust_code: Annotated[bool, typer.Option(
+        "--trust-code", help="Trust the model file's own program (TorchScript, .pt2, SavedModel, Keras run code "
+        "when read or traced): read it unconfined, and write trust_code: true into the recipe. Without it such a "
+        "file is read in a child process the kernel confines, or refused where none is available.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing recipe file.")] = False,
 ) -> None:
     """Write a recipe for MODEL: profiles from its dynamic dimensions, fp32/fp16/int8 candidates validated and
     benchmarked, the best one selected, built and exported for Triton."""
     if output.exists() and not force:
-        raise TrtflowError(f"{output} exists", hint="choose another --output, or --force to overwrite it")
-    if task is not None and Path(model).is_file():
-        raise TrtflowError("--task is for Hugging Face model folders")
-    plan = scaffold(model, output, data, inputs or [], outputs or ["output"], batch, dims or [], name, task)
+        raise UsageError(f"{output} exists", hint="choose another --output, or --force to overwrite it")
+    if task is not None and task not in TASK_NAMES:
+        from trtflow.errors import did_you_mean
+
+        suggestion = did_you_mean(task, list(TASK_NAMES))
+        raise UsageError(f"--task {task!r} is not a task export knows" + (f"; {suggestion}" if suggestion else ""),
+                         hint=f"tasks: {', '.join(TASK_NAMES)}")
+    if not model.startswith("python:") and Path(model).is_dir() and _is_generation(Path(model), task):
+        _init_generation(model, output, data, batch or "1:1:4", dims or [], name, inputs or [])
+        return
+    chains = scaffold(model, output, data, inputs or [], outputs or None, batch or "1:8:32", dims or [], name, task,
+                      trust_code)
     recipe_dir = output.absolute().parent
     recipe_dir.mkdir(parents=True, exist_ok=True)
     schema, schema_file = _schema_reference(recipe_dir)
-    text = plan.render(schema)
+    _write(render(chains, schema), output, schema_file)
+    err = sys.stderr
+    for chain in chains:
+        what = f"the {chain.part}" if chain.part else f"{len(chain.inputs)} input(s)"
+        print(f"wrote {output}" + (f" (task {chain.task})" if chain.task else "") + f": {what}: "
+              + "; ".join(s.describe() for s in chain.inputs), file=err)
+        if chain.ranges:
+            print(f"profile {chain.profile!r}: " + ", ".join(f"{k} {r.min}..{r.max} (opt {r.opt})"
+                                                               for k, r in chain.ranges.items()), file=err)
+    if chains[0].data_ref is None:
+        print("WARNING: no --data given: the recipe calibrates, validates and benchmarks on RANDOM inputs; int8 "
+              "accuracy on random data says little. Give real samples with --data samples.npz.", file=err)
+    print(f"next: trtflow run {output}", file=err)
+
+
+def _write(text: str, output: Path, schema_file: Path | None) -> None:
+    """Check the recipe as `trtflow run` would load it, then write it (and the schema it names, when missing)."""
     _check_recipe(text, output)
     if schema_file is not None and not schema_file.exists():
         import json
@@ -439,14 +624,55 @@ def init(
 
         schema_file.write_text(json.dumps(recipe_json_schema(), indent=2) + "\n", encoding="utf-8")
     output.write_text(text, encoding="utf-8")
+
+
+def _is_generation(folder: Path, task: str | None) -> bool:
+    from .init_generation import is_generation
+
+    return is_generation(folder, task)
+
+
+def _init_generation(model: str, output: Path, data: Path | None, batch: str, dims: list[str], name: str | None,
+                     inputs: list[str]) -> None:
+    """A generation recipe for a causal LM (`cli.init_generation`): prompts from --data, ranges from --dim."""
+    from .init_generation import scaffold as generation_scaffold
+
+    if inputs:
+        raise UsageError("--input is for PyTorch factories and TorchScript archives; a Hugging Face folder "
+                         "declares its own inputs")
+    path = Path(model)
+    _inside_project(path, output, "the model")
+    recipe_dir = output.absolute().parent
+    batch_range = Range.parse(batch, "--batch")
+    ranges = {}
+    for item in dims:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--dim {item!r}: expected NAME=MIN:OPT:MAX, e.g. sequence_length=1:128:512")
+        found = Range.parse(value, f"--dim {key}")
+        ranges[key] = (found.min, found.opt, found.max)
+    prompts_ref = None
+    if data is not None:
+        if data.suffix not in (".json", ".npy", ".npz") or not data.is_file():
+            raise UsageError(f"--data {data}: a generation recipe takes prompts: a .json list of lists of token "
+                             "ids, or a .npy/.npz 2-D integer array", hint="give a prompts file, or leave --data "
+                             "out for random prompts")
+        _inside_project(data, output, "--data")
+        prompts_ref = os.path.relpath(data.absolute(), recipe_dir)
+    plan = generation_scaffold(path, os.path.relpath(path.absolute(), recipe_dir), model,
+                               _recipe_name(name or path.absolute().name),
+                               (batch_range.min, batch_range.opt, batch_range.max), ranges, prompts_ref)
+    recipe_dir.mkdir(parents=True, exist_ok=True)
+    schema, schema_file = _schema_reference(recipe_dir)
+    _write(plan.render(schema, _flow), output, schema_file)
     err = sys.stderr
-    print(f"wrote {output}: {len(plan.inputs)} input(s): " + "; ".join(s.describe() for s in plan.inputs), file=err)
-    if plan.ranges:
-        print("profile 'default': " + ", ".join(f"{k} {r.min}..{r.max} (opt {r.opt})" for k, r in plan.ranges.items()),
-              file=err)
-    if plan.data_ref is None:
-        print("WARNING: no --data given: the recipe calibrates, validates and benchmarks on RANDOM inputs; int8 "
-              "accuracy on random data says little. Give real samples with --data samples.npz.", file=err)
+    print(f"wrote {output}: generation with a KV cache ({plan.layout.layers} layers, {plan.layout.kv_heads} "
+          f"key/value heads of {plan.layout.head_dim}); context {plan.context}", file=err)
+    for line in plan.describe():
+        print(line, file=err)
+    print("WARNING: the int8 and fp16 candidates are calibrated on RANDOM token ids"
+          + ("" if prompts_ref else ", and the generation checks use random prompts") + "; see the recipe's header",
+          file=err)
     print(f"next: trtflow run {output}", file=err)
 
 

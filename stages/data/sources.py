@@ -59,8 +59,9 @@ class RandomData(StageParams):
     @classmethod
     def _shapes_positive(cls, shapes: dict[str, list[int]]) -> dict[str, list[int]]:
         for name, shape in shapes.items():
-            if any(d < 1 for d in shape):
-                raise ValueError(f"shapes[{name!r}] = {shape}: every dimension must be >= 1")
+            if (shape and shape[0] < 1) or any(d < 0 for d in shape):
+                raise ValueError(f"shapes[{name!r}] = {shape}: the first dimension must be >= 1 and the others "
+                                 ">= 0 (0: an empty tensor, e.g. a KV cache before the first token)")
         return shapes
 
 

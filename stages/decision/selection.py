@@ -17,10 +17,12 @@ from pydantic import Field, model_validator
 
 from trtflow.stage import StageParams
 
-from ..measure.compare import RUN_TO_RUN_PERCENT, latency_figure, throughput_figure
-from .ties import loses, objective_figure, ratio_text, row_ratio, worse_by
+from ..measure.compare import RUN_TO_RUN_PERCENT, latency_figure, throughput_figure, unmeasurable
+from .generation import GOAL as GENERATION_GOAL
+from .generation import first_token_text, levels_of, pick_level, point_source
+from .ties import loses, objective_figure, paired_ties, ratio_text, row_ratio, worse_by
 
-Goal = Literal["min_latency", "max_throughput", "min_size", "max_throughput_under_latency"]
+Goal = Literal["min_latency", "max_throughput", "min_size", "max_throughput_under_latency", "min_time_per_token"]
 Statistic = Literal["p50", "p90", "p95", "p99", "mean"]
 TieBreaker = Literal["accuracy", "size", "latency", "throughput"]
 
@@ -29,7 +31,10 @@ GOAL_TEXT = {
     "max_throughput": "highest throughput",
     "min_size": "smallest size",
     "max_throughput_under_latency": "highest throughput with {stat} latency <= {budget:g} ms",
+    "min_time_per_token": "lowest {stat} time per output token",
 }
+#: Goals judged on a time (lower is better, in ms).
+TIME_GOALS = ("min_latency", "min_time_per_token")
 
 
 class Objective(StageParams):
@@ -41,7 +46,9 @@ class Objective(StageParams):
         "'max_throughput': the highest throughput (at `batch_size`, or the best over every measured batch "
         "size and load level); 'min_size': the smallest artifact; 'max_throughput_under_latency': the highest "
         "throughput among the operating points (load levels of the benchmark's `load` sweep when present, "
-        "else batch sizes) whose latency stays within `latency_budget_ms`.",
+        "else batch sizes) whose latency stays within `latency_budget_ms`; 'min_time_per_token': the lowest time "
+        "per output token of greedy generation (benchmark params: generation) at `concurrency`, among candidates "
+        "whose time to first token (same statistic) is within `max_ttft_ms`.",
     )
     percentile: Statistic = Field("p50", description="The latency statistic judged: p50, p90, p95, p99 or mean.")
     batch_size: int | None = Field(
@@ -52,6 +59,12 @@ class Objective(StageParams):
         None, gt=0, description="For max_throughput_under_latency: the latency (at `percentile`) no operating "
         "point may exceed, e.g. a p99 service-level objective.",
     )
+    max_ttft_ms: float | None = Field(
+        None, gt=0, description="For min_time_per_token: the time to first token (at `percentile`) a candidate may "
+        "take at most.")
+    concurrency: int | None = Field(
+        None, ge=1, description="For min_time_per_token: the generation benchmark's concurrency level to judge "
+        "(default: the lowest measured).")
 
     @model_validator(mode="after")
     def _budget_for_its_goal(self) -> Objective:
@@ -60,10 +73,16 @@ class Objective(StageParams):
         if self.goal != "max_throughput_under_latency" and self.latency_budget_ms is not None:
             raise ValueError(f"latency_budget_ms is only used by goal max_throughput_under_latency; for goal "
                              f"{self.goal} limit latency with constraints.max_latency_ms")
+        if self.goal != GENERATION_GOAL and (self.max_ttft_ms is not None or self.concurrency is not None):
+            raise ValueError(f"max_ttft_ms and concurrency are used by goal {GENERATION_GOAL}, not {self.goal}")
         return self
 
     def describe(self) -> str:
         text = GOAL_TEXT[self.goal].format(stat=self.percentile, budget=self.latency_budget_ms or 0)
+        if self.goal == GENERATION_GOAL:
+            budget = f" with {self.percentile} time to first token <= {self.max_ttft_ms:g} ms" if self.max_ttft_ms \
+                else ""
+            return text + budget + (f" at concurrency {self.concurrency}" if self.concurrency else "")
         if self.batch_size is not None and self.goal != "min_size":
             text += f" at batch {self.batch_size}"
         return text
@@ -103,13 +122,15 @@ class TieBreakers(StageParams):
     """How near-equal candidates are told apart (benchmarks are noisy: 1% is not a real difference)."""
 
     tolerance_percent: float = Field(
-        5.0, ge=0, le=100, description="A candidate loses to the best one only when it is worse by more than "
-        "this many percent with 95% confidence (the whole interval of the ratio of their figures beyond it); "
-        "otherwise the two are tied within noise and the tie-breakers decide.")
+        5.0, ge=0, le=100, description="A preference band, not a noise allowance: how much of the objective you "
+        "give up for the tie-breakers. A candidate loses to the best one only when it is worse by more than this "
+        "many percent with confidence (measured side by side with it, `finalists`); within the band, or when that "
+        "cannot be told, the tie-breakers decide. 0: the objective alone decides whatever can be told apart.")
     run_to_run_percent: float = Field(
-        RUN_TO_RUN_PERCENT, ge=0, le=100, description="How much faster or slower the host itself may run between "
-        "two candidates' benchmarks (they ran at different times), which neither one's interval sees: a candidate "
-        "loses on a measured figure only beyond tolerance_percent and this too. 0 on a dedicated, quiet machine.")
+        RUN_TO_RUN_PERCENT, ge=0, le=100, description="For candidates compared on their stored benchmark figures "
+        "only (finalists timed together cancel it): how much faster or slower the host itself may run between two "
+        "benchmarks, which neither one's interval sees; a candidate loses on stored figures only beyond "
+        "tolerance_percent and this too. 0 on a dedicated, quiet machine.")
     order: list[TieBreaker] = Field(
         default_factory=lambda: ["accuracy", "size"],
         description="Criteria applied in turn to tied candidates: accuracy (higher cosine similarity to the "
@@ -117,10 +138,24 @@ class TieBreakers(StageParams):
     )
 
 
+class Finalists(StageParams):
+    """Timing the candidates that are not clearly beaten side by side, before choosing among them."""
+
+    measure: bool = Field(
+        True, description="Time the finalists (eligible candidates not clearly beaten on their stored benchmark "
+        "figures) again together at the operating point, one window each per round in a random order, until each "
+        "one's ratio to the leader is decided against tolerance_percent or the cap. It needs their runtime here: "
+        "ONNX models benchmarked on ONNX Runtime (CPU, or CUDA with a GPU given to this node); otherwise, and for "
+        "objectives on load levels, the stored figures decide and the selection says so.")
+    max_duration_s: float | None = Field(
+        None, gt=0, description="Timed seconds per finalist at most (default: its benchmark's max_duration_s).")
+
+
 class Params(StageParams):
     objective: Objective = Field(default_factory=Objective, description="What the chosen candidate is best at.")
     constraints: Constraints = Field(default_factory=Constraints, description="What every candidate must meet.")
     tie_breakers: TieBreakers = Field(default_factory=TieBreakers, description="How ties are broken.")
+    finalists: Finalists = Field(default_factory=Finalists, description="Timing the finalists side by side.")
     baseline: str | None = Field(
         None, description="A candidate (node name) that speed-ups are computed against, e.g. the fp32 model; "
         "exclusive with the `baseline` input (a benchmark.json of something that is not a candidate).",
@@ -182,7 +217,7 @@ def performance_of(benchmark_json: Mapping[str, Any], node: str) -> dict[str, An
         report = point.get("report") or {}
         latency = report.get("latency_ms") or {}
         points.append({
-            "batch_size": point.get("batch_size"),
+            "batch_size": point.get("batch_size"), "shapes": point.get("shapes"),
             "latency_ms": {k: latency[k] for k in ("p50", "p90", "p95", "p99", "mean") if _number(latency.get(k))},
             "throughput_qps": report.get("throughput_qps"),
             "flags": list(report.get("flags") or []),
@@ -199,7 +234,8 @@ def performance_of(benchmark_json: Mapping[str, Any], node: str) -> dict[str, An
             **{key: level[key] for key in ("queries", "latency_ci_ms") if key in level},
         })
     return {"node": node, "backend": benchmark_json.get("backend"), "device": benchmark_json.get("device"),
-            "points": points, "load": load}
+            "method": benchmark_json.get("method") or {}, "points": points, "load": load,
+            "generation": levels_of(benchmark_json)}
 
 
 def _number(value: Any) -> bool:
@@ -252,6 +288,14 @@ def operating_point(candidate: Candidate, objective: Objective, batch: int | Non
     if candidate.benchmark is None:
         return None, "no benchmark result"
     goal = objective.goal
+    if goal == GENERATION_GOAL:
+        level, problem = pick_level(candidate.benchmark.get("generation") or [], stat, objective.concurrency,
+                                    objective.max_ttft_ms)
+        if level is None:
+            return None, problem
+        source = point_source(level, stat)
+        return OperatingPoint(None, source["concurrency"], source["latency_ms"][stat], source["throughput_qps"],
+                              source["latency_ci_ms"].get(stat), None, source), ""
     if goal == "max_throughput_under_latency":
         points = [p for p in _points(candidate, stat, with_load=True) if _number(p.throughput_qps)]
         within = [p for p in points if _number(p.latency_ms) and p.latency_ms <= (objective.latency_budget_ms or 0)]
@@ -284,22 +328,21 @@ def _objective_value(candidate: Candidate, point: OperatingPoint | None,
         return float(candidate.size_bytes), None, None
     if point is None:
         return None, None, None
-    if objective.goal == "min_latency":
+    if objective.goal in TIME_GOALS:
         value, measured = point.latency_ms, point.latency_ci_ms
         figure = latency_figure({**point.source, "latency_ms": {objective.percentile: value},
                                  "latency_ci_ms": {objective.percentile: measured}},
-                                objective.percentile, allow_wait=True)
+                                objective.percentile)
     else:
         value, measured = point.throughput_qps, point.throughput_ci_qps
-        figure = throughput_figure({**point.source, "throughput_qps": value, "throughput_ci_qps": measured},
-                                   allow_wait=True)
+        figure = throughput_figure({**point.source, "throughput_qps": value, "throughput_ci_qps": measured})
     if figure is None:
         return None, None, None
     return figure.value, measured, None if figure.low == figure.high else [figure.low, figure.high]
 
 
 def _lower_is_better(goal: str) -> bool:
-    return goal in ("min_latency", "min_size")
+    return goal in (*TIME_GOALS, "min_size")
 
 
 def _violations(candidate: Candidate, point: OperatingPoint | None, point_problem: str,
@@ -374,7 +417,7 @@ def _show(criterion: str, row: Mapping[str, Any], stat: str, other: Mapping[str,
 def _value_text(value: float, goal: str, interval: Sequence[float] | None = None) -> str:
     if goal == "min_size":
         return f"{value / 1e6:.3g} MB"
-    unit = "ms" if goal == "min_latency" else "qps"
+    unit = "ms" if goal in TIME_GOALS else "qps"
     if interval is not None and len(interval) == 2 and interval[0] != interval[1]:
         return f"{value:.4g} {unit} [{interval[0]:.4g}, {interval[1]:.4g}]"
     return f"{value:.4g} {unit}"
@@ -397,9 +440,11 @@ def pareto_front(rows: Sequence[Mapping[str, Any]]) -> set[str]:
     return front
 
 
-def decide(candidates: Sequence[Candidate], params: Params,
-           baseline: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The selection: every candidate with its operating point, eligibility, rank and reason."""
+def decide(candidates: Sequence[Candidate], params: Params, baseline: Mapping[str, Any] | None = None,
+           finalists: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The selection: every candidate with its operating point, eligibility, rank and reason. ``finalists``: the
+    record of finalists timed together (`measure.finalists`): their comparisons with the leader replace the
+    stored figures'; or {"why": ...}: why they were not (said in the selection)."""
     objective = params.objective
     stat, goal = objective.percentile, objective.goal
     batch = default_batch(candidates, objective)
@@ -422,10 +467,12 @@ def decide(candidates: Sequence[Candidate], params: Params,
                 "batch_size": point.batch_size, "concurrency": point.concurrency,
                 "latency_ms": point.latency_ms, "throughput_qps": point.throughput_qps,
                 "latency_ci_ms": point.latency_ci_ms, "throughput_ci_qps": point.throughput_ci_qps,
-                "description": point.describe()},
+                "description": point.describe(), "source": point.source},
             "objective_value": value, "objective_ci": interval, "compared_ci": compared, "eligible": not violations,
             "violations": violations,
         })
+        if goal == GENERATION_GOAL and point is not None:
+            rows[-1]["first_token"] = first_token_text(point.source, stat, objective.max_ttft_ms)
     _add_speedups(rows, params, baseline, stat)
     front = pareto_front(rows)
     for row in rows:
@@ -444,6 +491,12 @@ def decide(candidates: Sequence[Candidate], params: Params,
                              best_figure, _lower_is_better(goal))  # type: ignore[arg-type]
             row["ratio_to_best"] = [ratio.value, ratio.low, ratio.high]
             row["tie"] = not loses(ratio, tolerance, 0.0 if goal == "min_size" else run_to_run)
+            row["basis"] = "size" if goal == "min_size" else "stored figures"
+            busy = None if goal == "min_size" else unmeasurable((row.get("operating_point") or {}).get("source") or {})
+            if busy and row is not best:
+                row["unmeasurable"], row["tie"] = busy, True
+        if finalists and finalists.get("rounds"):
+            best = _paired(eligible, finalists)
         tied = [r for r in eligible if r["tie"]]
         order = params.tie_breakers.order
 
@@ -454,21 +507,28 @@ def decide(candidates: Sequence[Candidate], params: Params,
         ranked = sorted(eligible, key=rank_key)
         winner = ranked[0]
         selected = winner["name"]
-        allowance = f"{tolerance:g}%" + ("" if goal == "min_size" or not run_to_run else
-                                         f" and the host's {run_to_run:g}% run-to-run variation")
+        allowance = f"the {tolerance:g}% preference band" + (
+            "" if goal == "min_size" or not run_to_run or best.get("basis") == "paired A/B" else
+            f" and the host's {run_to_run:g}% run-to-run variation (stored figures)")
         for position, row in enumerate(ranked, start=1):
             row["rank"] = position
             row["reason"] = _reason(row, winner, best, tied, order, objective_text, goal, stat, allowance,
                                     len(eligible))
+            if row.get("first_token"):
+                row["reason"] += f"; {row['first_token']}"
     for row in rows:
         if not row["eligible"]:
             row["rank"] = None
             row["reason"] = "excluded: " + "; ".join(row["violations"])
     tied_names = [r["name"] for r in rows if r.get("tie")]
+    for row in rows:  # what decided needs no copy of the source point
+        (row.get("operating_point") or {}).pop("source", None)
     return {
         "selected": selected,
         "tie_within_noise": len(tied_names) > 1,
         "tied": tied_names if len(tied_names) > 1 else [],
+        "unmeasurable": {r["name"]: r["unmeasurable"] for r in rows if r.get("unmeasurable")},
+        "finalists": _finalists_note(finalists),
         "objective": {**objective.model_dump(), "batch_size": batch if goal == "min_latency" else
                       objective.batch_size, "description": objective_text},
         "constraints": params.constraints.describe(stat),
@@ -478,38 +538,102 @@ def decide(candidates: Sequence[Candidate], params: Params,
     }
 
 
+def _paired(eligible: list[dict[str, Any]], finalists: Mapping[str, Any]) -> dict[str, Any]:
+    """The finalists' comparisons with their leader, timed together, replace their stored-figure ones; returns the
+    leader's row (the new best)."""
+    by_name = {row["name"]: row for row in eligible}
+    names = [name for name in finalists["names"] if name in by_name]
+    leader, duels = paired_ties(finalists)
+    for name in names:
+        row = by_name[name]
+        row.pop("unmeasurable", None)  # timed together, the host's interference cancels
+        row["basis"] = "paired A/B"
+        if name == leader:
+            row["ratio_to_best"], row["tie"], row["paired"] = [1.0, 1.0, 1.0], True, None
+            continue
+        duel = duels[name]
+        row["ratio_to_best"] = [duel["ratio"], duel["low"], duel["high"]]
+        row["tie"] = duel["outcome"] != "loses"
+        row["paired"] = duel
+    return by_name[leader]
+
+
+def _finalists_note(finalists: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What the selection says about timing the finalists together: who, how long, or why not."""
+    if not finalists:
+        return None
+    if not finalists.get("rounds"):
+        return {"measured": False, "why": finalists.get("why")}
+    return {"measured": True, "names": finalists["names"], "rounds": len(finalists["rounds"]),
+            "seconds": finalists.get("seconds"), "figure": finalists["figure"],
+            "batch_size": finalists["batch_size"], "ended": finalists["ended"]}
+
+
+def _duel_text(row: Mapping[str, Any]) -> str:
+    duel = row.get("paired") or {}
+    return (f"timed together over {duel.get('rounds')} rounds: ratio {duel.get('ratio', 1):.3g}, bounds "
+            f"{duel.get('low', 1):.3g}-{duel.get('high', 1):.3g}")
+
+
+def _tie_text(row: Mapping[str, Any], winner: Mapping[str, Any], objective_text: str, versus: str,
+              ratio: str) -> str:
+    """How a tied candidate stands against the winner: within the band, not told apart, or unmeasurable."""
+    if row.get("unmeasurable"):
+        return f"{row['unmeasurable']}: not ranked against {winner['name']} on {objective_text} ({versus})"
+    duel = row.get("paired")
+    if duel:
+        how = "within the preference band of" if duel["outcome"] == "within" else "not told apart (at the cap) from"
+        return f"{how} {winner['name']} on {objective_text} ({versus}; {_duel_text(row)})"
+    if row.get("basis") == "paired A/B" and winner.get("paired"):  # the leader, and the winner close enough to it
+        how = "within the preference band" if winner["paired"]["outcome"] == "within" else "not told apart (at the cap)"
+        return f"the leader timed together, with {winner['name']} {how} of it on {objective_text} ({versus}; " \
+               f"{_duel_text(winner)})"
+    return f"tie within noise with {winner['name']} on {objective_text} ({versus}; {ratio})"
+
+
 def _reason(row: Mapping[str, Any], winner: Mapping[str, Any], best: Mapping[str, Any],
             tied: Sequence[Mapping[str, Any]], order: Sequence[str], objective_text: str, goal: str, stat: str,
             allowance: str, eligible_count: int) -> str:
     value = row["objective_value"]
     shown = _value_text(value, goal, row.get("objective_ci"))
+    together = " (finalists timed together)" if row.get("basis") == "paired A/B" else ""
     if row["name"] == winner["name"]:
         if len(tied) == 1:
-            return f"selected: {objective_text} ({shown}) among {eligible_count} eligible"
+            return f"selected: {objective_text} ({shown}) among {eligible_count} eligible{together}"
         others = [r for r in tied if r["name"] != winner["name"]]
         decided_by = next((c for c in order if any(_tie_key(o, c) != _tie_key(winner, c) for o in others)), None)
         how = f"; chosen by {CRITERION_TEXT[decided_by]} ({_show(decided_by, winner, stat)})" if decided_by else ""
+        unmeasured = [r for r in tied if r.get("unmeasurable")]
+        if unmeasured:
+            return (f"selected: {objective_text} ({shown}); "
+                    + "; ".join(f"{r['name']} {r['unmeasurable']}" for r in unmeasured)
+                    + f": not ranked on it, so the tie-breakers decided among {', '.join(r['name'] for r in tied)}"
+                    f"{how}")
+        kind = "no difference beyond " + allowance + " with confidence" if not together else \
+            "none worse beyond " + allowance + " with confidence, timed together"
         return (f"selected: tie within noise on {objective_text} ({shown}) with "
-                f"{', '.join(r['name'] for r in others)} (no difference beyond {allowance} with 95% "
-                f"confidence){how}")
+                f"{', '.join(r['name'] for r in others)} ({kind}){how}")
     versus = (f"{shown} vs {_value_text(winner['objective_value'], goal, winner.get('objective_ci'))} for "
               f"{winner['name']}")
     if row["tie"]:
         against = winner if winner["name"] == best["name"] else best
         ratio = ratio_text(row_ratio(row)) + (f" to {against['name']}" if against is not winner else "")
+        standing = _tie_text(row, winner, objective_text, versus, ratio)
         criterion = next((c for c in order if _tie_key(row, c) != _tie_key(winner, c)), None)
         if criterion is None:
-            return (f"tie within noise with {winner['name']} on {objective_text} ({versus}; {ratio}) and on every "
-                    f"tie-breaker; {winner['name']} is better on the objective or first by name")
-        return (f"tie within noise with {winner['name']} on {objective_text} ({versus}; {ratio}); lost the "
-                f"tie-break on {CRITERION_TEXT[criterion]}: {_show(criterion, row, stat, winner)} vs "
-                f"{_show(criterion, winner, stat, row)}")
+            return (f"{standing} and on every tie-breaker; {winner['name']} is better on the objective or first by "
+                    "name")
+        return (f"{standing}; lost the tie-break on {CRITERION_TEXT[criterion]}: {_show(criterion, row, stat, winner)} "
+                f"vs {_show(criterion, winner, stat, row)}")
     ratio = row_ratio(row)
     if _lower_is_better(goal):
-        factor = f"{ratio.value:.3g}x {'slower' if goal == 'min_latency' else 'larger'}"
+        factor = f"{ratio.value:.3g}x {'slower' if goal in TIME_GOALS else 'larger'}"
     else:
         factor = f"{ratio.value:.3g}x lower"
-    beyond = "" if ratio.low == ratio.high else f"; {ratio_text(ratio)}, beyond {allowance}"
+    if row.get("paired"):
+        beyond = f"; {_duel_text(row)}, beyond {allowance}"
+    else:
+        beyond = "" if ratio.low == ratio.high else f"; {ratio_text(ratio)}, beyond {allowance}"
     versus_best = (f"{shown} vs {_value_text(best['objective_value'], goal, best.get('objective_ci'))} for "
                    f"{best['name']}")
     chosen = "" if best["name"] == winner["name"] else \

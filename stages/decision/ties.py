@@ -1,20 +1,30 @@
-"""Who beats whom, with the noise of the measurements: the ratio of each candidate's figure to the best one's.
+"""Who beats whom, with the noise of the measurements: each candidate's figure against the best one's.
 
-The best candidate is the one with the best estimate. Another candidate *loses* to it only when the whole 95%
-interval of their ratio (the interval that holds when both candidates' intervals do, `measure.compare.Figure`)
-lies beyond the tie tolerance and the host's run-to-run variation (their benchmarks ran at different times): it
-is worse by more than ``tolerance_percent`` and ``run_to_run_percent``, with confidence. Every other
-candidate is *tied within noise* with the best, and the declared tie-breakers (accuracy, size, ...) decide among the
-tied ones, in a fixed order: the same measurements always give the same choice, and figures that differ only by
-noise cannot flip it. A figure without an interval (an old benchmark, an artifact's size) counts as exact.
+``tolerance_percent`` is a *preference band*, not a noise allowance: how much of the objective the user gives up
+for the tie-breakers (accuracy, size, ...). A candidate *loses* only when it is worse than the best by more than the
+band with confidence; every other one is tied with it, and the tie-breakers decide among the tied ones, in a fixed
+order.
+
+- Paired (`paired_ties`): the finalists were timed together in round-robin windows (`measure.finalists`); the
+  leader has the best paired estimate, and each other finalist's per-round ratio to it is judged with the
+  signed-rank bounds of `measure.paired` (select's 5% error budget split among the comparisons): it loses when the
+  lower bound is beyond the band, is within the band when the upper bound is inside it, and is undecided (tied,
+  said so) at the cap.
+- Stored figures (`loses`): candidates benchmarked at different times are compared on their figures' 95%
+  intervals (the ratio's own interval, `measure.compare.Figure.ratio`) beyond the band *and* the host's run-to-run
+  variation, which stored figures cannot cancel. A figure without an interval (an old benchmark, an artifact's
+  size) counts as exact.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from ..measure.compare import Figure, worse_beyond
+from ..measure.finalists import spread
+from ..measure.paired import Schedule, round_robin, select_budget
 
 
 def objective_figure(goal: str, value: float | None, interval: Any) -> Figure | None:
@@ -49,3 +59,19 @@ def ratio_text(ratio: Figure) -> str:
 def row_ratio(row: Mapping[str, Any]) -> Figure:
     values = row["ratio_to_best"]
     return Figure(values[0], values[1], values[2])
+
+
+def paired_ties(record: Mapping[str, Any]) -> tuple[str, dict[str, dict[str, Any]]]:
+    """The leader of finalists timed together (`measure.finalists.measure_round_robin`'s record) and, per other
+    finalist, its ratio to the leader (> 1 is worse), the bounds, the rounds it rests on and the outcome: ``loses``
+    (worse beyond the band with confidence), ``within`` (inside the band with confidence) or ``undecided``."""
+    names = list(record["names"])
+    budget = select_budget(len(names))
+    limit = math.log(1.0 + float(record["tolerance_percent"]) / 100.0)
+    leader, looks = round_robin(record["rounds"], names, record["figure"], limit, budget,
+                                Schedule(tuple(record["looks"])), bool(record["ended"]))
+    outcome = {"fail": "loses", "pass": "within", "inconclusive": "undecided"}
+    found = {name: {"ratio": math.exp(look.estimate), "low": math.exp(look.low), "high": math.exp(look.high),
+                    "rounds": look.pairs, "outcome": outcome[look.outcome],
+                    "noise": spread(record, name, leader)} for name, look in looks.items()}
+    return leader, found

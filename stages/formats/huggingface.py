@@ -1,12 +1,25 @@
 """A Hugging Face model folder (``save_pretrained``: config.json and weights) as a PyTorch model with declared inputs.
 
-Learnt from Optimum's exporters (``optimum/exporters/tasks.py``, ``onnx/model_configs.py``): a *task* picks the
-model class (from ``config.architectures`` or a ``task:`` param), and the model type's *inputs* follow from the
-config: token ids and masks (int64, ``[batch, sequence]``, ids below ``vocab_size``) for text models, pixels
-(float32, ``[batch, num_channels, height, width]``) for vision models, log-mel features for Whisper's encoder, raw
-audio for wav2vec2-like models. Encoder-decoder models (Whisper, T5, BART) export their encoder. The outputs are
-the tensors of the model's output object (``last_hidden_state``, ``logits``, ``pred_boxes``...), with the cache off.
-Nothing is downloaded: the folder is read with ``local_files_only``.
+Learnt from Optimum's exporters (``optimum/exporters/tasks.py``, ``onnx/model_configs.py``):
+- a *task* picks the model class: the ``task:`` param, else the task whose transformers mapping names the class in
+  ``config.architectures`` (so a HuBERT audio classifier is ``audio-classification``, never a text classifier);
+- an encoder-decoder model (T5, BART, Whisper) exports as two *parts*: ``encoder`` (its inputs -> its
+  ``last_hidden_state``) and ``decoder`` (``input_ids``, ``encoder_hidden_states``, ``encoder_attention_mask`` ->
+  ``logits``, without a cache), Optimum's layout and input names;
+- a vision-text model (CLIP, SigLIP, ...) exports both towers together (``zero-shot-image-classification``) or one
+  tower alone (``image-feature-extraction``: ``pixel_values`` -> ``image_embeds``; ``text-feature-extraction``:
+  ``input_ids`` -> ``text_embeds``);
+- the inputs follow from the config, per modality, with the dims named ``batch``, ``sequence``,
+  ``decoder_sequence``, ``audio_samples``; images and spectrograms have the fixed size the model was made for:
+  token ids and masks (int64, ``[batch, sequence]``, ids below the vocabulary), pixels (float32, ``[batch,
+  channels, height, width]`` at the config's image size), raw audio (``[batch, audio_samples]``), log-mel features;
+- `limits` says how far each dynamic dim may go (positions the model has: RoBERTa's 130 positions less its padding
+  offset of 2 are 128 tokens; the audio a feature encoder needs for one frame), so no profile promises more;
+- the outputs are the tensors of the model's output object, with their own names (``logits``, ``last_hidden_state``,
+  ``pooler_output``, ``start_logits``, ``pred_boxes``...), the cache off.
+
+Nothing is downloaded: the folder is read with ``local_files_only``, and a checkpoint that lacks weights the task
+needs (a base model exported with a classification head) is refused rather than exported with random weights.
 """
 
 from __future__ import annotations
@@ -16,34 +29,91 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtflow.stage import StageFailed
+from trtflow.stage import RecipeMismatch, StageFailed
 
-#: Task -> transformers Auto class. The encoder of an encoder-decoder model is exported for "feature-extraction".
-TASKS = {
-    "feature-extraction": "AutoModel",
-    "fill-mask": "AutoModelForMaskedLM",
-    "text-classification": "AutoModelForSequenceClassification",
-    "token-classification": "AutoModelForTokenClassification",
-    "question-answering": "AutoModelForQuestionAnswering",
-    "text-generation": "AutoModelForCausalLM",
-    "image-classification": "AutoModelForImageClassification",
-    "object-detection": "AutoModelForObjectDetection",
-    "audio-classification": "AutoModelForAudioClassification",
-    "automatic-speech-recognition": "AutoModelForCTC",
-}
-#: Suffix of ``config.architectures[0]`` -> task (first match wins).
-_ARCHITECTURE_TASKS = (
-    ("ForMaskedLM", "fill-mask"), ("ForSequenceClassification", "text-classification"),
-    ("ForTokenClassification", "token-classification"), ("ForQuestionAnswering", "question-answering"),
-    ("ForCausalLM", "text-generation"), ("LMHeadModel", "text-generation"),
-    ("ForImageClassification", "image-classification"), ("ForObjectDetection", "object-detection"),
-    ("ForAudioClassification", "audio-classification"), ("ForCTC", "automatic-speech-recognition"),
-    ("ForConditionalGeneration", "feature-extraction"), ("Model", "feature-extraction"),
+from .generation import TASK as GENERATION_TASK
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task: the transformers Auto classes that build its model (the first whose mapping knows the model type)."""
+
+    name: str
+    autos: tuple[tuple[str, str], ...]  # (Auto class, modeling_auto mapping constant)
+    what: str
+
+
+_TASK_LIST = (  # the seq2seq tasks first: BART's masked-LM mapping names BartForConditionalGeneration too
+    Task("text2text-generation", (("AutoModelForSeq2SeqLM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),),
+         "an encoder-decoder LM, as encoder and decoder"),
+    Task("fill-mask", (("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),), "masked-token logits"),
+    Task("text-classification", (("AutoModelForSequenceClassification",
+                                  "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),), "one label per text"),
+    Task("token-classification", (("AutoModelForTokenClassification", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),),
+         "one label per token"),
+    Task("question-answering", (("AutoModelForQuestionAnswering", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES"),),
+         "answer span logits (start_logits, end_logits)"),
+    Task("text-generation", (("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),),
+         "next-token logits of a causal LM over the whole sequence (no KV cache)"),
+    Task(GENERATION_TASK, (("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),),
+         "a causal LM with its KV cache in and out (Optimum's layout), for generation (formats.generation)"),
+    Task("image-classification", (("AutoModelForImageClassification",
+                                   "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),), "one label per image"),
+    Task("object-detection", (("AutoModelForObjectDetection", "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES"),),
+         "class logits and boxes (logits, pred_boxes)"),
+    Task("semantic-segmentation", (("AutoModelForSemanticSegmentation",
+                                    "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES"),), "per-pixel class logits"),
+    Task("image-segmentation", (("AutoModelForImageSegmentation", "MODEL_FOR_IMAGE_SEGMENTATION_MAPPING_NAMES"),),
+         "masks per query (pred_masks)"),
+    Task("universal-segmentation", (("AutoModelForUniversalSegmentation",
+                                     "MODEL_FOR_UNIVERSAL_SEGMENTATION_MAPPING_NAMES"),),
+         "class and mask logits per query"),
+    Task("depth-estimation", (("AutoModelForDepthEstimation", "MODEL_FOR_DEPTH_ESTIMATION_MAPPING_NAMES"),),
+         "a depth map (predicted_depth)"),
+    Task("zero-shot-image-classification", (("AutoModelForZeroShotImageClassification",
+                                             "MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES"),),
+         "both towers of a vision-text model (logits_per_image, text_embeds, image_embeds)"),
+    Task("image-feature-extraction", (("AutoModel", "MODEL_MAPPING_NAMES"),),
+         "the vision tower of a vision-text model (image_embeds), or a vision model's features"),
+    Task("text-feature-extraction", (("AutoModel", "MODEL_MAPPING_NAMES"),),
+         "the text tower of a vision-text model (text_embeds), or a text model's features"),
+    Task("audio-classification", (("AutoModelForAudioClassification",
+                                   "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES"),), "one label per clip"),
+    Task("automatic-speech-recognition", (("AutoModelForCTC", "MODEL_FOR_CTC_MAPPING_NAMES"),
+                                          ("AutoModelForSpeechSeq2Seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES")),
+         "CTC logits per frame, or an encoder-decoder (Whisper) as encoder and decoder"),
+    Task("feature-extraction", (("AutoModel", "MODEL_MAPPING_NAMES"),),
+         "the base model's hidden states (an encoder-decoder: encoder and decoder)"),
 )
+#: Task name -> Task, in the order an architecture is matched (the specific heads before feature-extraction).
+TASKS = {task.name: task for task in _TASK_LIST}
+#: The parts an encoder-decoder model exports as.
+PARTS = ("encoder", "decoder")
+_TOWERS = {"image-feature-extraction": ("get_image_features", "image_embeds", ("pixel_values",)),
+           "text-feature-extraction": ("get_text_features", "text_embeds", ("input_ids", "attention_mask"))}
 #: Input names a wrapped model accepts (keyword arguments of the wrapper's forward, in this order).
-INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids", "pixel_values", "input_features", "input_values")
-_SEQUENCE = 16
-_DROPPED_OUTPUTS = ("past_key_values", "hidden_states", "attentions", "encoder_hidden_states", "cross_attentions")
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids", "pixel_values", "input_features", "input_values",
+               "encoder_hidden_states", "encoder_attention_mask")
+_SEQUENCE = 16  # sample sizes of the export (the profiles' sizes are checked too)
+_DECODER_SEQUENCE = 8
+_AUDIO_SAMPLES = 4000
+_DROPPED_OUTPUTS = ("past_key_values", "hidden_states", "attentions", "encoder_hidden_states", "cross_attentions",
+                    "decoder_hidden_states", "decoder_attentions", "encoder_attentions", "auxiliary_outputs",
+                    "loss", "loss_dict")
+#: Model types whose position ids start after the padding index (RoBERTa's ``create_position_ids_from_input_ids``):
+#: they take ``max_position_embeddings - pad_token_id - 1`` tokens.
+_PADDING_OFFSET_TYPES = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text", "longformer",
+                         "ibert", "luke", "mpnet", "markuplm", "roberta-prelayernorm", "xmod", "bridgetower",
+                         "lilt", "layoutlmv3", "ernie_m", "esm", "clap")
+
+
+@dataclass(frozen=True)
+class Limit:
+    """How small and how large a dynamic dim may be, and why (for a message)."""
+
+    low: int
+    high: int | None
+    why: str
 
 
 @dataclass
@@ -55,63 +125,192 @@ class HfModel:
     model_type: str
     inputs: dict[str, dict[str, Any]]
     outputs: list[str] = field(default_factory=list)
-    encoder_only: bool = False
+    part: str | None = None
+    limits: dict[str, Limit] = field(default_factory=dict)
+    generation: Any = None  # text-generation-with-past: the formats.generation.GenerationModel
 
 
 def read_config(folder: Path) -> dict[str, Any]:
     return json.loads((folder / "config.json").read_text(encoding="utf-8"))
 
 
+def _mapping(constant: str) -> dict[str, Any]:
+    from transformers.models.auto import modeling_auto
+
+    return dict(getattr(modeling_auto, constant, {}) or {})
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    return tuple(value) if isinstance(value, (list, tuple)) else (str(value),) if value else ()
+
+
+def supported_tasks(config: dict[str, Any]) -> list[str]:
+    """The tasks transformers can build a model for from this config (its model type), in TASKS' order; the tower
+    tasks for a model with a vision and a text tower."""
+    model_type = str(config.get("model_type", ""))
+    found = [task.name for task in _TASK_LIST if task.name not in _TOWERS
+             and any(model_type in _mapping(constant) for _, constant in task.autos)]
+    if "feature-extraction" in found and "vision_config" in config and "text_config" in config:
+        found[found.index("feature-extraction"):0] = list(_TOWERS)
+    return found
+
+
 def task_of(config: dict[str, Any], task: str | None) -> str:
-    """The task: the ``task:`` param, else the one ``config.architectures`` names, else feature-extraction."""
+    """The task: the ``task:`` param, else the one whose mapping names ``config.architectures``' class."""
     if task is not None:
         if task not in TASKS:
-            raise StageFailed(f"task {task!r} is not one of {', '.join(TASKS)}",
-                              hint="leave task out to take it from config.json's architectures")
+            from trtflow.errors import did_you_mean
+
+            suggestion = did_you_mean(task, list(TASKS))
+            raise StageFailed(f"task {task!r} is not a task export knows" + (f"; {suggestion}" if suggestion else ""),
+                              hint=f"tasks: {', '.join(TASKS)}; leave task out to take it from config.json's "
+                              "architectures")
         return task
+    found = architecture_task(config)
+    if found is not None:
+        return found
+    supported = supported_tasks(config)
+    if "feature-extraction" in supported or not supported:
+        return "feature-extraction"
+    return supported[0]
+
+
+def architecture_task(config: dict[str, Any]) -> str | None:
+    """The task whose transformers mapping names the class in ``config.architectures`` (None: no task does)."""
+    model_type = str(config.get("model_type", ""))
     for architecture in config.get("architectures") or []:
-        for suffix, found in _ARCHITECTURE_TASKS:
-            if architecture.endswith(suffix):
-                return found
-    return "feature-extraction"
+        for candidate in _TASK_LIST:
+            if candidate.name in _TOWERS:
+                continue
+            if any(architecture in _names(_mapping(constant).get(model_type)) for _, constant in candidate.autos):
+                return candidate.name
+    return None
 
 
 def _size(value: Any) -> tuple[int, int]:
+    if isinstance(value, dict):
+        if "height" in value and "width" in value:
+            return int(value["height"]), int(value["width"])
+        edge = value.get("shortest_edge") or value.get("longest_edge")
+        return (int(edge), int(edge)) if edge else (224, 224)
     if isinstance(value, (list, tuple)):
         return int(value[0]), int(value[-1])
     return int(value), int(value)
 
 
-def declared_inputs(config: Any, accepts: set[str]) -> dict[str, dict[str, Any]]:
+def _sub(config: Any, name: str) -> Any:
+    """A sub-config (``text_config``, ``vision_config``) if the model has one, else the config itself."""
+    sub = getattr(config, name, None)
+    return sub if sub is not None and not isinstance(sub, dict) else config
+
+
+def _image_size(config: Any, preprocessor: dict[str, Any]) -> tuple[int, int]:
+    vision = _sub(config, "vision_config")
+    for source in (getattr(vision, "image_size", None), getattr(config, "image_size", None),
+                   preprocessor.get("crop_size"), preprocessor.get("size")):
+        if source:
+            return _size(source)
+    return 224, 224
+
+
+def sequence_limit(config: Any) -> Limit:
+    """How many tokens a text model takes: its position embeddings (less RoBERTa's padding offset), if any."""
+    text = _sub(config, "text_config")
+    model_type = str(getattr(text, "model_type", "") or getattr(config, "model_type", ""))
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx"):
+        value = getattr(text, key, None)
+        if isinstance(value, int) and value > 0:
+            if model_type in _PADDING_OFFSET_TYPES:
+                offset = int(getattr(text, "pad_token_id", 1) or 0) + 1
+                return Limit(1, value - offset, f"{key} {value} less the padding offset {offset} (position ids "
+                             "start after the padding index)")
+            return Limit(1, value, f"{key} {value}")
+    return Limit(1, None, "relative positions: no fixed limit")
+
+
+def decoder_sequence_limit(config: Any) -> Limit:
+    for key in ("max_target_positions", "max_position_embeddings", "n_positions"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return Limit(1, value, f"{key} {value}")
+    return Limit(1, None, "relative positions: no fixed limit")
+
+
+def audio_limit(config: Any) -> Limit:
+    """The shortest raw audio a convolutional feature encoder (wav2vec2, HuBERT, WavLM...) turns into one frame."""
+    kernels = getattr(config, "conv_kernel", None)
+    strides = getattr(config, "conv_stride", None)
+    if not kernels or not strides:
+        return Limit(1, None, "no feature encoder")
+    field_size, step = 1, 1
+    for kernel, stride in zip(kernels, strides, strict=False):
+        field_size += (int(kernel) - 1) * step
+        step *= int(stride)
+    return Limit(field_size, None, f"the feature encoder's receptive field (conv_kernel {list(kernels)}, "
+                 f"conv_stride {list(strides)}) is {field_size} samples")
+
+
+def _text_entries(text: Any, accepts: set[str], limit: Limit, names: tuple[str, str] = ("input_ids", "attention_mask"),
+                  dim: str = "sequence", sample: int = _SEQUENCE) -> dict[str, dict[str, Any]]:
+    vocab = int(getattr(text, "vocab_size", 2) or 2)
+    length = min(sample, limit.high) if limit.high else sample
+    axes = {0: "batch", 1: dim}
+    entries: dict[str, dict[str, Any]] = {}
+    if names[0] in accepts:
+        entries[names[0]] = {"shape": [2, length], "dtype": "int64", "dynamic_axes": axes, "low": 0, "high": vocab}
+    if names[1] in accepts:
+        entries[names[1]] = {"shape": [2, length], "dtype": "int64", "dynamic_axes": axes, "low": 1, "high": 2}
+    types = int(getattr(text, "type_vocab_size", 0) or 0)
+    if "token_type_ids" in accepts and types > 1 and dim == "sequence":
+        entries["token_type_ids"] = {"shape": [2, length], "dtype": "int64", "dynamic_axes": axes, "low": 0,
+                                     "high": types}
+    return entries
+
+
+def declared_inputs(config: Any, accepts: set[str], part: str | None = None,
+                    preprocessor: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """Export ``inputs:`` entries (shape, dtype, dynamic_axes, low, high) for a model of this config."""
     model_type = getattr(config, "model_type", "")
     inputs: dict[str, dict[str, Any]] = {}
+    if part == "decoder":
+        inputs.update(_text_entries(config, accepts, decoder_sequence_limit(config), dim="decoder_sequence",
+                                    sample=_DECODER_SEQUENCE))
+        hidden = int(getattr(config, "d_model", 0) or getattr(config, "hidden_size", 0))
+        if getattr(config, "max_source_positions", None) and hasattr(config, "num_mel_bins"):
+            # Whisper: the encoder's output has a fixed length (its input is always 30 s of log-mel frames)
+            inputs["encoder_hidden_states"] = {"shape": [2, int(config.max_source_positions), hidden],
+                                               "dtype": "float32", "dynamic_axes": {0: "batch"}, "low": -1.0,
+                                               "high": 1.0}
+        else:
+            length = min(_SEQUENCE, sequence_limit(config).high or _SEQUENCE)
+            inputs["encoder_hidden_states"] = {"shape": [2, length, hidden], "dtype": "float32",
+                                               "dynamic_axes": {0: "batch", 1: "sequence"}, "low": -1.0, "high": 1.0}
+            if "encoder_attention_mask" in accepts:
+                inputs["encoder_attention_mask"] = {"shape": [2, length], "dtype": "int64",
+                                                    "dynamic_axes": {0: "batch", 1: "sequence"}, "low": 1, "high": 2}
+        return inputs
     if "input_features" in accepts and hasattr(config, "num_mel_bins"):
+        # Whisper-like: [batch, mel bins, frames], and the frames are fixed (the encoder takes 30 s windows)
         frames = 2 * int(getattr(config, "max_source_positions", 1500))
         inputs["input_features"] = {"shape": [2, int(config.num_mel_bins), frames], "dtype": "float32",
                                     "dynamic_axes": {0: "batch"}, "low": -1.0, "high": 1.0}
+    elif "input_values" in accepts and hasattr(config, "num_mel_bins") and hasattr(config, "max_length"):
+        # an Audio Spectrogram Transformer: [batch, frames, mel bins], fixed by its position embeddings
+        inputs["input_values"] = {"shape": [2, int(config.max_length), int(config.num_mel_bins)],
+                                  "dtype": "float32", "dynamic_axes": {0: "batch"}, "low": -1.0, "high": 1.0}
     elif "input_values" in accepts and "pixel_values" not in accepts:
-        inputs["input_values"] = {"shape": [2, 4000], "dtype": "float32", "dynamic_axes": {0: "batch", 1: "samples"},
-                                  "low": -1.0, "high": 1.0}
-    elif "pixel_values" in accepts:
-        height, width = _size(getattr(config, "image_size", 224))
-        channels = int(getattr(config, "num_channels", 3))
+        samples = max(_AUDIO_SAMPLES, audio_limit(config).low)
+        inputs["input_values"] = {"shape": [2, samples], "dtype": "float32",
+                                  "dynamic_axes": {0: "batch", 1: "audio_samples"}, "low": -1.0, "high": 1.0}
+    if "pixel_values" in accepts:
+        height, width = _image_size(config, preprocessor or {})
+        vision = _sub(config, "vision_config")
+        channels = int(getattr(vision, "num_channels", getattr(config, "num_channels", 3)) or 3)
         inputs["pixel_values"] = {"shape": [2, channels, height, width], "dtype": "float32",
                                   "dynamic_axes": {0: "batch"}, "low": 0.0, "high": 1.0}
-    elif "input_ids" in accepts:
-        vocab = int(getattr(config, "vocab_size", 2) or 2)
-        limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-        sequence = min(_SEQUENCE, int(limit)) if limit else _SEQUENCE
-        axes = {0: "batch", 1: "sequence"}
-        inputs["input_ids"] = {"shape": [2, sequence], "dtype": "int64", "dynamic_axes": axes, "low": 0,
-                               "high": vocab}
-        if "attention_mask" in accepts:
-            inputs["attention_mask"] = {"shape": [2, sequence], "dtype": "int64", "dynamic_axes": axes, "low": 1,
-                                        "high": 2}
-        types = int(getattr(config, "type_vocab_size", 0) or 0)
-        if "token_type_ids" in accepts and types > 1:
-            inputs["token_type_ids"] = {"shape": [2, sequence], "dtype": "int64", "dynamic_axes": axes, "low": 0,
-                                        "high": types}
+    if "input_ids" in accepts:
+        text = _sub(config, "text_config")
+        inputs.update(_text_entries(text, accepts, sequence_limit(config)))
     if not inputs:
         raise StageFailed(f"cannot tell the inputs of a {model_type!r} model (its forward() takes none of "
                           f"{', '.join(INPUT_NAMES)})",
@@ -119,11 +318,63 @@ def declared_inputs(config: Any, accepts: set[str]) -> dict[str, dict[str, Any]]
     return inputs
 
 
-def _accepted(module: Any) -> set[str]:
+def limits(config: Any, inputs: dict[str, dict[str, Any]]) -> dict[str, Limit]:
+    """The range each dynamic dim of ``inputs`` may take."""
+    found: dict[str, Limit] = {}
+    dims = {dim for entry in inputs.values() for dim in entry.get("dynamic_axes", {}).values()}
+    if "sequence" in dims:
+        found["sequence"] = sequence_limit(config)
+    if "decoder_sequence" in dims:
+        found["decoder_sequence"] = decoder_sequence_limit(config)
+    if "audio_samples" in dims:
+        found["audio_samples"] = audio_limit(config)
+    return found
+
+
+def default_ranges(found: dict[str, Limit]) -> dict[str, tuple[int, int, int]]:
+    """(min, opt, max) that `trtflow init` proposes for each dim other than the batch, within its limit."""
+    wanted = {"sequence": (1, 128, 512), "decoder_sequence": (1, 64, 256), "audio_samples": (1600, 16000, 48000)}
+    ranges = {}
+    for dim, (low, opt, high) in wanted.items():
+        if dim not in found:
+            continue
+        limit = found[dim]
+        top = min(high, limit.high) if limit.high else high
+        low = max(low, limit.low)
+        top = max(top, low)
+        ranges[dim] = (low, min(max(opt, low), top), top)
+    return ranges
+
+
+def parts_of(config: Any, task: str) -> tuple[str, ...]:
+    """The parts a model exports as: ("encoder", "decoder") for an encoder-decoder, else () (one graph)."""
+    if not getattr(config, "is_encoder_decoder", False) or task in _TOWERS:
+        return ()
+    if task in ("feature-extraction", "text2text-generation", "automatic-speech-recognition"):
+        return PARTS
+    return ()
+
+
+def _check_part(task: str, part: str | None, parts: tuple[str, ...]) -> str | None:
+    if part is None:
+        return parts[0] if parts else None
+    if part not in PARTS:
+        raise StageFailed(f"part {part!r} is not one of {', '.join(PARTS)}")
+    if not parts:
+        raise RecipeMismatch(f"part: {part} is for encoder-decoder models; this model exports as one graph for task "
+                          f"{task}", hint="leave part out")
+    return part
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The wrapped model
+
+
+def _accepted(function: Any) -> set[str]:
     import inspect
 
     try:
-        parameters = inspect.signature(module.forward).parameters
+        parameters = inspect.signature(function).parameters
     except (TypeError, ValueError):
         return set()
     return {name for name in INPUT_NAMES if name in parameters}
@@ -133,62 +384,197 @@ def _wrapper_class() -> Any:
     import torch
 
     class HfWrapper(torch.nn.Module):
-        """The model with named tensor inputs and a tuple of named tensor outputs (no cache, no dicts)."""
+        """The model with named tensor inputs and a tuple of named tensor outputs (no cache, no dicts).
 
-        def __init__(self, model: Any, outputs: list[str], options: dict[str, Any]) -> None:
+        ``kind``: "model" (the model's forward), "decoder" (an encoder-decoder's decoder and head, fed the
+        encoder's hidden states), or a tower ("image-feature-extraction", "text-feature-extraction").
+        """
+
+        def __init__(self, model: Any, kind: str, options: dict[str, Any]) -> None:
             super().__init__()
             self.model = model
-            self.output_names = outputs
+            self.kind = kind
             self.options = options
+            self.output_names: list[str] = []
+
+        def named_outputs(self, given: dict[str, Any]) -> dict[str, Any]:
+            given = {k: v for k, v in given.items() if v is not None}
+            if self.kind == "decoder":
+                mask = given.get("encoder_attention_mask")
+                ids = given["input_ids"]
+                # a decoder mask of ones: without one, transformers looks for packed sequences (aten::diff)
+                result = self.model(decoder_input_ids=ids, decoder_attention_mask=torch.ones_like(ids),
+                                    encoder_outputs=(given["encoder_hidden_states"],),
+                                    **({"attention_mask": mask} if mask is not None else {}), **self.options)
+                drop = {"encoder_last_hidden_state"}
+            elif self.kind in _TOWERS:
+                method, name, _ = _TOWERS[self.kind]
+                result = getattr(self.model, method)(**given)
+                if isinstance(result, torch.Tensor):
+                    result = {name: result}
+                else:  # transformers 5: the tower's output, its pooler_output projected
+                    result = {name: result["pooler_output"], "last_hidden_state": result["last_hidden_state"]}
+                drop = set()
+            else:
+                result = self.model(**given, **self.options)
+                drop = set()
+            return {k: v for k, v in result.items() if isinstance(v, torch.Tensor) and k not in _DROPPED_OUTPUTS
+                    and k not in drop}
 
         def forward(self, input_ids: Any = None, attention_mask: Any = None, token_type_ids: Any = None,
-                    pixel_values: Any = None, input_features: Any = None, input_values: Any = None) -> Any:
-            given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
-                     "pixel_values": pixel_values, "input_features": input_features, "input_values": input_values}
-            result = self.model(**{k: v for k, v in given.items() if v is not None}, **self.options)
-            return tuple(result[name] for name in self.output_names)
+                    pixel_values: Any = None, input_features: Any = None, input_values: Any = None,
+                    encoder_hidden_states: Any = None, encoder_attention_mask: Any = None) -> Any:
+            outputs = self.named_outputs({
+                "input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
+                "pixel_values": pixel_values, "input_features": input_features, "input_values": input_values,
+                "encoder_hidden_states": encoder_hidden_states, "encoder_attention_mask": encoder_attention_mask})
+            return tuple(outputs[name] for name in self.output_names)
 
     return HfWrapper
 
 
-def load_model(folder: Path, task: str | None, shown: str) -> HfModel:
-    """The folder's model (weights from the folder, nothing downloaded) wrapped for export, with its inputs."""
+def _quiet_transformers() -> Any:
+    """transformers with its progress bars and load reports (ANSI-coloured tables) off: we say what matters."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import transformers
     except ImportError as error:
-        raise StageFailed("a Hugging Face model folder needs the transformers package",
-                          hint="pip install 'trtflow[huggingface]'") from error
+        from trtflow.errors import EnvironmentUnavailable
+
+        raise EnvironmentUnavailable("a Hugging Face model folder needs the transformers package, which is not "
+                                     "installed here", hint="pip install 'trtflow[huggingface]'") from error
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    return transformers
+
+
+def _preprocessor(folder: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((folder / "preprocessor_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _auto_for(transformers: Any, config: Any, task: str) -> Any:
+    """The Auto class of ``task`` that knows this config's model type; StageFailed naming the tasks it can do."""
+    model_type = str(getattr(config, "model_type", ""))
+    for auto, constant in TASKS[task].autos:
+        if model_type in _mapping(constant):
+            return getattr(transformers, auto)
+    tasks = supported_tasks(config.to_dict())
+    raise RecipeMismatch(f"a {model_type!r} model cannot do task {task!r} (transformers has no {task} model for it)",
+                      hint=f"tasks a {model_type!r} model can do: {', '.join(tasks) or 'none that export knows'}")
+
+
+def _towers_of(model: Any, task: str) -> str:
+    """The wrapper kind of a tower task: the tower's method when the model has two towers, else the whole model."""
+    method = _TOWERS[task][0]
+    return task if hasattr(model, method) and hasattr(model, "get_text_features") else "model"
+
+
+def _describe(config: Any, model: Any, task: str, part: str | None, preprocessor: dict[str, Any]) -> tuple[
+        Any, str, dict[str, dict[str, Any]]]:
+    """(the module to wrap, the wrapper kind, its inputs) for a built model."""
+    if part == "encoder":
+        model = model.get_encoder()
+        kind = "model"
+        accepts = _accepted(model.forward)
+    elif part == "decoder":
+        kind = "decoder"
+        accepts = {"input_ids", "encoder_hidden_states"}
+        if getattr(config, "model_type", "") != "whisper" and "attention_mask" in _accepted(model.forward):
+            accepts.add("encoder_attention_mask")
+    elif task in _TOWERS:
+        kind = _towers_of(model, task)
+        accepts = set(_TOWERS[task][2]) if kind != "model" else _accepted(model.forward)
+        if kind != "model" and task == "text-feature-extraction":
+            accepts &= _accepted(getattr(model, _TOWERS[task][0])) | {"input_ids"}
+    else:
+        kind = "model"
+        accepts = _accepted(model.forward)
+    return model, kind, declared_inputs(config, accepts, part, preprocessor)
+
+
+def describe_folder(folder: Path, task: str | None, part: str | None = None) -> tuple[
+        dict[str, dict[str, Any]], dict[str, Limit], str, tuple[str, ...]]:
+    """(inputs, limits, task, parts) of a folder's model, built on the meta device (no weights read)."""
+    transformers = _quiet_transformers()
+    import torch
+
     raw = read_config(folder)
     chosen = task_of(raw, task)
+    config = _config(transformers, folder)
+    auto = _auto_for(transformers, config, chosen)
+    parts = parts_of(config, chosen)
+    part = _check_part(chosen, part, parts)
+    with torch.device("meta"):
+        model = auto.from_config(config)
+    _, _, inputs = _describe(config, model, chosen, part, _preprocessor(folder))
+    return inputs, limits(config, inputs), chosen, parts
+
+
+def _config(transformers: Any, folder: Path) -> Any:
     try:
-        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
-        auto = getattr(transformers, TASKS[chosen])
-        model = auto.from_pretrained(str(folder), local_files_only=True, attn_implementation="eager")
+        return transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
     except (ValueError, KeyError, OSError) as error:
+        raise StageFailed(f"transformers cannot read {folder.name}/config.json: {' '.join(str(error).split())[:300]}",
+                          hint="save the model again with save_pretrained, or upgrade transformers if the model "
+                          "type is newer than it") from error
+
+
+def load_model(folder: Path, task: str | None, shown: str, part: str | None = None) -> HfModel:
+    """The folder's model (weights from the folder, nothing downloaded) wrapped for export, with its inputs."""
+    transformers = _quiet_transformers()
+    raw = read_config(folder)
+    chosen = task_of(raw, task)
+    config = _config(transformers, folder)
+    auto = _auto_for(transformers, config, chosen)
+    parts = parts_of(config, chosen)
+    part = _check_part(chosen, part, parts)
+    try:
+        model, info = auto.from_pretrained(str(folder), local_files_only=True, attn_implementation="eager",
+                                           output_loading_info=True)
+    except (ValueError, KeyError, OSError, RuntimeError) as error:
         raise StageFailed(f"transformers cannot load {shown!r} for task {chosen}: {' '.join(str(error).split())[:400]}",
                           hint="check config.json's model_type and architectures, or set task: to what the "
-                          f"weights are for ({', '.join(TASKS)})") from error
-    encoder_only = False
-    encoder_decoder = getattr(config, "is_encoder_decoder", False)
-    if encoder_decoder and chosen == "feature-extraction" and hasattr(model, "get_encoder"):
-        model, encoder_only = model.get_encoder(), True
+                          f"weights are for ({', '.join(supported_tasks(raw))})") from error
+    except Exception as error:  # a .bin holding more than tensors: torch's weights_only unpickler refuses it
+        if type(error).__name__ != "UnpicklingError":
+            raise
+        raise StageFailed(f"{shown!r} holds .bin weights with Python objects other than tensors, which torch's "
+                          f"weights_only unpickler refuses to load: {' '.join(str(error).split())[:200]}",
+                          hint="save the weights as safetensors (model.save_pretrained(folder) writes them)") from error
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        shown_keys = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise RecipeMismatch(f"the weights in {shown!r} lack {len(missing)} tensor(s) that task {chosen} needs "
+                          f"({shown_keys}): exported, they would hold random values",
+                          hint=f"set task: to what the weights are for (config.json's architectures: "
+                          f"{', '.join(raw.get('architectures') or ['none'])}; tasks this model type can do: "
+                          f"{', '.join(supported_tasks(raw))})")
     model.eval()
-    accepts = _accepted(model)
-    inputs = declared_inputs(config, accepts)
-    options: dict[str, Any] = {"return_dict": True}
+    if chosen == GENERATION_TASK:
+        from .generation import wrap
+
+        generation = wrap(model, config)
+        return HfModel(generation.module, chosen, str(getattr(config, "model_type", "")), generation.inputs,
+                       generation.outputs, generation=generation)
+    module, kind, inputs = _describe(config, model, chosen, part, _preprocessor(folder))
     import inspect
 
-    if "use_cache" in inspect.signature(model.forward).parameters:
+    options: dict[str, Any] = {"return_dict": True}
+    if kind in ("model", "decoder") and "use_cache" in inspect.signature(module.forward).parameters:
         options["use_cache"] = False
-    outputs = _output_names(model, inputs, options)
-    module = _wrapper_class()(model, outputs, options).eval()
-    return HfModel(module, chosen, str(getattr(config, "model_type", "")), inputs, outputs, encoder_only)
+    wrapper = _wrapper_class()(module, kind, options).eval()
+    wrapper.output_names = _output_names(wrapper, inputs)
+    return HfModel(wrapper, chosen, str(getattr(config, "model_type", "")), inputs, list(wrapper.output_names),
+                   part, limits(config, inputs))
 
 
-def _output_names(model: Any, inputs: dict[str, dict[str, Any]], options: dict[str, Any]) -> list[str]:
+def _output_names(wrapper: Any, inputs: dict[str, dict[str, Any]]) -> list[str]:
     """The tensor outputs of one run on the sample (their order in the model's output object)."""
     import numpy as np
     import torch
@@ -200,9 +586,14 @@ def _output_names(model: Any, inputs: dict[str, dict[str, Any]], options: dict[s
             feed[name] = torch.from_numpy(rng.integers(int(spec["low"]), int(spec["high"]), size=spec["shape"]))
         else:
             feed[name] = torch.from_numpy(rng.uniform(spec["low"], spec["high"], size=spec["shape"]).astype("float32"))
-    with torch.no_grad():
-        result = model(**feed, **options)
-    names = [k for k, v in result.items() if isinstance(v, torch.Tensor) and k not in _DROPPED_OUTPUTS]
+    try:
+        with torch.no_grad():
+            names = list(wrapper.named_outputs(feed))
+    except Exception as error:  # the model's own code: any exception type
+        shapes = ", ".join(f"{n}{s['shape']}" for n, s in inputs.items())
+        raise StageFailed(f"the Hugging Face model fails on a sample input ({shapes}): "
+                          f"{type(error).__name__}: {' '.join(str(error).split())[:300]}",
+                          hint="give inputs: in the recipe with shapes the model takes") from error
     if not names:
         raise StageFailed("the Hugging Face model returned no tensor output on a sample input")
     return names

@@ -14,11 +14,15 @@ from typing import Any
 
 from trtflow.stage import StageFailed
 
+from . import confinement
+
 _DTYPES = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16",
            "torch.int64": "int64", "torch.int32": "int32", "torch.bool": "bool"}
 
 
 def load_torchscript(path: Path, shown: str) -> Any:
+    """The archive's module (its code runs when it is called: only in a confined or trusting process)."""
+    confinement.guard(shown)
     import torch
 
     try:
@@ -50,6 +54,8 @@ class Program:
 
 
 def load_program(path: Path, shown: str) -> Program:
+    """The program (loading it may run code: only in a confined or trusting process)."""
+    confinement.guard(shown)
     import torch
 
     try:

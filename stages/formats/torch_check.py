@@ -30,7 +30,7 @@ class CheckShape:
     def label(self) -> str:
         shapes = ", ".join(f"{n} {s}" for n, s in self.shapes.items())
         if self.dim is None:
-            return f"the sample shape ({shapes})"
+            return f"the {self.origin} shape ({shapes})"
         return f"{self.dim} = {self.size} ({self.origin}): {shapes}"
 
 
@@ -111,14 +111,47 @@ def _flatten(value: Any) -> list[Any]:
     return []
 
 
-def torch_outputs(model: Any, binding: Any, params: Params, arrays: dict[str, Any]) -> list[Any]:
+def torch_result(model: Any, binding: Any, params: Params, arrays: dict[str, Any]) -> Any:
+    """What the model returns for ``arrays`` (a tensor, a tuple, a dict...)."""
     import torch
 
     args, kwargs = binding.call_arguments(tensors(params, arrays))
     with torch.no_grad():
-        result = model(*args, **kwargs)
+        return model(*args, **kwargs)
+
+
+def as_arrays(result: Any) -> list[Any]:
+    """The tensors of a model's result, in order, as float numpy arrays."""
     return [t.float().numpy() if not t.is_nested else t.to_padded_tensor(0.0).float().numpy()
             for t in _flatten(result)]
+
+
+def torch_outputs(model: Any, binding: Any, params: Params, arrays: dict[str, Any]) -> list[Any]:
+    return as_arrays(torch_result(model, binding, params, arrays))
+
+
+def output_names(result: Any) -> list[str]:
+    """Names for the tensors of a model's result, in `as_arrays`' order: a dict's keys (``key_i`` for a list under
+    one), a named tuple's fields, else ``output`` for one tensor and ``output_0``, ``output_1``... for several."""
+    import torch
+
+    def names_of(value: Any, prefix: str) -> list[str]:
+        if isinstance(value, torch.Tensor):
+            return [prefix]
+        if isinstance(value, dict):
+            return [n for key, item in value.items() for n in names_of(item, f"{prefix}.{key}" if prefix else str(key))]
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            return [n for key, item in zip(value._fields, value, strict=True)
+                    for n in names_of(item, f"{prefix}.{key}" if prefix else key)]
+        if isinstance(value, (list, tuple)):
+            return [n for i, item in enumerate(value) for n in names_of(item, f"{prefix}_{i}" if prefix else
+                                                                        f"output_{i}")]
+        return []
+
+    if isinstance(result, torch.Tensor):
+        return ["output"]
+    names = names_of(result, "")
+    return names if len(set(names)) == len(names) and names else [f"output_{i}" for i in range(len(_flatten(result)))]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -132,6 +165,10 @@ class ShapeResult:
     detail: str = ""
     max_abs_diff: float | None = None
     node: str | None = None
+    #: the framework's output shapes at this check (for naming the outputs' dims)
+    output_shapes: list[list[int]] | None = None
+    #: "framework": the model itself fails at this shape (no ONNX question); else the ONNX model is at fault
+    cause: str = "onnx"
 
     def record(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"shapes": self.check.shapes, "status": self.status}
@@ -191,6 +228,32 @@ def explain_input_error(error: BaseException, params: Params, model: Any) -> tup
         return (f"ids of {', '.join(repr(n) for n in names)} reach past the model's embedding"
                 + (f" of {rows} rows" if rows else "") + f" ({shown})",
                 f"set high: {rows if rows else 'the vocabulary size'} (exclusive) for {', '.join(names)} in inputs")
+    conv = re.search(r"weight of size \[([\d, ]+)\], expected input\[([\d, ]+)\] to have (\d+) channels, but got "
+                     r"(\d+) channels", text)
+    if conv:
+        weight = [int(d) for d in conv.group(1).split(",")]
+        seen = [int(d) for d in conv.group(2).split(",")]
+        wanted = int(conv.group(3))
+        rank = len(weight)  # a conv's weight [out, in, *kernel]: its batched input has the same rank
+        matches = [n for n, s in inputs.items() if list(s.shape) == seen]
+        if matches:  # the right rank, the wrong number of channels
+            name = matches[0]
+            fixed = [*seen[:1], wanted, *seen[2:]]
+            return (f"input {name!r} has {seen[1]} channels (axis 1 of {seen}), but the model's first convolution "
+                    f"takes {wanted}", f"give {name} a shape with {wanted} channels at axis 1, e.g. {fixed}")
+        unbatched = [n for n, s in inputs.items() if [1, *s.shape] == seen or list(s.shape) == seen[1:]]
+        names = unbatched or list(inputs)
+        shape = list(inputs[names[0]].shape) if names[0] in inputs else seen
+        example = [shape[0] if shape else 1, wanted, *(["H", "W", "D"][:rank - 2])]
+        return (f"input {names[0]!r} has rank {len(shape)} (shape {shape}), but the model's first convolution takes "
+                f"rank {rank} ([batch, {wanted} channels, then {rank - 2} spatial dims])",
+                f"give {names[0]} a shape of rank {rank}, e.g. {example}".replace("'", ""))
+    norm = re.search(r"expected (\d+)D input \(got (\d+)D input\)", text)
+    if norm:
+        wanted, got = int(norm.group(1)), int(norm.group(2))
+        names = [n for n, s in inputs.items() if len(s.shape) == got] or list(inputs)
+        return (f"input {', '.join(repr(n) for n in names)} has rank {got}, but the model's first normalisation "
+                f"layer takes rank {wanted}", f"give {', '.join(names)} a shape of rank {wanted}")
     rank = re.search(r"Expected (\d+)D \(unbatched\) or (\d+)D \(batched\) input to (\w+), but got input of size: "
                      r"\[([\d, ]*)\]", text)
     if rank:

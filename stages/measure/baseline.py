@@ -1,12 +1,16 @@
-"""Pinned baselines: a recipe's measurements saved to a file that is committed, and gates that compare with it.
+"""Pinned baselines: a recipe's artifacts and measurements in a file that is committed, and what gates read of it.
 
-Comparing with the previous run only lets a slow drift under the threshold pass run after run; a pinned baseline
-does not move until someone saves a new one. ``trtflow baseline save RECIPE`` writes, per benchmark and validate
-node, the latency and throughput of each measured point (medians over the node's repeats), the accuracy figures,
-and the facts of the machine that measured them (GPU, CPU, driver, TensorRT / ONNX Runtime / PyTorch versions).
+Comparing with the previous run lets a slow drift under the threshold pass run after run; a pinned baseline does
+not move until someone pins a new one. ``trtflow baseline pin RECIPE`` writes, per benchmark and validate node,
+the latency and throughput of each measured point, the accuracy figures, the facts of the machine that measured
+them (GPU, CPU, driver, TensorRT / ONNX Runtime / PyTorch versions), and, for a benchmark node, its *artifact*:
+the digests of the model it measured with what it needs to run (external weights, engine.json, the code of a
+``python:`` model factory), kept in the store by a pin (`trtflow.storage.pins`), and the node's params.
 
-A comparison is refused, with the reason, when the hardware or the runtime differs: timings from another GPU or
-another TensorRT version say nothing about a regression (save a new baseline on the new machine instead).
+A benchmark gated on the file re-measures that artifact beside the candidate (paired A/B, `Stage.reference`):
+drift between runs cancels. Where the artifact cannot be laid out or run here, the stored figures are compared,
+and they are refused, with the reason, when the hardware or the runtime differs: timings from another GPU or
+another TensorRT version say nothing about a regression (pin a new baseline on the new machine instead).
 """
 
 from __future__ import annotations
@@ -17,9 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trtflow.stage import RecipeError
-
-from .compare import RUN_TO_RUN_PERCENT, refusal_record, regression_verdicts
+from trtflow.stage import Pin, RecipeError
 
 FORMAT = "trtflow-baseline/1"
 #: Facts that must match for timings to be comparable: the hardware that did the work and the runtime.
@@ -36,8 +38,11 @@ POINT_UNCERTAINTY = ("queries", "latency_ci_ms", "throughput_ci_qps", "open_inte
 
 
 # -- what a baseline holds ------------------------------------------------------------------------------------
-def benchmark_entry(summary: Mapping[str, Any], facts: Mapping[str, str]) -> dict[str, Any]:
-    return {
+def benchmark_entry(summary: Mapping[str, Any], facts: Mapping[str, str],
+                    artifact: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A benchmark node's entry: its points with their uncertainty, its machine's facts and its pinned artifact
+    (``artifact``: {identity, artifact: `Pin.describe`}, from `trtflow.api.pin_latest`)."""
+    entry = {
         "stage": "benchmark",
         "backend": summary.get("backend"),
         "device": summary.get("device"),
@@ -52,9 +57,15 @@ def benchmark_entry(summary: Mapping[str, Any], facts: Mapping[str, str]) -> dic
         ],
         "load": [dict(p) for p in summary.get("load", []) if isinstance(p, Mapping)],
     }
+    if artifact:
+        entry["artifact"] = dict(artifact["artifact"])
+        entry["identity"] = artifact["identity"]
+        entry["params"] = dict(artifact.get("params") or {})
+    return entry
 
 
-def validate_entry(summary: Mapping[str, Any], facts: Mapping[str, str]) -> dict[str, Any]:
+def validate_entry(summary: Mapping[str, Any], facts: Mapping[str, str],
+                   artifact: Mapping[str, Any] | None = None) -> dict[str, Any]:
     return {
         "stage": "validate",
         "facts": dict(facts),
@@ -67,13 +78,15 @@ def validate_entry(summary: Mapping[str, Any], facts: Mapping[str, str]) -> dict
 ENTRY_MAKERS = {"benchmark": benchmark_entry, "validate": validate_entry}
 
 
-def make_baseline(recipe: str, results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """A baseline document from `trtflow.api.latest_results` (per node: stage, summary, facts)."""
+def make_baseline(recipe: str, results: Mapping[str, Mapping[str, Any]],
+                  artifacts: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """A baseline document from `trtflow.api.latest_results` (per node: stage, summary, facts) and the pinned
+    artifacts of its benchmark nodes (`trtflow.api.pin_latest`)."""
     nodes = {}
     for name, result in sorted(results.items()):
         maker = ENTRY_MAKERS.get(str(result.get("stage")))
         if maker is not None and result.get("summary"):
-            nodes[name] = maker(result["summary"], result.get("facts") or {})
+            nodes[name] = maker(result["summary"], result.get("facts") or {}, (artifacts or {}).get(name))
     return {"format": FORMAT, "recipe": recipe, "saved": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "nodes": nodes}
 
@@ -83,14 +96,14 @@ def read_baseline(path: Path) -> dict[str, Any]:
         document = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise RecipeError(f"baseline file {path} does not exist", field="baseline",
-                          hint="save one with `trtflow baseline save RECIPE -o FILE` and commit it") from None
+                          hint="pin one with `trtflow baseline pin RECIPE -o FILE` and commit it") from None
     except (OSError, ValueError) as error:
         raise RecipeError(f"cannot read baseline file {path}: {error}", field="baseline") from error
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise RecipeError(f"{path} is not a trtflow baseline (format {document.get('format')!r} where "
                           f"{FORMAT!r} was expected)" if isinstance(document, dict) else
                           f"{path} is not a trtflow baseline", field="baseline",
-                          hint="save one with `trtflow baseline save RECIPE -o FILE`")
+                          hint="pin one with `trtflow baseline pin RECIPE -o FILE`")
     return document
 
 
@@ -131,23 +144,23 @@ def differences(recorded: Mapping[str, str], current: Mapping[str, str], keys: t
 def _refusal(what: str, path: Path, changed: list[str]) -> str:
     return (f"not compared with baseline {path}: the {what} was recorded on another setup ({'; '.join(changed)}); "
             "timings and numerics from other hardware or another runtime version say nothing about a regression. "
-            "Save a new baseline on this machine (`trtflow baseline save RECIPE`) and commit it")
+            "Pin a new baseline on this machine (`trtflow baseline pin RECIPE`) and commit it")
 
 
 # -- comparisons ----------------------------------------------------------------------------------------------
-def compare_timings(baseline: Mapping[str, Any], summary: Mapping[str, Any], facts: Mapping[str, str],
-                    max_regression_percent: float, path: Path, name: str | None = None,
-                    run_to_run_percent: float = RUN_TO_RUN_PERCENT) -> list[dict[str, str]]:
-    """Verdicts of a benchmark summary against its baseline entry, per measured point: median latency and
-    throughput compared with their uncertainty (`measure.compare.regression_verdicts`); one failing verdict when
-    the baseline was recorded on other hardware or another runtime. ``name``: the file as the recipe names it."""
-    gate = f"baseline {name or path}"
-    changed = differences(baseline.get("facts") or {}, facts,
-                          timing_facts(summary.get("backend"), summary.get("device")))
-    if changed:
-        return [refusal_record(gate, _refusal("benchmark", path, changed))]
-    return regression_verdicts(baseline.get("points", []), summary, max_regression_percent, "the baseline's", gate,
-                               missing=f"baseline {path} has no such point", run_to_run_percent=run_to_run_percent)
+def timing_refusal(entry: Mapping[str, Any], summary: Mapping[str, Any], facts: Mapping[str, str],
+                   path: Path) -> str | None:
+    """Why the stored figures of a benchmark entry cannot be compared with ``summary`` (another GPU, CPU or
+    runtime version), or None."""
+    changed = differences(entry.get("facts") or {}, facts, timing_facts(summary.get("backend"),
+                                                                       summary.get("device")))
+    return _refusal("benchmark", path, changed) if changed else None
+
+
+def artifact_identity(entry: Mapping[str, Any]) -> str | None:
+    """The identity of the artifact a benchmark entry pins (None: it pins none, or not readably)."""
+    pin = Pin.from_dict(entry.get("artifact"))
+    return pin.identity if pin is not None else None
 
 
 def compare_accuracy(baseline: Mapping[str, Any], summary: Mapping[str, Any], facts: Mapping[str, str],
@@ -188,20 +201,28 @@ def compare_accuracy(baseline: Mapping[str, Any], summary: Mapping[str, Any], fa
 
 
 # -- gates ----------------------------------------------------------------------------------------------------
-def _entry(baseline: str, node: str | None, stage: str, gate_ctx: Any) -> tuple[dict[str, Any], Path]:
-    path = gate_ctx.resolve(baseline) if gate_ctx.resolve is not None else Path(baseline)
-    node = node or gate_ctx.node or None
-    return baseline_node(read_baseline(path), stage, node, path), path
+def baseline_entry(baseline: str, node: str | None, stage: str, resolve: Any,
+                   own: str = "") -> tuple[dict[str, Any], Path]:
+    """The entry of a node in the baseline file ``baseline`` (a recipe path, ``resolve``d) and the file's path:
+    ``node`` names it, else the node's ``own`` name where the file has it, else the file's only ``stage`` node."""
+    path = resolve(baseline) if resolve is not None else Path(baseline)
+    document = read_baseline(path)
+    if node is None and own and own in (document.get("nodes") or {}):
+        node = own
+    return baseline_node(document, stage, node, path), path
 
 
-def timing_verdicts(baseline: str, node: str | None, summary: Mapping[str, Any], gate_ctx: Any,
-                    max_regression_percent: float,
-                    run_to_run_percent: float = RUN_TO_RUN_PERCENT) -> list[dict[str, str]]:
-    """The benchmark's baseline gate: ``baseline`` is the recipe path of the file, ``node`` the entry's name
-    (None: the node's own name where the engine says it, else the file's only benchmark node)."""
-    entry, path = _entry(baseline, node, "benchmark", gate_ctx)
-    return compare_timings(entry, summary, gate_ctx.facts, max_regression_percent, path, baseline,
-                           run_to_run_percent)
+def baseline_reference(baseline: str | None, node: str | None, resolve: Any, name: str) -> dict[str, Any] | None:
+    """What a benchmark node gated on ``baseline`` re-measures (`Stage.reference`): the artifact the file pins for
+    it, with its params and figures; None when the file pins no artifact (an older file: stored figures only)."""
+    if baseline is None:
+        return None
+    entry, path = baseline_entry(baseline, node, "benchmark", resolve, name)
+    pin = Pin.from_dict(entry.get("artifact"))
+    if pin is None:
+        return None
+    return dict(pin.describe(), record={"params": dict(entry.get("params") or {}), "points": entry.get("points", []),
+                                        "facts": dict(entry.get("facts") or {}), "baseline": str(path)})
 
 
 def accuracy_gate(baseline: str | None, node: str | None, summary: Mapping[str, Any], gate_ctx: Any,
@@ -210,5 +231,5 @@ def accuracy_gate(baseline: str | None, node: str | None, summary: Mapping[str, 
     `compare_accuracy`'s keyword arguments."""
     if baseline is None:
         return []
-    entry, path = _entry(baseline, node, "validate", gate_ctx)
+    entry, path = baseline_entry(baseline, node, "validate", gate_ctx.resolve, gate_ctx.node)
     return compare_accuracy(entry, summary, gate_ctx.facts, path, **tolerances)

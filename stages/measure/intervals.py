@@ -9,13 +9,19 @@ error:
   (p99 needs 368 for a two-sided 95% interval; with fewer its upper bound is open: the largest latency seen, and
   the percentile is listed in ``open``). For the mean (and throughput): a bootstrap interval of the mean of
   batch means (consecutive queries grouped, so that correlated neighbours do not pass for independent ones);
-- drift between windows (the host got busier, clocks changed): with three windows or more, a bootstrap interval
-  of the windows' own estimates (`scipy.stats.bootstrap`).
+- drift between windows (the host got busier, clocks changed) and correlated neighbours within a window (a slow
+  spell lasts several queries): with three windows or more, the windows are independent batches of the point, so
+  the spread of their own estimates says how far the pooled estimate can be off: a Student t interval around it,
+  t(w - 1) x the standard deviation of the w windows' estimates / sqrt(w) (batch means, as in simulation output
+  analysis; a percentile bootstrap over five values covers only ~85%).
 
-The reported interval is the hull of the two (and always contains the estimate). A point has *converged* when
-the interval of its median is within ``precision_percent`` of the estimate (and p99's within
-``tail_precision_percent`` where that is asked for); the throughput's interval is reported, not waited for (it
-follows the mean, which one stall can move).
+The reported interval is the hull of the two (and always contains the estimate). On latencies with AR(1)
+correlation 0.5 and 5% drift from window to window, 5 windows of 200 queries, the intervals of p50, p99 and
+throughput cover the true figure at least 92% of the time (tests/stages/test_intervals.py, seeded).
+
+A point has *converged* when the interval of its median is within ``precision_percent`` of the estimate (and
+p99's within ``tail_precision_percent`` where that is asked for); the throughput's interval is reported, not
+waited for (it follows the mean, which one stall can move).
 """
 
 from __future__ import annotations
@@ -95,9 +101,25 @@ def mean_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tu
     return found if found is not None else (mean, mean)
 
 
-def window_interval(estimates: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
-    """Interval from the spread of the windows' own estimates (bootstrap of their mean); None under 3 windows."""
-    return _bootstrap_mean(estimates, confidence)
+def window_interval(estimates: Sequence[float], center: float,
+                    confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """The interval of ``center`` (the pooled estimate) from the spread of the windows' own estimates: Student t
+    with w - 1 degrees of freedom over w windows; None under 3 windows. Times and rates are positive and vary by
+    factors (a slower spell of the host scales them), so when every estimate is positive the interval is taken on
+    their logarithms: never below zero, however few and scattered the windows."""
+    from scipy import stats
+
+    count = len(estimates)
+    if count < 3:
+        return None
+    positive = center > 0 and all(e > 0 for e in estimates)
+    values = [math.log(e) for e in estimates] if positive else list(estimates)
+    mean = sum(values) / count
+    deviation = math.sqrt(sum((v - mean) ** 2 for v in values) / (count - 1))
+    half = float(stats.t.ppf(0.5 + confidence / 2.0, count - 1)) * deviation / math.sqrt(count)
+    if positive:
+        return center * math.exp(-half), center * math.exp(half)
+    return center - half, center + half
 
 
 def _hull(value: float, *intervals: Sequence[float] | None) -> list[float]:
@@ -163,18 +185,19 @@ def uncertainty(windows: Sequence[Window], latency: Mapping[str, float], through
         spread = None
         if several:
             spread = window_interval([median(o) if key == "p50" else percentile(o, quantile * 100.0)
-                                      for o in ordered], confidence)
+                                      for o in ordered], latency[key], confidence)
         intervals[key] = _hull(latency[key], (low, high), spread)
         if key == "p50" and "median" in latency:  # trtexec's p50 (a sample) and the median (a midpoint) alike
             intervals[key] = _hull(latency["median"], intervals[key])
     in_order = [value for w in windows for value in w.latencies_ms]
     mean = latency.get("mean", float(pooled.mean()))
-    spread = window_interval([float(o.mean()) for o in ordered], confidence) if several else None
+    spread = window_interval([float(o.mean()) for o in ordered], mean, confidence) if several else None
     intervals["mean"] = _hull(mean, mean_interval(in_order, confidence), spread)
     # throughput moves inversely with the mean latency; scale the mean's relative interval onto it
     mean_low, mean_high = intervals["mean"]
     by_mean = (throughput * mean / mean_high, throughput * mean / mean_low) if mean_low > 0 else None
-    by_windows = window_interval([w.throughput(batch_size) for w in windows], confidence) if several else None
+    by_windows = window_interval([w.throughput(batch_size) for w in windows], throughput, confidence) \
+        if several else None
     throughput_ci = _hull(throughput, by_mean, by_windows)
     precision = {key: round(relative_half_width(latency[key], intervals[key]) * 100.0, 3)
                  for key in intervals if key in latency}

@@ -474,6 +474,51 @@ def next_rate_to_try(points: Sequence[Mapping[str, Any]], tolerance: float = 0.0
     return None if low_miss <= best * (1 + tolerance) else (best + low_miss) / 2
 
 
+#: A confirmation run lasts at least this many relaxation times of the queue at its rate (`relaxation_s`).
+SETTLE_RELAXATIONS = 30.0
+#: ... and at most this many times the shortest confirmation asked for.
+CONFIRM_CAP_FACTOR = 2.0
+#: The highest utilisation the relaxation time is computed for (at 1 it is infinite).
+MAX_UTILISATION = 0.98
+
+
+def relaxation_s(rate_qps: float, sample_service_s: float) -> float:
+    """How long a single-server queue at ``rate_qps`` arrivals per second, ``sample_service_s`` seconds of work each,
+    takes to forget a disturbance (Morse's relaxation time, s / (1 - sqrt(rho))^2, rho = rate x s): a burst or a
+    stall near saturation leaves a backlog that drains for this long, so a run shorter than many of them may end
+    before its queue has shown what its p99 is. Grows without bound as rho nears 1 (computed up to
+    `MAX_UTILISATION`)."""
+    if rate_qps <= 0 or sample_service_s <= 0:
+        return 0.0
+    rho = min(rate_qps * sample_service_s, MAX_UTILISATION)
+    return sample_service_s / (1.0 - rho ** 0.5) ** 2
+
+
+def sample_service_s(point: Mapping[str, Any], instances: int) -> float:
+    """The work of one sample, in seconds of one server, from a measured open-loop point: the median service time
+    of its batches over their mean size, shared by ``instances`` model instances (0 when not measured)."""
+    service = (point.get("service_ms") or {}).get("p50")
+    batch = point.get("mean_batch_size") or 1.0
+    if not isinstance(service, (int, float)) or service <= 0:
+        return 0.0
+    return service / 1000.0 / max(float(batch), 1.0) / max(instances, 1)
+
+
+def confirmation_seconds(rate_qps: float, point: Mapping[str, Any], instances: int, shortest_s: float,
+                         min_queries: int) -> float:
+    """How long to confirm ``rate_qps``: at least ``shortest_s``, at least ``min_queries`` arrivals (what the judged
+    percentile needs), and `SETTLE_RELAXATIONS` relaxation times of the queue at that rate (longer near saturation),
+    at most `CONFIRM_CAP_FACTOR` x ``shortest_s`` (unless the queries need more)."""
+    for_queries = min_queries / rate_qps if rate_qps > 0 else 0.0
+    settle = SETTLE_RELAXATIONS * relaxation_s(rate_qps, sample_service_s(point, instances))
+    return max(min(max(shortest_s, settle), CONFIRM_CAP_FACTOR * shortest_s), for_queries)
+
+
+def step_down(rate_qps: float, percent: float) -> float:
+    """The next rate to confirm after ``rate_qps`` failed its confirmation."""
+    return rate_qps * (1.0 - percent / 100.0)
+
+
 def merge_runs(runs: Sequence[LoadRun]) -> LoadRun:
     """One record of several replicas (one per GPU) run at the same time: their requests together, over the
     window they all covered."""

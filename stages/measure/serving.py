@@ -6,6 +6,13 @@ GPU (`measure.replicas`) when ``gpus`` > 1, drives each level (`measure.levels`)
 turns the request records into benchmark.json's ``load`` (closed loop), ``open_loop`` (MLPerf's Server scenario,
 driven by LoadGen where installed), ``scenarios`` (Offline, SingleStream, MultiStream through LoadGen),
 ``max_rate_meeting_budget`` and ``scaling`` sections.
+
+The serving capacity (``max_rate_meeting_budget``) is searched with short levels (``load_duration_s``: doubling,
+then bisecting) and then confirmed by one long run at the rate found (`confirm_capacity`): near saturation a short
+level can end before its queue shows the p99 a longer run sees, so the search alone answers more the shorter its
+levels are. The confirmation lasts long enough for the queue to settle (`load.confirmation_seconds`) and steps down
+while it misses the budget; the entry records the level length, the search's answer and bracket, and the
+confirmation.
 """
 
 from __future__ import annotations
@@ -25,10 +32,12 @@ from .load import (
     DynamicBatching,
     LoadRun,
     Server,
+    confirmation_seconds,
     highest_rate_meeting_budget,
     merge_runs,
     next_rate_to_try,
     steady_interpreter,
+    step_down,
     summarize_run,
 )
 from .loadgen import ScenarioSpec, early_stopping_queries, unavailable
@@ -184,13 +193,72 @@ def load_generator(params: Params) -> tuple[str, list[dict[str, str]]]:
                         "generator, whose p99 is not LoadGen's verdict"}] if params.arrival_rate_qps else []
 
 
-def server_level(params: Params, rate: float, generator: str) -> Level:
+def server_level(params: Params, rate: float, generator: str, duration_s: float | None = None) -> Level:
+    """A Server level at ``rate`` (``duration_s``: instead of load_duration_s, e.g. a confirmation's)."""
+    duration = params.load_duration_s if duration_s is None else duration_s
     if generator == "trtflow":
-        return Level("open", rate, 1, params.load_warmup_s, params.load_duration_s, params.seed)
+        return Level("open", rate, 1, params.load_warmup_s, duration, params.seed)
     queries = params.loadgen_min_queries or early_stopping_queries(0.99)
-    scenario = ScenarioSpec("Server", params.load_duration_s, target_qps=rate,
+    scenario = ScenarioSpec("Server", duration, target_qps=rate,
                             latency_budget_ms=params.latency_budget_ms, min_query_count=queries, seed=params.seed)
-    return Level("loadgen", rate, 1, params.load_warmup_s, params.load_duration_s, params.seed, scenario)
+    return Level("loadgen", rate, 1, params.load_warmup_s, duration, params.seed, scenario)
+
+
+def confirm_capacity(serve: Callable[[Level], LoadRun], params: Params, generator: str, found: Mapping[str, Any],
+                     streams: int, gpus: int,
+                     on_level: Callable[[Level], None] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Confirm the rate a search ``found`` with one long run (`load.confirmation_seconds`), stepping down by
+    ``confirm_step_percent`` while it misses the budget, at most ``confirm_steps`` times. Returns the open-loop
+    entries measured and the confirmation: ``rate_qps`` (None: no rate confirmed), ``duration_s``, ``queries``,
+    ``p99_ms`` of the run that passed, and every ``attempts``."""
+    budget = params.latency_budget_ms
+    min_queries = params.loadgen_min_queries or early_stopping_queries(0.99)
+    rate = float(found["arrival_rate_qps"])
+    entries: list[dict[str, Any]] = []
+    attempts: list[dict[str, Any]] = []
+    for _ in range(params.confirm_steps + 1):
+        duration = confirmation_seconds(rate, found, streams, params.confirm_duration_s, min_queries)
+        level = server_level(params, rate, generator, duration)
+        if on_level is not None:
+            on_level(level)
+        summary = summarize_run(serve(level), budget)
+        entry = dict(_open_entry(summary, rate, streams, gpus), generator=generator, searched=True, confirmation=True,
+                     duration_s=round(duration, 3))
+        entries.append(entry)
+        attempts.append({"rate_qps": rate, "duration_s": round(duration, 3), "queries": entry.get("queries"),
+                         "p99_ms": entry["latency_ms"]["p99"], "late_requests": entry.get("late_requests"),
+                         "meets_budget": bool(entry.get("meets_budget"))})
+        if entry.get("meets_budget"):
+            return entries, {"rate_qps": rate, "duration_s": round(duration, 3), "queries": entry.get("queries"),
+                             "p99_ms": entry["latency_ms"]["p99"], "attempts": attempts}
+        rate = step_down(rate, params.confirm_step_percent)
+    return entries, {"rate_qps": None, "attempts": attempts}
+
+
+def capacity_entry(params: Params, generator: str, streams: int, gpus: int, group: Sequence[Mapping[str, Any]],
+                   confirmation: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``max_rate_meeting_budget``'s entry: the confirmed rate (or, without a confirmation, the search's), the level
+    length it was searched with, the search's bracket and the confirmation."""
+    searched = [p for p in group if not p.get("confirmation")]
+    top = highest_rate_meeting_budget(searched)
+    entry: dict[str, Any] = {"streams": streams, "gpus": gpus, "latency_budget_ms": params.latency_budget_ms,
+                             "generator": generator, "level_s": params.load_duration_s,
+                             "search_rate_qps": top["arrival_rate_qps"] if top else None}
+    misses = [p["arrival_rate_qps"] for p in searched if not p.get("meets_budget")
+              and (top is None or p["arrival_rate_qps"] > top["arrival_rate_qps"])]
+    entry["bracket_qps"] = [top["arrival_rate_qps"] if top else None, min(misses) if misses else None]
+    if confirmation is None:
+        point = top
+        entry["confirmed"] = False
+    else:
+        rate = confirmation.get("rate_qps")
+        point = next((p for p in group if p.get("confirmation") and p["arrival_rate_qps"] == rate), None)
+        entry["confirmed"] = rate is not None
+        entry["confirmation"] = dict(confirmation)
+    entry.update(arrival_rate_qps=point["arrival_rate_qps"] if point else None,
+                 throughput_qps=point["throughput_qps"] if point else None,
+                 p99_ms=point["latency_ms"]["p99"] if point else None)
+    return entry
 
 
 def scenario_levels(params: Params, offline_request: int) -> list[Level]:
@@ -298,13 +366,24 @@ def measure_load(ctx: StageContext, params: Params, backend: str, device: str, m
                     if rate is not None:
                         searched += 1
                         queue.append(server_level(params, rate, generator))
+            confirmation = None
+            found = highest_rate_meeting_budget(group)
+            if searched and found is not None and params.confirm_duration_s > 0:
+                def announce(level: Level, streams: int = streams, gpus: int = gpus,
+                             share: float = 0.5 + 0.5 * done / max(total, done + 1)) -> None:
+                    ctx.progress(share, f"load: confirming {level.describe} for {level.duration_s:.3g} s, "
+                                 f"{streams} stream(s), {gpus} GPU(s)")
+
+                confirmed, confirmation = confirm_capacity(serve, params, generator, found, streams, gpus, announce)
+                group += confirmed
+                open_loop += confirmed
+                for entry in confirmed:
+                    ctx.log.info("Server %g/s (%s), confirmation of %.3g s: %.1f samples/s, p99 %.4g ms, %s",
+                                 entry["arrival_rate_qps"], generator, entry["duration_s"], entry["throughput_qps"],
+                                 entry["latency_ms"]["p99"], "meets the budget" if entry.get("meets_budget")
+                                 else "misses the budget")
             if params.latency_budget_ms is not None and group:
-                top = highest_rate_meeting_budget(group)
-                best.append({"streams": streams, "gpus": gpus, "latency_budget_ms": params.latency_budget_ms,
-                             "generator": generator,
-                             "arrival_rate_qps": top["arrival_rate_qps"] if top else None,
-                             "throughput_qps": top["throughput_qps"] if top else None,
-                             "p99_ms": top["latency_ms"]["p99"] if top else None})
+                best.append(capacity_entry(params, generator, streams, gpus, group, confirmation))
 
     result: dict[str, Any] = {
         "load_settings": {

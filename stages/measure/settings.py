@@ -92,6 +92,15 @@ class LoadFields(StageParams):
         "searching for the highest rate whose p99 meets the budget (doubling the best listed rate until one "
         "misses, then bisecting).",
     )
+    confirm_duration_s: float = Field(
+        10.0, ge=0, description="After a rate search (rate_search_probes), confirm the rate it found with one run "
+        "at least this long (and long enough for the queue to settle: 30 of its relaxation times at that rate, up "
+        "to 2x this; at least the queries the p99 needs); when the rate misses the budget there, step down by "
+        "confirm_step_percent and confirm again. The serving capacity is the confirmed rate, so it does not "
+        "depend on load_duration_s. 0: no confirmation (the figure is the search's, at load_duration_s).")
+    confirm_steps: int = Field(4, ge=0, le=20, description="Step-downs after a failed confirmation before the "
+                               "capacity is reported unconfirmed (none).")
+    confirm_step_percent: float = Field(5.0, gt=0, lt=50, description="How far each step-down lowers the rate.")
     load_duration_s: float = Field(3.0, gt=0, description="Measured time per load level.")
     load_warmup_s: float = Field(0.5, ge=0, description="Unmeasured time at the start of each load level.")
     gpus: Literal["all"] | int = Field(
@@ -130,8 +139,9 @@ class GateFields(StageParams):
     """Gates, judged by the engine on the summary (changing them re-judges cached measurements)."""
 
     max_latency_ms_p50: float | None = Field(
-        None, gt=0, description="Gate: median latency at most this. Every threshold is judged on the figure's 95% "
-        "interval: fail when all of it is beyond the limit, inconclusive (not a failure) when it straddles it.")
+        None, gt=0, description="Gate: median latency at most this. Every limit is judged on the figure's 95% "
+        "interval at every measured point: fail when all of it is beyond the limit, pass when all of it is within, "
+        "inconclusive when it straddles the limit (see on_inconclusive).")
     max_latency_ms_p90: float | None = Field(None, gt=0, description="Gate: p90 latency at most this.")
     max_latency_ms_p95: float | None = Field(None, gt=0, description="Gate: p95 latency at most this.")
     max_latency_ms_p99: float | None = Field(None, gt=0, description="Gate: p99 latency at most this.")
@@ -140,21 +150,34 @@ class GateFields(StageParams):
                                              "this.")
     max_regression_percent: float | None = Field(
         None, gt=0,
-        description="Gate: compare each point's median latency and throughput with the pinned baseline (with "
-        "baseline; default 10) or else the last successful run of this node (compared only when that ran on "
-        "the same GPU/CPU), weighing both sides' 95% intervals: fail when the change is beyond this many percent "
-        "with confidence, pass when within it with confidence, inconclusive (not a failure) in between.")
+        description="Gate: compare with the pinned baseline (with baseline; default 10) or else the node's last "
+        "accepted result: the reference artifact is re-measured beside the candidate in randomised, interleaved "
+        "A/B windows at the gate point (gate_batch_size, gate_figure), adding pairs until it can decide (or its "
+        "cap, twice the point's max_duration_s): fail when the change is beyond this many percent with "
+        "confidence, pass when within it with confidence, inconclusive only at the cap (see on_inconclusive). "
+        "Where the reference cannot run here, stored figures are compared instead, and the verdict says so.")
+    gate_batch_size: int | None = Field(
+        None, ge=1, description="The point whose regression verdict decides the node (one stream): default the "
+        "largest measured batch size. The other points' changes are reported, not judged.")
+    gate_figure: Literal["p50", "p99", "mean", "throughput"] = Field(
+        "p50", description="The figure the regression verdict judges at the gate point: p50 (median latency, "
+        "the default), p99, mean latency, or throughput.")
+    on_inconclusive: Literal["fail", "warn"] = Field(
+        "fail", description="What a gate that could not decide at its cap does: 'fail' (the default, also in CI: "
+        "the node fails, the run exits with code 5 when nothing else failed, and JUnit shows a failure of type "
+        "inconclusive) or 'warn' (reported on the console, in reports and JUnit, and fails nothing; such a "
+        "result never becomes the reference of later runs).")
     run_to_run_percent: float = Field(
         RUN_TO_RUN_PERCENT, ge=0, le=100,
-        description="How much faster or slower the host itself may run from one run to the next, which neither "
-        "run's intervals see (other virtual machines, busy sibling hyperthreads, GPU clocks): a regression fails "
-        "only when it is beyond max_regression_percent and this too; within it the gate is inconclusive. Measure "
-        "your CI's with bench/reproducibility.py; 0 on a dedicated, quiet machine.")
+        description="For comparisons with stored figures only (paired A/B cancels it): how much faster or slower "
+        "the host itself may run from one run to the next, which neither run's intervals see; a regression fails "
+        "only beyond max_regression_percent and this too. Measure your CI's with bench/reproducibility.py.")
     baseline: str | None = Field(
-        None, description="A pinned baseline file (`trtflow baseline save`), relative to the recipe: points are "
-        "compared with it; a baseline from another GPU or TensorRT version is refused, saying so.",
+        None, description="A pinned baseline file (`trtflow baseline pin`), relative to the recipe: its pinned "
+        "artifact is re-measured beside the candidate (paired A/B); where it cannot run here, its stored figures "
+        "are compared (figures from another GPU or runtime are refused, saying so).",
     )
     baseline_node: str | None = Field(
-        None, description="The node's name in the baseline file (default: the file's only benchmark node).",
+        None, description="The node's name in the baseline file (default: the node's own name, else the file's only "
+        "benchmark node).",
     )
-

@@ -15,10 +15,11 @@ CUDA events around each call (PyTorch on a GPU); engines go through the cuda-pyt
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .ab import Pairing
 from .interference import thread_wait_ns
 from .intervals import Precision, Uncertainty, Window, uncertainty
 from .stats import report_host_latencies, summarize
@@ -49,18 +50,28 @@ def measure_windows(time_window: TimeWindow, plan: WindowPlan,
 
 
 def measure_interleaved(time_windows: Sequence[TimeWindow], plan: WindowPlan,
-                        assessments: Sequence[Callable[[list[Window]], list[str]]]
-                        ) -> list[tuple[list[Window], list[str]]]:
+                        assessments: Sequence[Callable[[list[Window]], list[str]]],
+                        pairings: Mapping[int, Pairing] | None = None) -> list[tuple[list[Window], list[str]]]:
     """Several points timed in turns, one window each per round, each until it is done as `measure_windows`
     says. Taking turns spreads every point's windows over the whole measurement, so a spell of a slower host
     (another program, a busy neighbour core) lands in every point's windows and widens their intervals, instead
-    of shifting one point as a whole while its intervals stay tight."""
+    of shifting one point as a whole while its intervals stay tight.
+
+    ``pairings``: points (by index) timed in pairs with a reference (`measure.ab.Pairing`): each round times a
+    pair instead of a window, and the point is done when its pairing is (decided, or at its cap)."""
     windows: list[list[Window]] = [[] for _ in time_windows]
     spent_s = [0.0 for _ in time_windows]
     unmet: list[list[str] | None] = [None for _ in time_windows]  # None: still timing
+    pairings = pairings or {}
     while any(found is None for found in unmet):
         for index, time_window in enumerate(time_windows):
             if unmet[index] is not None:
+                continue
+            pairing = pairings.get(index)
+            if pairing is not None:
+                windows[index].append(pairing.step(time_window, plan.window_s, len(windows[index])))
+                if pairing.done:
+                    unmet[index] = assessments[index](windows[index])
                 continue
             window = time_window(plan.window_s, len(windows[index]))
             windows[index].append(window)

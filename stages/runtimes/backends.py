@@ -52,7 +52,19 @@ def report() -> list[dict[str, Any]]:
     rows.append({"backend": "torch", "build": False, "run": torch_ok,
                  "why": _torch_devices(env.get("torch"), torch_cuda_build(), bool(found)) if torch_ok
                  else "torch not installed"})
+    rows.append(_confinement_row())
     return rows
+
+
+def _confinement_row() -> dict[str, Any]:
+    """Whether model files that run their own code (TorchScript, .pt2, SavedModel, Keras) can be exported here."""
+    from ..formats.confinement import probe
+
+    capability = probe()
+    why = (f"{capability.describe()}: TorchScript, .pt2, SavedModel and Keras files are exported in a confined child"
+           if capability.available else f"{capability.describe()}: TorchScript, .pt2, SavedModel and Keras files "
+           "are refused unless the export node says trust_code: true")
+    return {"backend": "model confinement", "build": capability.available, "run": capability.available, "why": why}
 
 
 def torch_cuda_build() -> str | None:

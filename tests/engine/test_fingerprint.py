@@ -1,9 +1,12 @@
-"""File hashing with the (size, mtime, inode) shortcut."""
+"""File hashing with the stat-signature (size, mtime, ctime, inode) shortcut."""
 
 from __future__ import annotations
 
 import os
 
+import pytest
+
+from tests.settle import short_racy_window, wait_settled
 from trtflow.fingerprint import diff_values, hash_file, hash_file_content, hash_path
 from trtflow.storage.journal import Journal
 
@@ -22,13 +25,15 @@ class CountingCache:
         self.inner.put(*args)
 
 
-def test_unchanged_file_is_not_reread_and_changed_file_is(tmp_path):
+def test_unchanged_file_is_not_reread_and_changed_file_is(tmp_path, monkeypatch):
+    short_racy_window(monkeypatch)
     journal = Journal(tmp_path / "db.sqlite")
     cache = CountingCache(journal)
     big = tmp_path / "weights.bin"
     big.write_bytes(os.urandom(3 << 20))
     old = 1_600_000_000_000_000_000
     os.utime(big, ns=(old, old))
+    wait_settled(big)
     first = hash_file(big, cache)
     assert first == hash_file_content(big) and cache.hits == 0
     assert hash_file(big, cache) == first and cache.hits == 1
@@ -36,6 +41,30 @@ def test_unchanged_file_is_not_reread_and_changed_file_is(tmp_path):
         f.write(b"changed")
     os.utime(big, ns=(old + 1, old + 1))
     assert hash_file(big, cache) != first
+
+
+@pytest.mark.parametrize("how", ["in place (rsync --inplace -t)", "copied over (cp + touch -r)"])
+def test_a_rewrite_with_size_and_mtime_restored_is_read_again(tmp_path, monkeypatch, how):
+    """ctime cannot be set back: the signature changes although size, mtime and inode are what they were."""
+    short_racy_window(monkeypatch)
+    cache = CountingCache(Journal(tmp_path / "db.sqlite"))
+    data = tmp_path / "calib.bin"
+    data.write_bytes(b"a" * 4096)
+    wait_settled(data)
+    first = hash_file(data, cache)
+    assert hash_file(data, cache) == first and cache.hits == 1
+    stamp = data.stat()
+    if how.startswith("in place"):
+        with open(data, "r+b") as f:
+            f.write(b"b" * 4096)
+    else:
+        other = tmp_path / "other.bin"
+        other.write_bytes(b"b" * 4096)
+        data.write_bytes(other.read_bytes())  # cp writes into the existing file: the inode stays
+    os.utime(data, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    after = data.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (stamp.st_size, stamp.st_mtime_ns, stamp.st_ino)
+    assert hash_file(data, cache) == hash_file_content(data) != first
 
 
 def test_recently_modified_file_is_always_rehashed(tmp_path):

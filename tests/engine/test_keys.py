@@ -80,11 +80,13 @@ def test_editing_a_module_the_factory_imports_makes_the_node_stale(tmp_path):
     store = Store(tmp_path / "store")
     summary = _run(recipe, store)
     assert summary.ok and (store.refs.current("r.yaml")["code"])
-    files = _plan(recipe, store)["code"].parts.files
-    assert set(files) == {"models/factory.py", "models/helpers/__init__.py", "models/helpers/text.py"}
+    parts = _plan(recipe, store)["code"].parts
+    assert set(parts.files) == {"models/factory.py"}
+    # the modules its code was seen importing while it ran
+    assert set(parts.deps) == {"models/factory.py", "models/helpers/__init__.py", "models/helpers/text.py"}
     (models / "helpers" / "text.py").write_text("def greeting():\n    return 'bonjour'\n")
     step = _plan(recipe, store)["code"]
-    assert step.status == "stale" and step.reason == "file models/helpers/text.py changed"
+    assert step.status == "stale" and step.reason == "module models/helpers/text.py changed"
 
 
 def test_the_stage_code_and_the_helpers_it_imports_are_part_of_the_key(tmp_path, monkeypatch):

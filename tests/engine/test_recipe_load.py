@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -233,6 +234,104 @@ def test_set_values_go_through_the_same_parser_and_limits(tmp_path):
         load_recipe(path, ["nodes.a.params.value=" + "[" * 70 + "]" * 70])
     with pytest.raises(RecipeError, match=r"a key path of 65 parts"):
         load_recipe(path, ["x." * 64 + "y=1"])
+
+
+# ------------------------------------------------------------------------------------- limits the parser enforces
+PARSERS = ["libyaml", "python"]
+
+
+@pytest.fixture(params=PARSERS)
+def parser(request, monkeypatch):
+    """Each test runs with libyaml (PyYAML's CSafeLoader) and with PyYAML's pure-Python parser."""
+    import yaml
+
+    from trtflow.recipe import yaml_data
+
+    if request.param == "libyaml" and not hasattr(yaml, "CSafeLoader"):
+        pytest.skip("PyYAML was built without libyaml here")
+    monkeypatch.setattr(yaml_data, "_LOADER", yaml.CSafeLoader if request.param == "libyaml" else yaml.SafeLoader)
+    return request.param
+
+
+@pytest.mark.parametrize(("line", "column"), [
+    ("{k}: 1", 1),
+    ("  - {k}: 1", 5),
+    ("a: {{x: 1, {k}: 2}}", 11),
+    ("a: [{k}: 2]", 5),
+    ("'{k}': 1", 1),
+    ('a: {{"{k}": 2}}', 5),
+])
+def test_a_key_over_1024_characters_is_refused_at_its_start_by_every_parser(parser, line, column):
+    """YAML allows 1024 characters for a key written without '?': a key of 1024 is read, one more is refused with
+    our message wherever it is written (the parsers report a syntax error at the ':', each in its words)."""
+    quotes = 2 if "'{k}'" in line or '"{k}"' in line else 0
+    data, _ = parse_yaml(line.format(k="k" * (1024 - quotes)), "f.yaml")
+    assert "k" * (1024 - quotes) in str(data)
+    with pytest.raises(RecipeError) as info:
+        parse_yaml(line.format(k="k" * (1025 - quotes)), "f.yaml")
+    assert info.value.message == f"f.yaml:1:{column}: a mapping key of 1025 characters (at most 1024)"
+    with pytest.raises(RecipeError, match=r"^f.yaml:1:3: a mapping key of 1025 characters"):
+        parse_yaml("? " + "k" * 1025 + "\n: 1\n", "f.yaml")  # explicit: the parser allows it, we do not
+
+
+def test_a_line_longer_than_a_key_may_be_is_not_a_long_key(parser):
+    data, _ = parse_yaml("a: " + "v" * 3000 + "\nb: [" + ", ".join(["x"] * 1000) + "]\n", "f.yaml")
+    assert len(data["a"]) == 3000 and len(data["b"]) == 1000
+    with pytest.raises(RecipeError, match=r"^f.yaml:3:1: YAML syntax error: "):
+        parse_yaml("a: 1\nb\nc: 2\n", "f.yaml")  # a key without its ':' is a syntax error, not a long key
+
+
+@pytest.mark.parametrize("text", ["[" * 5000, "[" * 5000 + "]" * 5000, "- " * 3000 + "x", '{"a": ' * 3000 + "1",
+                                  "[\n" * 100])
+def test_nesting_is_refused_with_our_message_and_line_whichever_parser_notices(parser, text):
+    """libyaml (0.2.6+) refuses the 1001st level of a line before the composer sees the 65th: same message, same
+    line (the parser reads ahead within a line only), the column where it noticed."""
+    with pytest.raises(RecipeError) as info:
+        parse_yaml("name: x\nnodes:\n  " + text + "\n", "f.yaml")
+    line = 3 if "\n" not in text else 3 + 63  # the top mapping is the first level
+    assert re.fullmatch(rf"f.yaml:{line}:\d+: values nested more than 64 levels deep", info.value.message)
+
+
+class _Reworded:
+    """A parser with its own nesting limit and its own words for it, as a later libyaml may have."""
+
+    def __init__(self, limit: int) -> None:
+        import yaml
+
+        class Loader(yaml.SafeLoader):
+            depth = 0
+
+            def get_event(self):
+                event = super().get_event()
+                if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                    self.depth += 1
+                    if self.depth > limit:
+                        raise yaml.parser.ParserError("while nesting", event.start_mark, "too many levels for me",
+                                                      event.start_mark)
+                elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                    self.depth -= 1
+                return event
+
+        self.loader = Loader
+
+
+def test_a_parser_limit_in_other_words_and_below_ours_is_still_our_error(monkeypatch):
+    """The parser's wording is learned from the parser (provoked once), never written here; a limit below ours
+    is reported as the parser's number, so the message stays true."""
+    from trtflow.recipe import yaml_data
+
+    monkeypatch.setattr(yaml_data, "_LOADER", _Reworded(40).loader)
+    assert parse_yaml("a: " + "[" * 39 + "]" * 39, "f.yaml")[0]["a"]  # 40 levels with the top mapping
+    with pytest.raises(RecipeError, match=r"^f.yaml:2:43: values nested more than 40 levels deep"):
+        parse_yaml("a: 1\nb: " + "[" * 41 + "]" * 41, "f.yaml")
+    with pytest.raises(RecipeError, match=r"^f.yaml:1:4: YAML syntax error: did not find|^f.yaml:2:1: YAML syntax"):
+        parse_yaml("a: [1, 2\n", "f.yaml")  # its other errors stay syntax errors
+
+
+def test_a_control_character_is_located_by_characters_whichever_parser(parser):
+    with pytest.raises(RecipeError, match=r"^f.yaml:2:8: YAML error: character #x0007 is not allowed in YAML text "
+                                          r"\(a control character\)$"):
+        parse_yaml("a: café\nb: été \x07\n", "f.yaml")
 
 
 # ------------------------------------------------------------------------------------- project root and paths

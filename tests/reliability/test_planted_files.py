@@ -115,8 +115,9 @@ def test_a_linked_output_folder_is_neither_written_nor_emptied(tmp_path: Path, t
     (tmp_path / "chain.yaml").write_text(CHAIN)
     if through == "node folder":
         (build / "a").symlink_to(elsewhere, target_is_directory=True)
-        record = {"size": 8, "mtime_ns": (elsewhere / "data.bin").stat().st_mtime_ns,
-                  "ino": (elsewhere / "data.bin").stat().st_ino, "digest": "0" * 32}
+        st = (elsewhere / "data.bin").stat()
+        record = {"size": 8, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino,
+                  "digest": "0" * 32}
         (elsewhere / INDEX).write_text(json.dumps({"key": "f" * 32, "files": {"data.bin": record,
                                                                                "model.onnx": record}}))
     else:

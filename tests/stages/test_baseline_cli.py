@@ -1,5 +1,6 @@
-"""`trtflow baseline save` on a real run, and the benchmark gate against the pinned file through the real runner:
-gate params are left out of the node key, so pointing a node at a baseline re-judges its cached measurements."""
+"""`trtflow baseline pin` on a real run, and benchmark gates through the real runner: the pinned artifact re-measured
+beside the candidate (paired A/B), the accepted reference of previous-run gating, stored figures as the labelled
+fallback, and a gate that cannot decide failing with its own exit code (or warning, on request)."""
 
 from __future__ import annotations
 
@@ -12,96 +13,142 @@ from tests.conftest import trtflow_cli
 
 REPO = Path(__file__).resolve().parents[2]
 
+MODELS = """import torch
+from torch import nn
+
+
+def build():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4)).eval()
+
+
+def bigger():  # 16 layers of 256: many times the work
+    torch.manual_seed(0)
+    layers = [nn.Linear(64, 256), nn.ReLU()]
+    for _ in range(16):
+        layers += [nn.Linear(256, 256), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(256, 4)).eval()
+"""
+
 RECIPE = """name: pinned
 nodes:
   - name: export
     stage: export
-    params: {model: 'python:m.py:build', inputs: {input: {shape: [2, 16], dynamic_axes: {0: batch}}}}
+    params: {model: 'python:m.py:%s', inputs: {input: {shape: [8, 64], dynamic_axes: {0: batch}}}}
   - name: bench
     stage: benchmark
     inputs: {model: export}
-    params: {backend: onnxruntime, shapes: {input: [2, 16]}, min_duration_s: 0.1, warmup_ms: 10, repeats: 3%s}
+    params: {backend: onnxruntime, onnxruntime: {intra_op_threads: 1}, shapes: {input: [8, 64]},
+             min_duration_s: 0.4, warmup_ms: 10, repeats: 4%s}
 """
 
-
 trtflow = trtflow_cli
+EXIT_INCONCLUSIVE = 5
 
 
-def _bench_reason(recipe: Path, cwd: Path) -> str:
-    steps = json.loads(trtflow("plan", "--json", str(recipe), cwd=cwd).stdout)
-    return next(step["reason"] for step in steps if step["node"] == "bench")
+def _recipe(tmp_path: Path, factory: str = "build", extra: str = "") -> Path:
+    (tmp_path / "m.py").write_text(MODELS)
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'pinned'\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(RECIPE % (factory, extra))
+    return recipe
+
+
+def _verdicts(recipe: Path, cwd: Path) -> list[dict]:
+    report = json.loads(trtflow("report", str(recipe), "-f", "json", cwd=cwd).stdout)
+    return next(n for n in report["nodes"] if n["node"] == "bench")["summary"].get("verdicts", [])
 
 
 @pytest.mark.slow
-def test_save_a_baseline_and_gate_on_it(tmp_path):
-    (tmp_path / "m.py").write_text((REPO / "examples" / "models" / "tiny_mlp.py").read_text())
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(RECIPE % "")
-    assert "no benchmark or validate results" in trtflow("baseline", "save", str(recipe), cwd=tmp_path,
+def test_pin_a_baseline_and_gate_on_its_artifact(tmp_path):
+    recipe = _recipe(tmp_path)
+    assert "no benchmark or validate results" in trtflow("baseline", "pin", str(recipe), cwd=tmp_path,
                                                          check=1).stderr
     trtflow("run", str(recipe), cwd=tmp_path)
-
-    saved = trtflow("baseline", "save", str(recipe), cwd=tmp_path)
+    pinned = trtflow("baseline", "pin", str(recipe), cwd=tmp_path)
     path = tmp_path / "baselines" / "pinned.json"
-    assert "wrote" in saved.stdout and "baseline: baselines/pinned.json" in saved.stdout
+    assert "wrote" in pinned.stdout and "baseline: baselines/pinned.json" in pinned.stdout
+    assert "artifact" in pinned.stdout and "model.onnx" in pinned.stdout
     document = json.loads(path.read_text())
     entry = document["nodes"]["bench"]
-    assert document["format"] == "trtflow-baseline/1" and list(document["nodes"]) == ["bench"]
-    assert entry["backend"] == "onnxruntime" and entry["repeats"] == 3
-    assert entry["facts"]["cpu"] and entry["facts"]["onnxruntime"]
-    (point,) = entry["points"]
-    assert point["batch_size"] == 2 and point["latency_ms"]["p50"] > 0 and point["throughput_qps"] > 0
-    assert "batch 2, 1 stream(s): p50" in trtflow("baseline", "show", str(path), cwd=tmp_path).stdout
+    assert document["format"] == "trtflow-baseline/1" and entry["artifact"]["inputs"]["model"]["file"] == "model.onnx"
+    assert entry["facts"]["cpu"] and entry["params"]["backend"] == "onnxruntime"
+    assert "artifact" in trtflow("baseline", "show", str(path), cwd=tmp_path).stdout
+    assert list((tmp_path / "store" / "pins" / "pinned").glob("*.json"))  # kept by gc while pinned
+    gc = trtflow("gc", cwd=tmp_path)
+    assert gc.returncode == 0
 
-    # pointing the node at the baseline changes no measurement: the node stays fresh, its gate is re-judged
-    recipe.write_text(RECIPE % ",\n             baseline: baselines/pinned.json, max_regression_percent: 1000")
+    # gated on it: the pinned artifact enters the key (the pair is measured again) and is timed beside the candidate
+    recipe.write_text(RECIPE % ("build", ",\n             baseline: baselines/pinned.json"))
     plan = json.loads(trtflow("plan", "--json", str(recipe), cwd=tmp_path).stdout)
-    assert [s["status"] for s in plan] == ["fresh", "fresh"]
+    bench = next(step for step in plan if step["node"] == "bench")
+    assert bench["status"] == "stale" and "the pinned reference artifact changed" in bench["reason"]
     trtflow("run", str(recipe), cwd=tmp_path)
+    primary = [v for v in _verdicts(recipe, tmp_path) if v["primary"]]
+    assert [(v["basis"], v["outcome"]) for v in primary] == [("paired A/B", "pass")]
+    assert primary[0]["pairs"] >= 8 and "fails a change of" in primary[0]["power"]
 
-    # a baseline that was 100x faster (its interval too): the cached measurements now fail the gate, naming it
-    assert point["queries"] >= 3 and point["latency_ci_ms"]["p50"][0] <= point["latency_ms"]["p50"]
-    entry["points"][0]["latency_ms"]["p50"] /= 100
-    entry["points"][0]["latency_ci_ms"]["p50"] = [v / 100 for v in point["latency_ci_ms"]["p50"]]
-    path.write_text(json.dumps(document))
-    trtflow("run", str(recipe), cwd=tmp_path, check=1)
-    reason = _bench_reason(recipe, tmp_path)
-    assert "gate failed" in reason and "above the baseline's" in reason and "max_regression_percent 1000" in reason
+    # a model doing many times the work, gated on the same baseline: fails, naming the pairs
+    recipe.write_text(RECIPE % ("bigger", ",\n             baseline: baselines/pinned.json"))
+    failed = trtflow("run", str(recipe), cwd=tmp_path, check=1)
+    assert "quality gate failed" in failed.stdout and "paired A/B" in failed.stdout
 
-    # a baseline from another CPU is refused, saying why
-    entry["points"][0]["latency_ms"]["p50"] *= 100
-    entry["points"][0]["latency_ci_ms"]["p50"] = [v * 100 for v in point["latency_ci_ms"]["p50"]]
+    # without its artifact (a baseline saved by an older trtflow), the stored figures decide, labelled; from
+    # another CPU they are refused, saying why
+    del entry["artifact"]
     entry["facts"]["cpu"] = "x86_64 Some Other CPU x64"
     path.write_text(json.dumps(document))
-    trtflow("run", str(recipe), cwd=tmp_path, check=1)
-    reason = _bench_reason(recipe, tmp_path)
-    assert "not compared with baseline" in reason and "Some Other CPU" in reason
+    refused = trtflow("run", str(recipe), cwd=tmp_path, check=1)
+    assert "not compared with baseline" in refused.stdout and "Some Other CPU" in refused.stdout
 
 
 @pytest.mark.slow
-def test_a_gate_too_noisy_to_judge_is_inconclusive_not_a_failure(tmp_path):
-    """End to end: a pinned baseline whose median is known only loosely (a wide interval) cannot show the new run
-    is within 10% of it, nor that it is beyond: the run succeeds (exit 0), and console, JUnit and Markdown say the
-    gate was inconclusive."""
-    (tmp_path / "m.py").write_text((REPO / "examples" / "models" / "tiny_mlp.py").read_text())
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(RECIPE % "")
+def test_previous_run_gating_compares_with_the_last_accepted_result(tmp_path):
+    recipe = _recipe(tmp_path, extra=",\n             max_regression_percent: 10")
     trtflow("run", str(recipe), cwd=tmp_path)
-    trtflow("baseline", "save", str(recipe), cwd=tmp_path)
+    assert _verdicts(recipe, tmp_path) == []  # nothing accepted yet: this result becomes the reference
+    accepted = list((tmp_path / "store" / "pins" / "accepted").rglob("*.json"))
+    assert len(accepted) == 1
+    first = json.loads(accepted[0].read_text())["record"]["key"]
+
+    recipe.write_text(RECIPE % ("bigger", ",\n             max_regression_percent: 10"))
+    failed = trtflow("run", str(recipe), cwd=tmp_path, check=1)
+    assert "against the last accepted result's, beyond max_regression_percent 10" in failed.stdout
+    # a failed result never becomes the reference: the next night still compares with the accepted one
+    assert json.loads(accepted[0].read_text())["record"]["key"] == first
+
+
+@pytest.mark.slow
+def test_a_gate_that_cannot_decide_fails_with_its_own_exit_code_or_warns(tmp_path):
+    """A pinned baseline without its artifact whose median is known only loosely (a wide interval): stored figures
+    cannot tell the new run is within 10%, nor beyond. By default that fails the run with exit code 5 (JUnit: a
+    failure of type inconclusive); with on_inconclusive: warn, the run succeeds and console and JUnit say so."""
+    recipe = _recipe(tmp_path)
+    trtflow("run", str(recipe), cwd=tmp_path)
+    trtflow("baseline", "pin", str(recipe), cwd=tmp_path)
     path = tmp_path / "baselines" / "pinned.json"
     document = json.loads(path.read_text())
-    (point,) = document["nodes"]["bench"]["points"]
+    entry = document["nodes"]["bench"]
+    del entry["artifact"]
+    (point,) = entry["points"]
     median = point["latency_ms"]["p50"]
     point["latency_ci_ms"]["p50"] = [median / 20, median * 20]  # a baseline measured on a very noisy day
     point["throughput_ci_qps"] = [point["throughput_qps"] / 20, point["throughput_qps"] * 20]
     path.write_text(json.dumps(document))
 
-    recipe.write_text(RECIPE % ",\n             baseline: baselines/pinned.json")
-    env_store = ("--store", str(tmp_path / "fresh"))  # measured again, against the baseline
-    ran = trtflow("run", str(recipe), *env_store, cwd=tmp_path)
-    assert "gate inconclusive" in ran.stdout and "too noisy to tell" in ran.stdout
-    junit = trtflow("report", str(recipe), *env_store, "-f", "junit", cwd=tmp_path).stdout
+    recipe.write_text(RECIPE % ("build", ",\n             baseline: baselines/pinned.json"))
+    store = ("--store", str(tmp_path / "fresh"))  # measured again, against the baseline
+    ran = trtflow("run", str(recipe), *store, cwd=tmp_path, check=EXIT_INCONCLUSIVE)
+    assert "quality gate failed" in ran.stdout and "inconclusive" in ran.stdout
+    assert "stored figures: drift between runs not cancelled" in ran.stdout
+    junit = trtflow("report", str(recipe), *store, "-f", "junit", cwd=tmp_path).stdout
+    assert 'failures="1"' in junit and 'type="inconclusive"' in junit
+    markdown = trtflow("report", str(recipe), *store, cwd=tmp_path).stdout
+    assert "## Gate verdicts" in markdown and "| bench | baseline baselines/pinned.json | batch 8 | **INCONCLUSIVE** " \
+        "| stored figures |" in markdown
+
+    recipe.write_text(RECIPE % ("build", ",\n             baseline: baselines/pinned.json, on_inconclusive: warn"))
+    warned = trtflow("run", str(recipe), *store, cwd=tmp_path)  # re-judged (a gate param): exit 0
+    assert "gate inconclusive" in warned.stdout and "on_inconclusive: warn" in warned.stdout
+    junit = trtflow("report", str(recipe), *store, "-f", "junit", cwd=tmp_path).stdout
     assert 'failures="0"' in junit and '<property name="gate" value="inconclusive"/>' in junit
-    assert "gate inconclusive: batch 2: inconclusive: median latency" in junit
-    markdown = trtflow("report", str(recipe), *env_store, cwd=tmp_path).stdout
-    assert "## Gate verdicts" in markdown and "| bench | baseline baselines/pinned.json | inconclusive |" in markdown

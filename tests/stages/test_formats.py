@@ -3,6 +3,7 @@ exported and checked against its framework; damaged and unknown files; input mis
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 
 from trtflow.fingerprint import hash_path
-from trtflow.stage import StageFailed
+from trtflow.stage import RecipeMismatch, StageFailed
 from trtflow.testing import run_stage
 from trtflow_stages import export
 
@@ -102,11 +103,11 @@ def test_unknown_file_and_folder_say_what_is_accepted(tmp_path):
 # Hugging Face folders
 
 
-def _bert_folder(path: Path, head: str = "BertForSequenceClassification") -> Path:
+def _bert_folder(path: Path, head: str = "BertForSequenceClassification", labels: int = 3) -> Path:
     import transformers
 
     config = transformers.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=64, num_labels=3)
+                                     intermediate_size=64, max_position_embeddings=64, num_labels=labels)
     getattr(transformers, head)(config).save_pretrained(path)
     return path
 
@@ -271,15 +272,14 @@ def test_wrong_rank_says_the_rank_the_model_takes(tmp_path):
     assert "rank 2" in info.value.message and "rank 4" in info.value.hint
 
 
-def test_no_shape_compared_is_not_reported_as_checked(tmp_path):
-    """Issue 20.8: every shape check skipped (PyTorch itself fails) used to read `checked: true`, diff 0.0."""
+def test_a_model_that_fails_at_its_sample_fails_the_node_before_exporting(tmp_path):
+    """Issue 20.8 reported every shape skipped as `checked: true`; issue 25: a shape the recipe declares that the
+    model cannot run fails the node with the reason (never a pass with nothing compared)."""
     model = _factory_file(tmp_path, OnlyTraced)
-    result = _export(tmp_path, model=model, inputs={"x": {"shape": [2, 3], "dynamic_axes": {0: "batch"}}})
-    summary = result.summary
-    assert summary["checked"] is False
-    assert "PyTorch itself fails" in summary["not_checked_because"]
-    assert "max_abs_diff_vs_torch" not in summary
-    assert all(entry["status"] == "skipped" for entry in summary["checked_shapes"])
+    with pytest.raises(StageFailed) as info:
+        _export(tmp_path, model=model, inputs={"x": {"shape": [2, 3], "dynamic_axes": {0: "batch"}}})
+    assert "the model fails on the sample inputs (x: float32[2, 3])" in info.value.message
+    assert "this code path runs only when traced" in info.value.message
 
 
 @pytest.mark.slow
@@ -290,3 +290,136 @@ def test_damaged_saved_model(tmp_path):
     with pytest.raises(StageFailed) as info:
         _export(tmp_path, model="saved")
     assert "TensorFlow cannot load the SavedModel" in info.value.message
+
+
+# -- issue 25: the model's own names, limits per modality, tasks per architecture --------------------------------
+
+def _outputs(path: Path) -> dict[str, list]:
+    model = onnx.load(str(path), load_external_data=False)
+    return {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in model.graph.output}
+
+
+def _roberta_folder(path: Path, head: str = "RobertaForMaskedLM") -> Path:
+    import transformers
+
+    config = transformers.RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                        intermediate_size=64, max_position_embeddings=18)  # 16 tokens
+    getattr(transformers, head)(config).save_pretrained(path)
+    return path
+
+
+def test_hugging_face_outputs_and_their_dims_are_named_like_the_model(tmp_path):
+    _bert_folder(tmp_path / "bert", "BertForQuestionAnswering", labels=2)
+    result = _export(tmp_path, model="bert")
+    assert _outputs(result.outputs["model"]) == {"start_logits": ["batch", "sequence"],
+                                                 "end_logits": ["batch", "sequence"]}
+
+
+def test_a_profile_beyond_the_positions_is_refused_and_one_within_is_checked_at_its_ends(tmp_path):
+    _roberta_folder(tmp_path / "roberta")
+    profile = {"input_ids": {"min": [1, 1], "opt": [2, 8], "max": [4, 18]},
+               "attention_mask": {"min": [1, 1], "opt": [2, 8], "max": [4, 18]},
+               "token_type_ids": {"min": [1, 1], "opt": [2, 8], "max": [4, 18]}}
+    with pytest.raises(RecipeMismatch, match=r"profile 'p' asks 'sequence' up to 18 .* takes at most 16: "
+                       r"max_position_embeddings 18 less the padding offset 2"):
+        _export(tmp_path, model="roberta", profiles=[{"name": "p", "shapes": profile}])
+    within = {name: {"min": [1, 1], "opt": [2, 8], "max": [4, 16]} for name in profile}
+    result = _export(tmp_path, model="roberta", profiles=[{"name": "p", "shapes": within}])
+    checked = {(c.get("dim"), c.get("size"), c["status"]) for c in result.summary["checked_shapes"]}
+    assert {("sequence", 1, "ok"), ("batch", 4, "ok"), ("batch", 1, "ok")} <= checked
+    assert result.summary["checked_shapes"][0]["shapes"]["input_ids"] == [2, 16]  # the sample: the max itself
+    assert _outputs(result.outputs["model"]) == {"logits": ["batch", "sequence", 100]}
+
+
+def test_a_shape_the_model_cannot_run_fails_the_node_not_skipped(tmp_path):
+    """A recipe's own inputs beyond RoBERTa's positions (no limit can be read from a hand-written input): the
+    check at the profile's max fails naming PyTorch's error, never a skipped tick."""
+    _roberta_folder(tmp_path / "roberta")
+    inputs = {name: {"shape": [2, 8], "dtype": "int64", "dynamic_axes": {0: "batch", 1: "tokens"}, "low": 0,
+                     "high": 2 if name != "input_ids" else 100} for name in ("input_ids", "attention_mask")}
+    shapes = {name: {"min": [1, 4], "opt": [2, 8], "max": [2, 20]} for name in inputs}
+    with pytest.raises(RecipeMismatch, match=r"the model cannot run at tokens = 20 \(profile max\).*which the recipe "
+                       r"declares: PyTorch itself fails at this shape"):
+        _export(tmp_path, model="roberta", inputs=inputs, profiles=[{"name": "p", "shapes": shapes}])
+
+
+def test_weights_without_the_tasks_head_and_a_task_the_model_cannot_do_are_named(tmp_path):
+    _bert_folder(tmp_path / "bert", "BertModel")
+    with pytest.raises(RecipeMismatch, match=r"lack .* that task token-classification needs \(classifier\.bias, "
+                       r"classifier\.weight\): exported, they would hold random values") as info:
+        _export(tmp_path, model="bert", task="token-classification")
+    assert "architectures: BertModel" in info.value.hint
+    with pytest.raises(RecipeMismatch, match=r"a 'bert' model cannot do task 'object-detection'") as info:
+        _export(tmp_path, model="bert", task="object-detection")
+    assert "fill-mask, text-classification" in info.value.hint
+
+
+@pytest.mark.parametrize("name", ["bert", "roberta", "t5", "bart", "clip", "hubert", "whisper", "ast", "detr",
+                                  "wav2vec2", "segformer", "dpt", "llama"])
+def test_hugging_face_configs_describe_tasks_parts_inputs_and_limits(tmp_path, name):
+    """From config.json alone (the model built on the meta device): the task, the parts, the inputs by modality
+    and the proposed ranges within the model's limits."""
+    import transformers
+
+    from tests.stages.zoo_models import PREPROCESSOR_SIZE, ZOO
+    from trtflow_stages.formats.describe import huggingface_parts
+
+    _, config_class, model_class, kwargs, _ = ZOO[name]
+    config = getattr(transformers, config_class)(**kwargs)
+    config.architectures = [model_class]
+    config.save_pretrained(tmp_path / name)
+    if name in PREPROCESSOR_SIZE:
+        (tmp_path / name / "preprocessor_config.json").write_text(json.dumps({"size": {"height": 64, "width": 64}}))
+    parts = huggingface_parts(tmp_path / name, None)
+    found = [(p.task, p.part, {i.name: i.dims for i in p.inputs}, p.ranges) for p in parts]
+    expected = {
+        "bert": [("text-classification", None, {n: ("batch", "sequence") for n in
+                                                ("input_ids", "attention_mask", "token_type_ids")},
+                  {"sequence": (1, 64, 64)})],
+        "roberta": [("fill-mask", None, {n: ("batch", "sequence") for n in
+                                         ("input_ids", "attention_mask", "token_type_ids")},
+                     {"sequence": (1, 32, 32)})],  # 34 positions less the padding offset
+        "t5": [("text2text-generation", "encoder", {"input_ids": ("batch", "sequence"),
+                                                    "attention_mask": ("batch", "sequence")},
+                {"sequence": (1, 128, 512)}),
+               ("text2text-generation", "decoder", {"input_ids": ("batch", "decoder_sequence"),
+                                                    "encoder_hidden_states": ("batch", "sequence", 32),
+                                                    "encoder_attention_mask": ("batch", "sequence")},
+                {"sequence": (1, 128, 512), "decoder_sequence": (1, 64, 256)})],
+        "clip": [("zero-shot-image-classification", None, {"pixel_values": ("batch", 3, 32, 32),
+                                                           "input_ids": ("batch", "sequence"),
+                                                           "attention_mask": ("batch", "sequence")},
+                  {"sequence": (1, 32, 32)})],
+        "hubert": [("audio-classification", None, {"input_values": ("batch", "audio_samples")},
+                    {"audio_samples": (1600, 16000, 48000)})],
+        "whisper": [("automatic-speech-recognition", "encoder", {"input_features": ("batch", 16, 32)}, {}),
+                    ("automatic-speech-recognition", "decoder", {"input_ids": ("batch", "decoder_sequence"),
+                                                                 "encoder_hidden_states": ("batch", 16, 32)},
+                     {"decoder_sequence": (1, 16, 16)})],
+        "ast": [("audio-classification", None, {"input_values": ("batch", 64, 16)}, {})],
+        "detr": [("object-detection", None, {"pixel_values": ("batch", 3, 64, 64)}, {})],
+        "wav2vec2": [("automatic-speech-recognition", None, {"input_values": ("batch", "audio_samples")},
+                      {"audio_samples": (1600, 16000, 48000)})],
+        "segformer": [("semantic-segmentation", None, {"pixel_values": ("batch", 3, 64, 64)}, {})],
+        "dpt": [("depth-estimation", None, {"pixel_values": ("batch", 3, 32, 32)}, {})],
+        "llama": [("text-generation", None, {"input_ids": ("batch", "sequence"),
+                                             "attention_mask": ("batch", "sequence")}, {"sequence": (1, 64, 64)})],
+    }
+    if name == "bart":
+        assert [(p.task, p.part) for p in parts] == [("text2text-generation", "encoder"),
+                                                     ("text2text-generation", "decoder")]
+        return
+    assert found == expected[name]
+
+
+def test_the_audio_limit_is_the_feature_encoders_receptive_field():
+    from types import SimpleNamespace
+
+    from trtflow_stages.formats.huggingface import audio_limit, sequence_limit
+
+    usual = SimpleNamespace(conv_kernel=[10, 3, 3, 3, 3, 2, 2], conv_stride=[5, 2, 2, 2, 2, 2, 2])
+    assert audio_limit(usual).low == 400  # wav2vec2-base: 25 ms at 16 kHz
+    assert sequence_limit(SimpleNamespace(model_type="roberta", max_position_embeddings=514, pad_token_id=1)).high \
+        == 512
+    assert sequence_limit(SimpleNamespace(model_type="gpt2", n_positions=1024)).high == 1024
+    assert sequence_limit(SimpleNamespace(model_type="t5")).high is None

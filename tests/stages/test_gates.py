@@ -1,16 +1,30 @@
-"""Gates with the uncertainty of both sides (`measure.compare`, `measure.gates`): pass, fail, inconclusive."""
+"""Gates as typed verdicts (`measure.gates`, `measure.compare`, `measure.paired`): limits on intervals, regression on
+A/B pairs (sequential, with an error budget) or on stored figures (labelled), one primary verdict per node, power."""
 
 from __future__ import annotations
 
 import json
+import math
+import random
 
 import pytest
 
 from trtflow.stage import GateContext
+from trtflow.verdicts import PAIRED, STORED, GateVerdict, accepted, failures, only_inconclusive
 from trtflow_stages import benchmark
-from trtflow_stages.measure import compare as _compare
-from trtflow_stages.measure.compare import Figure, at_least, at_most, latency_figure
+from trtflow_stages.measure.compare import Figure, at_least, at_most, latency_figure, unmeasurable
 from trtflow_stages.measure.gates import verdicts
+from trtflow_stages.measure.paired import (
+    Budget,
+    PairedRecord,
+    Schedule,
+    bound_rank,
+    family_alpha,
+    hodges_lehmann,
+    lower_bound,
+    power,
+    sequential,
+)
 
 
 def point(p50: float, interval: tuple[float, float] | None = None, batch: int = 4, **extra: object) -> dict:
@@ -24,103 +38,215 @@ def point(p50: float, interval: tuple[float, float] | None = None, batch: int = 
     return found
 
 
-def summary(*points: dict) -> dict:
-    return {"backend": "onnxruntime", "device": "cpu", "hardware": {"cpu": "x86_64 test"}, "points": list(points)}
+def summary(*points: dict, reference: dict | None = None) -> dict:
+    found = {"backend": "onnxruntime", "device": "cpu", "hardware": {"cpu": "x86_64 test"}, "points": list(points)}
+    if reference is not None:
+        found["reference"] = reference
+    return found
 
 
-def test_ratio_intervals_hold_when_both_sides_do():
+def _judge(params: dict, now: dict, previous: dict | None = None, **context: object) -> list[GateVerdict]:
+    return verdicts(benchmark.Params.model_validate(params), now, GateContext(previous=previous, **context))
+
+
+def pairs(change: float, count: int, noise: float = 0.02, seed: int = 0, batch: int = 4) -> dict:
+    """A paired record: ``count`` pairs whose candidate is ``change`` slower (log-normal noise per window)."""
+    rng = random.Random(seed)
+    record = PairedRecord(batch, 1, "p50", looks=list(Schedule.up_to(count, Budget()).looks))
+    for _ in range(count):
+        base = math.exp(rng.gauss(0.0, 0.05))  # drift between pairs: cancels within each pair
+        ref = base * math.exp(rng.gauss(0.0, noise))
+        new = base * (1.0 + change) * math.exp(rng.gauss(0.0, noise))
+        record.add("AB", {"p50": ref, "throughput": batch / ref * 1e3}, {"p50": new, "throughput": batch / new * 1e3})
+    record.ended = True
+    return {"name": "the last accepted result", "basis": PAIRED, "paired": record.as_dict(), "points": []}
+
+
+# -- figures and intervals --------------------------------------------------------------------------------------
+def test_ratio_intervals_are_computed_for_the_ratio():
     new, old = Figure(2.0, 1.9, 2.1), Figure(1.0, 0.95, 1.05)
     ratio = new.ratio(old)
-    assert ratio.value == 2.0 and ratio.low == pytest.approx(1.9 / 1.05) and ratio.high == pytest.approx(2.1 / 0.95)
+    # lower: new's lower half and old's upper half added in quadrature on the log scale
+    assert ratio.value == 2.0
+    assert ratio.low == pytest.approx(2.0 * math.exp(-math.hypot(math.log(2.0 / 1.9), math.log(1.05))))
+    assert ratio.high == pytest.approx(2.0 * math.exp(math.hypot(math.log(2.1 / 2.0), math.log(1 / 0.95))))
+    extremes = (1.9 / 1.05, 2.1 / 0.95)  # the old interval from both sides' extremes: ~1.4x as wide
+    assert (extremes[1] - extremes[0]) / (ratio.high - ratio.low) == pytest.approx(math.sqrt(2), rel=0.05)
     assert at_most(ratio, 1.1) == "fail" and at_most(Figure(1.0, 0.9, 1.05), 1.1) == "pass"
     assert at_most(Figure(1.05, 0.9, 1.3), 1.1) == "inconclusive"
     assert at_least(Figure(0.5, 0.4, 0.6), 0.9) == "fail" and at_least(Figure(1.0, 0.95, 1.1), 0.9) == "pass"
 
 
-def test_a_wait_for_the_cpu_widens_a_figure_when_builds_are_compared():
-    busy = point(6.0, (5.8, 6.2), cpu_wait_ms_per_query=3.5)
-    assert latency_figure(busy, "p50") == Figure(6.0, 5.8, 6.2)  # a latency limit judges what was measured
-    # its threads had a CPU 1 - 3.5/6 of the time: the interval reaches down to 5.8 x (2.5/6)^2
-    assert latency_figure(busy, "p50", allow_wait=True) == Figure(6.0, pytest.approx(5.8 * (2.5 / 6) ** 2), 6.2)
-    assert _compare.throughput_figure(busy, allow_wait=True).high > _compare.throughput_figure(busy).high
-
-
-def _judge(params: dict, now: dict, previous: dict | None = None, **context: object) -> list[dict]:
-    return verdicts(benchmark.Params.model_validate(params), now, GateContext(previous=previous, **context))
-
-
-def test_regression_against_the_previous_run_passes_fails_or_says_inconclusive():
+def test_a_host_too_busy_to_measure_is_said_not_widened_into_a_tie():
+    busy = point(6.0, (5.8, 6.2), cpu_wait_ms_per_query=5.52)
+    assert latency_figure(busy, "p50") == Figure(6.0, 5.8, 6.2)  # measured as measured: no s^2 widening
+    assert unmeasurable(busy) == "unmeasurable: the benchmark waited for a CPU 92% of the time"
+    assert unmeasurable(point(6.0, cpu_wait_ms_per_query=0.3)) is None
     params = {"backend": "onnxruntime", "max_regression_percent": 10}
-    old = summary(point(1.0, (0.98, 1.02)))
-    same = _judge(params, summary(point(1.01, (0.99, 1.03))), old)
-    assert [v["verdict"] for v in same] == ["pass", "pass"]
-    assert "within max_regression_percent 10" in same[0]["message"]
-
-    slower = _judge(params, summary(point(2.0, (1.96, 2.04))), old)
-    assert [v["verdict"] for v in slower] == ["fail", "fail"]
-    assert slower[0]["message"].startswith("batch 4: median latency 2 [1.96, 2.04] ms is 100.0% above the previous")
-    assert "95% interval 1.922-2.082" in slower[0]["message"]
-
-    noisy = _judge(params, summary(point(1.05, (0.8, 1.6))), old)
-    assert noisy[0]["verdict"] == "inconclusive"
-    assert "too noisy to tell" in noisy[0]["message"] and "max_duration_s" in noisy[0]["message"]
-    # the engine fails the node on fail verdicts only
-    validated = benchmark.Params.model_validate(params)
-    assert benchmark.stage.judge(validated, summary(point(1.05, (0.8, 1.6))), GateContext(previous=old)) == []
-    assert len(benchmark.stage.judge(validated, summary(point(2.0, (1.96, 2.04))),
-                                     GateContext(previous=old))) == 2
+    old = summary(point(1.5, (1.49, 1.51)))
+    found = _judge(params, summary(point(6.0, (5.8, 6.2), cpu_wait_ms_per_query=5.52)), old)
+    primary = next(v for v in found if v.primary)
+    assert primary.outcome == "inconclusive" and primary.reason.startswith("batch 4: unmeasurable: the benchmark "
+                                                                           "waited for a CPU 92% of the time")
+    assert primary.blocking  # on_inconclusive: fail by default: never a silent pass
+    # beyond the threshold even if every moment of waiting had been work: still a failure (at most 1/(1-share))
+    real = _judge(params, summary(point(30.0, (29.0, 31.0), cpu_wait_ms_per_query=15.0)), old)
+    assert next(v for v in real if v.primary).outcome == "fail"
+    limit = _judge({"backend": "onnxruntime", "max_latency_ms_p50": 2.0},
+                   summary(point(6.0, (5.8, 6.2), cpu_wait_ms_per_query=5.52)))
+    assert limit[0].outcome == "inconclusive" and "unmeasurable" in limit[0].reason
 
 
-def test_a_change_the_host_alone_can_explain_is_inconclusive_not_a_failure():
+# -- the signed-rank machinery ----------------------------------------------------------------------------------
+def test_signed_rank_bounds_match_the_tables_and_cover():
+    # n = 10 and 20 at one-sided 2.5% (two-sided 5%): critical values 8 and 52 (Wilcoxon's tables)
+    assert bound_rank(10, 0.025) == 9 and bound_rank(20, 0.025) == 53
+    assert bound_rank(8, 0.0025) is None and bound_rank(9, 0.0025) == 1  # 2^-9 < 0.0025 < 2^-8
+    assert hodges_lehmann([1.0, 2.0, 3.0]) == 2.0
+    rng = random.Random(3)
+    covered = sum(lower_bound([rng.gauss(0.0, 0.05) for _ in range(15)], 0.025) <= 0.0 for _ in range(1000))
+    assert covered >= 960  # one-sided 97.5%
+
+
+def test_sequential_looks_stop_when_they_can_decide():
+    budget = Budget()
+    schedule = Schedule.up_to(30, budget)
+    assert schedule.looks[0] == 9 and schedule.cap == 30 and len(schedule.looks) == 4
+    limit = math.log(1.10)
+    fast = sequential(PairedRecord.from_dict(pairs(0.0, 30)["paired"]).log_ratios("p50"), schedule, limit, budget)
+    assert fast.outcome == "pass" and fast.pairs == 9  # unchanged: decided at the first look
+    slow = sequential(PairedRecord.from_dict(pairs(0.20, 30)["paired"]).log_ratios("p50"), schedule, limit, budget)
+    assert slow.outcome == "fail" and slow.pairs == 9
+    edge = sequential(PairedRecord.from_dict(pairs(0.10, 30)["paired"]).log_ratios("p50"), schedule, limit, budget)
+    assert edge.outcome == "inconclusive" and edge.pairs == 30 and edge.final  # at the threshold: only at the cap
+
+
+def test_power_is_what_the_noise_and_the_cap_allow():
+    able = power(0.02, 20, math.log(1.1), Budget(), 4)
+    assert 1.1 < able.fails_from < 1.15 and 1.05 < able.passes_below < 1.1
+    assert "90% of the time" in able.text() and "up to 20 pairs" in able.text()
+    noisier = power(0.4, 20, math.log(1.1), Budget(), 4)
+    assert noisier.fails_from > 1.5  # a verdict says when it cannot see a 50% change
+
+
+def test_each_node_gets_its_share_of_the_recipe_error_budget():
+    assert family_alpha(1) == 0.01 and family_alpha(5) == 0.01 and family_alpha(10) == 0.005
+
+
+# -- regression verdicts --------------------------------------------------------------------------------------
+def test_paired_verdicts_fail_a_20_percent_slowdown_and_pass_an_unchanged_build():
+    params = {"backend": "onnxruntime", "max_regression_percent": 10}
+    same = _judge(params, summary(point(1.0, (0.98, 1.02)), reference=pairs(0.0, 20)))
+    primary = [v for v in same if v.primary]
+    assert [(v.outcome, v.basis, v.figure) for v in primary] == [("pass", PAIRED, "median latency")]
+    assert primary[0].pairs == 9 and "within max_regression_percent 10 with confidence" in primary[0].reason
+    assert "fails a change of" in primary[0].power and accepted(same)
+    assert [v.figure for v in same if not v.primary] == ["throughput"]  # reported, not judged
+
+    slower = _judge(params, summary(point(1.2, (1.18, 1.22)), reference=pairs(0.20, 20)))
+    primary = next(v for v in slower if v.primary)
+    assert primary.outcome == "fail" and primary.blocking and primary.estimate == pytest.approx(1.2, rel=0.03)
+    assert primary.reason.startswith("batch 4: median latency +") and "beyond max_regression_percent 10" in \
+        primary.reason
+    assert failures(slower) == [primary.reason]
+
+
+def test_a_stored_figures_verdict_says_so_and_a_20_percent_slowdown_never_passes():
     params = {"backend": "onnxruntime", "max_regression_percent": 10}
     old = summary(point(1.0, (0.99, 1.01)))
-    # 20% slower with tight intervals (ratio 1.19-1.21): beyond 10%, within 10% x the host's 15% run-to-run
+    # 20% slower with tight intervals: beyond 10%, but within 10% x the host's 15% run-to-run drift, which stored
+    # figures cannot cancel: undecided, and undecided fails (on_inconclusive: fail, exit code 5)
     drift = _judge(params, summary(point(1.2, (1.19, 1.21))), old)
-    assert [v["verdict"] for v in drift] == ["inconclusive", "inconclusive"]
-    assert "not beyond what the host's run-to-run variation (run_to_run_percent 15) can explain" in \
-        drift[0]["message"]
-    assert [v["verdict"] for v in _judge({**params, "run_to_run_percent": 0}, summary(point(1.2, (1.19, 1.21))),
-                                         old)] == ["fail", "fail"]
-    assert [v["verdict"] for v in _judge(params, summary(point(1.5, (1.48, 1.52))), old)] == ["fail", "fail"]
+    primary = next(v for v in drift if v.primary)
+    assert primary.basis == STORED and primary.outcome == "inconclusive" and primary.blocking
+    assert "stored figures: drift between runs not cancelled" in primary.reason
+    assert "not beyond what the host's run-to-run variation (run_to_run_percent 15) can explain" in primary.reason
+    assert only_inconclusive(drift)
+    strict = _judge({**params, "run_to_run_percent": 0}, summary(point(1.2, (1.19, 1.21))), old)
+    assert next(v for v in strict if v.primary).outcome == "fail"
+    assert next(v for v in _judge(params, summary(point(1.5, (1.48, 1.52))), old) if v.primary).outcome == "fail"
+    same = _judge(params, summary(point(1.01, (1.0, 1.02))), old)
+    assert next(v for v in same if v.primary).outcome == "pass"
 
 
-def test_a_busy_host_makes_a_false_regression_inconclusive_but_a_real_one_still_fails():
-    params = {"backend": "onnxruntime", "max_regression_percent": 10}
-    old = summary(point(2.4, (2.38, 2.43), cpu_wait_ms_per_query=0.0))
-    # measured while another process held our core: 2.7x slower, and 4 ms of every query spent waiting for a CPU
-    disturbed = summary(point(6.5, (6.4, 6.6), cpu_wait_ms_per_query=4.0))
-    assert {v["verdict"] for v in _judge(params, disturbed, old)} == {"inconclusive"}
-    real = summary(point(8.1, (8.0, 8.2), cpu_wait_ms_per_query=0.1))
-    assert {v["verdict"] for v in _judge(params, real, old)} == {"fail"}
+def test_warn_reports_an_undecided_gate_without_failing_but_never_accepts_it():
+    params = {"backend": "onnxruntime", "max_regression_percent": 10, "on_inconclusive": "warn"}
+    found = _judge(params, summary(point(1.2, (1.19, 1.21))), summary(point(1.0, (0.99, 1.01))))
+    primary = next(v for v in found if v.primary)
+    assert primary.outcome == "inconclusive" and not primary.blocking and failures(found) == []
+    assert not accepted(found)  # an undecided step never becomes the next night's reference
 
 
-def test_latency_limits_on_intervals_and_open_tails():
+def test_one_primary_verdict_at_the_gate_point_the_others_reported():
+    params = {"backend": "onnxruntime", "max_regression_percent": 10, "run_to_run_percent": 0}
+    old = summary(point(1.0, (0.99, 1.01), batch=1), point(4.0, (3.96, 4.04), batch=8))
+    now = summary(point(2.0, (1.98, 2.02), batch=1), point(4.0, (3.96, 4.04), batch=8))
+    found = _judge(params, now, old)
+    primary = [v for v in found if v.primary]
+    assert [(v.where, v.outcome) for v in primary] == [("batch 8", "pass")]  # the largest batch by default
+    assert any(v.where == "batch 1" and v.outcome == "fail" and not v.blocking for v in found)
+    moved = _judge({**params, "gate_batch_size": 1}, now, old)
+    assert [(v.where, v.outcome) for v in moved if v.primary] == [("batch 1", "fail")]
+    throughput = _judge({**params, "gate_figure": "throughput", "gate_batch_size": 1}, now, old)
+    assert [(v.figure, v.outcome) for v in throughput if v.primary] == [("throughput", "fail")]
+
+
+def test_nothing_to_compare_with_yet_gives_no_regression_verdict():
+    assert _judge({"backend": "onnxruntime", "max_regression_percent": 10}, summary(point(1.0, (0.9, 1.1)))) == []
+
+
+def test_limits_on_intervals_and_open_tails():
     params = {"backend": "onnxruntime", "max_latency_ms_p50": 2.0, "max_latency_ms_p99": 2.5}
     found = _judge(params, summary(point(1.9, (1.8, 2.1), open_intervals=["p99"], queries=100)))
-    by_gate = {v["gate"]: v for v in found}
-    assert by_gate["max_latency_ms_p50"]["verdict"] == "inconclusive"  # 1.9 but the interval reaches 2.1
-    assert by_gate["max_latency_ms_p99"]["verdict"] == "fail"  # the whole interval [2.85, 5.7] is above 2.5
+    by_gate = {v.gate: v for v in found}
+    assert by_gate["max_latency_ms_p50"].outcome == "inconclusive"  # 1.9 but the interval reaches 2.1
+    assert by_gate["max_latency_ms_p50"].blocking  # undecided at the cap fails by default
+    assert by_gate["max_latency_ms_p99"].outcome == "fail"  # the whole interval [2.85, 5.7] is above 2.5
+    assert "fails a true value above" in by_gate["max_latency_ms_p99"].power
     loose = _judge({**params, "max_latency_ms_p99": 5.0}, summary(point(1.9, (1.8, 2.1), open_intervals=["p99"],
                                                                          queries=100)))
-    p99 = next(v for v in loose if v["gate"] == "max_latency_ms_p99")
-    assert p99["verdict"] == "inconclusive" and "100 queries are too few to bound p99" in p99["message"]
+    p99 = next(v for v in loose if v.gate == "max_latency_ms_p99")
+    assert p99.outcome == "inconclusive" and "100 queries are too few to bound p99" in p99.reason
     assert _judge({**params, "max_latency_ms_p50": 3.0, "max_latency_ms_p99": 10.0},
-                  summary(point(1.9, (1.8, 2.1))))[0]["verdict"] == "pass"
+                  summary(point(1.9, (1.8, 2.1))))[0].outcome == "pass"
 
 
-def test_pinned_baseline_weighs_both_intervals(tmp_path):
+def test_pinned_baseline_paired_when_its_artifact_was_re_measured_else_stored_figures(tmp_path):
     from trtflow_stages.measure.baseline import make_baseline
 
     facts = {"cpu": "x86_64 test", "onnxruntime": "1.24"}
+    artifact = {"identity": "ab" * 16, "params": {"backend": "onnxruntime"}, "artifact": {
+        "format": "trtflow-pin/1", "files": {}, "inputs": {"model": {"file": "model.onnx", "objects": {
+            "model.onnx": {"digest": "0" * 32, "size": 10}}}}}}
     document = make_baseline("demo", {"bench": {"stage": "benchmark", "summary": summary(
-        point(1.0, (0.97, 1.03), queries=500, converged=True)), "facts": facts}})
-    saved = document["nodes"]["bench"]["points"][0]
-    assert saved["latency_ci_ms"]["p50"] == [0.97, 1.03] and saved["queries"] == 500 and saved["converged"]
+        point(1.0, (0.97, 1.03), queries=500, converged=True)), "facts": facts}}, {"bench": artifact})
+    saved = document["nodes"]["bench"]
+    assert saved["points"][0]["latency_ci_ms"]["p50"] == [0.97, 1.03] and saved["artifact"]["inputs"]["model"]
     (tmp_path / "base.json").write_text(json.dumps(document))
+    from trtflow_stages.measure.baseline import artifact_identity
+
+    identity = artifact_identity(saved)
     params = {"backend": "onnxruntime", "baseline": "base.json"}
     context = {"facts": facts, "resolve": lambda p: tmp_path / p, "node": "bench"}
-    assert {v["verdict"] for v in _judge(params, summary(point(1.02, (0.99, 1.05))), **context)} == {"pass"}
-    assert {v["verdict"] for v in _judge(params, summary(point(1.1, (0.9, 1.4))), **context)} == {"inconclusive"}
-    failed = _judge(params, summary(point(2.0, (1.95, 2.05))), **context)
-    assert {v["verdict"] for v in failed} == {"fail"} and "above the baseline's 1 [0.97, 1.03] ms" in \
-        failed[0]["message"]
+    paired = dict(pairs(0.2, 20), identity=identity)
+    found = _judge(params, summary(point(1.2, (1.18, 1.22)), reference=paired), **context)
+    assert [(v.basis, v.outcome) for v in found if v.primary] == [(PAIRED, "fail")]
+    assert found[0].gate == "baseline base.json"
+    # pairs measured against another artifact than the file pins now: not used; the stored figures are
+    other = dict(paired, identity="cd" * 16)
+    stored = [v for v in _judge(params, summary(point(1.02, (0.99, 1.05)), reference=other), **context) if v.primary]
+    assert [(v.basis, v.outcome) for v in stored] == [(STORED, "pass")]
+    assert "the baseline's 1 [0.97, 1.03] ms" in stored[0].reason
+    # stored figures from another CPU are refused, saying why
+    refused = _judge(params, summary(point(1.0, (0.99, 1.01))), **{**context, "facts": {**facts, "cpu": "other"}})
+    assert [v.outcome for v in refused] == ["fail"] and "not compared with baseline" in refused[0].reason
+
+
+def test_the_engine_fails_the_node_on_blocking_verdicts_only():
+    params = benchmark.Params.model_validate({"backend": "onnxruntime", "max_regression_percent": 10})
+    old = summary(point(1.0, (0.98, 1.02)))
+    judged = benchmark.stage.judge(params, summary(point(2.0, (1.96, 2.04))), GateContext(previous=old))
+    assert failures(judged) and all(isinstance(v, GateVerdict) for v in judged)
+    warn = benchmark.Params.model_validate({"backend": "onnxruntime", "max_regression_percent": 10,
+                                            "on_inconclusive": "warn"})
+    assert failures(benchmark.stage.judge(warn, summary(point(1.05, (0.8, 1.6))), GateContext(previous=old))) == []

@@ -295,3 +295,67 @@ def test_calibration_reports_progress_per_batch(tmp_path, tiny_mlp_onnx, caplog)
                           calibration_data={"path": "calib.npz"}, calibration_batch_size=3)
     assert result.summary["calibration_batch_size"] == 3 and result.summary["calibration_samples"] == 6
     assert "calibrating: batch 1/2" in caplog.text and "calibrating: batch 2/2" in caplog.text
+
+
+# -- a calibration that fails on the data is recovered with the other method (issue 25) -------------------------
+
+def _square_root_model(path: Path) -> Path:
+    """Conv(x) + sqrt(x[:, :1]): on inputs below zero an activation holds NaNs, on which ModelOpt's entropy
+    calibrator fails ("Too many bins for data range. Cannot create 128 finite-sized bins.")."""
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.a = torch.nn.Conv2d(3, 16, 3, padding=1)
+            self.b = torch.nn.Conv2d(16, 16, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(x) + torch.sqrt(x[:, :1]))
+
+    torch.onnx.export(Net().eval(), (torch.rand(2, 3, 16, 16),), str(path), input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "batch"}}, opset_version=17, dynamo=False)
+    return path
+
+
+def test_a_calibration_that_fails_on_the_data_is_retried_with_the_other_method(tmp_path):
+    model = _square_root_model(tmp_path / "sqrt.onnx")
+    data = {"random": {"seed": 0, "num_samples": 8, "shapes": {"x": [1, 3, 16, 16]}}}  # uniform in [-1, 1)
+    result = quantize(tmp_path, model, mode="int8", quantize_ops="modelopt", calibration_data=data)
+    summary = result.summary
+    assert summary["calibration_method"] == "max"
+    recovery = summary["calibration_recovery"]
+    assert recovery["chosen"] == "max" and recovery["tried"][0]["method"] == "entropy"
+    assert "Too many bins" in recovery["tried"][0]["error"]
+    assert summary["quantized_nodes"] > 0
+    with pytest.raises(StageFailed, match=r"\(entropy\) failed: ValueError: Too many bins"):  # chosen: kept, said
+        quantize(tmp_path / "chosen", model, mode="int8", quantize_ops="modelopt", calibration_data=data,
+                 calibration_method="entropy")
+
+
+def test_agreement_tells_a_broken_calibration_from_a_lossy_one(tmp_path):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from trtflow_stages.accuracy.calibration import agreement
+
+    def scaled(name: str, factor: float, noise: float = 0.0) -> ort.InferenceSession:
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])
+        nodes = [helper.make_node("Mul", ["x", "k"], ["m"]), helper.make_node("Add", ["m", "n"], ["y"])]
+        inits = [helper.make_tensor("k", TensorProto.FLOAT, [], [factor]),
+                 helper.make_tensor("n", TensorProto.FLOAT, [8], [noise * (-1) ** i for i in range(8)])]
+        model = helper.make_model(helper.make_graph(nodes, name, [x], [y], inits),
+                                  opset_imports=[helper.make_opsetid("", 17)])
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(model, str(path))
+        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+    batches = [{"x": np.random.default_rng(i).uniform(1, 2, (2, 8)).astype(np.float32)} for i in range(4)]
+    reference = scaled("reference", 1.0)
+    lossy = agreement("entropy", reference, scaled("lossy", 1.0, noise=0.05), batches)
+    assert not lossy.failed and lossy.rows == 8 and 0 < lossy.relative_error < 0.1
+    clipped = agreement("entropy", reference, scaled("clipped", 0.1), batches)  # the direction kept, the size not
+    assert clipped.cosine > 0.99 and clipped.relative_error == pytest.approx(0.9, abs=1e-6) and clipped.failed
+    assert "relative error 0.9" in clipped.describe()

@@ -378,3 +378,43 @@ def test_runtime_available_names_the_reason():
         pytest.skip("engines can execute here")
     assert "GPU" in reason or "installed" in reason
     assert "compute capability 7.5, 8.6, 8.9, 12.0, 12.1" in _trt_runtime.runtime_needs("tensorrt-rtx")
+
+
+def test_benchmark_times_the_reference_engine_in_pairs_fake_trt(monkeypatch, tiny_cnn_onnx, engine_files, tmp_path):
+    """A gated engine benchmark: the reference engine (laid out as the engine lays out a pin) is deserialised,
+    checked like the candidate, and timed at the gate point in A/B pairs on the same harness; the verdict rests on
+    the pairs. A reference that cannot be opened here falls back to stored figures, saying why."""
+    import shutil
+
+    from trtflow.stage import Reference
+    from trtflow.verdicts import PAIRED, STORED
+
+    engine, provenance = engine_files
+    pinned = tmp_path / "reference" / "inputs" / "model"
+    pinned.mkdir(parents=True)
+    shutil.copy(engine, pinned / "model.engine")
+    shutil.copy(provenance, pinned / "engine.json")
+    opened = _fake_runtime(monkeypatch, tiny_cnn_onnx)
+    monkeypatch.setattr(benchmark, "_cuda_timer", FakeTimer)
+    params = {"backend": "tensorrt-rtx", "min_iterations": 10, "warmup_ms": 0, "batch_sizes": [1, 4],
+              "shapes": {"input": [1, 3, 32, 32]}, "repeats": 5, "min_duration_s": 0.5,
+              "max_regression_percent": 10}
+    reference = Reference("the last accepted result", {"model": pinned / "model.engine"}, {},
+                          {"summary": {"points": []}})
+    result = run_stage(benchmark.stage, params, {"model": engine}, workdir=tmp_path / "run", reference=reference)
+    assert [name for name, _, _ in opened] == ["model.engine", "model.engine"]  # candidate and reference, checked
+    paired = result.summary["reference"]["paired"]
+    assert result.summary["reference"]["basis"] == "paired A/B"
+    assert paired["batch_size"] == 4 and len(paired["pairs"]) >= 9  # the gate point: the largest batch
+    assert {pair["order"] for pair in paired["pairs"]} == {"AB", "BA"}
+    verdicts = benchmark.stage.judge(benchmark.Params.model_validate(params), result.summary, GateContext())
+    assert [v.basis for v in verdicts if v.primary] == [PAIRED]
+
+    (pinned / "engine.json").unlink()  # a reference without its provenance is not opened: stored figures
+    stored = run_stage(benchmark.stage, params, {"model": engine}, workdir=tmp_path / "stored",
+                       reference=Reference("pinned", {"model": pinned / "model.engine"}, {},
+                                           {"summary": {"points": result.summary["points"]}}))
+    assert stored.summary["reference"]["basis"] == "stored figures"
+    assert "the reference does not run here" in stored.summary["reference"]["why"]
+    judged = benchmark.stage.judge(benchmark.Params.model_validate(params), stored.summary, GateContext())
+    assert [v.basis for v in judged if v.primary] == [STORED]

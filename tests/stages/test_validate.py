@@ -53,7 +53,9 @@ def _validate(tmp_path, reference, candidate, recipe_dir=None, **params):
 
 
 def _judge(summary, **params) -> list[str]:
-    return validate.stage.judge(validate.Params.model_validate(params), summary, GateContext())
+    from trtflow.verdicts import failures
+
+    return failures(validate.stage.judge(validate.Params.model_validate(params), summary, GateContext()))
 
 
 def test_fp32_model_against_itself_passes(tiny_cnn_onnx, tmp_path):

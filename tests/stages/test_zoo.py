@@ -1,34 +1,45 @@
-"""The model zoo (slow): nine small random-weight Hugging Face models of different families (encoder and decoder
-transformers, an encoder-decoder's encoder, vision transformers with and without windows, a convnet, a detection
-head, two audio encoders), each from its save_pretrained folder through export, fp16 (convert), int8 (quantize),
-validation of both against the exported model, and a TensorRT-RTX build of both, in one recipe run.
-
-The fp16 and int8 T5 models hit a real ONNX Runtime 1.24 failure at the default optimisation level
-(FuseFp16InitializerToFp32NodeTransformer: "Attempting to get index by a name which does not exist"); crash
-recovery finds the optimiser to disable, so they validate too.
+"""The model zoo (slow): small random-weight Hugging Face models of 22 architectures across tasks (text
+classification, fill-mask, question answering, token classification, causal LMs, encoder-decoders as encoder and
+decoder, image classification, detection, semantic segmentation, depth, vision-text with both towers and each
+tower alone, audio classification, speech recognition), each from its save_pretrained folder through `trtflow
+init` and `trtflow run` of the recipe init wrote, unedited (the benchmarks shortened with --set): export,
+fp32/fp16/int8 candidates, validation, benchmarks, select, a TensorRT-RTX engine and a Triton repository.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
+import onnx
 import pytest
 
-from tests.stages.zoo_models import STAGES, ZOO, markdown, run_zoo, save_models, write_recipe
+from tests.stages.zoo_models import EXPECTED_GATE_FAILURES, TOWERS, ZOO, markdown, run_zoo
 
 
 @pytest.mark.slow
-def test_every_zoo_model_exports_converts_quantizes_validates_and_builds(tmp_path):
+def test_every_zoo_model_goes_through_init_and_run_unedited(tmp_path):
+    """Every recipe of the zoo; TRTFLOW_ZOO=bert,t5,... runs only those (the whole zoo takes at least 8 minutes
+    on an idle 2-core machine)."""
     pytest.importorskip("transformers")
     (tmp_path / "pyproject.toml").write_text("")
-    save_models(tmp_path)
-    write_recipe(tmp_path)
-    table, seconds, proc = run_zoo(tmp_path)
-    print(f"\n{markdown(table)}\n{len(table)} models in {seconds:.0f} s")
-    assert set(table) == set(ZOO), proc.stdout[-3000:]
-    failed = {name: {s: row[s] for s in STAGES if row[s] != "ok"} for name, row in table.items()}
-    assert not any(failed.values()), f"{failed}\n{proc.stdout[-3000:]}"
-    t5 = json.loads((tmp_path / "build" / "zoo" / "validate-fp16-t5" / "validate.json").read_text())
-    assert "recovered_from" in t5["runtime_settings"]["candidate"] or json.loads(
-        (tmp_path / "build" / "zoo" / "convert-t5" / "convert.json").read_text())["runtime_settings"].get(
-        "recovered_from")
+    chosen = [n for n in os.environ.get("TRTFLOW_ZOO", "").split(",") if n] or None
+    results = run_zoo(tmp_path, chosen)
+    print(f"\n{markdown(results)}\n{len(results)} recipes in {sum(r.seconds for r in results):.0f} s of runs")
+    assert {r.recipe for r in results} == set(chosen or [*ZOO, *TOWERS])
+    failed = {r.recipe: r.unexpected for r in results}
+    assert not any(failed.values()) and all(r.nodes for r in results), \
+        f"{failed}\n" + "\n".join(r.output[-1500:] for r in results if failed[r.recipe] or not r.nodes)
+    for (recipe, node), why in EXPECTED_GATE_FAILURES.items():  # a gate failure is a verdict, not a crash
+        status = next((r.nodes.get(node) for r in results if r.recipe == recipe), "done")
+        assert status in ("gate_failed", "done"), (recipe, node, status, why)
+    if chosen is not None and not {"detr", "t5", "roberta"} <= set(chosen):
+        return
+    # the model's own names reach the Triton repository: DETR's boxes, the encoder-decoders' parts
+    detr = (tmp_path / "build" / "detr" / "triton" / "model" / "config.pbtxt").read_text()
+    assert 'name: "logits"' in detr and 'name: "pred_boxes"' in detr
+    decoder = onnx.load(str(tmp_path / "build" / "t5" / "export-decoder" / "model.onnx"), load_external_data=False)
+    assert [(o.name, [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim])
+            for o in decoder.graph.output] == [("logits", ["batch", "decoder_sequence", 128])]
+    roberta = json.loads((tmp_path / "build" / "roberta" / "build" / "engine.json").read_text())
+    assert [t["name"] for t in roberta["network"]["outputs"]] == ["logits"]

@@ -15,7 +15,7 @@ import pytest
 
 from tests.storage.conftest import commit_node, make_store, manifest_path, node_key, object_path, raw_remote
 from trtflow.errors import TrtflowError
-from trtflow.fingerprint import hash_file_content
+from trtflow.fingerprint import hash_file_content, signature
 from trtflow.storage.remote import REMOTE_FORMAT, RemoteCache, RemoteCorrupt, RemoteError
 from trtflow.storage.store import Store
 from trtflow.storage.verify import verify_store
@@ -312,8 +312,7 @@ def test_pulled_objects_are_recorded_in_the_stat_cache(remote: RemoteCache, prod
         remote.pull(remote.get_manifest(key), consumer, journal)
         out = committed["outputs"]["engine"]
         path = consumer.object_path(out["digest"])
-        st = path.stat()
-        assert journal.get(str(path), st.st_size, st.st_mtime_ns, st.st_ino) == out["digest"]
+        assert journal.get(str(path), signature(path.stat())) == out["digest"]
     finally:
         journal.close()
 

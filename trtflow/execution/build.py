@@ -25,8 +25,8 @@ from trtflow.execution.observers import NodeStart
 from trtflow.execution.protocol import Job, Outcome
 from trtflow.execution.results import DONE, FAILED, GATE_FAILED, INTERRUPTED, NodeResult, skipped_result
 from trtflow.execution.scheduler import Allocation
-from trtflow.plan import KeyParts, Step
-from trtflow.stage import NATIVE_STEP_FILE
+from trtflow.plan import KeyParts, Step, gate_family, recorded_parts
+from trtflow.stage import NATIVE_STEP_FILE, Reference
 
 
 @dataclass
@@ -78,13 +78,21 @@ class Builder:
             except OSError as exc:
                 return failed(f"cannot place the node's inputs: {exc.strerror or exc}", "free disk space")
             previous_summary = (previous or {}).get("summary") if (previous or {}).get("key") != key else None
+            try:
+                reference = self._reference(step, scratch)
+            except TrtflowError as exc:
+                return failed(exc.message, exc.hint)
+            except OSError as exc:
+                return failed(f"cannot lay out the node's reference artifact: {exc.strerror or exc}", "free disk space")
             job = Job(run_id=ctx.run_id, node=node.name, stage=node.stage, params=node.params, inputs=inputs,
                       scratch=str(scratch), recipe_dir=str(ctx.kctx.recipe_dir), cache_dir=str(ctx.store.cache_dir),
                       log_path=str(log_path), facts=parts.facts,
                       allowed_roots=[str(p) for p in ctx.kctx.allowed_roots], device=device_list(allocation),
                       previous_summary=previous_summary, timeout=node.timeout, preload=list(stage.preload),
                       parent_pid=os.getpid(), input_objects=input_objects,
-                      input_sources=self._judged_sources(node.name, upstream))
+                      input_sources=self._judged_sources(node.name, upstream),
+                      reference=reference.as_json() if reference is not None else None,
+                      gate_family=gate_family(ctx.graph, ctx.kctx))
             try:
                 outcome = ctx.executor.execute(job, ctx.cancel)
             except OSError as exc:
@@ -107,6 +115,34 @@ class Builder:
         for src in sorted({src for refs in step.node.upstream.values() for src, _ in refs}):
             ctx.transfer.push(upstream.key(src), ctx.store, ctx.journal)
         return remote_inputs(ctx.graph, ctx.store, step.node, upstream)
+
+    def _reference(self, step: Step, scratch: Path) -> Reference | None:
+        """The artifact the node measures beside its candidate (`Stage.reference`), laid out in its scratch like
+        its inputs: a pinned one (from the recipe), or the node's last accepted result. None: it has none."""
+        from trtflow.storage.pins import Pin, PinStore
+
+        ctx = self.ctx
+        node = step.node
+        wanted = ctx.graph.stages[node.stage].reference_for(node.params_model, ctx.kctx.resolve, node.name)
+        if wanted is None:
+            return None
+        pins = PinStore(ctx.store)
+        if wanted == "accepted":
+            pin = pins.read_accepted(ctx.recipe.id, node.name)
+            if pin is None:
+                return None
+            name = "the last accepted result"
+        else:
+            pin = Pin.from_dict(wanted)
+            if pin is None:
+                raise TrtflowError(f"node {node.name}: its reference artifact is not described correctly",
+                                   hint="pin it again (`trtflow baseline pin RECIPE`)")
+            name = f"pinned artifact {pin.identity[:12]}"
+        if ctx.transfer is not None:
+            return Reference(name, record=pin.record, missing="reference artifacts are not handed to remote "
+                             "workers (Ray) yet")
+        laid = pins.lay_out(pin, scratch / "reference")
+        return Reference(name, laid.inputs, laid.files, pin.record, laid.missing)
 
     def _judged_sources(self, node: str, upstream: Upstream) -> dict[str, list[dict[str, Any]]]:
         """Where each input comes from, with the producer's gate verdict as judged now (thresholds may have
@@ -149,7 +185,8 @@ class Builder:
         if outcome.status != protocol.OK:
             status = GATE_FAILED if outcome.status == protocol.GATE_FAILED else FAILED
             return Built(NodeResult(node.name, node.stage, status, step.reason, key, error=outcome.error,
-                                    hint=outcome.hint, summary=outcome.summary, **common))
+                                    hint=outcome.hint, summary=outcome.summary, error_code=outcome.error_code,
+                                    **common))
         out_rel = (*scratch_rel, "out")
         if outcome.stored_outputs is not None:
             present = set(outcome.stored_outputs)
@@ -158,6 +195,11 @@ class Builder:
         unwritten = protocol.unwritten_outputs(node.stage, stage.outputs, present)
         if unwritten:
             return Built(NodeResult(node.name, node.stage, FAILED, step.reason, key, error=unwritten, **common))
+        if parts.runs_code:  # committed under the key made with the modules its code was seen importing
+            from trtflow.depfile import Deps
+
+            parts = recorded_parts(parts, Deps.from_json(outcome.deps), ctx.kctx)
+            key = parts.key
         manifest = dict(parts.as_manifest(), node=node.name, recipe=ctx.recipe.name, recipe_id=ctx.recipe.id,
                         summary=outcome.summary, run_id=ctx.run_id, started=started,
                         duration=time.time() - started, previous_summary=previous_summary,

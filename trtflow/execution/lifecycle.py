@@ -22,14 +22,23 @@ from trtflow.errors import StageSkipped, TrtflowError
 from trtflow.execution.build import Builder
 from trtflow.execution.context import RunContext
 from trtflow.execution.ledger import Produced, Upstream
-from trtflow.execution.results import CACHED, FAILED, GATE_FAILED, INTERRUPTED, NodeResult, skipped_result
+from trtflow.execution.results import CACHED, DONE, FAILED, GATE_FAILED, INTERRUPTED, NodeResult, skipped_result
 from trtflow.execution.scheduler import Allocation
-from trtflow.plan import Step, explain, judge, key_parts, previous_manifest
+from trtflow.plan import KeyParts, Step, explain, find_stored, judge, key_parts, previous_manifest
 from trtflow.recipe.expand import ConcreteNode
 from trtflow.storage.store import materialize_error
+from trtflow.verdicts import GateVerdict, accepted, only_inconclusive
+from trtflow.verdicts import failures as blocking_failures
 
 GATE_HINT = ("the measurements are cached: change the threshold to re-judge them without re-running, or change the "
              "model; `trtflow show RECIPE NODE` lists the metrics")
+INCONCLUSIVE_HINT = ("the gate could not decide at its cap: measure longer (max_duration_s), on a quieter host, or set "
+                     "on_inconclusive: warn to report it without failing; `trtflow show RECIPE NODE` lists the figures")
+
+
+def gate_hint(verdicts: list[GateVerdict]) -> str:
+    """The hint of a node whose gate failed: what to do about a failure, or about a gate that could not decide."""
+    return INCONCLUSIVE_HINT if only_inconclusive(verdicts) else GATE_HINT
 
 
 @dataclass
@@ -84,11 +93,13 @@ class Lifecycle:
                 "this time)",
                 hint="wire an output the upstream node writes in this case, e.g. select.engine when the candidates "
                 "are engines"))
+        parts, _ = find_stored(ctx.store, parts, ctx.kctx)
         key = parts.key
         previous = previous_manifest(ctx.store, ctx.recipe.id, node.name, ctx.refs_at_start)
         if step.parts is None or step.key != key:  # planned before its inputs were known: say what changed
             step.reasons = explain(parts, previous)
-        reused = self._reuse(node, key, "identical result already in the store")
+        again = node.name in ctx.options.rerun  # `--rerun`: measure again, whatever is stored or cached
+        reused = None if again else self._reuse(node, parts, "identical result already in the store", upstream)
         if reused is not None:
             return reused
         if stage.check is not None:
@@ -99,36 +110,47 @@ class Lifecycle:
                                                ctx.options.require_gpu))
             except TrtflowError as exc:
                 return Finished(NodeResult(node.name, node.stage, FAILED, step.reason, key, error=exc.message,
-                                           hint=exc.hint))
+                                           hint=exc.hint, error_code=exc.exit_code))
         lock = self._key_lock(node, key)
         if isinstance(lock, NodeResult):
             return Finished(lock)
         try:
-            reused = self._reuse(node, key, "built meanwhile by another trtflow run")
+            reused = None if again else self._reuse(node, parts, "built meanwhile by another trtflow run", upstream)
             if reused is not None:
                 return reused
-            if self._pull(node, key):
-                reused = self._reuse(node, key, f"pulled from the remote cache {ctx.cache.url}")
+            if not again and self._pull(node, key):
+                reused = self._reuse(node, parts, f"pulled from the remote cache {ctx.cache.url}", upstream)
                 if reused is not None:
                     return reused
             built = self.builder.build(step, parts, key, allocation, upstream, previous, started)
             if built.manifest is None:
                 return Finished(built.result)
-            ctx.observers.result_used(node.name, key)  # durable in refs before anyone hears the node is done
-            self._push(node.name, key)
-            return self._deliver(built.result, built.manifest)
+            committed = built.manifest["key"]  # with the modules its code was seen importing
+            self._note_deps(built.manifest)
+            ctx.observers.result_used(node.name, committed)  # durable in refs before anyone hears the node is done
+            self._push(node.name, committed)
+            return self._deliver(built.result, built.manifest, upstream)
         finally:
             lock.release()
 
     # ----------------------------------------------------------------- the store and the remote cache
-    def _reuse(self, node: ConcreteNode, key: str, why: str) -> Finished | None:
+    def _reuse(self, node: ConcreteNode, parts: KeyParts, why: str,
+               upstream: Upstream | None = None) -> Finished | None:
         ctx = self.ctx
-        manifest = ctx.store.read_manifest(key)
-        if manifest is None or not ctx.store.intact(manifest, ctx.journal):
+        found, manifest = find_stored(ctx.store, parts, ctx.kctx)
+        if manifest is None:
             return None
-        ctx.observers.result_used(node.name, key)
-        res = NodeResult(node.name, node.stage, CACHED, why, key, summary=manifest.get("summary", {}))
-        return self._deliver(res, manifest)
+        self._note_deps(manifest)
+        ctx.observers.result_used(node.name, found.key)
+        res = NodeResult(node.name, node.stage, CACHED, why, found.key, summary=manifest.get("summary", {}))
+        return self._deliver(res, manifest, upstream)
+
+    def _note_deps(self, manifest: dict[str, Any]) -> None:
+        """Index the module set of a result of python: code under its pre-key, so the next plan finds it."""
+        note = getattr(self.ctx.journal, "note_dep_set", None)
+        pre, deps, absent = manifest.get("pre"), manifest.get("deps"), manifest.get("absent")
+        if note is not None and isinstance(pre, str) and isinstance(deps, dict) and isinstance(absent, list):
+            note(pre, (tuple(sorted(deps)), tuple(sorted(absent))))
 
     def _key_lock(self, node: ConcreteNode, key: str) -> Any:
         """The lock of ``key`` (every trtflow run on this store builds it once), or the result of waiting."""
@@ -189,7 +211,7 @@ class Lifecycle:
             ctx.notes.warning(f"{node}: pushing to the remote cache failed: {exc.strerror or exc}")
 
     # ----------------------------------------------------------------- delivery
-    def _deliver(self, res: NodeResult, manifest: dict[str, Any]) -> Finished:
+    def _deliver(self, res: NodeResult, manifest: dict[str, Any], upstream: Upstream | None = None) -> Finished:
         """Copy a committed node's outputs under build/ and judge its gate; a copy that fails fails the node."""
         ctx = self.ctx
         if ctx.options.output_dir is not None:
@@ -201,8 +223,51 @@ class Lifecycle:
                 res.status, res.error, res.hint = FAILED, err.message, err.hint
                 return Finished(res, Produced.from_manifest(manifest, None))
         node = ctx.graph.nodes[res.node]
-        failures = judge(ctx.graph, node, manifest, ctx.kctx)
+        verdicts = judge(ctx.graph, node, manifest, ctx.kctx)
+        failures = blocking_failures(verdicts)
+        res.verdicts = verdicts
         if failures:
-            res.status, res.error, res.hint = GATE_FAILED, "; ".join(failures), GATE_HINT
+            res.status, res.error, res.hint = GATE_FAILED, "; ".join(failures), gate_hint(verdicts)
+        elif res.status in (DONE, CACHED) and accepted(verdicts):
+            self._accept(node, manifest, upstream)
         has_gate = ctx.graph.stages[node.stage].gate is not None
         return Finished(res, Produced.from_manifest(manifest, failures if has_gate else None))
+
+    def _accept(self, node: ConcreteNode, manifest: dict[str, Any], upstream: Upstream | None) -> None:
+        """Keep the artifact of an accepted result as the reference the node's next runs are compared with
+        (`Stage.reference` "accepted"): what the node read (its inputs with their companions, and its recipe and
+        code files), pinned in the store. Only a result whose every primary verdict passed gets here."""
+        ctx = self.ctx
+        stage = ctx.graph.stages[node.stage]
+        if upstream is None or stage.reference is None:
+            return
+        try:
+            if stage.reference_for(node.params_model, ctx.kctx.resolve, node.name) != "accepted":
+                return
+        except TrtflowError:
+            return
+        from trtflow.storage.pins import Pin, PinStore, pin_record
+
+        pins = PinStore(ctx.store)
+        inputs = {}
+        for slot, refs in node.upstream.items():
+            if stage.inputs[slot].many or len(refs) != 1:
+                continue
+            src, out = refs[0]
+            outputs = ctx.graph.stages[ctx.graph.nodes[src].stage].outputs
+            produced = upstream.outputs(src)
+            objects = {outputs[name].filename: {"digest": digest, "size": size}
+                       for name, (digest, size) in produced.items() if name in outputs}
+            if out in outputs and outputs[out].filename in objects:
+                inputs[slot] = {"file": outputs[out].filename, "objects": objects}
+        try:
+            previous = pins.read_accepted(ctx.recipe.id, node.name)
+            if previous is not None and previous.record.get("key") == manifest.get("key"):
+                return
+            files = pins.keep_files({path: ctx.kctx.project_root / path for path in manifest.get("files") or {}})
+            record = pin_record(node.name, ctx.recipe.id, node.params, manifest.get("summary") or {},
+                                manifest.get("key"), run_id=ctx.run_id)
+            pins.write_accepted(ctx.recipe.id, node.name, Pin(inputs, files, record))
+        except (OSError, ValueError) as exc:
+            ctx.notes.warning(f"{node.name}: its accepted result could not be kept as the reference of later runs: "
+                              f"{getattr(exc, 'strerror', None) or exc}")

@@ -96,7 +96,8 @@ class LocalExecutor:
         if status not in (OK, FAILED, GATE_FAILED, SKIPPED, INTERRUPTED):
             status = CRASHED
         return Outcome(status, summary=result.get("summary") or {}, error=result.get("error"),
-                       hint=result.get("hint"), exit_code=handle.exit_code, peak_rss=handle.maxrss)
+                       hint=result.get("hint"), exit_code=handle.exit_code, peak_rss=handle.maxrss,
+                       error_code=result.get("error_code"), deps=result.get("deps"))
 
     def _start(self, job: Job, env: dict[str, str | None]) -> _Handle:
         if self._server is not None and self._server.alive:
@@ -218,7 +219,7 @@ class InlineExecutor:
         result = run_job(job, get_stage)
         write_result(job, result)
         return Outcome(result["status"], summary=result.get("summary") or {}, error=result.get("error"),
-                       hint=result.get("hint"))
+                       hint=result.get("hint"), error_code=result.get("error_code"), deps=result.get("deps"))
 
     def interrupt(self) -> None:
         return None

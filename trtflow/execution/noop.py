@@ -1,30 +1,34 @@
-"""The no-op run's shortcut: "nothing to do" decided without the recipe schema, the stages or the planner.
+"""The no-op run's shortcut: "nothing to do" without loading the recipe's schema or the stages, and without planning.
 
-A run whose plan found every node up to date (and that qualifies, below) leaves a *no-op record* in the store,
-``noop/<invocation>.json``: what that decision rested on, each item with a check as exact as the planner's own:
+The planner is the one judge of "up to date"; this shortcut only replays what the planner observed. A run whose
+plan found every node up to date (and that qualifies, below) leaves a *no-op record* in the store,
+``noop/<invocation>.json``, made from the plan's `Evidence` (what its decisions rested on) and confirmed on disk:
   - the invocation (recipe file, --set values, targets, output folder, working folder, --require-gpu), Python, its
-    ``sys.path`` and the mtime of each of its folders (installing, upgrading or removing any distribution changes
-    one; library versions are facts), the environment variables the recipe names, every ``TRTFLOW_*`` variable,
-    ``CUDA_VISIBLE_DEVICES`` and ``PYTHONPATH``;
-  - the recipe files' text (``extends`` bases too): read and hashed again, never trusted on a stat;
-  - code: trtflow's own files; each stage's code and each ``python:`` file, whose import closure is found again
-    from the sources as the planner finds it; the entry-point files that name the stages;
-  - the files and folders the parameters name; the store's manifests and output objects;
-    files are compared by size, mtime and inode, the planner's own stat-cache shortcut (each one was confirmed
-    against the digest in the node's key, through the stat cache, when the record was written);
-  - the facts the nodes declare that do not come from installed distributions (python, platform, cpu, gpu,
-    driver): computed again.
+    ``sys.path`` and the mtime of each of its folders, trtflow's own files, the environment variables the recipe
+    names (``${VAR}`` and ``$VAR``), ``HOME``, every ``TRTFLOW_*`` variable, ``CUDA_VISIBLE_DEVICES``, ``PYTHONPATH``;
+  - the recipe files' text (read and hashed again, never trusted on a stat), and each ``extends:`` as written;
+  - every path as the recipe spells it (data files and folders, ``python:`` files) with what it resolved to, and
+    each ``python:`` module name with the file it was found at: replayed by the planner's own resolver, so a link
+    retargeted, ``~`` under another ``HOME`` or a ``$VAR`` with another value steps aside;
+  - every file the keys hashed (data, ``python:`` files, the modules their code was recorded importing, the
+    stages' code), by its signature (size, mtime, ctime, inode: the planner's stat-cache shortcut; ctime cannot be
+    set back) and its digest: a file whose signature was not settled when it was read is read and hashed again;
+    the module slots that must stay empty; the journal's index entry by which each such result was found;
+  - the environment facts the keys were made with: computed again by the planner's own function;
+  - the store's manifests and output objects, by their signatures.
 If all of it holds, the run is recorded as an up-to-date run is (journal, refs, outputs under build/), under the
 store lock, without planning; if anything differs, nothing is recorded and the normal path plans and decides.
 Recipes with quality gates (a gate may read files the key does not name), GPU nodes (facts of a device), a remote
-cache, ``python:`` references by module name, or nodes that cannot run here get no record; ``TRTFLOW_NO_SHORTCUT=1``
-turns the shortcut off (every run plans).
+cache, or nodes that cannot run here get no record; ``TRTFLOW_NO_SHORTCUT=1`` turns the shortcut off (every run
+plans). A differential test (tests/reliability/test_freshness_differential.py) checks on random edit sequences
+that the shortcut never answers where the planner would rebuild.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -32,93 +36,32 @@ from pathlib import Path
 from typing import Any
 
 import trtflow
-from trtflow.callables import PYTHON_PREFIX, code_references
-from trtflow.codehash import callable_files, stage_files, stage_module_place
-from trtflow.environment import FACTS, Environment
-from trtflow.fingerprint import RACY_WINDOW_NS, StatCache, hash_file, hash_path, hash_text, hash_value
-from trtflow.fsutil import MAX_RECIPE_BYTES, allowed_roots_for, project_root, read_regular, recipe_id
+from trtflow.codehash import stage_files, stage_module_place
+from trtflow.errors import TrtflowError
+from trtflow.evidence import Evidence
+from trtflow.fingerprint import StatCache, hash_file, hash_file_content, hash_path, hash_text, hash_value, settled
+from trtflow.fsutil import allowed_roots_for, project_root, recipe_id, resolve_user_path
 from trtflow.status import FRESH
 from trtflow.storage import confined
 from trtflow.storage.store import Store
 
-FORMAT = 1
-LOCAL_FACTS = ("python", "platform", "cpu", "gpu", "driver")  # facts not read from installed distributions
-_ENV_NAME = re.compile(r"\$\{(?!\{)([A-Za-z_][A-Za-z0-9_]*)")
-Sig = list[int]  # [size, mtime_ns, inode]
+FORMAT = 2
+MAX_TEXT = 16 << 20  # a recipe file's size limit (recipe.load.MAX_RECIPE_BYTES)
+_ENV_NAME = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+Sig = list[int]  # [size, mtime_ns, ctime_ns, inode]
 
 
 class Uncertain(Exception):
     """Something the record would rest on cannot be confirmed: write none."""
 
 
-def _sig(path: Path) -> Sig:
-    st = path.stat()
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
-
-
-def _dir_mtime(path: str) -> int | None:
-    try:
-        return os.stat(path or ".").st_mtime_ns
-    except OSError:
-        return None
-
-
-def invocation(recipe: str | Path, targets: Sequence[str], overrides: Sequence[str], store: Store,
-               options: Any) -> dict[str, Any] | None:
-    """What identifies a run command for the shortcut; None if the shortcut never applies to it."""
-    if options.remote or options.executor not in ("local", "inline") or os.environ.get("TRTFLOW_NO_SHORTCUT"):
-        return None
-    return {"recipe": str(Path(recipe).resolve()), "targets": list(targets), "overrides": list(overrides),
-            "store": str(store.root.resolve()), "output_dir": str(options.output_dir) if options.output_dir else None,
-            "cwd": os.getcwd(), "require_gpu": bool(options.require_gpu)}
-
-
-def record_name(call: dict[str, Any]) -> str:
-    """The name of the record of ``call`` in the store (`Store.read_noop_record`: through the store's confined tree,
-    so a ``noop`` folder that is a link is never written through; the shortcut is off then)."""
-    return hash_value(call)[:24]
-
-
-def _environment(names: Iterable[str]) -> dict[str, str | None]:
-    wanted = set(names) | {"CUDA_VISIBLE_DEVICES", "PYTHONPATH"} | {n for n in os.environ if n.startswith("TRTFLOW_")}
-    return {name: os.environ.get(name) for name in sorted(wanted)}
-
-
-def _engine_files() -> dict[str, Sig]:
-    root = Path(trtflow.__file__).parent
-    found = {}
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in files:
-            if name.endswith(".py"):
-                path = Path(folder) / name
-                found[str(path)] = _sig(path)
-    return found
-
-
-def _python() -> dict[str, Any]:
-    return {"version": sys.version, "executable": sys.executable, "path": list(sys.path),
-            "mtimes": [_dir_mtime(p) for p in sys.path]}
-
-
-def snapshot() -> dict[str, Any]:
-    """What a record rests on that must be taken before the recipe is loaded and planned: the installed
-    distributions (library versions are facts) and trtflow's own code, as the planner then used them."""
-    return {"python": _python(), "engine": _engine_files()}
-
-
-# ---------------------------------------------------------------------------------------------- writing
-def _confirm(path: Path, digest: str, cache: StatCache) -> Sig:
-    """The file's signature, once its content is confirmed to be ``digest`` (through the stat cache, or hashed).
-
-    A file changed in the last couple of seconds could change again without its mtime moving on a coarse-grained
-    filesystem: like the stat cache, the record does not trust its signature yet."""
-    sig = _sig(path)
-    if time.time_ns() - sig[1] <= RACY_WINDOW_NS:
-        raise Uncertain(f"{path} changed just now")
-    if hash_file(path, cache) != digest or _sig(path) != sig:
-        raise Uncertain(str(path))
-    return sig
+def _sig(path: Path | str) -> Sig:
+    """A regular file's signature; OSError for anything else (a record may be planted: a named pipe it names must
+    not be opened, a device not read)."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(f"{path} is not a regular file")
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
 def _confirm_object(store: Store, digest: str, size: int, cache: StatCache) -> Sig:
@@ -136,32 +79,126 @@ def _store_sig(store: Store, rel: tuple[str, ...]) -> Sig:
     st = store.tree.stat(rel)
     if st is None:
         raise FileNotFoundError(str(store.shown(rel)))
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
-def _tree(path: Path) -> dict[str, Sig]:
-    """The signature of every file of a folder, walked as `hash_path` walks it."""
+def _text(path: str) -> str:
+    """A recipe file's text, read only if it is a regular file (opened without blocking, checked on the open file)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(MAX_TEXT + 1).decode("utf-8")
+    finally:
+        os.close(fd)
+
+
+def _dir_mtime(path: str) -> int | None:
+    try:
+        return os.stat(path or ".").st_mtime_ns
+    except OSError:
+        return None
+
+
+def invocation(recipe: str | Path, targets: Sequence[str], overrides: Sequence[str], store: Store,
+               options: Any) -> dict[str, Any] | None:
+    """What identifies a run command for the shortcut; None if the shortcut never applies to it."""
+    if options.remote or options.executor not in ("local", "inline") or os.environ.get("TRTFLOW_NO_SHORTCUT") \
+            or getattr(options, "rerun", None):
+        return None
+    return {"recipe": str(Path(recipe).resolve()), "targets": list(targets), "overrides": list(overrides),
+            "store": str(store.root.resolve()), "output_dir": str(options.output_dir) if options.output_dir else None,
+            "cwd": os.getcwd(), "require_gpu": bool(options.require_gpu)}
+
+
+def record_name(call: dict[str, Any]) -> str:
+    """The name of the record of ``call`` in the store (`Store.read_noop_record`: through the store's confined tree,
+    so a ``noop`` folder that is a link is never written through; the shortcut is off then)."""
+    return hash_value(call)[:24]
+
+
+def _environment(names: Iterable[str]) -> dict[str, str | None]:
+    wanted = (set(names) | {"CUDA_VISIBLE_DEVICES", "PYTHONPATH", "HOME"}
+              | {n for n in os.environ if n.startswith("TRTFLOW_")})
+    return {name: os.environ.get(name) for name in sorted(wanted)}
+
+
+def _engine_files() -> dict[str, Sig]:
+    root = Path(trtflow.__file__).parent
     found = {}
-    for root, dirs, files in os.walk(path):
-        dirs.sort()
-        for name in sorted(files):
-            full = Path(root) / name
-            found[full.relative_to(path).as_posix()] = _sig(full)
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                found[path] = _sig(path)
     return found
 
 
-def _confirm_path(path: Path, digest: str, cache: StatCache) -> Sig | dict[str, Sig]:
-    if not path.is_dir():
-        return _confirm(path, digest, cache)
-    tree = _tree(path)
-    if any(time.time_ns() - sig[1] <= RACY_WINDOW_NS for sig in tree.values()):
-        raise Uncertain(f"a file in {path} changed just now")
-    if hash_path(path, cache) != digest or _tree(path) != tree:
-        raise Uncertain(str(path))
-    return tree
+def _python() -> dict[str, Any]:
+    return {"version": sys.version, "executable": sys.executable, "path": list(sys.path),
+            "mtimes": [_dir_mtime(p) for p in sys.path]}
 
 
-def _stage_record(stage: Any, code_files: dict[str, str], cache: StatCache) -> dict[str, Any]:
+def snapshot() -> dict[str, Any]:
+    """What a record rests on that must be taken before the recipe is loaded and planned: the installed
+    distributions and trtflow's own code, as the planner then used them."""
+    return {"python": _python(), "engine": _engine_files()}
+
+
+# ---------------------------------------------------------------------------------------------- files
+def _file_entry(path: str, expected: str | None, cache: StatCache | None) -> dict[str, Any]:
+    """A file's signature and digest (``expected``: what the planner found, which it must still be). A signature
+    not settled when the content was read (it could change again within the same timestamp granule) is marked
+    racy: the check then hashes the file again instead of trusting the signature."""
+    sig = _sig(path)
+    read_at = time.time_ns()
+    digest = hash_file(Path(path), cache) if settled(sig, read_at) else hash_file_content(Path(path))
+    if (expected is not None and digest != expected) or _sig(path) != sig:
+        raise Uncertain(path)
+    return {"sig": sig, "digest": digest, "racy": not settled(sig, read_at)}
+
+
+def _entry_holds(path: str, entry: dict[str, Any]) -> bool:
+    if _sig(path) != entry["sig"]:
+        return False
+    return not entry["racy"] or hash_file_content(Path(path)) == entry["digest"]
+
+
+def _tree(path: str) -> list[str]:
+    """The files of a folder, walked as `hash_path` walks it."""
+    found = []
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        found += [os.path.join(root, name) for name in sorted(files)]
+    return found
+
+
+def _path_entry(path: str, digest: str, cache: StatCache | None) -> dict[str, Any]:
+    """The record of a data file or folder the planner hashed to ``digest``."""
+    if not os.path.isdir(path):
+        return _file_entry(path, digest, cache)
+    tree = {os.path.relpath(f, path): _file_entry(f, None, cache) for f in _tree(path)}
+    if hash_path(Path(path), cache) != digest:
+        raise Uncertain(path)
+    return {"tree": tree, "digest": digest}
+
+
+def _path_holds(path: str, entry: dict[str, Any]) -> bool:
+    if "tree" not in entry:
+        return not os.path.isdir(path) and _entry_holds(path, entry)
+    if not os.path.isdir(path):
+        return False
+    files = _tree(path)
+    return (sorted(os.path.relpath(f, path) for f in files) == sorted(entry["tree"])
+            and all(_entry_holds(f, entry["tree"][os.path.relpath(f, path)]) for f in files))
+
+
+# ---------------------------------------------------------------------------------------------- writing
+def _stage_record(stage: Any, code_files: dict[str, str], closures: dict[str, Any], cache: StatCache
+                  ) -> dict[str, Any]:
+    """A stage's entry point and the code closures of its modules (each closure recorded once in ``closures``)."""
     from trtflow.registry import stage_entry_points
 
     ep = stage_entry_points().get(stage.name)
@@ -169,23 +206,27 @@ def _stage_record(stage: Any, code_files: dict[str, str], cache: StatCache) -> d
     if ep is None or dist_path is None:
         raise Uncertain(f"stage {stage.name} does not come from an entry point")
     entry_file = Path(dist_path) / "entry_points.txt"
-    closures = []
+    origins = []
     for module in dict.fromkeys([stage.run.__module__, ep.module]):
         place = stage_module_place(module)
+        top = sys.modules.get(module.split(".")[0])
         if place is None:
             raise Uncertain(f"module {module} has no file")
         origin, package_dir = place
+        origins.append(str(origin))
+        if str(origin) in closures:
+            continue
         files = stage_files(origin, module.split(".")[0], package_dir)
-        sigs = {}
+        entries = {}
         for path in files:
             label = _label(path, package_dir.parent)
             # the files of the key are confirmed against its digests; the entry point's module (its params'
-            # defaults, its version) by its signature as the stage was loaded
-            sigs[str(path)] = _confirm(path, code_files[label], cache) if label in code_files else _sig(path)
-        closures.append({"origin": str(origin), "package": module.split(".")[0], "package_dir": str(package_dir),
-                         "files": sigs})
-    return {"entry_point": ep.value, "entry_file": str(entry_file), "entry_sig": _sig(entry_file),
-            "closures": closures}
+            # defaults, its version) as the stage was loaded
+            entries[str(path)] = _file_entry(str(path), code_files.get(label), cache)
+        closures[str(origin)] = {"package": module.split(".")[0], "package_dir": str(package_dir),
+                                 "top_file": getattr(top, "__file__", None) or str(origin), "files": entries}
+    return {"entry_point": ep.value, "entry_file": str(entry_file), "entry": _file_entry(str(entry_file), None, cache),
+            "closures": origins}
 
 
 def _label(path: Path, base: Path) -> str:
@@ -195,37 +236,11 @@ def _label(path: Path, base: Path) -> str:
         return path.as_posix()
 
 
-def _node_inputs(graph: Any, node: Any, parts: Any, kctx: Any, cache: StatCache) -> dict[str, Any]:
-    """The data files and ``python:`` code of one node, each confirmed against its digest in the key."""
-    stage = graph.stages[node.stage]
-    data: dict[str, Any] = {}
-    covered = set()
-    for ref in stage.files_for(node.params_model):
-        path = kctx.resolve(ref)
-        label = kctx.display(path)
-        data[str(path)] = _confirm_path(path, parts.files[label], cache)
-        covered.add(label)
-    code = []
-    for text in code_references(node.params):
-        body = text[len(PYTHON_PREFIX):].rsplit(":", 1)[0]
-        if not (body.endswith(".py") or "/" in body):
-            raise Uncertain(f"{text} names a module, found through sys.path")
-        entry = kctx.resolve(body)
-        files = {}
-        for path in callable_files(entry, kctx.project_root):
-            label = kctx.display(path)
-            files[str(path)] = _confirm(path, parts.files[label], cache)
-            covered.add(label)
-        code.append({"entry": str(entry), "root": str(kctx.project_root), "files": files})
-    if set(parts.files) - covered:
-        raise Uncertain(f"node {node.name}: files of its key not accounted for")
-    return {"data": data, "code": code}
-
-
 def certify(call: dict[str, Any] | None, before: dict[str, Any], pipeline: Any, steps: list[Any], store: Store,
-            journal: StatCache, kctx: Any, summary: Any) -> bool:
+            journal: StatCache, evidence: Evidence | None, summary: Any) -> bool:
     """Write the no-op record of a run whose plan found everything up to date (the slow path's last step), or
-    remove an outdated one; True if written. ``before``: the `snapshot` taken before the recipe was loaded."""
+    remove an outdated one; True if written. ``before``: the `snapshot` taken before the recipe was loaded;
+    ``evidence``: what the plan observed (`make_plan(..., evidence=...)`)."""
     if call is None:
         return False
     name = record_name(call)
@@ -236,7 +251,7 @@ def certify(call: dict[str, Any] | None, before: dict[str, Any], pipeline: Any, 
     graph = pipeline.graph
     from trtflow.plan import node_resources
 
-    if (not summary.ok or summary.problems or summary.warnings or not steps
+    if (evidence is None or not summary.ok or summary.problems or summary.warnings or not steps
             or any(s.status != FRESH or s.gate_failures or s.parts is None or s.manifest is None for s in steps)
             or any(graph.stages[s.node.stage].gate is not None or node_resources(graph, s.node).gpu > 0
                    for s in steps)):
@@ -244,7 +259,7 @@ def certify(call: dict[str, Any] | None, before: dict[str, Any], pipeline: Any, 
     try:
         if before != snapshot():  # a distribution installed or trtflow changed while this run planned
             return False
-        record = _gather(call, before, pipeline, steps, store, journal, kctx)
+        record = _gather(call, before, pipeline, steps, store, journal, evidence)
     except (Uncertain, OSError, KeyError, ValueError):
         return False
     try:
@@ -255,16 +270,18 @@ def certify(call: dict[str, Any] | None, before: dict[str, Any], pipeline: Any, 
 
 
 def _gather(call: dict[str, Any], before: dict[str, Any], pipeline: Any, steps: list[Any], store: Store,
-            cache: StatCache, kctx: Any) -> dict[str, Any]:
+            cache: StatCache, evidence: Evidence) -> dict[str, Any]:
     graph = pipeline.graph
     loaded = pipeline.loaded
     texts = {str(p): hash_text(t) for p, t in loaded.sources.items()}
-    names = {m for t in [*loaded.sources.values(), *call["overrides"]] for m in _ENV_NAME.findall(t)}
-    stages = {}
+    names = {m for t in [*loaded.sources.values(), *call["overrides"], *evidence.paths]
+             for m in _ENV_NAME.findall(t)}
+    stages: dict[str, Any] = {}
+    closures: dict[str, Any] = {}
     for step in steps:
         name = step.node.stage
-        stages[name] = stages.get(name) or _stage_record(graph.stages[name], step.parts.code_files, cache)
-    facts = sorted({f for s in steps for f in graph.stages[s.node.stage].environment_for(s.node.params_model)})
+        if name not in stages:
+            stages[name] = _stage_record(graph.stages[name], step.parts.code_files, closures, cache)
     nodes = []
     objects: dict[str, Sig] = {}
     for step in steps:
@@ -276,16 +293,22 @@ def _gather(call: dict[str, Any], before: dict[str, Any], pipeline: Any, steps: 
         for out in step.manifest["outputs"].values():
             objects[out["digest"]] = _confirm_object(store, out["digest"], out["size"], cache)
         nodes.append({"name": step.node.name, "stage": step.node.stage, "key": step.key, "reason": step.reason,
-                      "manifest": sig, **_node_inputs(graph, step.node, step.parts, kctx, cache)})
+                      "manifest": sig})
     identity = pipeline.identity
     return {"format": FORMAT, "trtflow": trtflow.__version__, "call": call, **before,
             "environment": _environment(names), "texts": texts,
+            "extends": [[spelled, str(base), str(resolved)] for spelled, base, resolved in loaded.extends],
             "recipe": {"id": identity.id, "name": identity.name, "path": str(identity.path),
-                       "nodes": list(pipeline.recipe_nodes), "output_dir": call["output_dir"],
+                       "dir": str(loaded.directory), "nodes": list(pipeline.recipe_nodes),
+                       "output_dir": call["output_dir"],
                        "roots": [str(p) for p in allowed_roots_for(identity.path.parent)],
                        "project": str(project_root(identity.path.parent))},
-            "stages": stages, "facts": {f: kctx.env.get(f) for f in facts if f in LOCAL_FACTS},
-            "nodes": nodes, "objects": objects}
+            "paths": dict(evidence.paths), "modules": dict(evidence.modules),
+            "files": {p: _path_entry(p, d, cache) for p, d in sorted(evidence.files.items())},
+            "absent": sorted(evidence.absent), "missing": sorted(evidence.missing),
+            "dep_sets": [[pre, list(files), list(absent)] for pre, (files, absent) in evidence.dep_sets],
+            "stages": stages, "closures": closures, "facts": dict(evidence.facts), "nodes": nodes,
+            "objects": objects}
 
 
 # ---------------------------------------------------------------------------------------------- checking
@@ -315,77 +338,92 @@ def _plain(name: object) -> bool:
     return confined.is_plain_name(name) and isinstance(name, str) and not name.startswith(".")
 
 
-def holds(record: dict[str, Any], store: Store) -> bool:
+def holds(record: dict[str, Any], store: Store, journal: Any) -> bool:
     """Whether everything the record rests on is as it was (cheapest checks first)."""
     try:
-        return all(check(record, store) for check in _CHECKS)
-    except (OSError, KeyError, TypeError, ValueError):
-        return False
+        return all(check(record, store, journal) for check in _CHECKS)
+    except (OSError, KeyError, TypeError, ValueError, RuntimeError, TrtflowError):  # TrtflowError: a path the
+        return False  # resolver refuses now (it leaves the project): the planner says why
 
 
-def _same_sigs(sigs: dict[str, Any]) -> bool:
-    return all(_sig(Path(p)) == s for p, s in sigs.items())
-
-
-def _check_python(record: dict[str, Any], store: Store) -> bool:
+def _check_python(record: dict[str, Any], store: Store, journal: Any) -> bool:
     return record["trtflow"] == trtflow.__version__ and record["python"] == _python()
 
 
-def _check_environment(record: dict[str, Any], store: Store) -> bool:
+def _check_environment(record: dict[str, Any], store: Store, journal: Any) -> bool:
     return record["environment"] == _environment(n for n in record["environment"] if not n.startswith("TRTFLOW_"))
 
 
-def _check_recipe(record: dict[str, Any], store: Store) -> bool:
+def _check_recipe(record: dict[str, Any], store: Store, journal: Any) -> bool:
     recipe = record["recipe"]
     path = Path(recipe["path"])
+    roots = allowed_roots_for(path.parent)
     return (recipe_id(path) == recipe["id"] and str(project_root(path.parent)) == recipe["project"]
-            and [str(p) for p in allowed_roots_for(path.parent)] == recipe["roots"]
-            and all(hash_text(read_regular(p, MAX_RECIPE_BYTES).decode("utf-8")) == d
-                    for p, d in record["texts"].items()))
+            and [str(p) for p in roots] == recipe["roots"]
+            and all(hash_text(_text(p)) == d for p, d in record["texts"].items())
+            and all(str(resolve_user_path(spelled, Path(base), roots)) == resolved
+                    for spelled, base, resolved in record["extends"]))
 
 
-def _check_code(record: dict[str, Any], store: Store) -> bool:
-    if _engine_files() != record["engine"]:
-        return False
-    for stage in record["stages"].values():
-        if _sig(Path(stage["entry_file"])) != stage["entry_sig"]:
-            return False
-        for c in stage["closures"]:
-            found = stage_files(Path(c["origin"]), c["package"], Path(c["package_dir"]))
-            if sorted(map(str, found)) != sorted(c["files"]) or not _same_sigs(c["files"]):
-                return False
-    for node in record["nodes"]:
-        for c in node["code"]:
-            found = callable_files(Path(c["entry"]), Path(c["root"]))
-            if sorted(map(str, found)) != sorted(c["files"]) or not _same_sigs(c["files"]):
-                return False
-    return True
+def _check_paths(record: dict[str, Any], store: Store, journal: Any) -> bool:
+    """Every path the planner resolved, resolved again by the same function from the same spelling."""
+    from trtflow.callables import module_origin
+
+    recipe_dir = Path(record["recipe"]["dir"])
+    roots = allowed_roots_for(recipe_dir)
+    return (all(str(resolve_user_path(spelled, recipe_dir, roots)) == resolved
+                for spelled, resolved in record["paths"].items())
+            and all((module_origin(name) or "") == origin for name, origin in record["modules"].items()))
 
 
-def _check_data(record: dict[str, Any], store: Store) -> bool:
-    for node in record["nodes"]:
-        for path, sig in node["data"].items():
-            p = Path(path)
-            if isinstance(sig, dict):
-                if not p.is_dir() or _tree(p) != sig:
-                    return False
-            elif p.is_dir() or _sig(p) != sig:
-                return False
-    return True
-
-
-def _check_facts(record: dict[str, Any], store: Store) -> bool:
-    env = Environment.from_env()
-    return all(name in FACTS and env.get(name) == value for name, value in record["facts"].items())
-
-
-def _check_store(record: dict[str, Any], store: Store) -> bool:
+def _check_store(record: dict[str, Any], store: Store, journal: Any) -> bool:
     return (all(_store_sig(store, store.manifest_rel(n["key"])) == n["manifest"] for n in record["nodes"])
             and all(_store_sig(store, store.object_rel(d)) == s for d, s in record["objects"].items()))
 
 
-_CHECKS: list[Callable[[dict[str, Any], Store], bool]] = [
-    _check_python, _check_environment, _check_recipe, _check_store, _check_data, _check_code, _check_facts]
+def _check_files(record: dict[str, Any], store: Store, journal: Any) -> bool:
+    from trtflow.depfile import slot_taken
+
+    return (all(_path_holds(p, entry) for p, entry in record["files"].items())
+            and not any(slot_taken(slot) for slot in record["absent"])
+            and not any(os.path.lexists(p) for p in record["missing"]))
+
+
+def _check_dep_sets(record: dict[str, Any], store: Store, journal: Any) -> bool:
+    """Each result of python: code was found through the journal's index: the planner finds it there again."""
+    if not record["dep_sets"]:
+        return True
+    dep_sets = getattr(journal, "dep_sets", None)
+    return dep_sets is not None and all((tuple(files), tuple(absent)) in dep_sets(pre)
+                                        for pre, files, absent in record["dep_sets"])
+
+
+def _check_code(record: dict[str, Any], store: Store, journal: Any) -> bool:
+    if _engine_files() != record["engine"]:
+        return False
+    if not all(_entry_holds(stage["entry_file"], stage["entry"]) for stage in record["stages"].values()):
+        return False
+    for origin, c in record["closures"].items():
+        package_dir = Path(c["top_file"]).resolve().parent  # resolved again: a package folder may be a link
+        found = stage_files(Path(origin), c["package"], package_dir)
+        if (str(package_dir) != c["package_dir"] or sorted(map(str, found)) != sorted(c["files"])
+                or not all(_entry_holds(p, e) for p, e in c["files"].items())):
+            return False
+    return True
+
+
+def _check_facts(record: dict[str, Any], store: Store, journal: Any) -> bool:
+    """The facts as the planner computes them (`Environment.from_env`): a tool version changed in place (its
+    metadata edited, a .pth file or sitecustomize changed) is seen as the planner sees it."""
+    from trtflow.environment import FACTS, Environment
+
+    env = Environment.from_env()
+    return all(name in FACTS and env.get(name) == value for name, value in record["facts"].items())
+
+
+_CHECKS: list[Callable[[dict[str, Any], Store, Any], bool]] = [
+    _check_python, _check_environment, _check_recipe, _check_store, _check_paths, _check_files, _check_dep_sets,
+    _check_code, _check_facts]
 
 
 # ---------------------------------------------------------------------------------------------- replaying
@@ -424,7 +462,7 @@ def run_unchanged(recipe: str | Path, targets: Sequence[str], overrides: Sequenc
         results: dict[str, NodeResult] = {}
         with StoreLock(store.tree).held(SHARED, f"trtflow run {identity.id} (run {run_id})",
                                         on_wait=lambda msg: observers.node_waiting("(store)", msg)):
-            if not holds(record, store):  # under the lock: gc cannot remove anything it checked
+            if not holds(record, store, journal):  # under the lock: gc cannot remove anything it checked
                 return None
             options.output_dir, options.output_base = output_dir, output_base
             journal_observer.reap_dead_runs(store)

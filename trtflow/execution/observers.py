@@ -29,10 +29,12 @@ from trtflow.errors import StoreError
 from trtflow.execution.results import Hooks, NodeResult, Notes, Progress
 
 if TYPE_CHECKING:
+    from trtflow.graph import Graph
     from trtflow.plan import Step
 from trtflow.storage.journal import Journal
 from trtflow.storage.refs import RecipeIdentity, RefStore
 from trtflow.storage.store import Store
+from trtflow.verdicts import with_verdicts
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,8 @@ class JournalObserver(RunObserver):
         import json
 
         rows = [(self.run_id, r.node, r.stage, r.key, r.status, r.reason,
-                 json.dumps(r.summary) if r.summary else None) for r in results]
+                 json.dumps(recorded) if (recorded := with_verdicts(r.summary, r.verdicts)) else None)
+                for r in results]
         self.guarded("recording up-to-date nodes", lambda: self.journal.record_nodes(rows))
 
     def node_started(self, start: NodeStart) -> None:
@@ -174,7 +177,7 @@ class JournalObserver(RunObserver):
         self.guarded(f"recording node {res.node}", lambda: self.journal.node_state(
             self.run_id, res.node, res.stage, res.key, res.status, res.reason, started=res.started,
             ended=time.time() if res.started else None, log_path=str(res.log_path) if res.log_path else None,
-            error=res.error, summary=res.summary or None))
+            error=res.error, summary=with_verdicts(res.summary, res.verdicts) or None))
         if res.peak_rss:
             peak = res.peak_rss
             self.guarded("recording memory", lambda: self.journal.set_peak_rss(self.run_id, res.node, peak))
@@ -186,6 +189,42 @@ class JournalObserver(RunObserver):
     def run_ended(self, status: str) -> None:
         if self._started:
             self.guarded("recording the end of the run", lambda: self.journal.end_run(self.run_id, status))
+
+
+class HistoryObserver(RunObserver):
+    """Adds the figures of every result the run used to the recipe's history (`trtflow.history.record.rows_of`),
+    once per measurement. A failed write is a run problem; a stage whose ``figures`` raises gets a warning."""
+
+    def __init__(self, journal: Journal, graph: Graph, run_id: str, recipe: RecipeIdentity, notes: Notes) -> None:
+        self.journal = journal
+        self.graph = graph
+        self.run_id = run_id
+        self.recipe = recipe
+        self.notes = notes
+
+    def _record(self, results: Sequence[NodeResult]) -> None:
+        from trtflow.history.record import RunInfo, rows_of
+
+        run = RunInfo(self.run_id, self.recipe.id)
+        rows: list[dict[str, Any]] = []
+        for res in results:
+            node = self.graph.nodes.get(res.node)
+            stage = self.graph.stages.get(res.stage)
+            if node is None or stage is None or stage.figures is None:
+                continue
+            try:
+                rows += rows_of(run, res, stage, node.params_model)
+            except Exception as exc:  # the stage's code: its failure must not fail a run whose results are stored
+                self.notes.warning(f"{res.node}: its figures were not added to the history: stage {res.stage}'s "
+                                   f"figures() failed: {type(exc).__name__}: {exc}")
+        if rows:
+            guarded(self.notes, "recording the history of figures", lambda: self.journal.add_history(rows))
+
+    def nodes_up_to_date(self, results: list[NodeResult]) -> None:
+        self._record(results)
+
+    def node_ended(self, result: NodeResult) -> None:
+        self._record([result])
 
 
 class RefsObserver(RunObserver):
@@ -243,7 +282,9 @@ class HooksObserver(RunObserver):
 
     def nodes_up_to_date(self, results: list[NodeResult]) -> None:
         for res in results:
-            if res.error:  # up to date, but its cached measurements fail the gate as it stands now: say so
+            # up to date, but its cached measurements fail the gate as it stands now, or a gate could not decide
+            # (on_inconclusive: warn): say so
+            if res.error or any(v.primary and v.outcome == "inconclusive" for v in res.verdicts):
                 self.hooks.on_node_end(res)
 
     def node_started(self, start: NodeStart) -> None:

@@ -43,6 +43,9 @@ class Job:
     input_objects: dict[str, dict[str, str]] = field(default_factory=dict)
     # slot -> per input: its producer's node, template, matrix and own inputs (StageContext.input_sources)
     input_sources: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # the reference the node measures beside its candidate, laid out in its scratch (`stage.Reference.as_json`)
+    reference: dict[str, Any] | None = None
+    gate_family: int = 1  # how many nodes of the recipe make a comparison (StageContext.gate_family)
 
     @property
     def gpu(self) -> int | None:
@@ -85,10 +88,14 @@ class Outcome:
     hint: str | None = None
     exit_code: int | None = None
     signal: int | None = None
+    #: the CLI exit code of the kind of mistake the stage raised (errors.EXIT_*), when it raised a TrtflowError
+    error_code: int | None = None
     peak_rss: int | None = None  # bytes
     # outputs already stored elsewhere (a remote cache) by the executor: name -> {digest, size, filename, kind};
     # None: the outputs are files in job.out_dir
     stored_outputs: dict[str, dict[str, Any]] | None = None
+    # the project modules the stage's python: code imported while it ran (`depfile.Deps.as_json`); None: not recorded
+    deps: dict[str, Any] | None = None
 
 
 def unwritten_outputs(stage: str, outputs: Mapping[str, Any], present: Container[str]) -> str | None:

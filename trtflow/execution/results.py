@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtflow.status import FRESH
+from trtflow.verdicts import GateVerdict
 
 if TYPE_CHECKING:
     from trtflow.plan import Step
@@ -38,6 +39,7 @@ class RunOptions:
     push: bool = True  # push what this run builds to the remote cache (False: only pull, e.g. untrusted CI)
     ray_transfer: str | None = None  # where Ray workers exchange artifacts (default: the remote cache, if pushing)
     memory_limit: int | None = None  # bytes the scheduler may hand out (default: what the machine has free)
+    rerun: frozenset[str] = frozenset()  # nodes run again although their result is stored (--rerun)
 
 
 @dataclass
@@ -55,6 +57,8 @@ class NodeResult:
     outputs: dict[str, Path] = field(default_factory=dict)
     peak_rss: int | None = None  # bytes, for nodes that ran a process
     started: float | None = None  # when the node's thread took it (time.time()), for nodes that were processed
+    verdicts: list[GateVerdict] = field(default_factory=list)  # its gate's verdicts as judged in this run
+    error_code: int | None = None  # a failed node: the exit code of its kind of mistake (errors.EXIT_*)
 
 
 @dataclass

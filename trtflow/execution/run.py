@@ -22,9 +22,9 @@ from typing import Any
 from trtflow.environment import Environment
 from trtflow.execution.context import RunContext
 from trtflow.execution.ledger import Ledger, Produced
-from trtflow.execution.lifecycle import GATE_HINT, Lifecycle
+from trtflow.execution.lifecycle import Lifecycle, gate_hint
 from trtflow.execution.loop import Loop
-from trtflow.execution.observers import HooksObserver, JournalObserver, Observers, RefsObserver
+from trtflow.execution.observers import HistoryObserver, HooksObserver, JournalObserver, Observers, RefsObserver
 from trtflow.execution.progress import ProgressBoard
 from trtflow.execution.protocol import Executor
 from trtflow.execution.results import (
@@ -63,6 +63,7 @@ class Runner:
         self.journal_observer = JournalObserver(journal, self.run_id, recipe, self.options.command, self.notes)
         self.observers = Observers([
             self.journal_observer,
+            HistoryObserver(journal, graph, self.run_id, recipe, self.notes),
             RefsObserver(store.refs, recipe, self.run_id, nodes, self.notes),
             self.board,
             HooksObserver(self.hooks),
@@ -142,9 +143,12 @@ class Runner:
     def _record_fresh(self, fresh: list[Step], results: dict[str, NodeResult], ledger: Ledger) -> None:
         """The plan's up-to-date nodes: in the ledger, their outputs under build/, their gates judged as planned."""
         done = []
+        note = getattr(self.journal, "note_dep_set", None)
         for step in fresh:
             name = step.node.name
             manifest = step.manifest or {}
+            if note is not None and step.parts is not None and step.parts.runs_code and step.key is not None:
+                note(step.parts.pre_key, step.parts.dep_set)  # the set the plan found it by: found again next time
             has_gate = self.graph.stages[step.node.stage].gate is not None
             ledger.record(name, Produced.from_manifest(manifest, list(step.gate_failures) if has_gate else None))
             outputs: dict[str, Path] = {}
@@ -156,8 +160,8 @@ class Runner:
                 except OSError as exc:
                     self.notes.problem(materialize_error(name, self.options.output_dir / name, exc).message)
             res = NodeResult(name, step.node.stage, GATE_FAILED if error else FRESH, step.reason, step.key,
-                             error=error, hint=GATE_HINT if error else None, outputs=outputs,
-                             summary=manifest.get("summary", {}))
+                             error=error, hint=gate_hint(step.verdicts) if error else None, outputs=outputs,
+                             summary=manifest.get("summary", {}), verdicts=list(step.verdicts))
             results[name] = res
             done.append(res)
         self.observers.nodes_up_to_date(done)

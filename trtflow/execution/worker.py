@@ -1,8 +1,10 @@
 """Runs one stage for one job, inside the process the executor gave it (a forked child, or this process).
 
 Writes ``result.json`` (atomically, fsynced) before returning, so the runner learns how the stage ended even if
-the process is then torn down with ``os._exit``. faulthandler is on: a native crash (segfault, abort) prints
-the Python stack at the crash into the node's log, which the runner quotes in its diagnosis.
+the process is then torn down with ``os._exit``. For a node with ``python:`` code, the result also lists the
+project modules the run imported (`trtflow.depfile`): the node's key is made with them. faulthandler is on: a
+native crash (segfault, abort) prints the Python stack at the crash into the node's log, which the runner quotes in
+its diagnosis.
 """
 
 from __future__ import annotations
@@ -44,8 +46,10 @@ def write_result(job: Job, result: dict[str, Any]) -> None:
 def run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: logging.Logger | None = None
             ) -> dict[str, Any]:
     """Run the job's stage and return its result record ({status, summary, error, hint})."""
+    from trtflow import depfile
+    from trtflow.callables import code_references
     from trtflow.errors import GateFailed, StageSkipped, TrtflowError
-    from trtflow.stage import StageContext
+    from trtflow.stage import Reference, StageContext
 
     if get_stage is None:
         from trtflow.registry import get_stage
@@ -58,12 +62,20 @@ def run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: loggin
             cache_dir=Path(job.cache_dir), facts=job.facts, gpu=job.gpu,
             allowed_roots=[Path(p) for p in job.allowed_roots], logger=log, progress_file=job.progress_file,
             previous_summary=job.previous_summary, input_sources=job.input_sources, ran_alone=job.ran_alone,
+            reference=Reference.from_json(job.reference), gate_family=job.gate_family,
         )
         log.info("stage %s %s starting; params %s", stage.name, stage.version, json.dumps(job.params))
         inputs = {slot: [Path(each) for each in p] if isinstance(p, list) else Path(p)
                   for slot, p in job.inputs.items()}
-        summary = stage.run(ctx, inputs, params) or {}
+        recorded = None
+        if code_references(job.params):
+            with depfile.recording(_code_roots(job), [*_not_project_code(stage), _store_of(job)]) as recorded:
+                summary = stage.run(ctx, inputs, params) or {}
+        else:
+            summary = stage.run(ctx, inputs, params) or {}
         result: dict[str, Any] = {"status": OK, "summary": dict(summary)}
+        if recorded is not None:
+            result["deps"] = recorded.as_json()
     except StageSkipped as exc:
         log.warning("skipped: %s", exc.reason)
         result = {"status": SKIPPED, "error": exc.reason, "hint": exc.needs}
@@ -72,7 +84,7 @@ def run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: loggin
         result = {"status": GATE_FAILED, "error": exc.message, "hint": exc.hint, "summary": exc.metrics}
     except TrtflowError as exc:
         log.error("%s", exc)
-        result = {"status": FAILED, "error": exc.message, "hint": exc.hint}
+        result = {"status": FAILED, "error": exc.message, "hint": exc.hint, "error_code": exc.exit_code}
     except KeyboardInterrupt:
         result = {"status": INTERRUPTED, "error": "interrupted"}
     except BaseException as exc:
@@ -88,6 +100,32 @@ def run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: loggin
         except OSError:
             pass
     return result
+
+
+def _code_roots(job: Job) -> list[str]:
+    """Where the project modules of a node's python: code live: the recipe's project and the allowed folders."""
+    if job.allowed_roots:
+        return list(job.allowed_roots)
+    from trtflow.fsutil import project_root
+
+    return [str(project_root(job.recipe_dir) or job.recipe_dir)]
+
+
+def _not_project_code(stage: Any) -> list[str]:
+    """trtflow's own package and the stage's package: keyed as the stage's code, never as the project's."""
+    import trtflow
+
+    folders = [os.path.dirname(trtflow.__file__)]
+    top = sys.modules.get(stage.run.__module__.split(".")[0])
+    file = getattr(top, "__file__", None)
+    if file:
+        folders.append(os.path.dirname(file) if os.path.basename(file).startswith("__init__.") else file)
+    return folders
+
+
+def _store_of(job: Job) -> str:
+    """The store the job's scratch, logs and caches live in: trtflow's files, never the project's."""
+    return os.path.dirname(os.path.abspath(job.cache_dir))
 
 
 def main(job_file: str) -> int:

@@ -83,6 +83,7 @@ def expand(loaded: LoadedRecipe, stages: Any) -> list[ConcreteNode]:
                 marks = _marks_with_defaults(loaded, index, spec.stage, spec.params)
                 raise validation_error(exc, marks, ("nodes", index, "params"), stage.params,
                                        what=f"parameters of node {name!r}") from None
+            _check_written_in_recipe(model, loaded, index, spec.stage, name)
             refs = {
                 slot: [_node_reference(_substitute(r, combo, loaded, ("nodes", index, "inputs", slot)), r, loaded,
                                        ("nodes", index, "inputs", slot))
@@ -97,6 +98,23 @@ def expand(loaded: LoadedRecipe, stages: Any) -> list[ConcreteNode]:
                 resources=spec.resources.model_dump(exclude_none=True) if spec.resources else {},
             ))
     return out
+
+
+def _check_written_in_recipe(model: Any, loaded: LoadedRecipe, index: int, stage: str, name: str) -> None:
+    """Refuse a grant of trust (a field marked ``written_in_recipe``, e.g. export's ``trust_code``) that comes from
+    ``--set`` rather than from a recipe file: trusting a model's code is reviewed with the recipe, not typed."""
+    for field_name, info in type(model).model_fields.items():
+        extra = info.json_schema_extra
+        if not (isinstance(extra, dict) and extra.get("written_in_recipe") and getattr(model, field_name)):
+            continue
+        for path in (("nodes", index, "params", field_name), ("nodes", index, "matrix", field_name),
+                     ("defaults", stage, field_name)):
+            place = loaded.marks.by_path.get(path)
+            if place is not None and str(place[0]).startswith("--set"):
+                raise RecipeError(
+                    f"node {name!r}: {field_name} may be turned on only in a recipe file, not with --set",
+                    Location(*place), field_name,
+                    hint=f"write `{field_name}: true` in the node's params, where it is reviewed with the recipe")
 
 
 def _marks_with_defaults(loaded: LoadedRecipe, index: int, stage: str, own: dict[str, Any]) -> Any:

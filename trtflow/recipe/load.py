@@ -21,12 +21,13 @@ from trtflow import redact
 from trtflow.errors import Location, RecipeError, TrtflowError, did_you_mean
 from trtflow.fsutil import MAX_RECIPE_BYTES, allowed_roots_for, resolve_user_path
 from trtflow.recipe.schema import Recipe
-from trtflow.recipe.yaml_data import KEY, Budget, Path_, Place, YamlSyntaxError, compose
+from trtflow.recipe.yaml_data import KEY, Budget, Path_, Place, YamlSyntaxError, compose, key_too_long
 
 __all__ = ["KEY", "LoadedRecipe", "Marks", "apply_overrides", "load_recipe", "parse_yaml", "validation_error"]
 
 _MAX_EXTENDS_DEPTH = 16
 _MAX_LISTED_PROBLEMS = 20
+_SHOWN_SET_CHARS = 240  # of a --set argument named in an error (a value may be a megabyte long)
 _ENV_PATTERN = re.compile(r"\$\$\{|\$\{(?!\{)([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -71,6 +72,8 @@ class LoadedRecipe:
     path: Path
     marks: Marks
     sources: dict[Path, str] = field(default_factory=dict)  # every recipe file read (extends too) -> its text
+    # each `extends` as written (after ${VAR}), the folder it is relative to, and the file it resolved to
+    extends: list[tuple[str, Path, Path]] = field(default_factory=list)
 
     @property
     def directory(self) -> Path:
@@ -133,7 +136,7 @@ def _read_text(path: Path, display: str) -> str:
 
 
 def _read_raw(path: Path, stack: tuple[Path, ...], roots: list[Path], budget: Budget,
-              sources: dict[Path, str]) -> tuple[dict, Marks]:
+              sources: dict[Path, str], extends: list[tuple[str, Path, Path]]) -> tuple[dict, Marks]:
     display = _display(path)
     if len(stack) > _MAX_EXTENDS_DEPTH:
         raise RecipeError(f"recipe 'extends' chain deeper than {_MAX_EXTENDS_DEPTH}", Location(display, 0, 0))
@@ -159,7 +162,8 @@ def _read_raw(path: Path, stack: tuple[Path, ...], roots: list[Path], budget: Bu
         raise RecipeError(f"recipes extend each other in a cycle: {chain}", where, "extends")
     if not base_path.exists():
         raise RecipeError(f"base recipe {base_ref!r} not found (looked at {_display(base_path)})", where, "extends")
-    base, base_marks = _read_raw(base_path, (*stack, base_path), roots, budget, sources)
+    extends.append((base_ref, path.parent, base_path))
+    base, base_marks = _read_raw(base_path, (*stack, base_path), roots, budget, sources, extends)
     data = dict(data)
     data.pop("extends")
     return merge_recipes(base, base_marks, data, marks)
@@ -224,7 +228,7 @@ def apply_overrides(data: dict, marks: Marks, overrides: Sequence[str], budget: 
         except UnicodeEncodeError:  # bytes that are not UTF-8 reach Python's argv as lone surrogates
             shown = expr.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
             raise RecipeError("not valid UTF-8 text", Location(f"--set {shown}", 0, 0)) from None
-        where = Location(f"--set {expr}", 0, 0)
+        where = Location(f"--set {_short(expr, limit=_SHOWN_SET_CHARS)}", 0, 0)
         if "=" not in expr:
             raise RecipeError("expected KEY.PATH=VALUE", where, hint="e.g. --set nodes.export.params.opset=18")
         dotted, raw = expr.split("=", 1)
@@ -233,6 +237,9 @@ def apply_overrides(data: dict, marks: Marks, overrides: Sequence[str], budget: 
             raise RecipeError("empty key", where)
         if len(parts) > budget.limits.max_depth:
             raise RecipeError(f"a key path of {len(parts)} parts (at most {budget.limits.max_depth})", where)
+        longest = max(parts, key=len)
+        if len(longest) > budget.limits.max_key_chars:
+            raise key_too_long(len(longest), budget.limits.max_key_chars, where)
         value: Any = ""
         value_marks: dict[Path_, Place] = {}
         if raw.strip():
@@ -273,13 +280,14 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
     path = Path(path).resolve()
     budget = Budget()
     sources: dict[Path, str] = {}
-    data, marks = _read_raw(path, (path,), allowed_roots_for(path.parent), budget, sources)
+    extends: list[tuple[str, Path, Path]] = []
+    data, marks = _read_raw(path, (path,), allowed_roots_for(path.parent), budget, sources, extends)
     apply_overrides(data, marks, overrides, budget)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc, marks, (), Recipe) from None
-    return LoadedRecipe(recipe=recipe, path=path, marks=marks, sources=sources)
+    return LoadedRecipe(recipe=recipe, path=path, marks=marks, sources=sources, extends=extends)
 
 
 def validation_error(exc: Any, marks: Marks, prefix: Path_, model: Any = None,

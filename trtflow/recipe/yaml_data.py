@@ -1,16 +1,26 @@
 """Compose YAML into plain data in one streaming pass, refusing pathological input before it grows.
 
-libyaml parses (fast, iterative); this module builds the data from its events with an explicit stack, so no
-input can exhaust Python's recursion, and it counts as it goes: nesting depth, scalar size, integer size, the
-values of the document and those that aliases and ``<<:`` merge keys bring in. Every limit is checked before
-the value it guards is built, so a billion-laughs or merge-key bomb is refused in the time it takes to read
-it, in memory bounded by the file. Only plain data is produced: mappings, sequences, strings, numbers,
-booleans and null; any other tag is refused. Every value's location is recorded under its path.
+libyaml parses (fast, iterative; PyYAML's pure-Python parser where libyaml is missing); this module builds the
+data from its events with an explicit stack, so no input can exhaust Python's recursion, and it counts as it
+goes: nesting depth, key and scalar size, integer size, the values of the document and those that aliases and
+``<<:`` merge keys bring in. Every limit is checked before the value it guards is built, so a billion-laughs or
+merge-key bomb is refused in the time it takes to read it, in memory bounded by the file. Only plain data is
+produced: mappings, sequences, strings, numbers, booleans and null; any other tag is refused. Every value's
+location is recorded under its path.
+
+This module owns the limits whichever layer notices them. The parser enforces two of its own, before any event
+reaches the composer: libyaml 0.2.6+ refuses nesting deeper than its maximum (1000 by default; its scanner reads
+up to 1024 characters ahead, so a line of brackets reaches it before our 64), and YAML limits a key written
+without ``?`` to 1024 characters on one line. Such parser errors become the same RecipeError, with the same
+message and place, as when the composer notices (see ``_parser_error``); the parser's own wording never reaches
+the user, so a new parser release cannot change what a recipe error says.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +45,7 @@ class Limits:
     """What one recipe load may hold: far above any real recipe, low enough to bound time and memory."""
 
     max_depth: int = 64  # nested mappings and sequences, aliases expanded
+    max_key_chars: int = 1024  # YAML's own limit for a key written without '?' (the parser's): every key
     max_scalar_chars: int = 1 << 20
     max_integer_chars: int = 100
     max_values: int = 1_000_000  # every value of the document, aliases and merges expanded
@@ -135,8 +146,7 @@ class _Composer:
 
     def check_depth(self, depth: int, mark: Any) -> None:
         if depth > self.limits.max_depth:
-            raise self.fail(f"values nested more than {self.limits.max_depth} levels deep", mark,
-                            hint="a recipe needs a few levels of nesting; check the brackets and indentation")
+            raise too_deep(self.limits.max_depth, Location(*self.at(mark)))
 
     # ------------------------------------------------------------------------------------------ events
     def compose(self, loader: Any) -> Any:
@@ -178,10 +188,12 @@ class _Composer:
         mark = event.start_mark
         self.count(1, mark)
         text = event.value
+        path, is_key = self.place()
+        if is_key and len(text) > self.limits.max_key_chars:
+            raise key_too_long(len(text), self.limits.max_key_chars, Location(*self.at(mark)))
         if len(text) > self.limits.max_scalar_chars:
             raise self.fail(f"a value of {len(text)} characters (a recipe value may have at most "
                             f"{self.limits.max_scalar_chars})", mark)
-        path, is_key = self.place()
         tag = event.tag
         if tag is None or tag == "!":
             tag = self.resolve(text, event.implicit)
@@ -361,25 +373,115 @@ def compose(text: str, file: str, budget: Budget | None = None,
     naming the place, for a tag other than plain data or input over ``budget``'s limits.
     """
     composer = _Composer(file, budget or Budget(), on_string, depth)
-    try:
-        loader = _LOADER(text)
-    except UnicodeEncodeError as exc:
-        raise RecipeError(f"not valid UTF-8 text: {exc.reason} at character {exc.start}",
-                          Location(file, 0, 0)) from None
+    loader = None
     collecting = gc.isenabled()
     gc.disable()  # the data holds no reference cycles; collecting while it grows only costs time
     try:
+        loader = _LOADER(text)  # the pure-Python reader checks the characters here
         data = composer.compose(loader)
+    except UnicodeEncodeError as exc:  # libyaml's reader: a lone surrogate (bytes that were not UTF-8)
+        raise RecipeError(f"not valid UTF-8 text: {exc.reason} at character {exc.start}",
+                          Location(file, 0, 0)) from None
     except yaml.MarkedYAMLError as exc:
-        raise _syntax_error(exc, text, file) from None
+        raise _parser_error(exc, text, file, composer) from None
     except yaml.YAMLError as exc:
-        raise YamlSyntaxError(f"YAML error: {exc}", _location_of_offset(text, getattr(exc, "position", None),
-                                                                    file)) from None
+        raise _reader_error(exc, text, file) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
         if collecting:
             gc.enable()
     return data, composer.marks()
+
+
+def too_deep(limit: int, where: Location | None) -> RecipeError:
+    """Values nested deeper than ``limit``: the one message, whichever layer noticed."""
+    return RecipeError(f"values nested more than {limit} levels deep", where,
+                       hint="a recipe needs a few levels of nesting; check the brackets and indentation")
+
+
+def key_too_long(chars: int, limit: int, where: Location | None) -> RecipeError:
+    """A mapping key longer than ``limit`` characters: the one message, whichever layer noticed."""
+    return RecipeError(f"a mapping key of {chars} characters (at most {limit})", where,
+                       hint="a key is a name: shorten it")
+
+
+def _parser_error(exc: yaml.MarkedYAMLError, text: str, file: str, composer: _Composer) -> RecipeError:
+    """The RecipeError for an error the parser raised: one of our limits if the parser enforced it, else a
+    YAML syntax error at the parser's mark."""
+    mark = exc.problem_mark
+    if mark is not None and _signature(exc) in _nesting_refusals(_LOADER).signatures:
+        limit = min(composer.limits.max_depth, _nesting_refusals(_LOADER).levels)
+        return too_deep(limit, Location(*composer.at(mark)))
+    key = _implicit_key_before(text, mark) if mark is not None else None
+    if key is not None and key[2] > composer.limits.max_key_chars:
+        return key_too_long(key[2], composer.limits.max_key_chars, Location(file, key[0] + 1, key[1] + 1))
+    return _syntax_error(exc, text, file)
+
+
+def _signature(exc: yaml.MarkedYAMLError) -> tuple[type, str | None, str | None]:
+    return type(exc), exc.context, exc.problem
+
+
+@dataclass(frozen=True)
+class _Refusals:
+    signatures: frozenset[tuple[type, str | None, str | None]]  # how the parser says "too deep"
+    levels: int  # the deepest nesting it accepts (a large number where it has no limit)
+
+
+@functools.cache
+def _nesting_refusals(loader_class: type) -> _Refusals:
+    """How ``loader_class`` refuses nesting on its own, learned once by provoking it (libyaml 0.2.6+ refuses
+    more than 1000 levels; older libyaml and the pure-Python parser have no limit). 1100 levels suffice: the
+    parser runs at most one line of 1024 characters ahead of the composer, which refuses the 65th level, so
+    a parser's limit above that never shows (and the line it shows on is the one the composer would name)."""
+    signatures, levels = set(), _PROBE_LEVELS
+    probes = (("[\n" * _PROBE_LEVELS + "]" * _PROBE_LEVELS, lambda mark: mark.line),  # flow, a level a line
+              ("- " * _PROBE_LEVELS + "x", lambda mark: mark.column // 2))  # block, one line
+    for text, level_at in probes:
+        loader = loader_class(text)
+        try:
+            while loader.get_event() is not None:
+                pass
+        except yaml.MarkedYAMLError as exc:
+            signatures.add(_signature(exc))
+            if exc.problem_mark is not None:
+                levels = min(levels, level_at(exc.problem_mark))
+        finally:
+            loader.dispose()
+    return _Refusals(frozenset(signatures), levels)
+
+
+_PROBE_LEVELS = 1100
+
+
+_KEY_START = frozenset("{[,")  # in flow context a plain key starts after one of these
+
+
+def _implicit_key_before(text: str, mark: Any) -> tuple[int, int, int] | None:
+    """(line, column, characters) of the key written before the ':' at ``mark``, if that is where the parser
+    stopped: YAML refuses a key of more than 1024 characters unless it starts with '?', and libyaml and the
+    pure-Python parser both report that as a syntax error at the ':'. The key runs back to the line's
+    indentation, a block indicator or a flow indicator (or its opening quote)."""
+    lines = text.split("\n", mark.line + 1)
+    if mark.line >= len(lines):
+        return None
+    line = lines[mark.line].removesuffix("\r")
+    colon = mark.column
+    if not 0 < colon < len(line) or line[colon] != ":":
+        return None
+    end = len(line[:colon].rstrip(" "))
+    if end and line[end - 1] in "'\"":  # a quoted key: back to its opening quote
+        start = line.rfind(line[end - 1], 0, end - 1)
+        if start < 0:
+            return None
+    else:  # a plain key: back to a flow indicator or the line's start, then past indentation, "- " and "? "
+        start = end
+        while start > 0 and line[start - 1] not in _KEY_START:
+            start -= 1
+        while start < end and (line[start] == " " or (line[start] in "-?" and line[start + 1:start + 2] == " ")):
+            start += 1
+    return mark.line, start, end - start
 
 
 def _syntax_error(exc: yaml.MarkedYAMLError, text: str, file: str) -> YamlSyntaxError:
@@ -394,8 +496,28 @@ def _syntax_error(exc: yaml.MarkedYAMLError, text: str, file: str) -> YamlSyntax
                            hint="YAML indents with spaces, never tabs" if tab else None)
 
 
-def _location_of_offset(text: str, offset: int | None, file: str) -> Location:
-    """The line and column of libyaml's byte ``offset`` into ``text`` (it reads the text as UTF-8)."""
+def _reader_error(exc: yaml.YAMLError, text: str, file: str) -> RecipeError:
+    """A character that YAML text may not hold (the readers of libyaml and of PyYAML differ only in wording)."""
+    code = getattr(exc, "character", None)
+    position = getattr(exc, "position", None)
+    if not isinstance(code, int):
+        return YamlSyntaxError(f"YAML error: {exc}", Location(file, 0, 0))
+    if 0xD800 <= code <= 0xDFFF:
+        return RecipeError(f"not valid UTF-8 text: a lone surrogate U+{code:04X}", Location(file, 0, 0))
+    kind = " (a control character)" if unicodedata.category(chr(code)) in ("Cc", "Cs") else ""
+    in_bytes = hasattr(yaml, "CSafeLoader") and issubclass(_LOADER, yaml.CSafeLoader)
+    return YamlSyntaxError(f"YAML error: character #x{code:04X} is not allowed in YAML text{kind}",
+                           _location_of_offset(text, position, file, in_bytes))
+
+
+def _location_of_offset(text: str, offset: int | None, file: str, in_bytes: bool) -> Location:
+    """The line and column of ``offset`` into ``text``: a byte offset into its UTF-8 (libyaml's reader), or a
+    character offset (PyYAML's)."""
+    if not in_bytes:
+        if not isinstance(offset, int) or not 0 <= offset <= len(text):
+            return Location(file, 0, 0)
+        line_start = text.rfind("\n", 0, offset) + 1
+        return Location(file, text.count("\n", 0, offset) + 1, offset - line_start + 1)
     data = text.encode("utf-8", "surrogatepass")
     if not isinstance(offset, int) or not 0 <= offset <= len(data):
         return Location(file, 0, 0)

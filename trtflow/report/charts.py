@@ -134,3 +134,28 @@ def load_curves(load: Sequence[dict[str, Any]], stat: str) -> str:
     chart = (base.mark_line(point=True) + labels).properties(
         width=WIDTH, height=HEIGHT, title="load: latency against throughput (labels: concurrency)")
     return render_svg(chart)
+
+
+def history_trend(points: Sequence[dict[str, Any]], changes: Sequence[dict[str, Any]], title: str, unit: str) -> str:
+    """One figure over the runs that measured it (x: when), its 95% intervals as error bars, and its change points
+    as vertical rules (red: a regression, green: an improvement) labelled with the change of the mean."""
+    if len(points) < 2:
+        return ""
+    alt = _altair()
+    x = alt.X("when:T", title="run")
+    values = [dict(p, **_bounds([p.get("low"), p.get("high")] if p.get("low") is not None and
+                                 p.get("high") is not None else None, p["value"])) for p in points]
+    base = alt.Chart(alt.Data(values=values))
+    line = base.mark_line(point=True, color="#3182bd").encode(x=x, y=alt.Y("value:Q", title=unit,
+                                                                          scale=alt.Scale(zero=False)))
+    bars = base.mark_errorbar(ticks=True, color="#9ecae1").encode(x=x, y=alt.Y("low:Q", title=unit), y2="high:Q")
+    layers = [bars, line]
+    if changes:
+        marks = alt.Chart(alt.Data(values=list(changes)))
+        color = alt.Color("kind:N", title="change", scale=alt.Scale(domain=["regression", "improvement"],
+                                                                    range=["#d73027", "#1a9850"]))
+        layers += [marks.mark_rule(strokeDash=[5, 3], size=2).encode(x=x, color=color),
+                   marks.mark_text(align="left", dx=4, dy=-6, fontSize=11, baseline="top").encode(
+                       x=x, y=alt.value(4), text="label:N", color=color)]
+    chart = alt.layer(*layers).properties(width=WIDTH, height=HEIGHT, title=title)
+    return render_svg(chart)

@@ -167,6 +167,8 @@ class ConsoleHooks(Hooks):
             if not self.quiet:
                 self._print(f"{mark} {name} reused: {escape(result.reason)}")
             self._print_inconclusive(result)
+        elif result.status == FRESH:
+            self._print_inconclusive(result)
         elif result.status == SKIPPED:
             needs = f" (needs: {escape(result.hint)})" if result.hint else ""
             self._print(f"{mark} {name} skipped: {escape(result.error or result.reason)}{needs}")
@@ -180,17 +182,17 @@ class ConsoleHooks(Hooks):
             if result.log_path:
                 lines.append(f"  log:  {escape(_rel(result.log_path))}")
                 if result.status == "failed":
-                    tail = _log_tail(result.log_path, 12)
+                    tail = _log_tail(result.log_path, 12, result.error or "")
                     if tail:
                         lines.append("[dim]" + escape(tail) + "[/]")
             self._print("\n".join(lines))
 
     def _print_inconclusive(self, result: NodeResult) -> None:
-        """Gates too noisy to judge: no failure, but said (a stage records them in its summary's ``verdicts``)."""
-        verdicts = result.summary.get("verdicts") if isinstance(result.summary, dict) else None
-        for verdict in verdicts or []:
-            if isinstance(verdict, dict) and verdict.get("verdict") == "inconclusive":
-                self._print(f"  [yellow]gate inconclusive[/] (not a failure): {escape(str(verdict.get('message')))}")
+        """Primary gates that could not decide but fail nothing (on_inconclusive: warn): said, never silent."""
+        for verdict in result.verdicts:
+            if verdict.primary and verdict.outcome == "inconclusive" and not verdict.blocking:
+                self._print(f"  [yellow]gate inconclusive[/] (on_inconclusive: warn, not failing the run): "
+                            f"{escape(verdict.reason)}")
 
     def stop_live(self) -> None:
         if self.live is not None:
@@ -247,9 +249,16 @@ class ConsoleHooks(Hooks):
                     self._print(f"  {escape(name):<{self.width}} {escape(_rel(path))}")
 
 
-def _log_tail(path: Path, lines: int) -> str:
+def _log_tail(path: Path, lines: int, error: str = "") -> str:
+    """The last lines of a failed node's log, unless the log ends with the error just printed: a failure the stage
+    explained (its message is enough) is not printed again and again."""
     try:
         text = confined.tail_of(path, 8192)
     except OSError:
         return ""
-    return "\n".join("  | " + line for line in text.strip().splitlines()[-lines:])
+    records = text.strip().splitlines()
+    errors = [line for line in records if " ERROR " in line]
+    first = " ".join(error.strip().splitlines()[0].split())[:80] if error.strip() else ""
+    if first and errors and first in " ".join(errors[-1].split()):
+        return ""
+    return "\n".join("  | " + line for line in records[-lines:])

@@ -105,14 +105,19 @@ def benchmark_series(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
     return series
 
 
-def gate_notes(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
-    """The gate verdicts that are not a plain pass, per node: fail, and inconclusive (too noisy to judge, which
-    fails nothing), as the stage recorded them in its summary (``verdicts``)."""
+def gate_notes(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every gate verdict of every node as the engine judged it (`trtflow.verdicts.recorded`), the ones that
+    decide first: outcome, figure with its interval, basis (paired A/B or stored figures), pairs and power."""
+    from trtflow.verdicts import recorded
+
     notes = []
     for n in nodes:
-        summary = n.get("summary")
-        for verdict in (summary.get("verdicts") if isinstance(summary, Mapping) else None) or []:
-            if isinstance(verdict, Mapping) and verdict.get("verdict") in ("fail", "inconclusive"):
-                notes.append({"node": n["node"], "verdict": str(verdict["verdict"]), "gate": str(verdict.get("gate")),
-                              "message": str(verdict.get("message"))})
-    return notes
+        for verdict in recorded(n.get("summary")):
+            interval = verdict.interval
+            notes.append({"node": n["node"], "verdict": verdict.outcome, "gate": verdict.gate,
+                          "message": verdict.reason, "primary": verdict.primary, "basis": verdict.basis,
+                          "blocking": verdict.blocking, "pairs": verdict.pairs, "power": verdict.power or "",
+                          "figure": verdict.figure, "where": verdict.where,
+                          "estimate": verdict.estimate, "interval": list(interval) if interval else None,
+                          "on_inconclusive": verdict.on_inconclusive})
+    return sorted(notes, key=lambda note: (not note["primary"], note["verdict"] == "pass"))

@@ -40,7 +40,9 @@ def render(journal: Journal, recipe: str, fmt: str) -> str:
     if fmt == "markdown":
         return to_markdown(data)
     if fmt == "html":
-        return to_html(data)
+        from trtflow.report.history import load as load_history
+
+        return to_html(data, load_history(journal, recipe))
     if fmt == "junit":
         return to_junit(data)
     raise UsageError(f"unknown report format {fmt!r}", hint=f"choose one of {', '.join(FORMATS)}")
@@ -135,12 +137,16 @@ def to_markdown(data: dict[str, Any]) -> str:
     return _template("report.md.j2", autoescape=False).render(**_context(data))
 
 
-def to_html(data: dict[str, Any]) -> str:
-    """One self-contained page (inline SVG charts, no script, no network): the decision, then the nodes."""
+def to_html(data: dict[str, Any], history: Any = None) -> str:
+    """One self-contained page (inline SVG charts, no script, no network): the decision, then the nodes; with the
+    recipe's `history.History`, the trend of each primary figure and its change points."""
     from trtflow.report import charts
     from trtflow.report.decision import benchmark_series
+    from trtflow.report.history import html_sections
 
     context = _context(data)
+    context["history"] = html_sections(history) if history is not None else []
+    context["history_note"] = history.note if history is not None else ""
     for d in context["decisions"]:
         latency_title = f"{d.percentile} latency (ms) at the operating point"
         d.charts = [(title, svg) for title, svg in (
@@ -159,32 +165,32 @@ def to_html(data: dict[str, Any]) -> str:
 
 
 def to_junit(data: dict[str, Any]) -> str:
-    """One test case per node: failed and gate-failed nodes are failures, skipped ones are skipped; a gate too noisy
-    to judge is no failure, and says so (a ``gate`` property "inconclusive" and the verdicts in system-out)."""
-    from trtflow.report.decision import gate_notes
+    """One test case per node: failed and gate-failed nodes are failures (a gate that could not decide under
+    ``on_inconclusive: fail`` is a ``<failure type="inconclusive">``), skipped ones are skipped; a primary gate
+    that could not decide under ``on_inconclusive: warn`` fails nothing but is marked (a ``gate`` property
+    "inconclusive" and the verdict in system-out): never silently green."""
+    from trtflow.verdicts import only_inconclusive, recorded
 
     cases = []
     failures = skipped = 0
-    notes: dict[str, list[str]] = {}
-    for note in gate_notes(data["nodes"]):
-        if note["verdict"] == "inconclusive":
-            notes.setdefault(note["node"], []).append(note["message"])
     for n in data["nodes"]:
         name = xml_escape(n["node"])
         attrs = f'classname="trtflow.{xml_escape(data["recipe"])}.{xml_escape(n["stage"])}" name="{name}" ' \
                 f'time="{(n["duration"] or 0):.3f}"'
         message = xml_escape(n["error"] or n["reason"] or "", {'"': "&quot;"})
+        verdicts = recorded(n.get("summary"))
         if n["status"] in ("failed", "gate_failed"):
             failures += 1
-            body = f'<failure message="{message}">log: {xml_escape(n["log_path"] or "")}</failure>'
+            kind = ' type="inconclusive"' if n["status"] == "gate_failed" and only_inconclusive(verdicts) else ""
+            body = f'<failure message="{message}"{kind}>log: {xml_escape(n["log_path"] or "")}</failure>'
         elif n["status"] in ("skipped", "blocked", "interrupted"):
             skipped += 1
             body = f'<skipped message="{message}"/>'
         else:
             body = ""
-        inconclusive = notes.get(n["node"])
-        if inconclusive:
-            text = "\n".join(f"gate inconclusive: {m}" for m in inconclusive)
+        warned = [v.reason for v in verdicts if v.primary and v.outcome == "inconclusive" and not v.blocking]
+        if warned:
+            text = "\n".join(f"gate inconclusive (on_inconclusive: warn): {m}" for m in warned)
             body = ('<properties><property name="gate" value="inconclusive"/></properties>' + body +
                     f"<system-out>{xml_escape(text)}</system-out>")
         cases.append(f"  <testcase {attrs}>{body}</testcase>")

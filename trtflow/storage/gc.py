@@ -1,7 +1,8 @@
 """Garbage collection: drop what no recipe file's latest runs use, under the store lock.
 
 Roots: for every recipe file with refs, the key each of its nodes used in its latest run (refs/<recipe>/current.json),
-plus the keys of runs younger than the retention (``keep_days``, refs history). A recipe file that no longer exists
+plus the keys of runs younger than the retention (``keep_days``, refs history), plus every object a pin keeps
+(`pins`: the reference artifacts comparisons re-measure). A recipe file that no longer exists
 keeps its roots for a grace period (``forget_missing_days``, counted from the first gc that saw it missing): a
 branch switch, a rename in progress or an unmounted share must not cost every result of a recipe.
 
@@ -27,6 +28,7 @@ from typing import Any
 
 from trtflow.errors import StoreError
 from trtflow.storage.lock import EXCLUSIVE, StoreLock
+from trtflow.storage.pins import PinStore
 from trtflow.storage.refs import RecipeRefs
 from trtflow.storage.store import NOOP, TRANSFER, Store
 
@@ -113,7 +115,7 @@ def _collect(store: Store, keep_days: float, dry_run: bool, report: GcReport, fo
                     roots.setdefault(key, f"{refs.recipe_id}:{node} (run {record.get('run_id')})")
     by_id = {r.recipe_id: r for r in recipes}
 
-    live_digests: set[str] = set()
+    live_digests: set[str] = PinStore(store).digests()
     kept_keys: set[str] = set()
     doomed: list[tuple[Path, dict[str, Any] | None]] = []
     tree = store.tree

@@ -1,9 +1,12 @@
-"""SQLite journal: runs, node states and timings (for status, show and reports), and the file-hash stat cache.
+"""SQLite journal: runs, node states and timings (for status, show and reports), the history of measured figures
+(`trtflow history`), the file-hash stat cache, and the index of the module sets `python:` code was recorded
+importing (by pre-key, see `plan`).
 
 The journal is history, not truth: objects, manifests and refs are. So every SQLite failure becomes a
 `StoreError` that says what happened and what to do (a damaged journal is reset by `trtflow verify --fix`
 without losing a stored result), read-only stores are opened read-only for the commands that only read, and
-the stat cache (an optimisation) never fails a command.
+the stat cache and the module-set index (optimisations: losing them costs re-hashing and rebuilds, never a wrong
+reuse) never fail a command.
 
 The journal file may come with a cloned repository or a shared store, so it is opened only as a regular file
 that is not a link and has one link (and so are its ``-wal``, ``-shm`` and ``-journal`` companions, which SQLite
@@ -22,7 +25,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -32,13 +35,15 @@ from trtflow.storage import confined
 from trtflow.storage.confined import Tree
 
 log = logging.getLogger("trtflow.storage")
-FORMAT = 2  # PRAGMA user_version; 0 = the first release's journal (no recipe_id column)
+FORMAT = 3  # PRAGMA user_version; 0 = the first release's journal (no recipe_id column); 3: ctime in the stat cache
 APPLICATION_ID = int.from_bytes(b"TRTF", "big")  # PRAGMA application_id of a trtflow journal
 COMPANIONS = ("-wal", "-shm", "-journal")
 #: What a trtflow journal may hold (older ones have no application_id): anything else is someone else's database.
-OWN_OBJECTS = {("table", "runs"), ("table", "node_runs"), ("table", "stat_cache"), ("index", "node_runs_node"),
+OWN_OBJECTS = {("table", "runs"), ("table", "node_runs"), ("table", "stat_cache"), ("table", "history"),
+               ("table", "dep_sets"), ("index", "node_runs_node"), ("index", "history_series"),
                ("index", "sqlite_autoindex_runs_1"), ("index", "sqlite_autoindex_node_runs_1"),
-               ("index", "sqlite_autoindex_stat_cache_1")}
+               ("index", "sqlite_autoindex_stat_cache_1"), ("index", "sqlite_autoindex_history_1"),
+               ("index", "sqlite_autoindex_dep_sets_1")}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -51,10 +56,21 @@ CREATE TABLE IF NOT EXISTS node_runs (
     PRIMARY KEY (run_id, node)
 );
 CREATE INDEX IF NOT EXISTS node_runs_node ON node_runs(node, started);
+CREATE TABLE IF NOT EXISTS history (
+    recipe_id TEXT, node TEXT, figure TEXT, measurement TEXT, run_id TEXT, recorded REAL, stage TEXT, key TEXT,
+    value REAL, low REAL, high REAL, n INTEGER, unit TEXT, better TEXT, is_primary INTEGER, facts TEXT,
+    context TEXT,
+    PRIMARY KEY (recipe_id, node, figure, measurement)
+);
+CREATE INDEX IF NOT EXISTS history_series ON history(recipe_id, node, figure, recorded);
 CREATE TABLE IF NOT EXISTS stat_cache (
-    path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, inode INTEGER, digest TEXT
+    path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER, inode INTEGER, digest TEXT
+);
+CREATE TABLE IF NOT EXISTS dep_sets (
+    pre TEXT, deps TEXT, used REAL, PRIMARY KEY (pre, deps)
 );
 """
+DEP_SETS_TRIED = 64  # the module sets the planner tries per pre-key, most recently used first
 
 _RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
@@ -310,12 +326,54 @@ class Journal:
         self._execute(f"recording the memory of node {node}",
                       "UPDATE node_runs SET peak_rss = ? WHERE run_id = ? AND node = ?", (peak, run_id, node))
 
+    # ----- history: one row per (recipe file, node, figure, measurement); a reused result adds nothing
+    HISTORY_COLUMNS = ("recipe_id", "node", "figure", "measurement", "run_id", "recorded", "stage", "key", "value",
+                       "low", "high", "n", "unit", "better", "is_primary", "facts", "context")
+
+    def add_history(self, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Record figures (`HISTORY_COLUMNS`; ``facts``/``context`` as JSON text), in one transaction; a row of a
+        measurement already recorded is kept as it was. Returns how many rows were new."""
+        if not rows:
+            return 0
+        columns = self.HISTORY_COLUMNS
+        sql = (f"INSERT OR IGNORE INTO history ({', '.join(columns)}) "
+               f"VALUES ({', '.join('?' for _ in columns)})")
+        with self.guard("recording the history of figures"):
+            self.conn.execute("BEGIN")
+            try:
+                before = self.conn.total_changes
+                self.conn.executemany(sql, [tuple(row.get(c) for c in columns) for row in rows])
+                added = self.conn.total_changes - before
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+        return added
+
+    def history(self, recipe_id: str, nodes: Sequence[str] = ()) -> list[dict[str, Any]]:
+        """The recorded figures of a recipe file (of ``nodes`` only, if given), oldest first. A journal written
+        before the history existed has none."""
+        if not self._has_table("history"):
+            return []
+        query = "SELECT * FROM history WHERE recipe_id = ?"
+        args: tuple = (recipe_id,)
+        if nodes:
+            query += f" AND node IN ({', '.join('?' for _ in nodes)})"
+            args += tuple(nodes)
+        return self._rows(query + " ORDER BY recorded, rowid", args)
+
+    def _has_table(self, name: str) -> bool:
+        rows = self._execute("reading the journal", "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                             (name,))
+        return bool(rows.fetchall())
+
     # ----- stat cache (fingerprint.StatCache protocol): an optimisation, so it never fails a command
-    def get(self, path: str, size: int, mtime_ns: int, inode: int) -> str | None:
+    def get(self, path: str, sig: tuple[int, int, int, int]) -> str | None:
+        """The digest recorded for ``path`` if its signature (size, mtime, ctime, inode) is still ``sig``."""
         try:
             with self._lock:
-                row = self.conn.execute("SELECT size, mtime_ns, inode, digest FROM stat_cache WHERE path = ?",
-                                        (path,)).fetchone()
+                row = self.conn.execute("SELECT size, mtime_ns, ctime_ns, inode, digest FROM stat_cache "
+                                        "WHERE path = ?", (path,)).fetchone()
         except sqlite3.Error:
             return None
         except StoreError as exc:
@@ -323,17 +381,48 @@ class Journal:
                 self._said = True
                 log.warning("the journal cannot be used, so files are hashed again: %s", exc.message)
             return None
-        if row and row[0] == size and row[1] == mtime_ns and row[2] == inode:
-            return row[3]
+        if row and tuple(row[:4]) == tuple(sig):
+            return row[4]
         return None
 
-    def put(self, path: str, size: int, mtime_ns: int, inode: int, digest: str) -> None:
+    def put(self, path: str, sig: tuple[int, int, int, int], digest: str) -> None:
+        if self.readonly:
+            return
+        size, mtime_ns, ctime_ns, inode = sig
+        try:
+            with self._lock:
+                self.conn.execute("INSERT OR REPLACE INTO stat_cache (path, size, mtime_ns, ctime_ns, inode, digest) "
+                                  "VALUES (?, ?, ?, ?, ?, ?)", (path, size, mtime_ns, ctime_ns, inode, digest))
+        except (sqlite3.Error, StoreError):
+            return
+
+
+    # ----- module sets recorded by pre-key (plan.DepIndex protocol): an optimisation, so it never fails a command
+    def dep_sets(self, pre: str) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+        """The module sets recorded for ``pre``, most recently used first: (file labels, empty slot labels)."""
+        try:
+            with self._lock:
+                rows = self.conn.execute("SELECT deps FROM dep_sets WHERE pre = ? ORDER BY used DESC LIMIT ?",
+                                         (pre, DEP_SETS_TRIED)).fetchall()
+        except (sqlite3.Error, StoreError):
+            return []
+        found = []
+        for (text,) in rows:
+            try:
+                files, absent = json.loads(text)
+                found.append((tuple(str(f) for f in files), tuple(str(a) for a in absent)))
+            except (ValueError, TypeError):
+                continue
+        return found
+
+    def note_dep_set(self, pre: str, deps: tuple[tuple[str, ...], tuple[str, ...]]) -> None:
+        """Record that a result under ``pre`` was made (or used) with the module set ``deps``."""
         if self.readonly:
             return
         try:
             with self._lock:
-                self.conn.execute("INSERT OR REPLACE INTO stat_cache VALUES (?, ?, ?, ?, ?)",
-                                  (path, size, mtime_ns, inode, digest))
+                self.conn.execute("INSERT OR REPLACE INTO dep_sets (pre, deps, used) VALUES (?, ?, ?)",
+                                  (pre, json.dumps([list(deps[0]), list(deps[1])]), time.time()))
         except (sqlite3.Error, StoreError):
             return
 
@@ -360,6 +449,10 @@ def _migrate(conn: sqlite3.Connection) -> None:
     node_columns = {row[1] for row in conn.execute("PRAGMA table_info(node_runs)").fetchall()}
     if "peak_rss" not in node_columns:
         conn.execute("ALTER TABLE node_runs ADD COLUMN peak_rss INTEGER")
+    cache_columns = {row[1] for row in conn.execute("PRAGMA table_info(stat_cache)").fetchall()}
+    if "ctime_ns" not in cache_columns:  # entries without a ctime cannot tell a restored mtime: start afresh
+        conn.execute("DROP TABLE stat_cache")
+        conn.executescript(SCHEMA)
     conn.execute(f"PRAGMA user_version = {FORMAT}")
 
 

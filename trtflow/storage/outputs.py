@@ -6,8 +6,8 @@ The output folder is the user's territory, and it may come from elsewhere (a clo
   for the default ``build/<recipe>``, the ``--output-dir``) without following links (`confined.Tree`): ``build/``,
   ``build/<recipe>``, the node's folder and every folder in a file name must be real folders, and a file name
   (from a manifest or from the index) must be a plain relative name;
-- it deletes only a file it made: the index (``.trtflow.json``) records each copy's size, mtime and inode, and a
-  file counts as ours only while all three still match (a planted index cannot know the inode and the
+- it deletes only a file it made: the index (``.trtflow.json``) records each copy's size, mtime, ctime and inode, and a
+  file counts as ours only while all four still match (a planted index cannot know the inode and the
   nanosecond mtime of a file it did not create; a copy the user edited is no longer ours and is left alone);
 - it reads the index only if it is a small regular file (never a link, a pipe or a device).
 """
@@ -78,7 +78,8 @@ def write_index(folder: Tree, data: Mapping[str, Any]) -> None:
 
 def made_by_us(folder: Tree, name: object, record: Any) -> bool:
     """``name`` (a plain relative name) is a regular file in ``folder``, reached through real folders, with the
-    size, mtime and inode the index recorded when trtflow made it."""
+    size, mtime, ctime and inode the index recorded when trtflow made it (a copy edited in place with its size and
+    mtime restored has another ctime: it is the user's now)."""
     if not isinstance(record, Mapping) or not safe_relative_name(name):
         return False
     assert isinstance(name, str)
@@ -86,8 +87,9 @@ def made_by_us(folder: Tree, name: object, record: Any) -> bool:
         st = folder.stat(name)
     except OSError:
         return False
-    return st is not None and stat.S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns, st.st_ino) == (
-        record.get("size"), record.get("mtime_ns"), record.get("ino"))
+    return st is not None and stat.S_ISREG(st.st_mode) and (
+        st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) == (
+        record.get("size"), record.get("mtime_ns"), record.get("ctime_ns"), record.get("ino"))
 
 
 def materialize(manifest: Mapping[str, Any], dest: Path, base: Path | None,
@@ -122,7 +124,7 @@ def materialize(manifest: Mapping[str, Any], dest: Path, base: Path | None,
                     st = folder.copy_in(filename, source, durable=False)
             assert st is not None
             files[filename] = {"digest": out["digest"], "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                               "ino": st.st_ino}
+                               "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
         for leftover, record in recorded.items():
             if leftover not in files and made_by_us(folder, leftover, record):
                 folder.unlink(leftover)

@@ -5,6 +5,7 @@ Layout under the store root (``.trtflow`` by default):
   objects/ab/<digest>      artifact files, read-only once committed; a file's name IS its content digest
   nodes/ab/<key>.json      node manifests (written last: a manifest means the node is complete)
   refs/<recipe>/           what each recipe file's latest runs used (see refs.py): gc's roots
+  pins/                    reference artifacts comparisons re-measure (see pins.py): gc's roots too
   caches/                  shared mutable caches (TensorRT timing caches) under file locks
   locks/                   per-node-key build locks (one process builds, others wait and reuse)
   logs/<run>/<node>.log    per-node logs
@@ -20,7 +21,8 @@ bounded, writes by temp file and rename): a store may come with a cloned reposit
 
 The store never keeps or serves an object whose bytes do not match its name: a commit re-checks an object that
 is already there (a same-size object damaged in place is replaced, not kept), and `intact` re-hashes an object
-whose (size, mtime, inode) differ from those recorded when it was last verified.
+whose signature (size, mtime, ctime, inode) differs from the one recorded when it was last verified: rewriting an
+object in place changes its ctime even when its size and mtime are restored.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.errors import StoreError, TrtflowError
-from trtflow.fingerprint import StatCache, hash_stream
+from trtflow.fingerprint import StatCache, hash_stream, signature
 from trtflow.storage import confined, outputs
 from trtflow.storage.confined import Refused, Tree
 from trtflow.storage.manifest import FORMAT as MANIFEST_FORMAT
@@ -45,7 +47,7 @@ from trtflow.storage.refs import RefStore, migrate_legacy_refs
 
 READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
 FORMAT = 2  # 1: the first release (no format.json, refs by recipe name)
-SUBDIRS = ("objects", "nodes", "refs", "caches", "locks", "logs", "tmp")
+SUBDIRS = ("objects", "nodes", "refs", "caches", "locks", "logs", "tmp", "pins")
 NOOP = "noop"  # no-op records (execution/noop.py)
 TRANSFER = "ray-remote"  # the transfer area of a local Ray cluster, a folder per run (execution/ray_executor.py)
 #: Folders trtflow deletes and writes in: each must be a real folder (never a link), checked before any work.
@@ -302,7 +304,7 @@ class Store:
         if st is None or not stat.S_ISREG(st.st_mode) or st.st_size != size:
             return False
         path = str(self.shown(rel))
-        if stat_cache is not None and stat_cache.get(path, st.st_size, st.st_mtime_ns, st.st_ino) == digest:
+        if stat_cache is not None and stat_cache.get(path, signature(st)) == digest:
             return True
         try:
             with self.tree.open_read(rel) as f:
@@ -312,8 +314,8 @@ class Store:
             return False
         if actual != digest or opened.st_ino != st.st_ino:
             return False
-        if stat_cache is not None:
-            stat_cache.put(path, st.st_size, st.st_mtime_ns, st.st_ino, digest)
+        if stat_cache is not None and signature(opened) == signature(st):  # not changed while it was hashed
+            stat_cache.put(path, signature(st), digest)
         return True
 
     def open_object(self, digest: str) -> Any:
@@ -347,10 +349,10 @@ class Store:
         target = self.object_rel(digest)
         source.move_to(rel, self.tree, target)  # also replaces a damaged object of the same name
         self.tree.fsync_folder(target[:-1])
-        if stat_cache is not None:
+        if stat_cache is not None:  # written by us, read-only, renamed into place: trusted at once
             placed = self.tree.stat(target)
             if placed is not None:
-                stat_cache.put(str(self.shown(target)), placed.st_size, placed.st_mtime_ns, placed.st_ino, digest)
+                stat_cache.put(str(self.shown(target)), signature(placed), digest)
         return digest, size
 
     def commit(self, key: str, manifest: dict[str, Any], out_dir: Tree | Path,

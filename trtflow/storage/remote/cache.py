@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.errors import TrtflowError
-from trtflow.fingerprint import StatCache, stream_digests
+from trtflow.fingerprint import StatCache, signature, stream_digests
 from trtflow.storage import confined
 from trtflow.storage.confined import Tree
 from trtflow.storage.manifest import Problem, check_key, is_key, manifest_problem, outputs_problem
@@ -256,7 +256,7 @@ class RemoteCache:
             self._pull_object(node, name, out, store, target)
             st = store.tree.stat(target)
             if stat_cache is not None and st is not None:
-                stat_cache.put(str(store.shown(target)), st.st_size, st.st_mtime_ns, st.st_ino, out["digest"])
+                stat_cache.put(str(store.shown(target)), signature(st), out["digest"])
             copied += 1
             nbytes += out["size"]
         return Transfer(objects=copied, bytes=nbytes, present=present)

@@ -1,0 +1,290 @@
+"""What the gates and select can tell: false alarms and power of the stage's own decision code, on models of noise.
+
+Every trial runs the code a gated benchmark runs (`measure.ab.Pairing` timing pairs in a random order through
+window timers, its sequential looks, then `measure.gates.Comparison.paired` making the verdict) and the code
+select runs (`measure.finalists.measure_round_robin`, then `decision.ties.paired_ties`), with the window timers
+replaced by a seeded model of a host's noise. Nothing is timed: thousands of trials take seconds.
+
+Noise models (per window: a level the host drifts through, shared by consecutive windows, times per-query noise
+with occasional stalls; `NoiseModel`):
+
+``cpu``  this 2-core machine with one CPU-bound neighbour: the level wanders with a 7% standard deviation between
+         runs (measured: unchanged runs moved ~7%) and 0.9 correlation from one window to the next; each query
+         +-10% (log-normal), 3% of them stalled 2-5x (a neighbour took the core); 24 queries per window (the
+         quickstart's batch 8 at ~2.5 ms in 0.06 s windows). Pair spread ~5% (`noise` measures the real one).
+``gpu``  an H100 timing a small model with CUDA events: levels wander 5% (clocks), 0.95 correlation; each query
+         +-2%, 0.5% stalled 1.5-3x; 500 queries per window.
+
+Checks (exit code 1 when one fails):
+- false alarms: an unchanged candidate fails at most 1% of verdicts, and a recipe of 3 gated nodes at most 5% of
+  runs; a candidate exactly at the threshold (10% slower) fails at most 1% (+ sampling error) of verdicts;
+- power: a candidate at twice the threshold (20% slower) fails at least 90% of verdicts on the cpu model, at 1.5x
+  (15%) on the gpu model; a 20% slowdown never passes (exit 0) on either;
+- select: a truly 20% faster candidate wins at least 90% of the time on the cpu model, a 10% faster one on the gpu
+  model, though the tie-breaker prefers the slower one; within the 5% band (2% apart) the tie-breaker decides.
+
+    python bench/gate_power.py check --trials 2000            # the checks above, a table of rates
+    python bench/gate_power.py noise --seconds 60              # this machine's A/A pairs (quickstart CNN, ORT 1 thread)
+
+``noise`` runs the benchmark's own window timers on two sessions of the same ONNX model (with ``--neighbours``
+busy-looping processes beside them) and prints the spread of the pairs' log-ratios: the figure the cpu model
+stands for. Results go to --out as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from trtflow_stages.measure.ab import Pairing  # noqa: E402
+from trtflow_stages.measure.intervals import Window  # noqa: E402
+
+
+@dataclass(frozen=True)
+class NoiseModel:
+    name: str
+    drift: float  # standard deviation of the host's level (log scale), between runs
+    correlation: float  # of the level from one window to the next
+    query_noise: float  # per query (log-normal sigma)
+    stall_rate: float
+    stall_factor: tuple[float, float]
+    queries: int  # per window of window_s (the latency sets how many fit in a window of another length)
+    latency_ms: float
+    window_s: float
+    max_seconds: float  # the point's max_duration_s: the candidate side of the pairs is timed at most this long
+
+
+MODELS = {
+    "cpu": NoiseModel("cpu", 0.07, 0.9, 0.10, 0.03, (2.0, 5.0), 24, 2.5, 0.06, 0.9),
+    "gpu": NoiseModel("gpu", 0.05, 0.95, 0.02, 0.005, (1.5, 3.0), 500, 1.2, 0.6, 9.0),
+}
+
+
+class Host:
+    """A host whose speed wanders (AR(1) on the log scale), shared by everything timed on it in one trial."""
+
+    def __init__(self, model: NoiseModel, rng: random.Random) -> None:
+        self.model = model
+        self.rng = rng
+        self.level = rng.gauss(0.0, model.drift)  # this run's level: runs differ by the drift
+
+    def window(self, factor: float, seconds: float | None = None) -> Window:
+        """One window of ``seconds`` (default the model's) of a model ``factor`` times the base latency."""
+        m = self.model
+        queries = max(1, round((seconds or m.window_s) * 1000.0 / (m.latency_ms * factor)))
+        innovation = m.drift * math.sqrt(1.0 - m.correlation ** 2)
+        self.level = m.correlation * self.level + self.rng.gauss(0.0, innovation)
+        base = m.latency_ms * factor * math.exp(self.level)
+        latencies = []
+        for _ in range(queries):
+            value = base * math.exp(self.rng.gauss(0.0, m.query_noise))
+            if self.rng.random() < m.stall_rate:
+                value *= self.rng.uniform(*m.stall_factor)
+            latencies.append(value)
+        return Window(latencies, sum(latencies))
+
+
+def timer(host: Host, factor: float) -> Any:
+    return lambda seconds, index: host.window(factor, seconds)
+
+
+def gate_trial(model: NoiseModel, change: float, seed: int, family: int = 1) -> tuple[str, int]:
+    """One gated benchmark: the candidate ``change`` slower than the reference; returns its primary verdict's
+    outcome and the pairs it took."""
+    from trtflow_stages.benchmark import Params
+    from trtflow_stages.measure.gates import Comparison
+    from trtflow_stages.measure.reference import pair_plan
+
+    rng = random.Random(seed)
+    host = Host(model, rng)
+    params = Params.model_validate({"backend": "onnxruntime", "max_regression_percent": 10})
+    plan = pair_plan(params, model.window_s, model.max_seconds / 3.0, model.max_seconds, family, 8, seed=seed)
+    pairing = Pairing(plan, timer(host, 1.0))
+    candidate = timer(host, 1.0 + change)
+    index = 0
+    while not pairing.done:
+        pairing.step(candidate, model.window_s, index)
+        index += 1
+    verdict = Comparison("regression", "the reference's", 10.0, params, family).paired(
+        pairing.record, "p50", "batch 8", primary=True)
+    return verdict.outcome, verdict.pairs or 0
+
+
+def select_trial(model: NoiseModel, faster: float, seed: int) -> bool:
+    """Two finalists, the preferred one (by the tie-breaker) ``faster`` slower than the other, timed together:
+    does the faster one win (the preferred one loses beyond the 5% band)?"""
+    from trtflow_stages.decision.ties import paired_ties
+    from trtflow_stages.measure.finalists import measure_round_robin
+
+    rng = random.Random(seed)
+    host = Host(model, rng)
+    timers = {"accurate": timer(host, 1.0 + faster), "fast": timer(host, 1.0)}
+    record = measure_round_robin(timers, 8, "p50", 5.0, model.window_s, model.max_seconds, seed=seed)
+    leader, duels = paired_ties(record)
+    return leader == "fast" and duels["accurate"]["outcome"] == "loses"
+
+
+def rates(model: NoiseModel, trials: int, seed: int = 0) -> dict[str, Any]:
+    found: dict[str, Any] = {"model": model.__dict__}
+    for label, change in (("unchanged", 0.0), ("at_threshold", 0.10), ("1.5x_threshold", 0.15),
+                          ("2x_threshold", 0.20)):
+        outcomes = [gate_trial(model, change, seed * 1_000_003 + i) for i in range(trials)]
+        found[label] = {"fail": sum(o == "fail" for o, _ in outcomes) / trials,
+                        "pass": sum(o == "pass" for o, _ in outcomes) / trials,
+                        "inconclusive": sum(o == "inconclusive" for o, _ in outcomes) / trials,
+                        "mean_pairs": sum(p for _, p in outcomes) / trials}
+    runs = max(trials // 3, 1)
+    families = [[gate_trial(model, 0.0, 7_000_003 * seed + 3 * i + k, family=3)[0] for k in range(3)]
+                for i in range(runs)]
+    found["recipe_of_3_unchanged"] = {"any_fail": sum("fail" in f for f in families) / runs}
+    for label, faster in (("select_10", 0.10), ("select_20", 0.20), ("select_2", 0.02)):
+        wins = [select_trial(model, faster, 13 * seed + i) for i in range(trials)]
+        found[label] = {"faster_wins": sum(wins) / trials}
+    return found
+
+
+def check(args: argparse.Namespace) -> dict[str, Any]:
+    started = time.perf_counter()
+    results = {name: rates(model, args.trials, args.seed) for name, model in MODELS.items()}
+    margin = 1.96 * math.sqrt(0.01 * 0.99 / args.trials)  # sampling error of a 1% rate
+    cpu, gpu = results["cpu"], results["gpu"]
+    criteria = [
+        ("cpu: unchanged fails <= 1% of verdicts", cpu["unchanged"]["fail"] <= 0.01),
+        ("gpu: unchanged fails <= 1% of verdicts", gpu["unchanged"]["fail"] <= 0.01),
+        ("cpu: at the threshold fails <= 1% (+ sampling error)", cpu["at_threshold"]["fail"] <= 0.01 + margin),
+        ("gpu: at the threshold fails <= 1% (+ sampling error)", gpu["at_threshold"]["fail"] <= 0.01 + margin),
+        ("cpu: a recipe of 3 unchanged nodes fails <= 5% of runs", cpu["recipe_of_3_unchanged"]["any_fail"] <= 0.05),
+        ("gpu: a recipe of 3 unchanged nodes fails <= 5% of runs", gpu["recipe_of_3_unchanged"]["any_fail"] <= 0.05),
+        ("cpu: 2x the threshold (20%) fails >= 90%", cpu["2x_threshold"]["fail"] >= 0.90),
+        ("gpu: 1.5x the threshold (15%) fails >= 90%", gpu["1.5x_threshold"]["fail"] >= 0.90),
+        ("cpu: a 20% slowdown never passes", cpu["2x_threshold"]["pass"] == 0.0),
+        ("gpu: a 20% slowdown never passes", gpu["2x_threshold"]["pass"] == 0.0),
+        ("cpu: select sees a 20% win >= 90%", cpu["select_20"]["faster_wins"] >= 0.90),
+        ("gpu: select sees a 10% win >= 90%", gpu["select_10"]["faster_wins"] >= 0.90),
+        ("cpu: within the band (2%), the preference decides >= 90%", cpu["select_2"]["faster_wins"] <= 0.10),
+        ("gpu: within the band (2%), the preference decides >= 90%", gpu["select_2"]["faster_wins"] <= 0.10),
+    ]
+    for name, result in results.items():
+        print(f"{name} model ({args.trials} trials per row):")
+        for label in ("unchanged", "at_threshold", "1.5x_threshold", "2x_threshold"):
+            row = result[label]
+            print(f"  {label:15s} fail {row['fail']:.3f}  pass {row['pass']:.3f}  inconclusive "
+                  f"{row['inconclusive']:.3f}  mean pairs {row['mean_pairs']:.1f}")
+        print(f"  recipe of 3 unchanged nodes: a false alarm in {result['recipe_of_3_unchanged']['any_fail']:.3f} "
+              "of runs")
+        print(f"  select: the faster one wins {result['select_20']['faster_wins']:.3f} (20% faster), "
+              f"{result['select_10']['faster_wins']:.3f} (10%), {result['select_2']['faster_wins']:.3f} (2%: within "
+              "the band, the preference decides)")
+    for label, ok in criteria:
+        print(f"{'ok  ' if ok else 'FAIL'} {label}")
+    results["criteria"] = {label: ok for label, ok in criteria}
+    results["seconds"] = round(time.perf_counter() - started, 1)
+    print(f"{results['seconds']} s")
+    return results
+
+
+def noise(args: argparse.Namespace) -> dict[str, Any]:
+    """A/A pairs of the quickstart CNN on this machine, timed by the benchmark's own window timers."""
+    import contextlib
+    import subprocess
+    import tempfile
+
+    import numpy as np
+    import torch
+
+    from examples.models.tiny_cnn import build
+    from trtflow_stages.measure.ab import window_figures
+    from trtflow_stages.measure.paired import noise as robust_sd
+    from trtflow_stages.measure.windows import host_window
+    from trtflow_stages.runtimes.ort import OrtOptions, create_session
+
+    with tempfile.TemporaryDirectory() as folder:
+        model = Path(folder) / "cnn.onnx"
+        torch.onnx.export(build(), torch.randn(args.batch, 3, 32, 32), str(model), input_names=["input"],
+                          output_names=["logits"], dynamic_axes={"input": {0: "batch"}}, opset_version=17,
+                          dynamo=False)
+        options = OrtOptions(intra_op_threads=1)
+        sessions = [create_session(model, options) for _ in range(2)]
+        feed = {"input": np.random.default_rng(0).standard_normal((args.batch, 3, 32, 32)).astype(np.float32)}
+        timers = [host_window(lambda s=s: s.run(None, feed), 200.0) for s in sessions]
+        neighbours = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.neighbours)]
+        draw = random.Random(0)
+        ratios: list[float] = []
+        waits: list[float] = []
+        try:
+            started = time.perf_counter()
+            index = 0
+            while time.perf_counter() - started < args.seconds:
+                order = [0, 1] if draw.random() < 0.5 else [1, 0]
+                figures = {}
+                for side in order:
+                    window = timers[side](args.window, index)
+                    figures[side] = window_figures(window, args.batch)
+                index += 1
+                ratios.append(math.log(figures[1]["p50"] / figures[0]["p50"]))
+                waits.append((figures[0].get("wait_share", 0) + figures[1].get("wait_share", 0)) / 2)
+        finally:
+            for process in neighbours:
+                process.terminate()
+            for process in neighbours:
+                with contextlib.suppress(Exception):
+                    process.wait(timeout=30)
+    data = np.asarray(ratios)
+    found = {"pairs": len(ratios), "window_s": args.window, "batch": args.batch, "neighbours": args.neighbours,
+             "robust_sd": robust_sd(ratios), "sd": float(data.std(ddof=1)),
+             "quantiles": dict(zip(("1%", "5%", "50%", "95%", "99%"),
+                                   (float(v) for v in np.quantile(data, [0.01, 0.05, 0.5, 0.95, 0.99])),
+                                   strict=True)),
+             "mean_wait_share": float(np.mean(waits)), "log_ratios": ratios}
+    print(f"{len(ratios)} A/A pairs of {args.window:g} s windows at batch {args.batch} with {args.neighbours} "
+          f"neighbour(s): robust sd {found['robust_sd']:.4f}, sd {found['sd']:.4f}, quantiles "
+          f"{ {k: round(v, 3) for k, v in found['quantiles'].items()} }, waited for a CPU "
+          f"{found['mean_wait_share']:.0%} of the time")
+    model_sd = MODELS["cpu"]
+    print(f"(the cpu model's pairs: robust sd ~{_model_spread(model_sd):.4f})")
+    return found
+
+
+def _model_spread(model: NoiseModel, pairs: int = 4000) -> float:
+    from trtflow_stages.measure.ab import window_figures
+    from trtflow_stages.measure.paired import noise as robust_sd
+
+    host = Host(model, random.Random(1))
+    values = []
+    for _ in range(pairs):
+        a, b = host.window(1.0), host.window(1.0)
+        values.append(math.log(window_figures(b, 1)["p50"] / window_figures(a, 1)["p50"]))
+    return robust_sd(values)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["check", "noise"])
+    parser.add_argument("--trials", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--window", type=float, default=0.06)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--neighbours", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("gate-power-results"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = check(args) if args.what == "check" else noise(args)
+    (args.out / f"{args.what}.json").write_text(json.dumps(result, indent=1, default=str))
+    if args.what == "check":
+        return 0 if all(result["criteria"].values()) else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

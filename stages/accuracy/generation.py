@@ -1,0 +1,208 @@
+"""Validation by greedy generation: do a candidate's first N generated tokens equal the reference's?
+
+The reference generates greedily from each prompt (PyTorch through transformers' own ``generate``, or an ONNX model
+through `runtimes.generation`), keeping the tokens and the logits each was chosen from. The candidate is then run
+*teacher-forced*: fed the reference's tokens, so that its inputs equal the reference's at every step and its logits
+can be compared at every step, even after its own choice would have differed. Its argmax at each step is the token
+it would have generated; up to its first difference from the reference, teacher forcing and free generation are the
+same computation, so the count of leading equal tokens (``tokens_matched``) is exactly how many tokens free greedy
+generation would have shared.
+
+A difference where the reference's own margin (its top logit minus its logit of the candidate's token) is within
+twice the candidate's largest logit error at that step is a *near tie*: an error of that size may swap the order of
+two almost-equal logits, and the record says so. The logits of all steps and prompts are compared as one output
+named ``logits`` with the same measurements and tolerances as any other output (`accuracy.compare`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import Field
+
+from trtflow.stage import StageFailed, StageParams
+
+from ..data.prompts import Prompts
+
+
+class GenerationCheck(StageParams):
+    """Greedy generation from prompts, compared token by token and step by step."""
+
+    prompts: Prompts = Field(default_factory=Prompts, description="The prompts (token ids): random (count, length, "
+                             "seed) or from a file (path).")
+    new_tokens: int = Field(8, ge=1, le=4096, description="Tokens generated per prompt (greedy: the argmax).")
+    min_tokens_matched: int | None = Field(
+        None, ge=0, description="Leading generated tokens every prompt must share with the reference (default: "
+        "all new_tokens).")
+    allow_near_ties: bool = Field(
+        False, description="Count a differing token as matched when the reference's own margin between the two "
+        "tokens is within twice the candidate's logit error at that step (an error that small may swap two "
+        "almost-equal logits). Off: the tokens must be equal.")
+
+    def required(self) -> int:
+        return self.new_tokens if self.min_tokens_matched is None else min(self.min_tokens_matched, self.new_tokens)
+
+
+def torch_reference(model: Any, prompts: Sequence[Any], new_tokens: int) -> list[tuple[Any, Any]]:
+    """Per prompt, the tokens and raw logits of transformers' greedy ``generate`` (no end-of-sequence stop, no logit
+    processors: the argmax of the model's logits at every step)."""
+    import numpy as np
+    import torch
+    import transformers
+
+    config = transformers.GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=new_tokens,
+                                           min_new_tokens=None, eos_token_id=None, pad_token_id=0,
+                                           output_logits=True, return_dict_in_generate=True)
+    results = []
+    # generate() fills what a passed config leaves unset (the end-of-sequence id) from the model's own config: the
+    # model's is replaced for the call instead, so nothing of it (eos, processors) applies
+    saved, model.generation_config = model.generation_config, config
+    try:
+        outputs = []
+        for prompt in prompts:
+            ids = torch.from_numpy(np.asarray(prompt, dtype=np.int64)).reshape(1, -1)
+            with torch.inference_mode():
+                outputs.append((ids.shape[1], model.generate(input_ids=ids, attention_mask=torch.ones_like(ids))))
+    finally:
+        model.generation_config = saved
+    for length, out in outputs:
+        tokens = out.sequences[0, length:].numpy()
+        logits = torch.stack(list(out.logits), dim=1)[0].float().numpy()
+        if tokens.shape[0] != new_tokens:
+            raise StageFailed(f"transformers' generate stopped after {tokens.shape[0]} of {new_tokens} tokens")
+        results.append((tokens, logits))
+    return results
+
+
+def decoder_reference(decoder: Any, prompts: Sequence[Any], new_tokens: int) -> list[tuple[Any, Any]]:
+    """Per prompt, the tokens and logits of free greedy generation with a decoder (`runtimes.generation`)."""
+    from ..runtimes.generation import greedy
+
+    runs = [greedy(decoder, prompt.reshape(1, -1), new_tokens) for prompt in prompts]
+    return [(run.tokens[0], run.logits[0]) for run in runs]
+
+
+def forced_candidate(decoder: Any, prompts: Sequence[Any],
+                     reference: Sequence[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """Per prompt, the candidate's argmax tokens and logits when fed the reference's tokens (teacher forcing)."""
+    from ..runtimes.generation import greedy
+
+    results = []
+    for prompt, (tokens, _) in zip(prompts, reference, strict=True):
+        run = greedy(decoder, prompt.reshape(1, -1), len(tokens), forced=tokens.reshape(1, -1))
+        results.append((run.tokens[0], run.logits[0]))
+    return results
+
+
+def compare_prompt(reference: tuple[Any, Any], candidate: tuple[Any, Any]) -> dict[str, Any]:
+    """Tokens matched, where the first difference is and whether it is a near tie, and the logit error per step."""
+    import numpy as np
+
+    ref_tokens, ref_logits = reference
+    cand_tokens, cand_logits = candidate
+    errors = np.abs(cand_logits.astype(np.float64) - ref_logits.astype(np.float64)).max(axis=-1)
+    differs = [int(i) for i in np.nonzero(ref_tokens != cand_tokens)[0]]
+    near_ties = []
+    for step in differs:
+        margin = float(ref_logits[step, ref_tokens[step]] - ref_logits[step, cand_tokens[step]])
+        if margin <= 2.0 * float(errors[step]):
+            near_ties.append(step)
+    matched = differs[0] if differs else len(ref_tokens)
+    unexplained = [s for s in differs if s not in near_ties]
+    return {
+        "prompt_length": None,
+        "new_tokens": len(ref_tokens),
+        "tokens_matched": matched,
+        "tokens_matched_with_near_ties": unexplained[0] if unexplained else len(ref_tokens),
+        "first_difference": differs[0] if differs else None,
+        "steps_agreeing": len(ref_tokens) - len(differs),
+        "near_tie_steps": near_ties,
+        "max_abs_logit_error": float(errors.max()) if errors.size else 0.0,
+        "max_abs_logit_error_per_step": [float(e) for e in errors],
+        "reference_tokens": [int(t) for t in ref_tokens],
+        "candidate_tokens": [int(t) for t in cand_tokens],
+    }
+
+
+def compare_generation(prompts: Sequence[Any], reference: Sequence[tuple[Any, Any]],
+                       candidate: Sequence[tuple[Any, Any]]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(the generation record, all steps' reference logits, the candidate's) over every prompt."""
+    import numpy as np
+
+    rows = []
+    for index, (prompt, ref, cand) in enumerate(zip(prompts, reference, candidate, strict=True)):
+        row = compare_prompt(ref, cand)
+        row["prompt"] = index
+        row["prompt_length"] = len(prompt)
+        rows.append(row)
+    record = {
+        "prompts": len(rows),
+        "new_tokens": rows[0]["new_tokens"] if rows else 0,
+        "prompts_fully_matched": sum(r["tokens_matched"] == r["new_tokens"] for r in rows),
+        "tokens_matched": [r["tokens_matched"] for r in rows],
+        "min_tokens_matched": min((r["tokens_matched"] for r in rows), default=0),
+        "max_abs_logit_error": max((r["max_abs_logit_error"] for r in rows), default=0.0),
+        "per_prompt": rows,
+    }
+    joined_ref = {"logits": np.concatenate([ref[1] for ref in reference], axis=0)}
+    joined_cand = {"logits": np.concatenate([cand[1] for cand in candidate], axis=0)}
+    return record, joined_ref, joined_cand
+
+
+def judge_generation(record: Mapping[str, Any] | None, check: GenerationCheck) -> list[str]:
+    """Failures of the token gate: a prompt whose leading matched tokens are fewer than required."""
+    if not record:
+        return []
+    required = check.required()
+    key = "tokens_matched_with_near_ties" if check.allow_near_ties else "tokens_matched"
+    failures = []
+    for row in record.get("per_prompt") or []:
+        if row[key] < required:
+            step = row["first_difference"]
+            tie = " (a near tie)" if step in row["near_tie_steps"] else ""
+            failures.append(
+                f"generation: prompt #{row['prompt']} matched {row[key]} of {row['new_tokens']} tokens (needs "
+                f"{required}): at step {step} the candidate chose {row['candidate_tokens'][step]}, the reference "
+                f"{row['reference_tokens'][step]}{tie}; largest logit error at that step "
+                f"{row['max_abs_logit_error_per_step'][step]:.3g}")
+    return failures
+
+
+def logit_failures(record: Mapping[str, Any], reference: Sequence[tuple[Any, Any]],
+                   candidate: Sequence[tuple[Any, Any]], atol: float, rtol: float) -> list[str]:
+    """Steps whose logits differ beyond ``atol`` + ``rtol`` x |reference| (numpy's allclose), one line per prompt."""
+    import numpy as np
+
+    failures = []
+    for row, (_, ref), (_, cand) in zip(record["per_prompt"], reference, candidate, strict=True):
+        bad = [step for step in range(ref.shape[0])
+               if not np.allclose(cand[step], ref[step], atol=atol, rtol=rtol, equal_nan=True)]
+        if bad:
+            failures.append(f"generation: prompt #{row['prompt']}: logits differ beyond atol {atol:g}, rtol {rtol:g} "
+                            f"at step(s) {bad[:8]} (largest error {row['max_abs_logit_error']:.3g})")
+    return failures
+
+
+def check_against_torch(onnx_path: Any, model: Any, check: GenerationCheck, atol: float, rtol: float,
+                        resolve: Any = None, options: Any = None) -> tuple[dict[str, Any], list[str]]:
+    """Greedy generation of an exported KV-cache model (ONNX Runtime, teacher-forced) against transformers'
+    ``generate`` on the PyTorch model: the record (tokens matched per prompt, logit errors) and its failures."""
+    from ..data.prompts import load_prompts
+    from ..runtimes.generation import OrtDecoder
+    from ..runtimes.ort import create_session
+
+    decoder = OrtDecoder(create_session(onnx_path, options))
+    prompts = load_prompts(check.prompts, decoder.layout.vocab_size, resolve)
+    longest = max(len(p) for p in prompts) + check.new_tokens
+    limit = int(getattr(model.config, "max_position_embeddings", 0) or getattr(model.config, "n_positions", 0) or 0)
+    if limit and longest > limit:
+        raise StageFailed(f"the generation check needs {longest} positions (prompt + new tokens) but the model has "
+                          f"{limit}", hint="use shorter prompts or fewer new_tokens")
+    reference = torch_reference(model, prompts, check.new_tokens)
+    candidate = forced_candidate(decoder, prompts, reference)
+    record, _, _ = compare_generation(prompts, reference, candidate)
+    record["prompts_from"] = check.prompts.describe()
+    record["reference"] = "transformers generate (PyTorch, greedy)"
+    failures = judge_generation(record, check) + logit_failures(record, reference, candidate, atol, rtol)
+    return record, failures

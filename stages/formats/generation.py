@@ -1,0 +1,349 @@
+"""A causal language model exported for generation with a KV cache, in the layout Hugging Face Optimum uses.
+
+The task ``text-generation-with-past`` (Optimum's name) exports one ONNX model whose inputs are
+
+- ``input_ids`` ``[batch_size, sequence_length]`` (int64, ids below the vocabulary size);
+- ``attention_mask`` ``[batch_size, past_sequence_length + sequence_length]`` (int64, 1 = attend);
+- ``position_ids`` ``[batch_size, sequence_length]`` (int64), where the model's forward() takes them;
+- ``past_key_values.{i}.key`` / ``.value`` ``[batch_size, num_key_value_heads, past_sequence_length, head_dim]``
+  per decoder layer ``i`` (grouped-query attention: fewer key/value heads than query heads);
+
+and whose outputs are ``logits`` ``[batch_size, sequence_length, vocab_size]`` and ``present.{i}.key`` / ``.value``
+``[batch_size, num_key_value_heads, past_sequence_length + sequence_length, head_dim]``: the cache to feed back.
+
+One model serves both phases of generation: *prefill* runs the prompt with a past of length 0 (an empty tensor),
+*decode* runs one token with the past of the steps before. Optimum also offers two graphs (a decoder without past
+and one with past) or a merged model that switches between them with an ``If`` node; one graph with an empty past
+is the simplest of the three that TensorRT builds well: one copy of the weights, one engine with two
+optimization profiles (prefill: long sequences, past 0; decode: sequence 1, long pasts; TensorRT-LLM's context and
+generation phases), and no control flow, which TensorRT handles poorly.
+
+transformers 5 keeps the cache in a ``DynamicCache`` object, which an exporter cannot take as an input: the export
+wrapper builds one from the flat past tensors (one ``DynamicLayer`` per decoder layer, filled directly, so an empty
+past is an empty tensor rather than transformers' uninitialised layer) and returns the updated cache's tensors
+flat. Models with a sliding-window attention are exported as full attention, which equals theirs while the whole
+sequence fits the window: the context length is capped at the window.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trtflow.stage import StageFailed
+
+TASK = "text-generation-with-past"
+BATCH = "batch_size"
+SEQUENCE = "sequence_length"
+PAST = "past_sequence_length"
+TOTAL = f"{PAST} + {SEQUENCE}"
+PREFILL, DECODE = "prefill", "decode"
+KINDS = ("key", "value")
+_PAST_NAME = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+#: The sample the model is traced at: sizes of 2 or more (a size of 1 hides broadcasting from the tracer), a past
+#: and a sequence of different lengths (a mix-up of the two shows).
+SAMPLE_BATCH, SAMPLE_SEQUENCE, SAMPLE_PAST = 2, 4, 3
+
+
+def past_name(layer: int, kind: str) -> str:
+    return f"past_key_values.{layer}.{kind}"
+
+
+def present_name(layer: int, kind: str) -> str:
+    return f"present.{layer}.{kind}"
+
+
+@dataclass(frozen=True)
+class KvLayout:
+    """The shape of a model's cache and what its inputs are: enough to feed it and to size its profiles."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    vocab_size: int
+    context_length: int  # positions the model can attend over (past + sequence)
+    position_ids: bool = True
+    dtype: str = "float32"  # of the past inputs
+
+    @property
+    def past_names(self) -> list[str]:
+        return [past_name(i, k) for i in range(self.layers) for k in KINDS]
+
+    @property
+    def present_names(self) -> list[str]:
+        return [present_name(i, k) for i in range(self.layers) for k in KINDS]
+
+    @property
+    def input_names(self) -> list[str]:
+        return ["input_ids", "attention_mask", *(["position_ids"] if self.position_ids else []), *self.past_names]
+
+    @property
+    def output_names(self) -> list[str]:
+        return ["logits", *self.present_names]
+
+    def input_entries(self, batch: int = SAMPLE_BATCH, sequence: int = SAMPLE_SEQUENCE,
+                      past: int = SAMPLE_PAST) -> dict[str, dict[str, Any]]:
+        """Export ``inputs:`` entries (shape, dtype, dynamic_axes, low, high) with this sample."""
+        text = {0: BATCH, 1: SEQUENCE}
+        entries: dict[str, dict[str, Any]] = {
+            "input_ids": {"shape": [batch, sequence], "dtype": "int64", "dynamic_axes": text, "low": 0,
+                          "high": self.vocab_size},
+            "attention_mask": {"shape": [batch, past + sequence], "dtype": "int64",
+                               "dynamic_axes": {0: BATCH, 1: TOTAL}, "low": 1, "high": 2},
+        }
+        if self.position_ids:
+            entries["position_ids"] = {"shape": [batch, sequence], "dtype": "int64", "dynamic_axes": text,
+                                       "low": 0, "high": self.context_length}
+        for name in self.past_names:
+            entries[name] = {"shape": [batch, self.kv_heads, past, self.head_dim], "dtype": self.dtype,
+                             "dynamic_axes": {0: BATCH, 2: PAST}, "low": -1.0, "high": 1.0}
+        return entries
+
+    def shapes(self, batch: int, sequence: int, past: int) -> dict[str, list[int]]:
+        """Every input's shape at these sizes."""
+        shapes = {"input_ids": [batch, sequence], "attention_mask": [batch, past + sequence]}
+        if self.position_ids:
+            shapes["position_ids"] = [batch, sequence]
+        shapes.update({name: [batch, self.kv_heads, past, self.head_dim] for name in self.past_names})
+        return shapes
+
+    def profiles(self, batch: tuple[int, int, int], context: int, prompt_opt: int,
+                 past_opt: int | None = None) -> dict[str, dict[str, dict[str, list[int]]]]:
+        """Two optimization profiles in disjoint shape regimes, each with its own opt: ``prefill`` (a prompt of 1 to
+        ``context`` tokens, past 0, opt ``prompt_opt``) and ``decode`` (one token after a past of 1 to
+        ``context - 1``, opt ``past_opt``, default ``prompt_opt``)."""
+        if not 2 <= context <= self.context_length:
+            raise StageFailed(f"a context length of {context} does not fit the model: it attends over at most "
+                              f"{self.context_length} positions (and generation needs 2 or more)",
+                              hint=f"use a context length between 2 and {self.context_length}")
+        low, opt, high = batch
+        prompt_opt = min(max(prompt_opt, 1), context)
+        past_opt = min(max(past_opt if past_opt is not None else prompt_opt, 1), context - 1)
+        prefill = {name: {"min": a, "opt": b, "max": c} for name, a, b, c in _zip_shapes(
+            self.shapes(low, 1, 0), self.shapes(opt, prompt_opt, 0), self.shapes(high, context, 0))}
+        decode = {name: {"min": a, "opt": b, "max": c} for name, a, b, c in _zip_shapes(
+            self.shapes(low, 1, 1), self.shapes(opt, 1, past_opt), self.shapes(high, 1, context - 1))}
+        return {PREFILL: prefill, DECODE: decode}
+
+
+def _zip_shapes(*shapes: Mapping[str, list[int]]) -> list[tuple[str, list[int], list[int], list[int]]]:
+    return [(name, shapes[0][name], shapes[1][name], shapes[2][name]) for name in shapes[0]]
+
+
+def context_limit(config: Any) -> int:
+    """Positions the model attends over: its position table (or RoPE's trained length), capped by a sliding
+    window (exported as full attention, which equals the window's while the sequence fits in it)."""
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or \
+        getattr(config, "n_ctx", None) or getattr(config, "seq_length", None)
+    if not limit:
+        raise StageFailed(f"config.json of this {getattr(config, 'model_type', '?')!r} model gives no context length "
+                          "(max_position_embeddings or n_positions)",
+                          hint="add max_position_embeddings to config.json")
+    window = getattr(config, "sliding_window", None)
+    if getattr(config, "use_sliding_window", True) is False:
+        window = None
+    if isinstance(window, int) and window > 0:
+        limit = min(int(limit), window)
+    return int(limit)
+
+
+def layout_of(config: Any, takes_position_ids: bool) -> KvLayout:
+    """The cache layout of a decoder-only model of this config (transformers' attribute names, with the aliases
+    its configs map: n_layer, n_head, ...)."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    layers = getattr(text, "num_hidden_layers", None)
+    heads = getattr(text, "num_attention_heads", None)
+    hidden = getattr(text, "hidden_size", None)
+    if not (layers and heads and hidden):
+        raise StageFailed(f"cannot tell the cache layout of a {getattr(config, 'model_type', '?')!r} model: its "
+                          "config gives no num_hidden_layers, num_attention_heads or hidden_size",
+                          hint="export it with task: text-generation (no cache)")
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    return KvLayout(int(layers), int(kv_heads), int(head_dim), int(text.vocab_size), context_limit(text),
+                    takes_position_ids)
+
+
+def layout_from_io(inputs: Mapping[str, Sequence[Any]], input_types: Mapping[str, str],
+                   outputs: Mapping[str, Sequence[Any]], context_length: int | None = None) -> KvLayout:
+    """The layout of an exported model from its inputs' and outputs' names and shapes (ints, or names for dynamic
+    dims), as ONNX Runtime or onnx report them; refuses a model that is not in this layout."""
+    layers = sorted({int(m.group(1)) for name in inputs if (m := _PAST_NAME.match(name))})
+    missing = [name for name in ("input_ids", "attention_mask") if name not in inputs]
+    if not layers or missing or "logits" not in outputs:
+        shown = ", ".join(list(inputs)[:6]) + (", ..." if len(inputs) > 6 else "")
+        raise StageFailed(f"the model is not a causal LM exported with a KV cache (inputs: {shown}); generation needs "
+                          "input_ids, attention_mask, past_key_values.{i}.key/value in and logits, "
+                          "present.{i}.key/value out",
+                          hint=f"export the Hugging Face folder with task: {TASK}")
+    if layers != list(range(len(layers))):
+        raise StageFailed(f"the past inputs number layers {layers}, not 0..{len(layers) - 1}")
+    first = list(inputs[past_name(0, "key")])
+    if len(first) != 4 or not isinstance(first[1], int) or not isinstance(first[3], int):
+        raise StageFailed(f"past_key_values.0.key has shape {first}; expected [batch_size, num_key_value_heads, "
+                          "past_sequence_length, head_dim] with fixed heads and head_dim")
+    for name in (past_name(i, k) for i in layers for k in KINDS):
+        if name not in inputs:
+            raise StageFailed(f"the model has no input {name!r}: every layer needs a past key and value")
+    vocab = list(outputs["logits"])[-1]
+    if not isinstance(vocab, int):
+        raise StageFailed("the logits output has no fixed vocabulary dimension")
+    dtype = input_types.get(past_name(0, "key"), "float32")
+    return KvLayout(len(layers), int(first[1]), int(first[3]), int(vocab), context_length or 0,
+                    "position_ids" in inputs, dtype)
+
+
+def check_profiles(profiles: Sequence[Any], layout: KvLayout | None = None) -> None:
+    """Each profile of a KV-cache model must keep ``attention_mask`` as long as past + sequence at min, opt and max,
+    and (with ``layout``) stay within the context length. Without ``layout``, profiles that shape no past (another
+    kind of model) are left alone."""
+    for profile in profiles:
+        shapes = profile.shapes
+        if layout is None and past_name(0, "key") not in shapes:
+            continue
+        needed = [n for n in ("input_ids", "attention_mask", past_name(0, "key")) if n not in shapes]
+        if needed:
+            raise StageFailed(f"profile {profile.name!r} gives no shapes for {', '.join(needed)}",
+                              hint="give every input of the model min/opt/max shapes (trtflow init writes them)")
+        for pick in ("min", "opt", "max"):
+            sequence = getattr(shapes["input_ids"], pick)[1]
+            past = getattr(shapes[past_name(0, "key")], pick)[2]
+            mask = getattr(shapes["attention_mask"], pick)[1]
+            if mask != past + sequence:
+                raise StageFailed(
+                    f"profile {profile.name!r}: at {pick}, attention_mask is {mask} long but the past ({past}) and "
+                    f"the sequence ({sequence}) make {past + sequence}",
+                    hint="attention_mask covers the past and the new tokens: its length must be "
+                    "past_sequence_length + sequence_length in min, opt and max")
+            if layout is not None and layout.context_length and mask > layout.context_length:
+                raise StageFailed(
+                    f"profile {profile.name!r}: at {pick}, past + sequence = {mask} exceeds the model's context "
+                    f"length {layout.context_length}", hint=f"keep past + sequence <= {layout.context_length}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The PyTorch side: the model wrapped for export
+
+
+def cache_keyword(model: Any) -> str:
+    """The name under which the model's forward() takes the cache (transformers 5.40 renames it to ``cache``)."""
+    parameters = inspect.signature(model.forward).parameters
+    return "past_key_values" if "past_key_values" in parameters else "cache"
+
+
+def dynamic_cache(past: Sequence[Any]) -> Any:
+    """A ``DynamicCache`` holding ``past`` (key, value, key, value, ... per layer), an empty past included."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache()
+    layers = []
+    for index in range(0, len(past), 2):
+        layer = DynamicLayer()
+        layer.keys, layer.values = past[index], past[index + 1]
+        layer.device, layer.dtype, layer.is_initialized = past[index].device, past[index].dtype, True
+        layers.append(layer)
+    cache.layers = layers
+    return cache
+
+
+def cache_tensors(cache: Any) -> list[Any]:
+    """The tensors of a cache object (a ``DynamicCache`` or a legacy tuple of pairs), flat: key, value per layer."""
+    if hasattr(cache, "layers"):
+        return [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    return [t for pair in cache for t in pair[:2]]
+
+
+def wrapper_class() -> Any:
+    import torch
+
+    class KvWrapper(torch.nn.Module):
+        """forward(input_ids, attention_mask, [position_ids,] past key, past value, ...) -> (logits, present key,
+        present value, ...): flat tensors in and out, the cache object built and taken apart inside."""
+
+        def __init__(self, model: Any, layout: KvLayout) -> None:
+            super().__init__()
+            self.model = model
+            self.layout = layout
+            self.cache_keyword = cache_keyword(model)
+
+        def forward(self, *tensors: Any) -> Any:
+            ids, mask = tensors[0], tensors[1]
+            rest = tensors[2:]
+            options: dict[str, Any] = {}
+            if self.layout.position_ids:
+                options["position_ids"], rest = rest[0], rest[1:]
+            options[self.cache_keyword] = dynamic_cache(rest)
+            result = self.model(input_ids=ids, attention_mask=mask, use_cache=True, return_dict=True, **options)
+            cache = result.get("past_key_values", result.get("cache"))
+            return (result["logits"], *cache_tensors(cache))
+
+    return KvWrapper
+
+
+@dataclass
+class GenerationModel:
+    """The wrapped model, its layout, and the Hugging Face model itself (the reference for greedy generation)."""
+
+    module: Any
+    model: Any
+    layout: KvLayout
+    inputs: dict[str, dict[str, Any]]
+    outputs: list[str]
+
+
+def wrap(model: Any, config: Any) -> GenerationModel:
+    """The causal LM ``model`` wrapped for export with its cache as flat inputs and outputs."""
+    parameters = inspect.signature(model.forward).parameters
+    if "past_key_values" not in parameters and "cache" not in parameters:
+        raise StageFailed(f"the {getattr(config, 'model_type', '?')!r} model's forward() takes no cache "
+                          "(past_key_values)", hint="export it with task: text-generation (no cache)")
+    if getattr(config, "is_encoder_decoder", False):
+        raise StageFailed(f"{TASK} exports decoder-only models; this {config.model_type!r} model is an "
+                          "encoder-decoder", hint="export its encoder with task: feature-extraction")
+    layout = layout_of(config, "position_ids" in parameters)
+    module = wrapper_class()(model, layout).eval()
+    return GenerationModel(module, model, layout, layout.input_entries(), layout.output_names)
+
+
+def name_output_dims(path: Any, layout: KvLayout) -> None:
+    """Name the exported outputs' dynamic dims as Optimum does (the TorchScript exporter names only the inputs' and
+    makes up the outputs', e.g. ``MatMullogits_dim_0``): logits ``[batch_size, sequence_length, vocab]``, each present
+    ``[batch_size, heads, past_sequence_length + sequence_length, head_dim]``."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    names = {"logits": (BATCH, SEQUENCE, None)}
+    names.update({name: (BATCH, None, TOTAL, None) for name in layout.present_names})
+    for output in model.graph.output:
+        wanted = names.get(output.name)
+        if wanted is None:
+            continue
+        for dim, name in zip(output.type.tensor_type.shape.dim, wanted, strict=False):
+            if name is not None and not dim.HasField("dim_value"):
+                dim.dim_param = name
+    onnx.save(model, str(path))
+
+
+def export_checks(sample: Mapping[str, Sequence[int]], profiles: Sequence[Any], layout: KvLayout) -> list[Any]:
+    """The shapes an exported KV-cache model is checked at: the sample's, then each profile's min, opt and max (its
+    sizes move together: attention_mask stays past + sequence); without profiles, a prompt with an empty past and
+    a one-token step after a past (the two phases of generation)."""
+    from .torch_check import CheckShape
+
+    checks = [CheckShape({name: list(shape) for name, shape in sample.items()})]
+    seen = [checks[0].shapes]
+    for profile in profiles:
+        for pick in ("min", "opt", "max"):
+            shapes = {name: list(getattr(profile.shapes[name], pick)) for name in sample if name in profile.shapes}
+            if shapes not in seen:
+                seen.append(shapes)
+                checks.append(CheckShape(shapes, origin=f"profile {profile.name} {pick}"))
+    if not profiles:
+        prefill = layout.shapes(1, SAMPLE_SEQUENCE, 0)
+        decode = layout.shapes(1, 1, min(SAMPLE_SEQUENCE + 1, max(layout.context_length - 1, 1)))
+        checks += [CheckShape(prefill, origin="prefill (past 0)"), CheckShape(decode, origin="decode (one token)")]
+    return checks

@@ -1,0 +1,123 @@
+"""The benchmark's figures for the recipe's history (`trtflow history`): read from the summary the node returned.
+
+Per fixed-batch point: median and p99 latency and throughput, each with its 95% interval and the number of timed
+queries (and any other latency statistic a gate judges); per Server search: the serving capacity (the highest
+arrival rate whose p99 met the budget, confirmed by a long run, with the level length it was searched with); per
+MLPerf scenario: its figure. The figures the node's gates judge are its primary ones, which
+`trtflow history --check` judges; a node without gates has its first point's median latency and throughput and its
+serving capacity as primary.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from trtflow.stage import Figure, Figures
+
+from .compare import where
+from .settings import GateFields
+
+LATENCY_GATES = {"max_latency_ms_p50": "p50", "max_latency_ms_p90": "p90", "max_latency_ms_p95": "p95",
+                 "max_latency_ms_p99": "p99", "max_latency_ms_mean": "mean"}
+HOST_FACTS = ("others_cpu_percent", "wait_percent", "steal_percent", "load_average_before", "load_average_after")
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def _bounds(interval: Any, open_high: bool = False) -> tuple[float | None, float | None]:
+    if not (isinstance(interval, (list, tuple)) and len(interval) == 2):
+        return None, None
+    return _number(interval[0]), None if open_high else _number(interval[1])
+
+
+def _primary_stats(params: GateFields, summary: Mapping[str, Any]) -> tuple[set[str], bool, bool]:
+    """(latency statistics judged at every point, whether throughput is judged, whether any gate is set)."""
+    stats = {stat for field, stat in LATENCY_GATES.items() if getattr(params, field) is not None}
+    throughput = params.min_throughput_qps is not None
+    if params.max_regression_percent is not None or params.baseline is not None:
+        stats.add("p50")
+        throughput = True
+    gated = bool(stats or throughput or summary.get("max_rate_meeting_budget"))
+    return stats, throughput, gated
+
+
+def point_figures(point: Mapping[str, Any], primary_stats: set[str], primary_throughput: bool) -> list[Figure]:
+    """Median and p99 latency (and any gated statistic) and throughput of one fixed-batch point."""
+    place = where(point)
+    latency = point.get("latency_ms") or {}
+    intervals = point.get("latency_ci_ms") or {}
+    opened = set(point.get("open_intervals") or [])
+    queries = point.get("queries")
+    n = int(queries) if isinstance(queries, int) else None
+    figures = []
+    for stat in ["p50", "p99", *sorted(primary_stats - {"p50", "p99"})]:
+        value = _number(latency.get(stat, point.get("median_ms") if stat == "p50" else None))
+        if value is None:
+            continue
+        low, high = _bounds(intervals.get(stat), open_high=stat in opened)
+        figures.append(Figure(f"{stat} latency, {place}", value, "ms", "lower", low, high, n,
+                              primary=stat in primary_stats))
+    qps = _number(point.get("throughput_qps"))
+    if qps is not None:
+        low, high = _bounds(point.get("throughput_ci_qps"))
+        figures.append(Figure(f"throughput, {place}", qps, "samples/s", "higher", low, high, n,
+                              primary=primary_throughput))
+    return figures
+
+
+def capacity_figure(entry: Mapping[str, Any]) -> Figure | None:
+    """The serving capacity of one Server search: the highest arrival rate confirmed to meet the p99 budget."""
+    rate = _number(entry.get("arrival_rate_qps"))
+    if rate is None:
+        return None
+    confirmation = entry.get("confirmation") or {}
+    queries = confirmation.get("queries")
+    context = {key: entry[key] for key in ("generator", "level_s", "bracket_qps") if key in entry}
+    if confirmation:
+        context["confirmation_s"] = confirmation.get("duration_s")
+    name = (f"serving capacity (p99 <= {entry.get('latency_budget_ms'):g} ms), {entry.get('streams', 1)} stream(s), "
+            f"{entry.get('gpus', 1)} GPU(s)")
+    return Figure(name, rate, "requests/s", "higher", n=int(queries) if isinstance(queries, int) else None,
+                  primary=True, context=context)
+
+
+def scenario_figure(entry: Mapping[str, Any]) -> Figure | None:
+    """The figure of an MLPerf scenario run through LoadGen: Offline samples/s, SingleStream p90, MultiStream p99."""
+    scenario = entry.get("scenario")
+    queries = entry.get("queries")
+    n = int(queries) if isinstance(queries, int) else None
+    if scenario == "Offline":
+        value = _number(entry.get("throughput_qps"))
+        return None if value is None else Figure("Offline throughput", value, "samples/s", "higher", n=n)
+    stat = {"SingleStream": "p90", "MultiStream": "p99"}.get(str(scenario))
+    value = _number((entry.get("latency_ms") or {}).get(stat)) if stat else None
+    if value is None:
+        return None
+    low, high = _bounds((entry.get("latency_ci_ms") or {}).get(stat))
+    return Figure(f"{scenario} {stat} latency", value, "ms", "lower", low, high, n)
+
+
+def history_figures(params: GateFields, summary: Mapping[str, Any]) -> Figures:
+    """The figures of a benchmark summary for the recipe's history, and the facts of where they were measured."""
+    stats, throughput, gated = _primary_stats(params, summary)
+    figures: list[Figure] = []
+    for index, point in enumerate(summary.get("points") or []):
+        first = index == 0 and not gated
+        figures += point_figures(point, stats | ({"p50"} if first else set()), throughput or first)
+    for entry in summary.get("max_rate_meeting_budget") or []:
+        figure = capacity_figure(entry)
+        if figure is not None:
+            figures.append(figure)
+    for entry in summary.get("scenarios") or []:
+        figure = scenario_figure(entry)
+        if figure is not None:
+            figures.append(figure)
+    host = summary.get("host") or {}
+    facts = {"backend": summary.get("backend"), "device": summary.get("device"),
+             **dict(summary.get("hardware") or {}), **{key: host[key] for key in HOST_FACTS if key in host}}
+    return Figures(tuple(figures), {key: value for key, value in facts.items() if value is not None})

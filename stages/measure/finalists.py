@@ -1,0 +1,147 @@
+"""Timing select's finalists together: round-robin windows in a random order, until the decision is clear.
+
+Candidates benchmarked by separate nodes were measured minutes apart, and the host's speed moves by more than a
+10% difference between them in that time. The finalists (the candidates not clearly beaten on their stored
+figures) are therefore timed again side by side, in *rounds*: one window of each, in an order drawn at random each
+round (seeded). Per round, each candidate's figure over the leader's is one paired ratio, drift cancels in it, and
+`measure.paired.round_robin` judges it against the preference band (``tolerance_percent``) with select's error
+budget, at planned looks (at most four), until every comparison is decided or the cap: each finalist timed at most
+``max_seconds`` (its benchmark's own cap).
+
+`onnxruntime_timers` opens ONNX candidates the way their benchmark ran them (the same ONNX Runtime options and
+device, random inputs in the benchmarked shapes).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .ab import TimeWindow, window_figures
+from .paired import Schedule, log_ratio, round_robin, select_budget
+
+
+def measure_round_robin(timers: Mapping[str, TimeWindow], batch_size: int, figure: str, tolerance_percent: float,
+                        window_s: float, max_seconds: float, seed: int = 0) -> dict[str, Any]:
+    """Rounds of one window per candidate until the leader's comparisons are decided or the cap; returns the
+    record `decision.ties.paired_ties` judges (every round's window figures, the looks, the time spent)."""
+    names = list(timers)
+    budget = select_budget(len(names))
+    schedule = Schedule.up_to(int(max_seconds / max(window_s, 1e-6)), budget)
+    limit = math.log(1.0 + tolerance_percent / 100.0)
+    draw = random.Random(seed)
+    rounds: list[dict[str, dict[str, float]]] = []
+    orders: list[list[str]] = []
+    spent = dict.fromkeys(names, 0.0)
+    counts = dict.fromkeys(names, 0)
+    ended = False
+    while True:
+        order = list(names)
+        draw.shuffle(order)
+        row = {}
+        for name in order:
+            window = timers[name](window_s, counts[name])
+            counts[name] += 1
+            spent[name] += window.wall_ms / 1000.0
+            row[name] = window_figures(window, batch_size)
+        rounds.append(row)
+        orders.append(order)
+        count = len(rounds)
+        out_of_time = max(spent.values()) >= max_seconds
+        if schedule.is_look(count) or out_of_time:
+            ended = out_of_time or count >= schedule.cap
+            _, looks = round_robin(rounds, names, figure, limit, budget, schedule, ended)
+            if ended or all(look.outcome != "inconclusive" for look in looks.values()):
+                break
+    return {"names": names, "figure": figure, "batch_size": batch_size, "tolerance_percent": tolerance_percent,
+            "rounds": rounds, "orders": orders, "looks": list(schedule.looks), "ended": ended,
+            "seconds": {name: round(value, 3) for name, value in spent.items()},
+            "alpha": budget.alpha_fail}
+
+
+def spread(record: Mapping[str, Any], name: str, against: str) -> float:
+    """How much one round's ratio of ``name`` to ``against`` varies (robust standard deviation, log scale)."""
+    from .paired import noise
+
+    figure = record["figure"]
+    values = [log_ratio(float(r[name][figure]), float(r[against][figure]), figure) for r in record["rounds"]]
+    return noise([v for v in values if math.isfinite(v)])
+
+
+@dataclass(frozen=True)
+class _Feed:
+    """What `measure.feeds.make_feed` reads of a benchmark's params: random inputs in the given shapes."""
+
+    shapes: Mapping[str, list[int]]
+    profile: Any = None
+    data: Any = None
+
+
+def onnxruntime_timers(models: Mapping[str, Path], shapes: Mapping[str, Mapping[str, list[int]]],
+                       options: Mapping[str, Any], device: str, warmup_ms: float, log: Any,
+                       data: Mapping[str, Any] | None = None, resolve: Any = Path) -> dict[str, TimeWindow]:
+    """A window timer per ONNX model, each on an ONNX Runtime session with the benchmark's ``options`` on
+    ``device``, fed in its benchmarked ``shapes`` from the benchmark's ``data`` (a `data.DataSource`, its paths
+    ``resolve``d like the recipe's; None: random inputs, seed 0)."""
+    from ..accuracy.recovery import runtime_options
+    from ..data import DataSource, onnx_input_specs
+    from ..runtimes.ort import OrtOptions, create_session
+    from .calls import onnxruntime_call, ort_providers
+    from .feeds import make_feed
+    from .windows import host_window
+
+    source = DataSource.model_validate(dict(data)) if data else None
+    timers = {}
+    for name, model in models.items():
+        specs = onnx_input_specs(model)
+        feed = make_feed(specs, shapes[name], _Feed(shapes[name], data=source), resolve, log)
+        settings = runtime_options(model, OrtOptions.model_validate(dict(options)), log).options
+        session = create_session(model, settings, ort_providers(device))
+        call, _ = onnxruntime_call(session, feed, device, include_host_transfers=False)
+        timers[name] = host_window(call, warmup_ms)
+    return timers
+
+
+def timing_plan(rows: Sequence[Mapping[str, Any]], objective: Mapping[str, Any], models: Mapping[str, Path],
+                gpu: int | None, max_seconds: float | None) -> dict[str, Any] | str:
+    """How select can time its finalists (``rows``: their selection rows, each with its benchmark and operating
+    point) together here: the figure, batch, shapes, ONNX Runtime options and device, window and cap; or why it
+    cannot (said in the selection, which then rests on the stored figures)."""
+    goal = objective.get("goal")
+    if goal not in ("min_latency", "max_throughput"):
+        return f"objective {goal} is judged on load levels or sizes, which are not re-timed"
+    figure = objective.get("percentile", "p50") if goal == "min_latency" else "throughput"
+    points = {row["name"]: row.get("operating_point") or {} for row in rows}
+    if any(point.get("concurrency") is not None for point in points.values()):
+        return "the operating points are load levels, which are not re-timed"
+    benches = {row["name"]: row.get("benchmark") or {} for row in rows}
+    if any(row.get("kind") != "onnx" or benches[row["name"]].get("backend") != "onnxruntime" for row in rows):
+        return "only ONNX models benchmarked on ONNX Runtime are timed together so far (engines: stored figures)"
+    methods = [benches[name].get("method") or {} for name in benches]
+    devices = {benches[name].get("device") for name in benches}
+    options = [m.get("onnxruntime") for m in methods]
+    data = [m.get("data") for m in methods]
+    if len(devices) != 1 or any(o != options[0] for o in options) or any(d != data[0] for d in data):
+        return "the finalists were benchmarked with different devices, ONNX Runtime options or data"
+    device = devices.pop() or "cpu"
+    if device == "cuda" and gpu is None:
+        return "they ran on CUDA, and this node has no GPU (give select `resources: {gpu: 1}`)"
+    shapes = {}
+    for name, point in points.items():
+        batch = point.get("batch_size")
+        measured = {p.get("batch_size"): p for p in benches[name].get("points") or []}
+        if batch not in measured or not measured[batch].get("shapes"):
+            return f"{name}'s benchmark does not record the shapes of batch {batch}"
+        shapes[name] = measured[batch]["shapes"]
+    batch = next(iter(points.values())).get("batch_size")
+    window = min(max(float(m.get("min_duration_s") or 1.0) / max(int(m.get("repeats") or 1), 1), 0.02)
+                 for m in methods) if methods else 0.2
+    cap = max_seconds or min(float(m.get("max_duration_s") or 3.0) for m in methods)
+    return {"figure": figure, "batch_size": batch, "shapes": shapes, "options": options[0] or {}, "device": device,
+            "data": data[0],
+            "warmup_ms": float(methods[0].get("warmup_ms") or 200.0), "window_s": window, "max_seconds": cap,
+            "models": {name: models[name] for name in points}}

@@ -1,0 +1,121 @@
+"""What a gated benchmark measures beside its candidate: the reference artifact, opened like the candidate.
+
+The engine lays the reference out for the stage (`trtflow.stage.Reference`: a pinned baseline's artifact, or the
+node's last accepted result): its model file with what it needs beside it, the recipe and code files the node read,
+and what was recorded with it (params, figures). The benchmark opens it with the candidate's own runtime and
+settings and times it in pairs with the candidate at the gate point (`measure.ab`). When it cannot (nothing laid
+out, another backend, a model that does not open here), the reason is kept and the gate compares stored figures,
+saying so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtflow.stage import Pin, Reference
+
+from .ab import PairPlan, pair_cap, pair_window
+from .baseline import baseline_reference
+from .gates import allowed_ratio
+from .paired import ALPHA_PASS, Budget, family_alpha
+from .settings import GateFields
+
+DEFAULT_PERCENT = 10.0
+
+
+def reference_request(params: GateFields, resolve: Any, node: str) -> str | Mapping[str, Any] | None:
+    """`Stage.reference` of a benchmark: the artifact a pinned baseline file pins for the node, or the node's last
+    accepted result when it gates on regressions without a baseline, or nothing."""
+    if params.baseline is not None:
+        return baseline_reference(params.baseline, params.baseline_node, resolve, node)
+    if params.max_regression_percent is not None:
+        return "accepted"
+    return None
+
+
+def compares(params: GateFields) -> bool:
+    """`Stage.compares`: the node makes a regression comparison (its false alarms count in the recipe's)."""
+    return params.baseline is not None or params.max_regression_percent is not None
+
+
+@dataclass
+class Planned:
+    """The reference of one benchmark run: what it is, and why it is not re-measured (``why``) if it is not."""
+
+    name: str
+    identity: str | None = None
+    record: Mapping[str, Any] = field(default_factory=dict)
+    why: str | None = None
+
+    @property
+    def points(self) -> list[dict[str, Any]]:
+        """The reference's stored figures (a baseline entry's points, or the accepted result's summary's)."""
+        points = self.record.get("points")
+        if points is None:
+            points = (self.record.get("summary") or {}).get("points")
+        return [dict(p) for p in points or [] if isinstance(p, Mapping)]
+
+    @property
+    def params(self) -> Mapping[str, Any]:
+        return self.record.get("params") or {}
+
+    def summary(self, paired: Mapping[str, Any] | None) -> dict[str, Any]:
+        """What the node's summary records of its reference (the gate reads it back)."""
+        return {"name": self.name, "identity": self.identity, "basis": "paired A/B" if paired else "stored figures",
+                "why": None if paired else self.why, "paired": dict(paired) if paired else None,
+                "points": self.points, "facts": dict(self.record.get("facts") or
+                                                     (self.record.get("summary") or {}).get("hardware") or {}),
+                "key": self.record.get("key")}
+
+
+def planned(params: GateFields, reference: Reference | None, resolve: Any, node: str) -> Planned | None:
+    """The reference this run measures against (None: the node makes no comparison, or has nothing to compare
+    with yet)."""
+    if not compares(params) or reference is None:
+        return None
+    identity = None
+    if params.baseline is not None:
+        wanted = baseline_reference(params.baseline, params.baseline_node, resolve, node)
+        pin = Pin.from_dict(wanted) if wanted is not None else None
+        identity = pin.identity if pin is not None else None
+    return Planned(reference.name, identity, reference.record,
+                   None if reference.missing is None else f"the reference could not be laid out: {reference.missing}")
+
+
+def torch_factory(spec: str, reference: Reference, resolve: Any, project_root: Path) -> str | None:
+    """The reference's copy of a ``python:path/file.py:factory`` model factory, as a reference to load (None: the
+    factory is not a file the reference pinned)."""
+    body, _, attr = spec[len("python:"):].rpartition(":")
+    if not body.endswith(".py"):
+        return None
+    try:
+        relative = resolve(body).resolve().relative_to(project_root.resolve()).as_posix()
+    except (ValueError, OSError):
+        return None
+    copy = reference.files.get(relative)
+    return f"python:{copy}:{attr}" if copy is not None else None
+
+
+def gate_batch(params: GateFields, batch_sizes: Sequence[int]) -> int | None:
+    """The batch size of the gate point among those this run measures (`measure.gates.gate_point`)."""
+    if not batch_sizes:
+        return None
+    if params.gate_batch_size is not None:
+        return params.gate_batch_size if params.gate_batch_size in batch_sizes else None
+    return max(batch_sizes)
+
+
+def pair_plan(params: GateFields, window_s: float, min_seconds: float, max_seconds: float, family: int, batch: int,
+              streams: int = 1, seed: int = 0) -> PairPlan:
+    """How the gate point is paired: the figure and threshold its stopping rule watches, the recipe's share of the
+    error budget, the window of each side (`measure.ab.pair_window`) and the cap (the candidate's side timed at
+    most ``max_seconds``, the point's usual cap: a paired point times at most twice what it would alone)."""
+    percent = params.max_regression_percent or DEFAULT_PERCENT
+    budget = Budget(family_alpha(family), ALPHA_PASS)
+    window = pair_window(window_s, min_seconds, budget)
+    return PairPlan(batch, streams, params.gate_figure, math.log(allowed_ratio(percent, params.gate_figure)), budget,
+                    pair_cap(max_seconds, window, budget), max_seconds, seed, window)

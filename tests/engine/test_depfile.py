@@ -1,0 +1,77 @@
+"""The depfile recorder (`trtflow.depfile`): what a run's code really used from the project, and nothing else."""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trtflow import depfile
+from trtflow.fingerprint import hash_file_content
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    root = tmp_path / "project"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "inner.py").write_text("X = 1\n")
+    (root / "helper.py").write_text("import json; import pkg.inner\nY = 2\n")
+    (root / "data.txt").write_text("d")
+    (root / "store").mkdir()
+    (root / "store" / "cached.txt").write_text("c")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(root)])
+    yield root
+    for name in ("helper", "pkg", "pkg.inner", "optional_thing"):
+        sys.modules.pop(name, None)
+
+
+def test_imports_reads_and_failed_lookups_inside_the_project_are_recorded(project: Path) -> None:
+    with depfile.recording([project], excluded=[project / "store"]) as deps:
+        import helper  # noqa: F401
+
+        try:
+            import optional_thing  # noqa: F401
+        except ImportError:
+            pass
+        (project / "data.txt").read_text()
+        (project / "store" / "cached.txt").read_text()  # the store: trtflow's, never the project's
+        json_module = sys.modules["json"]  # a library: the environment's business
+    assert set(deps.files) == {str(project / p) for p in ("helper.py", "pkg/__init__.py", "pkg/inner.py",
+                                                           "data.txt")}
+    assert deps.files[str(project / "helper.py")] == hash_file_content(project / "helper.py")
+    assert str(project / "optional_thing") in deps.absent
+    assert json_module.__file__ not in deps.files
+
+
+def test_a_file_changed_while_the_code_ran_cannot_vouch_for_it(project: Path) -> None:
+    with depfile.recording([project]) as deps:
+        import helper  # noqa: F401
+
+        (project / "helper.py").write_text("Y = 3\n")
+    assert deps.files[str(project / "helper.py")] == depfile.CHANGED
+
+
+def test_a_module_imported_before_any_recording_is_counted_as_unknown(project: Path) -> None:
+    import helper  # noqa: F401  (imported outside a recording: its content then is unknown)
+
+    with depfile.recording([project]) as deps:
+        pass
+    assert deps.files[str(project / "helper.py")] == depfile.CHANGED
+
+
+def test_a_module_with_a_made_up_file_name_is_not_a_project_file(project: Path, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    """torch registers module objects whose __file__ is "_ops.py": relative, so it would seem to be in the working
+    folder."""
+    monkeypatch.chdir(project)
+    (project / "_ops.py").write_text("")
+    fake = types.ModuleType("torch_like.ops")
+    fake.__file__ = "_ops.py"
+    monkeypatch.setitem(sys.modules, "torch_like.ops", fake)
+    with depfile.recording([project]) as deps:
+        pass
+    assert deps.files == {}

@@ -1,0 +1,245 @@
+"""The project files a stage's run really uses, recorded while it runs (as a compiler writes a depfile).
+
+While the stage of a node with ``python:`` references runs (in its worker process: `execution.worker.run_job`), an
+import finder placed first on ``sys.meta_path`` sees every module the import system looks for, whatever form the
+code used to ask (any ``import`` statement, ``importlib.import_module``, ``__import__``); `callables.load_callable`
+notes the ``python:`` file it executes; and an audit hook (PEP 578) sees every file opened for reading, so code
+loaded without the import system (``runpy``, ``spec_from_file_location``, ``exec(open(...).read())``) and data the
+code reads count too. Kept, for the node's key (see `plan`):
+
+  files   every such file inside the recipe's roots (its project, ``TRTFLOW_ALLOWED_PATHS``), outside the virtual
+          environments and installed packages *below* a root (wherever the project itself lives: a checkout in
+          ``<venv>/src/`` is a project like any other), outside trtflow's and the stage's own packages (keyed as the
+          stage's code) and outside the store: path -> digest of its content, read before the code reads it;
+  absent  module slots ("<folder>/<name>") inside the roots where a module was looked for and not found: for a
+          module found nowhere, every such search folder; for a project module, those searched before the one it
+          came from. A module created in a slot later would be imported instead, so it is checked like a file.
+
+A project module imported before the run began (a process that runs several nodes) counts as well, with the digest
+of the content it was imported with (`_IMPORTED`); one imported outside any recording cannot vouch for its content,
+nor can a file that changed while the node ran: both are recorded as `CHANGED`, a digest no file has, so the node
+is rebuilt the next time rather than trusted. A file read and gone by the end of the run is recorded as `MISSING`.
+Not seen: folder listings (a file added to a folder the code globs), and reads outside the roots.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from trtflow.fingerprint import Sig, hash_file_content, signature
+
+CHANGED = "changed-while-running"
+MISSING = "missing"  # plan.MISSING: what a file that is not there hashes to
+_SKIP_DIRS = {"site-packages", "dist-packages", ".venv", "venv", ".tox", ".git", "__pycache__", "node_modules"}
+
+
+@dataclass
+class Deps:
+    """What one run of a stage imported from the project (absolute, real paths)."""
+
+    files: dict[str, str] = field(default_factory=dict)  # module file -> content digest (or CHANGED)
+    absent: list[str] = field(default_factory=list)  # "<folder>/<module name>" slots searched and empty
+
+    def as_json(self) -> dict[str, Any]:
+        return {"files": dict(sorted(self.files.items())), "absent": sorted(self.absent)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Deps | None:
+        """The deps a worker reported; None when the report is missing or malformed."""
+        if not isinstance(data, dict):
+            return None
+        files, absent = data.get("files"), data.get("absent")
+        if not (isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
+                and isinstance(absent, list) and all(isinstance(a, str) for a in absent)):
+            return None
+        return cls(dict(files), list(absent))
+
+
+def slot_taken(slot: str) -> bool:
+    """Whether a module named like the slot's last part now exists in its folder (a file with any suffix Python
+    imports, or a package folder)."""
+    from importlib.machinery import all_suffixes
+
+    return os.path.isdir(slot) or any(os.path.lexists(slot + suffix) for suffix in all_suffixes())
+
+
+class _Recording:
+    def __init__(self, roots: Iterable[str | os.PathLike[str]], excluded: Iterable[str | os.PathLike[str]]) -> None:
+        self.roots = [os.path.realpath(r) for r in roots]
+        self.excluded = [os.path.realpath(e) for e in excluded]
+        self.files: dict[str, tuple[Sig, str]] = {}
+        self.lookups: list[tuple[str, list[str], str | None, bool]] = []  # name, searched, origin, found
+
+    def relevant(self, path: str) -> bool:
+        if any(path == e or path.startswith(e + os.sep) for e in self.excluded):
+            return False
+        for root in self.roots:
+            if path == root or path.startswith(root + os.sep):
+                below = os.path.relpath(path, root).split(os.sep)[:-1]
+                return not _SKIP_DIRS & set(below)
+        return False
+
+    def note(self, path: str) -> None:
+        real = os.path.realpath(path)
+        if real in self.files or not self.relevant(real):
+            return
+        try:
+            st = os.stat(real)
+            if not stat.S_ISREG(st.st_mode):
+                return
+            digest = hash_file_content(real)  # type: ignore[arg-type]
+        except OSError:
+            return
+        self.files[real] = (signature(st), digest)
+        _IMPORTED[real] = (signature(st), digest)
+
+    def finish(self) -> Deps:
+        deps = Deps()
+        for path, (sig, digest) in self.files.items():
+            try:
+                now = signature(os.stat(path))
+            except OSError:
+                deps.files[path] = MISSING
+                continue
+            deps.files[path] = digest if now == sig else CHANGED
+        for name, module in list(sys.modules.items()):  # imported before the run began, used again by it
+            file = getattr(module, "__file__", None)
+            # a module object may carry a made-up __file__ (torch.ops says "_ops.py"): only real absolute files
+            if (not isinstance(file, str) or not os.path.isabs(file) or name in ("__main__", "__mp_main__")
+                    or not os.path.isfile(file)):
+                continue
+            real = os.path.realpath(file)
+            if real not in deps.files and self.relevant(real):
+                deps.files[real] = _IMPORTED[real][1] if real in _IMPORTED else CHANGED
+        deps.absent = sorted({slot for lookup in self.lookups for slot in self._slots(*lookup)})
+        return deps
+
+    def _slots(self, name: str, searched: list[str], origin: str | None, found: bool) -> list[str]:
+        if found and (origin is None or not self.relevant(os.path.realpath(origin))):
+            return []  # a namespace package, or a module from outside the project: the environment's business
+        last = name.rpartition(".")[2]
+        home = None
+        if origin is not None:
+            real = os.path.realpath(origin)
+            home = os.path.dirname(os.path.dirname(real) if os.path.basename(real).startswith("__init__.")
+                                   else real)
+        slots = []
+        for folder in searched:
+            folder = os.path.realpath(folder or os.getcwd())
+            if folder == home:
+                break
+            slot = os.path.join(folder, last)
+            if self.relevant(slot):
+                slots.append(slot)
+        return slots
+
+
+_LOCK = threading.Lock()
+_ACTIVE: dict[int, _Recording] = {}  # thread -> its recording (several nodes may run in one process)
+_IMPORTED: dict[str, tuple[Sig, str]] = {}  # module file -> signature and digest it was imported with
+
+
+class _Finder:
+    """First on ``sys.meta_path`` while a recording is active: asks the finders after it, notes what they found."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: Any = None) -> Any:
+        recording = _ACTIVE.get(threading.get_ident())
+        if recording is None:
+            return None
+        searched = list(path) if path is not None else list(sys.path)
+        spec = None
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
+        origin = spec.origin if spec is not None and spec.has_location else None
+        recording.lookups.append((fullname, searched, origin, spec is not None))
+        if origin is not None:
+            recording.note(origin)
+        return spec
+
+
+_FINDER = _Finder()
+_WRITING = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_IN_HOOK: set[int] = set()  # threads inside the hook (it reads files itself)
+_HOOKED = False
+
+
+def _opened(event: str, args: tuple[Any, ...]) -> None:
+    """The audit hook: a file this thread's recording opens for reading (the hook stays once added; without a
+    recording it returns at once)."""
+    if event != "open" or not _ACTIVE:
+        return
+    thread = threading.get_ident()
+    recording = _ACTIVE.get(thread)
+    if recording is None or thread in _IN_HOOK:
+        return
+    path, mode, flags = (tuple(args) + (None, None, 0))[:3]
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not isinstance(path, str) or (mode is not None and any(c in str(mode) for c in "wax+")):
+        return
+    if mode is None and isinstance(flags, int) and flags & _WRITING:
+        return
+    _IN_HOOK.add(thread)
+    try:
+        if path.endswith(".pyc"):  # a cached module's code: the source it was compiled from
+            from importlib.util import source_from_cache
+
+            try:
+                path = source_from_cache(path)
+            except ValueError:
+                return
+        recording.note(os.path.abspath(path))
+    finally:
+        _IN_HOOK.discard(thread)
+
+
+def note_entry(path: str | os.PathLike[str]) -> None:
+    """The file a ``python:`` reference names, about to run (`callables.load_callable`): counted as imported (a
+    ``python:`` file is executed, not imported), read now, before its code runs; its folder joins the roots, so the
+    modules beside it count wherever the reference points (a module of an installed package, too)."""
+    recording = _ACTIVE.get(threading.get_ident())
+    if recording is not None:
+        real = os.path.realpath(path)
+        folder = os.path.dirname(real)
+        if folder not in recording.roots:
+            recording.roots.append(folder)
+        recording.note(real)
+
+
+@contextmanager
+def recording(roots: Iterable[str | os.PathLike[str]], excluded: Iterable[str | os.PathLike[str]] = ()
+              ) -> Iterator[Deps]:
+    """Record what this thread imports inside the block; the yielded `Deps` is filled in when the block ends
+    (also when it raises)."""
+    deps = Deps()
+    current = _Recording(roots, excluded)
+    thread = threading.get_ident()
+    global _HOOKED
+    with _LOCK:
+        _ACTIVE[thread] = current
+        if _FINDER not in sys.meta_path:
+            sys.meta_path.insert(0, _FINDER)
+        if not _HOOKED:
+            sys.addaudithook(_opened)
+            _HOOKED = True
+    try:
+        yield deps
+    finally:
+        with _LOCK:
+            _ACTIVE.pop(thread, None)
+            if not _ACTIVE and _FINDER in sys.meta_path:
+                sys.meta_path.remove(_FINDER)
+        finished = current.finish()
+        deps.files, deps.absent = finished.files, finished.absent
