@@ -79,7 +79,7 @@ class Builder:
                 return failed(f"cannot place the node's inputs: {exc.strerror or exc}", "free disk space")
             previous_summary = (previous or {}).get("summary") if (previous or {}).get("key") != key else None
             try:
-                reference = self._reference(step, scratch)
+                reference = self._reference(step, scratch_rel)
             except TrtflowError as exc:
                 return failed(exc.message, exc.hint)
             except OSError as exc:
@@ -116,7 +116,7 @@ class Builder:
             ctx.transfer.push(upstream.key(src), ctx.store, ctx.journal)
         return remote_inputs(ctx.graph, ctx.store, step.node, upstream)
 
-    def _reference(self, step: Step, scratch: Path) -> Reference | None:
+    def _reference(self, step: Step, scratch_rel: tuple[str, ...]) -> Reference | None:
         """The artifact the node measures beside its candidate (`Stage.reference`), laid out in its scratch like
         its inputs: a pinned one (from the recipe), or the node's last accepted result. None: it has none."""
         from trtflow.storage.pins import Pin, PinStore
@@ -141,7 +141,7 @@ class Builder:
         if ctx.transfer is not None:
             return Reference(name, record=pin.record, missing="reference artifacts are not handed to remote "
                              "workers (Ray) yet")
-        laid = pins.lay_out(pin, scratch / "reference")
+        laid = pins.lay_out(pin, (*scratch_rel, "reference"))
         return Reference(name, laid.inputs, laid.files, pin.record, laid.missing)
 
     def _judged_sources(self, node: str, upstream: Upstream) -> dict[str, list[dict[str, Any]]]:

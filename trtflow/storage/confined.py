@@ -70,6 +70,7 @@ class Kind:
 
 
 MANIFEST = Kind("manifest", 16 * MiB)
+PIN = Kind("pin", 16 * MiB)  # pins/: a pinned artifact's digests and the record kept with it
 REFS = Kind("refs file", 64 * MiB)  # current.json of a recipe of 50,000 nodes is about 8 MiB
 LEDGER = Kind("refs ledger", 256 * MiB)  # history.jsonl, .pending.jsonl (gc trims history)
 NOOP_RECORD = Kind("no-op record", 64 * MiB)

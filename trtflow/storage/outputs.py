@@ -121,7 +121,8 @@ def materialize(manifest: Mapping[str, Any], dest: Path, base: Path | None,
                 st = folder.stat(filename)
             else:
                 with open_object(out["digest"]) as source:
-                    st = folder.copy_in(filename, source, durable=False)
+                    folder.copy_in(filename, source, durable=False)
+                st = folder.stat(filename)  # after the rename, which changes the ctime the index must hold
             assert st is not None
             files[filename] = {"digest": out["digest"], "size": st.st_size, "mtime_ns": st.st_mtime_ns,
                                "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
