@@ -233,7 +233,7 @@ def test_validate_engine_candidate_fake_trt(monkeypatch, tiny_cnn_onnx, engine_f
                        {"reference": tiny_cnn_onnx, "candidate": engine, "provenance": provenance},
                        workdir=tmp_path / "scaled")
     failures = validate.stage.judge(validate.Params.model_validate(params), scaled.summary, GateContext())
-    assert failures[0].startswith("logits: elements exceed both atol 0.01 and rtol 0.01")
+    assert failures[0].reason.startswith("logits: elements exceed both atol 0.01 and rtol 0.01")
 
 
 def test_benchmark_tensorrt_path_fake_trt(monkeypatch, tiny_cnn_onnx, engine_files, tmp_path):
