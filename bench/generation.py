@@ -187,12 +187,12 @@ def gpu(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     plan = WindowPlan(3, args.min_requests, args.duration, 3 * args.duration, Precision(5.0))
     bench = GenerationBench(context_length=args.context, new_tokens=args.new_tokens, concurrency=args.concurrency)
-    for name in MODELS:
+    for name in args.models or list(MODELS):
         model = build(name)
         layout = layout_of(model.config, True)
         prompts = load_prompts(Prompts(count=4, length=32), layout.vocab_size)
         reference = torch_reference(model, prompts, args.check_tokens)  # fp32 on the CPU
-        for dtype in ("float32", "float16"):
+        for dtype in args.dtypes:
             if device == "cpu" and dtype == "float16":
                 continue  # a dry run of this path on a CPU: fp16 matmuls are not what a CPU runs
             cuda_model = copy.deepcopy(model).to(device, getattr(torch, dtype))
@@ -230,6 +230,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--min-requests", type=int, default=10, help="min_iterations: requests per level at least")
     parser.add_argument("--torch-device", default="cuda", help="gpu: the PyTorch device (cpu for a dry run)")
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), help="gpu: these models only (default: all)")
+    parser.add_argument("--dtypes", nargs="+", choices=["float32", "float16"], default=["float32", "float16"],
+                        help="gpu: these precisions only")
     args = parser.parse_args()
     started = time.perf_counter()
     rows = cpu(args) if args.where == "cpu" else gpu(args)

@@ -432,7 +432,7 @@ def _numeric_recovery(ctx: StageContext, params: Params, original: Path, quantiz
     reference = session(original, ctx.log)
     try:
         first = agreement(params.method, reference, session(quantized, ctx.log), batches)
-    except Exception as exc:  # noqa: BLE001 - ONNX Runtime's CPU kernels lack some fp8 ops TensorRT has
+    except Exception as exc:  # ONNX Runtime's CPU kernels lack some fp8 ops TensorRT has
         reason = (f"ONNX Runtime cannot run the quantized model here ({type(exc).__name__}: "
                   f"{str(exc).splitlines()[0][:300]}), so the numeric check of the calibration was not made; "
                   "validate on the engine judges its accuracy")

@@ -22,12 +22,11 @@ def plan(recipe: str | Path, targets: Sequence[str] = (), overrides: Sequence[st
     """Which nodes of ``recipe`` are fresh, stale or skipped here, and why. Runs nothing; writes nothing."""
     from trtflow.environment import Environment
     from trtflow.plan import make_plan
-    from trtflow.storage.journal import Journal
 
     pipeline = load_pipeline(recipe, overrides, targets)
     st = default_store(store)
     st.check_format()
-    journal = Journal(st.db_path, readonly=True) if st.db_path.exists() else None
+    journal = st.journal(readonly=True) if st.has_journal() else None
     try:
         return make_plan(pipeline.graph, st, Environment.from_env(), pipeline.loaded.directory, journal,
                          pipeline.identity.id)
@@ -45,7 +44,6 @@ def run(recipe: str | Path, targets: Sequence[str] = (), overrides: Sequence[str
     from trtflow.execution import noop
     from trtflow.execution.run import Runner
     from trtflow.plan import make_plan
-    from trtflow.storage.journal import Journal
 
     options = options or RunOptions(command=resume_command(["run", str(recipe)]))
     st = default_store(store)
@@ -55,13 +53,14 @@ def run(recipe: str | Path, targets: Sequence[str] = (), overrides: Sequence[str
     pipeline = load_pipeline(recipe, overrides, targets)
     options.rerun = rerun_nodes(pipeline, options.rerun)
     st.ensure()
-    journal = Journal(st.db_path)
+    journal = st.journal()
     try:
         env = Environment.from_env()
         steps = make_plan(pipeline.graph, st, env, pipeline.loaded.directory, journal, pipeline.identity.id,
                           options.rerun, evidence)
-        if options.output_dir is None:
+        if options.output_dir is None:  # build/<recipe>: no link below the working folder is followed
             options.output_dir = (Path("build") / pipeline.name).absolute()
+            options.output_base = Path.cwd()
         runner = Runner(pipeline.graph, st, env, pipeline.identity, journal, options, hooks,
                         recipe_nodes=pipeline.recipe_nodes)
         summary = runner.run(steps)

@@ -248,13 +248,12 @@ def status(
     """Recent runs and the state of each node in the latest one."""
     from trtflow.pipeline import default_store, identity_of
     from trtflow.recipe.load import load_recipe
-    from trtflow.storage.journal import Journal
 
     st = default_store(store)
     st.check_format()
-    if not st.db_path.exists():
+    if not st.has_journal():
         raise TrtflowError(f"no trtflow runs recorded in {st.root}", hint="run `trtflow run RECIPE` first")
-    journal = Journal(st.db_path, readonly=True)
+    journal = st.journal(readonly=True)
     recipe_id = identity_of(load_recipe(recipe).path, "").id if recipe else None
     recent = journal.runs(runs, recipe_id)
     latest_nodes = journal.node_runs(recent[0]["id"]) if recent else []
@@ -308,14 +307,13 @@ def show(
     from trtflow.environment import Environment
     from trtflow.pipeline import default_store, load_pipeline
     from trtflow.plan import make_plan
-    from trtflow.storage.journal import Journal
 
     pipeline = load_pipeline(recipe, set_ or ())
     selected = pipeline.graph.select([node])  # a node name or a matrix node's base name; unknown: exit 2
     names = [n for n, c in pipeline.graph.nodes.items() if n == node or c.template == node]
     st = default_store(store)
     st.check_format()
-    journal = Journal(st.db_path, readonly=True) if st.db_path.exists() else None
+    journal = st.journal(readonly=True) if st.has_journal() else None
     steps = {s.node.name: s for s in make_plan(selected, st, Environment.from_env(), pipeline.loaded.directory,
                                                 journal, pipeline.identity.id)}
     current = st.refs.current(pipeline.identity.id)
@@ -365,14 +363,13 @@ def report(
     from trtflow.pipeline import default_store, identity_of
     from trtflow.recipe.load import load_recipe
     from trtflow.report.formats import render
-    from trtflow.storage.journal import Journal
 
     recipe_id = identity_of(load_recipe(recipe).path, "").id
     st = default_store(store)
     st.check_format()
-    if not st.db_path.exists():
+    if not st.has_journal():
         raise TrtflowError(f"no runs recorded in {st.root}", hint="run `trtflow run` first")
-    journal = Journal(st.db_path, readonly=True)
+    journal = st.journal(readonly=True)
     text = render(journal, recipe_id, fmt)
     _emit(text, output)
 

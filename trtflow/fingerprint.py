@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 import xxhash
 
@@ -37,11 +37,30 @@ def hash_value(value: Any) -> str:
 
 
 def hash_file_content(path: Path) -> str:
-    h = xxhash.xxh3_128()
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
+        return hash_stream(f)
+
+
+def hash_stream(f: IO[bytes]) -> str:
+    """Digest of what is left to read in an open file (the store hashes its objects through descriptors opened
+    by `trtflow.storage.confined`)."""
+    h = xxhash.xxh3_128()
+    while chunk := f.read(CHUNK):
+        h.update(chunk)
     return h.hexdigest()
+
+
+def stream_digests(f: IO[bytes], sha256: bool) -> tuple[str, str | None]:
+    """(xxh3-128, sha256 or None) of what is left to read in an open file, in one read."""
+    import hashlib
+
+    fast = xxhash.xxh3_128()
+    strong = hashlib.sha256() if sha256 else None
+    while chunk := f.read(CHUNK):
+        fast.update(chunk)
+        if strong is not None:
+            strong.update(chunk)
+    return fast.hexdigest(), strong.hexdigest() if strong is not None else None
 
 
 Sig = tuple[int, int, int, int]  # size, mtime_ns, ctime_ns, inode

@@ -1,11 +1,12 @@
-"""Small filesystem helpers: atomic writes and safe path resolution."""
+"""Paths a recipe names (the user's project): resolution inside the allowed roots, and bounded reads.
+
+Files under the store and build/ are never touched here: `trtflow.storage.confined` owns them."""
 
 from __future__ import annotations
 
 import os
 import re
 import stat
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,44 +14,29 @@ from trtflow import redact
 from trtflow.errors import TrtflowError
 
 
-def fsync_dir(path: Path) -> None:
+def read_regular(path: str | Path, cap: int) -> bytes:
+    """The bytes of a project file (a recipe, an ``extends`` base), read only if it is a regular file of at most
+    ``cap`` bytes: a named pipe never blocks (opened without waiting, refused after ``fstat``), a device is
+    refused. Raises OSError (ValueError past ``cap``)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if info.st_size > cap:
+            raise ValueError(f"{path} has more than {cap} bytes")
+        chunks, got = [], 0
+        while got <= cap and (chunk := os.read(fd, min(1 << 20, cap + 1 - got))):
+            chunks.append(chunk)
+            got += len(chunk)
     finally:
         os.close(fd)
+    if got > cap:
+        raise ValueError(f"{path} has more than {cap} bytes")
+    return b"".join(chunks)
 
 
-def atomic_write_bytes(path: Path, data: bytes, mode: int | None = None) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old or the new file, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    fsync_dir(path.parent)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
+MAX_RECIPE_BYTES = 16 << 20  # a recipe file (or an extends base) larger than this is refused
 PROJECT_MARKERS = (".git", "pyproject.toml")
 ALLOWED_PATHS_ENV = "TRTFLOW_ALLOWED_PATHS"
 
@@ -176,10 +162,3 @@ def allowed_roots_for(recipe_dir: Path) -> list[Path]:
     roots += [Path(p).expanduser().resolve() for p in extra.split(os.pathsep) if p]
     return list(dict.fromkeys(roots))
 
-
-def read_tail(path: str | Path, max_bytes: int) -> str:
-    """The last ``max_bytes`` of a (log) file as text, undecodable bytes replaced; raises OSError."""
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        f.seek(max(0, f.tell() - max_bytes))
-        return f.read().decode("utf-8", "replace")

@@ -57,5 +57,7 @@ def load_pipeline(recipe: str | Path, overrides: Sequence[str] = (), targets: Se
 
 
 def default_store(store: str | Path | None = None) -> Store:
-    root = store or os.environ.get("TRTFLOW_STORE") or ".trtflow"
-    return Store(Path(root))
+    """The store the user named (``store``, else ``TRTFLOW_STORE``; its path may be a link, their choice), or
+    ``.trtflow`` in the working folder, which must be a real folder (a cloned repository may carry a link there)."""
+    named = store or os.environ.get("TRTFLOW_STORE")
+    return Store(Path(named), follow_root=True) if named else Store(Path(".trtflow"), follow_root=False)

@@ -539,12 +539,7 @@ def previous_manifest(store: Store, recipe_id: str | None, node: str,
 
 
 def damaged_note(store: Store, key: str) -> dict[str, Any] | None:
-    import json
-
-    try:
-        return json.loads(store.manifest_path(key).with_suffix(".damaged").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    return store.damaged_note(key)
 
 
 def node_resources(graph: Graph, node: ConcreteNode) -> Resources:

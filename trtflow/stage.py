@@ -36,6 +36,8 @@ from trtflow.errors import (
     TrtflowError,
 )
 from trtflow.recipe.schema import ProfileSpec, ShapeRange
+from trtflow.storage.confined import Tree
+from trtflow.storage.confined import locate as confined_locate
 from trtflow.storage.pins import Pin
 from trtflow.verdicts import GateVerdict, as_verdicts
 
@@ -363,26 +365,32 @@ class SharedCache:
     with ``replace_atomically`` under ``lock()`` again (merging with what others wrote meanwhile).
     """
 
-    def __init__(self, path: Path, lock_timeout: float = 600.0) -> None:
+    def __init__(self, path: Path, lock_timeout: float = 600.0, root: Path | None = None) -> None:
+        from trtflow.storage import confined
+
         self.path = path
         self.lock_timeout = lock_timeout
-        path.parent.mkdir(parents=True, exist_ok=True)
+        # below ``root`` (the store's caches folder), every folder is walked without following links
+        self._tree, self._rel = confined.locate(path, root)
+        self._tree.mkdir(self._rel[:-1]) if len(self._rel) > 1 else self._tree.ensure()
 
     @contextmanager
     def lock(self) -> Iterator[Path]:
-        from filelock import FileLock
-
-        with FileLock(str(self.path) + ".lock", timeout=self.lock_timeout):
+        """Hold the cache's lock (raises TimeoutError after ``lock_timeout`` seconds)."""
+        with self._tree.lock((*self._rel[:-1], self._rel[-1] + ".lock"), timeout=self.lock_timeout):
             yield self.path
 
     def read_bytes(self) -> bytes | None:
-        return self.path.read_bytes() if self.path.exists() else None
+        from trtflow.storage import confined
+
+        try:
+            return self._tree.read_bytes(self._rel, confined.CACHE)
+        except FileNotFoundError:
+            return None
 
     def replace_atomically(self, data: bytes) -> None:
         """Write new contents (call while holding ``lock()``)."""
-        from trtflow.fsutil import atomic_write_bytes
-
-        atomic_write_bytes(self.path, data)
+        self._tree.write_bytes(self._rel, data)
 
 
 class StageContext:
@@ -432,16 +440,20 @@ class StageContext:
         self._cancelled = threading.Event()
         self._native_steps: list[dict[str, Any]] = []
         self.out_dir = scratch / "out"
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._scratch = Tree(scratch)  # made real by the runner; nothing below it is reached through a link
+        self._scratch.ensure()  # (a context made by hand, e.g. trtflow.testing, may name a folder to create)
+        self._scratch.mkdir("out")
 
     def output(self, name: str) -> Path:
         """The path the stage must write its output ``name`` to (its folder is created)."""
         try:
-            path = self.out_dir / self._outputs[name].filename
+            filename = self._outputs[name].filename
         except KeyError:
             raise KeyError(f"stage declares no output {name!r}; declared: {sorted(self._outputs)}") from None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return path
+        parts = filename.split("/")
+        if len(parts) > 1:
+            self._scratch.mkdir(("out", *parts[:-1]))
+        return self.out_dir / filename
 
     def resolve(self, path: str | Path) -> Path:
         """Resolve a recipe path (relative to the recipe file) and refuse paths outside allowed roots."""
@@ -462,8 +474,8 @@ class StageContext:
             import json
 
             line = json.dumps({"fraction": fraction, "message": message})
-            with open(self._progress_file, "a", encoding="utf-8") as f:
-                f.write(line + "\n")
+            tree, rel = confined_locate(self._progress_file, self.scratch)
+            tree.append_text(rel, line + "\n")
         self.log.info("progress %s %s", "" if fraction is None else f"{fraction:.0%}", message)
 
     @contextmanager
@@ -478,26 +490,23 @@ class StageContext:
         import json
         import time
 
-        from trtflow.fsutil import atomic_write_text
-
         record = {"library": library, "what": what, "repro": repro, "hint": hint, "started": time.time()}
         self._native_steps.append(record)
-        path = self.scratch / NATIVE_STEP_FILE
-        atomic_write_text(path, json.dumps(record))
+        self._scratch.write_text(NATIVE_STEP_FILE, json.dumps(record))
         self.log.info("native step: %s: %s", library, what)
         try:
             yield
         finally:
             self._native_steps.pop()
             if self._native_steps:
-                atomic_write_text(path, json.dumps(self._native_steps[-1]))
+                self._scratch.write_text(NATIVE_STEP_FILE, json.dumps(self._native_steps[-1]))
             else:
-                path.unlink(missing_ok=True)
+                self._scratch.unlink(NATIVE_STEP_FILE)
 
     def shared_cache(self, name: str) -> SharedCache:
         """A shared mutable cache file under the store, e.g. ``timing/tensorrt-10.13-sm90.cache``."""
-        safe = "/".join(part for part in Path(name).parts if part not in ("..", "/"))
-        return SharedCache(self._cache_dir / safe)
+        safe = "/".join(part for part in Path(name).parts if part not in ("..", "/", "."))
+        return SharedCache(self._cache_dir / safe, root=self._cache_dir)
 
     @property
     def cancelled(self) -> bool:

@@ -44,9 +44,14 @@ def _console() -> Any:
     return Console(highlight=False, soft_wrap=True)
 
 
-def _write_json(data: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, default=float) + "\n", encoding="utf-8")
+def _write_json(data: dict[str, Any], path: Path, under_build: bool) -> None:
+    """Write the report: below the working folder for the default build/<recipe>/debug/ (no link under it is
+    followed: a cloned repository may carry build/), else where the user said (--json; replaced, not written
+    through a link)."""
+    from trtflow.storage.confined import locate
+
+    tree, rel = locate(path, Path.cwd() if under_build else None)
+    tree.write_text(rel, json.dumps(data, indent=2, default=float) + "\n")
 
 
 def _layer_table(title: str, rows: list[dict[str, Any]]) -> Any:
@@ -92,7 +97,7 @@ def layers(recipe: RecipeArg, node: NodeArg, set_: SetOpt = None, store: StoreOp
     console.print(_layer_table(f"first layers above {threshold:g} relative error", report["first_above_threshold"]))
     console.print(_layer_table("layers that add the most error", report["largest_added_error"]))
     path = json_out or Path("build") / target.name / "debug" / f"{target.producer.name}-layers.json"
-    _write_json(report, path)
+    _write_json(report, path, json_out is None)
     console.print(f"{report['tensors_compared']} tensors compared; all of them in {path}")
 
 
@@ -182,7 +187,7 @@ def precision(recipe: RecipeArg, node: NodeArg, set_: SetOpt = None, store: Stor
         "layers_adding_most_error": [e.record() for e in sorted(errors, key=lambda e: e.added, reverse=True)[:10]],
     }
     path = json_out or Path("build") / target.name / "debug" / f"{target.validate.name}-precision.json"
-    _write_json(report, path)
+    _write_json(report, path, json_out is None)
     console.print(f"report: {path}")
     if not (result.after and result.after.passed) and not result.before.passed:
         raise typer.Exit(1)

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from tests.settle import TEST_WINDOW_NS, short_racy_window
 from trtflow.fingerprint import hash_file, hash_file_content
+from trtflow.storage.confined import Tree
 from trtflow.storage.journal import Journal
 from trtflow.storage.store import Store
 
@@ -94,7 +95,7 @@ def test_a_store_object_is_intact_exactly_when_its_bytes_match_its_name(steps: l
     try:
         source = folder / "out.bin"
         source.write_bytes(CONTENTS[0])
-        digest, size = store.put_file(source, journal)
+        digest, size = store.put_file(Tree(folder), "out.bin", journal)
         path = store.object_path(digest)
         for step, value in steps:
             if step == "damage, size and mtime kept":
@@ -105,7 +106,7 @@ def test_a_store_object_is_intact_exactly_when_its_bytes_match_its_name(steps: l
                 os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
             elif step == "restore":
                 source.write_bytes(CONTENTS[0])
-                store.put_file(source, journal)
+                store.put_file(Tree(folder), "out.bin", journal)
             elif step == "used as an input":  # hard-linked into a node's scratch, then the scratch is removed
                 link = folder / "scratch-input"
                 os.link(path, link)

@@ -145,3 +145,20 @@ def test_a_node_given_several_gpus_is_placed_on_their_machine(tmp_path):
     assert executor.placement("GPU-c") == "node-2"
     assert executor.placement("GPU-a,GPU-b") == "node-1", "a list of GPUs must pin the task to their machine"
     assert executor.placement(None) is None
+
+
+@pytest.mark.parametrize("where", ["in the store", "--ray-transfer"])
+def test_a_runs_own_transfer_area_is_removed_when_it_ends(tmp_path, trtflow, where):
+    """Under --no-push (and without a remote) the workers' artifacts travel through a folder of the run's own: in
+    the store (ray-remote/<run>) or in --ray-transfer (<dir>/<run>); it is gone when the run ends, its results are
+    in the store (issue 24: the transfer folder kept every artifact forever)."""
+    recipe = _recipe(tmp_path)
+    transfer = tmp_path / "transfer"
+    transfer.mkdir()
+    extra = ["--ray-transfer", str(transfer)] if where == "--ray-transfer" else []
+    proc = trtflow("run", str(recipe), "--executor", "ray", "--store", str(tmp_path / "store"), *extra, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "4 built" in proc.stdout
+    assert list((tmp_path / "store" / "ray-remote").glob("*")) == []
+    assert list(transfer.iterdir()) == []
+    assert verify_store(Store(tmp_path / "store")).problems == []

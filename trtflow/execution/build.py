@@ -10,8 +10,8 @@ ran the stage (files in the scratch space, or objects a worker left in the trans
 from __future__ import annotations
 
 import os
-import shutil
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,18 +49,19 @@ class Builder:
         ctx = self.ctx
         node = step.node
         stage = ctx.graph.stages[node.stage]
+        tree = ctx.store.tree
         log_path = ctx.store.log_path(ctx.run_id, node.name)
-        scratch = ctx.store.tmp_dir / ctx.run_id / node.name
+        scratch_rel = ctx.store.scratch_rel(ctx.run_id, node.name)
+        scratch = ctx.store.shown(scratch_rel)
 
         def failed(error: str, hint: str | None = None) -> Built:
             return Built(NodeResult(node.name, node.stage, FAILED, step.reason, key, log_path=log_path, error=error,
                                     hint=hint))
 
         try:
-            if scratch.exists():
-                shutil.rmtree(scratch)
-            scratch.mkdir(parents=True)
-            log_path.parent.mkdir(parents=True, exist_ok=True)
+            tree.remove_tree(scratch_rel)
+            tree.mkdir(scratch_rel)
+            tree.mkdir(ctx.store.log_rel(ctx.run_id, node.name)[:-1])
         except OSError as exc:
             return failed(f"cannot prepare the node's scratch space: {exc.strerror or exc}",
                           "free disk space or fix the store's permissions")
@@ -71,14 +72,14 @@ class Builder:
                 if ctx.transfer is not None:
                     inputs, input_objects = self._hand_over_inputs(step, upstream)
                 else:
-                    inputs = link_inputs(ctx.graph, ctx.store, node, upstream, scratch)
+                    inputs = link_inputs(ctx.graph, ctx.store, node, upstream, scratch_rel)
             except TrtflowError as exc:
                 return failed(exc.message, exc.hint)
             except OSError as exc:
                 return failed(f"cannot place the node's inputs: {exc.strerror or exc}", "free disk space")
             previous_summary = (previous or {}).get("summary") if (previous or {}).get("key") != key else None
             try:
-                reference = self._reference(step, scratch)
+                reference = self._reference(step, scratch_rel)
             except TrtflowError as exc:
                 return failed(exc.message, exc.hint)
             except OSError as exc:
@@ -97,11 +98,14 @@ class Builder:
             except OSError as exc:
                 return failed(f"could not start the stage process: {exc.strerror or exc}",
                               "free disk space and memory, then run again")
-            if outcome.status == protocol.CRASHED and (scratch / NATIVE_STEP_FILE).exists():
-                self._keep_for_repro(node.name, scratch, outcome)
-            return self._conclude(step, parts, key, outcome, job, log_path, previous_summary, started)
+            if outcome.status == protocol.CRASHED and tree.stat((*scratch_rel, NATIVE_STEP_FILE)) is not None:
+                self._keep_for_repro(node.name, scratch_rel, outcome)
+            return self._conclude(step, parts, key, outcome, job, log_path, previous_summary, started, scratch_rel)
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            try:
+                tree.remove_tree(scratch_rel)
+            except OSError:
+                pass
 
     def _hand_over_inputs(self, step: Step, upstream: Upstream
                           ) -> tuple[dict[str, str | list[str]], dict[str, dict[str, dict[str, Any]]]]:
@@ -112,7 +116,7 @@ class Builder:
             ctx.transfer.push(upstream.key(src), ctx.store, ctx.journal)
         return remote_inputs(ctx.graph, ctx.store, step.node, upstream)
 
-    def _reference(self, step: Step, scratch: Path) -> Reference | None:
+    def _reference(self, step: Step, scratch_rel: tuple[str, ...]) -> Reference | None:
         """The artifact the node measures beside its candidate (`Stage.reference`), laid out in its scratch like
         its inputs: a pinned one (from the recipe), or the node's last accepted result. None: it has none."""
         from trtflow.storage.pins import Pin, PinStore
@@ -137,7 +141,7 @@ class Builder:
         if ctx.transfer is not None:
             return Reference(name, record=pin.record, missing="reference artifacts are not handed to remote "
                              "workers (Ray) yet")
-        laid = pins.lay_out(pin, scratch / "reference")
+        laid = pins.lay_out(pin, (*scratch_rel, "reference"))
         return Reference(name, laid.inputs, laid.files, pin.record, laid.missing)
 
     def _judged_sources(self, node: str, upstream: Upstream) -> dict[str, list[dict[str, Any]]]:
@@ -151,12 +155,13 @@ class Builder:
                     entry["gate_failures"] = list(verdicts[entry["node"]])
         return sources
 
-    def _keep_for_repro(self, node: str, scratch: Path, outcome: Outcome) -> None:
+    def _keep_for_repro(self, node: str, scratch_rel: tuple[str, ...], outcome: Outcome) -> None:
         """Keep a crashed node's scratch (its inputs) where the reproduction command can still find them."""
-        kept = self.ctx.store.root / "crashes" / self.ctx.run_id / node
+        store = self.ctx.store
+        kept_rel = ("crashes", *store.scratch_rel(self.ctx.run_id, node)[1:])
+        scratch, kept = store.shown(scratch_rel), store.shown(kept_rel)
         try:
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(scratch), kept)
+            store.tree.rename(scratch_rel, kept_rel)
         except OSError:
             return
         for field_name in ("error", "hint"):
@@ -165,7 +170,7 @@ class Builder:
                 setattr(outcome, field_name, text.replace(str(scratch), str(kept)))
 
     def _conclude(self, step: Step, parts: KeyParts, key: str, outcome: Outcome, job: Job, log_path: Path,
-                  previous_summary: dict[str, Any] | None, started: float) -> Built:
+                  previous_summary: dict[str, Any] | None, started: float, scratch_rel: tuple[str, ...]) -> Built:
         ctx = self.ctx
         node = step.node
         stage = ctx.graph.stages[node.stage]
@@ -182,10 +187,11 @@ class Builder:
             return Built(NodeResult(node.name, node.stage, status, step.reason, key, error=outcome.error,
                                     hint=outcome.hint, summary=outcome.summary, error_code=outcome.error_code,
                                     **common))
+        out_rel = (*scratch_rel, "out")
         if outcome.stored_outputs is not None:
             present = set(outcome.stored_outputs)
         else:
-            present = {n for n, o in stage.outputs.items() if (job.out_dir / o.filename).exists()}
+            present = {n for n, o in stage.outputs.items() if _present(ctx.store.tree, (*out_rel, o.filename))}
         unwritten = protocol.unwritten_outputs(node.stage, stage.outputs, present)
         if unwritten:
             return Built(NodeResult(node.name, node.stage, FAILED, step.reason, key, error=unwritten, **common))
@@ -203,7 +209,8 @@ class Builder:
                 committed = self._commit_stored(node.name, key, manifest, outcome.stored_outputs)
             else:
                 outputs_spec = {n: (o.filename, o.kind) for n, o in stage.outputs.items()}
-                committed = ctx.store.commit(key, manifest, job.out_dir, outputs_spec, ctx.journal)
+                with closing(ctx.store.tree.subtree(out_rel)) as out:
+                    committed = ctx.store.commit(key, manifest, out, outputs_spec, ctx.journal)
         except TrtflowError as exc:  # the transfer area lost or damaged an object
             return Built(NodeResult(node.name, node.stage, FAILED, step.reason, key, error=exc.message,
                                     hint=exc.hint, **common))
@@ -227,3 +234,11 @@ class Builder:
         committed = dict(manifest, outputs=stored, key=key, format=FORMAT, committed=time.time())
         ctx.store.write_manifest(key, committed)
         return committed
+
+
+def _present(tree: Any, rel: tuple[str, ...]) -> bool:
+    """Whether the stage wrote ``rel`` (its output's file name, relative; any entry: commit refuses non-files)."""
+    try:
+        return tree.stat((*rel[:-1], *rel[-1].split("/"))) is not None
+    except OSError:
+        return True  # something is in the way (a link on the path): commit says what

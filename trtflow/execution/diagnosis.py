@@ -8,7 +8,6 @@ is left where the store lives.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import signal
@@ -16,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.execution.protocol import CRASHED, Outcome
-from trtflow.fsutil import read_tail
 from trtflow.stage import NATIVE_STEP_FILE
+from trtflow.storage import confined
+from trtflow.storage.confined import Tree
 
 _SIGNAL_WORDS = {
     signal.SIGSEGV: "a segmentation fault (SIGSEGV)",
@@ -62,7 +62,7 @@ def total_memory() -> int | None:
 
 def native_step(scratch: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads((scratch / NATIVE_STEP_FILE).read_text(encoding="utf-8"))
+        data = Tree(scratch).read_json(NATIVE_STEP_FILE, confined.JOB)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -71,7 +71,7 @@ def native_step(scratch: Path) -> dict[str, Any] | None:
 def crash_trace(log_path: Path, limit: int = 12) -> list[str]:
     """The innermost Python frames faulthandler printed at the crash ("file:line in function")."""
     try:
-        text = read_tail(log_path, 65536)
+        text = confined.tail_of(log_path, 65536)
     except OSError:
         return []
     start = text.rfind("Fatal Python error")

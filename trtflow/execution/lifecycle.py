@@ -60,11 +60,10 @@ class Lifecycle:
         try:
             finished = self._life(step, allocation, upstream, started)
         except Exception as exc:
-            log = self.ctx.store.log_path(self.ctx.run_id, step.node.name)
+            store = self.ctx.store
+            log = store.log_path(self.ctx.run_id, step.node.name)
             try:
-                log.parent.mkdir(parents=True, exist_ok=True)
-                with open(log, "a", encoding="utf-8") as f:
-                    f.write(traceback.format_exc())
+                store.tree.append_text(store.log_rel(self.ctx.run_id, step.node.name), traceback.format_exc())
             except OSError:
                 pass
             finished = Finished(NodeResult(
@@ -155,25 +154,23 @@ class Lifecycle:
 
     def _key_lock(self, node: ConcreteNode, key: str) -> Any:
         """The lock of ``key`` (every trtflow run on this store builds it once), or the result of waiting."""
-        from filelock import FileLock, Timeout
+        from trtflow.storage.confined import Flock
 
         ctx = self.ctx
-        lock = FileLock(str(ctx.store.lock_path(key)))
         try:
-            lock.acquire(timeout=0)
+            lock = Flock(ctx.store.tree, ctx.store.lock_rel(key))
+        except OSError as exc:
+            return NodeResult(node.name, node.stage, FAILED, "", key,
+                              error=f"cannot take the node's build lock: {exc.strerror or exc}",
+                              hint="check the store's locks/ folder (`trtflow gc` clears it when no run is running)")
+        if lock.acquire(timeout=0):
             return lock
-        except Timeout:
-            pass
         ctx.observers.node_waiting(node.name, "another trtflow run is building it; waiting")
-        deadline = time.monotonic() + ctx.options.lock_timeout
-        while time.monotonic() < deadline:
-            if ctx.cancel.is_set():
-                return NodeResult(node.name, node.stage, INTERRUPTED, "interrupted", key)
-            try:
-                lock.acquire(timeout=0.5)
-                return lock
-            except Timeout:
-                continue
+        if lock.acquire(ctx.options.lock_timeout, cancelled=ctx.cancel.is_set):
+            return lock
+        lock.release()
+        if ctx.cancel.is_set():
+            return NodeResult(node.name, node.stage, INTERRUPTED, "interrupted", key)
         return NodeResult(node.name, node.stage, FAILED, "", key,
                           error=f"waited {ctx.options.lock_timeout:g} s for another trtflow run building this node",
                           hint=f"check for a stuck run (`trtflow status`); its lock is {ctx.store.lock_path(key)}")
@@ -220,7 +217,7 @@ class Lifecycle:
         if ctx.options.output_dir is not None:
             out_dir: Path = ctx.options.output_dir / res.node
             try:
-                res.outputs = ctx.store.materialize(manifest, out_dir)
+                res.outputs = ctx.store.materialize(manifest, out_dir, ctx.options.output_base)
             except OSError as exc:
                 err = materialize_error(res.node, out_dir, exc)
                 res.status, res.error, res.hint = FAILED, err.message, err.hint

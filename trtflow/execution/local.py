@@ -29,7 +29,7 @@ from trtflow.execution.protocol import (
     Job,
     Outcome,
 )
-from trtflow.fsutil import atomic_write_text
+from trtflow.storage import confined
 
 POLL_S = 0.1
 
@@ -53,15 +53,15 @@ class LocalExecutor:
 
     def start(self) -> None:
         if self.use_fork_server and self._server is None:
-            self.server_log.parent.mkdir(parents=True, exist_ok=True)
-            self._server_log = open(self.server_log, "ab")  # noqa: SIM115 (kept open while it runs)
+            tree, rel = confined.locate(self.server_log, self.store_root)
+            self._server_log = os.fdopen(tree.open_append_fd(rel), "ab")  # kept open while the server runs
             self._server = ForkServerClient(stderr=self._server_log)
 
     def pid_of(self, node: str) -> int | None:
         return self._pids.get(node)
 
     def execute(self, job: Job, cancel: threading.Event) -> Outcome:
-        atomic_write_text(job.job_file, json.dumps(job.to_json()))
+        job.scratch_tree().write_text(job.job_file.name, json.dumps(job.to_json()))
         env: dict[str, str | None] = {"PYTHONUNBUFFERED": "1"}
         if job.device:
             env["CUDA_VISIBLE_DEVICES"] = job.device
@@ -88,7 +88,7 @@ class LocalExecutor:
         if timed_out:
             return Outcome(TIMED_OUT, error=f"timed out after {job.timeout:g} s (the recipe's timeout for this node)",
                            hint="raise the node's `timeout:` if it is just slow", peak_rss=handle.maxrss)
-        result = _read_result(job.result_file)
+        result = _read_result(job)
         if result is None:
             return diagnosis.diagnose(handle.exit_code, killed_by_us, handle.maxrss, oom_before, Path(job.scratch),
                                       Path(job.log_path), self.store_root)
@@ -112,10 +112,14 @@ class LocalExecutor:
                 full_env.pop(name, None)
             else:
                 full_env[name] = value
-        with open(job.log_path, "ab") as log:
+        tree, rel = confined.locate(job.log_path, self.store_root)
+        log = tree.open_append_fd(rel)
+        try:
             proc = subprocess.Popen([*isolated_python(WORKER_BOOTSTRAP), str(job.job_file)], stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
                                     start_new_session=True)
+        finally:
+            os.close(log)
         return _ProcessHandle(proc)
 
     def _stop(self, handle: _Handle) -> None:
@@ -185,9 +189,9 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
-def _read_result(path: Path) -> dict[str, Any] | None:
+def _read_result(job: Job) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = job.scratch_tree().read_json(job.result_file.name, confined.JOB)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

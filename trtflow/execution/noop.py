@@ -26,7 +26,6 @@ that the shortcut never answers where the planner would rebuild.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
@@ -41,8 +40,9 @@ from trtflow.codehash import stage_files, stage_module_place
 from trtflow.errors import TrtflowError
 from trtflow.evidence import Evidence
 from trtflow.fingerprint import StatCache, hash_file, hash_file_content, hash_path, hash_text, hash_value, settled
-from trtflow.fsutil import allowed_roots_for, atomic_write_text, project_root, recipe_id, resolve_user_path
+from trtflow.fsutil import allowed_roots_for, project_root, recipe_id, resolve_user_path
 from trtflow.status import FRESH
+from trtflow.storage import confined
 from trtflow.storage.store import Store
 
 FORMAT = 2
@@ -61,6 +61,24 @@ def _sig(path: Path | str) -> Sig:
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode):
         raise OSError(f"{path} is not a regular file")
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _confirm_object(store: Store, digest: str, size: int, cache: StatCache) -> Sig:
+    """An output object's signature, once confirmed. Objects are written once, read-only, by an atomic rename (a
+    new inode): a recent one is trusted by its signature as soon as its content is confirmed."""
+    rel = store.object_rel(digest)
+    sig = _store_sig(store, rel)
+    if not store.object_intact(digest, size, cache) or _store_sig(store, rel) != sig:
+        raise Uncertain(str(store.shown(rel)))
+    return sig
+
+
+def _store_sig(store: Store, rel: tuple[str, ...]) -> Sig:
+    """The signature of an entry of the store, reached through its real folders (a link is not followed)."""
+    st = store.tree.stat(rel)
+    if st is None:
+        raise FileNotFoundError(str(store.shown(rel)))
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
@@ -94,13 +112,10 @@ def invocation(recipe: str | Path, targets: Sequence[str], overrides: Sequence[s
             "cwd": os.getcwd(), "require_gpu": bool(options.require_gpu)}
 
 
-def record_path(store: Store, call: dict[str, Any]) -> Path | None:
-    """Where the record of ``call`` lives; None when the store's ``noop`` folder is a link (a planted store must
-    not make trtflow write or delete elsewhere; without the folder the shortcut is off)."""
-    folder = store.root / "noop"
-    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-        return None
-    return folder / f"{hash_value(call)[:24]}.json"
+def record_name(call: dict[str, Any]) -> str:
+    """The name of the record of ``call`` in the store (`Store.read_noop_record`: through the store's confined tree,
+    so a ``noop`` folder that is a link is never written through; the shortcut is off then)."""
+    return hash_value(call)[:24]
 
 
 def _environment(names: Iterable[str]) -> dict[str, str | None]:
@@ -226,10 +241,13 @@ def certify(call: dict[str, Any] | None, before: dict[str, Any], pipeline: Any, 
     """Write the no-op record of a run whose plan found everything up to date (the slow path's last step), or
     remove an outdated one; True if written. ``before``: the `snapshot` taken before the recipe was loaded;
     ``evidence``: what the plan observed (`make_plan(..., evidence=...)`)."""
-    path = record_path(store, call) if call is not None else None
-    if path is None:
+    if call is None:
         return False
-    path.unlink(missing_ok=True)
+    name = record_name(call)
+    try:
+        store.remove_noop_record(name)
+    except OSError:
+        return False  # the noop folder is not a real folder: no record is read or written
     graph = pipeline.graph
     from trtflow.plan import node_resources
 
@@ -244,7 +262,10 @@ def certify(call: dict[str, Any] | None, before: dict[str, Any], pipeline: Any, 
         record = _gather(call, before, pipeline, steps, store, journal, evidence)
     except (Uncertain, OSError, KeyError, ValueError):
         return False
-    atomic_write_text(path, json.dumps(record))
+    try:
+        store.write_noop_record(name, record, [n["key"] for n in record["nodes"]])
+    except OSError:
+        return False
     return True
 
 
@@ -264,16 +285,13 @@ def _gather(call: dict[str, Any], before: dict[str, Any], pipeline: Any, steps: 
     nodes = []
     objects: dict[str, Sig] = {}
     for step in steps:
-        manifest_file = store.manifest_path(step.key)
-        sig = _sig(manifest_file)
-        if json.loads(manifest_file.read_text(encoding="utf-8")) != step.manifest or _sig(manifest_file) != sig:
-            raise Uncertain(str(manifest_file))
+        manifest_file = store.manifest_rel(step.key)
+        sig = _store_sig(store, manifest_file)
+        if (store.tree.read_json(manifest_file, confined.MANIFEST) != step.manifest
+                or _store_sig(store, manifest_file) != sig):
+            raise Uncertain(str(store.shown(manifest_file)))
         for out in step.manifest["outputs"].values():
-            object_file = store.object_path(out["digest"])
-            # objects are written once, read-only, by an atomic rename: trusted by their signature once confirmed
-            objects[out["digest"]] = _sig(object_file)
-            if hash_file(object_file, cache) != out["digest"] or _sig(object_file) != objects[out["digest"]]:
-                raise Uncertain(str(object_file))
+            objects[out["digest"]] = _confirm_object(store, out["digest"], out["size"], cache)
         nodes.append({"name": step.node.name, "stage": step.node.stage, "key": step.key, "reason": step.reason,
                       "manifest": sig})
     identity = pipeline.identity
@@ -295,14 +313,29 @@ def _gather(call: dict[str, Any], before: dict[str, Any], pipeline: Any, steps: 
 
 # ---------------------------------------------------------------------------------------------- checking
 def read(store: Store, call: dict[str, Any]) -> dict[str, Any] | None:
-    path = record_path(store, call)
-    try:
-        record = json.loads(path.read_text(encoding="utf-8")) if path is not None else None
-    except (OSError, ValueError):
-        return None
+    record = store.read_noop_record(record_name(call))
     if not isinstance(record, dict) or record.get("format") != FORMAT or record.get("call") != call:
         return None
-    return record
+    return record if _names_safe(record) else None
+
+
+def _names_safe(record: dict[str, Any]) -> bool:
+    """The names and keys a record gives that become paths (build/<recipe>/<node>, nodes/<key>, objects/<digest>)
+    are plain: a planted record naming node ``../elsewhere`` is not used."""
+    from trtflow.storage.manifest import is_digest, is_key
+
+    recipe, nodes, objects = record.get("recipe"), record.get("nodes"), record.get("objects")
+    if not isinstance(recipe, dict) or not isinstance(nodes, list) or not isinstance(objects, dict):
+        return False
+    if not (_plain(recipe.get("name")) and isinstance(recipe.get("nodes"), list)
+            and all(isinstance(n, str) for n in recipe["nodes"])):
+        return False
+    return all(isinstance(n, dict) and _plain(n.get("name")) and isinstance(n.get("stage"), str)
+               and is_key(n.get("key")) for n in nodes) and all(is_digest(d) for d in objects)
+
+
+def _plain(name: object) -> bool:
+    return confined.is_plain_name(name) and isinstance(name, str) and not name.startswith(".")
 
 
 def holds(record: dict[str, Any], store: Store, journal: Any) -> bool:
@@ -344,8 +377,8 @@ def _check_paths(record: dict[str, Any], store: Store, journal: Any) -> bool:
 
 
 def _check_store(record: dict[str, Any], store: Store, journal: Any) -> bool:
-    return (all(_sig(store.manifest_path(n["key"])) == n["manifest"] for n in record["nodes"])
-            and all(_sig(store.object_path(d)) == s for d, s in record["objects"].items()))
+    return (all(_store_sig(store, store.manifest_rel(n["key"])) == n["manifest"] for n in record["nodes"])
+            and all(_store_sig(store, store.object_rel(d)) == s for d, s in record["objects"].items()))
 
 
 def _check_files(record: dict[str, Any], store: Store, journal: Any) -> bool:
@@ -400,12 +433,14 @@ def run_unchanged(recipe: str | Path, targets: Sequence[str], overrides: Sequenc
     normal path plans and runs). ``options.output_dir`` is set to where the outputs are, as the normal path does."""
     from trtflow.execution.observers import HooksObserver, JournalObserver, Observers, RefsObserver
     from trtflow.execution.results import NodeResult, Notes, RunSummary, new_run_id
-    from trtflow.storage.journal import Journal
     from trtflow.storage.lock import SHARED, StoreLock
     from trtflow.storage.refs import RecipeIdentity
 
     call = invocation(recipe, targets, overrides, store, options)
-    if call is None or not store.root.is_dir():
+    try:
+        if call is None or not store.tree.is_dir():
+            return None
+    except OSError:  # a default store that is a link: the normal path says so
         return None
     record = read(store, call)
     if record is None:
@@ -415,19 +450,22 @@ def run_unchanged(recipe: str | Path, targets: Sequence[str], overrides: Sequenc
     identity = RecipeIdentity(spec["id"], spec["name"], Path(spec["path"]))
     run_id = new_run_id()
     notes = Notes()
-    journal = Journal(store.db_path)
+    journal = store.journal()
     try:
         journal_observer = JournalObserver(journal, run_id, identity, options.command, notes)
         observers = Observers([journal_observer, RefsObserver(store.refs, identity, run_id, spec["nodes"], notes),
                                HooksObserver(hooks)])
-        output_dir = Path(spec["output_dir"]) if spec["output_dir"] else (Path("build") / spec["name"]).absolute()
+        # where outputs go: this invocation's --output-dir (part of the record's call, compared above), else
+        # build/<recipe> below the working folder (no link below it followed)
+        output_dir = Path(call["output_dir"]) if call["output_dir"] else (Path("build") / spec["name"]).absolute()
+        output_base = None if call["output_dir"] else Path.cwd()
         results: dict[str, NodeResult] = {}
-        with StoreLock(store.root).held(SHARED, f"trtflow run {identity.id} (run {run_id})",
+        with StoreLock(store.tree).held(SHARED, f"trtflow run {identity.id} (run {run_id})",
                                         on_wait=lambda msg: observers.node_waiting("(store)", msg)):
             if not holds(record, store, journal):  # under the lock: gc cannot remove anything it checked
                 return None
-            options.output_dir = output_dir
-            journal_observer.reap_dead_runs(store.tmp_dir)
+            options.output_dir, options.output_base = output_dir, output_base
+            journal_observer.reap_dead_runs(store)
             status = "failed"
             try:
                 observers.run_started(run_id, [])
@@ -435,7 +473,7 @@ def run_unchanged(recipe: str | Path, targets: Sequence[str], overrides: Sequenc
                     manifest = store.read_manifest(node["key"]) or {}
                     outputs: dict[str, Path] = {}
                     try:
-                        outputs = store.materialize(manifest, output_dir / node["name"])
+                        outputs = store.materialize(manifest, output_dir / node["name"], output_base)
                     except OSError as exc:
                         from trtflow.storage.store import materialize_error
 

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from trtflow.plan import Step
 from trtflow.storage.journal import Journal
 from trtflow.storage.refs import RecipeIdentity, RefStore
+from trtflow.storage.store import Store
 from trtflow.verdicts import with_verdicts
 
 
@@ -139,10 +140,9 @@ class JournalObserver(RunObserver):
     def guarded(self, doing: str, action: Callable[[], Any]) -> Any:
         return guarded(self.notes, doing, action)
 
-    def reap_dead_runs(self, tmp_dir: Path) -> None:
+    def reap_dead_runs(self, store: Store) -> None:
         """Mark runs whose process died (kill -9, power loss) as killed and drop their scratch space."""
         import os
-        import shutil
 
         from trtflow.storage.lock import pid_alive
 
@@ -150,7 +150,10 @@ class JournalObserver(RunObserver):
         for run_id, pid, run_host in self.guarded("reading running runs", self.journal.running_runs) or []:
             if run_host == host and pid and not pid_alive(pid):
                 self.guarded("recording a dead run", lambda r=run_id: self.journal.mark_dead(r))
-                shutil.rmtree(tmp_dir / run_id, ignore_errors=True)
+                try:
+                    store.tree.remove_tree(store.scratch_rel(run_id))  # a run id is a plain name (journal.py)
+                except OSError:
+                    pass
 
     def run_started(self, run_id: str, steps: list[Step]) -> None:
         self.journal.start_run(self.run_id, self.recipe.name, str(self.recipe.path), self.command, self.recipe.id)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from trtflow.execution.observers import NodeStart, RunObserver
 from trtflow.execution.results import NodeResult, Progress
-from trtflow.fsutil import read_tail
+from trtflow.storage import confined
 
 
 class ProgressBoard(RunObserver):
@@ -38,7 +38,7 @@ class ProgressBoard(RunObserver):
         now = time.time()
         found = []
         for node, (scratch, started) in running:
-            if not scratch.is_dir():  # the stage has ended; its end is about to be recorded
+            if not scratch.is_dir():  # the stage has ended; its end is about to be recorded (a stat: opens nothing)
                 continue
             fraction, message = last_progress(scratch / "progress.jsonl")
             pid = pid_of(node)
@@ -49,7 +49,7 @@ class ProgressBoard(RunObserver):
 def last_progress(path: Path) -> tuple[float | None, str]:
     """The fraction and message of the last line a stage wrote with `StageContext.progress`."""
     try:
-        lines = read_tail(path, 4096).strip().splitlines()
+        lines = confined.tail_of(path, 4096).strip().splitlines()
         last = json.loads(lines[-1]) if lines else {}
     except (OSError, ValueError, IndexError):
         return None, ""

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from trtflow.storage.confined import Tree
+
 OK, FAILED, GATE_FAILED, SKIPPED, INTERRUPTED, CRASHED, TIMED_OUT = (
     "ok", "failed", "gate_failed", "skipped", "interrupted", "crashed", "timed_out")
 
@@ -65,6 +67,10 @@ class Job:
     @property
     def out_dir(self) -> Path:
         return Path(self.scratch) / "out"
+
+    def scratch_tree(self) -> Tree:
+        """The node's scratch folder (made real by the runner; everything below it is walked without links)."""
+        return Tree(self.scratch)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

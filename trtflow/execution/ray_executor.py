@@ -9,8 +9,11 @@ half-done: a worker that dies mid-node makes Ray retry the task elsewhere (``MAX
 the cluster's tasks.
 
 The transfer area (``transfer``) is the remote cache when the run may push to it; under ``--no-push`` the cache is
-only read, and the workers' traffic goes to ``--ray-transfer`` (a location the workers share), or, on a local
-cluster, to ``ray-remote/`` beside the store. Without ``--remote``, a local cluster uses that folder too.
+only read, and the workers' traffic goes to a folder of this run in ``--ray-transfer`` (a location the workers
+share: ``<ray-transfer>/<run id>``), or, on a local cluster, in the store (``ray-remote/<run id>``, made through the
+store's confined tree: a real folder). Without ``--remote``, a local cluster uses that folder too. A run's own
+transfer folder is removed when the run ends (the committed results are in the store by then); `trtflow gc` removes
+what a killed run left in ``ray-remote/``.
 
 GPU nodes are keyed with the facts of the GPU class they are placed on: at start the driver asks every cluster
 node for its GPUs (a small probe task pinned to it), the scheduler picks GPUs whose class the node's requirements
@@ -21,11 +24,11 @@ the workers from one image, as Ray itself expects.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from trtflow.environment import GpuInfo
@@ -33,19 +36,25 @@ from trtflow.errors import EnvironmentUnavailable, TrtflowError, UsageError
 from trtflow.execution.protocol import CRASHED, FAILED, INTERRUPTED, OK, Job, Outcome, unwritten_outputs
 from trtflow.execution.results import RunOptions
 from trtflow.execution.scheduler import Capacity
-from trtflow.storage.store import Store
+from trtflow.storage import confined
+from trtflow.storage.confined import Tree
+from trtflow.storage.store import TRANSFER, Store
 
 MAX_RETRIES = 2
 POLL_S = 0.2
+MAX_LOG_BYTES = 16 << 20  # the tail of a worker's node log sent back to the driver
 
 
 class RayExecutor:
     name = "ray"
 
-    def __init__(self, store: Store, options: RunOptions) -> None:
+    def __init__(self, store: Store, options: RunOptions, run_id: str = "") -> None:
+        from trtflow.execution.results import new_run_id
+
         self.store = store
         self.options = options
-        self.transfer = transfer_area(store, options)
+        self.run_id = run_id or new_run_id()
+        self.transfer, self._own_transfer = transfer_area(store, options, self.run_id)
         self._gpu_nodes: dict[str, str] = {}  # GPU visible id -> Ray node id
         self._refs: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -165,9 +174,8 @@ class RayExecutor:
         finally:
             with self._lock:
                 self._refs.pop(job.node, None)
-        Path(job.log_path).parent.mkdir(parents=True, exist_ok=True)
-        with open(job.log_path, "a", encoding="utf-8") as log:
-            log.write(log_text)
+        tree, rel = confined.locate(job.log_path, self.store.root)
+        tree.append_text(rel, log_text)
         return Outcome(**result)
 
     def interrupt(self) -> None:
@@ -183,11 +191,32 @@ class RayExecutor:
                 continue
 
     def close(self) -> None:
-        if self._owns_cluster:
-            ray = self._ray()
-            ray.shutdown()
-            self._owns_cluster = False
-        self._started = False
+        try:
+            if self._owns_cluster:
+                ray = self._ray()
+                ray.shutdown()
+                self._owns_cluster = False
+            self._started = False
+        finally:
+            self._clear_transfer()
+
+    def _clear_transfer(self) -> None:
+        """Remove this run's own transfer folder (never the remote cache): its objects are committed by now."""
+        if not self._own_transfer:
+            return
+        self._own_transfer = False
+        from trtflow.storage.remote import RemoteCache, RemoteError
+
+        try:
+            if self.options.ray_transfer:
+                RemoteCache(self.transfer).clear()
+            else:
+                self.store.tree.remove_tree((TRANSFER, self.run_id))
+        except (OSError, RemoteError) as exc:
+            import logging
+
+            logging.getLogger("trtflow.ray").warning("could not remove the transfer folder %s: %s", self.transfer,
+                                                     getattr(exc, "message", None) or exc)
 
 
 @dataclass(frozen=True)
@@ -203,13 +232,19 @@ def _probe_gpus() -> list[dict[str, Any]]:
     return [asdict(g) for g in parse_smi(query, _smi("-L"))] if query else []
 
 
-def transfer_area(store: Store, options: RunOptions) -> str:
-    """Where the workers fetch inputs and leave outputs: the remote cache when the run may push to it; under
-    --no-push never the cache, but --ray-transfer, or a folder beside the store for a local cluster."""
+def transfer_area(store: Store, options: RunOptions, run_id: str) -> tuple[str, bool]:
+    """Where the workers fetch inputs and leave outputs, and whether it is this run's own (removed at its end): the
+    remote cache when the run may push to it; under --no-push never the cache, but a folder of this run in
+    --ray-transfer, or in the store for a local cluster."""
     if options.ray_transfer:
-        return options.ray_transfer
+        url = options.ray_transfer.rstrip("/")
+        if "://" not in url or url.startswith("file://"):
+            from trtflow.storage.remote.backend import local_path
+
+            Tree(local_path(url)).mkdir(run_id)  # the location may be a link (the user's); its content is walked
+        return f"{url}/{run_id}", True
     if options.remote and options.push:
-        return options.remote
+        return options.remote, False
     if options.ray_address:
         if options.remote:
             raise UsageError("--no-push keeps the remote cache read-only, yet the workers of a Ray cluster exchange "
@@ -219,35 +254,32 @@ def transfer_area(store: Store, options: RunOptions) -> str:
         raise UsageError("a Ray cluster of several machines moves artifacts through a remote cache",
                          hint="add --remote DIR_ON_SHARED_STORAGE or --remote s3://bucket/prefix (or set "
                          "TRTFLOW_REMOTE)")
-    local = store.root / "ray-remote"  # a local cluster: a folder beside the store
-    local.mkdir(parents=True, exist_ok=True)
-    return str(local)
+    store.ensure()
+    store.tree.mkdir((TRANSFER, run_id))  # a local cluster: a folder of this run in the store, a real one
+    return str(store.shown((TRANSFER, run_id))), True
 
 
 def _run_node(job_data: dict[str, Any], outputs: dict[str, tuple[str, str, bool]], transfer_url: str
               ) -> tuple[dict[str, Any], str]:
     """On a Ray worker: pull inputs from the transfer area, run the stage in a child process, upload the outputs
     there if the stage wrote every required one."""
-    import shutil
-    import tempfile
-
     from trtflow.execution.local import LocalExecutor
     from trtflow.storage.remote import RemoteCache
 
     job = Job.from_json(job_data)
     remote = RemoteCache(transfer_url)
-    work = Path(tempfile.mkdtemp(prefix=f"trtflow-{job.node}-"))
+    tree = confined.private_folder(f"trtflow-{job.node}-")  # this worker's own folder, walked as a tree
+    work = tree.path
     try:
         cache = Store(work / "inputs")
+        tree.mkdir("scratch")
         inputs_dir = work / "scratch" / "in"
         for place, objects in job.input_objects.items():  # place: "<slot>", or "<slot>/<producer>" in a many-slot
             remote.pull_objects(objects, cache, node=job.node)
-            folder = inputs_dir / place
-            folder.mkdir(parents=True, exist_ok=True)
+            folder = ("scratch", "in", *confined.check_relative(place, "input place"))
             for out in objects.values():
-                target = folder / out["filename"]
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.link(cache.object_path(out["digest"]), target)
+                target = (*folder, *confined.check_relative(out["filename"], "output file name"))
+                tree.link(("inputs", *cache.object_rel(out["digest"])), target)
         inputs: dict[str, str | list[str]] = {
             slot: [str(inputs_dir / slot / rel) for rel in names] if isinstance(names, list)
             else str(inputs_dir / slot / names)
@@ -262,17 +294,21 @@ def _run_node(job_data: dict[str, Any], outputs: dict[str, tuple[str, str, bool]
         outcome = executor.execute(local, threading.Event())
         if outcome.status == OK:
             declared = {name: _Declared(optional) for name, (_, _, optional) in outputs.items()}
-            written = {name for name, (filename, _, _) in outputs.items() if (local.out_dir / filename).exists()}
+            written = {name for name, (filename, _, _) in outputs.items()
+                       if tree.stat(("scratch", "out", *confined.check_relative(filename))) is not None}
             unwritten = unwritten_outputs(job.stage, declared, written)
             if unwritten:
                 outcome = Outcome(FAILED, error=unwritten, exit_code=outcome.exit_code, peak_rss=outcome.peak_rss)
             else:
-                outcome.stored_outputs = remote.upload_outputs(
-                    local.out_dir, {name: (filename, kind) for name, (filename, kind, _) in outputs.items()})
-        log_text = (work / "node.log").read_text(encoding="utf-8", errors="replace") if (work / "node.log").exists() \
-            else ""
+                with contextlib.closing(tree.subtree(("scratch", "out"))) as out_dir:
+                    outcome.stored_outputs = remote.upload_outputs(
+                        out_dir, {name: (filename, kind) for name, (filename, kind, _) in outputs.items()})
+        log_text = tree.read_tail("node.log", MAX_LOG_BYTES) if tree.stat("node.log") is not None else ""
         host = os.uname().nodename
         log_text = f"[ran on {host} via Ray in {time.time() - started:.1f} s]\n" + log_text
         return asdict(outcome), log_text
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        try:
+            Tree(work.parent).remove_tree(work.name)
+        except OSError:
+            pass

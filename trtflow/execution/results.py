@@ -27,6 +27,9 @@ class RunOptions:
     require_gpu: bool = False
     lock_timeout: float = 6 * 3600.0
     output_dir: Path | None = None
+    #: The folder whose own links are the user's: outputs under it are walked without following links (the working
+    #: folder for the default build/<recipe>; None: output_dir itself, the folder the user named).
+    output_base: Path | None = None
     command: str = "trtflow run"
     kill_grace: float = 5.0
     executor: str = "local"  # local | inline | ray

@@ -15,7 +15,6 @@ reached, a hook that raised), which it re-raises after that.
 
 from __future__ import annotations
 
-import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -90,9 +89,9 @@ class Runner:
         results: dict[str, NodeResult] = {}
         summary = RunSummary(self.run_id, results)
         ledger = Ledger()  # owned by this thread, which runs the loop
-        with StoreLock(self.store.root).held(SHARED, f"trtflow run {self.recipe.id} (run {self.run_id})",
+        with StoreLock(self.store.tree).held(SHARED, f"trtflow run {self.recipe.id} (run {self.run_id})",
                                              on_wait=lambda msg: self.observers.node_waiting("(store)", msg)):
-            self.journal_observer.reap_dead_runs(self.store.tmp_dir)
+            self.journal_observer.reap_dead_runs(self.store)
             with cancel_on_signals(self.ctx.cancel):
                 status = "failed"  # what the journal says if anything below raises
                 try:
@@ -123,7 +122,10 @@ class Runner:
         try:
             self.ctx.executor.close()
         finally:
-            shutil.rmtree(self.store.tmp_dir / self.run_id, ignore_errors=True)  # frees space a full disk needs
+            try:
+                self.store.tree.remove_tree(self.store.scratch_rel(self.run_id))  # frees space a full disk needs
+            except OSError:
+                pass
             self.observers.run_ended(status)
 
     def _stop_if_cancelled(self) -> None:
@@ -153,7 +155,8 @@ class Runner:
             error = "; ".join(step.gate_failures) or None
             if self.options.output_dir is not None:
                 try:
-                    outputs = self.store.materialize(manifest, self.options.output_dir / name)
+                    outputs = self.store.materialize(manifest, self.options.output_dir / name,
+                                                     self.options.output_base)
                 except OSError as exc:
                     self.notes.problem(materialize_error(name, self.options.output_dir / name, exc).message)
             res = NodeResult(name, step.node.stage, GATE_FAILED if error else FRESH, step.reason, step.key,
@@ -170,7 +173,8 @@ class Runner:
         cleared = []
         for step in pending:
             try:
-                removed = self.store.retract(self.options.output_dir / step.node.name, f"outdated: {step.reason}")
+                removed = self.store.retract(self.options.output_dir / step.node.name, f"outdated: {step.reason}",
+                                             self.options.output_base)
             except OSError:
                 continue
             if removed:
@@ -195,7 +199,7 @@ def make_executor(options: RunOptions, store: Store, run_id: str) -> Executor:
     if options.executor == "ray":
         from trtflow.execution.ray_executor import RayExecutor
 
-        return RayExecutor(store, options)
+        return RayExecutor(store, options, run_id)
     from trtflow.execution.local import LocalExecutor
 
     return LocalExecutor(store.root, options.kill_grace, server_log=store.root / "logs" / run_id / "fork-server.log")

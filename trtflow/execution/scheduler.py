@@ -60,14 +60,24 @@ class GpuLocks:
     def try_take(self, gpu: GpuInfo) -> int | None:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            try:
-                os.chmod(self.directory, 0o1777)
-            except OSError:
-                pass
-            name = "".join(c if c.isalnum() or c in "-_" else "_" for c in gpu.visible_id)
-            fd = os.open(self.directory / f"gpu-{name}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+            # a host-wide folder others may have made (or planted as a link): opened without following a link,
+            # made shared (sticky, world-writable) only when it is ours
+            folder = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             return -1  # no shared lock directory: share nothing, but do not stop the run
+        try:
+            if os.fstat(folder).st_uid == os.geteuid():
+                try:
+                    os.fchmod(folder, 0o1777)
+                except OSError:
+                    pass
+            name = "".join(c if c.isalnum() or c in "-_" else "_" for c in gpu.visible_id)
+            fd = os.open(f"gpu-{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         0o666, dir_fd=folder)
+        except OSError:
+            return -1
+        finally:
+            os.close(folder)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -13,7 +13,6 @@ import faulthandler
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import traceback
@@ -41,9 +40,7 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def write_result(job: Job, result: dict[str, Any]) -> None:
-    from trtflow.fsutil import atomic_write_text
-
-    atomic_write_text(job.result_file, json.dumps(result, default=str))
+    job.scratch_tree().write_text(job.result_file.name, json.dumps(result, default=str))
 
 
 def run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: logging.Logger | None = None
@@ -98,7 +95,10 @@ def run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: loggin
     if result["status"] != OK:
         # Partial outputs are discarded anyway; removing them first frees the space a full disk needs to
         # record why the stage failed.
-        shutil.rmtree(job.out_dir, ignore_errors=True)
+        try:
+            job.scratch_tree().remove_tree(job.out_dir.name)
+        except OSError:
+            pass
     return result
 
 
@@ -130,7 +130,10 @@ def _store_of(job: Job) -> str:
 
 def main(job_file: str) -> int:
     """Entry point of a node process: run the job in ``job_file``; exit code 0 when the stage succeeded."""
-    job = Job.from_json(json.loads(Path(job_file).read_text(encoding="utf-8")))
+    from trtflow.storage import confined
+
+    tree, rel = confined.locate(job_file)
+    job = Job.from_json(tree.read_json(rel, confined.JOB))
     faulthandler.enable(file=sys.stderr, all_threads=True)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

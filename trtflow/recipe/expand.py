@@ -85,7 +85,8 @@ def expand(loaded: LoadedRecipe, stages: Any) -> list[ConcreteNode]:
                                        what=f"parameters of node {name!r}") from None
             _check_written_in_recipe(model, loaded, index, spec.stage, name)
             refs = {
-                slot: [_substitute(r, combo, loaded, ("nodes", index, "inputs", slot))
+                slot: [_node_reference(_substitute(r, combo, loaded, ("nodes", index, "inputs", slot)), r, loaded,
+                                       ("nodes", index, "inputs", slot))
                        for r in (ref if isinstance(ref, list) else [ref])]
                 for slot, ref in spec.inputs.items()
             }
@@ -134,6 +135,14 @@ def _combinations(spec: NodeSpec, loaded: LoadedRecipe, index: int) -> list[dict
         if not values:
             raise RecipeError(f"matrix key {key!r} has no values", loaded.location("nodes", index, "matrix", key),
                               f"nodes[{index}].matrix.{key}")
+        for position, value in enumerate(values):
+            if isinstance(value, float) and not math.isfinite(value):
+                raise RecipeError(
+                    f"matrix value {value!r} of key {key!r} is not a finite number: a matrix value names a node "
+                    "variant and is matched against other nodes' values, and NaN equals nothing (and inf, -inf "
+                    "give one name)", loaded.location("nodes", index, "matrix", key, position),
+                    f"nodes[{index}].matrix.{key}[{position}]",
+                    hint="quote it if you mean the text, or use a finite number")
     keys = list(spec.matrix)
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(spec.matrix[k] for k in keys))]
 
@@ -223,6 +232,15 @@ def _substitute(value: Any, combo: dict[str, Any], loaded: LoadedRecipe, path: t
     if whole:
         return lookup(whole.group(1))
     return _MATRIX_REF.sub(lambda m: str(lookup(m.group(1))), value)
+
+
+def _node_reference(value: Any, written: Any, loaded: LoadedRecipe, path: tuple) -> str:
+    """An input reference after matrix substitution: a node name (a matrix value used whole must be one)."""
+    if isinstance(value, str):
+        return value
+    raise RecipeError(f"input {path[-1]!r}: {written!r} gives {value!r} ({type(value).__name__}), not the name of "
+                      "a node", loaded.location(*path), ".".join(str(p) for p in path),
+                      hint="an input names a node (or node.output); give the matrix key node names as values")
 
 
 def _resolve_profiles(params: dict[str, Any], recipe: Recipe, loaded: LoadedRecipe, index: int) -> dict[str, Any]:

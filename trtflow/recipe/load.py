@@ -19,13 +19,12 @@ from typing import Any
 
 from trtflow import redact
 from trtflow.errors import Location, RecipeError, TrtflowError, did_you_mean
-from trtflow.fsutil import allowed_roots_for, resolve_user_path
+from trtflow.fsutil import MAX_RECIPE_BYTES, allowed_roots_for, resolve_user_path
 from trtflow.recipe.schema import Recipe
 from trtflow.recipe.yaml_data import KEY, Budget, Path_, Place, YamlSyntaxError, compose, key_too_long
 
 __all__ = ["KEY", "LoadedRecipe", "Marks", "apply_overrides", "load_recipe", "parse_yaml", "validation_error"]
 
-MAX_RECIPE_BYTES = 16 << 20
 _MAX_EXTENDS_DEPTH = 16
 _MAX_LISTED_PROBLEMS = 20
 _SHOWN_SET_CHARS = 240  # of a --set argument named in an error (a value may be a megabyte long)

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtflow.execution.results import CACHED, DONE, SKIPPED, Hooks, NodeResult, Progress, RunSummary
-from trtflow.fsutil import read_tail
 from trtflow.redact import hide
 from trtflow.status import FRESH, SKIP
+from trtflow.storage import confined
 
 if TYPE_CHECKING:
     from trtflow.plan import Step
@@ -273,7 +273,7 @@ def _log_tail(path: Path, lines: int, error: str = "") -> str:
     """The last lines of a failed node's log, unless the log ends with the error just printed: a failure the stage
     explained (its message is enough) is not printed again and again."""
     try:
-        text = read_tail(path, 8192)
+        text = confined.tail_of(path, 8192)
     except OSError:
         return ""
     records = text.strip().splitlines()

@@ -7,11 +7,19 @@ The journal is history, not truth: objects, manifests and refs are. So every SQL
 without losing a stored result), read-only stores are opened read-only for the commands that only read, and
 the stat cache and the module-set index (optimisations: losing them costs re-hashing and rebuilds, never a wrong
 reuse) never fail a command.
+
+The journal file may come with a cloned repository or a shared store, so it is opened only as a regular file
+that is not a link and has one link (and so are its ``-wal``, ``-shm`` and ``-journal`` companions, which SQLite
+opens by name), in the store's real folder (`confined.Tree`); after SQLite opened it, the file it opened is
+checked to be that one. A database that is not a trtflow journal (other tables, views or triggers, another
+``application_id``) is refused, never written into; schema code never runs with side effects
+(``trusted_schema=OFF``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -23,8 +31,19 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.errors import StoreBusy, StoreError
+from trtflow.storage import confined
+from trtflow.storage.confined import Tree
 
+log = logging.getLogger("trtflow.storage")
 FORMAT = 3  # PRAGMA user_version; 0 = the first release's journal (no recipe_id column); 3: ctime in the stat cache
+APPLICATION_ID = int.from_bytes(b"TRTF", "big")  # PRAGMA application_id of a trtflow journal
+COMPANIONS = ("-wal", "-shm", "-journal")
+#: What a trtflow journal may hold (older ones have no application_id): anything else is someone else's database.
+OWN_OBJECTS = {("table", "runs"), ("table", "node_runs"), ("table", "stat_cache"), ("table", "history"),
+               ("table", "dep_sets"), ("index", "node_runs_node"), ("index", "history_series"),
+               ("index", "sqlite_autoindex_runs_1"), ("index", "sqlite_autoindex_node_runs_1"),
+               ("index", "sqlite_autoindex_stat_cache_1"), ("index", "sqlite_autoindex_history_1"),
+               ("index", "sqlite_autoindex_dep_sets_1")}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -71,6 +90,10 @@ class StoreFull(StoreError):
     """The disk holding the store is full."""
 
 
+class JournalRefused(StoreError):
+    """The journal's file is a link, not a regular file, or a database that is not a trtflow journal."""
+
+
 def translate(exc: sqlite3.Error, path: Path, doing: str) -> StoreError:
     """The `StoreError` a user should see for an SQLite failure while ``doing`` something."""
     text = str(exc)
@@ -92,13 +115,18 @@ def translate(exc: sqlite3.Error, path: Path, doing: str) -> StoreError:
 
 
 class Journal:
-    """The run journal. ``readonly=True`` never writes (commands that only read: plan, status, report)."""
+    """The run journal. ``readonly=True`` never writes (commands that only read: plan, status, report).
 
-    def __init__(self, path: Path, readonly: bool = False) -> None:
-        self.path = Path(path)
+    ``tree``: the store's folder (`Store.tree`); by default the folder of ``path``."""
+
+    def __init__(self, path: Path, readonly: bool = False, tree: Tree | None = None) -> None:
+        self.path = Path(path).absolute()
+        self.tree = tree if tree is not None else Tree(self.path.parent)
+        self.name = confined.check_name(self.path.name, "journal name")
         self.readonly = readonly
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.RLock()  # one connection shared by the runner's threads: one statement at a time
+        self._said = False  # a journal that cannot be used was reported
 
     # ----- connection
     @property
@@ -108,10 +136,39 @@ class Journal:
                 self._conn = self._open_readonly() if self.readonly else self._open_writable()
         return self._conn
 
-    def _open_writable(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(self.path), timeout=60, isolation_level=None, check_same_thread=False)
+    def _check_ours(self, conn: sqlite3.Connection) -> int:
+        """Refuse a database that is not a trtflow journal; returns its application_id."""
+        conn.execute("PRAGMA trusted_schema = OFF")
+        app = conn.execute("PRAGMA application_id").fetchone()[0]
+        objects = {(t, n) for t, n in conn.execute("SELECT type, name FROM sqlite_master").fetchall()}
+        foreign = objects - OWN_OBJECTS
+        if (app not in (0, APPLICATION_ID)) or foreign:
+            names = ", ".join(sorted(f"{t} {n}" for t, n in foreign)[:5]) or f"application_id {app}"
+            raise JournalRefused(f"the journal file {self.path} is not a trtflow journal (it holds {names}); "
+                                 "trtflow does not write into other databases",
+                                 hint=f"move {self.path} away (a fresh journal is made), or use another store")
+        return int(app)
+
+    def _connect(self, create: bool) -> sqlite3.Connection:
+        """The journal's file opened through the store's confined tree (a regular file, not a link, ours)."""
         try:
+            if create:
+                self.tree.ensure()
+            return self.tree.sqlite_connect(self.name, create=create, timeout=60, isolation_level=None,
+                                            check_same_thread=False)
+        except FileNotFoundError:
+            raise sqlite3.OperationalError("unable to open database file") from None
+        except confined.Refused as exc:
+            raise JournalRefused(f"the journal file {exc.message}", hint=exc.hint) from None
+        except OSError as exc:
+            raise sqlite3.OperationalError(f"unable to open database file ({exc.strerror or exc})") from None
+
+    def _open_writable(self) -> sqlite3.Connection:
+        conn = self._connect(create=True)
+        try:
+            app = self._check_ours(conn)
+            if app != APPLICATION_ID:
+                conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -127,17 +184,12 @@ class Journal:
         return conn
 
     def _open_readonly(self) -> sqlite3.Connection:
-        if not self.path.exists():
-            raise sqlite3.OperationalError("unable to open database file")
-        uri = self.path.absolute().as_uri()
+        conn = self._connect(create=False)
         try:
-            conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=60, isolation_level=None,
-                                   check_same_thread=False)
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        except sqlite3.OperationalError:
-            # A WAL database on a read-only mount cannot create its shared-memory file: read it as immutable.
-            conn = sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None, check_same_thread=False)
-        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            self._check_ours(conn)
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def close(self) -> None:
@@ -322,7 +374,12 @@ class Journal:
             with self._lock:
                 row = self.conn.execute("SELECT size, mtime_ns, ctime_ns, inode, digest FROM stat_cache "
                                         "WHERE path = ?", (path,)).fetchone()
-        except (sqlite3.Error, StoreError):
+        except sqlite3.Error:
+            return None
+        except StoreError as exc:
+            if not self._said:
+                self._said = True
+                log.warning("the journal cannot be used, so files are hashed again: %s", exc.message)
             return None
         if row and tuple(row[:4]) == tuple(sig):
             return row[4]
@@ -399,19 +456,15 @@ def _migrate(conn: sqlite3.Connection) -> None:
     conn.execute(f"PRAGMA user_version = {FORMAT}")
 
 
-def open_for_reading(path: Path) -> Journal | None:
-    """A read-only journal, or None when the store has none yet."""
-    return Journal(path, readonly=True) if path.exists() else None
-
-
-def reset(path: Path) -> Path | None:
-    """Move a damaged journal aside (keeping it for inspection) so a fresh one is created; returns where."""
-    if not path.exists():
+def reset(tree: Tree, name: str = "trtflow.db") -> Path | None:
+    """Move a damaged (or foreign, or planted) journal aside, companions too, keeping it for inspection, so a fresh
+    one is created; returns where. A link is moved as the link it is, never followed."""
+    if tree.stat(name) is None:
         return None
-    aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-    os.replace(path, aside)
-    for suffix in ("-wal", "-shm"):
-        companion = path.with_name(path.name + suffix)
-        if companion.exists():
-            os.replace(companion, aside.with_name(aside.name + suffix))
-    return aside
+    aside = f"{name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+    tree.rename(name, aside)
+    for suffix in COMPANIONS:
+        if tree.stat(name + suffix) is not None:
+            tree.rename(name + suffix, aside + suffix)
+    return tree.shown(aside)
+

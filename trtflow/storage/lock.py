@@ -19,15 +19,21 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from trtflow.errors import StoreBusy, TrtflowError
+from trtflow.errors import StoreBusy, StoreError, TrtflowError
+from trtflow.storage import confined
+from trtflow.storage.confined import Refused, Tree
 
 SHARED, EXCLUSIVE = "shared", "exclusive"
 POLL_S = 0.05
+HOLDERS = "holders"
 
 
 class StoreLock:
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    """The lock of the store whose folder is ``tree`` (a `Store`'s ``tree``)."""
+
+    def __init__(self, tree: Tree) -> None:
+        self.tree = tree
+        self.root = tree.path
 
     @property
     def path(self) -> Path:
@@ -39,16 +45,20 @@ class StoreLock:
 
     @property
     def holders_dir(self) -> Path:
-        return self.root / "holders"
+        return self.root / HOLDERS
 
     @contextmanager
     def held(self, mode: str, what: str, wait_s: float = float("inf"),
              on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
         """Hold the lock in ``mode`` while the block runs; wait at most ``wait_s`` (then `StoreBusy`)."""
         deadline = time.monotonic() + wait_s
-        gate = _open(self.gate_path)
-        lock = _open(self.path)
-        holder: Path | None = None
+        gate = self._open("gate.lock")
+        try:
+            lock = self._open("store.lock")
+        except BaseException:
+            os.close(gate)
+            raise
+        holder: str | None = None
         try:
             _acquire(gate, fcntl.LOCK_EX, deadline, lambda: self._busy_message("maintenance"), on_wait)
             try:
@@ -61,33 +71,46 @@ class StoreLock:
             yield
         finally:
             if holder is not None:
-                holder.unlink(missing_ok=True)
+                self.tree.unlink((HOLDERS, holder))
             os.close(lock)
             os.close(gate)
+
+    def _open(self, name: str) -> int:
+        try:
+            return self.tree.open_lock(name)
+        except Refused as exc:
+            raise StoreError(f"the store lock {exc.message}", hint=exc.hint or "remove it") from None
+        except OSError as exc:
+            raise TrtflowError(f"cannot open the store lock {self.root / name}: {exc.strerror or exc}",
+                               hint="check the store's permissions (--store / TRTFLOW_STORE)") from None
 
     def holders(self) -> list[dict]:
         """Who holds (or held and died holding) the lock: best effort, for messages."""
         found = []
-        if not self.holders_dir.exists():
+        try:
+            names = [n for n in self.tree.names(HOLDERS) if n.endswith(".json")]
+        except OSError:
             return found
-        for path in self.holders_dir.glob("*.json"):
+        for name in names:
             try:
-                info = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            if info.get("host") == os.uname().nodename and not pid_alive(int(info.get("pid", 0))):
-                path.unlink(missing_ok=True)
+                info = self.tree.read_json((HOLDERS, name), confined.NOTE)
+                if not isinstance(info, dict):
+                    continue
+                if info.get("host") == os.uname().nodename and not pid_alive(int(info.get("pid", 0))):
+                    self.tree.unlink((HOLDERS, name))
+                    continue
+            except (OSError, ValueError, TypeError):
                 continue
             found.append(info)
         return found
 
-    def _register(self, mode: str, what: str) -> Path | None:
+    def _register(self, mode: str, what: str) -> str | None:
         try:
-            self.holders_dir.mkdir(exist_ok=True)
-            path = self.holders_dir / f"{os.uname().nodename}-{os.getpid()}-{time.time_ns()}.json"
-            path.write_text(json.dumps({"mode": mode, "what": what, "pid": os.getpid(),
-                                        "host": os.uname().nodename, "since": time.time()}), encoding="utf-8")
-            return path
+            name = f"{os.uname().nodename}-{os.getpid()}-{time.time_ns()}.json"
+            record = {"mode": mode, "what": what, "pid": os.getpid(), "host": os.uname().nodename,
+                      "since": time.time()}
+            self.tree.create((HOLDERS, confined.check_name(name, "holder")), json.dumps(record).encode("utf-8"))
+            return name
         except OSError:
             return None  # a full or read-only disk must not stop the work; the record is only for messages
 
@@ -97,17 +120,6 @@ class StoreLock:
             return f"the store {self.root} is in use by another trtflow process ({waiting_for})"
         who = ", ".join(f"{h.get('what', '?')} (pid {h.get('pid')} on {h.get('host')})" for h in others[:3])
         return f"the store {self.root} is in use by {who}"
-
-
-def _open(path: Path) -> int:
-    try:
-        return os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError:
-        try:
-            return os.open(path, os.O_RDONLY)  # a read-only store: flock works on a read-only descriptor too
-        except OSError as exc:
-            raise TrtflowError(f"cannot open the store lock {path}: {exc.strerror or exc}",
-                               hint="check the store's permissions (--store / TRTFLOW_STORE)") from None
 
 
 def _acquire(fd: int, flag: int, deadline: float, busy: Callable[[], str],

@@ -18,11 +18,9 @@ are validated before they become paths, and objects are re-hashed before they ar
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import shutil
-import tempfile
+import secrets
+import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,11 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.fingerprint import hash_text, hash_value
-from trtflow.fsutil import atomic_write_text
+from trtflow.fsutil import read_regular
+from trtflow.storage import confined
 from trtflow.storage.manifest import is_digest, safe_relative_name
 
 FORMAT = "trtflow-pin/1"
-MAX_PIN_BYTES = 16 * 1024 * 1024
+MAX_PIN_BYTES = confined.PIN.cap
+MAX_PINNED_FILE_BYTES = 256 * 1024 * 1024  # a project file a pin keeps (a python: factory, a recipe)
 
 
 def _object(entry: Any) -> dict[str, Any] | None:
@@ -120,63 +120,74 @@ def _slug(text: str) -> str:
 
 
 class PinStore:
-    """The pins of one store (``store`` gives object paths and checks; this class owns ``pins/``)."""
+    """The pins of one store (``store`` gives object paths and checks; this class owns ``pins/``). Every file is
+    read and written through the store's confined tree (`confined.Tree`): a ``pins/`` folder or a pin file that is
+    a link, a pipe or larger than `confined.PIN` is never followed or read."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
+        self.tree = store.tree
         self.root = store.root / "pins"
 
-    # ----- paths
-    def accepted_path(self, recipe_id: str, node: str) -> Path:
-        return self.root / "accepted" / _slug(recipe_id) / f"{_slug(node)}.json"
+    # ----- paths (relative to the store)
+    def accepted_rel(self, recipe_id: str, node: str) -> tuple[str, ...]:
+        return ("pins", "accepted", _slug(recipe_id), f"{_slug(node)}.json")
 
-    def pinned_path(self, identity: str) -> Path:
+    def pinned_rel(self, identity: str) -> tuple[str, ...]:
         if not re.fullmatch(r"[0-9a-f]{16,64}", identity):
             raise ValueError(f"not a pin identity: {identity!r}")
-        return self.root / "pinned" / f"{identity}.json"
+        return ("pins", "pinned", f"{identity}.json")
 
     # ----- reading and writing
-    def _read(self, path: Path) -> Pin | None:
+    def _read(self, rel: tuple[str, ...]) -> Pin | None:
         try:
-            if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_PIN_BYTES:
-                return None
-            return Pin.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            return Pin.from_dict(self.tree.read_json(rel, confined.PIN))
         except (OSError, ValueError):
             return None
 
-    def _write(self, path: Path, pin: Pin) -> None:
-        for parent in reversed(path.relative_to(self.store.root).parents[:-1]):
-            folder = self.store.root / parent
-            if folder.is_symlink():
-                raise OSError(f"{folder} is a symbolic link; the store's pins must be real folders")
-            folder.mkdir(exist_ok=True)
-        atomic_write_text(path, json.dumps(pin.as_dict(), indent=1, sort_keys=True))
+    def _write(self, rel: tuple[str, ...], pin: Pin) -> None:
+        self.tree.write_json(rel, pin.as_dict())
 
     def read_accepted(self, recipe_id: str, node: str) -> Pin | None:
-        return self._read(self.accepted_path(recipe_id, node))
+        return self._read(self.accepted_rel(recipe_id, node))
 
     def write_accepted(self, recipe_id: str, node: str, pin: Pin) -> None:
-        self._write(self.accepted_path(recipe_id, node), pin)
+        self._write(self.accepted_rel(recipe_id, node), pin)
 
     def write_pinned(self, pin: Pin) -> str:
         identity = pin.identity
-        self._write(self.pinned_path(identity), pin)
+        self._write(self.pinned_rel(identity), pin)
         return identity
 
     def remove_pinned(self, identity: str) -> bool:
         """Remove a `trtflow baseline pin` pin (its objects go at the next gc, unless something else keeps them);
         False when this store has no such pin."""
-        path = self.pinned_path(identity)
-        if path.is_symlink() or not path.is_file():
+        rel = self.pinned_rel(identity)
+        try:
+            st = self.tree.stat(rel)
+        except OSError:
             return False
-        path.unlink()
-        return True
+        if st is None or not stat.S_ISREG(st.st_mode):
+            return False
+        return self.tree.unlink(rel)
 
     def all(self) -> list[tuple[Path, Pin | None]]:
-        """Every pin file with its pin (None: unreadable)."""
-        if not self.root.is_dir() or self.root.is_symlink():
-            return []
-        return [(path, self._read(path)) for path in sorted(self.root.rglob("*.json")) if not path.is_symlink()]
+        """Every pin file with its pin (None: unreadable), walked without following links."""
+        found: list[tuple[Path, Pin | None]] = []
+        pending: list[tuple[str, ...]] = [("pins",)]
+        while pending:
+            folder = pending.pop()
+            try:
+                entries = self.tree.listdir(folder)
+            except OSError:
+                continue
+            for name, st in entries:
+                rel = (*folder, name)
+                if stat.S_ISDIR(st.st_mode):
+                    pending.append(rel)
+                elif stat.S_ISREG(st.st_mode) and name.endswith(".json"):
+                    found.append((self.store.shown(rel), self._read(rel)))
+        return sorted(found, key=lambda item: str(item[0]))
 
     def digests(self) -> set[str]:
         """Every object some pin keeps (gc's roots besides the refs)."""
@@ -184,43 +195,42 @@ class PinStore:
 
     # ----- making pins
     def keep_files(self, files: Mapping[str, Path]) -> dict[str, dict[str, Any]]:
-        """Copy files (project-relative path -> where it is now) into the store's objects; their entries."""
+        """Copy files (project-relative path -> where it is now: the user's files, read only if regular) into the
+        store's objects; their entries."""
         kept = {}
-        tmp = self.store.tmp_dir
-        tmp.mkdir(parents=True, exist_ok=True)
         for relative, source in files.items():
             if not _safe_path(relative):
                 raise ValueError(f"not a project-relative path: {relative!r}")
-            handle, name = tempfile.mkstemp(dir=tmp, prefix=".pin-")
-            os.close(handle)
-            copy = Path(name)
+            staged = ("tmp", f".pin-{secrets.token_hex(8)}")
             try:
-                shutil.copyfile(source, copy)
-                digest, size = self.store.put_file(copy)
+                self.tree.write_bytes(staged, read_regular(source, MAX_PINNED_FILE_BYTES))
+                digest, size = self.store.put_file(self.tree, staged)
             finally:
-                copy.unlink(missing_ok=True)
+                self.tree.unlink(staged)
             kept[relative] = {"digest": digest, "size": size}
         return kept
 
     # ----- laying out for a stage
-    def lay_out(self, pin: Pin, folder: Path) -> LaidOut:
-        """Link the pin's objects into ``folder`` (``inputs/<slot>/<file>``, ``files/<path>``), each checked
-        against its digest first."""
-        wanted = [(obj, folder / "inputs" / slot / name) for slot, entry in pin.inputs.items()
+    def lay_out(self, pin: Pin, folder: tuple[str, ...]) -> LaidOut:
+        """Link the pin's objects into the store folder ``folder`` (``inputs/<slot>/<file>``, ``files/<path>``),
+        each checked against its digest first."""
+        wanted = [(obj, (*folder, "inputs", slot, *name.split("/"))) for slot, entry in pin.inputs.items()
                   for name, obj in entry["objects"].items()]
-        wanted += [(obj, folder / "files" / path) for path, obj in pin.files.items()]
+        wanted += [(obj, (*folder, "files", *path.split("/"))) for path, obj in pin.files.items()]
         for obj, _ in wanted:
             if not self.store.object_intact(obj["digest"], obj["size"]):
                 return LaidOut(missing=f"its file {obj['digest'][:12]} is not in this store ({self.store.root})")
         for obj, target in wanted:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            source = self.store.object_path(obj["digest"])
+            source = self.store.object_rel(obj["digest"])
             try:
-                os.link(source, target)
+                self.tree.link(source, target)
             except OSError:
-                shutil.copyfile(source, target)
-        return LaidOut({slot: folder / "inputs" / slot / entry["file"] for slot, entry in pin.inputs.items()},
-                       {path: folder / "files" / path for path in pin.files})
+                with self.store.open_object(obj["digest"]) as f:
+                    self.tree.copy_in(target, f, durable=False)
+        shown = self.store.shown
+        return LaidOut({slot: shown((*folder, "inputs", slot, *entry["file"].split("/")))
+                        for slot, entry in pin.inputs.items()},
+                       {path: shown((*folder, "files", *path.split("/"))) for path in pin.files})
 
 
 def pin_record(node: str, recipe_id: str | None, params: Mapping[str, Any], summary: Mapping[str, Any],

@@ -14,13 +14,20 @@ other's refs. Per recipe file, under ``refs/<slug>/``:
   ``.missing``        {since}: when gc first saw the recipe file missing (its refs are forgotten after a grace).
 Every run writes them, a run that finds everything up to date too. Updates are read-merge-write under a
 per-recipe lock, so concurrent runs of one recipe never lose each other's refs.
+
+Every file here is read and written through the store's `confined.Tree`: read only when it is a regular file
+within its cap, rewritten by temp file and rename, and the ledgers (``history.jsonl``, ``.pending.jsonl``) appended
+to only when trtflow made them (`Tree.append`). A line written there is JSON with ``$`` and backquotes escaped
+(`ledger_line`): data, never something a shell could run, wherever it ends up.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import stat
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -29,14 +36,22 @@ from typing import Any
 
 from trtflow.errors import StoreError
 from trtflow.fingerprint import hash_text
-from trtflow.fsutil import atomic_write_text, fsync_dir
+from trtflow.storage import confined
+from trtflow.storage.confined import Refused, Tree
+from trtflow.storage.manifest import is_key
 
 #: A recipe's refs are rewritten at least this often by runs that change nothing (``updated`` stays meaningful).
 REFRESH_SECONDS = 24 * 3600
 FORMAT = 2
 LEGACY_PREFIX = "legacy-"
 PENDING = ".pending.jsonl"  # a dot name: never taken for a first-release (legacy) ref file
+HISTORY = "history.jsonl"
+CURRENT = "current.json"
 MISSING_MARKER = ".missing"  # {"since": time}: when gc first saw the recipe file missing
+LOCK = ".lock"
+BASE = "refs"
+LOCK_TIMEOUT_S = 600.0
+log = logging.getLogger("trtflow.storage")
 
 
 @dataclass(frozen=True)
@@ -50,7 +65,7 @@ class RecipeIdentity:
 
 @dataclass
 class RecipeRefs:
-    folder: Path
+    folder: Path  # shown in messages; ``slug`` is its name under refs/
     recipe_id: str
     name: str
     path: str | None
@@ -58,9 +73,10 @@ class RecipeRefs:
     updated: float
     nodes: dict[str, dict[str, Any]]
     legacy: bool = False
+    slug: str = ""
 
     def keys(self) -> dict[str, str]:
-        return {node: entry["key"] for node, entry in self.nodes.items() if entry.get("key")}
+        return {node: entry["key"] for node, entry in self.nodes.items() if isinstance(entry.get("key"), str)}
 
     def missing_on_this_host(self) -> bool:
         """The recipe file was recorded on this host and no longer exists (deleted or moved)."""
@@ -72,104 +88,155 @@ def slug(recipe_id: str) -> str:
     return f"{readable}-{hash_text(recipe_id)[:10]}"
 
 
+def ledger_line(record: Mapping[str, Any]) -> bytes:
+    """One line of a ledger: JSON whose ``$`` and backquotes are escaped (``\\u0024``, ``\\u0060``; the same JSON
+    value), so that no shell expands anything in it even if the line were read by one."""
+    text = json.dumps(record, ensure_ascii=True).replace("$", "\\u0024").replace("`", "\\u0060")
+    return (text + "\n").encode("ascii")
+
+
+def _jsonl(data: bytes) -> list[dict[str, Any]]:
+    """The records of a ledger that name keys, oldest first (a line cut short by a crash is skipped); each record's
+    ``keys`` reduced to node names mapped to well-formed keys, its ``time`` a number, its ``run_id`` a string."""
+    records = []
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("keys"), dict):
+            record["keys"] = {n: k for n, k in record["keys"].items() if is_key(k)}
+            record["time"] = _time(record)
+            record["run_id"] = _run_id(record.get("run_id"))
+            records.append(record)
+    return records
+
+
+def _entries(nodes: object) -> dict[str, dict[str, Any]]:
+    """The node entries of a refs record that name a well-formed key (anything else in a planted file is dropped)."""
+    if not isinstance(nodes, dict):
+        return {}
+    return {n: {**e, "key": e["key"], "run_id": _run_id(e.get("run_id")), "time": _time(e)}
+            for n, e in nodes.items() if isinstance(e, dict) and is_key(e.get("key"))}
+
+
+def _run_id(value: object) -> str | None:
+    return value if isinstance(value, str) and confined.is_plain_name(value) else None
+
+
 class RefStore:
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, tree: Tree) -> None:
+        self.tree = tree
+        self.root = tree.shown(BASE)
 
     def folder(self, recipe_id: str) -> Path:
         return self.root / slug(recipe_id)
 
+    @staticmethod
+    def _rel(folder: str, name: str | None = None) -> tuple[str, ...]:
+        confined.check_name(folder, "refs folder")
+        return (BASE, folder) if name is None else (BASE, folder, name)
+
     # ----- reading
     def current(self, recipe_id: str) -> dict[str, str]:
         """node -> key used by the latest run of each node of this recipe file."""
-        refs = self._read(self.folder(recipe_id))
+        refs = self._read(slug(recipe_id))
         return refs.keys() if refs else {}
 
     def entry(self, recipe_id: str, node: str) -> dict[str, Any] | None:
-        refs = self._read(self.folder(recipe_id))
+        refs = self._read(slug(recipe_id))
         return refs.nodes.get(node) if refs else None
 
     def recipes(self) -> Iterator[RecipeRefs]:
-        if not self.root.exists():
+        try:
+            entries = self.tree.listdir(BASE)
+        except OSError:
             return
-        for folder in sorted(p for p in self.root.iterdir() if p.is_dir()):
-            refs = self._read(folder)
+        for name, st in entries:
+            if not stat.S_ISDIR(st.st_mode):
+                continue
+            refs = self._read(name)
             if refs is not None:
                 yield refs
 
-    def history(self, folder: Path) -> Iterator[dict[str, Any]]:
-        try:
-            with open(folder / "history.jsonl", encoding="utf-8") as f:
-                for line in f:
-                    try:
-                        record = json.loads(line)
-                    except ValueError:
-                        continue  # a line cut short by a crash or a full disk
-                    if isinstance(record, dict) and isinstance(record.get("keys"), dict):
-                        yield record
-        except OSError:
-            return
+    def history(self, folder: str) -> Iterator[dict[str, Any]]:
+        yield from _jsonl(self._read_file(folder, HISTORY, confined.LEDGER) or b"")
 
-    def _read(self, folder: Path) -> RecipeRefs | None:
-        """The refs of one recipe file: ``current.json`` with the pending records folded over it."""
-        pending = _pending(folder)
+    def _read_file(self, folder: str, name: str, kind: confined.Kind) -> bytes | None:
+        """The bytes of a refs file; None if absent, or refused (a link, a pipe, too large: said so)."""
         try:
-            data = json.loads((folder / "current.json").read_text(encoding="utf-8"))
+            return self.tree.read_bytes(self._rel(folder, name), kind)
+        except FileNotFoundError:
+            return None
+        except Refused as exc:
+            log.warning("ignoring the refs file %s", exc.message)
+            return None
+        except OSError:
+            return None
+
+    def _pending(self, folder: str) -> list[dict[str, Any]]:
+        return _jsonl(self._read_file(folder, PENDING, confined.LEDGER) or b"")
+
+    def _read(self, folder: str) -> RecipeRefs | None:
+        """The refs of one recipe file: ``current.json`` with the pending records folded over it."""
+        pending = self._pending(folder)
+        try:
+            data = self.tree.read_json(self._rel(folder, CURRENT), confined.REFS)
         except FileNotFoundError:
             if not pending:
-                return _legacy(folder)
+                return self._legacy(folder)
             data = {}  # a first run killed before it wrote current.json: its pending records are the refs
+        except Refused as exc:
+            log.warning("ignoring the refs file %s", exc.message)
+            return None
         except (OSError, ValueError):
             return None
         if not isinstance(data, dict):
             return None
-        if int(data.get("format", 0)) > FORMAT:
-            raise StoreError(f"refs {folder} have format {data.get('format')}; this trtflow reads format {FORMAT}",
-                             hint="upgrade trtflow (pip install -U trtflow)")
-        nodes = data.get("nodes") if isinstance(data.get("nodes"), dict) else {}
-        nodes = {n: e for n, e in nodes.items() if isinstance(e, dict)}
+        written_as = data.get("format", 0)
+        if isinstance(written_as, int) and written_as > FORMAT:
+            raise StoreError(f"refs {self.root / folder} have format {written_as}; this trtflow reads format "
+                             f"{FORMAT}", hint="upgrade trtflow (pip install -U trtflow)")
+        nodes = _entries(data.get("nodes"))
         _fold(nodes, pending)
         who = pending[-1] if pending and not data else data
-        return RecipeRefs(folder, str(who.get("recipe_id", folder.name)), str(who.get("name", "")),
-                          who.get("path"), who.get("host"), float(who.get("updated", who.get("time", 0.0))),
-                          nodes, bool(data.get("legacy")))
+        path = who.get("path")
+        try:
+            updated = float(who.get("updated", who.get("time", 0.0)))
+        except (TypeError, ValueError):
+            updated = 0.0
+        return RecipeRefs(self.root / folder, str(who.get("recipe_id", folder)), str(who.get("name", "")),
+                          path if isinstance(path, str) else None,
+                          who.get("host") if isinstance(who.get("host"), str) else None, updated,
+                          nodes, bool(data.get("legacy")), folder)
 
     # ----- writing
+    def _locked(self, folder: str) -> Any:
+        try:
+            return self.tree.lock(self._rel(folder, LOCK), timeout=LOCK_TIMEOUT_S)
+        except Refused as exc:
+            raise StoreError(f"the refs lock {exc.message}", hint=exc.hint or "remove it") from None
+
     def record(self, recipe: RecipeIdentity, run_id: str, keys: Mapping[str, str]) -> None:
         """Durably note that ``run_id`` used ``keys`` (node -> key) now, before the run reports those nodes: one
         line appended to the recipe's pending records and fsynced, under the recipe's lock. Readers (and gc) see
         it at once; the next `update` folds it into ``current.json``."""
-        from filelock import FileLock
-
         if not keys:
             return
-        folder = self.folder(recipe.id)
-        folder.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"run_id": run_id, "time": time.time(), "keys": dict(keys), "recipe_id": recipe.id,
-                           "name": recipe.name, "path": str(recipe.path), "host": os.uname().nodename})
-        path = folder / PENDING
-        with FileLock(str(folder / ".lock")):
-            created = not path.exists()
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            try:
-                os.write(fd, (line + "\n").encode("utf-8"))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            if created:
-                fsync_dir(folder)
+        folder = slug(recipe.id)
+        line = ledger_line({"run_id": run_id, "time": time.time(), "keys": dict(keys), "recipe_id": recipe.id,
+                            "name": recipe.name, "path": str(recipe.path), "host": os.uname().nodename})
+        with self._locked(folder):
+            self.tree.append(self._rel(folder, PENDING), line)
 
     def update(self, recipe: RecipeIdentity, run_id: str, recipe_nodes: Iterable[str],
                keys: Mapping[str, str]) -> None:
         """Record that ``run_id`` used ``keys`` (node -> key); forget nodes no longer in ``recipe_nodes``; fold the
         pending records (`record`) into ``current.json`` and ``history.jsonl``."""
-        from filelock import FileLock
-
-        folder = self.folder(recipe.id)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = slug(recipe.id)
         now = time.time()
-        with FileLock(str(folder / ".lock")):
-            pending = _pending(folder)
+        with self._locked(folder):
+            pending = self._pending(folder)
             existing = self._read(folder)
             base = self._read_written(folder)
             wanted = set(recipe_nodes)
@@ -187,74 +254,89 @@ class RefStore:
             data = {"format": FORMAT, "recipe_id": recipe.id, "name": recipe.name, "path": str(recipe.path),
                     "host": os.uname().nodename, "updated": now, "run_id": run_id,
                     "nodes": dict(sorted(nodes.items()))}
-            atomic_write_text(folder / "current.json", json.dumps(data, indent=1))
+            self.tree.write_text(self._rel(folder, CURRENT), json.dumps(data, indent=1))
             if history:
-                with open(folder / "history.jsonl", "a", encoding="utf-8") as f:
-                    f.write("".join(json.dumps(h) + "\n" for h in history))
-                    f.flush()
-                    os.fsync(f.fileno())
+                self.tree.append(self._rel(folder, HISTORY), b"".join(ledger_line(h) for h in history))
             if pending:
-                (folder / PENDING).unlink(missing_ok=True)  # folded: a crash before this folds them again, harmlessly
-        legacy = self.root / f"{LEGACY_PREFIX}{recipe.name}"
-        if legacy.exists():
-            import shutil
+                self.tree.unlink(self._rel(folder, PENDING))  # folded: a crash before this folds them again
+        legacy = f"{LEGACY_PREFIX}{recipe.name}"
+        if confined.is_plain_name(legacy):
+            self.tree.remove_tree((BASE, legacy))
 
-            shutil.rmtree(legacy, ignore_errors=True)
-
-    def _read_written(self, folder: Path) -> RecipeRefs | None:
+    def _read_written(self, folder: str) -> RecipeRefs | None:
         """``current.json`` alone, without the pending records."""
         try:
-            data = json.loads((folder / "current.json").read_text(encoding="utf-8"))
+            data = self.tree.read_json(self._rel(folder, CURRENT), confined.REFS)
         except (OSError, ValueError):
             return None
-        nodes = data.get("nodes") if isinstance(data, dict) and isinstance(data.get("nodes"), dict) else {}
-        return RecipeRefs(folder, "", "", None, None, 0.0, {n: e for n, e in nodes.items() if isinstance(e, dict)})
+        nodes = _entries(data.get("nodes")) if isinstance(data, dict) else {}
+        return RecipeRefs(self.root / folder, "", "", None, None, 0.0, nodes, slug=folder)
+
     # ----- a recipe file that is missing (gc's grace period before forgetting it)
-    def missing_since(self, folder: Path, now: float, record: bool) -> float:
+    def missing_since(self, folder: str, now: float, record: bool) -> float:
         """Since when the recipe file of ``folder`` has been seen missing: the time recorded by the first gc that
         saw it missing (recorded now, when ``record`` and none is)."""
-        marker = folder / MISSING_MARKER
         try:
-            since = float(json.loads(marker.read_text(encoding="utf-8"))["since"])
+            since = float(self.tree.read_json(self._rel(folder, MISSING_MARKER), confined.NOTE)["since"])
             if since <= now:
                 return since
         except (OSError, ValueError, KeyError, TypeError):
             pass
         if record:
-            atomic_write_text(marker, json.dumps({"since": now}))
+            self.tree.write_text(self._rel(folder, MISSING_MARKER), json.dumps({"since": now}))
         return now
 
-    def found_again(self, folder: Path) -> None:
+    def found_again(self, folder: str) -> None:
         """The recipe file of ``folder`` exists (again): forget when it was seen missing."""
-        (folder / MISSING_MARKER).unlink(missing_ok=True)
+        self.tree.unlink(self._rel(folder, MISSING_MARKER))
 
-    def trim_history(self, folder: Path, keep_since: float) -> int:
+    def trim_history(self, folder: str, keep_since: float) -> int:
         """Drop history lines older than ``keep_since``; returns how many were dropped."""
-        from filelock import FileLock
-
-        with FileLock(str(folder / ".lock")):
+        with self._locked(folder):
             records = list(self.history(folder))
-            kept = [r for r in records if float(r.get("time", 0)) >= keep_since]
+            kept = [r for r in records if _time(r) >= keep_since]
             if len(kept) != len(records):
-                atomic_write_text(folder / "history.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
+                self.tree.write_bytes(self._rel(folder, HISTORY), b"".join(ledger_line(r) for r in kept))
         return len(records) - len(kept)
 
+    def forget(self, folder: str) -> None:
+        """Remove a recipe's refs (gc, after the recipe file has been missing for the grace period)."""
+        self.tree.remove_tree(self._rel(folder))
 
-def _pending(folder: Path) -> list[dict[str, Any]]:
-    """The pending records of a recipe's refs, oldest first (a line cut short by a crash is skipped)."""
+    # ----- the first release's refs
+    def _legacy(self, folder: str) -> RecipeRefs | None:
+        """A first-release refs folder (``refs/<recipe name>/<node>`` files holding keys), read without migrating."""
+        nodes = _legacy_nodes(self.tree, (BASE, folder))
+        if not nodes:
+            return None
+        return RecipeRefs(self.root / folder, f"(recipe named {folder!r}, from an older trtflow)", folder, None,
+                          None, 0.0, nodes, legacy=True, slug=folder)
+
+
+def _time(record: Mapping[str, Any]) -> float:
+    value = record.get("time", 0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return 0.0
+    return float(value)
+
+
+def _legacy_nodes(tree: Tree, rel: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """The ref files of a first-release refs folder: regular files (never followed, never large), one key each."""
+    nodes = {}
     try:
-        text = (folder / PENDING).read_text(encoding="utf-8")
+        entries = tree.listdir(rel)
     except OSError:
-        return []
-    records = []
-    for line in text.splitlines():
+        return {}
+    for name, st in entries:
+        if name.startswith(".") or not stat.S_ISREG(st.st_mode):
+            continue  # a link or anything but a file is never read: its content would be copied into the store
         try:
-            record = json.loads(line)
-        except ValueError:
+            key = tree.read_text((*rel, name), confined.NOTE).strip()
+        except OSError:
             continue
-        if isinstance(record, dict) and isinstance(record.get("keys"), dict):
-            records.append(record)
-    return records
+        if is_key(key):
+            nodes[name] = {"key": key, "run_id": None, "time": st.st_mtime}
+    return nodes
 
 
 def _fold(nodes: dict[str, dict[str, Any]], records: list[dict[str, Any]],
@@ -271,53 +353,38 @@ def _fold(nodes: dict[str, dict[str, Any]], records: list[dict[str, Any]],
     return history
 
 
-def _legacy(folder: Path) -> RecipeRefs | None:
-    """A first-release refs folder (``refs/<recipe name>/<node>`` files holding keys), read without migrating it."""
-    nodes = {}
-    try:
-        for ref in folder.iterdir():
-            if ref.is_file() and not ref.name.startswith("."):
-                nodes[ref.name] = {"key": ref.read_text(encoding="utf-8").strip(), "run_id": None,
-                                   "time": ref.stat().st_mtime}
-    except OSError:
-        return None
-    if not nodes:
-        return None
-    return RecipeRefs(folder, f"(recipe named {folder.name!r}, from an older trtflow)", folder.name, None, None, 0.0,
-                      nodes, legacy=True)
-
-
-def migrate_legacy_refs(root: Path) -> int:
+def migrate_legacy_refs(tree: Tree) -> int:
     """Turn the first release's refs (``refs/<recipe name>/<node>`` holding a key) into legacy refs.
 
     They were keyed by recipe name, not file, so they cannot be attributed to a file: they are kept as gc roots
-    until a run of a recipe with that name records its own refs. Returns how many recipes were migrated.
+    until a run of a recipe with that name records its own refs. Only regular files in real folders are read (a
+    link is left alone, never followed: its target's content would be copied into the store). Returns how many
+    recipes were migrated.
     """
-    if not root.exists():
-        return 0
     migrated = 0
-    for folder in [p for p in root.iterdir() if p.is_dir() and not (p / "current.json").exists()]:
-        files = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
-        if not files:
+    try:
+        folders = [name for name, st in tree.listdir(BASE) if stat.S_ISDIR(st.st_mode)]
+    except OSError:
+        return 0
+    for folder in folders:
+        rel = (BASE, folder)
+        if tree.stat((*rel, CURRENT)) is not None:
             continue
-        nodes = {}
-        for ref in files:
-            try:
-                nodes[ref.name] = {"key": ref.read_text(encoding="utf-8").strip(), "run_id": None,
-                                   "time": ref.stat().st_mtime}
-            except OSError:
-                continue
-        target = root / f"{LEGACY_PREFIX}{folder.name}"
-        target.mkdir(exist_ok=True)
-        data = {"format": FORMAT, "recipe_id": f"(recipe named {folder.name!r}, from an older trtflow)",
-                "name": folder.name, "path": None, "host": None, "updated": time.time(), "legacy": True,
+        nodes = _legacy_nodes(tree, rel)
+        if not nodes:
+            continue
+        target = f"{LEGACY_PREFIX}{folder}"
+        if not confined.is_plain_name(target):
+            continue
+        data = {"format": FORMAT, "recipe_id": f"(recipe named {folder!r}, from an older trtflow)",
+                "name": folder, "path": None, "host": None, "updated": time.time(), "legacy": True,
                 "nodes": nodes}
-        atomic_write_text(target / "current.json", json.dumps(data, indent=1))
-        for ref in files:
-            ref.unlink(missing_ok=True)
+        tree.write_text((BASE, target, CURRENT), json.dumps(data, indent=1))
+        for name in nodes:
+            tree.unlink((*rel, name))
         if folder != target:
             try:
-                folder.rmdir()
+                tree.remove_empty_folder(rel)
             except OSError:
                 pass
         migrated += 1

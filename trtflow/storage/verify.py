@@ -9,15 +9,14 @@ journal is history; objects, manifests and refs are the truth).
 from __future__ import annotations
 
 import json
-import os
 import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from trtflow.errors import StoreError
-from trtflow.fingerprint import hash_file_content
-from trtflow.fsutil import atomic_write_text
+from trtflow.fingerprint import hash_stream
+from trtflow.storage import confined
 from trtflow.storage import journal as journal_module
 from trtflow.storage.lock import EXCLUSIVE, SHARED, StoreLock
 from trtflow.storage.store import Store
@@ -33,12 +32,12 @@ class VerifyReport:
 
 def verify_store(store: Store, fix: bool = False, wait_s: float = 60.0, on_wait: Any = None) -> VerifyReport:
     report = VerifyReport()
-    if not store.root.exists():
+    if not store.exists():
         return report
     store.check_format()
     store.check_folders()
     mode = EXCLUSIVE if fix else SHARED
-    with StoreLock(store.root).held(mode, "trtflow verify" + (" --fix" if fix else ""), wait_s, on_wait):
+    with StoreLock(store.tree).held(mode, "trtflow verify" + (" --fix" if fix else ""), wait_s, on_wait):
         try:
             damaged = _check_objects(store, fix, report)
             _check_manifests(store, damaged, fix, report)
@@ -52,26 +51,32 @@ def verify_store(store: Store, fix: bool = False, wait_s: float = 60.0, on_wait:
 
 
 def _check_objects(store: Store, fix: bool, report: VerifyReport) -> set[str]:
+    tree = store.tree
     for shard in store.linked_shards():  # never entered: it may lead anywhere
-        report.problems.append(f"folder {shard.relative_to(store.root)} is a symbolic link to {os.readlink(shard)}")
+        rel = store.rel(shard)
+        report.problems.append(f"folder {'/'.join(rel)} is a symbolic link to {tree.readlink(rel)}")
         if fix:
-            shard.unlink()
-            report.fixed.append(f"removed the link {shard.relative_to(store.root)}")
+            tree.unlink(rel)
+            report.fixed.append(f"removed the link {'/'.join(rel)}")
     damaged: set[str] = set()
     for obj in store.iter_objects():
         report.objects += 1
-        where = obj.relative_to(store.root)
+        rel = store.rel(obj)
+        where = "/".join(rel)
         try:
-            st = obj.lstat()
+            st = tree.stat(rel)
         except OSError:
             continue
+        if st is None:
+            continue
         if stat.S_ISLNK(st.st_mode):  # objects are regular files; a link may point anywhere, outside the store too
-            problem = f"object {where} is a symbolic link to {os.readlink(obj)}"
+            problem = f"object {where} is a symbolic link to {tree.readlink(rel)}"
         elif not stat.S_ISREG(st.st_mode):
             problem = f"object {where} is not a regular file"
         else:
             try:
-                actual = hash_file_content(obj)
+                with tree.open_read(rel) as f:
+                    actual = hash_stream(f)
             except OSError as exc:
                 actual = f"unreadable ({exc.strerror or exc})"
             if actual == obj.name:
@@ -80,28 +85,26 @@ def _check_objects(store: Store, fix: bool, report: VerifyReport) -> set[str]:
         damaged.add(obj.name)
         report.problems.append(problem)
         if fix:
-            try:
-                obj.unlink()
-            except PermissionError:
-                obj.chmod(0o644)
-                obj.unlink()
+            tree.unlink(rel)  # the entry itself, never what a link points to (no chmod: a folder is made writable)
             report.fixed.append(f"removed {where}")
     return damaged
 
 
 def _check_manifests(store: Store, damaged: set[str], fix: bool, report: VerifyReport) -> None:
+    tree = store.tree
     for path, manifest in store.iter_manifests():
         report.manifests += 1
-        where = path.relative_to(store.root)
-        if manifest is None or not isinstance(manifest.get("outputs"), dict):
+        rel = store.rel(path)
+        where = "/".join(rel)
+        if manifest is None or not isinstance(manifest, dict) or not isinstance(manifest.get("outputs"), dict):
             report.problems.append(f"manifest {where} is unreadable")
             if fix:
-                path.unlink(missing_ok=True)
+                tree.unlink(rel)
                 report.fixed.append(f"removed {where}")
             continue
         bad = [name for name, out in manifest["outputs"].items()
                if not isinstance(out, dict) or out.get("digest") in damaged
-               or not store.object_path(str(out.get("digest", "x"))).exists()]
+               or _missing(store, out.get("digest"))]
         if not bad:
             continue
         who = f"node {manifest.get('node')} of {manifest.get('recipe_id') or manifest.get('recipe')}"
@@ -109,34 +112,55 @@ def _check_manifests(store: Store, damaged: set[str], fix: bool, report: VerifyR
         if fix:
             note = {"reason": f"outputs {bad} were missing or damaged", "removed_by": "trtflow verify --fix",
                     "time": time.time()}
-            atomic_write_text(path.with_suffix(".damaged"), json.dumps(note))
-            path.unlink(missing_ok=True)
+            tree.write_text((*rel[:-1], f"{path.stem}.damaged"), json.dumps(note))
+            tree.unlink(rel)
             report.fixed.append(f"removed {where} (the next run rebuilds {manifest.get('node')})")
 
 
+def _missing(store: Store, digest: object) -> bool:
+    st = store.object_stat(digest) if isinstance(digest, str) else None
+    return st is None or not stat.S_ISREG(st.st_mode)
+
+
 def _check_refs(store: Store, fix: bool, report: VerifyReport) -> None:
-    base = store.root / "refs"
-    if not base.exists():
-        return
-    for folder in sorted(p for p in base.iterdir() if p.is_dir()):
-        current = folder / "current.json"
-        try:
-            data = json.loads(current.read_text(encoding="utf-8"))
-            if not isinstance(data, dict) or not isinstance(data.get("nodes"), dict):
-                raise ValueError("not a refs record")
-        except FileNotFoundError:
-            continue
-        except (OSError, ValueError) as exc:
-            report.problems.append(f"refs {current.relative_to(store.root)} are unreadable ({exc})")
+    tree = store.tree
+    for folder, st in tree.listdir("refs"):
+        rel = ("refs", folder)
+        if stat.S_ISLNK(st.st_mode):
+            report.problems.append(f"refs folder {'/'.join(rel)} is a symbolic link to {tree.readlink(rel)}")
             if fix:
-                current.unlink(missing_ok=True)
-                report.fixed.append(f"removed {current.relative_to(store.root)}")
+                tree.unlink(rel)
+                report.fixed.append(f"removed the link {'/'.join(rel)}")
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            continue
+        for name, kind in (("current.json", confined.REFS), (".pending.jsonl", confined.LEDGER),
+                           ("history.jsonl", confined.LEDGER)):
+            where = "/".join((*rel, name))
+            try:
+                data = tree.read_bytes((*rel, name), kind)
+                if name == "current.json":
+                    value = json.loads(data)
+                    if not isinstance(value, dict) or not isinstance(value.get("nodes"), dict):
+                        raise ValueError("not a refs record")
+            except FileNotFoundError:
+                continue
+            except confined.Refused as exc:
+                report.problems.append(f"refs {where}: {exc.why}")
+                if fix:
+                    tree.unlink((*rel, name))
+                    report.fixed.append(f"removed {where}")
+            except (OSError, ValueError) as exc:
+                report.problems.append(f"refs {where} are unreadable ({exc})")
+                if fix:
+                    tree.unlink((*rel, name))
+                    report.fixed.append(f"removed {where}")
 
 
 def _check_journal(store: Store, fix: bool, report: VerifyReport) -> None:
-    if not store.db_path.exists():
+    if not store.has_journal():
         return
-    journal = journal_module.Journal(store.db_path, readonly=True)
+    journal = store.journal(readonly=True)
     try:
         problems = journal.check()
     except StoreError as exc:
@@ -147,6 +171,6 @@ def _check_journal(store: Store, fix: bool, report: VerifyReport) -> None:
         return
     report.problems.append(f"journal {store.db_path.name} is damaged: {'; '.join(problems[:3])}")
     if fix:
-        aside = journal_module.reset(store.db_path)
+        aside = journal_module.reset(store.tree)
         report.fixed.append(f"journal reset (the damaged one is kept as {aside.name if aside else '-'}; run "
                             "history before this point is gone, stored results are kept)")

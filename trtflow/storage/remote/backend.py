@@ -41,6 +41,17 @@ class Backend(Protocol):
     def delete(self, path: str) -> None:
         """Remove ``path`` if it exists."""
 
+    def clear(self) -> None:
+        """Remove everything under the root, and the root (a run's own transfer area, when the run ends)."""
+
+
+def local_path(url: str) -> Path:
+    """The folder a directory remote's URL names (a path or file:///path)."""
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    return Path(url).expanduser().absolute()
+
 
 def open_backend(url: str, part_size: int) -> Backend:
     """The backend of a remote URL: a directory path, ``file:///path`` or ``s3://bucket/prefix``."""

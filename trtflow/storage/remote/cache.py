@@ -17,22 +17,19 @@ who wrote a manifest is still a matter of who may write to the remote (access co
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import threading
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
 from trtflow.errors import TrtflowError
-from trtflow.fingerprint import CHUNK, StatCache, signature
-from trtflow.fsutil import atomic_write_bytes, fsync_dir
+from trtflow.fingerprint import StatCache, signature, stream_digests
+from trtflow.storage import confined
+from trtflow.storage.confined import Tree
 from trtflow.storage.manifest import Problem, check_key, is_key, manifest_problem, outputs_problem
 from trtflow.storage.remote.backend import open_backend
 from trtflow.storage.remote.errors import RemoteCorrupt, RemoteError, TooLarge, Unreadable
@@ -68,16 +65,10 @@ def manifest_path(key: str) -> str:
     return f"nodes/{key[:2]}/{key}.json"
 
 
-def file_digests(path: Path, sha256: bool) -> tuple[str, str | None]:
-    """(xxh3-128, sha256 or None) of a file's content, in one read."""
-    fast = xxhash.xxh3_128()
-    strong = hashlib.sha256() if sha256 else None
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            fast.update(chunk)
-            if strong is not None:
-                strong.update(chunk)
-    return fast.hexdigest(), strong.hexdigest() if strong is not None else None
+def file_digests(tree: Tree, rel: str | tuple[str, ...], sha256: bool) -> tuple[str, str | None]:
+    """(xxh3-128, sha256 or None) of the content of the regular file ``rel`` of ``tree``, in one read."""
+    with tree.open_read(rel) as f:
+        return stream_digests(f, sha256)
 
 
 class RemoteCache:
@@ -255,20 +246,23 @@ class RemoteCache:
         if problem:
             raise RemoteCorrupt(f"the outputs of node {node} are unusable: {problem}")
         self.check()
+        store.tree.ensure()  # a worker's scratch store may not exist yet
         copied = nbytes = present = 0
         for name, out in _unique_outputs(outputs):
             if store.object_intact(out["digest"], out["size"], stat_cache):
                 present += 1
                 continue
-            target = store.object_path(out["digest"])
+            target = store.object_rel(out["digest"])
             self._pull_object(node, name, out, store, target)
-            if stat_cache is not None:
-                stat_cache.put(str(target), signature(target.stat()), out["digest"])
+            st = store.tree.stat(target)
+            if stat_cache is not None and st is not None:
+                stat_cache.put(str(store.shown(target)), signature(st), out["digest"])
             copied += 1
             nbytes += out["size"]
         return Transfer(objects=copied, bytes=nbytes, present=present)
 
-    def _pull_object(self, key: str, name: str, out: Mapping[str, Any], store: Store, target: Path) -> None:
+    def _pull_object(self, key: str, name: str, out: Mapping[str, Any], store: Store,
+                     target: tuple[str, ...]) -> None:
         digest, size, remote_name = out["digest"], out["size"], self._name(out)
         path = object_path(remote_name)
         where = f"remote object {remote_name} (output {name!r} of node {key}) at {self.url}"
@@ -283,18 +277,22 @@ class RemoteCache:
         if remote_size > size:  # reading more than the manifest promises is not done to find out who is wrong
             raise RemoteCorrupt(f"{lie} has {size} bytes; it has {remote_size}: {kept}", remote_name,
                                 hint="the node is built here; its next push replaces the manifest")
-        store.make_shard(target)
-        tmp = target.parent / f".{digest}.{uuid.uuid4().hex}.pull"
-        try:
+        shard = target[:-1]
+        # a new file (O_EXCL) in the object's real shard folder; the backend writes it by name, then it is read back
+        # through the confined tree, verified, and renamed to its digest
+        with store.tree.staged(shard, f"{digest}.pull") as (tmp, fd):
+            os.close(fd)
+            staged = (*shard, tmp)
             try:
-                self._backend.download(path, tmp, size)
+                self._backend.download(path, store.shown(staged), size)
             except FileNotFoundError:
                 raise RemoteCorrupt(f"{where} is missing (removed while downloading)", remote_name) from None
             except (Unreadable, TooLarge) as exc:
                 raise RemoteCorrupt(f"{where} {exc.message} (it changed while downloading?); it was not used",
                                     remote_name) from None
-            got_size = tmp.stat().st_size
-            fast, strong = file_digests(tmp, self.sha256)
+            got = store.tree.stat(staged)
+            got_size = got.st_size if got is not None else -1
+            fast, strong = file_digests(store.tree, staged, self.sha256)
             own = strong if self.sha256 else fast
             if own != remote_name:
                 if got_size != remote_size:
@@ -310,13 +308,8 @@ class RemoteCache:
             if fast != digest:
                 raise RemoteCorrupt(f"{lie} has xxh3 digest {digest}; its content has {fast}: {kept}", remote_name,
                                     hint="the node is built here; its next push replaces the manifest")
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.chmod(tmp, READ_ONLY)
-            os.replace(tmp, target)
-            fsync_dir(target.parent)
-        finally:
-            tmp.unlink(missing_ok=True)
+            store.tree.seal(staged, READ_ONLY)
+            store.tree.rename(staged, target, durable=True)
 
     def _discard(self, path: str) -> None:
         """Remove a remote object whose content contradicts its name; best effort (the remote may be read-only)."""
@@ -324,6 +317,10 @@ class RemoteCache:
             self._backend.delete(path)
         except RemoteError as exc:
             log.warning("could not remove the corrupt object %s from %s: %s", path, self.url, exc)
+
+    def clear(self) -> None:
+        """Remove everything under the remote's root: only for a run's own transfer area, never a cache."""
+        self._backend.clear()
 
     # ----- push
     def push(self, key: str, store: Store, stat_cache: StatCache | None = None) -> Transfer:
@@ -335,9 +332,8 @@ class RemoteCache:
         newer trtflow wrote it; otherwise ours replaces it.
         """
         check_key(key)
-        manifest_file = store.manifest_path(key)
         try:
-            raw = manifest_file.read_bytes()
+            raw = store.tree.read_bytes(store.manifest_rel(key), confined.MANIFEST)
             manifest = json.loads(raw)
         except (OSError, ValueError):
             raise TrtflowError(f"cannot push node {key}: the local store {store.root} has no readable manifest "
@@ -354,7 +350,7 @@ class RemoteCache:
             raw = json.dumps(manifest, indent=1, sort_keys=True).encode()
         uploaded = nbytes = present = 0
         for _, out in _unique_outputs(manifest["outputs"]):
-            if self._upload_object(self._name(out), out["size"], store.object_path(out["digest"])):
+            if self._upload_object(self._name(out), out["size"], store.object_path(out["digest"])):  # checked above
                 uploaded += 1
                 nbytes += out["size"]
             else:
@@ -380,32 +376,35 @@ class RemoteCache:
         outputs = {}
         for name, out in manifest["outputs"].items():
             if not out.get("sha256"):
-                fast, strong = file_digests(store.object_path(out["digest"]), sha256=True)
+                fast, strong = store.hash_object(out["digest"], sha256=True)
                 if fast != out["digest"]:
                     raise TrtflowError(f"cannot push node {key}: its output {name!r} changed in {store.root}",
                                        hint="`trtflow verify --fix` repairs the store")
                 out = dict(out, sha256=strong)
             outputs[name] = out
         manifest = dict(manifest, outputs=outputs)
-        atomic_write_bytes(store.manifest_path(key), json.dumps(manifest, indent=1, sort_keys=True).encode())
+        store.write_manifest(key, manifest)
         return manifest
 
-    def upload_outputs(self, out_dir: Path, outputs: Mapping[str, tuple[str, str]]) -> dict[str, dict[str, Any]]:
+    def upload_outputs(self, out_dir: Tree | Path, outputs: Mapping[str, tuple[str, str]]
+                       ) -> dict[str, dict[str, Any]]:
         """Upload the files a node wrote (``outputs``: name -> (filename, kind), as for ``Store.commit``) as objects,
         put-if-absent; return their manifest entries (name -> {digest, size, filename, kind[, sha256]}). Outputs
         whose file is absent (optional ones) are left out. For an executor whose workers keep no store: the driver
         then pulls the objects (``pull_objects``) and commits the manifest."""
         self._ensure_format_written()
+        out_dir = confined.as_tree(out_dir)
         stored: dict[str, dict[str, Any]] = {}
         for name, (filename, kind) in outputs.items():
-            path = out_dir / filename
-            if not path.exists():
+            rel = confined.check_relative(filename, "output file name")
+            st = out_dir.stat(rel)
+            if st is None:
                 continue
-            fast, strong = file_digests(path, self.sha256)
-            entry: dict[str, Any] = {"digest": fast, "size": path.stat().st_size, "filename": filename, "kind": kind}
+            fast, strong = file_digests(out_dir, rel, self.sha256)
+            entry: dict[str, Any] = {"digest": fast, "size": st.st_size, "filename": filename, "kind": kind}
             if strong is not None:
                 entry["sha256"] = strong
-            self._upload_object(self._name(entry), entry["size"], path)
+            self._upload_object(self._name(entry), entry["size"], out_dir.shown(rel))  # read just above
             stored[name] = entry
         return stored
 

@@ -149,6 +149,15 @@ class S3Backend:
         with self._errors(f"uploading {path}"):
             self._put(path, source, "overwrite")
 
+    def clear(self) -> None:
+        if not self.prefix:
+            raise RemoteError(f"refusing to empty the whole bucket {self.url}", hint="give the transfer area a prefix")
+        with self._errors(f"removing {self.prefix}/"):
+            try:
+                self.fs.rm(f"{self.bucket}/{self.prefix}/", recursive=True)
+            except FileNotFoundError:
+                pass
+
     def delete(self, path: str) -> None:
         with self._errors(f"removing {path}"):
             try:
