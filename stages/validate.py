@@ -60,7 +60,7 @@ from .accuracy.compare import (
 from .accuracy.generation import GenerationCheck, judge_generation
 from .data import DataSource, batch_rows, data_files, onnx_input_specs, open_dataset
 from .formats.onnx_model import candidate_kind
-from .runtimes.ort import OrtOptions
+from .runtimes.ort import OrtOptions, level_member
 from .runtimes.tensorrt import FLAVOURS as TRT_FLAVOURS
 
 BackendName = Literal["auto", "onnxruntime", "tensorrt", "tensorrt-rtx", "fake-quant"]
@@ -217,8 +217,7 @@ def _ort_hint(path: Path, options: OrtOptions) -> str | None:
 
 
 def _ort_repro(options: OrtOptions, which: str) -> str:
-    level = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
-             "layout": "ORT_ENABLE_ALL", "all": "ORT_ENABLE_ALL"}[options.graph_optimization_level]
+    level = level_member(options.graph_optimization_level)
     disabled = f", disabled_optimizers={options.disabled_optimizers!r}" if options.disabled_optimizers else ""
     return (f"python -c \"import onnxruntime as o; s = o.SessionOptions(); s.graph_optimization_level = "
             f"o.GraphOptimizationLevel.{level}; o.InferenceSession('MODEL.onnx', s, "
