@@ -288,15 +288,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     import numpy as np
 
     from .accuracy.ort_fixes import fix_for_onnxruntime
+    from .runtimes.candidate import open_candidate
     from .runtimes.runners import engine_session_runner, onnx_runner, run_over
-    from .runtimes.trt_runtime import (
-        engine_backend,
-        open_engine,
-        provenance_for,
-        read_provenance,
-        runtime_available,
-        runtime_needs,
-    )
 
     if params.generation is not None:
         return _finish(ctx, params, _validate_generation(ctx, inputs, params))
@@ -307,36 +300,12 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
                           "'reference_outputs' param (a .npz of saved outputs)",
                           field="reference_outputs")
     candidate_path = inputs["candidate"]
-    kind = candidate_kind(candidate_path)
-    if kind == "onnx" and params.backend in TRT_FLAVOURS:
-        raise RecipeError(f"backend {params.backend} runs engines, but the candidate is an ONNX model",
-                          field="backend", hint="connect the build stage's engine, or set backend: onnxruntime")
-    if kind == "engine" and params.backend == "onnxruntime":
-        raise RecipeError("backend onnxruntime runs ONNX models, but the candidate is an engine", field="backend",
-                          hint="set backend: auto (or the engine's TensorRT flavour)")
-
-    session = None
-    candidate_desc = "onnxruntime (CPU)"
-    if kind == "engine":
-        provenance = provenance_for(candidate_path, inputs.get("provenance"))
-        manifest = read_provenance(provenance)
-        flavour = engine_backend("auto" if params.backend == "auto" else params.backend, manifest)
-        reason = runtime_available(flavour, ctx.gpu)
-        if reason:
-            raise StageSkipped(f"cannot run the engine candidate: {reason}", needs=runtime_needs(flavour))
-        if manifest is None:
-            ctx.log.warning("no provenance (engine.json) for the engine: its flavour/version/GPU are not checked")
-        session = open_engine(candidate_path, provenance, flavour, ctx.gpu)
-        candidate_desc = f"{flavour} engine"
+    opened = open_candidate(ctx, candidate_path, params.backend, provenance=inputs.get("provenance"))
+    candidate_desc = f"{opened.backend} engine" if opened.engine is not None else "onnxruntime (CPU)"
 
     # The inputs: from the reference model when there is one, else from the candidate.
-    if has_reference:
-        specs = onnx_input_specs(inputs["reference"])
-    elif kind == "onnx":
-        specs = onnx_input_specs(candidate_path)
-    else:
-        assert session is not None
-        specs = session.input_specs()
+    specs = onnx_input_specs(inputs["reference"]) if has_reference else opened.input_specs()
+    assert specs is not None  # the candidate input is required
     try:
         batch_size, drop_last = batch_rows(specs, params.batch_size)
     except ValueError as error:
@@ -372,7 +341,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         with ctx.native_step("modelopt", "running the fake-quantized PyTorch model"):
             candidate = run_over(fake_quant_runner(candidate_path, ctx.load_callable, "candidate"), batches, total,
                                  reporter(0.5, "candidate"))
-    elif session is None:
+    elif opened.engine is None:
         from .accuracy.fake_quant import refuse_onnxruntime
 
         refuse_onnxruntime(candidate_path)
@@ -386,8 +355,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
             candidate = run_over(onnx_runner(fixed_path, "candidate", options), batches, total,
                                  reporter(0.5, "candidate"))
     else:
-        with ctx.native_step(candidate_desc, "running the engine candidate"):
-            candidate = run_over(engine_session_runner(session, "candidate"), batches, total,
+        with ctx.native_step(candidate_desc, "running the engine candidate"), opened:
+            candidate = run_over(engine_session_runner(opened.engine, "candidate"), batches, total,
                                  reporter(0.5, "candidate"))
     if not has_reference:
         assert params.reference_outputs is not None
