@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from trtflow.stage import RecipeError, StageContext, StageFailed
 
@@ -35,7 +35,43 @@ def enum_member(enum: Any, name: str, option: str, flavour: str) -> Any:
     return members[name]
 
 
-def config_arguments(params: Any, trt: Any, backend: str, plan: Any) -> tuple[dict, dict]:
+class BuilderParams(Protocol):
+    """What `config_arguments` reads of a build node's params (the build stage's ``Params``)."""
+
+    @property
+    def precision(self) -> str: ...
+
+    @property
+    def optimization_level(self) -> int | None: ...
+
+    @property
+    def max_aux_streams(self) -> int | None: ...
+
+    @property
+    def tactic_sources(self) -> list[str] | None: ...
+
+    @property
+    def sparsity(self) -> bool: ...
+
+    @property
+    def hardware_compatibility(self) -> str | None: ...
+
+    @property
+    def version_compatible(self) -> bool: ...
+
+    @property
+    def profiling_verbosity(self) -> str: ...
+
+    @property
+    def fail_on_timing_cache_miss(self) -> bool: ...
+
+    @property
+    def compute_capabilities(self) -> list[str] | None: ...
+
+    def pool_limits(self) -> dict[str, int]: ...
+
+
+def config_arguments(params: BuilderParams, trt: Any, backend: str, plan: Any) -> tuple[dict, dict]:
     """Keyword arguments for Polygraphy's CreateConfig(RTX), and the JSON record of what was applied (``params``: the
     build stage's, ``plan``: its `PrecisionPlan`)."""
     flavour = f"{backend} {trt.__version__}"

@@ -67,3 +67,73 @@ def test_stages_open_candidates_only_through_runtimes_candidate() -> None:
     assert not found, f"open the model with runtimes.candidate.open_candidate (a with-block): {found}"
     for stage in ("validate.py", "benchmark.py"):
         assert "open_candidate" in {name for _, name in _calls(ast.parse((STAGES / stage).read_text()))}
+
+
+STAGE_MODULES = {"export", "simplify", "quantize", "convert", "build", "validate", "benchmark", "select", "triton"}
+LIBRARIES = ("accuracy", "data", "decision", "formats", "measure", "precision", "runtimes")
+
+
+def _library_modules() -> list[Path]:
+    return [path for package in LIBRARIES for path in sorted((STAGES / package).rglob("*.py"))]
+
+
+def _absolute(path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module a ``from ... import`` in ``path`` (a module of trtflow_stages) names."""
+    if not node.level:
+        return node.module or ""
+    package = ["trtflow_stages", *path.relative_to(STAGES).parent.parts]
+    base = package[:len(package) - node.level + 1]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def test_libraries_take_params_by_a_declared_type_and_import_no_stage() -> None:
+    """The convention for library parameters (ARCHITECTURE.md): a library types the params it reads by a type it
+    declares (a Protocol, or the field group it owns), never ``Any``; it imports no stage, not even for annotations
+    (import-linter leaves TYPE_CHECKING imports out, so this test looks at them)."""
+    found = []
+    for path in _library_modules():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        where = path.relative_to(STAGES)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.arg) and node.arg == "params" and node.annotation is not None \
+                    and ast.unparse(node.annotation) in ("Any", "'Any'", "typing.Any"):
+                found.append(f"{where}:{node.lineno}: params: Any")
+            if isinstance(node, ast.Assign) and ast.unparse(node.value) == "Any":
+                found.append(f"{where}:{node.lineno}: {ast.unparse(node)} (an alias of Any)")
+            if isinstance(node, ast.ImportFrom):
+                imported = {_absolute(path, node)} | {f"{_absolute(path, node)}.{alias.name}" for alias in node.names}
+                if imported & {f"trtflow_stages.{stage}" for stage in STAGE_MODULES}:
+                    found.append(f"{where}:{node.lineno}: imports a stage: {ast.unparse(node)}")
+    assert not found, found
+
+
+def _protocol_members(protocol: type) -> set[str]:
+    names: set[str] = set()
+    for cls in protocol.__mro__:
+        if getattr(cls, "_is_protocol", False) and cls.__module__ != "typing":
+            names |= {name for name in (*vars(cls).get("__annotations__", {}), *vars(cls)) if not name.startswith("_")}
+    return names
+
+
+def test_every_params_protocol_is_met_by_the_stage_params_it_names() -> None:
+    """Each Protocol a library declares for a stage's params names only what that stage's Params has (a field, a
+    property or a method): renaming a field in a stage fails here, not in a run."""
+    from trtflow_stages import benchmark, build, convert, export, quantize, validate
+    from trtflow_stages.accuracy.compare import AccuracyParams
+    from trtflow_stages.formats.torch_check import CheckParams
+    from trtflow_stages.formats.torch_source import SampleInput, TorchSourceParams
+    from trtflow_stages.measure.feeds import FeedParams
+    from trtflow_stages.measure.serving import ServingParams
+    from trtflow_stages.precision.modelopt import ModeloptParams
+    from trtflow_stages.precision.torch_route import TorchQuantizeParams
+    from trtflow_stages.runtimes.trt_build import BuilderParams
+
+    pairs = [(AccuracyParams, validate.Params), (FeedParams, benchmark.Params), (ServingParams, benchmark.Params),
+             (ModeloptParams, quantize.Params), (ModeloptParams, convert.Params),
+             (TorchQuantizeParams, quantize.Params), (BuilderParams, build.Params), (TorchSourceParams, export.Params),
+             (CheckParams, export.Params), (SampleInput, export.InputDef)]
+    missing = [f"{protocol.__name__} -> {params.__module__}.{params.__name__}.{name}"
+               for protocol, params in pairs for name in sorted(_protocol_members(protocol))
+               if name not in params.model_fields and not hasattr(params, name)]
+    assert not missing, missing
+    assert all(_protocol_members(protocol) for protocol, _ in pairs)
