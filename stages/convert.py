@@ -30,9 +30,10 @@ from trtflow.stage import (
     StageParams,
     StageSkipped,
 )
-from trtflow_stages.accuracy.diagnosis import autocast_repro, modelopt_step
-from trtflow_stages.data import DataSource
-from trtflow_stages.precision.modelopt import (
+
+from .accuracy.diagnosis import autocast_repro, modelopt_step
+from .data import DataSource
+from .precision.modelopt import (
     check_node_patterns,
     check_op_types,
     convert_memory,
@@ -41,7 +42,7 @@ from trtflow_stages.precision.modelopt import (
     modelopt_resources,
     private_model_copy,
 )
-from trtflow_stages.runtimes.ort import OrtOptions
+from .runtimes.ort import OrtOptions
 
 FP16_MAX = 65504.0
 AUTOCAST_DATA_MAX = 512.0  # modelopt.onnx.autocast.convert.DEFAULT_DATA_MAX
@@ -172,8 +173,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     import numpy as np
     import onnx
 
-    from trtflow_stages.data import batch_rows, onnx_input_specs, open_dataset
-    from trtflow_stages.precision.modelopt import streamed_reference_run
+    from .data import batch_rows, onnx_input_specs, open_dataset
+    from .precision.modelopt import streamed_reference_run
 
     model_path = private_model_copy(inputs["model"], ctx.scratch / "input")
     check_node_patterns(model_path, {"nodes_to_exclude": params.nodes_to_exclude,

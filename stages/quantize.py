@@ -31,9 +31,10 @@ from trtflow.stage import (
     StageParams,
     StageSkipped,
 )
-from trtflow_stages.data import DataSource
-from trtflow_stages.formats.torch_source import TORCH_SOURCE
-from trtflow_stages.precision.modelopt import (
+
+from .data import DataSource
+from .formats.torch_source import TORCH_SOURCE
+from .precision.modelopt import (
     check_node_patterns,
     check_op_types,
     modelopt_environment,
@@ -42,7 +43,7 @@ from trtflow_stages.precision.modelopt import (
     private_model_copy,
     quantize_memory,
 )
-from trtflow_stages.precision.torch_route import (
+from .precision.torch_route import (
     MODELOPT_CHECKPOINT,
     TORCH_METHODS,
     TORCH_MODES,
@@ -266,8 +267,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     if params.mode in TORCH_MODES:
         return run_torch(ctx, inputs, params)
 
-    from trtflow_stages.data import batch_rows, onnx_input_specs, open_dataset
-    from trtflow_stages.precision.modelopt import calibration_reader
+    from .data import batch_rows, onnx_input_specs, open_dataset
+    from .precision.modelopt import calibration_reader
 
     model_path = private_model_copy(inputs["model"], ctx.scratch / "input")
     check_node_patterns(
@@ -373,7 +374,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         if not recoverable:
             raise
         # the calibrator itself failed on the data (entropy: "Too many bins for data range"): the other method
-        from trtflow_stages.accuracy.calibration import FALLBACK
+        from .accuracy.calibration import FALLBACK
 
         method = FALLBACK[params.method]
         ctx.log.warning("calibration %s failed (%s): trying %s", params.method, failed.message, method)
@@ -426,13 +427,13 @@ def _numeric_recovery(ctx: StageContext, params: Params, original: Path, quantiz
                       batch_size: int, quantize_with: Any) -> tuple[str, Path, dict[str, Any] | None]:
     """(method, model, record): a calibration that failed numerically (`accuracy.calibration`) retried with the
     other method when the method was ModelOpt's default; the model that agrees better with the original is kept."""
-    from trtflow_stages.accuracy.calibration import FALLBACK, agreement, calibration_batches, session
+    from .accuracy.calibration import FALLBACK, agreement, calibration_batches, session
 
     batches = calibration_batches(dataset, batch_size)
     reference = session(original, ctx.log)
     try:
         first = agreement(params.method, reference, session(quantized, ctx.log), batches)
-    except Exception as exc:  # noqa: BLE001 - ONNX Runtime's CPU kernels lack some fp8 ops TensorRT has
+    except Exception as exc:  # ONNX Runtime's CPU kernels lack some fp8 ops TensorRT has
         reason = (f"ONNX Runtime cannot run the quantized model here ({type(exc).__name__}: "
                   f"{str(exc).splitlines()[0][:300]}), so the numeric check of the calibration was not made; "
                   "validate on the engine judges its accuracy")

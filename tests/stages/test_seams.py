@@ -137,3 +137,14 @@ def test_every_params_protocol_is_met_by_the_stage_params_it_names() -> None:
                if name not in params.model_fields and not hasattr(params, name)]
     assert not missing, missing
     assert all(_protocol_members(protocol) for protocol, _ in pairs)
+
+
+def test_one_import_style_inside_the_stages_package() -> None:
+    """Inside `trtflow_stages`, modules import each other relatively (``from .data import ...``), the engine
+    absolutely (``from trtflow.stage import ...``): one style, so a module's arrows read the same everywhere."""
+    found = [f"{path.relative_to(STAGES)}:{node.lineno}: {ast.unparse(node)}"
+             for path in _modules() for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.ImportFrom) and not node.level
+             and (node.module or "").split(".")[0] == "trtflow_stages"]
+    assert not found, found
+
