@@ -115,6 +115,14 @@ def _protocol_members(protocol: type) -> set[str]:
     return names
 
 
+def _declared(cls: type) -> set[str]:
+    """The fields of a pydantic model or a dataclass."""
+    import dataclasses
+
+    return set(getattr(cls, "model_fields", {})) | ({f.name for f in dataclasses.fields(cls)}
+                                                     if dataclasses.is_dataclass(cls) else set())
+
+
 def test_every_params_protocol_is_met_by_the_stage_params_it_names() -> None:
     """Each Protocol a library declares for a stage's params names only what that stage's Params has (a field, a
     property or a method): renaming a field in a stage fails here, not in a run."""
@@ -134,7 +142,7 @@ def test_every_params_protocol_is_met_by_the_stage_params_it_names() -> None:
              (CheckParams, export.Params), (SampleInput, export.InputDef)]
     missing = [f"{protocol.__name__} -> {params.__module__}.{params.__name__}.{name}"
                for protocol, params in pairs for name in sorted(_protocol_members(protocol))
-               if name not in params.model_fields and not hasattr(params, name)]
+               if name not in _declared(params) and not hasattr(params, name)]
     assert not missing, missing
     assert all(_protocol_members(protocol) for protocol, _ in pairs)
 
@@ -148,3 +156,14 @@ def test_one_import_style_inside_the_stages_package() -> None:
              and (node.module or "").split(".")[0] == "trtflow_stages"]
     assert not found, found
 
+
+def test_tensorrt_build_audits_live_in_one_module() -> None:
+    """The precision audit of a build (what the network and the engine compute in, and where that misses the
+    request) is defined in `runtimes.trt_audit` and nowhere else."""
+    audit = {"audit_network", "audit_engine", "network_precision", "engine_precision", "network_shortfall",
+             "engine_shortfall"}
+    owner = STAGES / "runtimes" / "trt_audit.py"
+    defined = {path: {node.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                      if isinstance(node, ast.FunctionDef)} & audit for path in _modules()}
+    assert defined[owner] == audit
+    assert not {str(path.relative_to(STAGES)): names for path, names in defined.items() if names and path != owner}
