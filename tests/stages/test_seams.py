@@ -127,19 +127,23 @@ def test_every_params_protocol_is_met_by_the_stage_params_it_names() -> None:
     """Each Protocol a library declares for a stage's params names only what that stage's Params has (a field, a
     property or a method): renaming a field in a stage fails here, not in a run."""
     from trtflow_stages import benchmark, build, convert, export, quantize, validate
+    from trtflow_stages.accuracy.calibration import CalibrationParams
     from trtflow_stages.accuracy.compare import AccuracyParams
     from trtflow_stages.formats.torch_check import CheckParams
     from trtflow_stages.formats.torch_source import SampleInput, TorchSourceParams
     from trtflow_stages.measure.feeds import FeedParams
     from trtflow_stages.measure.serving import ServingParams
+    from trtflow_stages.precision.autocast import AutocastParams
     from trtflow_stages.precision.modelopt import ModeloptParams
+    from trtflow_stages.precision.onnx_ptq import PlacementLike, PtqParams
     from trtflow_stages.precision.torch_route import TorchQuantizeParams
     from trtflow_stages.runtimes.trt_build import BuilderParams
 
     pairs = [(AccuracyParams, validate.Params), (FeedParams, benchmark.Params), (ServingParams, benchmark.Params),
              (ModeloptParams, quantize.Params), (ModeloptParams, convert.Params),
              (TorchQuantizeParams, quantize.Params), (BuilderParams, build.Params), (TorchSourceParams, export.Params),
-             (CheckParams, export.Params), (SampleInput, export.InputDef)]
+             (CheckParams, export.Params), (SampleInput, export.InputDef), (AutocastParams, convert.Params),
+             (PtqParams, quantize.Params), (CalibrationParams, quantize.Params), (PlacementLike, quantize.Placement)]
     missing = [f"{protocol.__name__} -> {params.__module__}.{params.__name__}.{name}"
                for protocol, params in pairs for name in sorted(_protocol_members(protocol))
                if name not in _declared(params) and not hasattr(params, name)]
