@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,7 +56,7 @@ from trtflow.stage import (
     StageSkipped,
 )
 
-from .data import DataSource, InputSpec, data_files, onnx_input_specs
+from .data import DataSource, InputSpec, data_files
 from .measure.feeds import batch_limits, batch_of, make_feed, resolve_shapes, with_batch
 from .measure.fixed import PointSettings
 from .measure.generation import GenerationBench
@@ -334,67 +335,44 @@ def _method(params: Params, backend: str, device: str, runs_on: str) -> dict[str
 
 
 # -- run ------------------------------------------------------------------------------------------------------
-def _engine_provenance(kind: str | None, model: Path | None, inputs: Mapping[str, Path]) -> Path | None:
-    from .runtimes.trt_runtime import provenance_for
+def _open_candidate(ctx: StageContext, params: Params, model: Path | None, inputs: Mapping[str, Path]) -> Any:
+    """The model input, opened (`runtimes.candidate`): an engine deserialised; its backend checked against it."""
+    from .runtimes.candidate import open_candidate
 
-    return provenance_for(model, inputs.get("provenance")) if kind == "engine" and model is not None else None
-
-
-def _choose_backend(params: Params, kind: str | None, provenance: Path | None) -> str:
-    from .runtimes.trt_runtime import engine_backend, read_provenance
-
-    backend = params.backend
-    if backend == "auto":
-        if kind is None:
-            raise RecipeError("backend auto needs a model input (an ONNX model or an engine)", field="backend")
-        backend = engine_backend("auto", read_provenance(provenance)) if kind == "engine" else "onnxruntime"
-    if backend in TRT_FLAVOURS and kind != "engine":
-        raise RecipeError(f"backend {backend} needs an engine as the model input, got "
-                          f"{'nothing' if kind is None else 'an ONNX model'}", field="backend",
-                          hint="wire it in the recipe: `inputs: {model: <build node>}`")
-    if backend == "onnxruntime" and kind != "onnx":
-        raise RecipeError(f"backend onnxruntime needs an ONNX model as the model input, got "
-                          f"{'nothing' if kind is None else 'an engine'}", field="backend",
-                          hint="wire it in the recipe: `inputs: {model: <node with an ONNX output>}`")
-    if params.profile_layers and backend not in TRT_FLAVOURS:
-        raise RecipeError(f"profile_layers needs an engine; this node runs {backend}", field="profile_layers")
-    return backend
+    candidate = open_candidate(ctx, model, params.backend, slot="model", provenance=inputs.get("provenance"),
+                               need_cuda_python=True)
+    if params.profile_layers and candidate.backend not in TRT_FLAVOURS:
+        raise RecipeError(f"profile_layers needs an engine; this node runs {candidate.backend}",
+                          field="profile_layers")
+    return candidate
 
 
-def _open_model(ctx: StageContext, params: Params, backend: str, model: Path | None, kind: str | None,
-                provenance: Path | None) -> tuple[Any, Any, Any, list[InputSpec]]:
-    """(engine session, ONNX Runtime session, torch module, input specs): what runs the model, opened."""
+def _input_specs(params: Params, candidate: Any) -> list[InputSpec]:
+    """The model's inputs; a PyTorch module without an ONNX model takes them from ``shapes`` (any batch)."""
+    specs = candidate.input_specs()
+    if specs is not None:
+        return specs
+    if not params.shapes:
+        raise RecipeError("backend torch without an ONNX model needs shapes: {input name: shape}", field="shapes")
+    # the module takes any batch: dimension 0 stays dynamic (for batch sweeps and dynamic batching)
+    return [InputSpec(name, params.input_dtypes.get(name, "float32"), (None, *shape[1:]))
+            for name, shape in params.shapes.items()]
+
+
+def _host_model(ctx: StageContext, params: Params, backend: str, model: Path | None) -> Any:
+    """What runs the model on the host clock: an ONNX Runtime session (backend onnxruntime) or a PyTorch module
+    (backend torch); None for an engine (the candidate's)."""
     from trtflow.callables import load_callable
 
-    from .runtimes.trt_runtime import open_engine, runtime_available, runtime_needs
-
-    session = ort_session = torch_module = None
-    if backend in TRT_FLAVOURS:
-        assert model is not None
-        reason = runtime_available(backend, ctx.gpu, need_cuda_python=True)
-        if reason:
-            raise StageSkipped(f"cannot benchmark on {backend}: {reason}", needs=runtime_needs(backend))
-        with ctx.native_step(backend, f"deserialising {model.name}"):
-            session = open_engine(model, provenance, backend, ctx.gpu)
-        specs = session.input_specs()
-    elif model is not None and kind == "onnx":
-        specs = onnx_input_specs(model)
-    else:
-        if not params.shapes:
-            raise RecipeError("backend torch without an ONNX model needs shapes: {input name: shape}",
-                              field="shapes")
-        # the module takes any batch: dimension 0 stays dynamic (for batch sweeps and dynamic batching)
-        specs = [InputSpec(name, params.input_dtypes.get(name, "float32"), (None, *shape[1:]))
-                 for name, shape in params.shapes.items()]
     if backend == "torch" and params.torch_model is None:
         from .accuracy.fake_quant import fake_quant_module
 
         if model is None:
             raise RecipeError("backend torch needs torch_model (a factory) or, as model, an nvfp4/mxfp8 quantize "
                               "node's model (its fake-quantized PyTorch model)", field="torch_model")
-        torch_module = fake_quant_module(model, ctx.load_callable)[0]
+        module = fake_quant_module(model, ctx.load_callable)[0]
     elif backend == "torch":
-        torch_module = load_callable(params.torch_model, ctx.resolve, "torch_model")()
+        module = load_callable(params.torch_model, ctx.resolve, "torch_model")()
     if backend == "torch":
         if params.device == "cuda":
             import torch
@@ -402,6 +380,7 @@ def _open_model(ctx: StageContext, params: Params, backend: str, model: Path | N
             if not torch.cuda.is_available():
                 raise StageSkipped("device cuda for backend torch but this PyTorch sees no CUDA device",
                                    needs="a CUDA build of PyTorch on a GPU machine, or device: cpu")
+        return module
     if backend == "onnxruntime":
         from .accuracy.recovery import runtime_options
         from .measure.calls import ort_providers
@@ -414,10 +393,8 @@ def _open_model(ctx: StageContext, params: Params, backend: str, model: Path | N
                              f"providers={providers})\"",
                              hint="lower onnxruntime.graph_optimization_level or add the failing optimiser to "
                              "onnxruntime.disabled_optimizers"):
-            ort_session = create_session(model, runtime_options(model, params.onnxruntime, ctx.log).options,
-                                         providers)
-    return session, ort_session, torch_module, specs
-
+            return create_session(model, runtime_options(model, params.onnxruntime, ctx.log).options, providers)
+    return None
 
 
 def _settings(params: Params, device: str) -> PointSettings:
@@ -450,10 +427,10 @@ def _open_reference(ctx: StageContext, params: Params, backend: str, specs: Sequ
     if kind is None or (backend == "onnxruntime") != (kind == "onnx") or backend == "torch":
         raise RecipeError(f"the reference is {'no model' if kind is None else 'an ' + kind}, which this node's "
                           f"backend {backend} does not time beside its candidate")
-    _, ort_session, _, _ = _open_model(ctx, params, backend, model, kind, None)
     from .measure.calls import onnxruntime_call
 
-    return onnxruntime_call(ort_session, feed, params.device, params.include_host_transfers)[0]
+    session = _host_model(ctx, params, backend, model)
+    return onnxruntime_call(session, feed, params.device, params.include_host_transfers)[0]
 
 
 def _pairings(ctx: StageContext, params: Params, backend: str, device: str, specs: Sequence[InputSpec],
@@ -484,13 +461,13 @@ def _pairings(ctx: StageContext, params: Params, backend: str, device: str, spec
 
 
 def _engine_reference(ctx: StageContext, params: Params, backend: str, feeds: Sequence[tuple[int, Any, Any]],
-                      planned: Any) -> tuple[Any, tuple[int, int] | None, Any]:
-    """The reference engine, opened, the gate point (batch, streams) it is paired at, and what makes its pairing;
-    (None, None, None) when it cannot be (``planned.why`` says why)."""
+                      planned: Any, stack: ExitStack) -> tuple[Any, tuple[int, int] | None, Any]:
+    """The reference engine, opened inside ``stack``, the gate point (batch, streams) it is paired at, and what
+    makes its pairing; (None, None, None) when it cannot be (``planned.why`` says why)."""
     from .formats.onnx_model import candidate_kind
     from .measure.ab import Pairing
     from .measure.reference import gate_batch, pair_plan
-    from .runtimes.trt_runtime import open_engine, provenance_for
+    from .runtimes.candidate import open_candidate
 
     if planned is None or planned.why is not None:
         return None, None, None
@@ -504,9 +481,7 @@ def _engine_reference(ctx: StageContext, params: Params, backend: str, feeds: Se
         planned.why = f"the gate point (batch {params.gate_batch_size}) is not among the measured {batches}"
         return None, None, None
     try:
-        with ctx.native_step(backend, f"deserialising the reference {model.name}"):
-            reference = open_engine(model, provenance_for(model), backend, ctx.gpu)
-            reference.__enter__()
+        reference = stack.enter_context(open_candidate(ctx, model, backend, slot="reference")).engine
     except (RecipeError, StageSkipped, StageFailed, OSError) as error:
         planned.why = f"the reference does not run here: {getattr(error, 'message', None) or error}"
         return None, None, None
@@ -517,16 +492,16 @@ def _engine_reference(ctx: StageContext, params: Params, backend: str, feeds: Se
     return reference, (batch, streams), lambda window: Pairing(plan, window)
 
 
-def _fixed_points(ctx: StageContext, params: Params, backend: str, device: str, opened: tuple[Any, Any, Any],
+def _fixed_points(ctx: StageContext, params: Params, backend: str, device: str, session: Any, host_model: Any,
                   specs: Sequence[InputSpec], base_shapes: Mapping[str, list[int]],
                   planned: Any = None) -> tuple[list, Any, Any, Any]:
     """Every fixed-batch point (batch sizes x streams), and the layer and kernel profiles where asked for. Engine
     points are timed one after another (each holds its contexts); host-timed ones take turns, a window each, the
-    gate point in pairs with the reference when there is one (``planned``, `measure.reference`)."""
+    gate point in pairs with the reference when there is one (``planned``, `measure.reference`). ``session``: the
+    candidate's engine, active; else ``host_model``: an ONNX Runtime session or a PyTorch module."""
     from .measure.calls import layer_profile, onnxruntime_call, torch_call
     from .measure.fixed import engine_point, host_points
 
-    session, ort_session, torch_module = opened
     settings = _settings(params, device)
     points: list[dict[str, Any]] = []
     layers = kernels = paired = None
@@ -536,9 +511,9 @@ def _fixed_points(ctx: StageContext, params: Params, backend: str, device: str, 
         feeds.append((batch if batch is not None else batch_of(shapes), shapes, make_feed(specs, shapes, params,
                                                                                         ctx.resolve, ctx.log)))
     if session is not None:
-        reference, gate_at, pair = _engine_reference(ctx, params, backend, feeds, planned)
-        total = len(feeds) * len(params.stream_counts)
-        try:
+        with ExitStack() as stack:
+            reference, gate_at, pair = _engine_reference(ctx, params, backend, feeds, planned, stack)
+            total = len(feeds) * len(params.stream_counts)
             for batch_size, shapes, feed in feeds:
                 for streams in params.stream_counts:
                     paired_here = (batch_size, streams) == gate_at
@@ -551,15 +526,12 @@ def _fixed_points(ctx: StageContext, params: Params, backend: str, device: str, 
                     paired = report.pop("paired", paired)
                     points.append({"batch_size": batch_size, "streams": streams, "shapes": shapes,
                                    "runs_on": f"{backend} engine, {streams} stream(s)", "report": report})
-        finally:
-            if reference is not None:
-                reference.__exit__(None, None, None)
     else:
-        if ort_session is not None:
-            calls = [onnxruntime_call(ort_session, feed, params.device, params.include_host_transfers)
+        if backend == "onnxruntime":
+            calls = [onnxruntime_call(host_model, feed, params.device, params.include_host_transfers)
                      for _, _, feed in feeds]
         else:
-            calls = [(torch_call(torch_module, specs, feed, params.device), f"torch {params.device}")
+            calls = [(torch_call(host_model, specs, feed, params.device), f"torch {params.device}")
                      for _, _, feed in feeds]
         pairings = _pairings(ctx, params, backend, device, specs, feeds, planned)
         ctx.progress(0.0, f"batch {', '.join(str(b) for b, _, _ in feeds)}: timing on {backend}, in turns"
@@ -580,7 +552,7 @@ def _fixed_points(ctx: StageContext, params: Params, backend: str, device: str, 
     if params.profile_kernels:
         from .measure.kernels import timed_call_kernels
 
-        module_call = None if session is not None else torch_call(torch_module, specs, feed, "cuda")
+        module_call = None if session is not None else torch_call(host_model, specs, feed, "cuda")
         with ctx.native_step(backend, f"recording CUDA kernels at batch {batch_size}"):
             kernels = dict(timed_call_kernels(session, module_call, feed, params.kernel_iterations, _cuda_timer),
                            batch_size=batch_size)
@@ -591,40 +563,32 @@ def _fixed_points(ctx: StageContext, params: Params, backend: str, device: str, 
 
 
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
-    from .formats.onnx_model import candidate_kind
     from .measure.interference import HostWatch
     from .measure.reference import planned as planned_reference
-    from .runtimes.trt_runtime import read_provenance
 
     model = inputs.get("model")
-    kind = candidate_kind(model) if model is not None else None
-    provenance = _engine_provenance(kind, model, inputs)
-    backend = _choose_backend(params, kind, provenance)
+    candidate = _open_candidate(ctx, params, model, inputs)
+    backend, provenance = candidate.backend, candidate.provenance
     device = "cuda" if backend in TRT_FLAVOURS else params.device
     watch = HostWatch()
     if params.generation is not None:
         return _generation(ctx, params, model, device, watch)
 
-    session, ort_session, torch_module, specs = _open_model(ctx, params, backend, model, kind, provenance)
+    specs = _input_specs(params, candidate)
+    host_model = _host_model(ctx, params, backend, model)
     reference = planned_reference(params, ctx.reference, ctx.resolve, ctx.node)
     base_shapes = resolve_shapes(specs, params)
-    if session is not None:
-        session.__enter__()
-    try:
-        points, layers, kernels, paired = _fixed_points(ctx, params, backend, device,
-                                                        (session, ort_session, torch_module), specs, base_shapes,
-                                                        reference)
-    finally:
-        if session is not None:
-            session.__exit__(None, None, None)
-    del ort_session, torch_module
+    with candidate:
+        points, layers, kernels, paired = _fixed_points(ctx, params, backend, device, candidate.engine, host_model,
+                                                        specs, base_shapes, reference)
+    del host_model
 
     load_result: dict[str, Any] = {}
     if params.has_load:
         from .measure.serving import measure_load
 
         limits = batch_limits(specs, params.profile.model_dump() if params.profile is not None else
-                              _first_profile(read_provenance(provenance)) if provenance else None)
+                              _first_profile(candidate.manifest) if provenance else None)
         load_result = measure_load(ctx, params, backend, device, model, provenance, specs, base_shapes, limits,
                                    _cuda_timer)
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -49,18 +47,13 @@ from .runtimes.tensorrt import (
     is_strongly_typed_only,
     provenance,
     resolve_backend,
-    timing_cache_name,
 )
+from .runtimes.trt_audit import audit_engine
 from .runtimes.trt_build import (
-    audit_engine,
-    audit_network,
-    blob_digest,
+    BuiltEngine,
+    build_engine,
     config_arguments,
-    error_summary,
-    io_record,
-    merge_timing_caches,
-    polygraphy_log_to,
-    progress_monitor,
+    timing_cache,
 )
 
 Precision = Literal["strongly-typed", "fp32", "fp16", "bf16", "int8", "fp8", "best"]
@@ -393,88 +386,18 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     plan = plan_precision(params.precision, backend, version, facts)
     config_kwargs, builder_record = config_arguments(params, trt, backend, plan)
     ctx.progress(0.05, f"building with {backend} {version}")
-
-    from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath, Profile
-    from polygraphy.exception import PolygraphyException
-
-    trt_profiles = []
-    for spec in profiles:
-        profile = Profile()
-        for input_name, shape in spec.shapes.items():
-            profile.add(input_name, shape.min, shape.opt, shape.max)
-        trt_profiles.append(profile)
-
-    has_timing_cache = backend == "tensorrt"
-    timing: dict[str, Any] = {"status": "off" if params.timing_cache == "off" else "used"}
-    if not has_timing_cache:
-        timing = {"status": f"unsupported by {backend}"}
-    shared = None
-    saved_cache = ctx.scratch / "timing-after.cache"
-    if has_timing_cache and params.timing_cache == "use":
-        name = timing_cache_name(backend, version, ctx.gpu)
-        shared = ctx.shared_cache(name)
-        loaded_cache = ctx.scratch / "timing-before.cache"
-        with shared.lock():
-            before = shared.read_bytes()
-        if before:
-            loaded_cache.write_bytes(before)
-            config_kwargs["load_timing_cache"] = str(loaded_cache)
-        timing.update({"name": name, "digest_before": blob_digest(before), "bytes_before": len(before or b"")})
-
-    config_class: Any = CreateConfig
-    if backend == "tensorrt-rtx":
-        from polygraphy.backend.tensorrt_rtx import CreateConfigRTX
-
-        config_class = CreateConfigRTX
-
-    monitor = progress_monitor(trt, ctx)
-    with polygraphy_log_to(ctx) as relay, warnings.catch_warnings():
-        # Polygraphy attaches an empty timing cache to every config; TensorRT-RTX deprecates that as a no-op.
-        warnings.filterwarnings("ignore", message=".*Timing cache operations are no-ops", category=DeprecationWarning)
-        repro = trt_build_repro(model_path, backend, profiles, plan.strongly_typed, plan.flags)
-        hint = hint_text(memory_findings(model_path, 4.0, f"a {backend} build"))
-        try:
-            started = time.perf_counter()
-            with ctx.native_step(backend, f"parsing {model_path.name}", repro=repro, hint=hint):
-                builder, network, parser = NetworkFromOnnxPath(str(model_path), strongly_typed=plan.strongly_typed)()
-            parse_seconds = time.perf_counter() - started
-            ctx.progress(0.2, f"parsed {network.num_layers} layers")
-            network_audit = audit_network(params.precision, network)
-            config = config_class(profiles=trt_profiles or None, progress_monitor=monitor, **config_kwargs)
-            started = time.perf_counter()
-            with ctx.native_step(backend, f"building an engine from {model_path.name}", repro=repro, hint=hint):
-                engine = EngineBytesFromNetwork(
-                    (builder, network, parser), config=config,
-                    save_timing_cache=str(saved_cache) if shared is not None else None,
-                )()
-            build_seconds = time.perf_counter() - started
-        except PolygraphyException as exc:
-            if ctx.cancelled:
-                raise StageFailed("the build was cancelled") from None
-            details = error_summary(relay.errors) or str(exc)
-            hint = "see the node's log for TensorRT's full output"
-            if "could not parse onnx" in details.lower():
-                hint = (f"the ONNX parser of {backend} {version} rejected the node named above: run the simplify "
-                        "stage, export with another opset, or replace the operator; the node's log has the details")
-            if params.fail_on_timing_cache_miss and "timing cache" in details.lower():
-                hint = ("the shared timing cache lacks a tactic this build needs: build once with "
-                        "fail_on_timing_cache_miss: false to fill it")
-            raise StageFailed(f"{backend} {version} could not build {model_path.name}: {details}", hint=hint) from None
-        inputs_record = io_record(network.num_inputs, network.get_input)
-        outputs_record = io_record(network.num_outputs, network.get_output)
-        layers = network.num_layers
+    timing = timing_cache(ctx, backend, version, params.timing_cache, config_kwargs)
+    built = build_engine(ctx, trt, backend, model_path, profiles, plan, config_kwargs, params.precision, timing,
+                         fail_on_timing_cache_miss=params.fail_on_timing_cache_miss,
+                         repro=trt_build_repro(model_path, backend, profiles, plan.strongly_typed, plan.flags),
+                         hint=hint_text(memory_findings(model_path, 4.0, f"a {backend} build")))
 
     engine_path = ctx.output("engine")
     with open(engine_path, "wb") as f:
-        f.write(memoryview(engine))
+        f.write(memoryview(built.engine))
     engine_size = engine_path.stat().st_size
-    del engine
-
-    if shared is not None:
-        with shared.lock():
-            merged = merge_timing_caches(trt, [shared.read_bytes() or b"", saved_cache.read_bytes()])
-            shared.replace_atomically(merged)
-        timing.update({"digest_after": blob_digest(merged), "bytes_after": len(merged)})
+    built.engine = None  # the engine's bytes leave memory before the audit deserialises it
+    timing.merge_back(trt)
 
     profiles_record = [spec.model_dump() for spec in profiles]
     record = provenance(backend, trt, {
@@ -482,33 +405,40 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         "profiles": profiles_record,
         "onnx": {"file": model_path.name, "digest": hash_file_content(model_path),
                  "size_bytes": model_path.stat().st_size, "inputs": facts.inputs},
-        "network": {"layers": layers, "inputs": inputs_record, "outputs": outputs_record},
-        "timing_cache": timing,
-        "parse_seconds": round(parse_seconds, 4),
-        "build_seconds": round(build_seconds, 4),
+        "network": {"layers": built.layers, "inputs": built.inputs, "outputs": built.outputs},
+        "timing_cache": timing.record,
+        "parse_seconds": round(built.parse_seconds, 4),
+        "build_seconds": round(built.build_seconds, 4),
         "engine_bytes": engine_size,
         "engine_digest": hash_file_content(engine_path),
     }, gpu_index=ctx.gpu)
     ctx.output("provenance").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     engine_audit = audit_engine(ctx, params.precision, backend, engine_path, ctx.output("provenance"))
-    record["precision"] = {"requested": params.precision, "network": network_audit, "engine": engine_audit}
+    record["precision"] = {"requested": params.precision, "network": built.network_audit, "engine": engine_audit}
     ctx.output("provenance").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    ctx.progress(1.0, f"engine {engine_size} bytes in {build_seconds:.2f} s")
-    ctx.log.info("built %s with %s %s in %.2f s: %d bytes", model_path.name, backend, version, build_seconds,
+    ctx.progress(1.0, f"engine {engine_size} bytes in {built.build_seconds:.2f} s")
+    ctx.log.info("built %s with %s %s in %.2f s: %d bytes", model_path.name, backend, version, built.build_seconds,
                  engine_size)
+    return _summary(params, record, built, plan, profiles, engine_audit)
+
+
+def _summary(params: Params, record: dict[str, Any], built: BuiltEngine, plan: PrecisionPlan,
+             profiles: list[ProfileSpec], engine_audit: dict[str, Any]) -> dict[str, Any]:
+    """What the node's manifest keeps of engine.json (``record``): enough for validate, benchmark and the reports."""
+    network_audit = built.network_audit
     return {
-        "backend": backend,
-        "version": version,
+        "backend": record["backend"],
+        "version": record["version"],
         "precision": params.precision,
         "strongly_typed": plan.strongly_typed,
         "precision_flags": list(plan.flags),
         "profiles": [spec.name for spec in profiles],
         "gpu": record["gpu"],
-        "engine_bytes": engine_size,
-        "build_seconds": round(build_seconds, 4),
-        "parse_seconds": round(parse_seconds, 4),
-        "layers": layers,
-        "timing_cache": timing["status"],
+        "engine_bytes": record["engine_bytes"],
+        "build_seconds": record["build_seconds"],
+        "parse_seconds": record["parse_seconds"],
+        "layers": built.layers,
+        "timing_cache": record["timing_cache"]["status"],
         "onnx_digest": record["onnx"]["digest"],
         "precision_audit": {
             "network": network_audit["by_precision"],
@@ -516,7 +446,6 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
             "engine": engine_audit.get("by_precision") if engine_audit.get("inspected") else engine_audit["reason"],
         },
     }
-
 
 stage = Stage(
     name="build",

@@ -9,10 +9,7 @@ The summary says how many nodes were converted and which stayed in fp32.
 from __future__ import annotations
 
 import json
-import logging
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,16 +20,16 @@ from trtflow.stage import (
     ONNX,
     Input,
     Output,
-    RecipeError,
     Stage,
     StageContext,
     StageFailed,
     StageParams,
     StageSkipped,
 )
-from trtflow_stages.accuracy.diagnosis import autocast_repro, modelopt_step
-from trtflow_stages.data import DataSource
-from trtflow_stages.precision.modelopt import (
+
+from .accuracy.diagnosis import autocast_repro, modelopt_step
+from .data import DataSource
+from .precision.modelopt import (
     check_node_patterns,
     check_op_types,
     convert_memory,
@@ -41,7 +38,7 @@ from trtflow_stages.precision.modelopt import (
     modelopt_resources,
     private_model_copy,
 )
-from trtflow_stages.runtimes.ort import OrtOptions
+from .runtimes.ort import OrtOptions
 
 FP16_MAX = 65504.0
 AUTOCAST_DATA_MAX = 512.0  # modelopt.onnx.autocast.convert.DEFAULT_DATA_MAX
@@ -169,11 +166,9 @@ def check(params: Params) -> None:
 
 
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
-    import numpy as np
     import onnx
 
-    from trtflow_stages.data import batch_rows, onnx_input_specs, open_dataset
-    from trtflow_stages.precision.modelopt import streamed_reference_run
+    from .precision.autocast import autocast_arguments, convert_model, reference_data
 
     model_path = private_model_copy(inputs["model"], ctx.scratch / "input")
     check_node_patterns(model_path, {"nodes_to_exclude": params.nodes_to_exclude,
@@ -183,70 +178,13 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         if absent:
             ctx.log.warning("%s: the model has no node of op type %s (misspelt?)", field, absent)
 
-    dataset = None
-    batch_size = 1
-    reference_path: str | None = None
-    if params.uses_data:
-        assert params.calibration_data is not None
-        ctx.progress(0.05, f"reading reference data ({params.calibration_data.describe()})")
-        specs = onnx_input_specs(model_path)
-        dataset = open_dataset(params.calibration_data, specs, ctx.resolve, ctx.log)
-        try:
-            batch_size, _ = batch_rows(specs, params.calibration_batch_size)
-        except ValueError as error:
-            raise RecipeError(str(error), field="calibration_batch_size",
-                              hint="leave calibration_batch_size out to use the model's batch") from None
-        # The first batch alone goes to a file: for the reproduction command and the ONNX Runtime check.
-        reference_file = ctx.scratch / "reference.npz"
-        np.savez(reference_file, **next(dataset.batches(batch_size)))
-        reference_path = str(reference_file)
-    elif params.calibration_data is not None:
-        ctx.log.info("data_max is null: no reference run, calibration_data is not used")
-    elif params.data_max is not None:
-        ctx.log.warning("no calibration_data: AutoCast measures ranges on random inputs in [-1, 1]")
-
+    reference = reference_data(ctx, model_path, params)
+    reference_path = str(reference.path) if reference.path is not None else None
     original_casts = _count_op(model_path, "Cast")
     ctx.progress(0.1, f"converting to {params.precision} with ModelOpt AutoCast")
-    from modelopt.onnx.autocast import convert_to_mixed_precision
-
-    def reference_progress(done: int, total: int) -> None:
-        ctx.progress(0.1 + 0.7 * done / total, f"reference run: batch {done}/{total}")
-
-    repro = _autocast_repro(model_path, params, reference_path)
-    try:
-        with _forward_logs("modelopt.onnx.autocast", ctx.log), ExitStack() as stack:
-            if dataset is not None:
-                stack.enter_context(streamed_reference_run(dataset, batch_size, str(ctx.scratch),
-                                                           reference_progress))
-            stack.enter_context(modelopt_step(ctx, model_path, f"converting to {params.precision} (AutoCast)",
-                                              repro))
-            converted = convert_to_mixed_precision(
-                onnx_path=str(model_path),
-                low_precision_type=params.precision,
-                nodes_to_exclude=params.nodes_to_exclude,
-                op_types_to_exclude=params.op_types_to_exclude,
-                nodes_to_include=params.nodes_to_include,
-                op_types_to_include=params.op_types_to_include,
-                data_max=np.inf if params.data_max is None else params.data_max,
-                init_max=params.init_max,
-                keep_io_types=params.keep_io_types,
-                calibration_data=None,
-                init_conversion_max_bytes=params.init_conversion_max_bytes,
-                providers=list(params.calibration_eps),
-                max_depth_of_reduction=params.max_depth_of_reduction,
-                opset=params.opset,
-            )
-    except (StageFailed, RecipeError):
-        raise
-    except Exception as error:
-        ctx.log.exception("AutoCast failed")
-        hint = "the node's log holds AutoCast's messages and the traceback"
-        if params.data_max is not None:
-            hint = ("AutoCast runs the fp32 model on ONNX Runtime to measure ranges: give calibration_data "
-                    "with real input shapes, or set data_max: null to skip that run; " + hint)
-        raise StageFailed(f"AutoCast {params.precision} conversion failed: {type(error).__name__}: {error}",
-                          hint=hint) from error
-    rows = dataset.rows if dataset is not None else 0
+    repro = autocast_repro(model_path, params.precision, reference.path, autocast_arguments(params))
+    converted = convert_model(ctx, model_path, params, reference,
+                              modelopt_step(ctx, model_path, f"converting to {params.precision} (AutoCast)", repro))
 
     dim_names = _clean_dim_names(ctx, converted)
     ctx.progress(0.85, "saving the converted model")
@@ -262,8 +200,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         "precision": params.precision,
         "keep_io_types": params.keep_io_types,
         "reference_data": _reference_kind(params),
-        "reference_samples": rows,
-        "reference_batch_size": batch_size if dataset is not None else None,
+        "reference_samples": reference.rows,
+        "reference_batch_size": reference.batch_size if reference.dataset is not None else None,
         "data_max": params.data_max,
         "init_max": params.init_max,
         "cast_nodes": {"before": original_casts, "after": counts.pop("cast_nodes")},
@@ -280,16 +218,6 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     ctx.progress(1.0, f"{counts['converted_nodes']} nodes in {params.precision}, "
                       f"{counts['fp32_nodes']} kept in fp32")
     return summary
-
-
-def _autocast_repro(model_path: Path, params: Params, reference_path: str | None) -> str:
-    return autocast_repro(model_path, params.precision, Path(reference_path) if reference_path else None, {
-        "nodes_to_exclude": params.nodes_to_exclude, "op_types_to_exclude": params.op_types_to_exclude,
-        "nodes_to_include": params.nodes_to_include, "op_types_to_include": params.op_types_to_include,
-        "data_max": params.data_max, "init_max": params.init_max, "keep_io_types": params.keep_io_types,
-        "init_conversion_max_bytes": params.init_conversion_max_bytes, "providers": params.calibration_eps,
-        "max_depth_of_reduction": params.max_depth_of_reduction, "opset": params.opset,
-    })
 
 
 def _clean_dim_names(ctx: StageContext, model: Any) -> dict[str, Any]:
@@ -431,27 +359,6 @@ def _reference_kind(params: Params) -> str | None:
     if params.calibration_data is None:
         return "autocast-random"
     return "random" if params.calibration_data.is_random else params.calibration_data.kind
-
-
-class _Forward(logging.Handler):
-    def __init__(self, target: logging.Logger) -> None:
-        super().__init__()
-        self.target = target
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.target.log(record.levelno, "%s", record.getMessage())
-
-
-@contextmanager
-def _forward_logs(name: str, target: logging.Logger) -> Iterator[None]:
-    """Copy a library logger's records into the node's log while the library runs."""
-    source = logging.getLogger(name)
-    handler = _Forward(target)
-    source.addHandler(handler)
-    try:
-        yield
-    finally:
-        source.removeHandler(handler)
 
 
 stage = Stage(

@@ -24,16 +24,15 @@ from trtflow.stage import (
     EnvironmentUnavailable,
     Input,
     Output,
-    RecipeError,
     Stage,
     StageContext,
-    StageFailed,
     StageParams,
     StageSkipped,
 )
-from trtflow_stages.data import DataSource
-from trtflow_stages.formats.torch_source import TORCH_SOURCE
-from trtflow_stages.precision.modelopt import (
+
+from .data import DataSource
+from .formats.torch_source import TORCH_SOURCE
+from .precision.modelopt import (
     check_node_patterns,
     check_op_types,
     modelopt_environment,
@@ -42,7 +41,7 @@ from trtflow_stages.precision.modelopt import (
     private_model_copy,
     quantize_memory,
 )
-from trtflow_stages.precision.torch_route import (
+from .precision.torch_route import (
     MODELOPT_CHECKPOINT,
     TORCH_METHODS,
     TORCH_MODES,
@@ -64,8 +63,6 @@ METHODS: dict[str, tuple[str, ...]] = {
 DEFAULT_METHOD = {"int8": "entropy", "fp8": "entropy", "int4": "awq_clip", "nvfp4": "max", "mxfp8": "max"}
 # int4 methods that read only the weights, so they need no calibration data.
 WEIGHT_ONLY_METHODS = ("rtn", "rtn_dq")
-# ModelOpt's ONNX PTQ converts the non-quantized rest of an int8/fp8 model to this by default.
-MODELOPT_DEFAULT_HIGH_PRECISION = "fp16"
 # The ops whose inputs "weighted" placement quantizes: those that multiply an activation by a weight.
 WEIGHTED_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 _EP_PATTERN = re.compile(r"^(cpu|trt|NvTensorRtRtx|cuda:\d+|dml:\d+)$")
@@ -266,8 +263,9 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     if params.mode in TORCH_MODES:
         return run_torch(ctx, inputs, params)
 
-    from trtflow_stages.data import batch_rows, onnx_input_specs, open_dataset
-    from trtflow_stages.precision.modelopt import calibration_reader
+    from .accuracy.calibration import quantize_and_check
+    from .data import onnx_input_specs
+    from .precision.onnx_ptq import Quantizer, calibration_input, high_precision_dtype
 
     model_path = private_model_copy(inputs["model"], ctx.scratch / "input")
     check_node_patterns(
@@ -277,117 +275,12 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         absent = check_op_types(model_path, field, getattr(params, field))
         if absent:
             ctx.log.warning("%s: the model has no node of op type %s (misspelt?)", field, absent)
-    specs = onnx_input_specs(model_path)
-    reader = None
-    rows = 0
-    batch_size = None
-    if params.uses_data:
-        assert params.calibration_data is not None
-        ctx.progress(0.05, f"reading calibration data ({params.calibration_data.describe()})")
-        dataset = open_dataset(params.calibration_data, specs, ctx.resolve, ctx.log)
-        rows = dataset.rows
-        try:
-            batch_size, _ = batch_rows(specs, params.calibration_batch_size)
-        except ValueError as error:
-            raise RecipeError(str(error), field="calibration_batch_size",
-                              hint="leave calibration_batch_size out to use the model's batch") from None
-        if params.calibration_data.is_random:
-            ctx.log.warning("calibrating with RANDOM data: the scales say nothing about real inputs; use "
-                            "it for smoke tests only")
-
-        def calibration_progress(done: int, total: int) -> None:
-            then = "; computing scales and writing the model" if done == total else ""
-            ctx.progress(0.1 + 0.7 * done / total, f"calibrating: batch {done}/{total}{then}")
-
-        reader = calibration_reader(dataset, batch_size, calibration_progress)
-    elif params.calibration_data is not None:
-        ctx.log.info("calibration_method %s reads only the weights: calibration_data is not used",
-                     params.method)
-
+    calibration = calibration_input(ctx, onnx_input_specs(model_path), params)
     placement = choose_placement(model_path, params)
     ctx.log.info("Q/DQ placement: %s (%s)", placement.name, placement.reason)
-    out_dir = ctx.scratch / "quantized"
-    log_file = ctx.scratch / "modelopt.log"
-    kwargs: dict[str, Any] = {}
-    nodes_to_exclude = list(params.nodes_to_exclude or [])
-    if params.mode in ("int8", "fp8"):
-        kwargs.update(
-            op_types_to_quantize=params.op_types_to_quantize,
-            op_types_to_exclude=params.op_types_to_exclude,
-            nodes_to_quantize=params.nodes_to_quantize,
-            high_precision_dtype=params.high_precision_dtype or MODELOPT_DEFAULT_HIGH_PRECISION,
-        )
-        if placement.name == "weighted":
-            kwargs.update(op_types_to_quantize=list(placement.op_types), disable_mha_qdq=True)
-            nodes_to_exclude += [f"{re.escape(name)}$" for name in placement.unquantized_matmuls]
-    if params.block_size is not None:
-        kwargs["block_size"] = params.block_size
-
-    def quantize_with(method: str, folder: Path) -> Path:
-        """ModelOpt's quantization with calibration ``method`` into ``folder``; the quantized model's path."""
-        from modelopt.onnx.quantization import quantize
-
-        folder.mkdir(parents=True, exist_ok=True)
-        target = folder / "model.onnx"
-        ctx.progress(0.1, f"quantizing to {params.mode} ({method}) with ModelOpt")
-        try:
-            with ctx.native_step("modelopt", f"quantizing the model to {params.mode} (calibration runs the model "
-                                 "on ONNX Runtime)"):
-                quantize(
-                    str(model_path),
-                    quantize_mode=params.mode,
-                    calibration_data_reader=calibration_reader(dataset, batch_size, calibration_progress)
-                    if reader is not None else None,
-                    calibration_method=method,
-                    calibration_eps=list(params.calibration_eps),
-                    nodes_to_exclude=nodes_to_exclude or None,
-                    use_external_data_format=params.use_external_data_format,
-                    simplify=params.simplify,
-                    output_path=str(target),
-                    log_level="INFO",
-                    log_file=str(log_file),
-                    **kwargs,
-                )
-        except (StageFailed, RecipeError):
-            raise
-        except Exception as error:
-            ctx.log.exception("ModelOpt quantization failed")
-            raise StageFailed(
-                f"ModelOpt {params.mode} quantization ({method}) failed: {type(error).__name__}: {error}",
-                hint="the node's log holds ModelOpt's log and the traceback; try excluding the failing nodes "
-                "with nodes_to_exclude",
-            ) from error
-        finally:
-            _relay_log(log_file, ctx)
-        if not target.exists():
-            raise StageFailed(f"ModelOpt wrote no quantized model to {target}",
-                              hint="see ModelOpt's messages in the node's log")
-        return target
-
-    method = params.method
-    recovery: dict[str, Any] | None = None
-    recoverable = reader is not None and params.mode in ("int8", "fp8") and params.calibration_method is None
-    try:
-        quantized_path = quantize_with(method, out_dir)
-    except StageFailed as failed:
-        if not recoverable:
-            raise
-        # the calibrator itself failed on the data (entropy: "Too many bins for data range"): the other method
-        from trtflow_stages.accuracy.calibration import FALLBACK
-
-        method = FALLBACK[params.method]
-        ctx.log.warning("calibration %s failed (%s): trying %s", params.method, failed.message, method)
-        try:
-            quantized_path = quantize_with(method, ctx.scratch / f"quantized-{method}")
-        except StageFailed as again:
-            raise StageFailed(f"{failed.message}; retried with calibration_method {method}, which failed too: "
-                              f"{again.message}", hint=failed.hint) from None
-        recovery = {"tried": [{"method": params.method, "error": failed.message}], "chosen": method,
-                    "reason": f"calibration {params.method} failed on the calibration data ({failed.message}); "
-                    f"{method} worked"}
-    if recovery is None and reader is not None and params.mode in ("int8", "fp8"):
-        method, quantized_path, recovery = _numeric_recovery(ctx, params, model_path, quantized_path, dataset,
-                                                             batch_size, quantize_with)
+    quantize_with = Quantizer(ctx, model_path, params, placement, calibration)
+    method, quantized_path, recovery = quantize_and_check(ctx, params, quantize_with, calibration, model_path,
+                                                          ctx.scratch / "quantized")
     ctx.progress(0.9, "counting quantized nodes")
     model = onnx.load(str(quantized_path), load_external_data=False)
     counts = count_quantized(model)
@@ -402,14 +295,13 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         **({"calibration_recovery": recovery} if recovery else {}),
         "calibrated": bool(params.uses_data and data is not None and not data.uncalibrated),
         "calibration_data": data.kind if params.uses_data and data is not None else None,
-        "calibration_samples": rows,
-        "calibration_batch_size": batch_size,
+        "calibration_samples": calibration.rows,
+        "calibration_batch_size": calibration.batch_size,
         "quantize_ops": placement.name,
         "quantize_ops_reason": placement.reason,
         "unquantized_activation_matmuls": len(placement.unquantized_matmuls),
         "calibration_eps": list(params.calibration_eps),
-        "high_precision_dtype": (params.high_precision_dtype or MODELOPT_DEFAULT_HIGH_PRECISION)
-        if params.mode in ("int8", "fp8") else None,
+        "high_precision_dtype": high_precision_dtype(params),
         "opset": _opset(model),
         "external_data": ctx.output("weights").exists(),
         **counts,
@@ -420,43 +312,6 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     ctx.output("summary").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     ctx.progress(1.0, f"{counts['quantized_nodes']} nodes quantized")
     return summary
-
-
-def _numeric_recovery(ctx: StageContext, params: Params, original: Path, quantized: Path, dataset: Any,
-                      batch_size: int, quantize_with: Any) -> tuple[str, Path, dict[str, Any] | None]:
-    """(method, model, record): a calibration that failed numerically (`accuracy.calibration`) retried with the
-    other method when the method was ModelOpt's default; the model that agrees better with the original is kept."""
-    from trtflow_stages.accuracy.calibration import FALLBACK, agreement, calibration_batches, session
-
-    batches = calibration_batches(dataset, batch_size)
-    reference = session(original, ctx.log)
-    try:
-        first = agreement(params.method, reference, session(quantized, ctx.log), batches)
-    except Exception as exc:  # ONNX Runtime's CPU kernels lack some fp8 ops TensorRT has
-        reason = (f"ONNX Runtime cannot run the quantized model here ({type(exc).__name__}: "
-                  f"{str(exc).splitlines()[0][:300]}), so the numeric check of the calibration was not made; "
-                  "validate on the engine judges its accuracy")
-        ctx.log.warning("%s", reason)
-        return params.method, quantized, {"tried": [], "chosen": params.method, "checked": False, "reason": reason}
-    ctx.log.info("quantized model vs the original on calibration data: %s", first.describe())
-    if not first.failed:
-        return params.method, quantized, None
-    if params.calibration_method is not None:  # the recipe chose it: said, not overridden
-        ctx.log.warning("calibration %s failed numerically (%s); calibration_method: %s might not",
-                        params.method, first.describe(), FALLBACK[params.method])
-        return params.method, quantized, {"tried": [first.record()], "chosen": params.method,
-                                          "reason": f"failed numerically ({first.describe()}); the recipe chose "
-                                          "the method, so it is kept"}
-    other = FALLBACK[params.method]
-    ctx.log.warning("calibration %s failed numerically (%s): trying %s", params.method, first.describe(), other)
-    retried = quantize_with(other, quantized.parent.parent / f"quantized-{other}")
-    second = agreement(other, reference, session(retried, ctx.log), batches)
-    ctx.log.info("with %s: %s", other, second.describe())
-    better = second if second.score > first.score else first
-    reason = (f"{first.describe()}: a broken calibration, not a lossy one; retried with {other} "
-              f"({second.describe()}); kept {better.method}")
-    return better.method, retried if better is second else quantized, {
-        "tried": [first.record(), second.record()], "chosen": better.method, "reason": reason}
 
 
 @dataclass(frozen=True)
@@ -591,12 +446,6 @@ def count_quantized(model: Any) -> dict[str, Any]:
 
 def _opset(model: Any) -> int | None:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-
-
-def _relay_log(log_file: Path, ctx: StageContext) -> None:
-    if log_file.exists():
-        for line in log_file.read_text(encoding="utf-8", errors="replace").splitlines():
-            ctx.log.info("%s", line)
 
 
 stage = Stage(

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,7 +39,6 @@ from trtflow.stage import (
     RecipeError,
     Stage,
     StageContext,
-    StageFailed,
     StageParams,
     StageSkipped,
 )
@@ -58,7 +57,7 @@ from .accuracy.compare import (
     resolved_tolerance,
 )
 from .accuracy.generation import GenerationCheck, judge_generation
-from .data import DataSource, batch_rows, data_files, onnx_input_specs, open_dataset
+from .data import DataSource, data_files, onnx_input_specs
 from .formats.onnx_model import candidate_kind
 from .runtimes.ort import OrtOptions
 from .runtimes.tensorrt import FLAVOURS as TRT_FLAVOURS
@@ -202,43 +201,6 @@ def candidate_origin(candidate: Path) -> dict[str, Any] | None:
     return None
 
 
-def _ort_hint(path: Path, options: OrtOptions) -> str | None:
-    """A known ONNX Runtime crash this model and these options may hit, and the setting that avoids it."""
-    import onnx
-
-    if options.graph_optimization_level not in ("all", "layout") or "NchwcTransformer" in options.disabled_optimizers:
-        return None
-    model = onnx.load(str(path), load_external_data=False)
-    if any(init.data_type == onnx.TensorProto.FLOAT16 for init in model.graph.initializer):
-        return ("ONNX Runtime's CPU layout optimiser (NchwcTransformer) is known to crash on some fp16 models: set "
-                "onnxruntime: {disabled_optimizers: [NchwcTransformer]} (or graph_optimization_level: extended) "
-                "in this node's params")
-    return None
-
-
-def _ort_repro(options: OrtOptions, which: str) -> str:
-    level = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
-             "layout": "ORT_ENABLE_ALL", "all": "ORT_ENABLE_ALL"}[options.graph_optimization_level]
-    disabled = f", disabled_optimizers={options.disabled_optimizers!r}" if options.disabled_optimizers else ""
-    return (f"python -c \"import onnxruntime as o; s = o.SessionOptions(); s.graph_optimization_level = "
-            f"o.GraphOptimizationLevel.{level}; o.InferenceSession('MODEL.onnx', s, "
-            f"providers=['CPUExecutionProvider']{disabled})\"  (MODEL.onnx: the {which} model)")
-
-
-def _settings(ctx: StageContext, model: Path, params: Params, which: str, settings: dict[str, Any],
-              recorded_beside: Path | None = None) -> OrtOptions:
-    """The ONNX Runtime options for one model: the recipe's, narrowed by what its producer recorded, checked in a
-    child process (a crash there is recovered from: `accuracy.recovery`); recorded in ``settings[which]``."""
-    from .accuracy.recovery import merge, recorded_settings, recover
-
-    options = merge(params.onnxruntime, recorded_settings(recorded_beside or model))
-    found = recover(model, options, log=ctx.log)
-    settings[which] = found.record()
-    if found.recovered:
-        ctx.log.warning("%s model: %s", which, found.note())
-    return found.options
-
-
 # -- measuring ------------------------------------------------------------------------------------------------
 
 
@@ -286,18 +248,8 @@ def memory(params: Params, input_sizes: Mapping[str, int]) -> int:
 
 # -- the stage ---------------------------------------------------------------------------------------------------
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
-    import numpy as np
-
-    from .accuracy.ort_fixes import fix_for_onnxruntime
-    from .runtimes.runners import engine_session_runner, onnx_runner, run_over
-    from .runtimes.trt_runtime import (
-        engine_backend,
-        open_engine,
-        provenance_for,
-        read_provenance,
-        runtime_available,
-        runtime_needs,
-    )
+    from .accuracy.passes import candidate_pass, data_passes, reference_pass, saved_reference
+    from .runtimes.candidate import open_candidate
 
     if params.generation is not None:
         return _finish(ctx, params, _validate_generation(ctx, inputs, params))
@@ -308,138 +260,60 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
                           "'reference_outputs' param (a .npz of saved outputs)",
                           field="reference_outputs")
     candidate_path = inputs["candidate"]
-    kind = candidate_kind(candidate_path)
-    if kind == "onnx" and params.backend in TRT_FLAVOURS:
-        raise RecipeError(f"backend {params.backend} runs engines, but the candidate is an ONNX model",
-                          field="backend", hint="connect the build stage's engine, or set backend: onnxruntime")
-    if kind == "engine" and params.backend == "onnxruntime":
-        raise RecipeError("backend onnxruntime runs ONNX models, but the candidate is an engine", field="backend",
-                          hint="set backend: auto (or the engine's TensorRT flavour)")
-
-    session = None
-    candidate_desc = "onnxruntime (CPU)"
-    if kind == "engine":
-        provenance = provenance_for(candidate_path, inputs.get("provenance"))
-        manifest = read_provenance(provenance)
-        flavour = engine_backend("auto" if params.backend == "auto" else params.backend, manifest)
-        reason = runtime_available(flavour, ctx.gpu)
-        if reason:
-            raise StageSkipped(f"cannot run the engine candidate: {reason}", needs=runtime_needs(flavour))
-        if manifest is None:
-            ctx.log.warning("no provenance (engine.json) for the engine: its flavour/version/GPU are not checked")
-        session = open_engine(candidate_path, provenance, flavour, ctx.gpu)
-        candidate_desc = f"{flavour} engine"
-
+    opened = open_candidate(ctx, candidate_path, params.backend, provenance=inputs.get("provenance"))
     # The inputs: from the reference model when there is one, else from the candidate.
-    if has_reference:
-        specs = onnx_input_specs(inputs["reference"])
-    elif kind == "onnx":
-        specs = onnx_input_specs(candidate_path)
-    else:
-        assert session is not None
-        specs = session.input_specs()
-    try:
-        batch_size, drop_last = batch_rows(specs, params.batch_size)
-    except ValueError as error:
-        raise RecipeError(str(error), field="batch_size", hint="set batch_size to the model's batch or leave it "
-                          "out") from None
-    ctx.progress(0.05, f"reading {params.data.describe()}")
-    dataset = open_dataset(params.data, specs, ctx.resolve, ctx.log)
-    total = dataset.num_batches(batch_size, drop_last)
-    if total == 0:
-        raise StageFailed(f"the data has fewer rows than one batch of {batch_size}",
-                          hint="give more samples or a smaller batch_size")
-    rows = dataset.rows if not drop_last else total * batch_size
+    specs = onnx_input_specs(inputs["reference"]) if has_reference else opened.input_specs()
+    assert specs is not None  # the candidate input is required
+    passes = data_passes(ctx, params.data, specs, params.batch_size)
 
-    def batches() -> Iterator[dict[str, Any]]:
-        return dataset.batches(batch_size, drop_last)
-
-    def reporter(start: float, label: str) -> Callable[[int, int], None]:
-        return lambda done, count: ctx.progress(start + 0.4 * done / count, f"{label}: batch {done}/{count}")
-
-    rewrites: list[str] = []
     settings: dict[str, Any] = {}
-    reference: dict[str, Any]
     if has_reference:
-        path = inputs["reference"]
-        options = _settings(ctx, path, params, "reference", settings)
-        with ctx.native_step("onnxruntime", "running the reference model", repro=_ort_repro(options, "reference"),
-                             hint=_ort_hint(path, options)):
-            reference = run_over(onnx_runner(path, "reference", options), batches, total, reporter(0.1, "reference"))
-    if params.backend == "fake-quant":
-        from .accuracy.fake_quant import fake_quant_runner
-
-        candidate_desc = "fake-quantized PyTorch model (CUDA)"
-        with ctx.native_step("modelopt", "running the fake-quantized PyTorch model"):
-            candidate = run_over(fake_quant_runner(candidate_path, ctx.load_callable, "candidate"), batches, total,
-                                 reporter(0.5, "candidate"))
-    elif session is None:
-        from .accuracy.fake_quant import refuse_onnxruntime
-
-        refuse_onnxruntime(candidate_path)
-        fixed_path, fixes = fix_for_onnxruntime(candidate_path, ctx.scratch / "candidate")
-        rewrites += [fix.reason for fix in fixes]
-        for note in rewrites:
-            ctx.log.info("candidate rewritten for ONNX Runtime: %s", note)
-        options = _settings(ctx, fixed_path, params, "candidate", settings, candidate_path)
-        with ctx.native_step("onnxruntime", "running the candidate model", repro=_ort_repro(options, "candidate"),
-                             hint=_ort_hint(candidate_path, options)):
-            candidate = run_over(onnx_runner(fixed_path, "candidate", options), batches, total,
-                                 reporter(0.5, "candidate"))
-    else:
-        with ctx.native_step(candidate_desc, "running the engine candidate"):
-            candidate = run_over(engine_session_runner(session, "candidate"), batches, total,
-                                 reporter(0.5, "candidate"))
+        reference = reference_pass(ctx, inputs["reference"], params.onnxruntime, passes, settings)
+    ran = candidate_pass(ctx, opened, params.onnxruntime, passes, settings)
     if not has_reference:
         assert params.reference_outputs is not None
-        path = ctx.resolve(params.reference_outputs)
-        try:
-            with np.load(path, allow_pickle=False) as saved:
-                reference = {name: saved[name] for name in saved.files}
-        except (OSError, ValueError) as error:
-            raise StageFailed(f"cannot read reference outputs {params.reference_outputs}: {error}",
-                              hint="save them with numpy.savez(path, output_name=array, ...)") from error
-        for name, array in reference.items():
-            if name in candidate and array.shape[0] != candidate[name].shape[0]:
-                raise StageFailed(
-                    f"reference_outputs {name!r} has {array.shape[0]} rows but the candidate produced "
-                    f"{candidate[name].shape[0]} from {rows} data rows",
-                    hint="save reference outputs for exactly the rows of the data (same order)")
+        reference = saved_reference(ctx.resolve(params.reference_outputs), params.reference_outputs, ran.outputs,
+                                    passes.rows)
 
     ctx.progress(0.92, "comparing")
     origin = candidate_origin(candidate_path)
     expect = expected_precision(params.expect, origin)
-    outputs = compare_outputs(reference, candidate, params, expect)
+    outputs = compare_outputs(reference, ran.outputs, params, expect)
     task_metrics: dict[str, float] = {}
     if params.task_metric:
         from trtflow.callables import load_callable
 
         function = load_callable(params.task_metric, ctx.resolve, "task metric")
-        task_metrics = measure_task_metric(function, reference, candidate, params)
+        task_metrics = measure_task_metric(function, reference, ran.outputs, params)
 
     metrics = {
         "node": ctx.node,
         "reference": "onnxruntime (CPU)" if has_reference else f"saved outputs {params.reference_outputs}",
-        "candidate": candidate_desc,
+        "candidate": ran.described,
         "candidate_origin": origin,
         "expect": expect,
         "data": params.data.describe(),
         "uncalibrated_data": params.data.uncalibrated,
-        "rows": rows,
-        "batches": total,
-        "batch_size": batch_size,
+        "rows": passes.rows,
+        "batches": passes.total,
+        "batch_size": passes.batch_size,
         "onnxruntime": params.onnxruntime.model_dump(),
         "runtime_settings": settings,
-        "notes": [f"{which} model: {entry['recovered_from']}; ran with {entry['onnxruntime']}"
-                  for which, entry in settings.items() if "recovered_from" in entry],
-        "onnxruntime_rewrites": rewrites,
+        "notes": _notes(settings),
+        "onnxruntime_rewrites": ran.rewrites,
         "outputs": outputs,
         "task_metrics": task_metrics,
     }
     metrics = _finish(ctx, params, metrics)
     worst = min((entry["cosine_similarity"] for entry in outputs.values()), default=math.nan)
-    ctx.progress(1.0, f"measured {len(outputs)} output(s) on {rows} rows; lowest cosine similarity {worst:.4f}")
+    ctx.progress(1.0, f"measured {len(outputs)} output(s) on {passes.rows} rows; lowest cosine similarity {worst:.4f}")
     return metrics
+
+
+def _notes(settings: Mapping[str, Any]) -> list[str]:
+    """A line per model whose ONNX Runtime options were recovered from a crash, and what it ran with."""
+    return [f"{which} model: {entry['recovered_from']}; ran with {entry['onnxruntime']}"
+            for which, entry in settings.items() if "recovered_from" in entry]
 
 
 def _finish(ctx: StageContext, params: Params, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -457,6 +331,7 @@ def _validate_generation(ctx: StageContext, inputs: dict[str, Path], params: Par
     """Greedy generation from prompts: the reference free, the candidate teacher-forced (`accuracy.generation`)."""
     from .accuracy.generation import compare_generation, decoder_reference, forced_candidate
     from .accuracy.ort_fixes import fix_for_onnxruntime
+    from .accuracy.passes import ort_hint, ort_repro, ort_settings
     from .data.prompts import load_prompts
     from .runtimes.generation import OrtDecoder
     from .runtimes.ort import create_session
@@ -470,19 +345,19 @@ def _validate_generation(ctx: StageContext, inputs: dict[str, Path], params: Par
         raise RecipeError("generation runs ONNX candidates with ONNX Runtime; this candidate is an engine",
                           field="generation", hint="validate the ONNX model the engine is built from")
     settings: dict[str, Any] = {}
-    reference_options = _settings(ctx, inputs["reference"], params, "reference", settings)
+    reference_options = ort_settings(ctx, inputs["reference"], params.onnxruntime, "reference", settings)
     fixed_path, fixes = fix_for_onnxruntime(candidate_path, ctx.scratch / "candidate")
-    candidate_options = _settings(ctx, fixed_path, params, "candidate", settings, candidate_path)
+    candidate_options = ort_settings(ctx, fixed_path, params.onnxruntime, "candidate", settings, candidate_path)
     check = params.generation
     with ctx.native_step("onnxruntime", "generating with the reference model",
-                         repro=_ort_repro(reference_options, "reference")):
+                         repro=ort_repro(reference_options, "reference")):
         reference_decoder = OrtDecoder(create_session(inputs["reference"], reference_options))
         prompts = load_prompts(check.prompts, reference_decoder.layout.vocab_size, ctx.resolve)
         ctx.progress(0.1, f"reference: greedy generation from {check.prompts.describe()}")
         reference = decoder_reference(reference_decoder, prompts, check.new_tokens)
     with ctx.native_step("onnxruntime", "running the candidate model on the reference's tokens",
-                         repro=_ort_repro(candidate_options, "candidate"), hint=_ort_hint(candidate_path,
-                                                                                        candidate_options)):
+                         repro=ort_repro(candidate_options, "candidate"), hint=ort_hint(candidate_path,
+                                                                                      candidate_options)):
         ctx.progress(0.5, "candidate: fed the reference's tokens (teacher forcing)")
         candidate = forced_candidate(OrtDecoder(create_session(fixed_path, candidate_options)), prompts, reference)
     record, joined_reference, joined_candidate = compare_generation(prompts, reference, candidate)
@@ -498,8 +373,7 @@ def _validate_generation(ctx: StageContext, inputs: dict[str, Path], params: Par
         "rows": sum(len(tokens) for tokens, _ in reference),
         "onnxruntime": params.onnxruntime.model_dump(),
         "runtime_settings": settings,
-        "notes": [f"{which} model: {entry['recovered_from']}; ran with {entry['onnxruntime']}"
-                  for which, entry in settings.items() if "recovered_from" in entry],
+        "notes": _notes(settings),
         "onnxruntime_rewrites": [fix.reason for fix in fixes],
         "outputs": compare_outputs(joined_reference, joined_candidate, params),
         "task_metrics": {},

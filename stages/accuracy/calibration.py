@@ -16,10 +16,12 @@ validate's job.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from trtflow.stage import StageContext, StageFailed
 
 #: Below this cosine similarity, or above this relative error (on calibration data), a quantized model is broken,
 #: not merely lossy (a clipped range keeps the direction of the outputs but not their size: both are needed).
@@ -112,3 +114,83 @@ def session(path: Path, log: Any = None) -> Any:
     from .recovery import recover
 
     return create_session(path, recover(path, log=log).options)
+
+
+class CalibrationParams(Protocol):
+    """What the recovery reads of a quantize node's params (the quantize stage's ``Params``)."""
+
+    @property
+    def mode(self) -> str: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def calibration_method(self) -> str | None: ...
+
+
+def quantize_and_check(ctx: StageContext, params: CalibrationParams, quantize_with: Callable[[str, Path], Path],
+                       calibration: Any, original: Path, folder: Path) -> tuple[str, Path, dict[str, Any] | None]:
+    """(method, model, recovery record): the model quantized by ``quantize_with`` (a `precision.onnx_ptq.Quantizer`)
+    with the node's method into ``folder``; an int8/fp8 calibration that fails on the data (the calibrator raises)
+    or numerically (`agreement`) is retried with the other method (`FALLBACK`) where the recipe left the method
+    to ModelOpt, and the record says what was tried and kept."""
+    method = params.method
+    recovery: dict[str, Any] | None = None
+    calibrated = calibration.dataset is not None and params.mode in ("int8", "fp8")
+    recoverable = calibrated and params.calibration_method is None
+    try:
+        quantized_path = quantize_with(method, folder)
+    except StageFailed as failed:
+        if not recoverable:
+            raise
+        # the calibrator itself failed on the data (entropy: "Too many bins for data range"): the other method
+        method = FALLBACK[params.method]
+        ctx.log.warning("calibration %s failed (%s): trying %s", params.method, failed.message, method)
+        try:
+            quantized_path = quantize_with(method, ctx.scratch / f"quantized-{method}")
+        except StageFailed as again:
+            raise StageFailed(f"{failed.message}; retried with calibration_method {method}, which failed too: "
+                              f"{again.message}", hint=failed.hint) from None
+        recovery = {"tried": [{"method": params.method, "error": failed.message}], "chosen": method,
+                    "reason": f"calibration {params.method} failed on the calibration data ({failed.message}); "
+                    f"{method} worked"}
+    if recovery is None and calibrated:
+        method, quantized_path, recovery = _numeric_recovery(ctx, params, original, quantized_path,
+                                                             calibration.dataset, calibration.batch_size,
+                                                             quantize_with)
+    return method, quantized_path, recovery
+
+
+def _numeric_recovery(ctx: StageContext, params: CalibrationParams, original: Path, quantized: Path, dataset: Any,
+                      batch_size: int, quantize_with: Callable[[str, Path], Path],
+                      ) -> tuple[str, Path, dict[str, Any] | None]:
+    """(method, model, record): a calibration that failed numerically (`accuracy.calibration`) retried with the
+    other method when the method was ModelOpt's default; the model that agrees better with the original is kept."""
+    batches = calibration_batches(dataset, batch_size)
+    reference = session(original, ctx.log)
+    try:
+        first = agreement(params.method, reference, session(quantized, ctx.log), batches)
+    except Exception as exc:  # ONNX Runtime's CPU kernels lack some fp8 ops TensorRT has
+        reason = (f"ONNX Runtime cannot run the quantized model here ({type(exc).__name__}: "
+                  f"{str(exc).splitlines()[0][:300]}), so the numeric check of the calibration was not made; "
+                  "validate on the engine judges its accuracy")
+        ctx.log.warning("%s", reason)
+        return params.method, quantized, {"tried": [], "chosen": params.method, "checked": False, "reason": reason}
+    ctx.log.info("quantized model vs the original on calibration data: %s", first.describe())
+    if not first.failed:
+        return params.method, quantized, None
+    if params.calibration_method is not None:  # the recipe chose it: said, not overridden
+        ctx.log.warning("calibration %s failed numerically (%s); calibration_method: %s might not",
+                        params.method, first.describe(), FALLBACK[params.method])
+        return params.method, quantized, {"tried": [first.record()], "chosen": params.method,
+                                          "reason": f"failed numerically ({first.describe()}); the recipe chose "
+                                          "the method, so it is kept"}
+    other = FALLBACK[params.method]
+    ctx.log.warning("calibration %s failed numerically (%s): trying %s", params.method, first.describe(), other)
+    retried = quantize_with(other, quantized.parent.parent / f"quantized-{other}")
+    second = agreement(other, reference, session(retried, ctx.log), batches)
+    ctx.log.info("with %s: %s", other, second.describe())
+    better = second if second.score > first.score else first
+    reason = (f"{first.describe()}: a broken calibration, not a lossy one; retried with {other} "
+              f"({second.describe()}); kept {better.method}")
+    return better.method, retried if better is second else quantized, {
+        "tried": [first.record(), second.record()], "chosen": better.method, "reason": reason}

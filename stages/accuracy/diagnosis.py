@@ -90,14 +90,13 @@ def _python_c(code: str) -> str:
 
 
 def _session_code(model: Path, options: OrtOptions | None, providers: Sequence[str] | None) -> str:
-    from ..runtimes.ort import OrtOptions
+    from ..runtimes.ort import OrtOptions, level_member
 
     options = options or OrtOptions()
-    level = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
-             "layout": "ORT_ENABLE_LAYOUT", "all": "ORT_ENABLE_ALL"}[options.graph_optimization_level]
     lines = ["import numpy as np, onnxruntime as ort", "so = ort.SessionOptions()"]
     if options.graph_optimization_level != "all":
-        lines.append(f"so.graph_optimization_level = ort.GraphOptimizationLevel.{level}")
+        lines.append(f"so.graph_optimization_level = ort.GraphOptimizationLevel."
+                     f"{level_member(options.graph_optimization_level)}")
     if options.intra_op_threads is not None:
         lines.append(f"so.intra_op_num_threads = {options.intra_op_threads}")
     if options.inter_op_threads is not None:

@@ -172,7 +172,7 @@ def _check(tf: Any, function: Any, target: Path, inputs: dict[str, dict[str, Any
     import numpy as np
     import onnxruntime as ort
 
-    from trtflow_stages.formats.dim_names import Observation
+    from .dim_names import Observation
 
     session = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
     specs = function.structured_input_signature[1]
@@ -245,7 +245,7 @@ def convert_in_child(request: dict[str, Any]) -> dict[str, Any]:
     """In the child: the model to ``model.onnx`` in the working folder, checked; the summary (or StageFailed)."""
     import tensorflow as tf
 
-    from trtflow_stages.formats.dim_names import dynamic_output_axes, output_dim_names, rename_output_dims
+    from .dim_names import dynamic_output_axes, output_dim_names, rename_output_dims
 
     source, keras, target = request["source"], request["kind"] == "keras", Path.cwd() / MODEL_FILE
     with tempfile.TemporaryDirectory() as folder:

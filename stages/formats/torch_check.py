@@ -2,16 +2,33 @@
 
 The shapes (`check_shapes`): the sample's, then each dynamic dimension name at other sizes: the min and max of the
 recipe profiles that cover it, else a size derived from the sample. `sample_inputs` makes the random inputs of a
-shape from the export ``inputs:`` entries (``params``: anything with ``inputs``, ``seed``, ``dim_sizes()`` and
-``dim_ranges()``, i.e. the export stage's params); `torch_outputs` runs a PyTorch model on them.
+shape from the export ``inputs:`` entries (``params``: a `CheckParams`, the export stage's params);
+`torch_outputs` runs a PyTorch model on them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-Params = Any  # the export stage's Params (a library does not import a stage)
+from .torch_source import SampleInput
+
+
+class CheckParams(Protocol):
+    """What the check reads of an export node's params (the export stage's ``Params``)."""
+
+    @property
+    def inputs(self) -> Mapping[str, SampleInput]: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    def dim_sizes(self) -> dict[str, int]: ...
+
+    def dim_ranges(self) -> dict[str, tuple[int, int]]: ...
+
+
 
 # ---------------------------------------------------------------------------------------------------------
 # The shapes the model is checked at
@@ -38,7 +55,7 @@ def _other_size(sample: int) -> int:
     return sample // 2 if sample >= 4 else sample * 2
 
 
-def check_shapes(params: Params) -> list[CheckShape]:
+def check_shapes(params: CheckParams) -> list[CheckShape]:
     """The sample shape, then each dynamic dim name at its other sizes (profile min/max, else derived)."""
     sample = {n: list(spec.shape) for n, spec in params.inputs.items()}
     checks = [CheckShape(sample)]
@@ -57,7 +74,7 @@ def check_shapes(params: Params) -> list[CheckShape]:
     return checks
 
 
-def size_one_warnings(params: Params) -> list[str]:
+def size_one_warnings(params: CheckParams) -> list[str]:
     warnings = []
     for name, spec in params.inputs.items():
         for axis, dim in spec.dynamic_axes.items():
@@ -69,7 +86,7 @@ def size_one_warnings(params: Params) -> list[str]:
     return warnings
 
 
-def sample_inputs(params: Params, shapes: dict[str, list[int]]) -> dict[str, Any]:
+def sample_inputs(params: CheckParams, shapes: dict[str, list[int]]) -> dict[str, Any]:
     import numpy as np
 
     rng = np.random.default_rng(params.seed)
@@ -93,7 +110,7 @@ def torch_dtype(name: str) -> Any:
             "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}[name]
 
 
-def tensors(params: Params, arrays: dict[str, Any]) -> dict[str, Any]:
+def tensors(params: CheckParams, arrays: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     return {n: torch.from_numpy(arrays[n]).to(torch_dtype(params.inputs[n].dtype)) for n in params.inputs}
@@ -111,7 +128,7 @@ def _flatten(value: Any) -> list[Any]:
     return []
 
 
-def torch_result(model: Any, binding: Any, params: Params, arrays: dict[str, Any]) -> Any:
+def torch_result(model: Any, binding: Any, params: CheckParams, arrays: dict[str, Any]) -> Any:
     """What the model returns for ``arrays`` (a tensor, a tuple, a dict...)."""
     import torch
 
@@ -126,7 +143,7 @@ def as_arrays(result: Any) -> list[Any]:
             for t in _flatten(result)]
 
 
-def torch_outputs(model: Any, binding: Any, params: Params, arrays: dict[str, Any]) -> list[Any]:
+def torch_outputs(model: Any, binding: Any, params: CheckParams, arrays: dict[str, Any]) -> list[Any]:
     return as_arrays(torch_result(model, binding, params, arrays))
 
 
@@ -204,7 +221,7 @@ def _embedding_rows(model: Any) -> int | None:
     return rows[0] if rows else None
 
 
-def explain_input_error(error: BaseException, params: Params, model: Any) -> tuple[str, str] | None:
+def explain_input_error(error: BaseException, params: CheckParams, model: Any) -> tuple[str, str] | None:
     """(what, fix) when the model rejects the sample inputs because of their dtype, range or rank; else None."""
     import re
 

@@ -91,9 +91,9 @@ def probe_in_child(request: dict[str, Any]) -> dict[str, Any]:
     """In the child (`confinement.child_main`): load the archive and run it once; {what, fix} when it fails."""
     from types import SimpleNamespace
 
-    from trtflow_stages.formats.torch_archives import load_torchscript
-    from trtflow_stages.formats.torch_check import explain_input_error, sample_inputs, torch_outputs
-    from trtflow_stages.formats.torch_export import Binding
+    from .torch_archives import load_torchscript
+    from .torch_check import explain_input_error, sample_inputs, torch_outputs
+    from .torch_export import Binding
 
     path, entries = Path(request["source"]), request["inputs"]
     specs = {name: SimpleNamespace(shape=list(e["shape"]), dtype=e.get("dtype", "float32"), low=e.get("low", 0.0),

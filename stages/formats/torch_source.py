@@ -13,7 +13,49 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+
+class SampleInput(Protocol):
+    """What the export libraries read of one ``inputs:`` entry of an export node (the export stage's ``InputDef``)."""
+
+    @property
+    def shape(self) -> list[int]: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def dynamic_axes(self) -> Mapping[int, str]: ...
+
+    @property
+    def low(self) -> float: ...
+
+    @property
+    def high(self) -> float: ...
+
+
+class TorchSourceParams(Protocol):
+    """What source.json records of an export node's params (the export stage's ``Params``)."""
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def factory_args(self) -> Mapping[str, Any]: ...
+
+    @property
+    def checkpoint(self) -> str | None: ...
+
+    @property
+    def inputs(self) -> Mapping[str, SampleInput]: ...
+
+    @property
+    def outputs(self) -> list[str] | None: ...
+
+    @property
+    def opset(self) -> int: ...
+
 
 #: The artifact kind of source.json.
 TORCH_SOURCE = "torch_source"
@@ -58,7 +100,7 @@ def code_digest(spec: str, resolve: Callable[[str], Path], project_root: Path) -
     return callable_code(Path(origin), project_root).digest if origin else None
 
 
-def source_of(params: Any, resolve: Callable[[str], Path], project_root: Path) -> TorchSource:
+def source_of(params: TorchSourceParams, resolve: Callable[[str], Path], project_root: Path) -> TorchSource:
     """The source.json of an export node's params (a ``python:`` model)."""
     from trtflow.fingerprint import hash_file_content
 
@@ -72,7 +114,7 @@ def source_of(params: Any, resolve: Callable[[str], Path], project_root: Path) -
         checkpoint_digest=hash_file_content(resolve(params.checkpoint)) if params.checkpoint else None)
 
 
-def write_source(ctx: Any, params: Any) -> None:
+def write_source(ctx: Any, params: TorchSourceParams) -> None:
     """The export node's source.json (its ``source`` output)."""
     from trtflow.fsutil import project_root
 

@@ -21,11 +21,12 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trtflow.stage import RecipeError, StageContext, StageSkipped
 
 from ..data import InputSpec
+from .feeds import FeedParams
 from .instances import ExecutorSpec, available_cpus, open_executor
 from .levels import Level, run_level
 from .load import (
@@ -45,7 +46,56 @@ from .loadgen import ScenarioSpec, early_stopping_queries, unavailable
 if TYPE_CHECKING:
     from trtflow.environment import GpuInfo
 
-    from ..benchmark import Params
+    from ..runtimes.ort import OrtOptions
+    from .load import DynamicBatching
+
+
+class ServingParams(FeedParams, Protocol):
+    """What serving load reads of a benchmark node's params (the benchmark stage's ``Params``: its `LoadFields`, the
+    instances it opens, and the feed)."""
+
+    @property
+    def concurrency(self) -> list[int]: ...
+    @property
+    def request_size(self) -> int | None: ...
+    @property
+    def arrival_rate_qps(self) -> list[float]: ...
+    @property
+    def scenarios(self) -> list[str]: ...
+    @property
+    def load_generator(self) -> str: ...
+    @property
+    def multi_stream_samples(self) -> int: ...
+    @property
+    def loadgen_min_queries(self) -> int | None: ...
+    @property
+    def dynamic_batching(self) -> DynamicBatching | None: ...
+    @property
+    def latency_budget_ms(self) -> float | None: ...
+    @property
+    def rate_search_probes(self) -> int: ...
+    @property
+    def confirm_duration_s(self) -> float: ...
+    @property
+    def confirm_steps(self) -> int: ...
+    @property
+    def confirm_step_percent(self) -> float: ...
+    @property
+    def load_duration_s(self) -> float: ...
+    @property
+    def load_warmup_s(self) -> float: ...
+    @property
+    def gpus(self) -> int | str: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def stream_counts(self) -> list[int]: ...
+    @property
+    def torch_model(self) -> str | None: ...
+    @property
+    def torch_cuda_graphs(self) -> bool: ...
+    @property
+    def onnxruntime(self) -> OrtOptions: ...
 
 ISSUE_LATENCY_KEYS = ("p50", "p90", "p95", "p99")
 
@@ -179,7 +229,7 @@ def _cpu_warnings(settings: Mapping[str, Any], instances: int, device: str) -> l
              "onnxruntime.intra_op_threads so that streams x threads <= CPUs"}]
 
 
-def load_generator(params: Params) -> tuple[str, list[dict[str, str]]]:
+def load_generator(params: ServingParams) -> tuple[str, list[dict[str, str]]]:
     """The generator of the Server levels ("loadgen" or "trtflow") and a warning when auto fell back."""
     reason = unavailable()
     if params.load_generator == "trtflow":
@@ -193,7 +243,7 @@ def load_generator(params: Params) -> tuple[str, list[dict[str, str]]]:
                         "generator, whose p99 is not LoadGen's verdict"}] if params.arrival_rate_qps else []
 
 
-def server_level(params: Params, rate: float, generator: str, duration_s: float | None = None) -> Level:
+def server_level(params: ServingParams, rate: float, generator: str, duration_s: float | None = None) -> Level:
     """A Server level at ``rate`` (``duration_s``: instead of load_duration_s, e.g. a confirmation's)."""
     duration = params.load_duration_s if duration_s is None else duration_s
     if generator == "trtflow":
@@ -204,7 +254,7 @@ def server_level(params: Params, rate: float, generator: str, duration_s: float 
     return Level("loadgen", rate, 1, params.load_warmup_s, duration, params.seed, scenario)
 
 
-def confirm_capacity(serve: Callable[[Level], LoadRun], params: Params, generator: str, found: Mapping[str, Any],
+def confirm_capacity(serve: Callable[[Level], LoadRun], params: ServingParams, generator: str, found: Mapping[str, Any],
                      streams: int, gpus: int,
                      on_level: Callable[[Level], None] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Confirm the rate a search ``found`` with one long run (`load.confirmation_seconds`), stepping down by
@@ -235,7 +285,7 @@ def confirm_capacity(serve: Callable[[Level], LoadRun], params: Params, generato
     return entries, {"rate_qps": None, "attempts": attempts}
 
 
-def capacity_entry(params: Params, generator: str, streams: int, gpus: int, group: Sequence[Mapping[str, Any]],
+def capacity_entry(params: ServingParams, generator: str, streams: int, gpus: int, group: Sequence[Mapping[str, Any]],
                    confirmation: Mapping[str, Any] | None) -> dict[str, Any]:
     """``max_rate_meeting_budget``'s entry: the confirmed rate (or, without a confirmation, the search's), the level
     length it was searched with, the search's bracket and the confirmation."""
@@ -261,7 +311,7 @@ def capacity_entry(params: Params, generator: str, streams: int, gpus: int, grou
     return entry
 
 
-def scenario_levels(params: Params, offline_request: int) -> list[Level]:
+def scenario_levels(params: ServingParams, offline_request: int) -> list[Level]:
     levels = []
     for name in params.scenarios:
         # LoadGen's early stopping for the streams discards at least one query: it needs that many more
@@ -276,7 +326,7 @@ def scenario_levels(params: Params, offline_request: int) -> list[Level]:
     return levels
 
 
-def _plans(params: Params, gpu_count: int, closed_request: int, generator: str,
+def _plans(params: ServingParams, gpu_count: int, closed_request: int, generator: str,
            offline_request: int) -> list[tuple[int, int, list[Level]]]:
     """(streams, gpus, levels): closed-loop levels on one GPU and on all; Server levels on all; the other MLPerf
     scenarios on one."""
@@ -293,7 +343,7 @@ def _plans(params: Params, gpu_count: int, closed_request: int, generator: str,
     return plans
 
 
-def measure_load(ctx: StageContext, params: Params, backend: str, device: str, model: Path | None,
+def measure_load(ctx: StageContext, params: ServingParams, backend: str, device: str, model: Path | None,
                  provenance: Path | None, specs: Sequence[InputSpec], base_shapes: Mapping[str, list[int]],
                  limits: tuple[int, int | None], timer_factory: Callable[[], Any]) -> dict[str, Any]:
     from .feeds import batch_of, make_feed, with_batch

@@ -18,14 +18,14 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trtflow.stage import StageFailed
 
 from ..data import data_files
 
 if TYPE_CHECKING:
-    from ..data import Dataset
+    from ..data import Dataset, DataSource
 
 MODELOPT_FACTS = ("modelopt", "onnx", "onnxruntime", "numpy")
 
@@ -33,16 +33,29 @@ MODELOPT_FACTS = ("modelopt", "onnx", "onnxruntime", "numpy")
 BatchProgress = Callable[[int, int], None]
 
 
-def modelopt_files(params: Any) -> list[str]:
+class ModeloptParams(Protocol):
+    """What the declarations below read of a quantize or convert node's params (either stage's ``Params``)."""
+
+    @property
+    def calibration_data(self) -> DataSource | None: ...
+
+    @property
+    def uses_data(self) -> bool: ...
+
+    @property
+    def uses_gpu(self) -> bool: ...
+
+
+def modelopt_files(params: ModeloptParams) -> list[str]:
     """The calibration/reference data files whose content the result depends on."""
     return data_files(params.calibration_data) if params.uses_data else []
 
 
-def modelopt_resources(params: Any) -> frozenset[str]:
+def modelopt_resources(params: ModeloptParams) -> frozenset[str]:
     return frozenset({"gpu"}) if params.uses_gpu else frozenset({"cpu"})
 
 
-def modelopt_environment(params: Any) -> list[str]:
+def modelopt_environment(params: ModeloptParams) -> list[str]:
     from .torch_quant import TORCH_MODES
 
     torch = ["torch"] if getattr(params, "mode", None) in TORCH_MODES else []
@@ -70,11 +83,11 @@ def model_memory(model_bytes: int, copies: float, activations: int = 0) -> int:
     return LIBRARY_BASELINE + int(copies * model_bytes) + activations
 
 
-def convert_memory(params: Any, input_sizes: Mapping[str, int]) -> int:
+def convert_memory(params: ModeloptParams, input_sizes: Mapping[str, int]) -> int:
     return model_memory(input_sizes.get("model", 0), CONVERT_COPIES)
 
 
-def quantize_memory(params: Any, input_sizes: Mapping[str, int]) -> int:
+def quantize_memory(params: ModeloptParams, input_sizes: Mapping[str, int]) -> int:
     return model_memory(input_sizes.get("model", 0), QUANTIZE_COPIES)
 
 

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trtflow.stage import RecipeError, StageContext, StageFailed, StageSkipped
 
 from .torch_quant import GPU_NEED, METHODS, TORCH_MODES
+
+if TYPE_CHECKING:
+    from ..data import DataSource
 
 TORCH_METHODS = METHODS
 __all__ = ["MODELOPT_CHECKPOINT", "TORCH_METHODS", "TORCH_MODES", "check_torch", "check_torch_params", "run_torch"]
@@ -25,7 +29,36 @@ MODELOPT_CHECKPOINT = "modelopt_checkpoint"
 _ONNX_ONLY = ("op_types_to_quantize", "op_types_to_exclude", "nodes_to_quantize", "nodes_to_exclude", "block_size")
 
 
-def check_torch_params(params: Any) -> None:
+class TorchQuantizeParams(Protocol):
+    """What the PyTorch route reads of a quantize node's params (the quantize stage's ``Params``); also the ONNX
+    quantizer's fields in ``_ONNX_ONLY``, which it refuses."""
+
+    @property
+    def mode(self) -> str: ...
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def exclude_modules(self) -> Sequence[str] | None: ...
+
+    @property
+    def calibration_data(self) -> DataSource | None: ...
+
+    @property
+    def calibration_batch_size(self) -> int | None: ...
+
+    @property
+    def calibration_eps(self) -> Sequence[str]: ...
+
+    @property
+    def quantize_ops(self) -> str: ...
+
+    @property
+    def high_precision_dtype(self) -> str | None: ...
+
+
+def check_torch_params(params: TorchQuantizeParams) -> None:
     """Params of the ONNX quantizer that the PyTorch route cannot honour are errors (ValueError, for pydantic)."""
     unused = [name for name in _ONNX_ONLY if getattr(params, name) is not None]
     if params.quantize_ops != "auto":
@@ -40,7 +73,7 @@ def check_torch_params(params: Any) -> None:
                          "weights only")
 
 
-def check_torch(params: Any) -> None:
+def check_torch(params: TorchQuantizeParams) -> None:
     from trtflow.environment import gpus, module_available
 
     if not module_available("modelopt"):
@@ -50,7 +83,7 @@ def check_torch(params: Any) -> None:
                            "a CUDA GPU, and this machine has none", needs=GPU_NEED)
 
 
-def run_torch(ctx: StageContext, inputs: dict[str, Path], params: Any) -> dict[str, Any]:
+def run_torch(ctx: StageContext, inputs: dict[str, Path], params: TorchQuantizeParams) -> dict[str, Any]:
     import torch
 
     from ..data import batch_rows, onnx_input_specs, open_dataset

@@ -32,15 +32,26 @@ class OrtOptions(StageParams):
         None, ge=0, description="Threads used to run independent operators in parallel (unset: default).")
 
 
-def _level(ort: Any, name: OptimizationLevel) -> Any:
-    levels = ort.GraphOptimizationLevel
-    return {
-        "disable": levels.ORT_DISABLE_ALL,
-        "basic": levels.ORT_ENABLE_BASIC,
-        "extended": levels.ORT_ENABLE_EXTENDED,
-        "layout": getattr(levels, "ORT_ENABLE_LAYOUT", levels.ORT_ENABLE_ALL),
-        "all": levels.ORT_ENABLE_ALL,
-    }[name]
+#: The ``onnxruntime.GraphOptimizationLevel`` member each recipe level names: the one mapping in the tree (a test
+#: fails if another module spells a member). ``layout`` is ONNX Runtime's own level between extended and all
+#: (ORT_ENABLE_LAYOUT: extended plus the layout transformations such as NCHWc, without the rest of ``all``).
+LEVEL_MEMBERS: dict[str, str] = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "layout": "ORT_ENABLE_LAYOUT",
+    "all": "ORT_ENABLE_ALL",
+}
+
+
+def level_member(name: OptimizationLevel) -> str:
+    """The name of the ``GraphOptimizationLevel`` member the installed ONNX Runtime runs for ``name``: an ONNX
+    Runtime without ORT_ENABLE_LAYOUT runs ``layout`` as ORT_ENABLE_ALL (the nearest level that still has the
+    layout transformations). Repro commands print this name, so they create the session that ran."""
+    import onnxruntime as ort
+
+    member = LEVEL_MEMBERS[name]
+    return member if hasattr(ort.GraphOptimizationLevel, member) else LEVEL_MEMBERS["all"]
 
 
 def session_options(options: OrtOptions | None) -> Any:
@@ -49,7 +60,7 @@ def session_options(options: OrtOptions | None) -> Any:
 
     options = options or OrtOptions()
     so = ort.SessionOptions()
-    so.graph_optimization_level = _level(ort, options.graph_optimization_level)
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level_member(options.graph_optimization_level))
     if options.intra_op_threads is not None:
         so.intra_op_num_threads = options.intra_op_threads
     if options.inter_op_threads is not None:

@@ -20,7 +20,8 @@ def onnx_runner(path: Path, name: str, options: OrtOptions) -> Any:
 
 
 def engine_session_runner(session: Any, name: str) -> Any:
-    """A Polygraphy runner over an `EngineSession` (engines run through the same loop as ONNX models)."""
+    """A Polygraphy runner over an `EngineSession` (engines run through the same loop as ONNX models). The session
+    is active inside its `candidate.Candidate`'s with-block, which holds the runner's whole life."""
     from polygraphy.backend.base import BaseRunner
     from polygraphy.common import TensorMetadata
 
@@ -29,7 +30,7 @@ def engine_session_runner(session: Any, name: str) -> Any:
             super().__init__(name=name, prefix="trtflow-engine")
 
         def activate_impl(self) -> None:
-            session.__enter__()
+            pass  # the execution context is the candidate's (its with-block)
 
         def get_input_metadata_impl(self) -> Any:
             meta = TensorMetadata()
@@ -44,7 +45,7 @@ def engine_session_runner(session: Any, name: str) -> Any:
             return outputs
 
         def deactivate_impl(self) -> None:
-            session.__exit__(None, None, None)
+            pass
 
     return EngineSessionRunner()
 

@@ -1,7 +1,8 @@
 """What the build stage does around TensorRT's builder, through Polygraphy: builder options from the recipe's names
 (checked against the flavour's enums), Polygraphy's log relayed to the node's log with TensorRT's errors kept for the
-failure message, a progress monitor that cancels, the shared timing cache, and the precision audit of the parsed
-network and of the built engine (where a runtime exists).
+failure message, a progress monitor that cancels, the shared timing cache around a build (`timing_cache`), and the
+build itself (`build_engine`: parse, audit the network, build). The precision audit of the parsed network and of the
+built engine is `trt_audit`'s.
 """
 
 from __future__ import annotations
@@ -10,12 +11,11 @@ import logging
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from trtflow.stage import RecipeError, StageContext, StageFailed
-
-from .tensorrt import engine_precision, engine_shortfall, network_precision, network_shortfall
 
 # ---------------------------------------------------------------------------------------------------------
 # Builder options: our names -> Polygraphy's arguments, checked against the flavour's enums
@@ -35,7 +35,43 @@ def enum_member(enum: Any, name: str, option: str, flavour: str) -> Any:
     return members[name]
 
 
-def config_arguments(params: Any, trt: Any, backend: str, plan: Any) -> tuple[dict, dict]:
+class BuilderParams(Protocol):
+    """What `config_arguments` reads of a build node's params (the build stage's ``Params``)."""
+
+    @property
+    def precision(self) -> str: ...
+
+    @property
+    def optimization_level(self) -> int | None: ...
+
+    @property
+    def max_aux_streams(self) -> int | None: ...
+
+    @property
+    def tactic_sources(self) -> list[str] | None: ...
+
+    @property
+    def sparsity(self) -> bool: ...
+
+    @property
+    def hardware_compatibility(self) -> str | None: ...
+
+    @property
+    def version_compatible(self) -> bool: ...
+
+    @property
+    def profiling_verbosity(self) -> str: ...
+
+    @property
+    def fail_on_timing_cache_miss(self) -> bool: ...
+
+    @property
+    def compute_capabilities(self) -> list[str] | None: ...
+
+    def pool_limits(self) -> dict[str, int]: ...
+
+
+def config_arguments(params: BuilderParams, trt: Any, backend: str, plan: Any) -> tuple[dict, dict]:
     """Keyword arguments for Polygraphy's CreateConfig(RTX), and the JSON record of what was applied (``params``: the
     build stage's, ``plan``: its `PrecisionPlan`)."""
     flavour = f"{backend} {trt.__version__}"
@@ -189,51 +225,6 @@ def blob_digest(data: bytes | None) -> str | None:
     return xxhash.xxh3_128_hexdigest(data)
 
 
-# ---------------------------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Precision audit: the network and the engine must compute in the precision the recipe asked for
-
-QUANTIZED_FIX = ("quantize the model's Conv/MatMul/Gemm nodes, inputs and weights both (the quantize stage does by "
-                  "default; see quantize.json's quantized_by_op_type: op_types_to_quantize or nodes_to_exclude may "
-                  "have left them out), or build with precision: strongly-typed to accept what the model carries")
-ENGINE_FIX = ("TensorRT fuses Q/DQ into a quantized kernel only where the pattern allows (the layer's inputs and "
-               "weights quantized, nothing unsupported between the Q/DQ pair and the layer); engine.json's "
-               "precision.engine.per_layer gives each layer's format")
-
-
-def audit_network(requested: str, network: Any) -> dict[str, Any]:
-    """Precisions of the parsed network's layers; StageFailed (before building) when they miss the request."""
-    audit = network_precision(network)
-    shortfall = network_shortfall(requested, audit)
-    if shortfall:
-        raise StageFailed(shortfall, hint=QUANTIZED_FIX)
-    return audit
-
-
-def audit_engine(ctx: StageContext, requested: str, backend: str, engine_path: Path,
-                  provenance_path: Path) -> dict[str, Any]:
-    """Precisions of the built engine's layers through the engine inspector, where a TensorRT runtime exists."""
-    from .trt_runtime import open_engine, runtime_available
-
-    reason = runtime_available(backend, ctx.gpu)
-    if reason:
-        return {"inspected": False, "reason": f"no {backend} runtime here to inspect the engine: {reason}"}
-    try:
-        with ctx.native_step(backend, "deserialising the engine for the engine inspector"), \
-                open_engine(engine_path, provenance_path, backend, ctx.gpu) as session:
-            information = session.layer_information()
-    except Exception as error:  # an audit that cannot run must not fail a good build
-        ctx.log.warning("engine inspection failed: %s", error)
-        return {"inspected": False, "reason": f"the engine inspector failed: {type(error).__name__}: {error}"}
-    audit = engine_precision(information)
-    shortfall = engine_shortfall(requested, audit)
-    if shortfall:
-        raise StageFailed(shortfall, hint=ENGINE_FIX)
-    return audit
-
-
 def error_summary(errors: list[str]) -> str:
     """TensorRT's and Polygraphy's error lines, without severity tags and the parser's node banners."""
     lines = []
@@ -253,3 +244,127 @@ def io_record(count: int, get: Any) -> list[dict[str, Any]]:
         tensor = get(index)
         tensors.append({"name": tensor.name, "dtype": tensor.dtype.name.lower(), "shape": list(tensor.shape)})
     return tensors
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One build: the shared timing cache around it, and the network parsed, audited and built
+
+
+@dataclass
+class TimingCacheUse:
+    """The shared timing cache around one build (full TensorRT only): read before, merged back after."""
+
+    record: dict[str, Any]  # engine.json's timing_cache
+    shared: Any = None  # the shared cache (`StageContext.shared_cache`) when the build uses it
+    saved: Path | None = None  # where the build saves the cache it ends with
+
+    def merge_back(self, trt: Any) -> None:
+        """Merge what the build learnt into the shared cache, under its lock."""
+        if self.shared is None or self.saved is None:
+            return
+        with self.shared.lock():
+            merged = merge_timing_caches(trt, [self.shared.read_bytes() or b"", self.saved.read_bytes()])
+            self.shared.replace_atomically(merged)
+        self.record.update({"digest_after": blob_digest(merged), "bytes_after": len(merged)})
+
+
+def timing_cache(ctx: StageContext, backend: str, version: str, setting: str,
+                 config_kwargs: dict[str, Any]) -> TimingCacheUse:
+    """The shared timing cache this build loads (``setting``: the build's ``timing_cache``), named for the flavour,
+    version and GPU; adds ``load_timing_cache`` to ``config_kwargs`` when there is one to load."""
+    from .tensorrt import timing_cache_name
+
+    if backend != "tensorrt":
+        return TimingCacheUse({"status": f"unsupported by {backend}"})
+    use = TimingCacheUse({"status": "off" if setting == "off" else "used"})
+    if setting == "use":
+        name = timing_cache_name(backend, version, ctx.gpu)
+        use.shared, use.saved = ctx.shared_cache(name), ctx.scratch / "timing-after.cache"
+        loaded = ctx.scratch / "timing-before.cache"
+        with use.shared.lock():
+            before = use.shared.read_bytes()
+        if before:
+            loaded.write_bytes(before)
+            config_kwargs["load_timing_cache"] = str(loaded)
+        use.record.update({"name": name, "digest_before": blob_digest(before), "bytes_before": len(before or b"")})
+    return use
+
+
+@dataclass
+class BuiltEngine:
+    """What one build made: the serialised engine and what the network held, with the parse and build times."""
+
+    engine: Any  # the serialised engine (a buffer)
+    parse_seconds: float
+    build_seconds: float
+    network_audit: dict[str, Any]
+    layers: int
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+
+
+def _build_hint(details: str, backend: str, version: str, fail_on_timing_cache_miss: bool) -> str:
+    if fail_on_timing_cache_miss and "timing cache" in details.lower():
+        return ("the shared timing cache lacks a tactic this build needs: build once with "
+                "fail_on_timing_cache_miss: false to fill it")
+    if "could not parse onnx" in details.lower():
+        return (f"the ONNX parser of {backend} {version} rejected the node named above: run the simplify "
+                "stage, export with another opset, or replace the operator; the node's log has the details")
+    return "see the node's log for TensorRT's full output"
+
+
+def build_engine(ctx: StageContext, trt: Any, backend: str, model_path: Path, profiles: list[Any], plan: Any,
+                 config_kwargs: dict[str, Any], requested: str, timing: TimingCacheUse, *,
+                 fail_on_timing_cache_miss: bool, repro: str, hint: str | None) -> BuiltEngine:
+    """Parse ``model_path`` (strongly typed as ``plan`` says), audit the network's precision against ``requested``
+    (`trt_audit`), and build the engine with ``profiles`` (recipe `ProfileSpec`s) and ``config_kwargs``; each native
+    call inside a native step with ``repro`` and ``hint``. A failed build is `StageFailed` with TensorRT's errors."""
+    import time
+    import warnings
+
+    from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath, Profile
+    from polygraphy.exception import PolygraphyException
+
+    from .trt_audit import audit_network
+
+    version = str(trt.__version__)
+    trt_profiles = []
+    for spec in profiles:
+        profile = Profile()
+        for input_name, shape in spec.shapes.items():
+            profile.add(input_name, shape.min, shape.opt, shape.max)
+        trt_profiles.append(profile)
+    config_class: Any = CreateConfig
+    if backend == "tensorrt-rtx":
+        from polygraphy.backend.tensorrt_rtx import CreateConfigRTX
+
+        config_class = CreateConfigRTX
+
+    monitor = progress_monitor(trt, ctx)
+    with polygraphy_log_to(ctx) as relay, warnings.catch_warnings():
+        # Polygraphy attaches an empty timing cache to every config; TensorRT-RTX deprecates that as a no-op.
+        warnings.filterwarnings("ignore", message=".*Timing cache operations are no-ops", category=DeprecationWarning)
+        try:
+            started = time.perf_counter()
+            with ctx.native_step(backend, f"parsing {model_path.name}", repro=repro, hint=hint):
+                builder, network, parser = NetworkFromOnnxPath(str(model_path), strongly_typed=plan.strongly_typed)()
+            parse_seconds = time.perf_counter() - started
+            ctx.progress(0.2, f"parsed {network.num_layers} layers")
+            network_audit = audit_network(requested, network)
+            config = config_class(profiles=trt_profiles or None, progress_monitor=monitor, **config_kwargs)
+            started = time.perf_counter()
+            with ctx.native_step(backend, f"building an engine from {model_path.name}", repro=repro, hint=hint):
+                engine = EngineBytesFromNetwork(
+                    (builder, network, parser), config=config,
+                    save_timing_cache=str(timing.saved) if timing.shared is not None else None,
+                )()
+            build_seconds = time.perf_counter() - started
+        except PolygraphyException as exc:
+            if ctx.cancelled:
+                raise StageFailed("the build was cancelled") from None
+            details = error_summary(relay.errors) or str(exc)
+            raise StageFailed(f"{backend} {version} could not build {model_path.name}: {details}",
+                              hint=_build_hint(details, backend, version, fail_on_timing_cache_miss)) from None
+        return BuiltEngine(engine, parse_seconds, build_seconds, network_audit, network.num_layers,
+                           io_record(network.num_inputs, network.get_input),
+                           io_record(network.num_outputs, network.get_output))

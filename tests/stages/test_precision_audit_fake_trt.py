@@ -22,7 +22,7 @@ from trtflow.environment import module_available
 from trtflow.stage import StageFailed
 from trtflow.testing import run_stage
 from trtflow_stages import build
-from trtflow_stages.runtimes.tensorrt import engine_precision
+from trtflow_stages.runtimes.trt_audit import engine_precision
 
 needs_rtx = pytest.mark.skipif(not module_available("tensorrt_rtx"), reason="needs tensorrt-rtx")
 
