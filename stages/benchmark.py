@@ -33,7 +33,7 @@ import json
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import Field, field_validator, model_validator
 
@@ -55,6 +55,7 @@ from trtflow.stage import (
     StageFailed,
     StageSkipped,
 )
+from trtflow.summaries import BenchmarkSummary
 
 from .data import DataSource, InputSpec, data_files
 from .measure.feeds import batch_limits, batch_of, make_feed, resolve_shapes, with_batch
@@ -658,8 +659,9 @@ SUMMARY_UNCERTAINTY = ("queries", "latency_ci_ms", "throughput_ci_qps", "open_in
                      "cpu_wait_ms_per_query")
 
 
-def summary_of(metrics: Mapping[str, Any], facts: Mapping[str, str], params: Params) -> dict[str, Any]:
-    """What the node's manifest keeps: enough for gates, baselines, reports and selection."""
+def summary_of(metrics: Mapping[str, Any], facts: Mapping[str, str], params: Params) -> BenchmarkSummary:
+    """What the node's manifest keeps: enough for gates, baselines, reports and selection (what others read of
+    it is declared in `trtflow.summaries.BenchmarkSummary`)."""
     summary: dict[str, Any] = {
         "backend": metrics["backend"],
         "device": metrics["device"],
@@ -684,7 +686,7 @@ def summary_of(metrics: Mapping[str, Any], facts: Mapping[str, str], params: Par
     if "top_layers" in metrics:
         summary["top_layers"] = [{k: layer[k] for k in ("name", "average_ms", "percent")}
                                  for layer in metrics["top_layers"][:5]]
-    return summary
+    return cast(BenchmarkSummary, summary)  # the promised keys are checked by tests/stages/test_summaries.py
 
 
 stage = Stage(
