@@ -26,7 +26,7 @@ Intervals = dict[str, list[float]]
 
 
 class KernelRow(TypedDict, total=False):
-    """One of the top CUDA kernels of a benchmark's timed work (`measure.kernels.top_kernels`)."""
+    """One of the top CUDA kernels of a benchmark's timed work (`measure.timing.kernel_profile.top_kernels`)."""
 
     name: Required[str]
     percent: float  # share of kernel time

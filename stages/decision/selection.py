@@ -19,7 +19,7 @@ from trtflow.digits import decimals_apart, distinct
 from trtflow.stage import StageParams
 from trtflow.summaries import CandidateAccuracy, CandidatePerformance, SelectionSummary
 
-from ..measure.compare import RUN_TO_RUN_PERCENT, latency_figure, throughput_figure, unmeasurable
+from ..measure.statistics.unpaired import RUN_TO_RUN_PERCENT, latency_figure, throughput_figure, unmeasurable
 from .generation import GOAL as GENERATION_GOAL
 from .generation import first_token_text, levels_of, pick_level, point_source
 from .ties import loses, objective_figure, paired_ties, ratio_text, row_ratio, worse_by
@@ -324,7 +324,7 @@ def operating_point(candidate: Candidate, objective: Objective, batch: int | Non
 def _objective_value(candidate: Candidate, point: OperatingPoint | None,
                      objective: Objective) -> tuple[float | None, list[float] | None, list[float] | None]:
     """The candidate's figure for the objective, its 95% interval, and the interval it is compared with: the
-    95% interval reaching as far as the time its benchmark waited for a CPU allows (`measure.compare`). None
+    95% interval reaching as far as the time its benchmark waited for a CPU allows (`measure.statistics.unpaired`). None
     where there is none."""
     if objective.goal == "min_size":
         return float(candidate.size_bytes), None, None
@@ -451,7 +451,7 @@ def pareto_front(rows: Sequence[Mapping[str, Any]]) -> set[str]:
 def decide(candidates: Sequence[Candidate], params: Params, baseline: Mapping[str, Any] | None = None,
            finalists: Mapping[str, Any] | None = None) -> SelectionSummary:
     """The selection: every candidate with its operating point, eligibility, rank and reason. ``finalists``: the
-    record of finalists timed together (`measure.finalists`): their comparisons with the leader replace the
+    record of finalists timed together (`measure.timing.finalists`): their comparisons with the leader replace the
     stored figures'; or {"why": ...}: why they were not (said in the selection)."""
     objective = params.objective
     stat, goal = objective.percentile, objective.goal

@@ -28,7 +28,7 @@ from trtflow.summaries import (
 from trtflow.testing import run_stage
 from trtflow_stages import benchmark, validate
 from trtflow_stages.decision.selection import Candidate, Params, accuracy_of, decide, performance_of
-from trtflow_stages.measure.kernels import summarize, top_kernels
+from trtflow_stages.measure.timing.kernel_profile import summarize, top_kernels
 
 SHORT = {"warmup_ms": 5, "min_iterations": 5, "min_duration_s": 0.0}
 REPORT = Path(__file__).parents[2] / "trtflow" / "report"
@@ -98,7 +98,7 @@ def _declared_keys() -> set[str]:
     return keys
 
 
-#: Keys of the run's data around each node's summary (`report.formats.collect`), not of a stage's summary.
+#: Keys of the run's data around each node's summary (`report.documents.collect`), not of a stage's summary.
 RUN_DATA = {"nodes", "node", "summary"}
 
 

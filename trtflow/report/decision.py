@@ -129,9 +129,9 @@ def gate_notes(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def benchmark_flags(summary: SelectionSummary) -> dict[str, list[str]]:
     """Per benchmark node a selection rested on, the flags its measurements carry (``busy-host``,
-    ``not-converged``, ...: `measure.stats`, `measure.windows`, `measure.interference`), each with where it was
-    raised (batch size or concurrency), and the candidates select found unmeasurable (the benchmark waited for a
-    CPU most of the time)."""
+    ``not-converged``, ...: `measure.statistics.stats`, `measure.timing.windows`, `measure.timing.interference`), each
+    with where it was raised (batch size or concurrency), and the candidates select found unmeasurable (the benchmark
+    waited for a CPU most of the time)."""
     flags: dict[str, list[str]] = {}
     for c in summary.get("candidates") or []:
         bench = c.get("benchmark") or {}
