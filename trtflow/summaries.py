@@ -3,11 +3,12 @@ benchmark's summary, and what the stages that build them promise.
 
 A node's summary is plain JSON-ready data (it goes into the journal and the store's manifest). Most of it is the
 stage's own business; the keys below are the ones somebody else reads: the reports (`trtflow.report.decision`,
-`trtflow.report.kernels`) and the ``select`` stage, which reads validations and benchmarks. The stages that build
-these summaries (``benchmark.summary_of``, ``decision.selection.decide``, ``accuracy_of``, ``performance_of``)
-are annotated with these types, and ``tests/stages/test_summaries.py`` checks each real summary against its type
-with `problems`, so a key renamed in a stage fails a test, not a report at run time. The engine never imports the
-stages: the declarations live here, in the engine, and the stages point at them.
+`trtflow.report.kernels`), the ``select`` stage, which reads validations and benchmarks, and pinned baselines
+(`measure.judging.baseline`), which keep a validation's and a benchmark's figures. The stages that build these
+summaries (``benchmark.summary_of``, ``validate.run``, ``decision.selection.decide``, ``accuracy_of``,
+``performance_of``) are annotated with these types, and ``tests/stages/test_summaries.py`` checks each real
+summary against its type with `problems`, so a key renamed in a stage fails a test, not a report at run time. The
+engine never imports the stages: the declarations live here, in the engine, and the stages point at them.
 
 Keys marked ``Required`` are always there; the others are there when the measurement made them (``top_kernels``
 only with ``profile_kernels``, ``load`` only with a load sweep, ...). A reader ``.get``\\ s those.
@@ -38,6 +39,7 @@ class BenchmarkPoint(TypedDict, total=False):
     """One batch size of a benchmark's summary (`benchmark.summary_of`)."""
 
     batch_size: Required[int]
+    streams: Required[int]
     median_ms: Required[float]
     p99_ms: Required[float]
     latency_ms: Required[Latencies]
@@ -48,13 +50,33 @@ class BenchmarkPoint(TypedDict, total=False):
 
 
 class BenchmarkSummary(TypedDict, total=False):
-    """What a benchmark node's summary promises to its readers (the report's latency series and kernel table)."""
+    """What a benchmark node's summary promises to its readers (the report's latency series and kernel table,
+    pinned baselines)."""
 
     backend: Required[str]
     device: Required[str]
+    repeats: Required[int]
     points: Required[list[BenchmarkPoint]]
+    load: list[dict[str, Any]]  # with a closed-loop load sweep (kept whole by pinned baselines)
     top_kernels: list[KernelRow]  # with profile_kernels
     kernel_time_per_iteration_ms: float | None
+
+
+class OutputAccuracy(TypedDict, total=False):
+    """One output of a validation: the candidate's against the reference's, over the whole data set."""
+
+    cosine_similarity: Required[float | None]
+    max_abs_error: Required[float | None]
+    mean_abs_error: Required[float | None]
+
+
+class ValidateSummary(TypedDict, total=False):
+    """What a validate node's summary promises to its readers (pinned baselines, `measure.judging.baseline`;
+    select reads the same keys from validate.json)."""
+
+    passed: Required[bool]  # under the thresholds of the run that measured it; the engine re-judges
+    outputs: Required[dict[str, OutputAccuracy]]
+    task_metrics: Required[dict[str, Any]]
 
 
 class CandidateAccuracy(TypedDict, total=False):

@@ -3,7 +3,8 @@
 The stages' real summaries (a benchmark and a validation run on a tiny real model, a selection decided on their
 files, top kernels of a real kernel record) are checked against their declared types, so a key renamed in a stage
 fails here; and every key the decision and kernel reports read is declared there (or built by the report itself),
-so a key the report reads cannot go undeclared.
+so a key the report reads cannot go undeclared. The pinned baselines' readers (`measure.judging.baseline`) take
+the same declared types.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from trtflow.summaries import (
     CandidatePerformance,
     KernelRow,
     SelectionSummary,
+    ValidateSummary,
     benchmark_of,
     problems,
     selection_of,
@@ -61,6 +63,12 @@ def test_a_real_benchmark_summary_has_what_its_readers_read(measured):
     summary = measured[0].summary
     assert problems(summary, BenchmarkSummary) == []
     assert benchmark_of(summary) is summary
+
+
+def test_a_real_validate_summary_has_what_its_readers_read(measured):
+    summary = measured[1].summary
+    assert problems(summary, ValidateSummary) == []
+    assert all(isinstance(o["cosine_similarity"], float) for o in summary["outputs"].values())
 
 
 def test_a_real_selection_has_what_the_report_reads(selection):
