@@ -69,7 +69,7 @@ def _child_unconfined(folder: Path, params: dict) -> dict:
     """The PyTorch export as the confined path runs it, in a child process that does not confine itself."""
     from trtflow_stages import export
     from trtflow_stages.formats import confinement
-    from trtflow_stages.formats.sources import detect
+    from trtflow_stages.formats.detect import detect
 
     source = (folder / params["model"]).absolute()
     box = Path(tempfile.mkdtemp(dir=folder, prefix="work-")) / "confined"

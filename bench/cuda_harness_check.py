@@ -2,7 +2,7 @@
 
 Workload: a PyTorch CUDA graph of a few matrix products (captured with ``torch.cuda.graph``). The same graph
 is timed twice on one stream:
-  1. by our harness (``stages/measure/cuda_timing.py``): enqueue = ``graph.replay()`` on the harness's stream,
+  1. by our harness (``stages/measure/timing/cuda_timing.py``): enqueue = ``graph.replay()`` on the harness's stream,
      trtexec's loop (time-based warm-up, two queries in flight, CUDA events around each enqueue);
   2. by ``torch.cuda.Event`` pairs around each replay, enqueued back to back, one synchronize at the end.
 Both sets of per-replay GPU times are summarised with the same trtexec percentile rule; the ratio of the
@@ -32,9 +32,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _load_harness():
-    """Import the harness (stages/measure/cuda_timing.py), its statistics and cuda helpers as trtflow_stages.* even
-    where trtflow is not installed."""
-    names = ("trtflow_stages.measure.cuda_timing", "trtflow_stages.measure.stats", "trtflow_stages.runtimes.cuda")
+    """Import the harness (stages/measure/timing/cuda_timing.py), its statistics and cuda helpers as trtflow_stages.*
+    even where trtflow is not installed."""
+    names = ("trtflow_stages.measure.timing.cuda_timing", "trtflow_stages.measure.statistics.stats",
+             "trtflow_stages.runtimes.cuda")
     try:
         return tuple(importlib.import_module(name) for name in names)
     except ImportError:

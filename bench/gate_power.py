@@ -1,8 +1,8 @@
 """What the gates and select can tell: false alarms and power of the stage's own decision code, on models of noise.
 
-Every trial runs the code a gated benchmark runs (`measure.ab.Pairing` timing pairs in a random order through
-window timers, its sequential looks, then `measure.gates.Comparison.paired` making the verdict) and the code
-select runs (`measure.finalists.measure_round_robin`, then `decision.ties.paired_ties`), with the window timers
+Every trial runs the code a gated benchmark runs (`measure.timing.ab.Pairing` timing pairs in a random order through
+window timers, its sequential looks, then `measure.judging.gates.Comparison.paired` making the verdict) and the code
+select runs (`measure.timing.finalists.measure_round_robin`, then `decision.ties.paired_ties`), with the window timers
 replaced by a seeded model of a host's noise. Nothing is timed: thousands of trials take seconds.
 
 Noise models (per window: a level the host drifts through, shared by consecutive windows, times per-query noise
@@ -46,8 +46,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from trtflow_stages.measure.ab import Pairing  # noqa: E402
-from trtflow_stages.measure.intervals import Window  # noqa: E402
+from trtflow_stages.measure.statistics.intervals import Window  # noqa: E402
+from trtflow_stages.measure.timing.ab import Pairing  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,8 @@ def gate_trial(model: NoiseModel, change: float, seed: int, family: int = 1) -> 
     """One gated benchmark: the candidate ``change`` slower than the reference; returns its primary verdict's
     outcome and the pairs it took."""
     from trtflow_stages.benchmark import Params
-    from trtflow_stages.measure.gates import Comparison
-    from trtflow_stages.measure.reference import pair_plan
+    from trtflow_stages.measure.judging.gates import Comparison
+    from trtflow_stages.measure.judging.reference import pair_plan
 
     rng = random.Random(seed)
     host = Host(model, rng)
@@ -124,7 +124,7 @@ def select_trial(model: NoiseModel, faster: float, seed: int) -> bool:
     """Two finalists, the preferred one (by the tie-breaker) ``faster`` slower than the other, timed together:
     does the faster one win (the preferred one loses beyond the 5% band)?"""
     from trtflow_stages.decision.ties import paired_ties
-    from trtflow_stages.measure.finalists import measure_round_robin
+    from trtflow_stages.measure.timing.finalists import measure_round_robin
 
     rng = random.Random(seed)
     host = Host(model, rng)
@@ -203,9 +203,9 @@ def noise(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from examples.models.tiny_cnn import build
-    from trtflow_stages.measure.ab import window_figures
-    from trtflow_stages.measure.paired import noise as robust_sd
-    from trtflow_stages.measure.windows import host_window
+    from trtflow_stages.measure.statistics.paired import noise as robust_sd
+    from trtflow_stages.measure.timing.ab import window_figures
+    from trtflow_stages.measure.timing.windows import host_window
     from trtflow_stages.runtimes.ort import OrtOptions, create_session
 
     with tempfile.TemporaryDirectory() as folder:
@@ -256,8 +256,8 @@ def noise(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _model_spread(model: NoiseModel, pairs: int = 4000) -> float:
-    from trtflow_stages.measure.ab import window_figures
-    from trtflow_stages.measure.paired import noise as robust_sd
+    from trtflow_stages.measure.statistics.paired import noise as robust_sd
+    from trtflow_stages.measure.timing.ab import window_figures
 
     host = Host(model, random.Random(1))
     values = []

@@ -9,7 +9,7 @@ vocabulary 32000, about 124M parameters).
 the export stage (task text-generation-with-past; its greedy-generation check against transformers' generate gives
 the tokens matched), then the benchmark stage (generation: TTFT and TPOT at a context length and concurrencies)
 ``--runs`` times. ``gpu``: PyTorch (eager, the Hugging Face model itself, its cache a DynamicCache) on a CUDA GPU,
-fp32 and fp16, timed with the same harness (`measure.generation`); tokens matched by teacher forcing against
+fp32 and fp16, timed with the same harness (`measure.serving.generation`); tokens matched by teacher forcing against
 transformers' generate on the CPU in fp32 (`accuracy.generation`).
 
 Each figure is the median with its 95% interval and n (requests) of one run; the table gives every run and the
@@ -176,9 +176,9 @@ def gpu(args: argparse.Namespace) -> list[dict[str, Any]]:
     from trtflow_stages.accuracy.generation import compare_generation, forced_candidate, torch_reference
     from trtflow_stages.data.prompts import Prompts, load_prompts
     from trtflow_stages.formats.generation import layout_of
-    from trtflow_stages.measure.generation import GenerationBench, measure_generation
-    from trtflow_stages.measure.intervals import Precision
-    from trtflow_stages.measure.windows import WindowPlan
+    from trtflow_stages.measure.serving.generation import GenerationBench, measure_generation
+    from trtflow_stages.measure.statistics.intervals import Precision
+    from trtflow_stages.measure.timing.windows import WindowPlan
     from trtflow_stages.runtimes.generation import TorchDecoder
 
     device = args.torch_device

@@ -1,6 +1,7 @@
 """How much latency does a load generator add, and where do the stalls at low arrival rates come from?
 
-Both on one model (eager PyTorch, ``bench/serving_models.py``) served by trtflow's `measure.load.Server` (its queue
+Both on one model (eager PyTorch, ``bench/serving_models.py``) served by trtflow's `measure.serving.traffic.Server` (its
+queue
 and worker thread; no dynamic batching), single-sample requests arriving as a Poisson process:
 
 ``generators``: at each ``--rates`` level, ``--repeats`` times, interleaved:
@@ -69,8 +70,8 @@ def _runner(module: Any, sample: Any, device: str) -> Any:
 
 
 def _summary(latencies_ns: list[int]) -> dict[str, Any]:
-    from trtflow_stages.measure.intervals import quantile_interval
-    from trtflow_stages.measure.stats import summarize
+    from trtflow_stages.measure.statistics.intervals import quantile_interval
+    from trtflow_stages.measure.statistics.stats import summarize
 
     values = sorted(v / 1e6 for v in latencies_ns)
     stats = summarize(values)
@@ -83,8 +84,8 @@ def _summary(latencies_ns: list[int]) -> dict[str, Any]:
 
 
 def _loadgen_server(run: Any, rate: float, duration: float, seed: int) -> dict[str, Any]:
-    from trtflow_stages.measure import loadgen
-    from trtflow_stages.measure.load import Server
+    from trtflow_stages.measure.serving import loadgen
+    from trtflow_stages.measure.serving.traffic import Server
 
     with Server([run], warm_sizes=[1]) as server:
         spec = loadgen.ScenarioSpec("Server", duration, target_qps=rate, latency_budget_ms=20.0,
@@ -96,7 +97,7 @@ def _loadgen_server(run: Any, rate: float, duration: float, seed: int) -> dict[s
 
 
 def _trtflow_server(run: Any, rate: float, duration: float, seed: int) -> dict[str, Any]:
-    from trtflow_stages.measure.load import Server, open_loop
+    from trtflow_stages.measure.serving.traffic import Server, open_loop
 
     with Server([run], warm_sizes=[1]) as server:
         result = open_loop(server, rate, 1, 0.0, duration, seed)
@@ -112,7 +113,7 @@ def _loadgen_plain(run: Any, rate: float, duration: float, seed: int) -> dict[st
 
     import mlperf_loadgen as lg
 
-    from trtflow_stages.measure.loadgen import read_trace
+    from trtflow_stages.measure.serving.loadgen import read_trace
 
     work: queue.Queue = queue.Queue()
 
@@ -158,7 +159,7 @@ def _loadgen_plain(run: Any, rate: float, duration: float, seed: int) -> dict[st
 
 
 def generators(args: argparse.Namespace, run: Any) -> dict[str, Any]:
-    from trtflow_stages.measure.load import steady_interpreter
+    from trtflow_stages.measure.serving.traffic import steady_interpreter
 
     configurations = {"loadgen+server": _loadgen_server, "trtflow+server": _trtflow_server,
                       "loadgen+plain": _loadgen_plain}
@@ -216,8 +217,8 @@ def stalls(args: argparse.Namespace, module: Any, sample: Any) -> dict[str, Any]
     pays for PyTorch's per-thread state (cuDNN/cuBLAS handles)."""
     import torch
 
-    from trtflow_stages.measure import loadgen
-    from trtflow_stages.measure.load import Server, steady_interpreter
+    from trtflow_stages.measure.serving import loadgen
+    from trtflow_stages.measure.serving.traffic import Server, steady_interpreter
 
     clock = ClockReader(args.device)
     stream = torch.cuda.Stream() if args.device == "cuda" else None

@@ -246,7 +246,7 @@ def _plain_loadgen_verdict(run: Any, rate: float, duration: float, budget_ms: fl
 
     import mlperf_loadgen as lg
 
-    from trtflow_stages.measure.loadgen import early_stopping_queries, read_detail, read_trace
+    from trtflow_stages.measure.serving.loadgen import early_stopping_queries, read_detail, read_trace
 
     work: queue.Queue = queue.Queue()
     ready = threading.Event()

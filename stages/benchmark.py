@@ -1,26 +1,26 @@
 """The ``benchmark`` stage: latency and throughput the way trtexec measures them, and under serving load.
 
-Fixed-batch points (trtexec's method), per batch size (`measure.fixed`):
+Fixed-batch points (trtexec's method), per batch size (`measure.timing.fixed`):
 - ``tensorrt`` / ``tensorrt-rtx``: an engine through `runtimes.trt_runtime` (execute_async_v3 on device buffers),
-  timed by the cuda-python harness `measure.cuda_timing` (CUDA events around each enqueue, time-based warm-up,
+  timed by the cuda-python harness `measure.timing.cuda_timing` (CUDA events around each enqueue, time-based warm-up,
   optional CUDA graph with fallback, spin-wait, with or without host transfers through pinned buffers, several
   streams for throughput);
 - ``onnxruntime``: an ONNX model with ONNX Runtime (CPU, or the CUDA execution provider where installed),
   timed on the host clock around each ``run``;
 - ``torch``: an eager PyTorch model from a factory, timed with CUDA events on a GPU or the host clock on CPU.
-Each point is timed in ``repeats`` windows or more (`measure.windows`): at least ``min_iterations`` queries and
+Each point is timed in ``repeats`` windows or more (`measure.timing.windows`): at least ``min_iterations`` queries and
 ``min_duration_s``, then more windows until the 95% interval of its median is within ``precision_percent`` (and
 p99's within ``tail_precision_percent`` if set) or ``max_duration_s`` is spent; a point that stopped at the cap is
-flagged ``not-converged``. Statistics follow trtexec (`measure.stats`), over all timed queries; every figure has
-its interval (`measure.intervals`: ``queries``, ``latency_ci_ms``, ``throughput_ci_qps``), and each point records
-what else ran on the host meanwhile (`measure.interference`).
+flagged ``not-converged``. Statistics follow trtexec (`measure.statistics.stats`), over all timed queries; every figure
+has its interval (`measure.statistics.intervals`: ``queries``, ``latency_ci_ms``, ``throughput_ci_qps``), and each point
+records what else ran on the host meanwhile (`measure.timing.interference`).
 
-Serving load (`measure.load`, `measure.instances`, `measure.replicas`): closed-loop ``concurrency`` levels,
-open-loop Poisson ``arrival_rate_qps`` levels with an optional dynamic batcher, ``streams`` model instances, and
-``gpus`` (one replica process per GPU, aggregate throughput and scaling efficiency against one GPU). Latency counts
-from each request's arrival, so queueing is included.
+Serving load (`measure.serving.traffic`, `measure.serving.instances`, `measure.serving.replicas`): closed-loop
+``concurrency`` levels, open-loop Poisson ``arrival_rate_qps`` levels with an optional dynamic batcher, ``streams``
+model instances, and ``gpus`` (one replica process per GPU, aggregate throughput and scaling efficiency against one
+GPU). Latency counts from each request's arrival, so queueing is included.
 
-Gates (latency, throughput, regression against the previous run or a pinned baseline; `measure.gates`) compare
+Gates (latency, throughput, regression against the previous run or a pinned baseline; `measure.judging.gates`) compare
 with the uncertainty of both sides: pass, fail or inconclusive. The engine judges them on the summary `run`
 returns (`gate`, which fails the node on ``fail`` verdicts only), so changing a threshold re-judges cached
 measurements; the summary also keeps the verdicts judged when the node ran (``verdicts``), which the reports
@@ -33,7 +33,7 @@ import json
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import Field, field_validator, model_validator
 
@@ -55,13 +55,14 @@ from trtflow.stage import (
     StageFailed,
     StageSkipped,
 )
+from trtflow.summaries import BenchmarkSummary
 
 from .data import DataSource, InputSpec, data_files
-from .measure.feeds import batch_limits, batch_of, make_feed, resolve_shapes, with_batch
-from .measure.fixed import PointSettings
-from .measure.generation import GenerationBench
-from .measure.load import steady_interpreter
+from .measure.serving.generation import GenerationBench
+from .measure.serving.traffic import steady_interpreter
 from .measure.settings import GateFields, LoadFields, TimingFields
+from .measure.timing.feeds import batch_limits, batch_of, make_feed, resolve_shapes, with_batch
+from .measure.timing.fixed import PointSettings
 from .runtimes.ort import OrtOptions
 from .runtimes.tensorrt import FLAVOURS as TRT_FLAVOURS
 
@@ -276,7 +277,7 @@ def _files(params: Params) -> list[str]:
 
 # -- backends -------------------------------------------------------------------------------------------------
 def _cuda_timer() -> Any:
-    from .measure.cuda_timing import CudaTimer
+    from .measure.timing.cuda_timing import CudaTimer
 
     return CudaTimer(device=0)  # the runner narrows CUDA_VISIBLE_DEVICES to the node's GPU
 
@@ -284,28 +285,28 @@ def _cuda_timer() -> Any:
 # -- gates (applied by the engine to the summary) -------------------------------------------------------------
 def gate(params: Params, summary: Mapping[str, Any], gate_ctx: GateContext) -> list[GateVerdict]:
     """Latency and throughput limits, then regression against a pinned baseline or the last accepted result
-    (`measure.gates`): typed verdicts; the engine fails the node on the blocking ones."""
-    from .measure.gates import verdicts
+    (`measure.judging.gates`): typed verdicts; the engine fails the node on the blocking ones."""
+    from .measure.judging.gates import verdicts
 
     return verdicts(params, summary, gate_ctx)
 
 
 def figures(params: Params, summary: Mapping[str, Any]) -> Figures:
-    """What the recipe's history keeps of a result (`measure.figures`): per point its median and p99 latency and
+    """What the recipe's history keeps of a result (`measure.judging.figures`): per point its median and p99 latency and
     throughput with their intervals, the serving capacity, the scenarios' figures; the gated ones primary."""
-    from .measure.figures import history_figures
+    from .measure.judging.figures import history_figures
 
     return history_figures(params, summary)
 
 
 def _reference(params: Params, resolve: Any, node: str) -> str | Mapping[str, Any] | None:
-    from .measure.reference import reference_request
+    from .measure.judging.reference import reference_request
 
     return reference_request(params, resolve, node)
 
 
 def _compares(params: Params) -> bool:
-    from .measure.reference import compares
+    from .measure.judging.reference import compares
 
     return compares(params)
 
@@ -383,7 +384,7 @@ def _host_model(ctx: StageContext, params: Params, backend: str, model: Path | N
         return module
     if backend == "onnxruntime":
         from .accuracy.recovery import runtime_options
-        from .measure.calls import ort_providers
+        from .measure.timing.calls import ort_providers
         from .runtimes.ort import create_session
 
         assert model is not None
@@ -410,8 +411,8 @@ def _open_reference(ctx: StageContext, params: Params, backend: str, specs: Sequ
     from trtflow.fsutil import project_root
 
     from .formats.onnx_model import candidate_kind
-    from .measure.calls import torch_call
-    from .measure.reference import torch_factory
+    from .measure.judging.reference import torch_factory
+    from .measure.timing.calls import torch_call
 
     reference = ctx.reference
     model = reference.inputs.get("model")
@@ -427,7 +428,7 @@ def _open_reference(ctx: StageContext, params: Params, backend: str, specs: Sequ
     if kind is None or (backend == "onnxruntime") != (kind == "onnx") or backend == "torch":
         raise RecipeError(f"the reference is {'no model' if kind is None else 'an ' + kind}, which this node's "
                           f"backend {backend} does not time beside its candidate")
-    from .measure.calls import onnxruntime_call
+    from .measure.timing.calls import onnxruntime_call
 
     session = _host_model(ctx, params, backend, model)
     return onnxruntime_call(session, feed, params.device, params.include_host_transfers)[0]
@@ -435,10 +436,10 @@ def _open_reference(ctx: StageContext, params: Params, backend: str, specs: Sequ
 
 def _pairings(ctx: StageContext, params: Params, backend: str, device: str, specs: Sequence[InputSpec],
               feeds: Sequence[tuple[int, Any, Any]], planned: Any) -> dict[int, Any]:
-    """The gate point timed in pairs with the reference (`measure.ab`), or nothing (``planned.why`` says why)."""
-    from .measure.ab import Pairing
-    from .measure.fixed import host_timer
-    from .measure.reference import gate_batch, pair_plan
+    """The gate point timed in pairs with the reference (`measure.timing.ab`), or nothing (``planned.why`` says why)."""
+    from .measure.judging.reference import gate_batch, pair_plan
+    from .measure.timing.ab import Pairing
+    from .measure.timing.fixed import host_timer
 
     if planned is None or planned.why is not None:
         return {}
@@ -465,8 +466,8 @@ def _engine_reference(ctx: StageContext, params: Params, backend: str, feeds: Se
     """The reference engine, opened inside ``stack``, the gate point (batch, streams) it is paired at, and what
     makes its pairing; (None, None, None) when it cannot be (``planned.why`` says why)."""
     from .formats.onnx_model import candidate_kind
-    from .measure.ab import Pairing
-    from .measure.reference import gate_batch, pair_plan
+    from .measure.judging.reference import gate_batch, pair_plan
+    from .measure.timing.ab import Pairing
     from .runtimes.candidate import open_candidate
 
     if planned is None or planned.why is not None:
@@ -497,10 +498,10 @@ def _fixed_points(ctx: StageContext, params: Params, backend: str, device: str, 
                   planned: Any = None) -> tuple[list, Any, Any, Any]:
     """Every fixed-batch point (batch sizes x streams), and the layer and kernel profiles where asked for. Engine
     points are timed one after another (each holds its contexts); host-timed ones take turns, a window each, the
-    gate point in pairs with the reference when there is one (``planned``, `measure.reference`). ``session``: the
-    candidate's engine, active; else ``host_model``: an ONNX Runtime session or a PyTorch module."""
-    from .measure.calls import layer_profile, onnxruntime_call, torch_call
-    from .measure.fixed import engine_point, host_points
+    gate point in pairs with the reference when there is one (``planned``, `measure.judging.reference`). ``session``:
+    the candidate's engine, active; else ``host_model``: an ONNX Runtime session or a PyTorch module."""
+    from .measure.timing.calls import layer_profile, onnxruntime_call, torch_call
+    from .measure.timing.fixed import engine_point, host_points
 
     settings = _settings(params, device)
     points: list[dict[str, Any]] = []
@@ -550,7 +551,7 @@ def _fixed_points(ctx: StageContext, params: Params, backend: str, device: str, 
                      len(report["repeats"]), "" if report["converged"] else " (not converged)", report["flags"])
     batch_size, _, feed = feeds[0]
     if params.profile_kernels:
-        from .measure.kernels import timed_call_kernels
+        from .measure.timing.kernel_profile import timed_call_kernels
 
         module_call = None if session is not None else torch_call(host_model, specs, feed, "cuda")
         with ctx.native_step(backend, f"recording CUDA kernels at batch {batch_size}"):
@@ -563,8 +564,8 @@ def _fixed_points(ctx: StageContext, params: Params, backend: str, device: str, 
 
 
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
-    from .measure.interference import HostWatch
-    from .measure.reference import planned as planned_reference
+    from .measure.judging.reference import planned as planned_reference
+    from .measure.timing.interference import HostWatch
 
     model = inputs.get("model")
     candidate = _open_candidate(ctx, params, model, inputs)
@@ -585,7 +586,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
 
     load_result: dict[str, Any] = {}
     if params.has_load:
-        from .measure.serving import measure_load
+        from .measure.serving.measurements import measure_load
 
         limits = batch_limits(specs, params.profile.model_dump() if params.profile is not None else
                               _first_profile(candidate.manifest) if provenance else None)
@@ -603,7 +604,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     if reference is not None:
         metrics["reference"] = reference.summary(paired)
     if kernels is not None:
-        from .measure.kernels import top_kernels
+        from .measure.timing.kernel_profile import top_kernels
 
         ctx.output("kernels").write_text(json.dumps(kernels, indent=2) + "\n", encoding="utf-8")
         metrics.update(top_kernels=top_kernels(kernels),
@@ -618,10 +619,10 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
 
 
 def _generation(ctx: StageContext, params: Params, model: Path | None, device: str, watch: Any) -> dict[str, Any]:
-    """Time to first token and per output token at each concurrency (`measure.generation`)."""
+    """Time to first token and per output token at each concurrency (`measure.serving.generation`)."""
     from .accuracy.recovery import runtime_options
-    from .measure.calls import ort_providers
-    from .measure.generation import level_line, measure_generation
+    from .measure.serving.generation import level_line, measure_generation
+    from .measure.timing.calls import ort_providers
     from .runtimes.generation import OrtDecoder
     from .runtimes.ort import create_session
 
@@ -658,8 +659,9 @@ SUMMARY_UNCERTAINTY = ("queries", "latency_ci_ms", "throughput_ci_qps", "open_in
                      "cpu_wait_ms_per_query")
 
 
-def summary_of(metrics: Mapping[str, Any], facts: Mapping[str, str], params: Params) -> dict[str, Any]:
-    """What the node's manifest keeps: enough for gates, baselines, reports and selection."""
+def summary_of(metrics: Mapping[str, Any], facts: Mapping[str, str], params: Params) -> BenchmarkSummary:
+    """What the node's manifest keeps: enough for gates, baselines, reports and selection (what others read of
+    it is declared in `trtflow.summaries.BenchmarkSummary`)."""
     summary: dict[str, Any] = {
         "backend": metrics["backend"],
         "device": metrics["device"],
@@ -684,7 +686,7 @@ def summary_of(metrics: Mapping[str, Any], facts: Mapping[str, str], params: Par
     if "top_layers" in metrics:
         summary["top_layers"] = [{k: layer[k] for k in ("name", "average_ms", "percent")}
                                  for layer in metrics["top_layers"][:5]]
-    return summary
+    return cast(BenchmarkSummary, summary)  # the promised keys are checked by tests/stages/test_summaries.py
 
 
 stage = Stage(

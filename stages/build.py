@@ -35,7 +35,7 @@ from trtflow.stage import (
     StageSkipped,
 )
 
-from .accuracy.diagnosis import hint_text, memory_findings, trt_build_repro
+from .accuracy.model_problems import hint_text, memory_findings, trt_build_repro
 from .formats.generation import check_profiles as check_cache_profiles
 from .formats.onnx_model import ModelFacts, inspect_model
 from .runtimes.profiles import check_profiles

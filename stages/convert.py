@@ -27,7 +27,7 @@ from trtflow.stage import (
     StageSkipped,
 )
 
-from .accuracy.diagnosis import autocast_repro, modelopt_step
+from .accuracy.model_problems import autocast_repro, modelopt_step
 from .data import DataSource
 from .precision.modelopt import (
     check_node_patterns,
@@ -222,7 +222,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
 
 def _clean_dim_names(ctx: StageContext, model: Any) -> dict[str, Any]:
     """Remove dim names AutoCast left on dims of different sizes (its ``unk``), which break ONNX Runtime."""
-    from .accuracy.diagnosis import clean_dim_names
+    from .accuracy.model_problems import clean_dim_names
 
     report = clean_dim_names(model)
     if report["removed"]:
@@ -257,7 +257,7 @@ def _check_on_onnx_runtime(ctx: StageContext, params: Params, path: Path, refere
     """Run the converted model once on ONNX Runtime; a model it cannot run fails the node with the cause."""
     import numpy as np
 
-    from .accuracy.diagnosis import hint_text, ort_findings, ort_run_step
+    from .accuracy.model_problems import hint_text, ort_findings, ort_run_step
     from .accuracy.recovery import recover
     from .runtimes.ort import create_session
 

@@ -206,7 +206,7 @@ class Params(StageParams):
     @property
     def self_describing(self) -> bool:
         """Whether the model declares its inputs (anything but a factory or a TorchScript archive)."""
-        from .formats.sources import detect_by_name
+        from .formats.detect import detect_by_name
 
         found = detect_by_name(self.model)
         return found is None or found.self_describing
@@ -246,7 +246,7 @@ def _files(params: Params) -> list[str]:
 def _check_files(params: Params, files: Mapping[str, Path]) -> None:
     """At plan time: the model file or folder holds what its name says (a Hugging Face folder has a config.json,
     a .pt file is a TorchScript archive...), so a wrong path is a recipe error at the node's line, before any work."""
-    from .formats.sources import check_content, detect
+    from .formats.detect import check_content, detect
 
     path = files.get(params.model)
     if path is None:
@@ -260,7 +260,7 @@ def _check_files(params: Params, files: Mapping[str, Path]) -> None:
 
 
 def _environment(params: Params) -> list[str]:
-    from .formats.sources import detect_by_name
+    from .formats.detect import detect_by_name
 
     facts = ["onnx"]
     found = detect_by_name(params.model)
@@ -337,7 +337,7 @@ def _check_shape(ctx: StageContext, params: Params, session: Any, path: Path, mo
                  check: CheckShape) -> ShapeResult:
     import numpy as np
 
-    from .accuracy.diagnosis import ort_run_step
+    from .accuracy.model_problems import ort_run_step
 
     arrays = sample_inputs(params, check.shapes)
     try:
@@ -383,7 +383,7 @@ def _first_line(error: BaseException) -> str:
 def _check_model(ctx: StageContext, params: Params, path: Path, model: Any, binding: Any,
                  checks: list[CheckShape]) -> list[ShapeResult]:
     """Run every check (stops at the first failure); a session that cannot even load is a failure too."""
-    from .accuracy.diagnosis import ort_session_step
+    from .accuracy.model_problems import ort_session_step
     from .accuracy.recovery import recover
     from .runtimes.ort import create_session
 
@@ -634,7 +634,7 @@ def _check_onnx_file(ctx: StageContext, params: Params, path: Path) -> dict[str,
     _checker(path)
     if not params.check:
         return {"checked": False}
-    from .accuracy.diagnosis import ort_session_step
+    from .accuracy.model_problems import ort_session_step
     from .accuracy.recovery import recover
     from .runtimes.ort import create_session
 
@@ -658,7 +658,7 @@ def _run_at_profiles(ctx: StageContext, params: Params, path: Path, session: Any
     run fails here, not in a build or a Triton server."""
     import numpy as np
 
-    from .accuracy.diagnosis import ort_run_step
+    from .accuracy.model_problems import ort_run_step
     from .formats.onnx_model import inspect_model
     from .runtimes.profiles import check_profiles
 
@@ -722,7 +722,7 @@ def _declared(params: Params, inputs: dict[str, dict[str, Any]], outputs: list[s
 
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
     from .formats import confinement
-    from .formats.sources import check_content, detect
+    from .formats.detect import check_content, detect
     from .formats.trust import decide
 
     target = ctx.output("model")

@@ -18,7 +18,7 @@ or the highest throughput whose latency stays within a budget (AITune's and Mode
 Constraints exclude candidates (validation passed, latency, throughput, size); the best eligible one wins,
 candidates within ``tie_breakers.tolerance_percent`` of it (a preference band) are ties broken in the stated order.
 The finalists, the candidates not clearly beaten on their stored benchmark figures, are timed again together in
-round-robin windows (`measure.finalists`, ``finalists``), so a 10% difference is seen even when the host's speed
+round-robin windows (`measure.timing.finalists`, ``finalists``), so a 10% difference is seen even when the host's speed
 moved by more than that between their benchmarks; where they cannot be timed here, the stored figures decide and
 the selection says so. Every
 candidate's metrics and the reason it won, lost or was excluded go to selection.json; the winner's artifact
@@ -202,9 +202,9 @@ def materialize_selected(ctx: StageContext, path: Path, kind: str) -> list[str]:
 
 def _time_finalists(ctx: StageContext, params: Params, selection: Mapping[str, Any],
                     paths: Mapping[str, Path]) -> dict[str, Any] | None:
-    """The finalists (eligible, not clearly beaten on stored figures) timed together (`measure.finalists`), or
+    """The finalists (eligible, not clearly beaten on stored figures) timed together (`measure.timing.finalists`), or
     why they could not be; None when there is nothing to time (one finalist, or finalists.measure off)."""
-    from .measure.finalists import measure_round_robin, onnxruntime_timers, timing_plan
+    from .measure.timing.finalists import measure_round_robin, onnxruntime_timers, timing_plan
 
     rows = [row for row in selection["candidates"] if row.get("eligible") and row.get("tie")]
     if not params.finalists.measure or len(rows) < 2:
@@ -219,7 +219,7 @@ def _time_finalists(ctx: StageContext, params: Params, selection: Mapping[str, A
         with ctx.native_step("onnxruntime", f"timing the finalists {names} together"):
             timers = onnxruntime_timers(plan["models"], plan["shapes"], plan["options"], plan["device"],
                                         plan["warmup_ms"], ctx.log, plan["data"], ctx.resolve)
-            from .measure.load import steady_interpreter
+            from .measure.serving.traffic import steady_interpreter
 
             with steady_interpreter():
                 record = measure_round_robin(timers, plan["batch_size"], plan["figure"],

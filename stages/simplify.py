@@ -11,7 +11,7 @@ from pydantic import Field
 
 from trtflow.stage import ONNX, Input, Output, Stage, StageContext, StageFailed, StageParams
 
-from .accuracy.diagnosis import hint_text, memory_findings, onnxsim_repro
+from .accuracy.model_problems import hint_text, memory_findings, onnxsim_repro
 
 
 class Params(StageParams):

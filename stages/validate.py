@@ -24,7 +24,7 @@ import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import Field, model_validator
 
@@ -42,6 +42,7 @@ from trtflow.stage import (
     StageParams,
     StageSkipped,
 )
+from trtflow.summaries import ValidateSummary
 
 from .accuracy.compare import (
     DEFAULT_TOLERANCES,
@@ -247,7 +248,7 @@ def memory(params: Params, input_sizes: Mapping[str, int]) -> int:
 
 
 # -- the stage ---------------------------------------------------------------------------------------------------
-def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
+def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> ValidateSummary:
     from .accuracy.passes import candidate_pass, data_passes, reference_pass, saved_reference
     from .runtimes.candidate import open_candidate
 
@@ -316,7 +317,7 @@ def _notes(settings: Mapping[str, Any]) -> list[str]:
             for which, entry in settings.items() if "recovered_from" in entry]
 
 
-def _finish(ctx: StageContext, params: Params, metrics: dict[str, Any]) -> dict[str, Any]:
+def _finish(ctx: StageContext, params: Params, metrics: dict[str, Any]) -> ValidateSummary:
     """validate.json with the verdict under this run's thresholds, for its readers; the engine re-judges the
     measurements with `gate` whenever the thresholds change, without running again."""
     failures = gate(params, metrics, GateContext(node=ctx.node))
@@ -324,7 +325,7 @@ def _finish(ctx: StageContext, params: Params, metrics: dict[str, Any]) -> dict[
                    judged_with={name: getattr(params, name) for name in GATE_PARAMS})
     metrics = json.loads(json.dumps(metrics, default=_plain))
     ctx.output("metrics").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-    return metrics
+    return cast(ValidateSummary, metrics)  # the promised keys are checked by tests/stages/test_summaries.py
 
 
 def _validate_generation(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:

@@ -362,7 +362,7 @@ def report(
     """Report of the latest run of a recipe file (JSON, Markdown, HTML, or JUnit XML for CI)."""
     from trtflow.pipeline import default_store, identity_of
     from trtflow.recipe.load import load_recipe
-    from trtflow.report.formats import render
+    from trtflow.report.documents import render
 
     recipe_id = identity_of(load_recipe(recipe).path, "").id
     st = default_store(store)

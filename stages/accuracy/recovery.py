@@ -1,6 +1,6 @@
 """Crash recovery for ONNX Runtime: find, in child processes, the session settings under which a model runs.
 
-A native library that crashes on a model kills the process that called it; `diagnosis` names the crash after
+A native library that crashes on a model kills the process that called it; `model_problems` names the crash after
 the fact. This module goes further: before a stage creates a session in its own process, `runtime_options`
 creates one in a child process (`probe`: create the session, run it once on a small input). When the child dies
 of a signal, `recover` searches for settings that run, each try in a child process of its own:

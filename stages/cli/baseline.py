@@ -8,7 +8,7 @@
 
 Benchmark nodes then compare with it through ``baseline: FILE`` (and ``max_regression_percent``): the pinned
 artifact is re-measured beside the candidate in A/B pairs; a validate node compares accuracy figures through its
-baseline hook (`measure.baseline.accuracy_gate`).
+baseline hook (`measure.judging.baseline.accuracy_gate`).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def pin(
     from trtflow.api import latest_results, pin_latest
     from trtflow.recipe.load import load_recipe
 
-    from ..measure.baseline import make_baseline
+    from ..measure.judging.baseline import make_baseline
 
     loaded = load_recipe(recipe)
     results = latest_results(recipe, set_ or (), store)
@@ -100,7 +100,7 @@ app.command("save", help="The same as `pin` (its earlier name).")(pin)
 @app.command("show")
 def show(file: Annotated[Path, typer.Argument(help="A baseline file.", show_default=False)]) -> None:
     """Print the nodes, machine facts and figures a baseline holds."""
-    from ..measure.baseline import read_baseline
+    from ..measure.judging.baseline import read_baseline
 
     document = read_baseline(file)
     typer.echo(f"baseline of recipe {document.get('recipe')}, saved {document.get('saved')}")
@@ -119,7 +119,7 @@ def unpin(
     Gates on the file then compare its stored figures (and say so) until it is pinned again."""
     from trtflow.api import unpin as release
 
-    from ..measure.baseline import read_baseline
+    from ..measure.judging.baseline import read_baseline
 
     document = read_baseline(file)
     identities = sorted({str(entry["identity"]) for entry in (document.get("nodes") or {}).values()

@@ -454,7 +454,7 @@ def _saved_model_parts(model: str, inputs: list[str], output: Path, task: str | 
 
     A model whose reading runs its own code is read as export would (formats.trust): in a confined child, or
     unconfined with --trust-code, or refused."""
-    from ..formats.sources import check_content, detect
+    from ..formats.detect import check_content, detect
     from ..formats.trust import RUNS_CODE, decide
 
     path = Path(model)

@@ -1,6 +1,6 @@
 """select's figures for generation: time per output token under a first-token budget, from a benchmark's
-``generation`` levels (`measure.generation`: one per concurrency, each with ``ttft_ms`` and ``tpot_ms`` statistics,
-their sample count ``n`` and 95% intervals ``ci``).
+``generation`` levels (`measure.serving.generation`: one per concurrency, each with ``ttft_ms`` and ``tpot_ms``
+statistics, their sample count ``n`` and 95% intervals ``ci``).
 
 Pure functions on JSON-ready data; `decision.selection` turns the chosen level into an operating point.
 """
@@ -60,7 +60,8 @@ def pick_level(levels: Sequence[Mapping[str, Any]], stat: str, concurrency: int 
 
 
 def point_source(level: Mapping[str, Any], stat: str) -> dict[str, Any]:
-    """The level as a latency point (the time per output token is the latency judged), for `measure.compare`."""
+    """The level as a latency point (the time per output token is the latency judged), for
+    `measure.statistics.unpaired`."""
     tpot, tpot_ci = figure(level, "tpot_ms", stat)
     ttft, ttft_ci = figure(level, "ttft_ms", stat)
     return {"concurrency": level.get("concurrency"), "latency_ms": {stat: tpot},

@@ -11,14 +11,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import Field, model_validator
 
 from trtflow.digits import decimals_apart, distinct
 from trtflow.stage import StageParams
+from trtflow.summaries import CandidateAccuracy, CandidatePerformance, SelectionSummary
 
-from ..measure.compare import RUN_TO_RUN_PERCENT, latency_figure, throughput_figure, unmeasurable
+from ..measure.statistics.unpaired import RUN_TO_RUN_PERCENT, latency_figure, throughput_figure, unmeasurable
 from .generation import GOAL as GENERATION_GOAL
 from .generation import first_token_text, levels_of, pick_level, point_source
 from .ties import loses, objective_figure, paired_ties, ratio_text, row_ratio, worse_by
@@ -187,7 +188,7 @@ class Candidate:
     benchmark: dict[str, Any] | None = None
 
 
-def accuracy_of(validate_json: Mapping[str, Any], node: str) -> dict[str, Any]:
+def accuracy_of(validate_json: Mapping[str, Any], node: str) -> CandidateAccuracy:
     """The accuracy figures a decision needs from a validate.json (worst output wins)."""
     outputs = validate_json.get("outputs") or {}
     cosines = [o["cosine_similarity"] for o in outputs.values() if _number(o.get("cosine_similarity"))]
@@ -211,7 +212,7 @@ UNCERTAINTY = ("queries", "latency_ci_ms", "throughput_ci_qps", "converged", "op
                "cpu_wait_ms_per_query")
 
 
-def performance_of(benchmark_json: Mapping[str, Any], node: str) -> dict[str, Any]:
+def performance_of(benchmark_json: Mapping[str, Any], node: str) -> CandidatePerformance:
     """Per batch size the latency statistics and throughput, and the `load` sweep when there is one."""
     points = []
     for point in benchmark_json.get("points") or []:
@@ -323,7 +324,7 @@ def operating_point(candidate: Candidate, objective: Objective, batch: int | Non
 def _objective_value(candidate: Candidate, point: OperatingPoint | None,
                      objective: Objective) -> tuple[float | None, list[float] | None, list[float] | None]:
     """The candidate's figure for the objective, its 95% interval, and the interval it is compared with: the
-    95% interval reaching as far as the time its benchmark waited for a CPU allows (`measure.compare`). None
+    95% interval reaching as far as the time its benchmark waited for a CPU allows (`measure.statistics.unpaired`). None
     where there is none."""
     if objective.goal == "min_size":
         return float(candidate.size_bytes), None, None
@@ -448,9 +449,9 @@ def pareto_front(rows: Sequence[Mapping[str, Any]]) -> set[str]:
 
 
 def decide(candidates: Sequence[Candidate], params: Params, baseline: Mapping[str, Any] | None = None,
-           finalists: Mapping[str, Any] | None = None) -> dict[str, Any]:
+           finalists: Mapping[str, Any] | None = None) -> SelectionSummary:
     """The selection: every candidate with its operating point, eligibility, rank and reason. ``finalists``: the
-    record of finalists timed together (`measure.finalists`): their comparisons with the leader replace the
+    record of finalists timed together (`measure.timing.finalists`): their comparisons with the leader replace the
     stored figures'; or {"why": ...}: why they were not (said in the selection)."""
     objective = params.objective
     stat, goal = objective.percentile, objective.goal
@@ -530,7 +531,7 @@ def decide(candidates: Sequence[Candidate], params: Params, baseline: Mapping[st
     tied_names = [r["name"] for r in rows if r.get("tie")]
     for row in rows:  # what decided needs no copy of the source point
         (row.get("operating_point") or {}).pop("source", None)
-    return {
+    return cast(SelectionSummary, {
         "selected": selected,
         "tie_within_noise": len(tied_names) > 1,
         "tied": tied_names if len(tied_names) > 1 else [],
@@ -542,7 +543,7 @@ def decide(candidates: Sequence[Candidate], params: Params, baseline: Mapping[st
         "tie_breakers": params.tie_breakers.model_dump(),
         "baseline": (baseline or {}).get("name"),
         "candidates": rows,
-    }
+    })
 
 
 def _paired(eligible: list[dict[str, Any]], finalists: Mapping[str, Any]) -> dict[str, Any]:

@@ -5,15 +5,15 @@ for the tie-breakers (accuracy, size, ...). A candidate *loses* only when it is 
 band with confidence; every other one is tied with it, and the tie-breakers decide among the tied ones, in a fixed
 order.
 
-- Paired (`paired_ties`): the finalists were timed together in round-robin windows (`measure.finalists`); the
+- Paired (`paired_ties`): the finalists were timed together in round-robin windows (`measure.timing.finalists`); the
   leader has the best paired estimate, and each other finalist's per-round ratio to it is judged with the
-  signed-rank bounds of `measure.paired` (select's 5% error budget split among the comparisons): it loses when the
-  lower bound is beyond the band, is within the band when the upper bound is inside it, and is undecided (tied,
+  signed-rank bounds of `measure.statistics.paired` (select's 5% error budget split among the comparisons): it loses
+  when the lower bound is beyond the band, is within the band when the upper bound is inside it, and is undecided (tied,
   said so) at the cap.
 - Stored figures (`loses`): candidates benchmarked at different times are compared on their figures' 95%
-  intervals (the ratio's own interval, `measure.compare.Figure.ratio`) beyond the band *and* the host's run-to-run
-  variation, which stored figures cannot cancel. A figure without an interval (an old benchmark, an artifact's
-  size) counts as exact.
+  intervals (the ratio's own interval, `measure.statistics.unpaired.Figure.ratio`) beyond the band *and* the host's
+  run-to-run variation, which stored figures cannot cancel. A figure without an interval (an old benchmark, an
+  artifact's size) counts as exact.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..measure.compare import Figure, worse_beyond
-from ..measure.finalists import spread
-from ..measure.paired import Schedule, round_robin, select_budget
+from ..measure.statistics.paired import Schedule, round_robin, select_budget
+from ..measure.statistics.unpaired import Figure, worse_beyond
+from ..measure.timing.finalists import spread
 
 
 def objective_figure(goal: str, value: float | None, interval: Any) -> Figure | None:
@@ -45,8 +45,8 @@ def worse_by(figure: Figure, best: Figure, lower_is_better: bool) -> Figure:
 
 def loses(ratio: Figure, tolerance_percent: float, run_to_run_percent: float = 0.0) -> bool:
     """Worse beyond the tolerance with confidence, and beyond what the host's speed changing between the two
-    measurements (``run_to_run_percent``, `measure.compare.RUN_TO_RUN_PERCENT`) can explain: the whole interval
-    of the ratio is above (1 + tolerance) x (1 + run-to-run)."""
+    measurements (``run_to_run_percent``, `measure.statistics.unpaired.RUN_TO_RUN_PERCENT`) can explain: the whole
+    interval of the ratio is above (1 + tolerance) x (1 + run-to-run)."""
     return worse_beyond(ratio, 1.0 + tolerance_percent / 100.0, run_to_run_percent)
 
 
@@ -62,7 +62,7 @@ def row_ratio(row: Mapping[str, Any]) -> Figure:
 
 
 def paired_ties(record: Mapping[str, Any]) -> tuple[str, dict[str, dict[str, Any]]]:
-    """The leader of finalists timed together (`measure.finalists.measure_round_robin`'s record) and, per other
+    """The leader of finalists timed together (`measure.timing.finalists.measure_round_robin`'s record) and, per other
     finalist, its ratio to the leader (> 1 is worse), the bounds, the rounds it rests on and the outcome: ``loses``
     (worse beyond the band with confidence), ``within`` (inside the band with confidence) or ``undecided``."""
     names = list(record["names"])

@@ -16,8 +16,8 @@ from typing import Any
 from trtflow.stage import StageFailed
 
 from . import confinement
+from .detect import ModelFormat
 from .dim_names import input_dim_name
-from .sources import ModelFormat
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from typing import Literal
 from trtflow.stage import StageFailed
 
 from . import confinement
-from .sources import ModelFormat
+from .detect import ModelFormat
 
 #: What a format's own program can do when trtflow reads it (formats not listed are data).
 RUNS_CODE = {

@@ -11,10 +11,10 @@ from pydantic import Field, field_validator
 
 from trtflow.stage import StageParams
 
-from .compare import RUN_TO_RUN_PERCENT
-from .intervals import Precision
-from .load import DynamicBatching
-from .windows import WindowPlan
+from .serving.traffic import DynamicBatching
+from .statistics.intervals import Precision
+from .statistics.unpaired import RUN_TO_RUN_PERCENT
+from .timing.windows import WindowPlan
 
 DURATION_CAP_FACTOR = 3.0  # max_duration_s by default: three times the minimum
 

@@ -111,7 +111,7 @@ def reference_data(ctx: StageContext, model_path: Path, params: AutocastParams) 
 def convert_model(ctx: StageContext, model_path: Path, params: AutocastParams, reference: ReferenceData,
                   step: AbstractContextManager[Any]) -> Any:
     """The converted model (an ``onnx.ModelProto``); ``step``: the native step around the ModelOpt call
-    (`accuracy.diagnosis.modelopt_step`, with the command that reproduces it). AutoCast's failures are
+    (`accuracy.model_problems.modelopt_step`, with the command that reproduces it). AutoCast's failures are
     `StageFailed` with what to try."""
     import numpy as np
     from modelopt.onnx.autocast import convert_to_mixed_precision

@@ -59,7 +59,7 @@ def test_a_benchmark_serves_from_the_gpus_its_node_was_given(two_gpus: dict[str,
     """Serving replicas are pinned by the ids the runner gave the node (UUIDs), not by ordinals: a replica's
     CUDA_VISIBLE_DEVICES=0 would name the machine's first GPU even when the node was given the second."""
     from trtflow.environment import gpus
-    from trtflow_stages.measure.serving import serving_gpus
+    from trtflow_stages.measure.serving.measurements import serving_gpus
 
     monkeypatch.setenv("PATH", two_gpus["PATH"])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbb2222")  # the node was given the machine's second GPU

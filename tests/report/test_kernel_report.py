@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trtflow.report.formats import to_html, to_markdown
+from trtflow.report.documents import to_html, to_markdown
 
 
 def _node(name: str, summary: dict) -> dict:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trtflow.report.formats import to_html, to_markdown
+from trtflow.report.documents import to_html, to_markdown
 from trtflow_stages.decision.selection import Candidate, Params, decide
 
 

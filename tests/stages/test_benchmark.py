@@ -11,7 +11,7 @@ from trtflow.errors import RecipeError, StageSkipped
 from trtflow.stage import GateContext
 from trtflow.testing import run_stage
 from trtflow_stages import benchmark
-from trtflow_stages.measure import stats as _stats
+from trtflow_stages.measure.statistics import stats as _stats
 from trtflow_stages.runtimes.cuda import cuda_unavailable_reason
 
 SHORT = {"warmup_ms": 5, "min_iterations": 5, "min_duration_s": 0.0}
@@ -223,7 +223,7 @@ def test_regression_gate_compares_stored_figures_of_the_previous_run_on_the_same
 
 
 def test_pinned_baseline_gate_compares_and_refuses_other_hardware(tmp_path):
-    from trtflow_stages.measure.baseline import make_baseline
+    from trtflow_stages.measure.judging.baseline import make_baseline
 
     facts = {"gpu": "NVIDIA H100 (sm90)", "tensorrt": "10.13.0", "driver": "580.1"}
     document = make_baseline("demo", {"bench": {"stage": "benchmark", "summary": _summary(10.0, 1000.0),
@@ -335,7 +335,7 @@ def test_host_watch_names_what_else_ran():
     import sys
     import time
 
-    from trtflow_stages.measure.interference import HostWatch, busy_warning
+    from trtflow_stages.measure.timing.interference import HostWatch, busy_warning
 
     loop = "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"
     shell = subprocess.run(["sh", "-c", f'"{sys.executable}" -c "{loop}" >/dev/null 2>&1 & echo $!'],

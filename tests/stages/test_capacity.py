@@ -19,10 +19,10 @@ import pytest
 
 from trtflow.testing import run_stage
 from trtflow_stages import benchmark
-from trtflow_stages.measure import load as _load
-from trtflow_stages.measure.levels import Level
-from trtflow_stages.measure.load import LoadRun, Request, summarize_run
-from trtflow_stages.measure.serving import capacity_entry, confirm_capacity, server_level
+from trtflow_stages.measure.serving import traffic as _load
+from trtflow_stages.measure.serving.levels import Level
+from trtflow_stages.measure.serving.measurements import capacity_entry, confirm_capacity, server_level
+from trtflow_stages.measure.serving.traffic import LoadRun, Request, summarize_run
 
 SERVICE_NS = 1_000_000
 STALL_NS, STALL_EVERY_NS, FIRST_STALL_NS = 20_000_000, 3_000_000_000, 2_500_000_000

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from trtflow.stage import StageContext
 from trtflow.testing import run_stage
 from trtflow_stages import simplify
-from trtflow_stages.accuracy import diagnosis as _diagnosis
+from trtflow_stages.accuracy import model_problems as _problems
 from trtflow_stages.runtimes.ort import OrtOptions
 
 
@@ -45,12 +45,12 @@ def shapes(model: onnx.ModelProto) -> dict[str, list]:
 
 
 def test_a_dim_name_on_dims_of_different_sizes_is_found():
-    assert _diagnosis.inconsistent_dim_names(unk_model()) == {"unk": [64, 256]}
+    assert _problems.inconsistent_dim_names(unk_model()) == {"unk": [64, 256]}
 
 
 def test_cleaning_removes_the_name_and_refills_sizes_from_shape_inference():
     model = unk_model()
-    report = _diagnosis.clean_dim_names(model)
+    report = _problems.clean_dim_names(model)
     assert report == {"removed": {"unk": [64, 256]}, "cleared_dims": 4, "refilled_dims": 4, "still_inconsistent": {}}
     assert shapes(model) == {"x": ["batch", "seq", 64], "a": ["batch", "seq", 64], "up": ["batch", "seq", 256],
                              "b": ["batch", "seq", 256], "y": ["batch", "seq", 64]}
@@ -60,23 +60,23 @@ def test_cleaning_removes_the_name_and_refills_sizes_from_shape_inference():
 def test_consistent_names_are_left_alone(tiny_transformer_onnx):
     model = onnx.load(str(tiny_transformer_onnx))
     before = shapes(model)
-    assert _diagnosis.clean_dim_names(model)["removed"] == {}
+    assert _problems.clean_dim_names(model)["removed"] == {}
     assert shapes(model) == before
 
 
 def test_the_finding_names_the_sizes_and_the_fix(tmp_path):
-    (finding,) = _diagnosis.dim_name_findings(unk_model(tmp_path / "m.onnx"))
+    (finding,) = _problems.dim_name_findings(unk_model(tmp_path / "m.onnx"))
     assert "'unk' (sizes 64, 256)" in finding.message
     assert "Shape mismatch attempting to re-use buffer" in finding.message
     assert "re-run the convert stage" in finding.fix
 
 
 def test_fp16_convolutions_with_layout_optimisations_point_to_the_nchwc_optimizer(tiny_cnn_fp16_onnx, tiny_cnn_onnx):
-    (finding,) = _diagnosis.ort_optimizer_findings(tiny_cnn_fp16_onnx, None, None)
+    (finding,) = _problems.ort_optimizer_findings(tiny_cnn_fp16_onnx, None, None)
     assert "disabled_optimizers: [NchwcTransformer]" in finding.fix
-    assert _diagnosis.ort_optimizer_findings(tiny_cnn_fp16_onnx, OrtOptions(graph_optimization_level="extended"),
+    assert _problems.ort_optimizer_findings(tiny_cnn_fp16_onnx, OrtOptions(graph_optimization_level="extended"),
                                              None) == []
-    assert _diagnosis.ort_optimizer_findings(tiny_cnn_onnx, None, None) == []
+    assert _problems.ort_optimizer_findings(tiny_cnn_onnx, None, None) == []
 
 
 def shell(command: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -86,20 +86,20 @@ def shell(command: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_onnx_runtime_repro_commands_run_the_same_session(tmp_path, tiny_mlp_onnx):
     options = OrtOptions(graph_optimization_level="extended", disabled_optimizers=["NchwcTransformer"])
-    created = shell(_diagnosis.ort_session_repro(tiny_mlp_onnx, options), tmp_path)
+    created = shell(_problems.ort_session_repro(tiny_mlp_onnx, options), tmp_path)
     assert created.returncode == 0, created.stderr
     feed = {"input": np.ones((3, 16), np.float32)}
-    ran = shell(_diagnosis.ort_run_repro(tiny_mlp_onnx, feed, options), tmp_path)
+    ran = shell(_problems.ort_run_repro(tiny_mlp_onnx, feed, options), tmp_path)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip() == "[(3, 4)]"
 
 
 @pytest.mark.slow
 def test_onnxsim_and_autocast_repro_commands_run(tmp_path, tiny_mlp_onnx):
-    simplified = shell(_diagnosis.onnxsim_repro(tiny_mlp_onnx, {"input": [2, 16]}), tmp_path)
+    simplified = shell(_problems.onnxsim_repro(tiny_mlp_onnx, {"input": [2, 16]}), tmp_path)
     assert simplified.returncode == 0, simplified.stderr
     assert (tmp_path / "simplified.onnx").exists()
-    converted = shell(_diagnosis.autocast_repro(tiny_mlp_onnx, "fp16", None, {"keep_io_types": True,
+    converted = shell(_problems.autocast_repro(tiny_mlp_onnx, "fp16", None, {"keep_io_types": True,
                                                                                  "data_max": 512.0}), tmp_path)
     assert converted.returncode == 0, converted.stderr
     assert (tmp_path / "converted.onnx").exists()

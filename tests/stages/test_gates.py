@@ -1,5 +1,6 @@
-"""Gates as typed verdicts (`measure.gates`, `measure.compare`, `measure.paired`): limits on intervals, regression on
-A/B pairs (sequential, with an error budget) or on stored figures (labelled), one primary verdict per node, power."""
+"""Gates as typed verdicts (`measure.judging.gates`, `measure.statistics.unpaired`, `measure.statistics.paired`): limits
+on intervals, regression on A/B pairs (sequential, with an error budget) or on stored figures (labelled), one primary
+verdict per node, power."""
 
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ import pytest
 from trtflow.stage import GateContext
 from trtflow.verdicts import PAIRED, STORED, GateVerdict, accepted, failures, only_inconclusive
 from trtflow_stages import benchmark
-from trtflow_stages.measure.compare import Figure, at_least, at_most, latency_figure, unmeasurable
-from trtflow_stages.measure.gates import verdicts
-from trtflow_stages.measure.paired import (
+from trtflow_stages.measure.judging.gates import verdicts
+from trtflow_stages.measure.statistics.paired import (
     Budget,
     PairedRecord,
     Schedule,
@@ -25,6 +25,7 @@ from trtflow_stages.measure.paired import (
     power,
     sequential,
 )
+from trtflow_stages.measure.statistics.unpaired import Figure, at_least, at_most, latency_figure, unmeasurable
 
 
 def point(p50: float, interval: tuple[float, float] | None = None, batch: int = 4, **extra: object) -> dict:
@@ -212,7 +213,7 @@ def test_limits_on_intervals_and_open_tails():
 
 
 def test_pinned_baseline_paired_when_its_artifact_was_re_measured_else_stored_figures(tmp_path):
-    from trtflow_stages.measure.baseline import make_baseline
+    from trtflow_stages.measure.judging.baseline import make_baseline
 
     facts = {"cpu": "x86_64 test", "onnxruntime": "1.24"}
     artifact = {"identity": "ab" * 16, "params": {"backend": "onnxruntime"}, "artifact": {
@@ -223,7 +224,7 @@ def test_pinned_baseline_paired_when_its_artifact_was_re_measured_else_stored_fi
     saved = document["nodes"]["bench"]
     assert saved["points"][0]["latency_ci_ms"]["p50"] == [0.97, 1.03] and saved["artifact"]["inputs"]["model"]
     (tmp_path / "base.json").write_text(json.dumps(document))
-    from trtflow_stages.measure.baseline import artifact_identity
+    from trtflow_stages.measure.judging.baseline import artifact_identity
 
     identity = artifact_identity(saved)
     params = {"backend": "onnxruntime", "baseline": "base.json"}

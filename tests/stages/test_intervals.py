@@ -1,4 +1,5 @@
-"""Intervals and convergence (`measure.intervals`, `measure.windows`) on synthetic timings with known quantiles.
+"""Intervals and convergence (`measure.statistics.intervals`, `measure.timing.windows`) on synthetic timings with known
+quantiles.
 
 Coverage is checked the way it is defined: over many independent samples from a distribution whose quantiles are
 known exactly, the 95% intervals must contain the true quantile about 95% of the time (never much less).
@@ -12,10 +13,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from trtflow_stages.measure import intervals as _intervals
-from trtflow_stages.measure import windows as _windows
-from trtflow_stages.measure.intervals import Precision, Window, min_queries, quantile_interval, uncertainty
-from trtflow_stages.measure.stats import summarize
+from trtflow_stages.measure.statistics import intervals as _intervals
+from trtflow_stages.measure.statistics.intervals import Precision, Window, min_queries, quantile_interval, uncertainty
+from trtflow_stages.measure.statistics.stats import summarize
+from trtflow_stages.measure.timing import windows as _windows
 
 TRIALS = 400
 

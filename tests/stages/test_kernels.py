@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from trtflow_stages.measure import kernels
+from trtflow_stages.measure.timing import kernel_profile as kernels
 
 
 def _trace() -> dict:

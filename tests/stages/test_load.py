@@ -1,4 +1,5 @@
-"""The load generator and the dynamic batcher (`measure.load`): what they send, when, and how they measure it.
+"""The load generator and the dynamic batcher (`measure.serving.traffic`): what they send, when, and how they measure
+it.
 
 The model work here is a Python callable that records the batch sizes it is given and can be held back on an
 event, so that the queue's contents are known exactly when the batcher decides; nothing asserts on speed.
@@ -12,8 +13,8 @@ import time
 
 import pytest
 
-from trtflow_stages.measure import load as _load
-from trtflow_stages.measure.load import DynamicBatching, LoadRun, Request, Server
+from trtflow_stages.measure.serving import traffic as _load
+from trtflow_stages.measure.serving.traffic import DynamicBatching, LoadRun, Request, Server
 
 
 class HeldWork:

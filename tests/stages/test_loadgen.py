@@ -1,4 +1,5 @@
-"""MLPerf LoadGen driving trtflow's server (`measure.loadgen`) on a tiny real model, and through the benchmark stage.
+"""MLPerf LoadGen driving trtflow's server (`measure.serving.loadgen`) on a tiny real model, and through the benchmark
+stage.
 
 The model is a tiny MLP on ONNX Runtime (one thread); nothing asserts on speed, only on what LoadGen issued, how the
 server answered, and what the stage reports (scenarios named as MLPerf names them, LoadGen's verdicts, intervals).
@@ -13,8 +14,8 @@ import pytest
 
 from trtflow.testing import run_stage
 from trtflow_stages import benchmark
-from trtflow_stages.measure import loadgen
-from trtflow_stages.measure.load import DynamicBatching, Server, summarize_run
+from trtflow_stages.measure.serving import loadgen
+from trtflow_stages.measure.serving.traffic import DynamicBatching, Server, summarize_run
 from trtflow_stages.runtimes.ort import OrtOptions, create_session
 
 pytest.importorskip("mlperf_loadgen")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtflow_stages.measure import levels as _levels
-from trtflow_stages.measure import load as _load
-from trtflow_stages.measure import serving as _serving
-from trtflow_stages.measure.instances import ExecutorSpec
-from trtflow_stages.measure.replicas import Replicas
+from trtflow_stages.measure.serving import levels as _levels
+from trtflow_stages.measure.serving import measurements as _serving
+from trtflow_stages.measure.serving import traffic as _load
+from trtflow_stages.measure.serving.instances import ExecutorSpec
+from trtflow_stages.measure.serving.replicas import Replicas
 from trtflow_stages.runtimes.ort import OrtOptions
 
 
@@ -75,8 +75,8 @@ def test_replicas_use_every_gpu_the_node_was_given():
 
 
 def test_a_level_is_shared_among_replicas():
-    from trtflow_stages.measure.levels import Level
-    from trtflow_stages.measure.loadgen import ScenarioSpec
+    from trtflow_stages.measure.serving.levels import Level
+    from trtflow_stages.measure.serving.loadgen import ScenarioSpec
 
     server = Level("loadgen", 300.0, 1, 0.0, 2.0, seed=5, scenario=ScenarioSpec("Server", 2.0, target_qps=300.0))
     parts = [_serving.share(server, 2, index) for index in range(2)]

@@ -28,8 +28,8 @@ from trtflow.stage import GateContext
 from trtflow.testing import run_stage
 from trtflow_stages import benchmark, build, validate
 from trtflow_stages.data import onnx_input_specs
-from trtflow_stages.measure.cuda_timing import TimingRun
-from trtflow_stages.measure.stats import QueryTiming
+from trtflow_stages.measure.statistics.stats import QueryTiming
+from trtflow_stages.measure.timing.cuda_timing import TimingRun
 from trtflow_stages.runtimes import tensorrt as _tensorrt
 from trtflow_stages.runtimes import trt_runtime as _trt_runtime
 from trtflow_stages.runtimes.trt_runtime import DeviceTensor

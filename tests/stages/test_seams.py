@@ -131,8 +131,8 @@ def test_every_params_protocol_is_met_by_the_stage_params_it_names() -> None:
     from trtflow_stages.accuracy.compare import AccuracyParams
     from trtflow_stages.formats.torch_check import CheckParams
     from trtflow_stages.formats.torch_source import SampleInput, TorchSourceParams
-    from trtflow_stages.measure.feeds import FeedParams
-    from trtflow_stages.measure.serving import ServingParams
+    from trtflow_stages.measure.serving.measurements import ServingParams
+    from trtflow_stages.measure.timing.feeds import FeedParams
     from trtflow_stages.precision.autocast import AutocastParams
     from trtflow_stages.precision.modelopt import ModeloptParams
     from trtflow_stages.precision.onnx_ptq import PlacementLike, PtqParams

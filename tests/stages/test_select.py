@@ -323,7 +323,7 @@ def _rounds(ratios: dict[str, float], count: int, noise: float = 0.03, seed: int
     import math
     import random
 
-    from trtflow_stages.measure.paired import Schedule, select_budget
+    from trtflow_stages.measure.statistics.paired import Schedule, select_budget
 
     rng = random.Random(seed)
     rounds = []

@@ -2,7 +2,8 @@
 
 A chooser node (the ``select`` stage, or any stage whose summary has the same shape) summarises every
 candidate with its accuracy, benchmark points and the reason it won, lost or was excluded. This module turns
-that into table rows and chart series; it does not know how the selection was made.
+that into table rows and chart series; it does not know how the selection was made. It reads the summaries only
+through their declared types (`trtflow.summaries`: `SelectionSummary`, `BenchmarkSummary`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtflow.digits import decimals_apart
+from trtflow.summaries import SelectionSummary, benchmark_of, selection_of
 
 
 @dataclass
@@ -33,20 +35,16 @@ class Decision:
     cosine_format: str = "%.6f"  # enough decimals to tell the candidates' cosine similarities apart
 
 
-def is_selection(summary: Any) -> bool:
-    return isinstance(summary, Mapping) and {"selected", "candidates", "objective"} <= set(summary) \
-        and isinstance(summary["candidates"], list)
-
-
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def decisions(data: Mapping[str, Any]) -> list[Decision]:
-    return [decision(n["node"], n["summary"]) for n in data["nodes"] if is_selection(n.get("summary"))]
+    return [decision(n["node"], summary) for n in data["nodes"]
+            if (summary := selection_of(n.get("summary"))) is not None]
 
 
-def decision(node: str, summary: Mapping[str, Any]) -> Decision:
+def decision(node: str, summary: SelectionSummary) -> Decision:
     objective = summary.get("objective") or {}
     stat = objective.get("percentile") or "p50"
     candidates = summary["candidates"]
@@ -98,10 +96,10 @@ def benchmark_series(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
     """Latency per batch size of every benchmark node (its summary's points), for runs without a chooser."""
     series = []
     for n in nodes:
-        summary = n.get("summary")
-        if not isinstance(summary, Mapping):
+        summary = benchmark_of(n.get("summary"))
+        if summary is None:
             continue
-        for p in summary.get("points") or []:
+        for p in summary["points"]:
             if isinstance(p, Mapping) and _number(p.get("median_ms")):
                 series.append({"candidate": n["node"], "status": "eligible", "batch_size": p.get("batch_size"),
                                "p50": p["median_ms"], "p99": p.get("p99_ms"),
@@ -129,11 +127,11 @@ def gate_notes(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return sorted(notes, key=lambda note: (not note["primary"], note["verdict"] == "pass"))
 
 
-def benchmark_flags(summary: Mapping[str, Any]) -> dict[str, list[str]]:
+def benchmark_flags(summary: SelectionSummary) -> dict[str, list[str]]:
     """Per benchmark node a selection rested on, the flags its measurements carry (``busy-host``,
-    ``not-converged``, ...: `measure.stats`, `measure.windows`, `measure.interference`), each with where it was
-    raised (batch size or concurrency), and the candidates select found unmeasurable (the benchmark waited for a
-    CPU most of the time)."""
+    ``not-converged``, ...: `measure.statistics.stats`, `measure.timing.windows`, `measure.timing.interference`), each
+    with where it was raised (batch size or concurrency), and the candidates select found unmeasurable (the benchmark
+    waited for a CPU most of the time)."""
     flags: dict[str, list[str]] = {}
     for c in summary.get("candidates") or []:
         bench = c.get("benchmark") or {}
@@ -153,7 +151,7 @@ def benchmark_flags(summary: Mapping[str, Any]) -> dict[str, list[str]]:
     return flags
 
 
-def headline(node: str, summary: Mapping[str, Any]) -> str:
+def headline(node: str, summary: SelectionSummary) -> str:
     """One line: what a chooser node chose and why (its winner's reason: the objective, the figure with its 95%
     interval, the margin or the tie-break), and the flags of the benchmarks it rested on. Plain text."""
     objective = (summary.get("objective") or {}).get("description") or "its objective"

@@ -1,4 +1,5 @@
-"""The top CUDA kernels of every benchmarked candidate, side by side (from each summary's ``top_kernels``).
+"""The top CUDA kernels of every benchmarked candidate, side by side (from each summary's ``top_kernels``,
+read through `trtflow.summaries.BenchmarkSummary`).
 
 A benchmark node run with ``profile_kernels`` summarises the kernels of its timed work like Nsight Systems'
 kernel summary; its node summary keeps the first few (name, share of kernel time, average duration, launches per
@@ -11,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trtflow.summaries import BenchmarkSummary, KernelRow, benchmark_of
+
 #: Longest kernel name shown in a cell (CUTLASS and cuBLAS names run to hundreds of characters).
 NAME_LIMIT = 72
 
@@ -22,7 +25,7 @@ class KernelTable:
     rows: list[list[str]]  # one per rank, one cell per column
 
 
-def _cell(kernel: Mapping[str, Any]) -> str:
+def _cell(kernel: KernelRow) -> str:
     name = str(kernel.get("name", "?"))
     if len(name) > NAME_LIMIT:
         name = name[:NAME_LIMIT - 3] + "..."
@@ -36,14 +39,16 @@ def _cell(kernel: Mapping[str, Any]) -> str:
 
 def kernel_table(nodes: Sequence[Mapping[str, Any]]) -> KernelTable | None:
     """The nodes whose summary has ``top_kernels``, ranked side by side; None when none has."""
-    chosen = [n for n in nodes if isinstance(n.get("summary"), Mapping) and n["summary"].get("top_kernels")]
+    chosen: list[tuple[str, BenchmarkSummary]] = [
+        (str(n["node"]), summary) for n in nodes
+        if (summary := benchmark_of(n.get("summary"))) is not None and summary.get("top_kernels")]
     if not chosen:
         return None
-    depth = max(len(n["summary"]["top_kernels"]) for n in chosen)
-    rows = [[_cell(n["summary"]["top_kernels"][rank]) if rank < len(n["summary"]["top_kernels"]) else ""
-             for n in chosen] for rank in range(depth)]
-    return KernelTable(columns=[str(n["node"]) for n in chosen],
-                       per_iteration_ms=[n["summary"].get("kernel_time_per_iteration_ms") for n in chosen],
+    tops = [summary.get("top_kernels") or [] for _, summary in chosen]
+    depth = max(len(top) for top in tops)
+    rows = [[_cell(top[rank]) if rank < len(top) else "" for top in tops] for rank in range(depth)]
+    return KernelTable(columns=[node for node, _ in chosen],
+                       per_iteration_ms=[summary.get("kernel_time_per_iteration_ms") for _, summary in chosen],
                        rows=rows)
 
 

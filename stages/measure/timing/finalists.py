@@ -4,8 +4,8 @@ Candidates benchmarked by separate nodes were measured minutes apart, and the ho
 10% difference between them in that time. The finalists (the candidates not clearly beaten on their stored
 figures) are therefore timed again side by side, in *rounds*: one window of each, in an order drawn at random each
 round (seeded). Per round, each candidate's figure over the leader's is one paired ratio, drift cancels in it, and
-`measure.paired.round_robin` judges it against the preference band (``tolerance_percent``) with select's error
-budget, at planned looks (at most four), until every comparison is decided or the cap: each finalist timed at most
+`measure.statistics.paired.round_robin` judges it against the preference band (``tolerance_percent``) with select's
+error budget, at planned looks (at most four), until every comparison is decided or the cap: each finalist timed at most
 ``max_seconds`` (its benchmark's own cap).
 
 `onnxruntime_timers` opens ONNX candidates the way their benchmark ran them (the same ONNX Runtime options and
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..statistics.paired import Schedule, log_ratio, round_robin, select_budget
 from .ab import TimeWindow, window_figures
-from .paired import Schedule, log_ratio, round_robin, select_budget
 
 
 def measure_round_robin(timers: Mapping[str, TimeWindow], batch_size: int, figure: str, tolerance_percent: float,
@@ -65,7 +65,7 @@ def measure_round_robin(timers: Mapping[str, TimeWindow], batch_size: int, figur
 
 def spread(record: Mapping[str, Any], name: str, against: str) -> float:
     """How much one round's ratio of ``name`` to ``against`` varies (robust standard deviation, log scale)."""
-    from .paired import noise
+    from ..statistics.paired import noise
 
     figure = record["figure"]
     values = [log_ratio(float(r[name][figure]), float(r[against][figure]), figure) for r in record["rounds"]]
@@ -74,7 +74,7 @@ def spread(record: Mapping[str, Any], name: str, against: str) -> float:
 
 @dataclass(frozen=True)
 class _Feed:
-    """What `measure.feeds.make_feed` reads of a benchmark's params: random inputs in the given shapes."""
+    """What `measure.timing.feeds.make_feed` reads of a benchmark's params: random inputs in the given shapes."""
 
     shapes: Mapping[str, list[int]]
     profile: Any = None
@@ -87,9 +87,9 @@ def onnxruntime_timers(models: Mapping[str, Path], shapes: Mapping[str, Mapping[
     """A window timer per ONNX model, each on an ONNX Runtime session with the benchmark's ``options`` on
     ``device``, fed in its benchmarked ``shapes`` from the benchmark's ``data`` (a `data.DataSource`, its paths
     ``resolve``d like the recipe's; None: random inputs, seed 0)."""
-    from ..accuracy.recovery import runtime_options
-    from ..data import DataSource, onnx_input_specs
-    from ..runtimes.ort import OrtOptions, create_session
+    from ...accuracy.recovery import runtime_options
+    from ...data import DataSource, onnx_input_specs
+    from ...runtimes.ort import OrtOptions, create_session
     from .calls import onnxruntime_call, ort_providers
     from .feeds import make_feed
     from .windows import host_window

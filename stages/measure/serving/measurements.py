@@ -1,11 +1,11 @@
 """The benchmark stage's serving-load measurements: closed-loop levels, MLPerf scenarios, streams and GPUs.
 
 `measure_load` prepares the inputs at the largest batch the load needs (checked against the model's and the
-profile's batch limits), builds the model instances (`measure.instances`) in this process, or one replica process per
-GPU (`measure.replicas`) when ``gpus`` > 1, drives each level (`measure.levels`) through a `measure.load.Server` and
-turns the request records into benchmark.json's ``load`` (closed loop), ``open_loop`` (MLPerf's Server scenario,
-driven by LoadGen where installed), ``scenarios`` (Offline, SingleStream, MultiStream through LoadGen),
-``max_rate_meeting_budget`` and ``scaling`` sections.
+profile's batch limits), builds the model instances (`measure.serving.instances`) in this process, or one replica
+process per GPU (`measure.serving.replicas`) when ``gpus`` > 1, drives each level (`measure.serving.levels`) through a
+`measure.serving.traffic.Server` and turns the request records into benchmark.json's ``load`` (closed loop),
+``open_loop`` (MLPerf's Server scenario, driven by LoadGen where installed), ``scenarios`` (Offline, SingleStream,
+MultiStream through LoadGen), ``max_rate_meeting_budget`` and ``scaling`` sections.
 
 The serving capacity (``max_rate_meeting_budget``) is searched with short levels (``load_duration_s``: doubling,
 then bisecting) and then confirmed by one long run at the rate found (`confirm_capacity`): near saturation a short
@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from trtflow.stage import RecipeError, StageContext, StageSkipped
 
-from ..data import InputSpec
-from .feeds import FeedParams
+from ...data import InputSpec
+from ..timing.feeds import FeedParams
 from .instances import ExecutorSpec, available_cpus, open_executor
 from .levels import Level, run_level
-from .load import (
+from .loadgen import ScenarioSpec, early_stopping_queries, unavailable
+from .traffic import (
     DynamicBatching,
     LoadRun,
     Server,
@@ -41,13 +42,12 @@ from .load import (
     step_down,
     summarize_run,
 )
-from .loadgen import ScenarioSpec, early_stopping_queries, unavailable
 
 if TYPE_CHECKING:
     from trtflow.environment import GpuInfo
 
-    from ..runtimes.ort import OrtOptions
-    from .load import DynamicBatching
+    from ...runtimes.ort import OrtOptions
+    from .traffic import DynamicBatching
 
 
 class ServingParams(FeedParams, Protocol):
@@ -346,7 +346,7 @@ def _plans(params: ServingParams, gpu_count: int, closed_request: int, generator
 def measure_load(ctx: StageContext, params: ServingParams, backend: str, device: str, model: Path | None,
                  provenance: Path | None, specs: Sequence[InputSpec], base_shapes: Mapping[str, list[int]],
                  limits: tuple[int, int | None], timer_factory: Callable[[], Any]) -> dict[str, Any]:
-    from .feeds import batch_of, make_feed, with_batch
+    from ..timing.feeds import batch_of, make_feed, with_batch
 
     batching = params.dynamic_batching
     closed_request = params.request_size or (1 if batching else batch_of(base_shapes))

@@ -3,7 +3,7 @@
 The engine lays the reference out for the stage (`trtflow.stage.Reference`: a pinned baseline's artifact, or the
 node's last accepted result): its model file with what it needs beside it, the recipe and code files the node read,
 and what was recorded with it (params, figures). The benchmark opens it with the candidate's own runtime and
-settings and times it in pairs with the candidate at the gate point (`measure.ab`). When it cannot (nothing laid
+settings and times it in pairs with the candidate at the gate point (`measure.timing.ab`). When it cannot (nothing laid
 out, another backend, a model that does not open here), the reason is kept and the gate compares stored figures,
 saying so.
 """
@@ -18,11 +18,11 @@ from typing import Any
 
 from trtflow.stage import Pin, Reference
 
-from .ab import PairPlan, pair_cap, pair_window
+from ..settings import GateFields
+from ..statistics.paired import ALPHA_PASS, Budget, family_alpha
+from ..timing.ab import PairPlan, pair_cap, pair_window
 from .baseline import baseline_reference
 from .gates import allowed_ratio
-from .paired import ALPHA_PASS, Budget, family_alpha
-from .settings import GateFields
 
 DEFAULT_PERCENT = 10.0
 
@@ -101,7 +101,7 @@ def torch_factory(spec: str, reference: Reference, resolve: Any, project_root: P
 
 
 def gate_batch(params: GateFields, batch_sizes: Sequence[int]) -> int | None:
-    """The batch size of the gate point among those this run measures (`measure.gates.gate_point`)."""
+    """The batch size of the gate point among those this run measures (`measure.judging.gates.gate_point`)."""
     if not batch_sizes:
         return None
     if params.gate_batch_size is not None:
@@ -112,7 +112,7 @@ def gate_batch(params: GateFields, batch_sizes: Sequence[int]) -> int | None:
 def pair_plan(params: GateFields, window_s: float, min_seconds: float, max_seconds: float, family: int, batch: int,
               streams: int = 1, seed: int = 0) -> PairPlan:
     """How the gate point is paired: the figure and threshold its stopping rule watches, the recipe's share of the
-    error budget, the window of each side (`measure.ab.pair_window`) and the cap (the candidate's side timed at
+    error budget, the window of each side (`measure.timing.ab.pair_window`) and the cap (the candidate's side timed at
     most ``max_seconds``, the point's usual cap: a paired point times at most twice what it would alone)."""
     percent = params.max_regression_percent or DEFAULT_PERCENT
     budget = Budget(family_alpha(family), ALPHA_PASS)

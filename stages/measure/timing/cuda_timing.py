@@ -6,7 +6,7 @@ around the optional host-to-device copies, the enqueue and the optional device-t
 host clock around the enqueue call. Like trtexec it keeps two queries in flight per stream (it enqueues
 query i+1 before waiting for query i), runs until at least ``min_iterations`` timed queries AND
 ``warmup_ms + min_duration_s`` of GPU time have passed, drops the queries that started during the time-based
-warm-up (see `measure.stats.report_trace`), can capture the enqueue into a CUDA graph (falling back to plain
+warm-up (see `measure.statistics.stats.report_trace`), can capture the enqueue into a CUDA graph (falling back to plain
 enqueues when capture fails), and waits with spinning or blocking-sync events.
 
 ``cuda.bindings`` (cuda-python) is imported lazily.
@@ -20,11 +20,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..runtimes.cuda import CudaError
-from ..runtimes.cuda import check as _check
-from ..runtimes.cuda import error_name as _error_name
-from ..runtimes.cuda import runtime as _cudart
-from .stats import QueryTiming
+from ...runtimes.cuda import CudaError
+from ...runtimes.cuda import check as _check
+from ...runtimes.cuda import error_name as _error_name
+from ...runtimes.cuda import runtime as _cudart
+from ..statistics.stats import QueryTiming
 
 #: What the harness raises when a CUDA call or an enqueue fails.
 CudaTimingError = CudaError

@@ -1,7 +1,8 @@
 """MLPerf LoadGen as the load generator of the benchmark's serving scenarios (the ``loadgen`` extra).
 
 LoadGen (``mlcommons-loadgen``, module ``mlperf_loadgen``) issues the queries of an MLPerf scenario and times
-them from the moment each was *scheduled*; the system under test (SUT) is trtflow's `measure.load.Server`: its
+them from the moment each was *scheduled*; the system under test (SUT) is trtflow's `measure.serving.traffic.Server`:
+its
 queue, dynamic batcher and model instances, unchanged. The scenarios are named as MLPerf names them:
 
 - ``Server``: single-sample queries arriving as a Poisson process at ``target_qps``; the run is VALID when the
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .load import LoadRun, Request, Server
+from .traffic import LoadRun, Request, Server
 
 Scenario = Literal["Server", "Offline", "SingleStream", "MultiStream"]
 EXTRA_HINT = "pip install 'trtflow[loadgen]' (the mlcommons-loadgen package)"

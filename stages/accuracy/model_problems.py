@@ -7,7 +7,7 @@ same thing on its own) and ``hint`` (a known cause found *before* the call, by t
 
 How another stage uses this module (validate, quantize, benchmark)::
 
-    from .diagnosis import modelopt_step, ort_session_step, ort_run_step
+    from .model_problems import modelopt_step, ort_session_step, ort_run_step
 
     with ort_session_step(ctx, model_path, options=ort_options):      # creating the session
         session = create_session(model_path, ort_options)

@@ -8,7 +8,7 @@ from typing import Any
 
 from trtflow.stage import StageSkipped
 
-from ..data import InputSpec
+from ...data import InputSpec
 
 
 def ort_providers(device: str) -> list[str]:
@@ -53,7 +53,7 @@ def torch_call(module: Any, specs: Sequence[InputSpec], feed: Mapping[str, Any],
 def layer_profile(session: Any, feed: Mapping[str, Any], iterations: int,
                   timer_factory: Callable[[], Any]) -> dict[str, Any]:
     """Layer information and per-layer times on a separate execution context (a profiler slows inference)."""
-    from .stats import summarize_layer_times
+    from ..statistics.stats import summarize_layer_times
 
     with session.fork() as profiled, timer_factory() as timer:
         profiled.prepare(feed)

@@ -2,14 +2,14 @@
 
 A point is timed as a series of *windows* (``repeats``): back-to-back queries for ``min_duration_s / repeats``
 each, the first one after a warm-up. Once there are at least ``repeats`` windows, ``min_iterations`` queries
-and ``min_duration_s`` of timing, the intervals are computed (`measure.intervals`); while they are wider than
+and ``min_duration_s`` of timing, the intervals are computed (`measure.statistics.intervals`); while they are wider than
 the precision asked for, one more window is timed, until ``max_duration_s`` of timing. A point that stopped at
 the cap without the precision is flagged ``not-converged``: its figures are reported with their (wide)
 intervals, never silently. The points of one benchmark take turns, a window each (`measure_interleaved`).
 
 `host_window` times a callable on the host clock (ONNX Runtime, PyTorch on the CPU), `cuda_event_window` with
 CUDA events around each call (PyTorch on a GPU); engines go through the cuda-python harness
-(`measure.cuda_timing`) window by window, in the benchmark stage.
+(`measure.timing.cuda_timing`) window by window, in the benchmark stage.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..statistics.intervals import Precision, Uncertainty, Window, uncertainty
+from ..statistics.stats import report_host_latencies, summarize
 from .ab import Pairing
 from .interference import thread_wait_ns
-from .intervals import Precision, Uncertainty, Window, uncertainty
-from .stats import report_host_latencies, summarize
 
 #: Times one window of about ``seconds``; ``index`` 0 is the first (the one that warms up).
 TimeWindow = Callable[[float, int], Window]
@@ -57,7 +57,7 @@ def measure_interleaved(time_windows: Sequence[TimeWindow], plan: WindowPlan,
     (another program, a busy neighbour core) lands in every point's windows and widens their intervals, instead
     of shifting one point as a whole while its intervals stay tight.
 
-    ``pairings``: points (by index) timed in pairs with a reference (`measure.ab.Pairing`): each round times a
+    ``pairings``: points (by index) timed in pairs with a reference (`measure.timing.ab.Pairing`): each round times a
     pair instead of a window, and the point is done when its pairing is (decided, or at its cap)."""
     windows: list[list[Window]] = [[] for _ in time_windows]
     spent_s = [0.0 for _ in time_windows]
@@ -178,8 +178,8 @@ def add_uncertainty(report: dict[str, Any], found: Uncertainty, unmet: Sequence[
 
 def report_windows(windows: Sequence[Window], batch_size: int, unstable_cv_percent: float, device: str,
                    plan: WindowPlan, unmet: Sequence[str]) -> dict[str, Any]:
-    """The report of a host-timed point (`measure.stats.report_host_latencies` over all its windows), with its
-    intervals, per-window figures and convergence."""
+    """The report of a host-timed point (`measure.statistics.stats.report_host_latencies` over all its windows), with
+    its intervals, per-window figures and convergence."""
     pooled = [v for w in windows for v in w.latencies_ms]
     report = report_host_latencies(pooled, sum(w.wall_ms for w in windows), batch_size,
                                    unstable_cv_percent=unstable_cv_percent, device=device)

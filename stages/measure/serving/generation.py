@@ -10,12 +10,12 @@ Each *request* is a prompt of ``context_length`` random token ids followed by ``
 
 ``concurrency`` requests are in flight at once (closed loop: each of that many clients starts its next request when
 its previous one ends; they share one decoder, which is stateless). A level is timed in windows like every
-benchmark point (`measure.windows`: ``repeats`` windows at least, ``min_iterations`` requests and ``min_duration_s``
-at least, then more windows until the 95% intervals of both medians are within ``precision_percent`` or
-``max_duration_s`` is spent, else flagged ``not-converged``), with the interpreter steadied as for every host-timed
-benchmark (`measure.load.steady_interpreter`: garbage collection off); each figure's interval is the one every
-latency gets (`measure.intervals.uncertainty`: order statistics for the percentiles, a bootstrap for the mean,
-widened by the windows' spread), so each figure carries its count of requests (n) and its 95% interval.
+benchmark point (`measure.timing.windows`: ``repeats`` windows at least, ``min_iterations`` requests and
+``min_duration_s`` at least, then more windows until the 95% intervals of both medians are within ``precision_percent``
+or ``max_duration_s`` is spent, else flagged ``not-converged``), with the interpreter steadied as for every host-timed
+benchmark (`measure.serving.traffic.steady_interpreter`: garbage collection off); each figure's interval is the one
+every latency gets (`measure.statistics.intervals.uncertainty`: order statistics for the percentiles, a bootstrap for
+the mean, widened by the windows' spread), so each figure carries its count of requests (n) and its 95% interval.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from pydantic import Field, field_validator
 
 from trtflow.stage import StageFailed, StageParams
 
-from .interference import thread_wait_ns
-from .intervals import Window
-from .stats import summarize
-from .windows import WindowPlan, window_uncertainty
+from ..statistics.intervals import Window
+from ..statistics.stats import summarize
+from ..timing.interference import thread_wait_ns
+from ..timing.windows import WindowPlan, window_uncertainty
 
-#: The statistics kept for each figure (keys of `measure.stats.summarize`).
+#: The statistics kept for each figure (keys of `measure.statistics.stats.summarize`).
 KEPT = ("p50", "p90", "p95", "p99", "mean", "min", "max", "cv_percent")
 
 
@@ -75,7 +75,7 @@ def _figures(windows: Sequence[Window]) -> dict[str, Any]:
 def _window(decoder: Any, prompts: Sequence[Any], new_tokens: int, clients: int, seconds: float,
             clock: Callable[[], int]) -> tuple[Window, Window, int]:
     """One window of closed-loop requests from ``clients`` threads: (TTFT window, TPOT window, tokens)."""
-    from ..runtimes.generation import greedy
+    from ...runtimes.generation import greedy
 
     lock = threading.Lock()
     ttft: list[float] = []
@@ -115,7 +115,7 @@ def measure_level(decoder: Any, prompts: Sequence[Any], new_tokens: int, clients
                   warmup_requests: int = 1, clock: Callable[[], int] = time.perf_counter_ns,
                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """One concurrency level, timed in windows until both medians are precise enough (or the cap)."""
-    from ..runtimes.generation import greedy
+    from ...runtimes.generation import greedy
 
     for index in range(max(warmup_requests, 0) * clients):
         greedy(decoder, prompts[index % len(prompts)], new_tokens, keep_logits=False)
@@ -171,7 +171,7 @@ def random_prompts(count: int, length: int, vocab_size: int, seed: int) -> list[
 def measure_generation(decoder: Any, bench: GenerationBench, plan: WindowPlan,
                        progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Every concurrency level of ``bench`` on ``decoder`` (`runtimes.generation`), in order."""
-    from .load import steady_interpreter
+    from .traffic import steady_interpreter
 
     bench.check_fits(decoder.layout.context_length)
     prompts = random_prompts(max(8, max(bench.concurrency)), bench.context_length, decoder.layout.vocab_size,

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from trtflow.stage import ProfileSpec, RecipeError, StageFailed
 
-from ..data import DataSource, InputSpec, RandomData, load_arrays
+from ...data import DataSource, InputSpec, RandomData, load_arrays
 
 
 class FeedParams(Protocol):

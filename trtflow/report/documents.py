@@ -84,9 +84,9 @@ def _fmt(value: Any) -> str:
 
 def _node_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Nodes with their flattened metrics (a chooser's summary is the decision table instead)."""
-    from trtflow.report.decision import is_selection
+    from trtflow.summaries import selection_of
 
-    return [dict(n, detail=_detail(n), metrics=[] if is_selection(n["summary"])
+    return [dict(n, detail=_detail(n), metrics=[] if selection_of(n["summary"]) is not None
                  else [(k, _fmt(v)) for k, v in _flat_metrics(n["summary"])]) for n in data["nodes"]]
 
 

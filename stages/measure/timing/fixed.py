@@ -1,14 +1,14 @@
-"""Fixed-batch benchmark points (trtexec's method), timed in windows until precise enough (`measure.windows`).
+"""Fixed-batch benchmark points (trtexec's method), timed in windows until precise enough (`measure.timing.windows`).
 
-- `engine_point`: an engine through the cuda-python harness (`measure.cuda_timing`): one execution context and
+- `engine_point`: an engine through the cuda-python harness (`measure.timing.cuda_timing`): one execution context and
   stream per ``streams`` (as trtexec --streams), optional CUDA graph, spin-wait, host transfers through pinned
   buffers; each window is one run of the harness's loop, the first after the time-based warm-up;
 - `host_points`: callables (ONNX Runtime, eager PyTorch; one per batch size) on the host clock, or with CUDA
   events for PyTorch on a GPU, timed in turns.
 
-Each returns the point's report: trtexec's statistics over every timed query (`measure.stats`), their 95%
-intervals (`measure.intervals`), the windows' own figures, whether it converged, and what else ran on the host
-meanwhile (`measure.interference`).
+Each returns the point's report: trtexec's statistics over every timed query (`measure.statistics.stats`), their 95%
+intervals (`measure.statistics.intervals`), the windows' own figures, whether it converged, and what else ran on the
+host meanwhile (`measure.timing.interference`).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..statistics.intervals import Window, uncertainty
+from ..statistics.stats import QueryTiming, kept_queries, report_traces, trace_wall_ms
 from .ab import Pairing
 from .interference import HostWatch, busy_warning, thread_wait_ns
-from .intervals import Window, uncertainty
-from .stats import QueryTiming, kept_queries, report_traces, trace_wall_ms
 from .windows import (
     TimeWindow,
     WindowPlan,
@@ -58,8 +58,8 @@ def _with_host(report: dict[str, Any], host: dict[str, Any], device: str) -> dic
 def host_points(calls: Sequence[Callable[[], Any]], batch_sizes: Sequence[int], settings: PointSettings,
                 cuda_events: bool = False, pairings: Mapping[int, Pairing] | None = None) -> list[dict[str, Any]]:
     """Points of ``calls`` (each one query of its ``batch_sizes`` samples) on the host clock, or with CUDA events,
-    timed in turns (`measure.windows.measure_interleaved`); what else ran is watched over them all. ``pairings``:
-    points timed in pairs with a reference (`measure.ab`)."""
+    timed in turns (`measure.timing.windows.measure_interleaved`); what else ran is watched over them all. ``pairings``:
+    points timed in pairs with a reference (`measure.timing.ab`)."""
     watch = HostWatch()
     measured = measure_interleaved([host_timer(call, settings, cuda_events) for call in calls], settings.plan,
                                    [assessor(batch, settings.plan.precision) for batch in batch_sizes], pairings)
@@ -135,7 +135,7 @@ def engine_point(session: Any, feed: Mapping[str, Any], batch: int, streams: int
                  timer_factory: Callable[[], Any], reference: Any = None,
                  pair: Callable[[TimeWindow], Pairing] | None = None) -> dict[str, Any]:
     """A point of an engine with the cuda-python harness: one execution context and stream per ``streams``.
-    ``reference`` (an opened engine session) and ``pair`` (makes the `measure.ab.Pairing` from the reference's
+    ``reference`` (an opened engine session) and ``pair`` (makes the `measure.timing.ab.Pairing` from the reference's
     window timer): the point is timed in A/B pairs with the reference; the report's ``paired`` holds the pairs."""
     watch = HostWatch()
     plan = settings.plan

@@ -4,13 +4,14 @@
   whole 95% interval is beyond the limit, pass when the whole interval is within it, inconclusive in between;
 - regression (``max_regression_percent``) against a pinned baseline (``baseline``) or else the node's last
   accepted result: one *primary* verdict at the gate point (``gate_batch_size``, ``gate_figure``), judged on the
-  pairs of a paired A/B measurement (`measure.paired`) when the reference was re-measured beside the candidate,
-  else on stored figures (`measure.compare`: the ratio's own interval, plus the host's run-to-run allowance, which
-  stored figures cannot cancel); the other points and figures are reported (``primary`` False), not judged.
+  pairs of a paired A/B measurement (`measure.statistics.paired`) when the reference was re-measured beside the
+  candidate, else on stored figures (`measure.statistics.unpaired`: the ratio's own interval, plus the host's run-to-run
+  allowance, which stored figures cannot cancel); the other points and figures are reported (``primary`` False), not
+  judged.
 
 A recipe's comparisons share one error budget: each node's chance of failing a change at its threshold is
-`measure.paired.family_alpha` of the number of nodes that compare (the first step of Holm's procedure, which fails
-a run exactly when Holm's would). Every verdict states its power: the smallest change it fails 90% of the time,
+`measure.statistics.paired.family_alpha` of the number of nodes that compare (the first step of Holm's procedure, which
+fails a run exactly when Holm's would). Every verdict states its power: the smallest change it fails 90% of the time,
 at the noise it measured. ``on_inconclusive`` says what an undecided verdict does.
 """
 
@@ -23,8 +24,9 @@ from typing import Any
 
 from trtflow.verdicts import MEASURED, PAIRED, STORED, GateVerdict
 
-from .baseline import artifact_identity, baseline_entry, differences, timing_facts, timing_refusal
-from .compare import (
+from ..settings import GateFields
+from ..statistics.paired import ALPHA_PASS, POWER, Budget, PairedRecord, family_alpha, power
+from ..statistics.unpaired import (
     NOISY_HINT,
     Z95,
     Figure,
@@ -38,8 +40,7 @@ from .compare import (
     unmeasurable,
     where,
 )
-from .paired import ALPHA_PASS, POWER, Budget, PairedRecord, family_alpha, power
-from .settings import GateFields
+from .baseline import artifact_identity, baseline_entry, differences, timing_facts, timing_refusal
 
 LATENCY_GATES = {"max_latency_ms_p50": "p50", "max_latency_ms_p90": "p90", "max_latency_ms_p95": "p95",
                  "max_latency_ms_p99": "p99", "max_latency_ms_mean": "mean"}
@@ -81,8 +82,8 @@ def _waited(point: Mapping[str, Any]) -> float:
 
 def limit_verdicts(point: Mapping[str, Any], params: GateFields) -> list[GateVerdict]:
     """Each limit at ``point``. A point measured while the host kept the benchmark waiting for a CPU most of the
-    time (`measure.compare.unmeasurable`) fails a latency limit only when it is beyond it even without any of that
-    wait; otherwise it is unmeasurable (inconclusive), said as such."""
+    time (`measure.statistics.unpaired.unmeasurable`) fails a latency limit only when it is beyond it even without any
+    of that wait; otherwise it is unmeasurable (inconclusive), said as such."""
     found = []
     place = where(point)
     waited = _waited(point)

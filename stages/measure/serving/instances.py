@@ -1,7 +1,7 @@
 """Model instances for serving-style load: each instance runs a batch of any size up to the prepared one.
 
 `open_executor(spec)` loads the model once for a backend and makes `instances(n)`: n callables, each bound to
-its own execution resources, that a `measure.load.Server` runs on its worker threads:
+its own execution resources, that a `measure.serving.traffic.Server` runs on its worker threads:
 - ``tensorrt`` / ``tensorrt-rtx``: one execution context per instance on its own CUDA stream, device buffers
   bound once at the largest batch (`EngineSession.prepare`), the batch set per call (`EngineSession.reshape`);
 - ``onnxruntime``: one session per instance (each with its own thread pool, as Triton's instances have);
@@ -23,10 +23,10 @@ from typing import Any
 
 from trtflow.stage import StageFailed
 
-from ..runtimes.ort import OrtOptions, create_session
-from ..runtimes.tensorrt import FLAVOURS as TRT_FLAVOURS
-from .interference import available_cpus
-from .load import RunBatch
+from ...runtimes.ort import OrtOptions, create_session
+from ...runtimes.tensorrt import FLAVOURS as TRT_FLAVOURS
+from ..timing.interference import available_cpus
+from .traffic import RunBatch
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ def _graph_runner(torch: Any, module: Any, inputs: list[Any], low: int, stream: 
 
 
 def default_timer() -> Any:
-    from .cuda_timing import CudaTimer
+    from ..timing.cuda_timing import CudaTimer
 
     return CudaTimer(device=0)  # replicas and the runner narrow CUDA_VISIBLE_DEVICES to the GPU they use
 
@@ -208,7 +208,7 @@ class EngineExecutor(Executor):
     """Instances of an engine: an execution context each, on its own stream, buffers bound at the largest batch."""
 
     def __init__(self, spec: ExecutorSpec, timer_factory: Callable[[], Any]) -> None:
-        from ..runtimes import trt_runtime as _trt_runtime
+        from ...runtimes import trt_runtime as _trt_runtime
 
         if spec.model is None:
             raise StageFailed(f"backend {spec.backend} needs an engine")

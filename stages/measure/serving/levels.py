@@ -3,8 +3,8 @@
 - ``closed``: ``value`` clients in flight, each sending its next request when its previous one completed
   (trtflow's own generator: LoadGen has no closed loop of several clients);
 - ``open``: single-sample requests arriving as a Poisson process of ``value`` per second, from trtflow's own
-  generator (`measure.load.open_loop`), for where LoadGen is not installed;
-- ``loadgen``: an MLPerf scenario driven by LoadGen (`measure.loadgen`): Server (``value`` queries per second),
+  generator (`measure.serving.traffic.open_loop`), for where LoadGen is not installed;
+- ``loadgen``: an MLPerf scenario driven by LoadGen (`measure.serving.loadgen`): Server (``value`` queries per second),
   Offline, SingleStream or MultiStream, as ``scenario`` says.
 """
 
@@ -14,8 +14,8 @@ import gc
 from dataclasses import dataclass
 from typing import Literal
 
-from .load import LoadRun, Server, closed_loop, open_loop
 from .loadgen import ScenarioSpec
+from .traffic import LoadRun, Server, closed_loop, open_loop
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from pydantic import Field, field_validator, model_validator
 
 from trtflow.stage import StageParams
 
-from .stats import summarize
+from ..statistics.stats import summarize
 
 #: Runs one batch of the given number of samples and returns when its results are ready.
 RunBatch = Callable[[int], None]
@@ -399,7 +399,7 @@ def summarize_run(run: LoadRun, latency_budget_ms: float | None = None) -> dict[
     from each query's scheduled time) and its own verdict on the budget (``meets_budget``: LoadGen's VALID, which
     needs the p99 within the budget with confidence).
     """
-    from .intervals import QUANTILES, quantile_interval
+    from ..statistics.intervals import QUANTILES, quantile_interval
 
     start, end = run.window_start_ns, run.window_end_ns
     measured = [r for r in run.requests if start <= r.arrival_ns < end and r.sent_ns]

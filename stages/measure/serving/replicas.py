@@ -1,9 +1,9 @@
 """Replicas: one process per GPU, each serving the same model, all driven through each load level at once.
 
 Each replica is a spawned process that sees only its GPU (``CUDA_VISIBLE_DEVICES``), loads the model through
-`measure.instances.open_executor`, serves it with a `measure.load.Server` and runs the load levels it is sent; the
-replicas start each level together (a barrier) and send their request records back. Separate processes, not threads,
-so that neither Python's interpreter lock nor one CUDA context limits the scaling being measured.
+`measure.serving.instances.open_executor`, serves it with a `measure.serving.traffic.Server` and runs the load levels it
+is sent; the replicas start each level together (a barrier) and send their request records back. Separate processes, not
+threads, so that neither Python's interpreter lock nor one CUDA context limits the scaling being measured.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from trtflow.stage import StageFailed
 
 from .instances import ExecutorSpec, open_executor
 from .levels import Level, run_level
-from .load import DynamicBatching, LoadRun, Server, steady_interpreter
+from .traffic import DynamicBatching, LoadRun, Server, steady_interpreter
 
 START_TIMEOUT_S = 600.0  # loading a large model (and importing torch) on a busy host is slow
 

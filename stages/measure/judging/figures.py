@@ -16,8 +16,8 @@ from typing import Any
 
 from trtflow.stage import Figure, Figures
 
-from .compare import where
-from .settings import GateFields
+from ..settings import GateFields
+from ..statistics.unpaired import where
 
 LATENCY_GATES = {"max_latency_ms_p50": "p50", "max_latency_ms_p90": "p90", "max_latency_ms_p95": "p95",
                  "max_latency_ms_p99": "p99", "max_latency_ms_mean": "mean"}

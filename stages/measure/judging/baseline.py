@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.stage import Pin, RecipeError
+from trtflow.summaries import BenchmarkSummary, ValidateSummary
 
 FORMAT = "trtflow-baseline/1"
 #: Facts that must match for timings to be comparable: the hardware that did the work and the runtime.
@@ -38,7 +39,7 @@ POINT_UNCERTAINTY = ("queries", "latency_ci_ms", "throughput_ci_qps", "open_inte
 
 
 # -- what a baseline holds ------------------------------------------------------------------------------------
-def benchmark_entry(summary: Mapping[str, Any], facts: Mapping[str, str],
+def benchmark_entry(summary: BenchmarkSummary, facts: Mapping[str, str],
                     artifact: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A benchmark node's entry: its points with their uncertainty, its machine's facts and its pinned artifact
     (``artifact``: {identity, artifact: `Pin.describe`}, from `trtflow.api.pin_latest`)."""
@@ -64,7 +65,7 @@ def benchmark_entry(summary: Mapping[str, Any], facts: Mapping[str, str],
     return entry
 
 
-def validate_entry(summary: Mapping[str, Any], facts: Mapping[str, str],
+def validate_entry(summary: ValidateSummary, facts: Mapping[str, str],
                    artifact: Mapping[str, Any] | None = None) -> dict[str, Any]:
     return {
         "stage": "validate",
@@ -163,7 +164,7 @@ def artifact_identity(entry: Mapping[str, Any]) -> str | None:
     return pin.identity if pin is not None else None
 
 
-def compare_accuracy(baseline: Mapping[str, Any], summary: Mapping[str, Any], facts: Mapping[str, str],
+def compare_accuracy(baseline: Mapping[str, Any], summary: ValidateSummary, facts: Mapping[str, str],
                      path: Path, max_cosine_drop: float = 1e-3, max_error_increase_percent: float = 10.0,
                      max_task_metric_drop: float = 0.01) -> list[str]:
     """Failures of a validate summary against its baseline entry: per output, cosine similarity more than

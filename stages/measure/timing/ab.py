@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .intervals import Window
-from .paired import Budget, Look, PairedRecord, Schedule, sequential
-from .stats import median, percentile
+from ..statistics.intervals import Window
+from ..statistics.paired import Budget, Look, PairedRecord, Schedule, sequential
+from ..statistics.stats import median, percentile
 
 TimeWindow = Callable[[float, int], Window]
 
@@ -113,7 +113,7 @@ def pair_window(window_s: float, min_seconds: float, budget: Budget) -> float:
     """The window of each side of a pair: the point's usual window, or shorter, so that the first look's pairs fit
     in the point's ``min_seconds`` (a gated point decided at its first look times twice the seconds of the same
     point ungated)."""
-    from .paired import MAX_LOOKS
+    from ..statistics.paired import MAX_LOOKS
 
     return max(min(window_s, min_seconds / budget.first_pairs(MAX_LOOKS)), MIN_WINDOW_S)
 

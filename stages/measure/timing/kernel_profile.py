@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from trtflow.summaries import KernelRow
+
 #: The columns of ``nsys stats --report cuda_gpu_kern_sum``, in its order (times in ns).
 COLUMNS = ("time_percent", "total_ns", "instances", "avg_ns", "med_ns", "min_ns", "max_ns", "stddev_ns", "name")
 #: Kernels kept in a benchmark's summary (kernels.json keeps them all).
@@ -71,7 +73,7 @@ def summarize(durations: Mapping[str, Sequence[float]]) -> list[dict[str, Any]]:
     return rows
 
 
-def top_kernels(record: Mapping[str, Any], count: int = TOP) -> list[dict[str, Any]]:
+def top_kernels(record: Mapping[str, Any], count: int = TOP) -> list[KernelRow]:
     """The first ``count`` kernels of a kernels.json record, as a benchmark summary and the report show them."""
     iterations = max(int(record.get("iterations") or 1), 1)
     return [{"name": row["name"], "percent": row["time_percent"], "average_us": round(row["avg_ns"] / 1000.0, 3),

@@ -1,7 +1,7 @@
 """Figures that carry their uncertainty, and comparisons of figures measured apart.
 
-Each figure comes with a 95% interval (`measure.intervals`). The ratio of two figures measured independently (a
-run against figures stored from another run, two candidates' benchmark nodes) gets the interval computed for the
+Each figure comes with a 95% interval (`measure.statistics.intervals`). The ratio of two figures measured independently
+(a run against figures stored from another run, two candidates' benchmark nodes) gets the interval computed for the
 ratio: on the log scale, each side's interval half-width is its error at 95% (1.96 standard errors), and the two
 errors add in quadrature (the lower bound of a / b combines a's lower half with b's upper half). That interval is
 about 1/sqrt(2) as wide as the one from both sides' extremes, which would assume both errors reach their extremes
@@ -9,7 +9,7 @@ at once.
 
 Two figures measured at different times also differ by what neither one's intervals can see: the host runs
 faster or slower from one minute to the next. A comparison of stored figures allows for that
-(``run_to_run_percent``); a paired A/B comparison (`measure.paired`) cancels it instead.
+(``run_to_run_percent``); a paired A/B comparison (`measure.statistics.paired`) cancels it instead.
 
 A figure measured while the benchmark's threads waited for a CPU most of the time (another program held the
 cores) measured the host, not the model: `unmeasurable` says so ("unmeasurable: the benchmark waited for a CPU

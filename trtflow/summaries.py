@@ -1,0 +1,206 @@
+"""The summaries that cross a seam, declared once: what the reports read of a chooser's selection and of a
+benchmark's summary, and what the stages that build them promise.
+
+A node's summary is plain JSON-ready data (it goes into the journal and the store's manifest). Most of it is the
+stage's own business; the keys below are the ones somebody else reads: the reports (`trtflow.report.decision`,
+`trtflow.report.kernels`), the ``select`` stage, which reads validations and benchmarks, and pinned baselines
+(`measure.judging.baseline`), which keep a validation's and a benchmark's figures. The stages that build these
+summaries (``benchmark.summary_of``, ``validate.run``, ``decision.selection.decide``, ``accuracy_of``,
+``performance_of``) are annotated with these types, and ``tests/stages/test_summaries.py`` checks each real
+summary against its type with `problems`, so a key renamed in a stage fails a test, not a report at run time. The
+engine never imports the stages: the declarations live here, in the engine, and the stages point at them.
+
+Keys marked ``Required`` are always there; the others are there when the measurement made them (``top_kernels``
+only with ``profile_kernels``, ``load`` only with a load sweep, ...). A reader ``.get``\\ s those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, cast
+
+from typing_extensions import Required, TypedDict  # pydantic reads typing_extensions.TypedDict on Python < 3.12
+
+#: Latency statistics by name (p50, p90, p95, p99, mean) in milliseconds; a 95% interval is ``[low, high]``.
+Latencies = dict[str, float]
+Intervals = dict[str, list[float]]
+
+
+class KernelRow(TypedDict, total=False):
+    """One of the top CUDA kernels of a benchmark's timed work (`measure.timing.kernel_profile.top_kernels`)."""
+
+    name: Required[str]
+    percent: float  # share of kernel time
+    average_us: float
+    per_iteration: float  # launches per timed iteration
+
+
+class BenchmarkPoint(TypedDict, total=False):
+    """One batch size of a benchmark's summary (`benchmark.summary_of`)."""
+
+    batch_size: Required[int]
+    streams: Required[int]
+    median_ms: Required[float]
+    p99_ms: Required[float]
+    latency_ms: Required[Latencies]
+    throughput_qps: Required[float | None]
+    flags: Required[list[str]]
+    latency_ci_ms: Intervals
+    throughput_ci_qps: list[float]
+
+
+class BenchmarkSummary(TypedDict, total=False):
+    """What a benchmark node's summary promises to its readers (the report's latency series and kernel table,
+    pinned baselines)."""
+
+    backend: Required[str]
+    device: Required[str]
+    repeats: Required[int]
+    points: Required[list[BenchmarkPoint]]
+    load: list[dict[str, Any]]  # with a closed-loop load sweep (kept whole by pinned baselines)
+    top_kernels: list[KernelRow]  # with profile_kernels
+    kernel_time_per_iteration_ms: float | None
+
+
+class OutputAccuracy(TypedDict, total=False):
+    """One output of a validation: the candidate's against the reference's, over the whole data set."""
+
+    cosine_similarity: Required[float | None]
+    max_abs_error: Required[float | None]
+    mean_abs_error: Required[float | None]
+
+
+class ValidateSummary(TypedDict, total=False):
+    """What a validate node's summary promises to its readers (pinned baselines, `measure.judging.baseline`;
+    select reads the same keys from validate.json)."""
+
+    passed: Required[bool]  # under the thresholds of the run that measured it; the engine re-judges
+    outputs: Required[dict[str, OutputAccuracy]]
+    task_metrics: Required[dict[str, Any]]
+
+
+class CandidateAccuracy(TypedDict, total=False):
+    """A candidate's accuracy as a selection keeps it (`decision.selection.accuracy_of` of a validate.json)."""
+
+    node: Required[str]
+    passed: Required[bool]
+    cosine_similarity: Required[float | None]  # the worst output's
+    mean_abs_error: Required[float | None]
+
+
+class PerformancePoint(TypedDict, total=False):
+    """One batch size of a candidate's performance as a selection keeps it."""
+
+    batch_size: Required[int | None]
+    latency_ms: Required[Latencies]
+    throughput_qps: Required[float | None]
+    flags: Required[list[str]]
+    latency_ci_ms: Intervals
+    throughput_ci_qps: list[float]
+
+
+class LoadLevel(TypedDict, total=False):
+    """One concurrency of a load sweep as a selection keeps it."""
+
+    concurrency: Required[int | None]
+    latency_ms: Required[Latencies]
+    throughput_qps: Required[float | None]
+
+
+class GenerationLevel(TypedDict, total=False):
+    """One concurrency of a generation benchmark as a selection keeps it (`decision.generation.levels_of`)."""
+
+    concurrency: Required[int | None]
+    flags: Required[list[str] | None]
+
+
+class CandidatePerformance(TypedDict, total=False):
+    """A candidate's benchmark as a selection keeps it (`decision.selection.performance_of` of a benchmark.json)."""
+
+    node: Required[str]
+    backend: Required[str | None]
+    device: Required[str | None]
+    points: Required[list[PerformancePoint]]
+    load: Required[list[LoadLevel]]
+    generation: Required[list[GenerationLevel]]
+
+
+class OperatingPointSummary(TypedDict):
+    """Where a candidate is judged: its latency and throughput there, with their 95% intervals."""
+
+    batch_size: int | None
+    concurrency: int | None
+    latency_ms: float | None
+    throughput_qps: float | None
+    latency_ci_ms: list[float] | None
+    throughput_ci_qps: list[float] | None
+    description: str
+
+
+class CandidateRow(TypedDict, total=False):
+    """One candidate of a selection: what it is, its figures, and why it won, lost or was excluded."""
+
+    name: Required[str]
+    kind: Required[str]
+    precision: Required[str | None]
+    profiles: Required[list[str]]
+    size_bytes: Required[int]
+    validation: Required[CandidateAccuracy | None]
+    benchmark: Required[CandidatePerformance | None]
+    operating_point: Required[OperatingPointSummary | None]
+    eligible: Required[bool]
+    reason: Required[str]
+    pareto: Required[bool]
+    tie: bool  # within noise of the best (eligible candidates)
+    speedup: float | None  # against the baseline, when there is one
+    unmeasurable: str  # why its figures cannot be trusted (the host was busy)
+
+
+class Objective(TypedDict, total=False):
+    percentile: Required[str]
+    description: Required[str]
+
+
+class Constraint(TypedDict, total=False):
+    text: Required[str]
+
+
+class SelectionSummary(TypedDict, total=False):
+    """A chooser node's summary (the ``select`` stage's, or any stage's of the same shape): the decision the
+    report leads with."""
+
+    selected: Required[str | None]
+    candidates: Required[list[CandidateRow]]
+    objective: Required[Objective]
+    constraints: Required[list[Constraint]]
+    tied: Required[list[str]]
+    baseline: Required[str | None]
+    unmeasurable: Required[dict[str, str]]
+
+
+def selection_of(summary: Any) -> SelectionSummary | None:
+    """A summary as a selection when it has a selection's shape (a chooser node), else None."""
+    if isinstance(summary, Mapping) and {"selected", "candidates", "objective"} <= set(summary) \
+            and isinstance(summary["candidates"], list):
+        return cast(SelectionSummary, summary)
+    return None
+
+
+def benchmark_of(summary: Any) -> BenchmarkSummary | None:
+    """A summary as a benchmark's when it has measured points, else None."""
+    if isinstance(summary, Mapping) and isinstance(summary.get("points"), list):
+        return cast(BenchmarkSummary, summary)
+    return None
+
+
+def problems(summary: Any, declared: type) -> list[str]:
+    """What in ``summary`` breaks its declared type: each missing key or wrongly typed value, by its path
+    (``candidates.0.validation.cosine_similarity: Field required``); empty when it conforms. Extra keys are the
+    stage's own business and pass."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        TypeAdapter(declared).validate_python(summary)
+    except ValidationError as error:
+        return [".".join(str(part) for part in e["loc"]) + ": " + e["msg"] for e in error.errors()]
+    return []
