@@ -201,10 +201,11 @@ class Tree:
         self.fd()
 
     def close(self) -> None:
-        if self._fd is not None and self._owned:
+        with _OPENING:  # two threads closing at once close the descriptor once (a second close could hit a
+            fd, self._fd = self._fd, None  # number the process has given to another file meanwhile)
+        if fd is not None and self._owned:
             with contextlib.suppress(OSError):
-                os.close(self._fd)
-        self._fd = None
+                os.close(fd)
 
     def __del__(self) -> None:
         self.close()
@@ -714,7 +715,9 @@ class Tree:
     @contextlib.contextmanager
     def staged(self, folder_rel: Rel, prefix: str, mode: int | None = None) -> Iterator[tuple[str, int]]:
         """A new temporary file in the folder ``folder_rel`` (created, real): (its name, a descriptor open for
-        writing). The file is removed on the way out unless the caller renamed or linked it away."""
+        writing). The file is removed on the way out unless the caller renamed or linked it away. The descriptor is
+        closed here on the way out: the caller never closes it (a second close would close whatever file the
+        process opened meanwhile under that number; `tests/reliability/test_confined.py` checks callers)."""
         parts = check_relative(folder_rel) if folder_rel else ()
         with self._folder(parts, create=True) as folder:
             name = f".{prefix[:200]}.{secrets.token_hex(8)}.part"

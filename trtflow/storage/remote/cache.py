@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -280,9 +279,8 @@ class RemoteCache:
         shard = target[:-1]
         # a new file (O_EXCL) in the object's real shard folder; the backend writes it by name, then it is read back
         # through the confined tree, verified, and renamed to its digest
-        with store.tree.staged(shard, f"{digest}.pull") as (tmp, fd):
-            os.close(fd)
-            staged = (*shard, tmp)
+        with store.tree.staged(shard, f"{digest}.pull") as (tmp, _fd):  # staged closes the descriptor (never here:
+            staged = (*shard, tmp)                                        # a second close hits a reused number)
             try:
                 self._backend.download(path, store.shown(staged), size)
             except FileNotFoundError:
