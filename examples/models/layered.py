@@ -2,8 +2,11 @@
 (`bench/reproducibility.py gate` and `gated`).
 
 - ``cnn`` / ``cnn_more_work``: the tiny CNN of ``tiny_cnn.py``, and the same with three more 3x3 convolutions
-  (64 channels, 8x8) after its last stage: on one ONNX Runtime thread at batch 8 about 20% slower (each one adds
-  about 6.5%, measured A/B).
+  (64 channels, 8x8) after its last stage; ``cnn_one_more_layer`` / ``cnn_two_more_layers``: one or two of them.
+  How much slower depends on how busy the host is (a busy host's fixed costs per call dilute the work): on one
+  ONNX Runtime thread at batch 8, on an idle 2-core host, one more layer 1.15x (range 1.05-1.21), two 1.31x
+  (1.14-1.39), three 1.50x (1.37-1.63), medians of 12 interleaved A/B windows; on a host loaded far beyond one
+  neighbour, three were 1.24-1.28x.
 
 Weights come from a fixed seed, so every export is identical. (``mlp_layers.py``: the same for GPUs.)
 """
@@ -38,3 +41,15 @@ def cnn_more_work() -> nn.Module:
     base = tiny_cnn()
     torch.manual_seed(1)
     return _MoreWork(base, extra=3).eval()
+
+
+def cnn_one_more_layer() -> nn.Module:
+    base = tiny_cnn()
+    torch.manual_seed(1)
+    return _MoreWork(base, extra=1).eval()
+
+
+def cnn_two_more_layers() -> nn.Module:
+    base = tiny_cnn()
+    torch.manual_seed(1)
+    return _MoreWork(base, extra=2).eval()
