@@ -397,7 +397,7 @@ class Journal:
             return
 
 
-    # ----- module sets recorded by pre-key (plan.DepIndex protocol): an optimisation, so it never fails a command
+    # ----- module sets recorded by pre-key (keys.DepIndex protocol): an optimisation, so it never fails a command
     def dep_sets(self, pre: str) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
         """The module sets recorded for ``pre``, most recently used first: (file labels, empty slot labels)."""
         try:
