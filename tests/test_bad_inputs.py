@@ -666,8 +666,8 @@ LIMIT_CLI_CASES = [
     ("control-character", ["plan", "recipe.yaml"], "name: x\x07\nnodes:\n" + SYNTH,
      r"error: recipe\.yaml:1:8: YAML error: character #x0007 is not allowed in YAML text"),
 ]
-_WITHOUT_LIBYAML = ("import sys, yaml; del yaml.CSafeLoader; sys.argv[0] = 'trtflow'; from trtflow.cli import main; "
-                    "main()")
+_WITHOUT_LIBYAML = ("import sys, yaml; del yaml.CSafeLoader; sys.argv[0] = 'trtflow'; "
+                    "from trtflow.cli.main import main; main()")
 
 
 @pytest.mark.parametrize("parser", PARSERS)

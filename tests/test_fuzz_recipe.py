@@ -414,14 +414,14 @@ def mutate(text: str, rng: random.Random) -> tuple[str, list[str]]:
 
 def plan_in_process(recipe: Path, overrides: list[str], store: Path) -> tuple[int, str]:
     """Run `trtflow plan` as its console script does, in this process: (exit code, what it printed)."""
-    from trtflow import cli
+    from trtflow.cli.main import main
 
     argv = ["trtflow", "plan", str(recipe), "--store", str(store), *(a for o in overrides for a in ("--set", o))]
     out = io.StringIO()
     code: Any = 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), _argv(argv):
         try:
-            cli.main()
+            main()
         except SystemExit as exc:
             code = exc.code
     return (code if isinstance(code, int) else 1), out.getvalue()

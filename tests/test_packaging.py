@@ -74,7 +74,7 @@ def test_the_wheel_holds_every_module_and_data_file_of_the_source_tree_and_nothi
 def test_every_entry_point_of_the_wheel_names_a_module_it_holds(wheel) -> None:
     info = next(n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt"))
     targets = re.findall(r"^\s*[\w.-]+\s*=\s*([\w.]+):[\w.]+", wheel.read(info).decode(), re.M)
-    assert "trtflow.cli" in targets and "trtflow_stages.export" in targets
+    assert "trtflow.cli.main" in targets and "trtflow_stages.export" in targets
     shipped = set(wheel.namelist())
     for module in targets:
         path = module.replace(".", "/")

@@ -37,11 +37,9 @@ from trtflow.recipe.expand import ConcreteNode
 KEY_FORMAT = 2
 
 
-
 # A set of project modules a node's code imported: (file labels, empty module slot labels), both sorted; labels are
 # paths relative to the project root (absolute outside it).
 DepSet = tuple[tuple[str, ...], tuple[str, ...]]
-
 
 
 @runtime_checkable
@@ -49,7 +47,6 @@ class DepIndex(Protocol):
     """Where the planner finds the module sets recorded under a pre-key (the journal; losing it costs rebuilds)."""
 
     def dep_sets(self, pre: str) -> list[DepSet]: ...
-
 
 
 @dataclass(frozen=True)
@@ -122,7 +119,6 @@ class KeyContext:
         return index.dep_sets(pre) if isinstance(index, DepIndex) else []
 
 
-
 @dataclass
 class KeyParts:
     """Everything a node key is made of (also stored in the manifest to explain later changes)."""
@@ -189,7 +185,6 @@ class KeyParts:
         return manifest
 
 
-
 def _substitute(value: Any, table: Mapping[str, Any]) -> Any:
     if isinstance(value, str):
         return table.get(value, value)
@@ -198,7 +193,6 @@ def _substitute(value: Any, table: Mapping[str, Any]) -> Any:
     if isinstance(value, list):
         return [_substitute(v, table) for v in value]
     return value
-
 
 
 @dataclass(frozen=True)
@@ -211,13 +205,11 @@ class CodeEntry:
     scanned: tuple[Path, ...]
 
 
-
 def code_entry(spec: str, kctx: KeyContext) -> CodeEntry | None:
     """The file a `python:` reference runs (None: a module with no .py file), once per plan."""
     if ("code", spec) not in kctx.memo:
         kctx.memo[("code", spec)] = _find_entry(spec, kctx)
     return kctx.memo[("code", spec)]
-
 
 
 def _find_entry(spec: str, kctx: KeyContext) -> CodeEntry | None:
@@ -243,7 +235,6 @@ def _find_entry(spec: str, kctx: KeyContext) -> CodeEntry | None:
         raise TrtflowError(f"cannot read {spec!r} ({path}): {exc.strerror or exc}") from None
     kctx.observe(path, digest)
     return CodeEntry(path, digest, tuple(callable_files(path, kctx.project_root)))
-
 
 
 def key_parts(graph: Graph, node: ConcreteNode, output_digests: Mapping[tuple[str, str], str], kctx: KeyContext,
@@ -334,7 +325,6 @@ def key_parts(graph: Graph, node: ConcreteNode, output_digests: Mapping[tuple[st
     return parts
 
 
-
 def recorded_parts(parts: KeyParts, deps: Any, kctx: KeyContext) -> KeyParts:
     """The key parts of a node whose code ran, with the modules the worker recorded it importing (`depfile.Deps`;
     None when nothing was reported: the node then counts as changed, so it is never reused blindly)."""
@@ -346,7 +336,6 @@ def recorded_parts(parts: KeyParts, deps: Any, kctx: KeyContext) -> KeyParts:
         return replace(parts, deps={"(not recorded)": CHANGED}, absent=[])
     return replace(parts, deps={kctx.display(Path(p)): d for p, d in sorted(deps.files.items())},
                    absent=sorted(kctx.display(Path(a)) for a in deps.absent))
-
 
 
 def pinned_reference(graph: Graph, node: ConcreteNode, kctx: KeyContext) -> str | None:

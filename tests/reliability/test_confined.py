@@ -40,7 +40,7 @@ ALLOWED = {
     "trtflow/execution/diagnosis.py": "/proc and cgroups",
     "trtflow/execution/progress.py": "/proc/<pid>/status",
     "trtflow/execution/forkserver.py": "/proc/self/status, /dev/null",
-    "trtflow/cli.py": "writes the file the user names with -o",
+    "trtflow/cli/console.py": "writes the file the user names with -o",
     "trtflow/testing.py": "a temporary folder of its own for a stage test",
     "trtflow/execution/noop.py": "stats and walks the user's code and data (its records, manifests and objects go "
                                  "through the store's confined tree)",
@@ -128,7 +128,7 @@ def test_no_module_but_the_confined_layer_touches_the_store_or_build() -> None:
     ("sqlite3.connect(path)", "trtflow/storage/journal.py", "sqlite3.connect()"),
     ("FileLock(str(p))", "trtflow/execution/lifecycle.py", "FileLock()"),
     ("with open(store.root / 'x') as f: pass", "trtflow/fsutil.py", "open()"),
-    ("Path(output_dir / 'x').write_bytes(b'')", "trtflow/cli.py", ".write_bytes()"),
+    ("Path(output_dir / 'x').write_bytes(b'')", "trtflow/cli/console.py", ".write_bytes()"),
     ("(Path('build') / name / 'r.json').write_text(t)", "stages/cli/x.py", ".write_text()"),
     ("shutil.copyfile(src, store.object_path(d))", "stages/x.py", "shutil.copyfile()"),
 ])

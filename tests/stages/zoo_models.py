@@ -169,9 +169,9 @@ def init_recipe(folder: Path, name: str, model: str, arguments: tuple[str, ...])
     """``trtflow init`` (the command itself, in this process: transformers is imported once for the zoo)."""
     from typer.testing import CliRunner
 
-    from trtflow.cli import _add_plugin_commands, app
+    from trtflow.cli.app import add_plugin_commands, app
 
-    _add_plugin_commands(["init"])
+    add_plugin_commands(["init"])
     previous = Path.cwd()
     os.chdir(folder)
     try:

@@ -1,0 +1,1 @@
+"""The `trtflow` command line: run, plan, status, show, report, history, schema, gc, verify, doctor."""

@@ -1,0 +1,43 @@
+"""The `trtflow` console script: runs a command and maps errors to the documented exit codes."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from trtflow import __version__
+from trtflow.cli.app import add_plugin_commands, app
+from trtflow.cli.console import rich_console
+from trtflow.errors import EXIT_INTERRUPTED, TrtflowError
+
+
+def main() -> None:
+    """Console-script entry point: maps errors to documented exit codes."""
+    # pydantic scans every installed distribution for its plugins on first use; a CLI run needs none.
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    try:
+        add_plugin_commands(sys.argv[1:])
+        app(standalone_mode=True)
+    except TrtflowError as exc:
+        from rich.markup import escape
+
+        from trtflow.redact import hide
+
+        console = rich_console(stderr=True)
+        console.print(f"[bold red]error:[/] {escape(hide(exc.message))}", highlight=False)
+        if exc.hint:
+            console.print(f"  [bold]hint:[/] {escape(hide(exc.hint))}")
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:
+        import traceback
+
+        traceback.print_exc()
+        print(
+            f"\ninternal error in trtflow {__version__}: {type(exc).__name__}: {exc}\n"
+            "This is a bug in trtflow; please report it with the traceback above.",
+            file=sys.stderr,
+        )
+        sys.exit(70)
