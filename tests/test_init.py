@@ -10,7 +10,7 @@ import yaml
 
 from tests.conftest import trtflow_cli
 from trtflow.errors import TrtflowError
-from trtflow_stages.cli.init import Range, dynamic_ranges, parse_input_option, read_onnx_inputs
+from trtflow_stages.cli.init_inputs import Range, dynamic_ranges, parse_input_option, read_onnx_inputs
 
 REPO = Path(__file__).resolve().parent.parent
 

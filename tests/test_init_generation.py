@@ -58,12 +58,12 @@ def test_a_causal_lm_gets_a_generation_recipe(project):
 
 
 def test_generation_ranges_and_prompts_from_the_options(project):
-    from trtflow_stages.cli.init import _flow
     from trtflow_stages.cli.init_generation import scaffold
+    from trtflow_stages.cli.init_recipe import flow
 
     plan = scaffold(project / "llama", "llama", "llama", "llama", (1, 2, 8),
                     {"sequence_length": (1, 16, 48), "past_sequence_length": (1, 24, 47)}, "prompts.json")
-    recipe = yaml.safe_load(plan.render("schema.json", _flow))
+    recipe = yaml.safe_load(plan.render("schema.json", flow))
     assert recipe["profiles"]["prefill"]["input_ids"] == {"min": [1, 1], "opt": [2, 16], "max": [8, 48]}
     assert recipe["profiles"]["decode"]["attention_mask"] == {"min": [1, 2], "opt": [2, 25], "max": [8, 48]}
     assert recipe["nodes"][0]["params"]["generation"]["prompts"] == {"path": "prompts.json"}

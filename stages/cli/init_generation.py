@@ -89,7 +89,7 @@ class GenerationScaffold:
         return self.prompt[2]
 
     def render(self, schema: str, _flow: Callable[[Any], str]) -> str:
-        """The recipe; ``_flow`` writes a value as one line of YAML flow style (`cli.init`'s)."""
+        """The recipe; ``_flow`` writes a value as one line of YAML flow style (`cli.init_recipe.flow`)."""
         layout = self.layout
         profiles = layout.profiles(self.batch, self.context, self.prompt[1], self.past_opt)
         check_tokens = max(1, min(16, self.context // 4))
