@@ -344,7 +344,7 @@ HOSTILE_VALUES = [
     "${UNSET_FUZZ_VAR}", "${UNSET_FUZZ_VAR:-..}", "$${x}", "a" * 5000 + ".onnx", "x/" * 3000, "../pipelines",
     "python:os:system", "python:os.path:join", "python:../examples/models/tiny_cnn.py:nope", "python:/etc/passwd:x",
     "python:fifo:x", "python:loop:x", "python:..:x", "python:.py:x", "python:a:b:c", "python:", "python:sys:exit",
-    "python:" + "a." * 3000 + "b:c", "python:trtflow.cli:main", "python:out/passwd:x", "${{ matrix.x }}",
+    "python:" + "a." * 3000 + "b:c", "python:trtflow.cli.main:main", "python:out/passwd:x", "${{ matrix.x }}",
     "${{ matrix." + "a" * 1000 + " }}", "-1", "0", "1e308", str(10**30), "true", "no", "[1, [2, [3]]]",
     "{min: [1], opt: [2], max: [1]}", "[" + ", ".join(str(i) for i in range(3000)) + "]",
 ]

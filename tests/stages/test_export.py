@@ -14,6 +14,7 @@ from torch import nn
 from trtflow.stage import StageFailed
 from trtflow.testing import run_stage
 from trtflow_stages import export
+from trtflow_stages.formats.torch_check import check_shapes, size_one_warnings
 from trtflow_stages.formats.torch_export import bind_inputs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,7 +98,7 @@ def test_profiles_min_and_max_are_checked_and_a_name_differing_from_forward_maps
 
 def test_check_shapes_vary_one_dim_name_at_a_time_over_all_inputs():
     params = export.Params(model="python:m.py:build", inputs=BERT_INPUTS, outputs=BERT_OUTPUTS)
-    checks = export.check_shapes(params)
+    checks = check_shapes(params)
     assert [c.shapes for c in checks] == [
         {"input_ids": [2, 16], "attention_mask": [2, 16]},
         {"input_ids": [4, 16], "attention_mask": [4, 16]},  # batch 2 -> 4 (twice a sample below 4)
@@ -109,7 +110,7 @@ def test_check_shapes_vary_one_dim_name_at_a_time_over_all_inputs():
 def test_a_dynamic_sample_size_of_one_is_warned_about():
     inputs = {"x": {"shape": [1, 3], "dynamic_axes": {0: "batch"}}}
     params = export.Params(model="python:m.py:build", inputs=inputs)
-    (warning,) = export.size_one_warnings(params)
+    (warning,) = size_one_warnings(params)
     assert "axis 0 ('batch') is dynamic but its sample size is 1" in warning
     assert "torch.export specialises sizes 0 and 1" in warning
 

@@ -70,7 +70,7 @@ def test_stages_open_candidates_only_through_runtimes_candidate() -> None:
 
 
 STAGE_MODULES = {"export", "simplify", "quantize", "convert", "build", "validate", "benchmark", "select", "triton"}
-LIBRARIES = ("accuracy", "data", "decision", "formats", "measure", "precision", "runtimes")
+LIBRARIES = ("accuracy", "data", "decision", "exporting", "formats", "measure", "precision", "runtimes")
 
 
 def _library_modules() -> list[Path]:
@@ -129,6 +129,7 @@ def test_every_params_protocol_is_met_by_the_stage_params_it_names() -> None:
     from trtflow_stages import benchmark, build, convert, export, quantize, validate
     from trtflow_stages.accuracy.calibration import CalibrationParams
     from trtflow_stages.accuracy.compare import AccuracyParams
+    from trtflow_stages.exporting.params import ExportParams
     from trtflow_stages.formats.torch_check import CheckParams
     from trtflow_stages.formats.torch_source import SampleInput, TorchSourceParams
     from trtflow_stages.measure.serving.measurements import ServingParams
@@ -142,7 +143,8 @@ def test_every_params_protocol_is_met_by_the_stage_params_it_names() -> None:
     pairs = [(AccuracyParams, validate.Params), (FeedParams, benchmark.Params), (ServingParams, benchmark.Params),
              (ModeloptParams, quantize.Params), (ModeloptParams, convert.Params),
              (TorchQuantizeParams, quantize.Params), (BuilderParams, build.Params), (TorchSourceParams, export.Params),
-             (CheckParams, export.Params), (SampleInput, export.InputDef), (AutocastParams, convert.Params),
+             (CheckParams, export.Params), (ExportParams, export.Params), (SampleInput, export.InputDef),
+             (AutocastParams, convert.Params),
              (PtqParams, quantize.Params), (CalibrationParams, quantize.Params), (PlacementLike, quantize.Placement)]
     missing = [f"{protocol.__name__} -> {params.__module__}.{params.__name__}.{name}"
                for protocol, params in pairs for name in sorted(_protocol_members(protocol))
