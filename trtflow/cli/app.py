@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import click
 import typer
 
 from trtflow import __version__
@@ -35,9 +36,26 @@ def _main(
 ) -> None:
     """trtflow: declarative, resumable TensorRT pipelines."""
 
-for command in (run.run, run.plan, results.status, results.show, results.report, results.history, about.schema,
-                store.gc, store.verify, about.doctor):
-    app.command()(command)
+
+
+def _forward(command: click.Command) -> None:
+    """List ``command`` (a click command of `cli.run`) in this group and run it from here too, its arguments passed
+    on untouched: the console script runs it without typer (`cli.main`), a caller of this app through it."""
+
+    def forward(ctx: typer.Context) -> None:
+        code = run.call(command, ctx.args, f"{ctx.find_root().info_name} {command.name}")
+        if code:
+            raise typer.Exit(code)
+
+    app.command(command.name, help=command.help, add_help_option=False,
+                context_settings={"ignore_unknown_options": True, "allow_extra_args": True})(forward)
+
+
+for command in run.COMMANDS.values():
+    _forward(command)
+for function in (results.status, results.show, results.report, results.history, about.schema, store.gc,
+                 store.verify, about.doctor):
+    app.command()(function)
 
 COMMANDS_GROUP = "trtflow.commands"
 

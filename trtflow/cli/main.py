@@ -6,8 +6,8 @@ import os
 import sys
 
 from trtflow import __version__
-from trtflow.cli.app import add_plugin_commands, app
 from trtflow.cli.console import rich_console
+from trtflow.cli.run import COMMANDS, call
 from trtflow.errors import EXIT_INTERRUPTED, TrtflowError
 
 
@@ -15,8 +15,13 @@ def main() -> None:
     """Console-script entry point: maps errors to documented exit codes."""
     # pydantic scans every installed distribution for its plugins on first use; a CLI run needs none.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    argv = sys.argv[1:]
     try:
-        add_plugin_commands(sys.argv[1:])
+        if argv and argv[0] in COMMANDS:  # run and plan start without typer (and so without pydantic)
+            sys.exit(call(COMMANDS[argv[0]], argv[1:], f"trtflow {argv[0]}"))
+        from trtflow.cli.app import add_plugin_commands, app
+
+        add_plugin_commands(argv)
         app(standalone_mode=True)
     except TrtflowError as exc:
         from rich.markup import escape

@@ -1,4 +1,8 @@
-"""`trtflow run` and `trtflow plan`: run the stale nodes of a recipe, or list them and why; a run's exit code."""
+"""`trtflow run` and `trtflow plan`: run the stale nodes of a recipe, or list them and why; a run's exit code.
+
+These two commands are click commands, not typer ones: an unchanged recipe's `trtflow run` is the command users
+repeat most, and typer (0.20+) imports pydantic to coerce every argument of every command.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,11 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
+import click
 
 from trtflow.cli.console import rich_console
-from trtflow.cli.options import RecipeArg, SetOpt, StoreOpt, TargetsArg
 from trtflow.errors import (
     EXIT_ENVIRONMENT,
     EXIT_FAILED,
@@ -23,56 +26,53 @@ from trtflow.errors import (
     UsageError,
 )
 
+#: The arguments `trtflow run` and `trtflow plan` share (click: these commands start without typer, whose
+#: coercion imports pydantic on every command; the other commands use typer, `options.py`).
+_recipe = click.argument("recipe", type=click.Path(path_type=Path))
+_targets = click.argument("targets", nargs=-1)
+_store = click.option("--store", help="Store directory (env TRTFLOW_STORE; default .trtflow)")
+_set = click.option("--set", "set_", multiple=True, help="Override a recipe value: nodes.NAME.params.KEY=VALUE")
 
-def run(
-    recipe: RecipeArg,
-    targets: TargetsArg = None,
-    store: StoreOpt = None,
-    set_: SetOpt = None,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", min=0, show_default=False,
-                                      help="CPU slots: nodes to run at once (default: min(4, CPUs)).")] = 0,
-    keep_going: Annotated[
-        bool, typer.Option("--keep-going", "-k", help="After a failure, run everything that does not depend on it.")
-    ] = False,
-    require_gpu: Annotated[
-        bool,
-        typer.Option("--require-gpu", help="Fail (exit 3) instead of skipping nodes whose backend cannot run here."),
-    ] = False,
-    output_dir: Annotated[
-        Path | None, typer.Option("--output-dir", help="Where outputs are materialised (default: build/<recipe>)")
-    ] = None,
-    lock_timeout: Annotated[
-        float, typer.Option(help="Seconds to wait for another run building the same node.")
-    ] = 21600.0,
-    executor: Annotated[str, typer.Option(
-        "--executor", help="Where nodes run: local (a process per node on this machine), ray (a Ray cluster), "
-        "inline (this process; for debugging).")] = "local",
-    ray_address: Annotated[str | None, typer.Option(
-        "--ray-address", help="Join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting a local "
-        "one (env RAY_ADDRESS).")] = None,
-    remote: Annotated[str | None, typer.Option(
-        "--remote", help="A remote cache shared by several stores: a directory or s3://bucket/prefix "
-        "(env TRTFLOW_REMOTE).")] = None,
-    remote_digest: Annotated[str | None, typer.Option(
-        "--remote-digest", help="The hash a remote cache names its objects by: xxh3-128 (fast; integrity only) or "
-        "sha256 (cryptographic, for remotes shared beyond one team); a new remote records it, an existing one must "
-        "match (env TRTFLOW_REMOTE_DIGEST; default: what the remote uses, xxh3-128 for a new one).")] = None,
-    memory: Annotated[str | None, typer.Option(
-        "--memory", help="Host memory the nodes running at once may use together, e.g. 16G (default: what the "
-        "machine has free).")] = None,
-    no_push: Annotated[bool, typer.Option(
-        "--no-push", help="Only pull from the remote cache; never upload (e.g. CI runs of untrusted changes).")
-    ] = False,
-    ray_transfer: Annotated[str | None, typer.Option(
-        "--ray-transfer", help="Where Ray workers exchange artifacts: a directory they share or s3://bucket/prefix "
-        "(default: the remote cache; under --no-push, needed for a cluster of several machines).")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only failures and the summary.")] = False,
-    rerun: Annotated[list[str] | None, typer.Option(
-        "--rerun", help="Run this node again although its result is stored (repeatable; a matrix node's name runs "
-        "all of its nodes), e.g. a nightly benchmark, so that its history gets a new measurement; what uses it "
-        "runs again if the new result differs.")] = None,
-) -> None:
-    """Run the stale nodes of a recipe, reusing everything that is up to date."""
+
+@click.command(help="Run the stale nodes of a recipe, reusing everything that is up to date.\n\nRECIPE (required): "
+               "the recipe YAML file; TARGETS: only these nodes (and what they need).")
+@_recipe
+@_targets
+@_store
+@_set
+@click.option("--jobs", "-j", type=click.IntRange(min=0), default=0,
+              help="CPU slots: nodes to run at once (default: min(4, CPUs)).")
+@click.option("--keep-going", "-k", is_flag=True, help="After a failure, run everything that does not depend on it.")
+@click.option("--require-gpu", is_flag=True,
+              help="Fail (exit 3) instead of skipping nodes whose backend cannot run here.")
+@click.option("--output-dir", type=click.Path(path_type=Path),
+              help="Where outputs are materialised (default: build/<recipe>)")
+@click.option("--lock-timeout", type=float, default=21600.0,
+              help="Seconds to wait for another run building the same node (default 21600).")
+@click.option("--executor", default="local", help="Where nodes run: local (a process per node on this machine), ray "
+              "(a Ray cluster), inline (this process; for debugging). Default: local.")
+@click.option("--ray-address", help="Join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting a "
+              "local one (env RAY_ADDRESS).")
+@click.option("--remote", help="A remote cache shared by several stores: a directory or s3://bucket/prefix "
+              "(env TRTFLOW_REMOTE).")
+@click.option("--remote-digest", help="The hash a remote cache names its objects by: xxh3-128 (fast; integrity only) "
+              "or sha256 (cryptographic, for remotes shared beyond one team); a new remote records it, an existing one "
+              "must match (env TRTFLOW_REMOTE_DIGEST; default: what the remote uses, xxh3-128 for a new one).")
+@click.option("--memory", help="Host memory the nodes running at once may use together, e.g. 16G (default: what the "
+              "machine has free).")
+@click.option("--no-push", is_flag=True,
+              help="Only pull from the remote cache; never upload (e.g. CI runs of untrusted changes).")
+@click.option("--ray-transfer", help="Where Ray workers exchange artifacts: a directory they share or "
+              "s3://bucket/prefix (default: the remote cache; under --no-push, needed for a cluster of several "
+              "machines).")
+@click.option("--quiet", "-q", is_flag=True, help="Print only failures and the summary.")
+@click.option("--rerun", multiple=True, help="Run this node again although its result is stored (repeatable; a "
+              "matrix node's name runs all of its nodes), e.g. a nightly benchmark, so that its history gets a new "
+              "measurement; what uses it runs again if the new result differs.")
+def run(recipe: Path, targets: tuple[str, ...], store: str | None, set_: tuple[str, ...], jobs: int,
+        keep_going: bool, require_gpu: bool, output_dir: Path | None, lock_timeout: float, executor: str,
+        ray_address: str | None, remote: str | None, remote_digest: str | None, memory: str | None, no_push: bool,
+        ray_transfer: str | None, quiet: bool, rerun: tuple[str, ...]) -> None:
     from trtflow import api
     from trtflow.execution.results import RunOptions, resume_command
     from trtflow.report.console import ConsoleHooks
@@ -107,18 +107,18 @@ def run(
         hooks.stop_live()
     hooks.finish(summary, steps, time.perf_counter() - started, options.output_dir, resume_command())
     if summary.interrupted:
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise click.exceptions.Exit(EXIT_INTERRUPTED)
     if not summary.ok:
         results = summary.results.values()
         if summary.problems and all(r.status in ("fresh", "done", "cached", "skipped") for r in results):
-            raise typer.Exit(EXIT_STORE)
+            raise click.exceptions.Exit(EXIT_STORE)
         only_env = all(
             r.status in ("fresh", "done", "cached") or (r.error and "--require-gpu" in r.error) or r.status == "blocked"
             for r in results
         )
         if require_gpu and only_env:
-            raise typer.Exit(EXIT_ENVIRONMENT)
-        raise typer.Exit(EXIT_INCONCLUSIVE if _only_undecided(summary) else failed_exit_code(results))
+            raise click.exceptions.Exit(EXIT_ENVIRONMENT)
+        raise click.exceptions.Exit(EXIT_INCONCLUSIVE if _only_undecided(summary) else failed_exit_code(results))
 
 
 def _only_undecided(summary: Any) -> bool:
@@ -156,14 +156,14 @@ def _parse_size(text: str) -> int:
     return int(float(match.group(1)) * 1024 ** "_kmgt".index(match.group(2) or "_"))
 
 
-def plan(
-    recipe: RecipeArg,
-    targets: TargetsArg = None,
-    store: StoreOpt = None,
-    set_: SetOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of steps.")] = False,
-) -> None:
-    """Show which nodes are fresh or stale, and why, without running anything."""
+@click.command(help="Show which nodes are fresh or stale, and why, without running anything.\n\nRECIPE (required): "
+               "the recipe YAML file; TARGETS: only these nodes (and what they need).")
+@_recipe
+@_targets
+@_store
+@_set
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of steps.")
+def plan(recipe: Path, targets: tuple[str, ...], store: str | None, set_: tuple[str, ...], as_json: bool) -> None:
     from trtflow import api
     from trtflow.redact import hide
 
@@ -194,3 +194,19 @@ def _print_plan(steps: list[Any]) -> None:
 
     print(hide("\n".join(lines)))
 
+
+
+#: The commands of this module, by name: `trtflow` runs them without importing typer (`cli.main`).
+COMMANDS: dict[str, click.Command] = {"run": run, "plan": plan}
+
+
+def call(command: click.Command, argv: list[str], prog_name: str) -> int:
+    """Run ``command`` on ``argv`` as a console script would; its exit code (a TrtflowError propagates)."""
+    try:
+        code = command.main(argv, prog_name=prog_name, standalone_mode=False)
+    except click.exceptions.Abort:
+        raise KeyboardInterrupt from None
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    return code if isinstance(code, int) else 0

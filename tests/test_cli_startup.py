@@ -1,0 +1,67 @@
+"""What `trtflow` imports on the commands users repeat most: an unchanged recipe's `trtflow run` (the no-op shortcut),
+the same run planned, and `trtflow --help`. A deny-list per path: a module on it that one of these paths imports
+fails here, naming the path and the modules, so a heavy import cannot creep back (typer 0.20+ imports pydantic to
+coerce the arguments of every command: `run` and `plan` are click commands for that reason, `cli/run.py`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import trtflow_cli
+
+#: Never imported by a no-op `trtflow run` that takes the shortcut.
+HEAVY = {"torch", "onnx", "onnxruntime", "polygraphy", "modelopt", "tensorrt", "tensorrt_rtx", "numpy", "scipy",
+         "transformers", "tensorflow", "ray", "fsspec", "s3fs", "jinja2"}
+SHORTCUT_DENY = HEAVY | {"pydantic", "pydantic_core", "typer", "rich", "yaml", "trtflow_stages"}
+#: Planning validates the recipe (stage params are pydantic models), so pydantic may load; the CLI layer may not.
+PLANNING_DENY = HEAVY | {"typer", "rich"}
+#: `--help` lists every command (typer and rich draw it) but loads no model library and no recipe schema.
+HELP_DENY = HEAVY | {"pydantic", "pydantic_core"}
+
+_IMPORTED = ("import runpy, sys\nsys.argv = ['trtflow', *sys.argv[1:]]\n"
+             "try:\n    runpy.run_module('trtflow.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+             "print('MODULES', ' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
+
+
+def _imported(cwd: Path, *args: str, **env: str) -> set[str]:
+    environ = dict(os.environ, TRTFLOW_STORE=str(cwd / "store"), **env)
+    proc = subprocess.run([sys.executable, "-c", _IMPORTED, *args], cwd=cwd, capture_output=True, text=True,
+                          env=environ, timeout=120)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("MODULES ")), None)
+    assert line is not None, proc.stdout + proc.stderr
+    return set(line.split()[1:])
+
+
+@pytest.fixture(scope="module")
+def unchanged(tmp_path_factory) -> Path:
+    """A two-node recipe of the example plugin's cheap stage, run once (its no-op record left by the next run)."""
+    folder = tmp_path_factory.mktemp("startup")
+    (folder / "r.yaml").write_text("name: startup\nnodes:\n  - {name: a, stage: synth, params: {text: a}}\n"
+                                   "  - {name: b, stage: synth, params: {text: b}, inputs: {source: a}}\n")
+    trtflow_cli("run", "-q", "r.yaml", cwd=folder)
+    return folder
+
+
+def test_a_noop_run_that_takes_the_shortcut_imports_nothing_heavy(unchanged: Path) -> None:
+    _imported(unchanged, "run", "-q", "r.yaml")  # plans, finds all up to date, leaves this command's no-op record
+    modules = _imported(unchanged, "run", "-q", "r.yaml")
+    assert "trtflow" in modules and "click" in modules
+    assert not modules & SHORTCUT_DENY, f"the no-op run (shortcut) imports {sorted(modules & SHORTCUT_DENY)}"
+
+
+def test_a_planned_noop_run_imports_no_cli_framework_beyond_click(unchanged: Path) -> None:
+    modules = _imported(unchanged, "run", "-q", "r.yaml", TRTFLOW_NO_SHORTCUT="1")
+    assert "pydantic" in modules  # it did plan: the recipe was validated
+    assert not modules & PLANNING_DENY, f"the planned no-op run imports {sorted(modules & PLANNING_DENY)}"
+
+
+def test_help_imports_no_model_library_and_no_schema(tmp_path: Path) -> None:
+    modules = _imported(tmp_path, "--help")
+    assert "typer" in modules
+    assert not modules & HELP_DENY, f"`trtflow --help` imports {sorted(modules & HELP_DENY)}"
+
