@@ -30,6 +30,7 @@ from trtflow.stage import (
 from .accuracy.model_problems import autocast_repro, modelopt_step
 from .data import DataSource
 from .precision.modelopt import (
+    check_calibration_eps,
     check_node_patterns,
     check_op_types,
     convert_memory,
@@ -134,14 +135,7 @@ class Params(StageParams):
     @field_validator("calibration_eps")
     @classmethod
     def _known_eps(cls, eps: list[str]) -> list[str]:
-        import re
-
-        if not eps:
-            raise ValueError("calibration_eps needs at least one execution provider, e.g. ['cpu']")
-        bad = [ep for ep in eps if not re.match(r"^(cpu|trt|cuda:\d+)$", ep)]
-        if bad:
-            raise ValueError(f"unknown calibration_eps {bad}; use 'cpu', 'cuda:N' or 'trt'")
-        return eps
+        return check_calibration_eps(eps, r"cpu|trt|cuda:\d+", "'cpu', 'cuda:N' or 'trt'")
 
     @property
     def uses_gpu(self) -> bool:

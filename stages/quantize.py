@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 import shutil
 from collections import Counter
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from trtflow.stage import (
 from .data import DataSource
 from .formats.torch_source import TORCH_SOURCE
 from .precision.modelopt import (
+    check_calibration_eps,
     check_node_patterns,
     check_op_types,
     modelopt_environment,
@@ -65,7 +65,7 @@ DEFAULT_METHOD = {"int8": "entropy", "fp8": "entropy", "int4": "awq_clip", "nvfp
 WEIGHT_ONLY_METHODS = ("rtn", "rtn_dq")
 # The ops whose inputs "weighted" placement quantizes: those that multiply an activation by a weight.
 WEIGHTED_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
-_EP_PATTERN = re.compile(r"^(cpu|trt|NvTensorRtRtx|cuda:\d+|dml:\d+)$")
+_EPS = r"cpu|trt|NvTensorRtRtx|cuda:\d+|dml:\d+"
 
 
 class Params(StageParams):
@@ -150,13 +150,7 @@ class Params(StageParams):
     @field_validator("calibration_eps")
     @classmethod
     def _known_eps(cls, eps: list[str]) -> list[str]:
-        if not eps:
-            raise ValueError("calibration_eps needs at least one execution provider, e.g. ['cpu']")
-        bad = [ep for ep in eps if not _EP_PATTERN.match(ep)]
-        if bad:
-            raise ValueError(f"unknown calibration_eps {bad}; use 'cpu', 'cuda:N', 'trt', 'dml:N' or "
-                             "'NvTensorRtRtx'")
-        return eps
+        return check_calibration_eps(eps, _EPS, "'cpu', 'cuda:N', 'trt', 'dml:N' or 'NvTensorRtRtx'")
 
     @model_validator(mode="after")
     def _consistent(self) -> Params:

@@ -501,19 +501,26 @@ def _describe(config: Any, model: Any, task: str, part: str | None, preprocessor
 def describe_folder(folder: Path, task: str | None, part: str | None = None) -> tuple[
         dict[str, dict[str, Any]], dict[str, Limit], str, tuple[str, ...]]:
     """(inputs, limits, task, parts) of a folder's model, built on the meta device (no weights read)."""
-    transformers = _quiet_transformers()
     import torch
 
+    _, config, chosen, auto, parts, part = _resolve(folder, task, part)
+    with torch.device("meta"):
+        model = auto.from_config(config)
+    _, _, inputs = _describe(config, model, chosen, part, _preprocessor(folder))
+    return inputs, limits(config, inputs), chosen, parts
+
+
+def _resolve(folder: Path, task: str | None, part: str | None) -> tuple[dict[str, Any], Any, str, Any,
+                                                                       tuple[str, ...], str | None]:
+    """What a folder's model is, from its config.json: (the raw config, transformers' config, the task, the Auto
+    class that builds the task's model, the model's parts, the part chosen)."""
+    transformers = _quiet_transformers()
     raw = read_config(folder)
     chosen = task_of(raw, task)
     config = _config(transformers, folder)
     auto = _auto_for(transformers, config, chosen)
     parts = parts_of(config, chosen)
-    part = _check_part(chosen, part, parts)
-    with torch.device("meta"):
-        model = auto.from_config(config)
-    _, _, inputs = _describe(config, model, chosen, part, _preprocessor(folder))
-    return inputs, limits(config, inputs), chosen, parts
+    return raw, config, chosen, auto, parts, _check_part(chosen, part, parts)
 
 
 def _config(transformers: Any, folder: Path) -> Any:
@@ -527,13 +534,7 @@ def _config(transformers: Any, folder: Path) -> Any:
 
 def load_model(folder: Path, task: str | None, shown: str, part: str | None = None) -> HfModel:
     """The folder's model (weights from the folder, nothing downloaded) wrapped for export, with its inputs."""
-    transformers = _quiet_transformers()
-    raw = read_config(folder)
-    chosen = task_of(raw, task)
-    config = _config(transformers, folder)
-    auto = _auto_for(transformers, config, chosen)
-    parts = parts_of(config, chosen)
-    part = _check_part(chosen, part, parts)
+    raw, config, chosen, auto, _, part = _resolve(folder, task, part)
     try:
         model, info = auto.from_pretrained(str(folder), local_files_only=True, attn_implementation="eager",
                                            output_loading_info=True)

@@ -46,6 +46,17 @@ class ModeloptParams(Protocol):
     def uses_gpu(self) -> bool: ...
 
 
+def check_calibration_eps(eps: list[str], accepted: str, names: str) -> list[str]:
+    """A ``calibration_eps`` field's validation (convert and quantize): at least one execution provider, each one the
+    regular expression ``accepted`` matches whole (``names`` spells them for the message)."""
+    if not eps:
+        raise ValueError("calibration_eps needs at least one execution provider, e.g. ['cpu']")
+    bad = [ep for ep in eps if not re.fullmatch(accepted, ep)]
+    if bad:
+        raise ValueError(f"unknown calibration_eps {bad}; use {names}")
+    return eps
+
+
 def modelopt_files(params: ModeloptParams) -> list[str]:
     """The calibration/reference data files whose content the result depends on."""
     return data_files(params.calibration_data) if params.uses_data else []
