@@ -231,6 +231,13 @@ def test_init_names_a_torchscript_input_mistake(cnn_archive, given, message, hin
     assert "Traceback" not in proc.stderr and "\x1b[" not in proc.stderr
 
 
+def test_init_without_input_suggests_the_archives_own_input_name(cnn_archive):
+    """The hint names forward()'s argument (read from the archive), so following it works (issue 35)."""
+    proc = trtflow("init", "cnn.pt", "-o", "r.yaml", "--force", cwd=cnn_archive, check=2)
+    assert "--input image:batch,3,224,224:float32 (forward() takes image)" in proc.stderr, proc.stderr
+    assert "--input input:" not in proc.stderr
+
+
 @pytest.mark.slow
 def test_run_names_the_same_mistake_with_the_same_exit_code(cnn_archive):
     """The wrong channels given to run: export fails naming them, exit 2 as from init, and the console does not

@@ -379,6 +379,25 @@ def _run_all(model: Any, feed: Mapping[str, Any]) -> dict[str, Any]:
     return dict(zip(names, (np.asarray(v) for v in session.run(None, dict(feed))), strict=True))
 
 
+#: The largest finite fp16 value: a reference value beyond it may come out as an infinity in a low-precision model.
+SATURATES = 65504.0
+
+
+def tensor_error(r: Any, c: Any) -> tuple[float, float, float]:
+    """(relative error ||c - r|| / ||r||, max abs error, cosine) of a candidate's tensor ``c`` against the reference's
+    ``r`` (flat float64 arrays; ``r`` finite). A fill beyond fp16's range (an attention mask's finfo.min) that the
+    candidate saturates to an infinity of the same sign is the same value there, not an infinite error."""
+    import numpy as np
+
+    c = np.where(~np.isfinite(c) & (np.abs(r) > SATURATES) & (np.sign(c) == np.sign(r)), r, c)
+    if not np.isfinite(c).all():
+        return math.inf, math.inf, float("nan")
+    diff, norm = np.linalg.norm(c - r), np.linalg.norm(r)
+    denominator = np.linalg.norm(c) * norm
+    return (float(diff / norm) if norm > 0 else float(diff), float(np.max(np.abs(c - r))),
+            float(np.dot(c, r) / denominator) if denominator > 0 else float("nan"))
+
+
 def layer_errors(reference: Path, candidate: Path, feed: Mapping[str, Any]) -> list[LayerError]:
     """Every node of the reference whose float output also exists in the candidate, in graph order, with the
     relative error (||c - r|| / ||r||) of its output, the largest of its inputs', and what it added."""
@@ -397,18 +416,12 @@ def layer_errors(reference: Path, candidate: Path, feed: Mapping[str, Any]) -> l
             if ref is None or cand is None or ref.shape != cand.shape or not np.issubdtype(ref.dtype, np.floating):
                 continue
             r = ref.astype(np.float64).ravel()
-            c = cand.astype(np.float64).ravel()
             if not (np.isfinite(r).all() and r.size):
                 continue
-            diff = np.linalg.norm(c - r) if np.isfinite(c).all() else math.inf
-            norm = np.linalg.norm(r)
-            rel = float(diff / norm) if norm > 0 else float(diff)
-            denominator = np.linalg.norm(c) * norm
-            cosine = float(np.dot(c, r) / denominator) if denominator > 0 and np.isfinite(c).all() else float("nan")
+            rel, max_abs, cosine = tensor_error(r, cand.astype(np.float64).ravel())
             errors[tensor] = rel
-            found.append(LayerError(node.name, node.op_type, tensor, rel,
-                                    float(np.max(np.abs(c - r))) if np.isfinite(c).all() else math.inf,
-                                    cosine, max(inputs, default=0.0), index))
+            found.append(LayerError(node.name, node.op_type, tensor, rel, max_abs, cosine, max(inputs, default=0.0),
+                                    index))
     return found
 
 

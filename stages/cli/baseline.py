@@ -19,7 +19,10 @@ from typing import Annotated, Any
 
 import typer
 
-from trtflow.errors import TrtflowError  # not trtflow.stage (via _baseline): `trtflow --help` imports this module
+from trtflow.errors import (  # not trtflow.stage (via _baseline): `trtflow --help` imports this module
+    TrtflowError,
+    UsageError,
+)
 
 app = typer.Typer(name="baseline", help="Pin measurements (latency, throughput, accuracy) in a file to commit; "
                   "gates compare with it.", no_args_is_help=True, add_completion=False)
@@ -97,12 +100,25 @@ def pin(
 app.command("save", help="The same as `pin` (its earlier name).")(pin)
 
 
+def _existing(file: Path) -> Path:
+    """``file``, or a usage error naming where `pin` wrote a baseline of that name: beside its recipe, in a folder
+    ``baselines/`` (``pipelines/baselines/quickstart.json``), which ``baselines/quickstart.json`` given from the
+    project's root misses."""
+    if file.exists() or file.is_absolute():
+        return file
+    found = sorted(str(p) for p in Path.cwd().glob(f"*/{file.as_posix()}") if p.is_file())
+    if found:
+        raise UsageError(f"baseline file {file} does not exist",
+                         hint=f"`baseline pin` writes it beside the recipe: {' or '.join(found)}")
+    return file
+
+
 @app.command("show")
 def show(file: Annotated[Path, typer.Argument(help="A baseline file.", show_default=False)]) -> None:
     """Print the nodes, machine facts and figures a baseline holds."""
     from ..measure.judging.baseline import read_baseline
 
-    document = read_baseline(file)
+    document = read_baseline(_existing(file))
     typer.echo(f"baseline of recipe {document.get('recipe')}, saved {document.get('saved')}")
     for name, entry in (document.get("nodes") or {}).items():
         typer.echo("\n".join(_describe(name, entry)))
@@ -121,7 +137,7 @@ def unpin(
 
     from ..measure.judging.baseline import read_baseline
 
-    document = read_baseline(file)
+    document = read_baseline(_existing(file))
     identities = sorted({str(entry["identity"]) for entry in (document.get("nodes") or {}).values()
                          if isinstance(entry, dict) and entry.get("identity")})
     removed = release(identities, store)

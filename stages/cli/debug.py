@@ -112,8 +112,9 @@ def _accuracy_table(before: Any, after: Any) -> Any:
                   title_justify="left")
     columns = ["output", "max abs error", "cosine", "passes"] if after is None else \
         ["output", "before: max abs error", "before: cosine", "after: max abs error", "after: cosine", "passes"]
-    for column in columns:
-        table.add_column(column)
+    for column in columns:  # output names whole (a terminal too narrow folds the figures, not the names)
+        table.add_column(column, no_wrap=column == "output",
+                         min_width=max(map(len, before.outputs), default=6) if column == "output" else None)
     for name, entry in before.outputs.items():
         cosine = entry["cosine_similarity"]
         if after is None:

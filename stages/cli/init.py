@@ -164,7 +164,7 @@ def _saved_model_parts(model: str, inputs: list[str], output: Path, task: str | 
     if fmt.name == "torchscript":
         if not inputs:
             raise UsageError("a TorchScript archive does not record its input shapes: give each forward() argument "
-                             "with --input NAME:DIMS[:DTYPE]", hint="e.g. --input input:batch,3,224,224:float32")
+                             "with --input NAME:DIMS[:DTYPE]", hint=_torchscript_input_hint(path))
         specs = [parse_input_option(text) for text in inputs]
         _check_torchscript_inputs(path, specs, batch, permit.confined)
         return [Described(specs, fmt.name, {})]
@@ -204,6 +204,18 @@ def _architecture_note(folder: Path, task: str | None, chosen: str) -> str | Non
         return None
     return (f"note: config.json's architectures ({', '.join(config['architectures'])}) name no task export knows; "
             f"the recipe exports {chosen}. Tasks this model can do: {', '.join(supported_tasks(config))} (--task)")
+
+
+def _torchscript_input_hint(path: Path) -> str:
+    """An --input example named like the archive's forward() arguments (read without loading it)."""
+    from ..formats.torch_probe import forward_names
+
+    found = forward_names(path)
+    names = found or ["input"]
+    example = f"e.g. --input {names[0]}:batch,3,224,224:float32"
+    if found is None or len(names) == 1:
+        return example + (f" (forward() takes {names[0]})" if found else "")
+    return f"forward() takes {', '.join(names)}: one --input each, {example}"
 
 
 def _check_torchscript_inputs(path: Path, specs: list[ModelInput], batch: Range, confined: bool = True) -> None:

@@ -115,7 +115,9 @@ def show(
                         for k, v in (manifest or {}).get("outputs", {}).items()},
             "summary": (manifest or {}).get("summary"), "built_key": (manifest or {}).get("key"),
             "built_in_run": (manifest or {}).get("run_id"), "duration": (manifest or {}).get("duration"),
-            "peak_rss": (manifest or {}).get("peak_rss"), "last_run": last,
+            "peak_rss": (manifest or {}).get("peak_rss"),
+            # the journal's row of the node's last run, without its copy of the summary (shown once, above)
+            "last_run": {k: v for k, v in last.items() if k != "summary"} if last else last,
             "verdicts": [v.as_dict() for v in step.verdicts],  # its gates as they judge the stored result now
         })
     from trtflow.redact import hide

@@ -218,9 +218,12 @@ class ConsoleHooks(Hooks):
         reused = summary.count(CACHED)
         fresh = summary.count(FRESH)
         skipped = summary.count(SKIPPED)
-        if summary.cleared and not self.quiet:
+        # outputs removed before the run (the node could change) and not put back by it: a node that came out
+        # identical, or was rebuilt, has its outputs in place again, and saying they were removed would be wrong
+        cleared = [n for n in summary.cleared if n not in results or results[n].status not in (DONE, CACHED, FRESH)]
+        if cleared and not self.quiet:
             self._print("Removed outdated outputs (they belonged to a previous version of the node) from: "
-                        + ", ".join(escape(n) for n in summary.cleared))
+                        + ", ".join(escape(n) for n in cleared))
         for problem in summary.problems:
             self._print(f"[red]problem[/]: {escape(problem)}")
         for warning in summary.warnings:
