@@ -1,6 +1,6 @@
 """Decide, without running anything, which nodes are fresh and which are stale, and why.
 
-A node is fresh when an intact manifest exists for its key (`trtflow.keys`): the planner finds a stored result
+A node is fresh when an intact manifest exists for its key (`trtflow.node_keys`): the planner finds a stored result
 from the pre-key, for each module set recorded under it, then the scanner's guess; a result is usable when it is
 intact and no module slot that was empty when it was built holds a module now. Otherwise the reason is found by
 comparing the key's ingredients with those recorded when the node last ran for this recipe file (its ref):
@@ -21,7 +21,7 @@ from trtflow.errors import StageSkipped, TrtflowError
 from trtflow.evidence import Evidence
 from trtflow.fingerprint import StatCache, diff_values
 from trtflow.graph import Graph
-from trtflow.keys import KeyContext, KeyParts, key_parts
+from trtflow.node_keys import KeyContext, KeyParts, key_parts
 from trtflow.recipe.expand import ConcreteNode
 from trtflow.stage import Resources
 from trtflow.status import FRESH, SKIP, STALE

@@ -25,7 +25,7 @@ from trtflow.execution.observers import NodeStart
 from trtflow.execution.protocol import Job, Outcome
 from trtflow.execution.results import DONE, FAILED, GATE_FAILED, INTERRUPTED, NodeResult, skipped_result
 from trtflow.execution.scheduler import Allocation
-from trtflow.keys import KeyParts, recorded_parts
+from trtflow.node_keys import KeyParts, recorded_parts
 from trtflow.plan import Step, gate_family
 from trtflow.stage import NATIVE_STEP_FILE, Reference
 

@@ -16,7 +16,7 @@ from trtflow.execution.observers import RunObserver
 from trtflow.execution.protocol import Executor
 from trtflow.execution.results import Notes, RunOptions
 from trtflow.graph import Graph
-from trtflow.keys import KeyContext
+from trtflow.node_keys import KeyContext
 from trtflow.storage.journal import Journal
 from trtflow.storage.refs import RecipeIdentity
 from trtflow.storage.store import Store

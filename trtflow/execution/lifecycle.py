@@ -24,7 +24,7 @@ from trtflow.execution.context import RunContext
 from trtflow.execution.ledger import Produced, Upstream
 from trtflow.execution.results import CACHED, DONE, FAILED, GATE_FAILED, INTERRUPTED, NodeResult, skipped_result
 from trtflow.execution.scheduler import Allocation
-from trtflow.keys import KeyParts, key_parts
+from trtflow.node_keys import KeyParts, key_parts
 from trtflow.plan import Step, explain, find_stored, judge, previous_manifest
 from trtflow.recipe.expand import ConcreteNode
 from trtflow.storage.store import materialize_error

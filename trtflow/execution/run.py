@@ -39,7 +39,7 @@ from trtflow.execution.results import (
 )
 from trtflow.execution.signals import cancel_on_signals
 from trtflow.graph import Graph
-from trtflow.keys import KeyContext
+from trtflow.node_keys import KeyContext
 from trtflow.plan import FRESH, Step
 from trtflow.storage.journal import Journal
 from trtflow.storage.lock import SHARED, StoreLock

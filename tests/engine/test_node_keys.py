@@ -13,7 +13,7 @@ from tests.engine.toystages import get_stage
 from trtflow import codehash
 from trtflow.environment import Environment, GpuInfo, parse_smi, visible
 from trtflow.graph import build_graph
-from trtflow.keys import KeyContext, key_parts
+from trtflow.node_keys import KeyContext, key_parts
 from trtflow.pipeline import identity_of
 from trtflow.plan import make_plan
 from trtflow.recipe.expand import expand
