@@ -36,8 +36,8 @@ from trtflow.errors import (
     TrtflowError,
 )
 from trtflow.recipe.schema import ProfileSpec, ShapeRange
-from trtflow.storage.confined import Tree
-from trtflow.storage.confined import locate as confined_locate
+from trtflow.storage.confined.tree import Tree
+from trtflow.storage.confined.tree import locate as confined_locate
 from trtflow.storage.pins import Pin
 from trtflow.verdicts import GateVerdict, as_verdicts
 
@@ -366,12 +366,12 @@ class SharedCache:
     """
 
     def __init__(self, path: Path, lock_timeout: float = 600.0, root: Path | None = None) -> None:
-        from trtflow.storage import confined
+        from trtflow.storage.confined.tree import locate
 
         self.path = path
         self.lock_timeout = lock_timeout
         # below ``root`` (the store's caches folder), every folder is walked without following links
-        self._tree, self._rel = confined.locate(path, root)
+        self._tree, self._rel = locate(path, root)
         self._tree.mkdir(self._rel[:-1]) if len(self._rel) > 1 else self._tree.ensure()
 
     @contextmanager
@@ -381,10 +381,10 @@ class SharedCache:
             yield self.path
 
     def read_bytes(self) -> bytes | None:
-        from trtflow.storage import confined
+        from trtflow.storage.confined import kinds
 
         try:
-            return self._tree.read_bytes(self._rel, confined.CACHE)
+            return self._tree.read_bytes(self._rel, kinds.CACHE)
         except FileNotFoundError:
             return None
 

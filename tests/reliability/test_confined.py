@@ -1,4 +1,4 @@
-"""The confined file layer (trtflow/storage/confined.py) is the only code that touches the store and build/.
+"""The confined file layer (trtflow/storage/confined/) is the only code that touches the store and build/.
 
 Two parts:
 - a static audit of the sources: no module of trtflow/ but a short list (each with its reason, none of which is
@@ -22,14 +22,16 @@ from pathlib import Path
 
 import pytest
 
-from trtflow.storage import confined
-from trtflow.storage.confined import Refused, Tree
+from trtflow.storage.confined import kinds
+from trtflow.storage.confined.names import Refused, check_name, is_plain_name
+from trtflow.storage.confined.tree import Tree
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: Modules that may call the file system directly, and why: none of them is given a path under the store or build/.
+#: The confined layer: every module of this package may call the file system.
+LAYER = "trtflow/storage/confined/"
+#: Other modules that may call the file system directly, and why: none is given a path under the store or build/.
 ALLOWED = {
-    "trtflow/storage/confined.py": "the confined layer itself",
     "trtflow/fsutil.py": "the user's project: resolving recipe paths, reading a project file bounded",
     "trtflow/fingerprint.py": "hashes the files a recipe names (store objects are hashed through confined's "
                               "descriptors)",
@@ -102,9 +104,11 @@ def audit(path: Path, rel: str) -> list[str]:
         if rel.startswith("stages/"):
             if _names_store(call, STAGE_STORE_WORDS):
                 problems.append(f"{where}: {what} on a store or build/ path (use trtflow.storage.confined)")
+        elif rel.startswith(LAYER):
+            continue
         elif rel not in ALLOWED:
-            problems.append(f"{where}: {what} outside the confined layer (trtflow/storage/confined.py)")
-        elif rel != "trtflow/storage/confined.py" and _names_store(call, STORE_WORDS):
+            problems.append(f"{where}: {what} outside the confined layer ({LAYER})")
+        elif _names_store(call, STORE_WORDS):
             problems.append(f"{where}: {what} on a store or build/ path (use trtflow.storage.confined)")
     return problems
 
@@ -187,7 +191,7 @@ def test_a_link_at_any_component_stops_every_operation(tmp_path: Path, outside: 
     before = snapshot(outside)
     tree = Tree(root)
     operations = [
-        lambda: tree.read_bytes(rel, confined.NOTE), lambda: tree.write_bytes(rel, b"x"),
+        lambda: tree.read_bytes(rel, kinds.NOTE), lambda: tree.write_bytes(rel, b"x"),
         lambda: tree.append(rel, b"x"), lambda: tree.chmod(rel, 0o644), lambda: tree.unlink(rel),
         lambda: tree.remove_tree(rel), lambda: tree.mkdir((*rel[:-1], "new")), lambda: tree.create(rel, b"x"),
         lambda: tree.open_lock(rel), lambda: tree.rename(rel, "moved"), lambda: tree.stat(rel),
@@ -203,17 +207,17 @@ def test_a_link_at_any_component_stops_every_operation(tmp_path: Path, outside: 
 def test_a_root_found_by_default_may_not_be_a_link_one_the_user_named_may(tmp_path: Path, outside: Path) -> None:
     (tmp_path / ".trtflow").symlink_to(outside, target_is_directory=True)
     with pytest.raises(Refused, match="is a symbolic link"):
-        Tree(tmp_path / ".trtflow", follow_root=False).read_bytes("secret.txt", confined.NOTE)
-    assert Tree(tmp_path / ".trtflow").read_bytes("secret.txt", confined.NOTE) == b"secret"
+        Tree(tmp_path / ".trtflow", follow_root=False).read_bytes("secret.txt", kinds.NOTE)
+    assert Tree(tmp_path / ".trtflow").read_bytes("secret.txt", kinds.NOTE) == b"secret"
 
 
-KINDS = [confined.MANIFEST, confined.REFS, confined.LEDGER, confined.NOOP_RECORD, confined.FORMAT_FILE,
-         confined.INDEX, confined.NOTE, confined.JOB, confined.CACHE]
+KINDS = [kinds.MANIFEST, kinds.REFS, kinds.LEDGER, kinds.NOOP_RECORD, kinds.FORMAT_FILE,
+         kinds.INDEX, kinds.NOTE, kinds.JOB, kinds.CACHE]
 
 
 @pytest.mark.parametrize("file_kind", KINDS, ids=lambda k: k.name)
 @pytest.mark.parametrize("kind", ["named pipe", "link to /dev/zero", "huge", "folder"])
-def test_only_a_small_regular_file_is_read(tmp_path: Path, kind: str, file_kind: confined.Kind) -> None:
+def test_only_a_small_regular_file_is_read(tmp_path: Path, kind: str, file_kind: kinds.Kind) -> None:
     """For every kind of file trtflow reads: a pipe is refused without blocking (bounded time, no sleep),
     /dev/zero is never read, a file larger than its kind's cap is refused before it is read (a sparse file)."""
     tree = Tree(tmp_path)
@@ -305,9 +309,9 @@ def test_a_read_only_folder_is_made_writable_to_remove_an_entry_never_a_file_out
 
 @pytest.mark.parametrize("name", ["../elsewhere", "a/b", "", ".", "..", "x\0y", "x" * 256, 7, None])
 def test_a_name_from_a_record_is_plain_or_refused(name: object) -> None:
-    assert not confined.is_plain_name(name)
+    assert not is_plain_name(name)
     with pytest.raises(Refused):
-        confined.check_name(name)
+        check_name(name)
 
 
 def test_a_lock_file_planted_as_a_link_is_neither_truncated_nor_locked(tmp_path: Path, outside: Path) -> None:
@@ -370,7 +374,7 @@ def test_a_tree_closed_by_two_threads_closes_its_descriptor_once(tmp_path: Path)
         closes.append(number)
         real_close(number)
 
-    with unittest.mock.patch.object(confined.os, "close", counting_close):
+    with unittest.mock.patch.object(os, "close", counting_close):
         threads = [threading.Thread(target=tree.close) for _ in range(8)]
         for thread in threads:
             thread.start()

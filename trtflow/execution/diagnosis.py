@@ -16,8 +16,8 @@ from typing import Any
 
 from trtflow.execution.protocol import CRASHED, Outcome
 from trtflow.stage import NATIVE_STEP_FILE
-from trtflow.storage import confined
-from trtflow.storage.confined import Tree
+from trtflow.storage.confined import kinds
+from trtflow.storage.confined.tree import Tree, tail_of
 
 _SIGNAL_WORDS = {
     signal.SIGSEGV: "a segmentation fault (SIGSEGV)",
@@ -62,7 +62,7 @@ def total_memory() -> int | None:
 
 def native_step(scratch: Path) -> dict[str, Any] | None:
     try:
-        data = Tree(scratch).read_json(NATIVE_STEP_FILE, confined.JOB)
+        data = Tree(scratch).read_json(NATIVE_STEP_FILE, kinds.JOB)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -71,7 +71,7 @@ def native_step(scratch: Path) -> dict[str, Any] | None:
 def crash_trace(log_path: Path, limit: int = 12) -> list[str]:
     """The innermost Python frames faulthandler printed at the crash ("file:line in function")."""
     try:
-        text = confined.tail_of(log_path, 65536)
+        text = tail_of(log_path, 65536)
     except OSError:
         return []
     start = text.rfind("Fatal Python error")

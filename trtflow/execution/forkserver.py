@@ -148,9 +148,9 @@ def _become_node(message: dict[str, Any], server_fds: list[int]) -> None:
     for sig in (signal.SIGCHLD, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    from trtflow.storage import confined
+    from trtflow.storage.confined.tree import locate
 
-    tree, rel = confined.locate(message["log"])  # its folder made real by the runner; the file never a link
+    tree, rel = locate(message["log"])  # its folder made real by the runner; the file never a link
     log = tree.open_append_fd(rel)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)

@@ -13,7 +13,7 @@ from trtflow.errors import TrtflowError
 from trtflow.execution.ledger import Upstream
 from trtflow.graph import Graph
 from trtflow.recipe.expand import ConcreteNode
-from trtflow.storage.confined import Refused
+from trtflow.storage.confined.names import Refused
 from trtflow.storage.store import Store
 
 

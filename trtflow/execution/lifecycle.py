@@ -154,7 +154,7 @@ class Lifecycle:
 
     def _key_lock(self, node: ConcreteNode, key: str) -> Any:
         """The lock of ``key`` (every trtflow run on this store builds it once), or the result of waiting."""
-        from trtflow.storage.confined import Flock
+        from trtflow.storage.confined.locking import Flock
 
         ctx = self.ctx
         try:

@@ -29,7 +29,8 @@ from trtflow.execution.protocol import (
     Job,
     Outcome,
 )
-from trtflow.storage import confined
+from trtflow.storage.confined import kinds
+from trtflow.storage.confined.tree import locate
 
 POLL_S = 0.1
 
@@ -53,7 +54,7 @@ class LocalExecutor:
 
     def start(self) -> None:
         if self.use_fork_server and self._server is None:
-            tree, rel = confined.locate(self.server_log, self.store_root)
+            tree, rel = locate(self.server_log, self.store_root)
             self._server_log = os.fdopen(tree.open_append_fd(rel), "ab")  # kept open while the server runs
             self._server = ForkServerClient(stderr=self._server_log)
 
@@ -112,7 +113,7 @@ class LocalExecutor:
                 full_env.pop(name, None)
             else:
                 full_env[name] = value
-        tree, rel = confined.locate(job.log_path, self.store_root)
+        tree, rel = locate(job.log_path, self.store_root)
         log = tree.open_append_fd(rel)
         try:
             proc = subprocess.Popen([*isolated_python(WORKER_BOOTSTRAP), str(job.job_file)], stdout=log,
@@ -191,7 +192,7 @@ def _signal_group(pid: int, sig: int) -> None:
 
 def _read_result(job: Job) -> dict[str, Any] | None:
     try:
-        data = job.scratch_tree().read_json(job.result_file.name, confined.JOB)
+        data = job.scratch_tree().read_json(job.result_file.name, kinds.JOB)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from trtflow.execution.observers import NodeStart, RunObserver
 from trtflow.execution.results import NodeResult, Progress
-from trtflow.storage import confined
+from trtflow.storage.confined.tree import tail_of
 
 
 class ProgressBoard(RunObserver):
@@ -49,7 +49,7 @@ class ProgressBoard(RunObserver):
 def last_progress(path: Path) -> tuple[float | None, str]:
     """The fraction and message of the last line a stage wrote with `StageContext.progress`."""
     try:
-        lines = confined.tail_of(path, 4096).strip().splitlines()
+        lines = tail_of(path, 4096).strip().splitlines()
         last = json.loads(lines[-1]) if lines else {}
     except (OSError, ValueError, IndexError):
         return None, ""

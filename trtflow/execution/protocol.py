@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from trtflow.storage.confined import Tree
+from trtflow.storage.confined.tree import Tree
 
 OK, FAILED, GATE_FAILED, SKIPPED, INTERRUPTED, CRASHED, TIMED_OUT = (
     "ok", "failed", "gate_failed", "skipped", "interrupted", "crashed", "timed_out")

@@ -36,8 +36,8 @@ from trtflow.errors import EnvironmentUnavailable, TrtflowError, UsageError
 from trtflow.execution.protocol import CRASHED, FAILED, INTERRUPTED, OK, Job, Outcome, unwritten_outputs
 from trtflow.execution.results import RunOptions
 from trtflow.execution.scheduler import Capacity
-from trtflow.storage import confined
-from trtflow.storage.confined import Tree
+from trtflow.storage.confined.names import check_relative
+from trtflow.storage.confined.tree import Tree, locate, private_folder
 from trtflow.storage.store import TRANSFER, Store
 
 MAX_RETRIES = 2
@@ -174,7 +174,7 @@ class RayExecutor:
         finally:
             with self._lock:
                 self._refs.pop(job.node, None)
-        tree, rel = confined.locate(job.log_path, self.store.root)
+        tree, rel = locate(job.log_path, self.store.root)
         tree.append_text(rel, log_text)
         return Outcome(**result)
 
@@ -268,7 +268,7 @@ def _run_node(job_data: dict[str, Any], outputs: dict[str, tuple[str, str, bool]
 
     job = Job.from_json(job_data)
     remote = RemoteCache(transfer_url)
-    tree = confined.private_folder(f"trtflow-{job.node}-")  # this worker's own folder, walked as a tree
+    tree = private_folder(f"trtflow-{job.node}-")  # this worker's own folder, walked as a tree
     work = tree.path
     try:
         cache = Store(work / "inputs")
@@ -276,9 +276,9 @@ def _run_node(job_data: dict[str, Any], outputs: dict[str, tuple[str, str, bool]
         inputs_dir = work / "scratch" / "in"
         for place, objects in job.input_objects.items():  # place: "<slot>", or "<slot>/<producer>" in a many-slot
             remote.pull_objects(objects, cache, node=job.node)
-            folder = ("scratch", "in", *confined.check_relative(place, "input place"))
+            folder = ("scratch", "in", *check_relative(place, "input place"))
             for out in objects.values():
-                target = (*folder, *confined.check_relative(out["filename"], "output file name"))
+                target = (*folder, *check_relative(out["filename"], "output file name"))
                 tree.link(("inputs", *cache.object_rel(out["digest"])), target)
         inputs: dict[str, str | list[str]] = {
             slot: [str(inputs_dir / slot / rel) for rel in names] if isinstance(names, list)
@@ -295,7 +295,7 @@ def _run_node(job_data: dict[str, Any], outputs: dict[str, tuple[str, str, bool]
         if outcome.status == OK:
             declared = {name: _Declared(optional) for name, (_, _, optional) in outputs.items()}
             written = {name for name, (filename, _, _) in outputs.items()
-                       if tree.stat(("scratch", "out", *confined.check_relative(filename))) is not None}
+                       if tree.stat(("scratch", "out", *check_relative(filename))) is not None}
             unwritten = unwritten_outputs(job.stage, declared, written)
             if unwritten:
                 outcome = Outcome(FAILED, error=unwritten, exit_code=outcome.exit_code, peak_rss=outcome.peak_rss)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from trtflow.execution.results import CACHED, DONE, SKIPPED, Hooks, NodeResult, Progress, RunSummary
 from trtflow.redact import hide
 from trtflow.status import FRESH, SKIP
-from trtflow.storage import confined
+from trtflow.storage.confined.tree import tail_of
 
 if TYPE_CHECKING:
     from trtflow.plan import Step
@@ -275,7 +275,7 @@ def _log_tail(path: Path, lines: int, error: str = "") -> str:
     """The last lines of a failed node's log, unless the log ends with the error just printed: a failure the stage
     explained (its message is enough) is not printed again and again."""
     try:
-        text = confined.tail_of(path, 8192)
+        text = tail_of(path, 8192)
     except OSError:
         return ""
     records = text.strip().splitlines()

@@ -29,11 +29,11 @@ from typing import Any
 
 from trtflow.fingerprint import hash_text, hash_value
 from trtflow.fsutil import read_regular
-from trtflow.storage import confined
+from trtflow.storage.confined import kinds
 from trtflow.storage.manifest import is_digest, safe_relative_name
 
 FORMAT = "trtflow-pin/1"
-MAX_PIN_BYTES = confined.PIN.cap
+MAX_PIN_BYTES = kinds.PIN.cap
 MAX_PINNED_FILE_BYTES = 256 * 1024 * 1024  # a project file a pin keeps (a python: factory, a recipe)
 
 
@@ -121,8 +121,8 @@ def _slug(text: str) -> str:
 
 class PinStore:
     """The pins of one store (``store`` gives object paths and checks; this class owns ``pins/``). Every file is
-    read and written through the store's confined tree (`confined.Tree`): a ``pins/`` folder or a pin file that is
-    a link, a pipe or larger than `confined.PIN` is never followed or read."""
+    read and written through the store's confined tree (`Tree`): a ``pins/`` folder or a pin file that is
+    a link, a pipe or larger than `kinds.PIN` is never followed or read."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
@@ -141,7 +141,7 @@ class PinStore:
     # ----- reading and writing
     def _read(self, rel: tuple[str, ...]) -> Pin | None:
         try:
-            return Pin.from_dict(self.tree.read_json(rel, confined.PIN))
+            return Pin.from_dict(self.tree.read_json(rel, kinds.PIN))
         except (OSError, ValueError):
             return None
 
