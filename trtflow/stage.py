@@ -413,6 +413,7 @@ class StageContext:
         ran_alone: bool | None = None,
         reference: Reference | None = None,
         gate_family: int = 1,
+        scratch_tree: Tree | None = None,
     ) -> None:
         self.node = node
         #: What the node measures beside its candidate (`Stage.reference`), laid out like its inputs; None: none.
@@ -440,9 +441,20 @@ class StageContext:
         self._cancelled = threading.Event()
         self._native_steps: list[dict[str, Any]] = []
         self.out_dir = scratch / "out"
-        self._scratch = Tree(scratch)  # made real by the runner; nothing below it is reached through a link
-        self._scratch.ensure()  # (a context made by hand, e.g. trtflow.testing, may name a folder to create)
+        if scratch_tree is not None:  # the descriptor the runner made the folder with (``scratch`` names it)
+            self._scratch = scratch_tree
+        else:  # a context made by hand (e.g. trtflow.testing) may name a folder to create
+            self._scratch = Tree(scratch)
+            self._scratch.ensure()
         self._scratch.mkdir("out")
+
+    @property
+    def scratch_folder(self) -> Tree:
+        """The scratch folder as the descriptor the runner made it with (``scratch`` is a path through it,
+        ``/proc/<pid>/fd/<n>``). For a folder a child process writes into: ``folders.make_folder(
+        ctx.scratch_folder, name)`` makes it and holds it; read back what the child wrote through that tree
+        (``open_read``, ``read_bytes``, ``subtree``), never by its path."""
+        return self._scratch
 
     def output(self, name: str) -> Path:
         """The path the stage must write its output ``name`` to (its folder is created)."""

@@ -30,6 +30,7 @@ from typing import Any
 from trtflow.fingerprint import hash_text, hash_value
 from trtflow.fsutil import read_regular
 from trtflow.storage.confined import kinds
+from trtflow.storage.confined.tree import Tree
 from trtflow.storage.manifest import is_digest, safe_relative_name
 
 FORMAT = "trtflow-pin/1"
@@ -211,9 +212,9 @@ class PinStore:
         return kept
 
     # ----- laying out for a stage
-    def lay_out(self, pin: Pin, folder: tuple[str, ...]) -> LaidOut:
-        """Link the pin's objects into the store folder ``folder`` (``inputs/<slot>/<file>``, ``files/<path>``),
-        each checked against its digest first."""
+    def lay_out(self, pin: Pin, into: Tree, folder: tuple[str, ...]) -> LaidOut:
+        """Link the pin's objects into the folder ``folder`` of the held tree ``into`` (a node's scratch folder;
+        ``inputs/<slot>/<file>``, ``files/<path>``), each checked against its digest first."""
         wanted = [(obj, (*folder, "inputs", slot, *name.split("/"))) for slot, entry in pin.inputs.items()
                   for name, obj in entry["objects"].items()]
         wanted += [(obj, (*folder, "files", *path.split("/"))) for path, obj in pin.files.items()]
@@ -223,11 +224,11 @@ class PinStore:
         for obj, target in wanted:
             source = self.store.object_rel(obj["digest"])
             try:
-                self.tree.link(source, target)
+                self.tree.link_into(source, into, target)
             except OSError:
                 with self.store.open_object(obj["digest"]) as f:
-                    self.tree.copy_in(target, f, durable=False)
-        shown = self.store.shown
+                    into.copy_in(target, f, durable=False)
+        shown = into.shown
         return LaidOut({slot: shown((*folder, "inputs", slot, *entry["file"].split("/")))
                         for slot, entry in pin.inputs.items()},
                        {path: shown((*folder, "files", *path.split("/"))) for path in pin.files})

@@ -127,6 +127,15 @@ class Changing(Walker):
         with self._folder(src[:-1]) as sfolder, other._folder(dst[:-1], create=True) as dfolder:
             os.replace(src[-1], dst[-1], src_dir_fd=sfolder, dst_dir_fd=dfolder)
 
+    def link_into(self, source: Rel, other: Walker, target: Rel) -> None:
+        """Hard-link the regular file ``source`` of this tree to the new name ``target`` of ``other`` (a held
+        folder on the same file system: a stored object into a node's scratch folder)."""
+        src, dst = parts_of(source), parts_of(target)
+        with self._folder(src[:-1]) as sfolder, other._folder(dst[:-1], create=True) as dfolder:
+            fd, _ = self._file_fd(sfolder, src[-1], self.shown(src))
+            os.close(fd)
+            os.link(src[-1], dst[-1], src_dir_fd=sfolder, dst_dir_fd=dfolder, follow_symlinks=False)
+
     def link(self, source: Rel, target: Rel) -> None:
         """Hard-link the regular file ``source`` to the new name ``target`` (both below this tree)."""
         src, dst = parts_of(source), parts_of(target)

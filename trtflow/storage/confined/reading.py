@@ -81,3 +81,13 @@ def open_regular(path: Path) -> Iterator[IO[bytes]]:
     with os.fdopen(fd, "rb") as f:
         yield f
 
+
+
+def tail_of_fd(fd: int, max_bytes: int) -> str:
+    """The last ``max_bytes`` of the regular file open as ``fd`` (a log held open; read with ``pread``, the
+    descriptor's offset untouched) as text."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise Refused(f"/proc/self/fd/{fd}", "is not a regular file")
+    start = max(0, st.st_size - max_bytes)
+    return os.pread(fd, st.st_size - start, start).decode("utf-8", "replace")

@@ -14,7 +14,7 @@ from pathlib import Path
 from trtflow.storage.confined.changing import Changing
 from trtflow.storage.confined.database import Database
 from trtflow.storage.confined.locking import Locking
-from trtflow.storage.confined.names import check_name, check_relative
+from trtflow.storage.confined.names import Refused, check_name, check_relative
 from trtflow.storage.confined.reading import Reading
 
 
@@ -53,10 +53,21 @@ def tail_of(path: Path | str, max_bytes: int) -> str:
 
 
 def private_folder(prefix: str) -> Tree:
-    """A new folder of this process's own in the system's temporary folder (a Ray worker's work space)."""
+    """A new folder of this process's own in the system's temporary folder (a Ray worker's work space), held from
+    its creation: opened right after ``mkdtemp`` without following a link, and checked to be this user's."""
+    import os
+    import stat
     import tempfile
 
-    return Tree(tempfile.mkdtemp(prefix=prefix))
+    from trtflow.storage.confined.walking import DIR_FLAGS
+
+    path = tempfile.mkdtemp(prefix=prefix)
+    fd = os.open(path, DIR_FLAGS)
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        os.close(fd)
+        raise Refused(path, "was replaced right after trtflow made it (another process is writing there)")
+    return Tree.of_fd(fd, Path(path))
 
 
 def as_tree(folder: Path | str | Tree) -> Tree:
