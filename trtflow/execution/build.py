@@ -9,6 +9,7 @@ ran the stage (files in the scratch space, or objects a worker left in the trans
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -29,8 +30,10 @@ from trtflow.execution.scheduler import Allocation
 from trtflow.plan import KeyParts, Step, gate_family, recorded_parts
 from trtflow.stage import NATIVE_STEP_FILE, Reference
 from trtflow.storage.confined.folders import RunFolders
+from trtflow.storage.confined.reading import tail_of_fd
 from trtflow.storage.confined.tree import Tree
 
+LOG_TAIL_BYTES = 8192
 FD_PATH = re.compile(r"/proc/(?:\d+|self)/fd/\d+(?=/|\b)")
 
 
@@ -67,7 +70,8 @@ class Builder:
         except OSError as exc:
             return failed(f"cannot prepare the node's scratch space: {exc.strerror or exc}",
                           "free disk space or fix the store's permissions")
-        ctx.observers.node_started(NodeStart(node.name, node.stage, key, step.reason, started, log_path, scratch))
+        ctx.observers.node_started(NodeStart(node.name, node.stage, key, step.reason, started, log_path, scratch,
+                                                 held.scratch))
         try:
             input_objects: dict[str, dict[str, dict[str, Any]]] = {}
             try:
@@ -103,7 +107,11 @@ class Builder:
             shown_paths(outcome, scratch)
             if outcome.status == protocol.CRASHED and held.scratch.stat(NATIVE_STEP_FILE) is not None:
                 self._keep_for_repro(node.name, run_folders, outcome)
-            return self._conclude(step, parts, key, outcome, job, log_path, previous_summary, started, held.scratch)
+            built = self._conclude(step, parts, key, outcome, job, log_path, previous_summary, started, held.scratch)
+            if built.result.status != DONE:  # read now, through the descriptor: the log's name may lead elsewhere
+                with contextlib.suppress(OSError):
+                    built.result.log_tail = tail_of_fd(held.log_fd, LOG_TAIL_BYTES)
+            return built
         finally:
             try:
                 run_folders.end_node(node.name, held)

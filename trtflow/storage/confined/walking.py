@@ -37,6 +37,7 @@ class Walker:
         self.follow_root = follow_root
         self._fd: int | None = None
         self._owned = True
+        self._held = False  # a tree over a descriptor (`of_fd`): once closed, never opened again by its path
 
     # ----- the root
     @classmethod
@@ -44,9 +45,13 @@ class Walker:
         """A tree over a folder descriptor opened by this module (see `subtree`); it owns the descriptor."""
         tree = cls(path)
         tree._fd = fd
+        tree._held = True
         return tree
 
     def fd(self) -> int:
+        if self._fd is None and self._held:
+            raise FileNotFoundError(errno.EBADF, "a held folder was let go (it is never opened again by its path)",
+                                    str(self.path))
         if self._fd is None:
             flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if self.follow_root else os.O_NOFOLLOW)
             try:
