@@ -486,8 +486,11 @@ class StageContext:
             import json
 
             line = json.dumps({"fraction": fraction, "message": message})
-            tree, rel = confined_locate(self._progress_file, self.scratch)
-            tree.append_text(rel, line + "\n")
+            if self._progress_file.parent == self.scratch:  # the engine's: through the held scratch folder
+                self._scratch.append_text(self._progress_file.name, line + "\n")
+            else:  # a context made by hand names a file of its own
+                tree, rel = confined_locate(self._progress_file, self.scratch)
+                tree.append_text(rel, line + "\n")
         self.log.info("progress %s %s", "" if fraction is None else f"{fraction:.0%}", message)
 
     @contextmanager
