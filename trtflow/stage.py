@@ -36,8 +36,8 @@ from trtflow.errors import (
     TrtflowError,
 )
 from trtflow.recipe.schema import ProfileSpec, ShapeRange
-from trtflow.storage.confined import Tree
-from trtflow.storage.confined import locate as confined_locate
+from trtflow.storage.confined.tree import Tree
+from trtflow.storage.confined.tree import locate as confined_locate
 from trtflow.storage.pins import Pin
 from trtflow.verdicts import GateVerdict, as_verdicts
 
@@ -366,12 +366,12 @@ class SharedCache:
     """
 
     def __init__(self, path: Path, lock_timeout: float = 600.0, root: Path | None = None) -> None:
-        from trtflow.storage import confined
+        from trtflow.storage.confined.tree import locate
 
         self.path = path
         self.lock_timeout = lock_timeout
         # below ``root`` (the store's caches folder), every folder is walked without following links
-        self._tree, self._rel = confined.locate(path, root)
+        self._tree, self._rel = locate(path, root)
         self._tree.mkdir(self._rel[:-1]) if len(self._rel) > 1 else self._tree.ensure()
 
     @contextmanager
@@ -381,10 +381,10 @@ class SharedCache:
             yield self.path
 
     def read_bytes(self) -> bytes | None:
-        from trtflow.storage import confined
+        from trtflow.storage.confined import kinds
 
         try:
-            return self._tree.read_bytes(self._rel, confined.CACHE)
+            return self._tree.read_bytes(self._rel, kinds.CACHE)
         except FileNotFoundError:
             return None
 
@@ -413,6 +413,7 @@ class StageContext:
         ran_alone: bool | None = None,
         reference: Reference | None = None,
         gate_family: int = 1,
+        scratch_tree: Tree | None = None,
     ) -> None:
         self.node = node
         #: What the node measures beside its candidate (`Stage.reference`), laid out like its inputs; None: none.
@@ -440,9 +441,20 @@ class StageContext:
         self._cancelled = threading.Event()
         self._native_steps: list[dict[str, Any]] = []
         self.out_dir = scratch / "out"
-        self._scratch = Tree(scratch)  # made real by the runner; nothing below it is reached through a link
-        self._scratch.ensure()  # (a context made by hand, e.g. trtflow.testing, may name a folder to create)
+        if scratch_tree is not None:  # the descriptor the runner made the folder with (``scratch`` names it)
+            self._scratch = scratch_tree
+        else:  # a context made by hand (e.g. trtflow.testing) may name a folder to create
+            self._scratch = Tree(scratch)
+            self._scratch.ensure()
         self._scratch.mkdir("out")
+
+    @property
+    def scratch_folder(self) -> Tree:
+        """The scratch folder as the descriptor the runner made it with (``scratch`` is a path through it,
+        ``/proc/<pid>/fd/<n>``). For a folder a child process writes into: ``folders.make_folder(
+        ctx.scratch_folder, name)`` makes it and holds it; read back what the child wrote through that tree
+        (``open_read``, ``read_bytes``, ``subtree``), never by its path."""
+        return self._scratch
 
     def output(self, name: str) -> Path:
         """The path the stage must write its output ``name`` to (its folder is created)."""
@@ -474,8 +486,11 @@ class StageContext:
             import json
 
             line = json.dumps({"fraction": fraction, "message": message})
-            tree, rel = confined_locate(self._progress_file, self.scratch)
-            tree.append_text(rel, line + "\n")
+            if self._progress_file.parent == self.scratch:  # the engine's: through the held scratch folder
+                self._scratch.append_text(self._progress_file.name, line + "\n")
+            else:  # a context made by hand names a file of its own
+                tree, rel = confined_locate(self._progress_file, self.scratch)
+                tree.append_text(rel, line + "\n")
         self.log.info("progress %s %s", "" if fraction is None else f"{fraction:.0%}", message)
 
     @contextmanager

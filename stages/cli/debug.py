@@ -48,7 +48,7 @@ def _write_json(data: dict[str, Any], path: Path, under_build: bool) -> None:
     """Write the report: below the working folder for the default build/<recipe>/debug/ (no link under it is
     followed: a cloned repository may carry build/), else where the user said (--json; replaced, not written
     through a link)."""
-    from trtflow.storage.confined import locate
+    from trtflow.storage.confined.tree import locate
 
     tree, rel = locate(path, Path.cwd() if under_build else None)
     tree.write_text(rel, json.dumps(data, indent=2, default=float) + "\n")

@@ -131,7 +131,7 @@ def test_interrupted_commit_leaves_no_manifest(tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("trtflow.storage.confined.Tree.write_bytes", boom)
+    monkeypatch.setattr("trtflow.storage.confined.tree.Tree.write_bytes", boom)
     with pytest.raises(OSError):
         store.commit("0f" * 16, {"node": "x"}, out, {"out": ("out.txt", "onnx")})
     assert store.read_manifest("0f" * 16) is None

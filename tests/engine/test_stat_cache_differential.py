@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from tests.settle import TEST_WINDOW_NS, short_racy_window
 from trtflow.fingerprint import hash_file, hash_file_content
-from trtflow.storage.confined import Tree
+from trtflow.storage.confined.tree import Tree
 from trtflow.storage.journal import Journal
 from trtflow.storage.store import Store
 

@@ -1,4 +1,4 @@
-"""The confined file layer (trtflow/storage/confined.py) is the only code that touches the store and build/.
+"""The confined file layer (trtflow/storage/confined/) is the only code that touches the store and build/.
 
 Two parts:
 - a static audit of the sources: no module of trtflow/ but a short list (each with its reason, none of which is
@@ -22,14 +22,16 @@ from pathlib import Path
 
 import pytest
 
-from trtflow.storage import confined
-from trtflow.storage.confined import Refused, Tree
+from trtflow.storage.confined import kinds
+from trtflow.storage.confined.names import Refused, check_name, is_plain_name
+from trtflow.storage.confined.tree import Tree
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: Modules that may call the file system directly, and why: none of them is given a path under the store or build/.
+#: The confined layer: every module of this package may call the file system.
+LAYER = "trtflow/storage/confined/"
+#: Other modules that may call the file system directly, and why: none is given a path under the store or build/.
 ALLOWED = {
-    "trtflow/storage/confined.py": "the confined layer itself",
     "trtflow/fsutil.py": "the user's project: resolving recipe paths, reading a project file bounded",
     "trtflow/fingerprint.py": "hashes the files a recipe names (store objects are hashed through confined's "
                               "descriptors)",
@@ -102,9 +104,11 @@ def audit(path: Path, rel: str) -> list[str]:
         if rel.startswith("stages/"):
             if _names_store(call, STAGE_STORE_WORDS):
                 problems.append(f"{where}: {what} on a store or build/ path (use trtflow.storage.confined)")
+        elif rel.startswith(LAYER):
+            continue
         elif rel not in ALLOWED:
-            problems.append(f"{where}: {what} outside the confined layer (trtflow/storage/confined.py)")
-        elif rel != "trtflow/storage/confined.py" and _names_store(call, STORE_WORDS):
+            problems.append(f"{where}: {what} outside the confined layer ({LAYER})")
+        elif _names_store(call, STORE_WORDS):
             problems.append(f"{where}: {what} on a store or build/ path (use trtflow.storage.confined)")
     return problems
 
@@ -156,6 +160,104 @@ def _audit_text(folder: Path, code: str, rel: str) -> list[str]:
     return audit(path, rel)
 
 
+# ------------------------------------------------------------------------------------- run and node folders
+#: What opens a folder by its path. The folders trtflow makes for a run or a node (``tmp/<run>``, a node's scratch,
+#: ``logs/<run>``, a Ray worker's folder) are held as descriptors from their creation (`confined/folders.py`) and
+#: never opened by a path again; so outside the confined layer every call of these, and every walk from the store's
+#: root to a run's folder by its name (``scratch_rel``, ``log_rel``, the Ray transfer area), is refused unless the
+#: function it is in is named here, with why what it opens is not such a folder (or, said so, not held yet).
+PATH_OPENERS = {"Tree", "locate", "confined_locate", "tail_of", "as_tree", "private_folder"}
+RUN_FOLDER_WALKS = ("scratch_rel(", "log_rel(", "TRANSFER")
+BY_PATH = {
+    ("trtflow/storage/store.py", "__init__"): "the store's root",
+    ("trtflow/storage/store.py", "commit"): "as_tree of the tree it is given (the node's out/, held by the runner)",
+    ("trtflow/storage/store.py", "log_path"): "a log's path for messages and the journal, never opened",
+    ("trtflow/storage/journal.py", "__init__"): "the journal's folder (the store's root)",
+    ("trtflow/storage/outputs.py", "node_folder"): "the output folder the user chose (build/)",
+    ("trtflow/storage/remote/directory.py", "__init__"): "a remote cache's root",
+    ("trtflow/storage/remote/directory.py", "clear"): "the parent of a remote folder the user named",
+    ("trtflow/storage/remote/cache.py", "upload_outputs"): "as_tree of the tree it is given (a worker's held out/)",
+    ("trtflow/storage/gc.py", "_collect"): "gc: the Ray transfer folders of runs that ended, walked without links "
+                                           "and removed through descriptors (no run holds them)",
+    ("trtflow/execution/observers.py", "reap_dead_runs"): "the scratch of runs that died (no process holds it), "
+                                                          "walked without links, removed through descriptors",
+    ("trtflow/execution/build.py", "build"): "the scratch folder's path for messages (reached by its descriptor)",
+    ("trtflow/execution/build.py", "_keep_for_repro"): "the names a crashed node's folder is moved to, from the "
+                                                       "held run folder",
+    ("trtflow/execution/protocol.py", "scratch_tree"): "a job made by hand: no runner holds its folder",
+    ("trtflow/execution/diagnosis.py", "native_step"): "a caller by hand (the local executor hands the held folder)",
+    ("trtflow/execution/diagnosis.py", "crash_trace"): "a caller by hand (the local executor hands the held log)",
+    ("trtflow/execution/local.py", "start"): "an executor used without a runner: the fork server's log",
+    ("trtflow/execution/ray_executor.py", "execute"): "a job made by hand: its log by its path",
+    ("trtflow/execution/ray_executor.py", "_run_node"): "a Ray worker's own folder, made by mkdtemp and held at once "
+                                                        "(private_folder); its parent, the system's temporary folder",
+    ("trtflow/execution/ray_executor.py", "transfer_area"): "NOT held yet: a local Ray cluster's transfer area, "
+                                                            "walked without links from the store's root (workers "
+                                                            "of other processes open it by its path)",
+    ("trtflow/execution/ray_executor.py", "_clear_transfer"): "NOT held yet: see transfer_area",
+    ("trtflow/plan.py", "module_digest"): "KeyContext.locate: a project file, not a folder",
+    ("trtflow/plan.py", "taken_slots"): "KeyContext.locate: a project file, not a folder",
+    ("trtflow/plan.py", "_observe_result"): "KeyContext.locate: a project file, not a folder",
+    ("trtflow/stage.py", "__init__"): "SharedCache: the store's caches folder, walked without links below the store; "
+                                      "a StageContext made by hand (trtflow.testing) without a held folder",
+    ("trtflow/stage.py", "progress"): "a StageContext made by hand names a progress file of its own",
+    ("trtflow/report/console.py", "_log_tail"): "a result made elsewhere: no log end read through the held log",
+    ("stages/cli/debug.py", "_write_json"): "a file the user names under build/",
+}
+
+
+def folder_audit(path: Path, rel: str) -> list[str]:
+    """Calls outside the confined layer that open a folder by its path, or walk to a run's folder by its name, in
+    a function `BY_PATH` does not name."""
+    if rel.startswith(LAYER):
+        return []
+    text = path.read_text(encoding="utf-8")
+    may_walk = any(word in text for word in RUN_FOLDER_WALKS)
+    if not may_walk and not any(name in text for name in PATH_OPENERS):
+        return []
+    problems: list[str] = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = node.name
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            walks = may_walk and isinstance(func, ast.Attribute) and name != "shown" and any(
+                word in ast.unparse(arg) for arg in [*node.args, *(k.value for k in node.keywords)]
+                for word in RUN_FOLDER_WALKS)
+            if (name in PATH_OPENERS or walks) and (rel, function) not in BY_PATH:
+                problems.append(f"{rel}:{node.lineno}: {ast.unparse(node)[:80]} opens a folder by its path (a run's "
+                                "or a node's folder is held from its creation: trtflow/storage/confined/folders.py)")
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(ast.parse(text, filename=rel), "<module>")
+    return problems
+
+
+def test_no_module_opens_a_run_or_node_folder_by_its_path() -> None:
+    files = sorted([*REPO.joinpath("trtflow").rglob("*.py"), *REPO.joinpath("stages").rglob("*.py")])
+    problems = [p for path in files for p in folder_audit(path, path.relative_to(REPO).as_posix())]
+    assert problems == [], "\n".join(problems)
+    assert all((REPO / rel).is_file() for rel, _ in BY_PATH), "the allow-list names modules that exist"
+
+
+@pytest.mark.parametrize(("code", "rel"), [
+    ("def f(job):\n    return Tree(job.scratch)", "trtflow/execution/worker.py"),
+    ("def f(job):\n    tree, rel = locate(job.log_path)", "trtflow/execution/forkserver.py"),
+    ("def f(store, run):\n    store.tree.mkdir(store.scratch_rel(run, 'n'))", "trtflow/execution/build.py"),
+    ("def f(store, run):\n    store.tree.remove_tree(('ray-remote', run, TRANSFER))", "trtflow/execution/run.py"),
+    ("def f(p):\n    return tail_of(p, 10)", "trtflow/execution/progress.py"),
+    ("def scratch_tree(self):\n    return Tree(self.scratch)", "trtflow/execution/local.py"),
+])
+def test_the_folder_audit_catches_a_folder_opened_by_its_path(tmp_path: Path, code: str, rel: str) -> None:
+    path = tmp_path / "m.py"
+    path.write_text(code + "\n")
+    problems = folder_audit(path, rel)
+    assert len(problems) == 1 and "opens a folder by its path" in problems[0], problems
+
+
 # ------------------------------------------------------------------------------------------------ the layer
 @pytest.fixture
 def outside(tmp_path: Path) -> Path:
@@ -187,7 +289,7 @@ def test_a_link_at_any_component_stops_every_operation(tmp_path: Path, outside: 
     before = snapshot(outside)
     tree = Tree(root)
     operations = [
-        lambda: tree.read_bytes(rel, confined.NOTE), lambda: tree.write_bytes(rel, b"x"),
+        lambda: tree.read_bytes(rel, kinds.NOTE), lambda: tree.write_bytes(rel, b"x"),
         lambda: tree.append(rel, b"x"), lambda: tree.chmod(rel, 0o644), lambda: tree.unlink(rel),
         lambda: tree.remove_tree(rel), lambda: tree.mkdir((*rel[:-1], "new")), lambda: tree.create(rel, b"x"),
         lambda: tree.open_lock(rel), lambda: tree.rename(rel, "moved"), lambda: tree.stat(rel),
@@ -203,17 +305,17 @@ def test_a_link_at_any_component_stops_every_operation(tmp_path: Path, outside: 
 def test_a_root_found_by_default_may_not_be_a_link_one_the_user_named_may(tmp_path: Path, outside: Path) -> None:
     (tmp_path / ".trtflow").symlink_to(outside, target_is_directory=True)
     with pytest.raises(Refused, match="is a symbolic link"):
-        Tree(tmp_path / ".trtflow", follow_root=False).read_bytes("secret.txt", confined.NOTE)
-    assert Tree(tmp_path / ".trtflow").read_bytes("secret.txt", confined.NOTE) == b"secret"
+        Tree(tmp_path / ".trtflow", follow_root=False).read_bytes("secret.txt", kinds.NOTE)
+    assert Tree(tmp_path / ".trtflow").read_bytes("secret.txt", kinds.NOTE) == b"secret"
 
 
-KINDS = [confined.MANIFEST, confined.REFS, confined.LEDGER, confined.NOOP_RECORD, confined.FORMAT_FILE,
-         confined.INDEX, confined.NOTE, confined.JOB, confined.CACHE]
+KINDS = [kinds.MANIFEST, kinds.REFS, kinds.LEDGER, kinds.NOOP_RECORD, kinds.FORMAT_FILE,
+         kinds.INDEX, kinds.NOTE, kinds.JOB, kinds.CACHE]
 
 
 @pytest.mark.parametrize("file_kind", KINDS, ids=lambda k: k.name)
 @pytest.mark.parametrize("kind", ["named pipe", "link to /dev/zero", "huge", "folder"])
-def test_only_a_small_regular_file_is_read(tmp_path: Path, kind: str, file_kind: confined.Kind) -> None:
+def test_only_a_small_regular_file_is_read(tmp_path: Path, kind: str, file_kind: kinds.Kind) -> None:
     """For every kind of file trtflow reads: a pipe is refused without blocking (bounded time, no sleep),
     /dev/zero is never read, a file larger than its kind's cap is refused before it is read (a sparse file)."""
     tree = Tree(tmp_path)
@@ -305,9 +407,9 @@ def test_a_read_only_folder_is_made_writable_to_remove_an_entry_never_a_file_out
 
 @pytest.mark.parametrize("name", ["../elsewhere", "a/b", "", ".", "..", "x\0y", "x" * 256, 7, None])
 def test_a_name_from_a_record_is_plain_or_refused(name: object) -> None:
-    assert not confined.is_plain_name(name)
+    assert not is_plain_name(name)
     with pytest.raises(Refused):
-        confined.check_name(name)
+        check_name(name)
 
 
 def test_a_lock_file_planted_as_a_link_is_neither_truncated_nor_locked(tmp_path: Path, outside: Path) -> None:
@@ -370,7 +472,7 @@ def test_a_tree_closed_by_two_threads_closes_its_descriptor_once(tmp_path: Path)
         closes.append(number)
         real_close(number)
 
-    with unittest.mock.patch.object(confined.os, "close", counting_close):
+    with unittest.mock.patch.object(os, "close", counting_close):
         threads = [threading.Thread(target=tree.close) for _ in range(8)]
         for thread in threads:
             thread.start()

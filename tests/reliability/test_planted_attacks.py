@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from trtflow.storage import confined
+from trtflow.storage.confined import kinds
 from trtflow.storage.store import Store
 
 CHAIN = """\
@@ -88,9 +88,9 @@ def _plant_target(store: Path, which: str) -> Path:
     }[which]
 
 
-CAPS = {"format.json": confined.FORMAT_FILE, ".pending.jsonl": confined.LEDGER, "history.jsonl": confined.LEDGER,
-        "current.json": confined.REFS, "no-op record": confined.NOOP_RECORD, "manifest": confined.MANIFEST,
-        "output index": confined.INDEX}
+CAPS = {"format.json": kinds.FORMAT_FILE, ".pending.jsonl": kinds.LEDGER, "history.jsonl": kinds.LEDGER,
+        "current.json": kinds.REFS, "no-op record": kinds.NOOP_RECORD, "manifest": kinds.MANIFEST,
+        "output index": kinds.INDEX}
 
 
 @pytest.mark.parametrize("kind", ["named pipe", "link to /dev/zero", "huge", "link outside"])

@@ -9,7 +9,9 @@ ran the stage (files in the scratch space, or objects a worker left in the trans
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import time
 from contextlib import closing
 from dataclasses import dataclass
@@ -28,6 +30,12 @@ from trtflow.execution.scheduler import Allocation
 from trtflow.node_keys import KeyParts, recorded_parts
 from trtflow.plan import Step, gate_family
 from trtflow.stage import NATIVE_STEP_FILE, Reference
+from trtflow.storage.confined.folders import RunFolders
+from trtflow.storage.confined.reading import tail_of_fd
+from trtflow.storage.confined.tree import Tree
+
+LOG_TAIL_BYTES = 8192
+FD_PATH = re.compile(r"/proc/(?:\d+|self)/fd/\d+(?=/|\b)")
 
 
 @dataclass
@@ -50,37 +58,35 @@ class Builder:
         ctx = self.ctx
         node = step.node
         stage = ctx.graph.stages[node.stage]
-        tree = ctx.store.tree
         log_path = ctx.store.log_path(ctx.run_id, node.name)
-        scratch_rel = ctx.store.scratch_rel(ctx.run_id, node.name)
-        scratch = ctx.store.shown(scratch_rel)
+        scratch = ctx.store.shown(ctx.store.scratch_rel(ctx.run_id, node.name))  # shown; reached by descriptor
+        run_folders = ctx.folders if ctx.folders is not None else RunFolders(ctx.store.tree, ctx.run_id)
 
         def failed(error: str, hint: str | None = None) -> Built:
             return Built(NodeResult(node.name, node.stage, FAILED, step.reason, key, log_path=log_path, error=error,
                                     hint=hint))
 
         try:
-            tree.remove_tree(scratch_rel)
-            tree.mkdir(scratch_rel)
-            tree.mkdir(ctx.store.log_rel(ctx.run_id, node.name)[:-1])
+            held = run_folders.node(node.name)  # made and held from here on: never walked again by its name
         except OSError as exc:
             return failed(f"cannot prepare the node's scratch space: {exc.strerror or exc}",
                           "free disk space or fix the store's permissions")
-        ctx.observers.node_started(NodeStart(node.name, node.stage, key, step.reason, started, log_path, scratch))
+        ctx.observers.node_started(NodeStart(node.name, node.stage, key, step.reason, started, log_path, scratch,
+                                                 held.scratch))
         try:
             input_objects: dict[str, dict[str, dict[str, Any]]] = {}
             try:
                 if ctx.transfer is not None:
                     inputs, input_objects = self._hand_over_inputs(step, upstream)
                 else:
-                    inputs = link_inputs(ctx.graph, ctx.store, node, upstream, scratch_rel)
+                    inputs = link_inputs(ctx.graph, ctx.store, node, upstream, held.scratch)
             except TrtflowError as exc:
                 return failed(exc.message, exc.hint)
             except OSError as exc:
                 return failed(f"cannot place the node's inputs: {exc.strerror or exc}", "free disk space")
             previous_summary = (previous or {}).get("summary") if (previous or {}).get("key") != key else None
             try:
-                reference = self._reference(step, scratch_rel)
+                reference = self._reference(step, held.scratch)
             except TrtflowError as exc:
                 return failed(exc.message, exc.hint)
             except OSError as exc:
@@ -93,18 +99,23 @@ class Builder:
                       parent_pid=os.getpid(), input_objects=input_objects,
                       input_sources=self._judged_sources(node.name, upstream),
                       reference=reference.as_json() if reference is not None else None,
-                      gate_family=gate_family(ctx.graph, ctx.kctx))
+                      gate_family=gate_family(ctx.graph, ctx.kctx), held=held)
             try:
                 outcome = ctx.executor.execute(job, ctx.cancel)
             except OSError as exc:
                 return failed(f"could not start the stage process: {exc.strerror or exc}",
                               "free disk space and memory, then run again")
-            if outcome.status == protocol.CRASHED and tree.stat((*scratch_rel, NATIVE_STEP_FILE)) is not None:
-                self._keep_for_repro(node.name, scratch_rel, outcome)
-            return self._conclude(step, parts, key, outcome, job, log_path, previous_summary, started, scratch_rel)
+            shown_paths(outcome, scratch)
+            if outcome.status == protocol.CRASHED and held.scratch.stat(NATIVE_STEP_FILE) is not None:
+                self._keep_for_repro(node.name, run_folders, outcome)
+            built = self._conclude(step, parts, key, outcome, job, log_path, previous_summary, started, held.scratch)
+            if built.result.status != DONE:  # read now, through the descriptor: the log's name may lead elsewhere
+                with contextlib.suppress(OSError):
+                    built.result.log_tail = tail_of_fd(held.log_fd, LOG_TAIL_BYTES)
+            return built
         finally:
             try:
-                tree.remove_tree(scratch_rel)
+                run_folders.end_node(node.name, held)
             except OSError:
                 pass
 
@@ -117,7 +128,7 @@ class Builder:
             ctx.transfer.push(upstream.key(src), ctx.store, ctx.journal)
         return remote_inputs(ctx.graph, ctx.store, step.node, upstream)
 
-    def _reference(self, step: Step, scratch_rel: tuple[str, ...]) -> Reference | None:
+    def _reference(self, step: Step, scratch: Tree) -> Reference | None:
         """The artifact the node measures beside its candidate (`Stage.reference`), laid out in its scratch like
         its inputs: a pinned one (from the recipe), or the node's last accepted result. None: it has none."""
         from trtflow.storage.pins import Pin, PinStore
@@ -142,7 +153,7 @@ class Builder:
         if ctx.transfer is not None:
             return Reference(name, record=pin.record, missing="reference artifacts are not handed to remote "
                              "workers (Ray) yet")
-        laid = pins.lay_out(pin, (*scratch_rel, "reference"))
+        laid = pins.lay_out(pin, scratch, ("reference",))
         return Reference(name, laid.inputs, laid.files, pin.record, laid.missing)
 
     def _judged_sources(self, node: str, upstream: Upstream) -> dict[str, list[dict[str, Any]]]:
@@ -156,13 +167,15 @@ class Builder:
                     entry["gate_failures"] = list(verdicts[entry["node"]])
         return sources
 
-    def _keep_for_repro(self, node: str, scratch_rel: tuple[str, ...], outcome: Outcome) -> None:
-        """Keep a crashed node's scratch (its inputs) where the reproduction command can still find them."""
+    def _keep_for_repro(self, node: str, run_folders: RunFolders, outcome: Outcome) -> None:
+        """Keep a crashed node's scratch (its inputs) where the reproduction command can still find them: moved
+        from the run's held folder (never by its path in ``tmp/``) to ``crashes/``."""
         store = self.ctx.store
-        kept_rel = ("crashes", *store.scratch_rel(self.ctx.run_id, node)[1:])
+        scratch_rel = store.scratch_rel(self.ctx.run_id, node)
+        kept_rel = ("crashes", *scratch_rel[1:])
         scratch, kept = store.shown(scratch_rel), store.shown(kept_rel)
         try:
-            store.tree.rename(scratch_rel, kept_rel)
+            run_folders.scratch.move_to(node, store.tree, kept_rel)
         except OSError:
             return
         for field_name in ("error", "hint"):
@@ -171,7 +184,7 @@ class Builder:
                 setattr(outcome, field_name, text.replace(str(scratch), str(kept)))
 
     def _conclude(self, step: Step, parts: KeyParts, key: str, outcome: Outcome, job: Job, log_path: Path,
-                  previous_summary: dict[str, Any] | None, started: float, scratch_rel: tuple[str, ...]) -> Built:
+                  previous_summary: dict[str, Any] | None, started: float, scratch: Tree) -> Built:
         ctx = self.ctx
         node = step.node
         stage = ctx.graph.stages[node.stage]
@@ -188,11 +201,10 @@ class Builder:
             return Built(NodeResult(node.name, node.stage, status, step.reason, key, error=outcome.error,
                                     hint=outcome.hint, summary=outcome.summary, error_code=outcome.error_code,
                                     **common))
-        out_rel = (*scratch_rel, "out")
         if outcome.stored_outputs is not None:
             present = set(outcome.stored_outputs)
         else:
-            present = {n for n, o in stage.outputs.items() if _present(ctx.store.tree, (*out_rel, o.filename))}
+            present = {n for n, o in stage.outputs.items() if _present(scratch, ("out", o.filename))}
         unwritten = protocol.unwritten_outputs(node.stage, stage.outputs, present)
         if unwritten:
             return Built(NodeResult(node.name, node.stage, FAILED, step.reason, key, error=unwritten, **common))
@@ -210,7 +222,7 @@ class Builder:
                 committed = self._commit_stored(node.name, key, manifest, outcome.stored_outputs)
             else:
                 outputs_spec = {n: (o.filename, o.kind) for n, o in stage.outputs.items()}
-                with closing(ctx.store.tree.subtree(out_rel)) as out:
+                with closing(scratch.subtree("out")) as out:  # through the descriptor held since it was made
                     committed = ctx.store.commit(key, manifest, out, outputs_spec, ctx.journal)
         except TrtflowError as exc:  # the transfer area lost or damaged an object
             return Built(NodeResult(node.name, node.stage, FAILED, step.reason, key, error=exc.message,
@@ -235,6 +247,21 @@ class Builder:
         committed = dict(manifest, outputs=stored, key=key, format=FORMAT, committed=time.time())
         ctx.store.write_manifest(key, committed)
         return committed
+
+
+def shown_paths(outcome: Outcome, scratch: Path) -> None:
+    """The node's process named its scratch folder by its descriptor (``/proc/<pid>/fd/<n>``, which ends with it);
+    its messages and summary name the folder by its place in the store instead."""
+    def shown(value: Any) -> Any:
+        if isinstance(value, str):
+            return FD_PATH.sub(str(scratch), value)
+        if isinstance(value, list):
+            return [shown(v) for v in value]
+        if isinstance(value, dict):
+            return {k: shown(v) for k, v in value.items()}
+        return value
+
+    outcome.error, outcome.hint, outcome.summary = shown(outcome.error), shown(outcome.hint), shown(outcome.summary)
 
 
 def _present(tree: Any, rel: tuple[str, ...]) -> bool:

@@ -17,6 +17,7 @@ from trtflow.execution.protocol import Executor
 from trtflow.execution.results import Notes, RunOptions
 from trtflow.graph import Graph
 from trtflow.node_keys import KeyContext
+from trtflow.storage.confined.folders import RunFolders
 from trtflow.storage.journal import Journal
 from trtflow.storage.refs import RecipeIdentity
 from trtflow.storage.store import Store
@@ -37,4 +38,5 @@ class RunContext:
     cancel: threading.Event
     cache: Any = None  # the remote cache (RemoteCache) results are pulled from and pushed to; None: none
     transfer: Any = None  # where the executor's workers fetch inputs and leave outputs (RemoteCache); None: local
+    folders: RunFolders | None = None  # tmp/<run>, logs/<run> and the nodes' folders, held (None: made by hand)
     refs_at_start: dict[str, str] = field(default_factory=dict)  # what the previous runs used: "previous" results

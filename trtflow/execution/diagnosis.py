@@ -16,8 +16,9 @@ from typing import Any
 
 from trtflow.execution.protocol import CRASHED, Outcome
 from trtflow.stage import NATIVE_STEP_FILE
-from trtflow.storage import confined
-from trtflow.storage.confined import Tree
+from trtflow.storage.confined import kinds
+from trtflow.storage.confined.reading import tail_of_fd
+from trtflow.storage.confined.tree import Tree, tail_of
 
 _SIGNAL_WORDS = {
     signal.SIGSEGV: "a segmentation fault (SIGSEGV)",
@@ -60,18 +61,20 @@ def total_memory() -> int | None:
     return None
 
 
-def native_step(scratch: Path) -> dict[str, Any] | None:
+def native_step(scratch: Path | Tree) -> dict[str, Any] | None:
+    """The native call the node's process was in when it died (its scratch folder: held, or a path)."""
     try:
-        data = Tree(scratch).read_json(NATIVE_STEP_FILE, confined.JOB)
+        data = (scratch if isinstance(scratch, Tree) else Tree(scratch)).read_json(NATIVE_STEP_FILE, kinds.JOB)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
 
-def crash_trace(log_path: Path, limit: int = 12) -> list[str]:
-    """The innermost Python frames faulthandler printed at the crash ("file:line in function")."""
+def crash_trace(log: Path | int, limit: int = 12) -> list[str]:
+    """The innermost Python frames faulthandler printed at the crash ("file:line in function"), from the node's
+    log (its descriptor, held by the runner, or a path)."""
     try:
-        text = confined.tail_of(log_path, 65536)
+        text = tail_of_fd(log, 65536) if isinstance(log, int) else tail_of(log, 65536)
     except OSError:
         return []
     start = text.rfind("Fatal Python error")
@@ -99,7 +102,7 @@ def _short_path(path: str) -> str:
 
 
 def diagnose(exit_code: int | None, killed_by_us: bool, peak_rss: int | None, oom_before: int | None,
-             scratch: Path, log_path: Path, store_root: Path) -> Outcome:
+             scratch: Path | Tree, log: Path | int, store_root: Path) -> Outcome:
     """The outcome of a node process that ended without writing its result."""
     step = native_step(scratch)
     sig = -exit_code if exit_code is not None and exit_code < 0 else None
@@ -126,7 +129,7 @@ def diagnose(exit_code: int | None, killed_by_us: bool, peak_rss: int | None, oo
         what += f", peak memory {gib(peak_rss)})" if peak_rss else ")"
     if step:
         what += f", in {step.get('library', '?')} while {step.get('what', '?')}"
-    frames = crash_trace(log_path)
+    frames = crash_trace(log)
     if frames:
         what += "; Python stack at the crash (innermost last): " + " <- ".join(reversed(frames[:4]))
     if step and step.get("hint"):

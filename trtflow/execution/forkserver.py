@@ -6,8 +6,10 @@ e.g. torch, onnx, onnxruntime), never initialising CUDA, and it leaves with ``os
 durable. The server starts isolated: the caller's working directory is not on its module path, so a
 ``logging.py`` or a ``trtflow/`` folder there shadows nothing.
 
-Protocol (JSON lines): the runner writes ``{"op": "spawn", "id", "job_file", "log", "env", "preload"}`` to the
-server's stdin; the server answers ``{"id", "pid"}`` after forking and ``{"id", "exit", "maxrss"}`` when the
+Protocol: the runner sends ``{"op": "spawn", "id", "env", "preload", "stage"}`` as one packet on the server's
+stdin (a ``SOCK_SEQPACKET`` socket) with two descriptors (``SCM_RIGHTS``): the node's scratch folder and its log,
+both opened by the runner (the node never opens either by name: see `trtflow.storage.confined.folders`); the
+server answers on stdout (JSON lines) ``{"id", "pid"}`` after forking and ``{"id", "exit", "maxrss"}`` when the
 child has been reaped (``exit``: exit code, or minus the signal number).
 """
 
@@ -17,12 +19,12 @@ import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 # `python -c` puts the working directory first on sys.path: take it off before importing anything else.
@@ -30,7 +32,7 @@ BOOTSTRAP = ("import sys\nif sys.path and sys.path[0] == '': del sys.path[0]\n"
              "from trtflow.execution.forkserver import serve\nserve()")
 # The same isolation for a node process started directly (no fork server).
 WORKER_BOOTSTRAP = ("import sys\nif sys.path and sys.path[0] == '': del sys.path[0]\n"
-                    "from trtflow.execution import worker\nworker.exit_now(worker.main(sys.argv[1]))")
+                    "from trtflow.execution import worker\nworker.exit_now(worker.main(int(sys.argv[1])))")
 
 
 def isolated_python(code: str) -> list[str]:
@@ -49,12 +51,11 @@ def serve() -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     children: dict[int, int] = {}  # pid -> job id
-    control = sys.stdin.buffer
-    os.set_blocking(control.fileno(), True)
+    control = socket.socket(fileno=os.dup(0))
+    control.setblocking(True)
     selector = selectors.DefaultSelector()
     selector.register(control.fileno(), selectors.EVENT_READ, "control")
     selector.register(wake_r, selectors.EVENT_READ, "child")
-    pending = b""
     while True:
         for key, _ in selector.select():
             if key.data == "child":
@@ -64,17 +65,18 @@ def serve() -> None:
                     pass
                 _reap(children)
                 continue
-            chunk = os.read(control.fileno(), 65536)
-            if not chunk:  # the runner went away
+            packet, fds, _flags, _addr = socket.recv_fds(control, 1 << 20, 2)
+            if not packet:  # the runner went away
                 for pid in list(children):
                     _kill_group(pid)
                 os._exit(0)
-            pending += chunk
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                message = json.loads(line)
-                if message.get("op") == "spawn":
-                    _spawn(message, children, [control.fileno(), wake_r, wake_w])
+            try:
+                message = json.loads(packet)
+                if message.get("op") == "spawn" and len(fds) == 2:
+                    _spawn(message, fds, children, [0, control.fileno(), wake_r, wake_w])
+            finally:
+                for fd in fds:
+                    os.close(fd)
         _reap(children)
 
 
@@ -118,7 +120,8 @@ def _preload(modules: list[str]) -> None:
             print(f"trtflow fork server: preloading {name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
-def _spawn(message: dict[str, Any], children: dict[int, int], server_fds: list[int]) -> None:
+def _spawn(message: dict[str, Any], fds: list[int], children: dict[int, int], server_fds: list[int]) -> None:
+    scratch_fd, log_fd = fds
     _preload(list(message.get("preload") or []))
     _load_stage(message.get("stage"))
     sys.stdout.flush()
@@ -127,10 +130,10 @@ def _spawn(message: dict[str, Any], children: dict[int, int], server_fds: list[i
     if pid == 0:
         code = 70
         try:
-            _become_node(message, server_fds)
+            _become_node(message, log_fd, server_fds)
             from trtflow.execution import worker
 
-            code = worker.main(message["job_file"])
+            code = worker.main(scratch_fd)
         except BaseException:
             traceback.print_exc()
         finally:
@@ -141,17 +144,13 @@ def _spawn(message: dict[str, Any], children: dict[int, int], server_fds: list[i
     _reply({"id": message["id"], "pid": pid, "base_rss": _own_rss()})
 
 
-def _become_node(message: dict[str, Any], server_fds: list[int]) -> None:
+def _become_node(message: dict[str, Any], log: int, server_fds: list[int]) -> None:
     server_pid = os.getppid()
     os.setsid()
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    from trtflow.storage import confined
-
-    tree, rel = confined.locate(message["log"])  # its folder made real by the runner; the file never a link
-    log = tree.open_append_fd(rel)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(log, 1)
@@ -229,8 +228,12 @@ class ForkServerClient:
 
     def __init__(self, stderr: IO[Any] | int | None = None) -> None:
         env = dict(os.environ, TRTFLOW_FORKSERVER_PARENT=str(os.getpid()))
-        self._proc = subprocess.Popen(isolated_python(BOOTSTRAP), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=stderr, env=env, start_new_session=True)
+        self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._proc = subprocess.Popen(isolated_python(BOOTSTRAP), stdin=theirs.fileno(), stdout=subprocess.PIPE,
+                                          stderr=stderr, env=env, start_new_session=True)
+        finally:
+            theirs.close()
         self._lock = threading.Lock()
         self._children: dict[int, Child] = {}
         self._next = 0
@@ -241,18 +244,16 @@ class ForkServerClient:
     def alive(self) -> bool:
         return self._proc.poll() is None
 
-    def spawn(self, job_file: Path, log: Path, env: dict[str, str | None], preload: list[str],
+    def spawn(self, scratch_fd: int, log_fd: int, env: dict[str, str | None], preload: list[str],
               stage: str | None = None) -> Child:
+        """Start a node in a fork of the server, handing it the descriptors of its scratch folder and its log."""
         with self._lock:
             self._next += 1
             child = Child(self._next)
             self._children[child.id] = child
-            message = {"op": "spawn", "id": child.id, "job_file": str(job_file), "log": str(log), "env": env,
-                       "preload": preload, "stage": stage}
+            message = {"op": "spawn", "id": child.id, "env": env, "preload": preload, "stage": stage}
             try:
-                assert self._proc.stdin is not None
-                self._proc.stdin.write((json.dumps(message) + "\n").encode())
-                self._proc.stdin.flush()
+                socket.send_fds(self._control, [json.dumps(message).encode()], [scratch_fd, log_fd])
             except (BrokenPipeError, OSError, ValueError):
                 self._children.pop(child.id, None)
                 raise ServerGone("the fork server is gone") from None
@@ -289,8 +290,7 @@ class ForkServerClient:
 
     def close(self) -> None:
         try:
-            if self._proc.stdin is not None:
-                self._proc.stdin.close()
+            self._control.close()
         except OSError:
             pass
         try:

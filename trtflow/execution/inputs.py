@@ -13,12 +13,13 @@ from trtflow.errors import TrtflowError
 from trtflow.execution.ledger import Upstream
 from trtflow.graph import Graph
 from trtflow.recipe.expand import ConcreteNode
-from trtflow.storage.confined import Refused
+from trtflow.storage.confined.names import Refused
+from trtflow.storage.confined.tree import Tree
 from trtflow.storage.store import Store
 
 
 def link_inputs(graph: Graph, store: Store, node: ConcreteNode, upstream: Upstream,
-                scratch: tuple[str, ...]) -> dict[str, str | list[str]]:
+                scratch: Tree) -> dict[str, str | list[str]]:
     """Hard-link each input into ``scratch/in/<slot>/``, with the source node's other outputs beside it.
 
     Siblings travel along so that companion files stay together: an ONNX model's external weights
@@ -30,18 +31,18 @@ def link_inputs(graph: Graph, store: Store, node: ConcreteNode, upstream: Upstre
     specs = graph.stages[node.stage].inputs
     for slot, refs in node.upstream.items():
         if specs[slot].many:
-            inputs[slot] = [_link_one(graph, store, upstream, src, out, (*scratch, "in", slot, src))
+            inputs[slot] = [_link_one(graph, store, upstream, src, out, scratch, ("in", slot, src))
                             for src, out in refs]
         else:
-            inputs[slot] = _link_one(graph, store, upstream, *refs[0], (*scratch, "in", slot))
+            inputs[slot] = _link_one(graph, store, upstream, *refs[0], scratch, ("in", slot))
     return inputs
 
 
-def _link_one(graph: Graph, store: Store, upstream: Upstream, src_node: str, out_name: str,
+def _link_one(graph: Graph, store: Store, upstream: Upstream, src_node: str, out_name: str, scratch: Tree,
               folder: tuple[str, ...]) -> str:
     stage = graph.stages[graph.nodes[src_node].stage]
     produced = upstream.outputs(src_node)
-    store.tree.mkdir(folder)
+    scratch.mkdir(folder)
     for name, out in stage.outputs.items():
         if name not in produced:
             continue
@@ -54,13 +55,13 @@ def _link_one(graph: Graph, store: Store, upstream: Upstream, src_node: str, out
                 hint="run `trtflow verify --fix`, then run again: the damaged node is rebuilt")
         target = (*folder, *out.filename.split("/"))
         try:
-            store.tree.link(store.object_rel(digest), target)
+            store.tree.link_into(store.object_rel(digest), scratch, target)
         except Refused:
             raise
         except OSError:  # a file system without hard links
             with store.open_object(digest) as f:
-                store.tree.copy_in(target, f, durable=False)
-    return str(store.shown((*folder, *stage.outputs[out_name].filename.split("/"))))
+                scratch.copy_in(target, f, durable=False)
+    return str(scratch.shown((*folder, *stage.outputs[out_name].filename.split("/"))))
 
 
 def remote_inputs(graph: Graph, store: Store, node: ConcreteNode, upstream: Upstream

@@ -64,7 +64,8 @@ class Lifecycle:
             store = self.ctx.store
             log = store.log_path(self.ctx.run_id, step.node.name)
             try:
-                store.tree.append_text(store.log_rel(self.ctx.run_id, step.node.name), traceback.format_exc())
+                if self.ctx.folders is not None:  # the run's log folder, held since the run made it
+                    self.ctx.folders.logs.append_text(f"{step.node.name}.log", traceback.format_exc())
             except OSError:
                 pass
             finished = Finished(NodeResult(
@@ -155,7 +156,7 @@ class Lifecycle:
 
     def _key_lock(self, node: ConcreteNode, key: str) -> Any:
         """The lock of ``key`` (every trtflow run on this store builds it once), or the result of waiting."""
-        from trtflow.storage.confined import Flock
+        from trtflow.storage.confined.locking import Flock
 
         ctx = self.ctx
         try:

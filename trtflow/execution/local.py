@@ -29,7 +29,9 @@ from trtflow.execution.protocol import (
     Job,
     Outcome,
 )
-from trtflow.storage import confined
+from trtflow.storage.confined import kinds
+from trtflow.storage.confined.folders import RunFolders
+from trtflow.storage.confined.tree import Tree, locate
 
 POLL_S = 0.1
 
@@ -41,6 +43,7 @@ class LocalExecutor:
                  server_log: Path | None = None) -> None:
         self.store_root = store_root
         self.server_log = server_log or store_root / "logs" / "fork-server.log"
+        self.log_folder: Tree | None = None  # the run's log folder, held (`use_folders`)
         self.kill_grace = kill_grace
         if use_fork_server is None:
             use_fork_server = sys.platform.startswith("linux") and not os.environ.get("TRTFLOW_NO_FORK_SERVER")
@@ -51,17 +54,28 @@ class LocalExecutor:
         self._lock = threading.Lock()
         self._interrupted = threading.Event()
 
+    def use_folders(self, folders: RunFolders) -> None:
+        """The run's folders, held by the runner: the fork server's log goes in its log folder."""
+        self.log_folder = folders.logs
+
     def start(self) -> None:
         if self.use_fork_server and self._server is None:
-            tree, rel = confined.locate(self.server_log, self.store_root)
-            self._server_log = os.fdopen(tree.open_append_fd(rel), "ab")  # kept open while the server runs
+            if self.log_folder is not None:
+                fd = self.log_folder.open_append_fd(self.server_log.name)
+            else:
+                tree, rel = locate(self.server_log, self.store_root)
+                fd = tree.open_append_fd(rel)
+            self._server_log = os.fdopen(fd, "ab")  # kept open while the server runs
             self._server = ForkServerClient(stderr=self._server_log)
 
     def pid_of(self, node: str) -> int | None:
         return self._pids.get(node)
 
     def execute(self, job: Job, cancel: threading.Event) -> Outcome:
-        job.scratch_tree().write_text(job.job_file.name, json.dumps(job.to_json()))
+        if job.held is None:
+            return Outcome(FAILED, error="a node's scratch folder was not handed to the local executor",
+                           hint="make jobs with the runner (`Builder`), which holds the node's folders")
+        job.held.scratch.write_text("job.json", json.dumps(job.to_json()))
         env: dict[str, str | None] = {"PYTHONUNBUFFERED": "1"}
         if job.device:
             env["CUDA_VISIBLE_DEVICES"] = job.device
@@ -90,8 +104,8 @@ class LocalExecutor:
                            hint="raise the node's `timeout:` if it is just slow", peak_rss=handle.maxrss)
         result = _read_result(job)
         if result is None:
-            return diagnosis.diagnose(handle.exit_code, killed_by_us, handle.maxrss, oom_before, Path(job.scratch),
-                                      Path(job.log_path), self.store_root)
+            return diagnosis.diagnose(handle.exit_code, killed_by_us, handle.maxrss, oom_before, job.held.scratch,
+                                      job.held.log_fd, self.store_root)
         status = result.get("status")
         if status not in (OK, FAILED, GATE_FAILED, SKIPPED, INTERRUPTED):
             status = CRASHED
@@ -100,9 +114,11 @@ class LocalExecutor:
                        error_code=result.get("error_code"), deps=result.get("deps"))
 
     def _start(self, job: Job, env: dict[str, str | None]) -> _Handle:
+        assert job.held is not None
+        scratch_fd = job.held.scratch.fd()
         if self._server is not None and self._server.alive:
             try:
-                child = self._server.spawn(job.job_file, Path(job.log_path), env, job.preload, job.stage)
+                child = self._server.spawn(scratch_fd, job.held.log_fd, env, job.preload, job.stage)
                 return _ServerHandle(child)
             except ServerGone:
                 pass
@@ -112,14 +128,9 @@ class LocalExecutor:
                 full_env.pop(name, None)
             else:
                 full_env[name] = value
-        tree, rel = confined.locate(job.log_path, self.store_root)
-        log = tree.open_append_fd(rel)
-        try:
-            proc = subprocess.Popen([*isolated_python(WORKER_BOOTSTRAP), str(job.job_file)], stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
-                                    start_new_session=True)
-        finally:
-            os.close(log)
+        proc = subprocess.Popen([*isolated_python(WORKER_BOOTSTRAP), str(scratch_fd)], stdout=job.held.log_fd,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
+                                start_new_session=True, pass_fds=(scratch_fd,))
         return _ProcessHandle(proc)
 
     def _stop(self, handle: _Handle) -> None:
@@ -191,7 +202,7 @@ def _signal_group(pid: int, sig: int) -> None:
 
 def _read_result(job: Job) -> dict[str, Any] | None:
     try:
-        data = job.scratch_tree().read_json(job.result_file.name, confined.JOB)
+        data = job.scratch_tree().read_json("result.json", kinds.JOB)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -216,6 +227,8 @@ class InlineExecutor:
         from trtflow.execution.worker import run_job, write_result
 
         get_stage = self.stages.__getitem__ if self.stages is not None else None
+        if job.held is not None:  # this process holds the scratch folder: the stage reaches it through that
+            job = job.in_folder(job.held.scratch)
         result = run_job(job, get_stage)
         write_result(job, result)
         return Outcome(result["status"], summary=result.get("summary") or {}, error=result.get("error"),

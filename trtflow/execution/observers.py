@@ -31,6 +31,7 @@ from trtflow.execution.results import Hooks, NodeResult, Notes, Progress
 if TYPE_CHECKING:
     from trtflow.graph import Graph
     from trtflow.plan import Step
+from trtflow.storage.confined.tree import Tree
 from trtflow.storage.journal import Journal
 from trtflow.storage.refs import RecipeIdentity, RefStore
 from trtflow.storage.store import Store
@@ -47,7 +48,8 @@ class NodeStart:
     reason: str
     started: float
     log_path: Path
-    scratch: Path
+    scratch: Path  # shown; its files are read through ``folder``
+    folder: Tree | None = None  # the node's scratch folder, held by the runner while the node runs
 
 
 def guarded(notes: Notes, doing: str, action: Callable[[], Any]) -> Any:

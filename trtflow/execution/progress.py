@@ -8,28 +8,33 @@ guards its table with a lock; reading progress files and /proc happens outside i
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from trtflow.execution.observers import NodeStart, RunObserver
 from trtflow.execution.results import NodeResult, Progress
-from trtflow.storage import confined
+from trtflow.storage.confined.tree import Tree
 
 
 class ProgressBoard(RunObserver):
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._running: dict[str, tuple[Path, float]] = {}  # node -> (scratch, started)
+        self._running: dict[str, tuple[Tree, float]] = {}  # node -> (its scratch folder: our own descriptor, started)
 
     def node_started(self, start: NodeStart) -> None:
+        if start.folder is None:
+            return
+        folder = start.folder.subtree()  # a descriptor of our own: the runner closes its own when the node ends
         with self._lock:
-            self._running[start.node] = (start.scratch, start.started)
+            self._running[start.node] = (folder, start.started)
 
     def node_ended(self, result: NodeResult) -> None:
         with self._lock:
-            self._running.pop(result.node, None)
+            ended = self._running.pop(result.node, None)
+        if ended is not None:
+            ended[0].close()
 
     def poll(self, pid_of: Callable[[str], int | None]) -> list[tuple[str, Progress]]:
         """The latest progress of every running node (``pid_of``: the executor's process of a node, if any)."""
@@ -38,18 +43,22 @@ class ProgressBoard(RunObserver):
         now = time.time()
         found = []
         for node, (scratch, started) in running:
-            if not scratch.is_dir():  # the stage has ended; its end is about to be recorded (a stat: opens nothing)
+            try:
+                if os.fstat(scratch.fd()).st_nlink == 0:  # the stage has ended and its folder is gone
+                    continue
+            except OSError:
                 continue
-            fraction, message = last_progress(scratch / "progress.jsonl")
+            fraction, message = last_progress(scratch)
             pid = pid_of(node)
             found.append((node, Progress(fraction, message, now - started, rss(pid) if pid else None)))
         return found
 
 
-def last_progress(path: Path) -> tuple[float | None, str]:
-    """The fraction and message of the last line a stage wrote with `StageContext.progress`."""
+def last_progress(scratch: Tree) -> tuple[float | None, str]:
+    """The fraction and message of the last line a stage wrote with `StageContext.progress` (``progress.jsonl`` of
+    its scratch folder, held)."""
     try:
-        lines = confined.tail_of(path, 4096).strip().splitlines()
+        lines = scratch.read_tail("progress.jsonl", 4096).strip().splitlines()
         last = json.loads(lines[-1]) if lines else {}
     except (OSError, ValueError, IndexError):
         return None, ""

@@ -7,13 +7,15 @@ chosen) and commits what comes back.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Container, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from trtflow.storage.confined import Tree
+from trtflow.storage.confined.folders import NodeFolders, fd_path
+from trtflow.storage.confined.tree import Tree
 
 OK, FAILED, GATE_FAILED, SKIPPED, INTERRUPTED, CRASHED, TIMED_OUT = (
     "ok", "failed", "gate_failed", "skipped", "interrupted", "crashed", "timed_out")
@@ -46,6 +48,8 @@ class Job:
     # the reference the node measures beside its candidate, laid out in its scratch (`stage.Reference.as_json`)
     reference: dict[str, Any] | None = None
     gate_family: int = 1  # how many nodes of the recipe make a comparison (StageContext.gate_family)
+    # the node's scratch folder and log as descriptors (`folders.NodeFolders`), held by the runner; never in JSON
+    held: NodeFolders | None = field(default=None, repr=False, compare=False)
 
     @property
     def gpu(self) -> int | None:
@@ -69,15 +73,36 @@ class Job:
         return Path(self.scratch) / "out"
 
     def scratch_tree(self) -> Tree:
-        """The node's scratch folder (made real by the runner; everything below it is walked without links)."""
-        return Tree(self.scratch)
+        """The node's scratch folder: the descriptor the runner made it with (`held`); a job without one (made
+        by hand) opens ``scratch`` (everything below it is walked without links)."""
+        return self.held.scratch if self.held is not None else Tree(self.scratch)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(dataclasses.replace(self, held=None))
+        data.pop("held")
+        return data
+
+    def in_folder(self, scratch: Tree) -> Job:
+        """This job as the node's process sees it, its scratch folder held as ``scratch``: every path below the
+        scratch folder (``scratch``, the inputs, the reference's files) becomes a path through the descriptor
+        (`folders.fd_path`), which no rename or link in the store can redirect."""
+        old, new = self.scratch.rstrip("/"), str(fd_path(scratch))
+
+        def moved(value: Any) -> Any:
+            if isinstance(value, str):
+                return new + value[len(old):] if value == old or value.startswith(old + "/") else value
+            if isinstance(value, list):
+                return [moved(v) for v in value]
+            if isinstance(value, dict):
+                return {k: moved(v) for k, v in value.items()}
+            return value
+
+        return dataclasses.replace(self, scratch=new, inputs=moved(self.inputs), reference=moved(self.reference),
+                                   held=NodeFolders(scratch, -1))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Job:
-        return cls(**data)
+        return cls(**{k: v for k, v in data.items() if k != "held"})
 
 
 @dataclass

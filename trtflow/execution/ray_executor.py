@@ -36,8 +36,11 @@ from trtflow.errors import EnvironmentUnavailable, TrtflowError, UsageError
 from trtflow.execution.protocol import CRASHED, FAILED, INTERRUPTED, OK, Job, Outcome, unwritten_outputs
 from trtflow.execution.results import RunOptions
 from trtflow.execution.scheduler import Capacity
-from trtflow.storage import confined
-from trtflow.storage.confined import Tree
+from trtflow.storage.confined.folders import NodeFolders, discard, make_folder
+from trtflow.storage.confined.names import check_relative
+from trtflow.storage.confined.reading import tail_of_fd
+from trtflow.storage.confined.tree import Tree, locate, private_folder
+from trtflow.storage.confined.writing import write_all
 from trtflow.storage.store import TRANSFER, Store
 
 MAX_RETRIES = 2
@@ -142,7 +145,7 @@ class RayExecutor:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
         outputs = {name: (o.filename, o.kind, o.optional) for name, o in stage.outputs.items()}
         task = ray.remote(_run_node).options(**options)
-        ref = task.remote(asdict(job), outputs, self.transfer)
+        ref = task.remote(job.to_json(), outputs, self.transfer)
         with self._lock:
             self._refs[job.node] = ref
         try:
@@ -174,8 +177,11 @@ class RayExecutor:
         finally:
             with self._lock:
                 self._refs.pop(job.node, None)
-        tree, rel = confined.locate(job.log_path, self.store.root)
-        tree.append_text(rel, log_text)
+        if job.held is not None:  # the node's log, held by the runner since the node started
+            write_all(job.held.log_fd, log_text.encode("utf-8", "replace"))
+        else:
+            tree, rel = locate(job.log_path, self.store.root)
+            tree.append_text(rel, log_text)
         return Outcome(**result)
 
     def interrupt(self) -> None:
@@ -268,47 +274,50 @@ def _run_node(job_data: dict[str, Any], outputs: dict[str, tuple[str, str, bool]
 
     job = Job.from_json(job_data)
     remote = RemoteCache(transfer_url)
-    tree = confined.private_folder(f"trtflow-{job.node}-")  # this worker's own folder, walked as a tree
+    tree = private_folder(f"trtflow-{job.node}-")  # this worker's own folder, held from its creation
     work = tree.path
+    held = None
     try:
         cache = Store(work / "inputs")
-        tree.mkdir("scratch")
-        inputs_dir = work / "scratch" / "in"
+        held = NodeFolders(make_folder(tree, "scratch"), tree.open_append_fd("node.log"))
+        scratch = held.scratch
         for place, objects in job.input_objects.items():  # place: "<slot>", or "<slot>/<producer>" in a many-slot
             remote.pull_objects(objects, cache, node=job.node)
-            folder = ("scratch", "in", *confined.check_relative(place, "input place"))
+            folder = ("in", *check_relative(place, "input place"))
             for out in objects.values():
-                target = (*folder, *confined.check_relative(out["filename"], "output file name"))
-                tree.link(("inputs", *cache.object_rel(out["digest"])), target)
+                target = (*folder, *check_relative(out["filename"], "output file name"))
+                tree.link_into(("inputs", *cache.object_rel(out["digest"])), scratch, target)
+        inputs_dir = scratch.path / "in"
         inputs: dict[str, str | list[str]] = {
             slot: [str(inputs_dir / slot / rel) for rel in names] if isinstance(names, list)
             else str(inputs_dir / slot / names)
             for slot, names in job.inputs.items()}
         # the GPUs Ray gave this task (it sets CUDA_VISIBLE_DEVICES for them), not the ids the driver chose from
         device = os.environ.get("CUDA_VISIBLE_DEVICES") if job.device else None
-        local = Job(**{**job_data, "inputs": inputs, "scratch": str(work / "scratch"),
+        local = Job(**{**job_data, "inputs": inputs, "scratch": str(scratch.path),
                        "log_path": str(work / "node.log"), "cache_dir": str(work / "caches"), "device": device,
-                       "parent_pid": os.getpid()})
+                       "parent_pid": os.getpid(), "held": held})
         executor = LocalExecutor(work, use_fork_server=False)
         started = time.time()
         outcome = executor.execute(local, threading.Event())
         if outcome.status == OK:
             declared = {name: _Declared(optional) for name, (_, _, optional) in outputs.items()}
             written = {name for name, (filename, _, _) in outputs.items()
-                       if tree.stat(("scratch", "out", *confined.check_relative(filename))) is not None}
+                       if scratch.stat(("out", *check_relative(filename))) is not None}
             unwritten = unwritten_outputs(job.stage, declared, written)
             if unwritten:
                 outcome = Outcome(FAILED, error=unwritten, exit_code=outcome.exit_code, peak_rss=outcome.peak_rss)
             else:
-                with contextlib.closing(tree.subtree(("scratch", "out"))) as out_dir:
+                with contextlib.closing(scratch.subtree("out")) as out_dir:
                     outcome.stored_outputs = remote.upload_outputs(
                         out_dir, {name: (filename, kind) for name, (filename, kind, _) in outputs.items()})
-        log_text = tree.read_tail("node.log", MAX_LOG_BYTES) if tree.stat("node.log") is not None else ""
+        log_text = tail_of_fd(held.log_fd, MAX_LOG_BYTES)
         host = os.uname().nodename
         log_text = f"[ran on {host} via Ray in {time.time() - started:.1f} s]\n" + log_text
         return asdict(outcome), log_text
     finally:
-        try:
-            Tree(work.parent).remove_tree(work.name)
-        except OSError:
-            pass
+        if held is not None:
+            held.close()
+            held.scratch.close()
+        with contextlib.closing(Tree(work.parent)) as parent:
+            discard(parent, work.name, tree)

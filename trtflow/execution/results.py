@@ -59,6 +59,7 @@ class NodeResult:
     started: float | None = None  # when the node's thread took it (time.time()), for nodes that were processed
     verdicts: list[GateVerdict] = field(default_factory=list)  # its gate's verdicts as judged in this run
     error_code: int | None = None  # a failed node: the exit code of its kind of mistake (errors.EXIT_*)
+    log_tail: str | None = None  # a node that ran and did not succeed: its log's end, read through the held log
 
 
 @dataclass

@@ -41,6 +41,7 @@ from trtflow.execution.signals import cancel_on_signals
 from trtflow.graph import Graph
 from trtflow.node_keys import KeyContext
 from trtflow.plan import FRESH, Step
+from trtflow.storage.confined.folders import RunFolders
 from trtflow.storage.journal import Journal
 from trtflow.storage.lock import SHARED, StoreLock
 from trtflow.storage.refs import RecipeIdentity
@@ -70,13 +71,16 @@ class Runner:
             HooksObserver(self.hooks),
         ])
         executor = executor or make_executor(self.options, store, self.run_id)
+        folders = RunFolders(store.tree, self.run_id)
+        if hasattr(executor, "use_folders"):
+            executor.use_folders(folders)
         cache = open_remote(self.options.remote, self.options.remote_digest)
         transfer_url = getattr(executor, "transfer", None)
         transfer = cache if cache is not None and transfer_url == cache.url else open_remote(transfer_url)
         self.ctx = RunContext(graph=graph, store=store, recipe=recipe, run_id=self.run_id, options=self.options,
                               kctx=KeyContext.for_recipe(recipe.path.parent, env, journal), journal=journal,
                               executor=executor, observers=self.observers, notes=self.notes,
-                              cancel=threading.Event(), cache=cache, transfer=transfer,
+                              cancel=threading.Event(), cache=cache, transfer=transfer, folders=folders,
                               refs_at_start=store.refs.current(recipe.id))
 
     @property
@@ -124,7 +128,7 @@ class Runner:
             self.ctx.executor.close()
         finally:
             try:
-                self.store.tree.remove_tree(self.store.scratch_rel(self.run_id))  # frees space a full disk needs
+                self.ctx.folders.close()  # frees space a full disk needs; through descriptors held from the start
             except OSError:
                 pass
             self.observers.run_ended(status)

@@ -40,7 +40,7 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def write_result(job: Job, result: dict[str, Any]) -> None:
-    job.scratch_tree().write_text(job.result_file.name, json.dumps(result, default=str))
+    job.scratch_tree().write_text("result.json", json.dumps(result, default=str))
 
 
 def run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: logging.Logger | None = None
@@ -59,6 +59,7 @@ def run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: loggin
         params = stage.params.model_validate(job.params)
         ctx = StageContext(
             node=job.node, scratch=Path(job.scratch), recipe_dir=Path(job.recipe_dir), outputs=stage.outputs,
+            scratch_tree=job.held.scratch if job.held is not None else None,
             cache_dir=Path(job.cache_dir), facts=job.facts, gpu=job.gpu,
             allowed_roots=[Path(p) for p in job.allowed_roots], logger=log, progress_file=job.progress_file,
             previous_summary=job.previous_summary, input_sources=job.input_sources, ran_alone=job.ran_alone,
@@ -96,7 +97,7 @@ def run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: loggin
         # Partial outputs are discarded anyway; removing them first frees the space a full disk needs to
         # record why the stage failed.
         try:
-            job.scratch_tree().remove_tree(job.out_dir.name)
+            job.scratch_tree().remove_tree("out")
         except OSError:
             pass
     return result
@@ -128,12 +129,18 @@ def _store_of(job: Job) -> str:
     return os.path.dirname(os.path.abspath(job.cache_dir))
 
 
-def main(job_file: str) -> int:
-    """Entry point of a node process: run the job in ``job_file``; exit code 0 when the stage succeeded."""
-    from trtflow.storage import confined
+def main(scratch_fd: int) -> int:
+    """Entry point of a node process: run the job in ``job.json`` of the scratch folder held as ``scratch_fd`` (the
+    descriptor the runner made it with, inherited or passed over a socket); exit code 0 when the stage
+    succeeded. The folder is reached only through that descriptor (`Job.in_folder`)."""
+    from trtflow.storage.confined import kinds
+    from trtflow.storage.confined.tree import Tree
 
-    tree, rel = confined.locate(job_file)
-    job = Job.from_json(tree.read_json(rel, confined.JOB))
+    os.set_inheritable(scratch_fd, False)  # a program the stage starts gets no descriptor of the store
+    scratch = Tree.of_fd(scratch_fd, Path(f"/proc/self/fd/{scratch_fd}"))
+    job = Job.from_json(scratch.read_json("job.json", kinds.JOB))
+    scratch.path = Path(job.scratch)  # shown in messages
+    job = job.in_folder(scratch)
     faulthandler.enable(file=sys.stderr, all_threads=True)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -164,4 +171,4 @@ def exit_now(code: int) -> None:
 
 
 if __name__ == "__main__":
-    exit_now(main(sys.argv[1]))
+    exit_now(main(int(sys.argv[1])))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from trtflow.execution.results import CACHED, DONE, SKIPPED, Hooks, NodeResult, Progress, RunSummary
 from trtflow.redact import hide
 from trtflow.status import FRESH, SKIP
-from trtflow.storage import confined
+from trtflow.storage.confined.tree import tail_of
 
 if TYPE_CHECKING:
     from trtflow.plan import Step
@@ -192,7 +192,7 @@ class ConsoleHooks(Hooks):
             if result.log_path:
                 lines.append(f"  log:  {escape(_rel(result.log_path))}")
                 if result.status == "failed":
-                    tail = _log_tail(result.log_path, 12, result.error or "")
+                    tail = _log_tail(result.log_tail, result.log_path, 12, result.error or "")
                     if tail:
                         lines.append("[dim]" + escape(tail) + "[/]")
             self._print("\n".join(lines))
@@ -274,13 +274,17 @@ def decision_lines(results: Iterable[NodeResult]) -> list[str]:
             if (selection := selection_of(res.summary)) is not None]
 
 
-def _log_tail(path: Path, lines: int, error: str = "") -> str:
-    """The last lines of a failed node's log, unless the log ends with the error just printed: a failure the stage
-    explained (its message is enough) is not printed again and again."""
-    try:
-        text = confined.tail_of(path, 8192)
-    except OSError:
-        return ""
+def _log_tail(read: str | None, path: Path, lines: int, error: str = "") -> str:
+    """The last lines of a failed node's log (``read``: its end, read by the runner through the log's descriptor;
+    None: read from ``path``, a result made elsewhere), unless the log ends with the error just printed: a failure
+    the stage explained (its message is enough) is not printed again and again."""
+    if read is not None:
+        text = read
+    else:
+        try:
+            text = tail_of(path, 8192)
+        except OSError:
+            return ""
     records = text.strip().splitlines()
     errors = [line for line in records if " ERROR " in line]
     first = " ".join(error.strip().splitlines()[0].split())[:80] if error.strip() else ""

@@ -10,7 +10,7 @@ reuse) never fail a command.
 
 The journal file may come with a cloned repository or a shared store, so it is opened only as a regular file
 that is not a link and has one link (and so are its ``-wal``, ``-shm`` and ``-journal`` companions, which SQLite
-opens by name), in the store's real folder (`confined.Tree`); after SQLite opened it, the file it opened is
+opens by name), in the store's real folder (`Tree`); after SQLite opened it, the file it opened is
 checked to be that one. A database that is not a trtflow journal (other tables, views or triggers, another
 ``application_id``) is refused, never written into; schema code never runs with side effects
 (``trusted_schema=OFF``).
@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.errors import StoreBusy, StoreError
-from trtflow.storage import confined
-from trtflow.storage.confined import Tree
+from trtflow.storage.confined.names import Refused, check_name
+from trtflow.storage.confined.tree import Tree
 
 log = logging.getLogger("trtflow.storage")
 FORMAT = 3  # PRAGMA user_version; 0 = the first release's journal (no recipe_id column); 3: ctime in the stat cache
@@ -122,7 +122,7 @@ class Journal:
     def __init__(self, path: Path, readonly: bool = False, tree: Tree | None = None) -> None:
         self.path = Path(path).absolute()
         self.tree = tree if tree is not None else Tree(self.path.parent)
-        self.name = confined.check_name(self.path.name, "journal name")
+        self.name = check_name(self.path.name, "journal name")
         self.readonly = readonly
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.RLock()  # one connection shared by the runner's threads: one statement at a time
@@ -158,7 +158,7 @@ class Journal:
                                             check_same_thread=False)
         except FileNotFoundError:
             raise sqlite3.OperationalError("unable to open database file") from None
-        except confined.Refused as exc:
+        except Refused as exc:
             raise JournalRefused(f"the journal file {exc.message}", hint=exc.hint) from None
         except OSError as exc:
             raise sqlite3.OperationalError(f"unable to open database file ({exc.strerror or exc})") from None

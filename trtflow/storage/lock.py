@@ -20,8 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from trtflow.errors import StoreBusy, StoreError, TrtflowError
-from trtflow.storage import confined
-from trtflow.storage.confined import Refused, Tree
+from trtflow.storage.confined import kinds
+from trtflow.storage.confined.names import Refused, check_name
+from trtflow.storage.confined.tree import Tree
 
 SHARED, EXCLUSIVE = "shared", "exclusive"
 POLL_S = 0.05
@@ -93,7 +94,7 @@ class StoreLock:
             return found
         for name in names:
             try:
-                info = self.tree.read_json((HOLDERS, name), confined.NOTE)
+                info = self.tree.read_json((HOLDERS, name), kinds.NOTE)
                 if not isinstance(info, dict):
                     continue
                 if info.get("host") == os.uname().nodename and not pid_alive(int(info.get("pid", 0))):
@@ -109,7 +110,7 @@ class StoreLock:
             name = f"{os.uname().nodename}-{os.getpid()}-{time.time_ns()}.json"
             record = {"mode": mode, "what": what, "pid": os.getpid(), "host": os.uname().nodename,
                       "since": time.time()}
-            self.tree.create((HOLDERS, confined.check_name(name, "holder")), json.dumps(record).encode("utf-8"))
+            self.tree.create((HOLDERS, check_name(name, "holder")), json.dumps(record).encode("utf-8"))
             return name
         except OSError:
             return None  # a full or read-only disk must not stop the work; the record is only for messages

@@ -3,7 +3,7 @@
 The output folder is the user's territory, and it may come from elsewhere (a cloned repository can carry a
 ``build/`` folder). So trtflow acts there only within these rules:
 - it writes and deletes only inside the node's folder, walked from the folder the user chose (the working folder
-  for the default ``build/<recipe>``, the ``--output-dir``) without following links (`confined.Tree`): ``build/``,
+  for the default ``build/<recipe>``, the ``--output-dir``) without following links (`Tree`): ``build/``,
   ``build/<recipe>``, the node's folder and every folder in a file name must be real folders, and a file name
   (from a manifest or from the index) must be a plain relative name;
 - it deletes only a file it made: the index (``.trtflow.json``) records each copy's size, mtime, ctime and inode, and a
@@ -23,13 +23,14 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import IO, Any
 
-from trtflow.storage import confined
-from trtflow.storage.confined import Refused, Tree
+from trtflow.storage.confined import kinds
+from trtflow.storage.confined.names import Refused, check_relative
+from trtflow.storage.confined.tree import Tree
 from trtflow.storage.manifest import outputs_problem, safe_relative_name
 
 INDEX = ".trtflow.json"
 INDEX_FORMAT = 1  # indexes without a format are those of trtflow before 0.1: read, under the same rules
-MAX_INDEX_BYTES = confined.INDEX.cap
+MAX_INDEX_BYTES = kinds.INDEX.cap
 log = logging.getLogger("trtflow.storage")
 
 #: An output folder (or a folder inside it) that is a link or not a folder: trtflow puts nothing there.
@@ -50,13 +51,13 @@ def node_folder(dest: Path, base: Path | None) -> tuple[Tree, tuple[str, ...]]:
         root, parts = dest.parent, (dest.name,)
     if not parts:
         root, parts = dest.parent, (dest.name,)
-    return Tree(root), confined.check_relative(parts, "output folder")
+    return Tree(root), check_relative(parts, "output folder")
 
 
 def read_index(folder: Tree) -> dict[str, Any]:
     """The index of ``folder``, or {} when it is absent, not a small regular file, not JSON, or of a newer format."""
     try:
-        data = folder.read_json(INDEX, confined.INDEX)
+        data = folder.read_json(INDEX, kinds.INDEX)
     except Refused as exc:
         log.warning("ignoring the output index %s", exc.message)
         return {}

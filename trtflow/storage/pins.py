@@ -29,11 +29,12 @@ from typing import Any
 
 from trtflow.fingerprint import hash_text, hash_value
 from trtflow.fsutil import read_regular
-from trtflow.storage import confined
+from trtflow.storage.confined import kinds
+from trtflow.storage.confined.tree import Tree
 from trtflow.storage.manifest import is_digest, safe_relative_name
 
 FORMAT = "trtflow-pin/1"
-MAX_PIN_BYTES = confined.PIN.cap
+MAX_PIN_BYTES = kinds.PIN.cap
 MAX_PINNED_FILE_BYTES = 256 * 1024 * 1024  # a project file a pin keeps (a python: factory, a recipe)
 
 
@@ -121,8 +122,8 @@ def _slug(text: str) -> str:
 
 class PinStore:
     """The pins of one store (``store`` gives object paths and checks; this class owns ``pins/``). Every file is
-    read and written through the store's confined tree (`confined.Tree`): a ``pins/`` folder or a pin file that is
-    a link, a pipe or larger than `confined.PIN` is never followed or read."""
+    read and written through the store's confined tree (`Tree`): a ``pins/`` folder or a pin file that is
+    a link, a pipe or larger than `kinds.PIN` is never followed or read."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
@@ -141,7 +142,7 @@ class PinStore:
     # ----- reading and writing
     def _read(self, rel: tuple[str, ...]) -> Pin | None:
         try:
-            return Pin.from_dict(self.tree.read_json(rel, confined.PIN))
+            return Pin.from_dict(self.tree.read_json(rel, kinds.PIN))
         except (OSError, ValueError):
             return None
 
@@ -211,9 +212,9 @@ class PinStore:
         return kept
 
     # ----- laying out for a stage
-    def lay_out(self, pin: Pin, folder: tuple[str, ...]) -> LaidOut:
-        """Link the pin's objects into the store folder ``folder`` (``inputs/<slot>/<file>``, ``files/<path>``),
-        each checked against its digest first."""
+    def lay_out(self, pin: Pin, into: Tree, folder: tuple[str, ...]) -> LaidOut:
+        """Link the pin's objects into the folder ``folder`` of the held tree ``into`` (a node's scratch folder;
+        ``inputs/<slot>/<file>``, ``files/<path>``), each checked against its digest first."""
         wanted = [(obj, (*folder, "inputs", slot, *name.split("/"))) for slot, entry in pin.inputs.items()
                   for name, obj in entry["objects"].items()]
         wanted += [(obj, (*folder, "files", *path.split("/"))) for path, obj in pin.files.items()]
@@ -223,11 +224,11 @@ class PinStore:
         for obj, target in wanted:
             source = self.store.object_rel(obj["digest"])
             try:
-                self.tree.link(source, target)
+                self.tree.link_into(source, into, target)
             except OSError:
                 with self.store.open_object(obj["digest"]) as f:
-                    self.tree.copy_in(target, f, durable=False)
-        shown = self.store.shown
+                    into.copy_in(target, f, durable=False)
+        shown = into.shown
         return LaidOut({slot: shown((*folder, "inputs", slot, *entry["file"].split("/")))
                         for slot, entry in pin.inputs.items()},
                        {path: shown((*folder, "files", *path.split("/"))) for path in pin.files})

@@ -15,7 +15,7 @@ other's refs. Per recipe file, under ``refs/<slug>/``:
 Every run writes them, a run that finds everything up to date too. Updates are read-merge-write under a
 per-recipe lock, so concurrent runs of one recipe never lose each other's refs.
 
-Every file here is read and written through the store's `confined.Tree`: read only when it is a regular file
+Every file here is read and written through the store's `Tree`: read only when it is a regular file
 within its cap, rewritten by temp file and rename, and the ledgers (``history.jsonl``, ``.pending.jsonl``) appended
 to only when trtflow made them (`Tree.append`). A line written there is JSON with ``$`` and backquotes escaped
 (`ledger_line`): data, never something a shell could run, wherever it ends up.
@@ -36,8 +36,10 @@ from typing import Any
 
 from trtflow.errors import StoreError
 from trtflow.fingerprint import hash_text
-from trtflow.storage import confined
-from trtflow.storage.confined import Refused, Tree
+from trtflow.storage.confined import kinds
+from trtflow.storage.confined.kinds import Kind
+from trtflow.storage.confined.names import Refused, check_name, is_plain_name
+from trtflow.storage.confined.tree import Tree
 from trtflow.storage.manifest import is_key
 
 #: A recipe's refs are rewritten at least this often by runs that change nothing (``updated`` stays meaningful).
@@ -121,7 +123,7 @@ def _entries(nodes: object) -> dict[str, dict[str, Any]]:
 
 
 def _run_id(value: object) -> str | None:
-    return value if isinstance(value, str) and confined.is_plain_name(value) else None
+    return value if isinstance(value, str) and is_plain_name(value) else None
 
 
 class RefStore:
@@ -134,7 +136,7 @@ class RefStore:
 
     @staticmethod
     def _rel(folder: str, name: str | None = None) -> tuple[str, ...]:
-        confined.check_name(folder, "refs folder")
+        check_name(folder, "refs folder")
         return (BASE, folder) if name is None else (BASE, folder, name)
 
     # ----- reading
@@ -160,9 +162,9 @@ class RefStore:
                 yield refs
 
     def history(self, folder: str) -> Iterator[dict[str, Any]]:
-        yield from _jsonl(self._read_file(folder, HISTORY, confined.LEDGER) or b"")
+        yield from _jsonl(self._read_file(folder, HISTORY, kinds.LEDGER) or b"")
 
-    def _read_file(self, folder: str, name: str, kind: confined.Kind) -> bytes | None:
+    def _read_file(self, folder: str, name: str, kind: Kind) -> bytes | None:
         """The bytes of a refs file; None if absent, or refused (a link, a pipe, too large: said so)."""
         try:
             return self.tree.read_bytes(self._rel(folder, name), kind)
@@ -175,13 +177,13 @@ class RefStore:
             return None
 
     def _pending(self, folder: str) -> list[dict[str, Any]]:
-        return _jsonl(self._read_file(folder, PENDING, confined.LEDGER) or b"")
+        return _jsonl(self._read_file(folder, PENDING, kinds.LEDGER) or b"")
 
     def _read(self, folder: str) -> RecipeRefs | None:
         """The refs of one recipe file: ``current.json`` with the pending records folded over it."""
         pending = self._pending(folder)
         try:
-            data = self.tree.read_json(self._rel(folder, CURRENT), confined.REFS)
+            data = self.tree.read_json(self._rel(folder, CURRENT), kinds.REFS)
         except FileNotFoundError:
             if not pending:
                 return self._legacy(folder)
@@ -260,13 +262,13 @@ class RefStore:
             if pending:
                 self.tree.unlink(self._rel(folder, PENDING))  # folded: a crash before this folds them again
         legacy = f"{LEGACY_PREFIX}{recipe.name}"
-        if confined.is_plain_name(legacy):
+        if is_plain_name(legacy):
             self.tree.remove_tree((BASE, legacy))
 
     def _read_written(self, folder: str) -> RecipeRefs | None:
         """``current.json`` alone, without the pending records."""
         try:
-            data = self.tree.read_json(self._rel(folder, CURRENT), confined.REFS)
+            data = self.tree.read_json(self._rel(folder, CURRENT), kinds.REFS)
         except (OSError, ValueError):
             return None
         nodes = _entries(data.get("nodes")) if isinstance(data, dict) else {}
@@ -277,7 +279,7 @@ class RefStore:
         """Since when the recipe file of ``folder`` has been seen missing: the time recorded by the first gc that
         saw it missing (recorded now, when ``record`` and none is)."""
         try:
-            since = float(self.tree.read_json(self._rel(folder, MISSING_MARKER), confined.NOTE)["since"])
+            since = float(self.tree.read_json(self._rel(folder, MISSING_MARKER), kinds.NOTE)["since"])
             if since <= now:
                 return since
         except (OSError, ValueError, KeyError, TypeError):
@@ -331,7 +333,7 @@ def _legacy_nodes(tree: Tree, rel: tuple[str, ...]) -> dict[str, dict[str, Any]]
         if name.startswith(".") or not stat.S_ISREG(st.st_mode):
             continue  # a link or anything but a file is never read: its content would be copied into the store
         try:
-            key = tree.read_text((*rel, name), confined.NOTE).strip()
+            key = tree.read_text((*rel, name), kinds.NOTE).strip()
         except OSError:
             continue
         if is_key(key):
@@ -374,7 +376,7 @@ def migrate_legacy_refs(tree: Tree) -> int:
         if not nodes:
             continue
         target = f"{LEGACY_PREFIX}{folder}"
-        if not confined.is_plain_name(target):
+        if not is_plain_name(target):
             continue
         data = {"format": FORMAT, "recipe_id": f"(recipe named {folder!r}, from an older trtflow)",
                 "name": folder, "path": None, "host": None, "updated": time.time(), "legacy": True,

@@ -16,7 +16,7 @@ Layout under the store root (``.trtflow`` by default):
   trtflow.db               SQLite journal of runs and the file-hash stat cache
   store.lock, gate.lock    the store lock (see lock.py); holders/ says who holds it
 
-Every file under the root is read and written through `confined.Tree` (links refused at every component, reads
+Every file under the root is read and written through `Tree` (links refused at every component, reads
 bounded, writes by temp file and rename): a store may come with a cloned repository or be shared with others.
 
 The store never keeps or serves an object whose bytes do not match its name: a commit re-checks an object that
@@ -39,8 +39,10 @@ from typing import Any
 
 from trtflow.errors import StoreError, TrtflowError
 from trtflow.fingerprint import StatCache, hash_stream, signature
-from trtflow.storage import confined, outputs
-from trtflow.storage.confined import Refused, Tree
+from trtflow.storage import outputs
+from trtflow.storage.confined import kinds
+from trtflow.storage.confined.names import Refused, check_name, check_relative
+from trtflow.storage.confined.tree import Tree, as_tree
 from trtflow.storage.manifest import FORMAT as MANIFEST_FORMAT
 from trtflow.storage.manifest import check_key, is_digest, manifest_problem
 from trtflow.storage.refs import RefStore, migrate_legacy_refs
@@ -137,7 +139,7 @@ class Store:
 
     @staticmethod
     def log_rel(run_id: str, node: str) -> Rel:
-        return "logs", confined.check_name(run_id, "run id"), confined.check_name(f"{node}.log", "node name")
+        return "logs", check_name(run_id, "run id"), check_name(f"{node}.log", "node name")
 
     def log_path(self, run_id: str, node: str) -> Path:
         return self.shown(self.log_rel(run_id, node))
@@ -152,8 +154,8 @@ class Store:
 
     @staticmethod
     def scratch_rel(run_id: str, node: str | None = None) -> Rel:
-        run = ("tmp", confined.check_name(run_id, "run id"))
-        return run if node is None else (*run, confined.check_name(node, "node name"))
+        run = ("tmp", check_name(run_id, "run id"))
+        return run if node is None else (*run, check_name(node, "node name"))
 
     # ----- opening
     def exists(self) -> bool:
@@ -225,7 +227,7 @@ class Store:
     def check_format(self) -> int:
         """The store's format (1 for a store from the first release, FORMAT for a new one); refuses newer ones."""
         try:
-            data = self.tree.read_json("format.json", confined.FORMAT_FILE)
+            data = self.tree.read_json("format.json", kinds.FORMAT_FILE)
             found = int(data["format"])
         except FileNotFoundError:
             try:
@@ -253,7 +255,7 @@ class Store:
     def read_manifest(self, key: str) -> dict[str, Any] | None:
         """The manifest of ``key``, or None when it is absent, unreadable or unusable (see manifest.py)."""
         try:
-            manifest = self.tree.read_json(self.manifest_rel(key), confined.MANIFEST)
+            manifest = self.tree.read_json(self.manifest_rel(key), kinds.MANIFEST)
         except Refused as exc:
             log.warning("ignoring the manifest %s", exc.message)
             return None
@@ -268,7 +270,7 @@ class Store:
         """What `trtflow verify --fix` noted when it removed the manifest of ``key`` (None: nothing)."""
         rel = self.manifest_rel(key)
         try:
-            note = self.tree.read_json((*rel[:-1], f"{key}.damaged"), confined.NOTE)
+            note = self.tree.read_json((*rel[:-1], f"{key}.damaged"), kinds.NOTE)
         except (OSError, ValueError):
             return None
         return note if isinstance(note, dict) else None
@@ -359,10 +361,10 @@ class Store:
                outputs: Mapping[str, tuple[str, str]], stat_cache: StatCache | None = None) -> dict[str, Any]:
         """Store each produced output of the folder ``out_dir`` and then the manifest. ``outputs``: name ->
         (filename, kind)."""
-        out_dir = confined.as_tree(out_dir)
+        out_dir = as_tree(out_dir)
         stored: dict[str, Any] = {}
         for name, (filename, kind) in outputs.items():
-            rel = confined.check_relative(filename, "output file name")
+            rel = check_relative(filename, "output file name")
             if out_dir.stat(rel) is None:
                 continue
             digest, size = self.put_file(out_dir, rel, stat_cache)
@@ -374,12 +376,12 @@ class Store:
     # ----- no-op records: the shortcut's record (its content is execution/noop.py's) in an envelope gc reads
     @staticmethod
     def noop_rel(name: str) -> Rel:
-        return NOOP, confined.check_name(f"{name}.json", "no-op record name")
+        return NOOP, check_name(f"{name}.json", "no-op record name")
 
     def read_noop_record(self, name: str) -> dict[str, Any] | None:
         """The no-op record ``name``; None if absent or unusable (a link, a pipe, too large: said so)."""
         try:
-            envelope = self.tree.read_json(self.noop_rel(name), confined.NOOP_RECORD)
+            envelope = self.tree.read_json(self.noop_rel(name), kinds.NOOP_RECORD)
         except Refused as exc:
             log.warning("ignoring the no-op record %s", exc.message)
             return None
@@ -404,7 +406,7 @@ class Store:
     def noop_record_keys(self, file_name: str) -> list[str] | None:
         """The keys the no-op record file ``file_name`` (in ``noop/``) rests on; None if it is unusable."""
         try:
-            envelope = self.tree.read_json((NOOP, confined.check_name(file_name)), confined.NOOP_RECORD)
+            envelope = self.tree.read_json((NOOP, check_name(file_name)), kinds.NOOP_RECORD)
         except (OSError, ValueError):
             return None
         keys = envelope.get("keys") if isinstance(envelope, dict) else None
@@ -429,7 +431,7 @@ class Store:
             if not rel[-1].endswith(".json") or rel[-1].startswith("."):
                 continue
             try:
-                yield self.shown(rel), self.tree.read_json(rel, confined.MANIFEST)
+                yield self.shown(rel), self.tree.read_json(rel, kinds.MANIFEST)
             except (OSError, ValueError):
                 yield self.shown(rel), None
 

@@ -16,8 +16,9 @@ from typing import Any
 
 from trtflow.errors import StoreError
 from trtflow.fingerprint import hash_stream
-from trtflow.storage import confined
 from trtflow.storage import journal as journal_module
+from trtflow.storage.confined import kinds
+from trtflow.storage.confined.names import Refused
 from trtflow.storage.lock import EXCLUSIVE, SHARED, StoreLock
 from trtflow.storage.store import Store
 
@@ -134,8 +135,8 @@ def _check_refs(store: Store, fix: bool, report: VerifyReport) -> None:
             continue
         if not stat.S_ISDIR(st.st_mode):
             continue
-        for name, kind in (("current.json", confined.REFS), (".pending.jsonl", confined.LEDGER),
-                           ("history.jsonl", confined.LEDGER)):
+        for name, kind in (("current.json", kinds.REFS), (".pending.jsonl", kinds.LEDGER),
+                           ("history.jsonl", kinds.LEDGER)):
             where = "/".join((*rel, name))
             try:
                 data = tree.read_bytes((*rel, name), kind)
@@ -145,7 +146,7 @@ def _check_refs(store: Store, fix: bool, report: VerifyReport) -> None:
                         raise ValueError("not a refs record")
             except FileNotFoundError:
                 continue
-            except confined.Refused as exc:
+            except Refused as exc:
                 report.problems.append(f"refs {where}: {exc.why}")
                 if fix:
                     tree.unlink((*rel, name))

@@ -27,8 +27,9 @@ from typing import Any
 
 from trtflow.errors import TrtflowError
 from trtflow.fingerprint import StatCache, signature, stream_digests
-from trtflow.storage import confined
-from trtflow.storage.confined import Tree
+from trtflow.storage.confined import kinds
+from trtflow.storage.confined.names import check_relative
+from trtflow.storage.confined.tree import Tree, as_tree
 from trtflow.storage.manifest import Problem, check_key, is_key, manifest_problem, outputs_problem
 from trtflow.storage.remote.backend import open_backend
 from trtflow.storage.remote.errors import RemoteCorrupt, RemoteError, TooLarge, Unreadable
@@ -331,7 +332,7 @@ class RemoteCache:
         """
         check_key(key)
         try:
-            raw = store.tree.read_bytes(store.manifest_rel(key), confined.MANIFEST)
+            raw = store.tree.read_bytes(store.manifest_rel(key), kinds.MANIFEST)
             manifest = json.loads(raw)
         except (OSError, ValueError):
             raise TrtflowError(f"cannot push node {key}: the local store {store.root} has no readable manifest "
@@ -391,10 +392,10 @@ class RemoteCache:
         whose file is absent (optional ones) are left out. For an executor whose workers keep no store: the driver
         then pulls the objects (``pull_objects``) and commits the manifest."""
         self._ensure_format_written()
-        out_dir = confined.as_tree(out_dir)
+        out_dir = as_tree(out_dir)
         stored: dict[str, dict[str, Any]] = {}
         for name, (filename, kind) in outputs.items():
-            rel = confined.check_relative(filename, "output file name")
+            rel = check_relative(filename, "output file name")
             st = out_dir.stat(rel)
             if st is None:
                 continue

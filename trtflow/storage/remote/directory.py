@@ -1,6 +1,6 @@
 """A remote cache in a folder on a local or network file system (NFS, a CI cache folder).
 
-Other machines write there too, so nothing in it is followed blindly: every path goes through `confined.Tree`,
+Other machines write there too, so nothing in it is followed blindly: every path goes through `Tree`,
 walked from the root one folder at a time with ``O_NOFOLLOW`` (a folder that is a symbolic link stops the walk, so
 nothing is read or written outside the root), a file is opened without following a link and without blocking (a
 named pipe), and only a regular file is read, never more bytes than the caller allows. The root itself may be a
@@ -18,8 +18,11 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from trtflow.storage import confined
-from trtflow.storage.confined import Refused, Tree
+from trtflow.storage.confined.kinds import Kind
+from trtflow.storage.confined.names import Refused, check_relative
+from trtflow.storage.confined.reading import open_regular
+from trtflow.storage.confined.tree import Tree
+from trtflow.storage.confined.writing import copy_fd, reopen_for_writing, write_all
 from trtflow.storage.remote.errors import RemoteError, TooLarge, Unreadable
 from trtflow.storage.store import READ_ONLY
 
@@ -58,7 +61,7 @@ class DirectoryBackend:
     def read(self, path: str, limit: int) -> bytes | None:
         try:
             with self._errors("read", path):
-                return self.tree.read_bytes(path, confined.Kind("remote file", limit))
+                return self.tree.read_bytes(path, Kind("remote file", limit))
         except (FileNotFoundError, NotADirectoryError):
             return None
         except Unreadable as exc:
@@ -83,10 +86,10 @@ class DirectoryBackend:
     def download(self, path: str, dest: Path, limit: int) -> None:
         """Copy ``path`` into ``dest``: a file the caller just created (exclusively, in a real folder), opened again
         here without following a link and truncated."""
-        with self._errors("read", path), self.tree.open_read(path) as src, confined.reopen_for_writing(dest) as out:
+        with self._errors("read", path), self.tree.open_read(path) as src, reopen_for_writing(dest) as out:
             if os.fstat(src.fileno()).st_size > limit:
                 raise TooLarge(f"has {os.fstat(src.fileno()).st_size} bytes, more than {limit}")
-            copied = confined.copy_fd(src.fileno(), out, limit + 1)
+            copied = copy_fd(src.fileno(), out, limit + 1)
         if copied > limit:
             raise TooLarge(f"has more than {limit} bytes")
 
@@ -94,13 +97,13 @@ class DirectoryBackend:
     @contextlib.contextmanager
     def _staged(self, path: str, source: Path | bytes) -> Iterator[tuple[str, ...]]:
         """A complete, synced, read-only copy of ``source`` in the folder of ``path`` under a temporary name."""
-        parts = confined.check_relative(path)
+        parts = check_relative(path)
         with self.tree.staged(parts[:-1], parts[-1]) as (tmp, fd):
             if isinstance(source, bytes):
-                confined.write_all(fd, source)
+                write_all(fd, source)
             else:
-                with confined.open_regular(source) as src:
-                    confined.copy_fd(src.fileno(), fd, None)
+                with open_regular(source) as src:
+                    copy_fd(src.fileno(), fd, None)
             os.fsync(fd)
             os.fchmod(fd, READ_ONLY)
             yield (*parts[:-1], tmp)
