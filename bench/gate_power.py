@@ -54,7 +54,7 @@ from trtflow_stages.measure.timing.ab import Pairing  # noqa: E402
 class NoiseModel:
     name: str
     drift: float  # standard deviation of the host's level (log scale), between runs
-    correlation: float  # of the level from one window to the next
+    correlation: float  # of the level from one stretch of window_s to the next
     query_noise: float  # per query (log-normal sigma)
     stall_rate: float
     stall_factor: tuple[float, float]
@@ -62,62 +62,139 @@ class NoiseModel:
     latency_ms: float
     window_s: float
     max_seconds: float  # the point's max_duration_s: the candidate side of the pairs is timed at most this long
+    threshold: float = 10.0  # max_regression_percent the trials gate at
+
+
+@dataclass(frozen=True)
+class NoiseClass:
+    """Interference on top of a host model, each a process in *time* (not per timed call: a gate that times in
+    shorter blocks meets the same noise): the host's multiplier changes at the model's ``window_s`` boundaries (the
+    stretch an ungated window lasts) and whenever a co-tenant switches."""
+
+    name: str
+    switch_pairs: float | None = None  # a co-tenant on for half of this period, in pairs of the gate's windows
+    switch_slowdown: float = 1.6  # how much slower the model runs while the co-tenant is on
+    bimodal: tuple[float, float] | None = None  # (share of stretches, slowdown): one in ten 40% slower
+    window_noise: float = 0.0  # log-normal sigma of each stretch
+    heavy: float = 0.0  # each stretch: a Student t (3 degrees of freedom) times this, log scale; queries stall
+    # with a Pareto tail (alpha 1.5) at 5x the host model's stall rate
+
+
+CLASSES = {
+    "benign": NoiseClass("benign"),
+    "switch-0.3": NoiseClass("switch-0.3", switch_pairs=0.3),
+    "switch-1": NoiseClass("switch-1", switch_pairs=1.0),
+    "switch-3": NoiseClass("switch-3", switch_pairs=3.0),
+    "switch-10": NoiseClass("switch-10", switch_pairs=10.0),
+    "bimodal": NoiseClass("bimodal", bimodal=(0.1, 1.4)),
+    "heavy-tail": NoiseClass("heavy-tail", heavy=0.03),
+    "window-5%": NoiseClass("window-5%", window_noise=0.05),
+    "all": NoiseClass("all", switch_pairs=1.0, bimodal=(0.1, 1.4), window_noise=0.05, heavy=0.03),
+}
 
 
 MODELS = {
-    "cpu": NoiseModel("cpu", 0.07, 0.9, 0.10, 0.03, (2.0, 5.0), 24, 2.5, 0.06, 0.9),
-    "gpu": NoiseModel("gpu", 0.05, 0.95, 0.02, 0.005, (1.5, 3.0), 500, 1.2, 0.6, 9.0),
+    "cpu": NoiseModel("cpu", 0.07, 0.9, 0.10, 0.03, (2.0, 5.0), 24, 2.5, 0.06, 0.9, 10.0),
+    "gpu": NoiseModel("gpu", 0.05, 0.95, 0.02, 0.005, (1.5, 3.0), 500, 1.2, 0.6, 9.0, 5.0),
 }
 
 
 class Host:
-    """A host whose speed wanders (AR(1) on the log scale), shared by everything timed on it in one trial."""
+    """A host whose speed wanders (AR(1) on the log scale, a step per ``window_s`` of time), with ``noise``'s
+    interference on top, shared by everything timed on it in one trial; a clock advances with every query."""
 
-    def __init__(self, model: NoiseModel, rng: random.Random) -> None:
+    def __init__(self, model: NoiseModel, rng: random.Random, noise: NoiseClass | None = None,
+                 pair_s: float | None = None) -> None:
+        import numpy as np
+
         self.model = model
+        self.noise = noise or CLASSES["benign"]
         self.rng = rng
+        self.np = np.random.default_rng(rng.getrandbits(64))
         self.level = rng.gauss(0.0, model.drift)  # this run's level: runs differ by the drift
+        self.clock_ms = 0.0
+        self.stretch = -1
+        self.multiplier = 1.0
+        period = self.noise.switch_pairs * (pair_s or 2 * model.window_s) * 1000.0 if self.noise.switch_pairs else None
+        self.period_ms = period
+        self.phase_ms = rng.uniform(0.0, period) if period else 0.0
+
+    def _advance_stretch(self) -> None:
+        m, n = self.model, self.noise
+        stretch = int(self.clock_ms // (m.window_s * 1000.0))
+        while self.stretch < stretch:
+            self.stretch += 1
+            innovation = m.drift * math.sqrt(1.0 - m.correlation ** 2)
+            self.level = m.correlation * self.level + self.rng.gauss(0.0, innovation)
+            extra = self.rng.gauss(0.0, n.window_noise) if n.window_noise else 0.0
+            if n.heavy:
+                extra += n.heavy * float(self.np.standard_t(3))
+            if n.bimodal and self.rng.random() < n.bimodal[0]:
+                extra += math.log(n.bimodal[1])
+            self.multiplier = math.exp(self.level + extra)
+
+    def _cotenant(self) -> tuple[bool, float]:
+        """Whether the co-tenant is on now, and the milliseconds until it switches."""
+        if not self.period_ms:
+            return False, math.inf
+        position = (self.clock_ms + self.phase_ms) % self.period_ms
+        half = self.period_ms / 2.0
+        return position < half, (half - position) if position < half else (self.period_ms - position)
 
     def window(self, factor: float, seconds: float | None = None) -> Window:
         """One window of ``seconds`` (default the model's) of a model ``factor`` times the base latency."""
-        m = self.model
-        queries = max(1, round((seconds or m.window_s) * 1000.0 / (m.latency_ms * factor)))
-        innovation = m.drift * math.sqrt(1.0 - m.correlation ** 2)
-        self.level = m.correlation * self.level + self.rng.gauss(0.0, innovation)
-        base = m.latency_ms * factor * math.exp(self.level)
-        latencies = []
-        for _ in range(queries):
-            value = base * math.exp(self.rng.gauss(0.0, m.query_noise))
-            if self.rng.random() < m.stall_rate:
-                value *= self.rng.uniform(*m.stall_factor)
-            latencies.append(value)
-        return Window(latencies, sum(latencies))
+        m, n = self.model, self.noise
+        target = (seconds or m.window_s) * 1000.0
+        latencies: list[float] = []
+        spent = 0.0
+        while spent < target or not latencies:
+            self._advance_stretch()
+            on, until = self._cotenant()
+            to_stretch = (self.stretch + 1) * m.window_s * 1000.0 - self.clock_ms
+            per = m.latency_ms * factor * self.multiplier * (n.switch_slowdown if on else 1.0)
+            span = max(min(until, to_stretch, target - spent), 1e-9)
+            count = max(1, math.ceil(span / per))
+            values = per * self.np.lognormal(0.0, m.query_noise, count)
+            stall_rate = m.stall_rate * (5.0 if n.heavy else 1.0)
+            stalls = self.np.random(count) < stall_rate
+            if n.heavy:
+                values[stalls] *= 1.0 + self.np.pareto(1.5, int(stalls.sum()))
+            else:
+                values[stalls] *= self.np.uniform(*m.stall_factor, int(stalls.sum()))
+            latencies.extend(values.tolist())
+            spent += float(values.sum())
+            self.clock_ms += float(values.sum())
+        return Window(latencies, spent)
 
 
 def timer(host: Host, factor: float) -> Any:
     return lambda seconds, index: host.window(factor, seconds)
 
 
-def gate_trial(model: NoiseModel, change: float, seed: int, family: int = 1) -> tuple[str, int]:
-    """One gated benchmark: the candidate ``change`` slower than the reference; returns its primary verdict's
-    outcome and the pairs it took."""
-    from trtflow_stages.benchmark import Params
+def gate_trial(model: NoiseModel, change: float, seed: int, family: int = 1,
+               noise: NoiseClass | None = None) -> tuple[str, int, float]:
+    """One gated benchmark: the candidate ``change`` slower than the reference, beside ``noise``; returns its
+    primary verdict's outcome, the pairs it took and the seconds both sides were timed, over the seconds the
+    same point timed alone would take at its cap (the gated cost's bound is 2)."""
     from trtflow_stages.measure.judging.gates import Comparison
     from trtflow_stages.measure.judging.reference import pair_plan
+    from trtflow_stages.measure.params import Params
 
     rng = random.Random(seed)
-    host = Host(model, rng)
-    params = Params.model_validate({"backend": "onnxruntime", "max_regression_percent": 10})
+    params = Params.model_validate({"backend": "onnxruntime", "max_regression_percent": model.threshold})
     plan = pair_plan(params, model.window_s, model.max_seconds / 3.0, model.max_seconds, family, 8, seed=seed)
+    host = Host(model, rng, noise, pair_s=2 * plan.window_s)
     pairing = Pairing(plan, timer(host, 1.0))
     candidate = timer(host, 1.0 + change)
     index = 0
     while not pairing.done:
         pairing.step(candidate, model.window_s, index)
         index += 1
-    verdict = Comparison("regression", "the reference's", 10.0, params, family).paired(
+    verdict = Comparison("regression", "the reference's", model.threshold, params, family).paired(
         pairing.record, "p50", "batch 8", primary=True)
-    return verdict.outcome, verdict.pairs or 0
+    found = pairing.summary()
+    cost = (found["seconds"] + found["reference_seconds"]) / model.max_seconds
+    return verdict.outcome, verdict.pairs or 0, cost
 
 
 def select_trial(model: NoiseModel, faster: float, seed: int) -> bool:

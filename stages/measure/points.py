@@ -63,8 +63,9 @@ def point_settings(params: Params, device: str) -> PointSettings:
 
 def _open_reference(ctx: StageContext, params: Params, backend: str, specs: Sequence[InputSpec],
                     feed: Mapping[str, Any], planned: Any) -> Any:
-    """The reference's call at the gate point, opened with the candidate's runtime and settings (a pinned
-    ``python:`` factory from the reference's copy of its file); raises what keeps it from running here."""
+    """The reference's call at the gate point, opened with the candidate's runtime and the reference's pinned
+    settings (`measure.judging.reference.pinned_params`; a ``python:`` factory from the reference's copy of its
+    file); raises what keeps it from running here."""
     from trtflow.callables import load_callable
     from trtflow.fsutil import project_root
 
@@ -86,10 +87,12 @@ def _open_reference(ctx: StageContext, params: Params, backend: str, specs: Sequ
     if kind is None or (backend == "onnxruntime") != (kind == "onnx") or backend == "torch":
         raise RecipeError(f"the reference is {'no model' if kind is None else 'an ' + kind}, which this node's "
                           f"backend {backend} does not time beside its candidate")
+    from .judging.reference import pinned_params
     from .timing.calls import onnxruntime_call
 
-    session = open_host_model(ctx, params, backend, model)
-    return onnxruntime_call(session, feed, params.device, params.include_host_transfers)[0]
+    pinned, planned.settings = pinned_params(params, planned.params)
+    session = open_host_model(ctx, pinned, backend, model)
+    return onnxruntime_call(session, feed, pinned.device, pinned.include_host_transfers)[0]
 
 
 def _pairings(ctx: StageContext, params: Params, backend: str, device: str, specs: Sequence[InputSpec],
@@ -115,40 +118,42 @@ def _pairings(ctx: StageContext, params: Params, backend: str, device: str, spec
         return {}
     settings = point_settings(params, device)
     plan = pair_plan(params, settings.plan.window_s, settings.plan.min_duration_s, settings.plan.max_duration_s,
-                     ctx.gate_family, batch, seed=params.seed)
+                     ctx.gate_family, batch, seed=params.ab_seed)
     return {index: Pairing(plan, host_timer(call, settings, backend == "torch" and device == "cuda"))}
 
 
 def _engine_reference(ctx: StageContext, params: Params, backend: str, feeds: Sequence[tuple[int, Any, Any]],
-                      planned: Any, stack: ExitStack) -> tuple[Any, tuple[int, int] | None, Any]:
-    """The reference engine, opened inside ``stack``, the gate point (batch, streams) it is paired at, and what
-    makes its pairing; (None, None, None) when it cannot be (``planned.why`` says why)."""
+                      planned: Any, stack: ExitStack) -> tuple[Any, tuple[int, int] | None, Any, Any]:
+    """The reference engine, opened inside ``stack``, the gate point (batch, streams) it is paired at, what makes
+    its pairing and the reference's settings as pinned; (None, None, None, None) when it cannot be
+    (``planned.why`` says why)."""
     from ..formats.onnx_model import candidate_kind
     from ..runtimes.candidate import open_candidate
-    from .judging.reference import gate_batch, pair_plan
+    from .judging.reference import gate_batch, pair_plan, pinned_params
     from .timing.ab import Pairing
 
     if planned is None or planned.why is not None:
-        return None, None, None
+        return None, None, None, None
     model = ctx.reference.inputs.get("model")
     if model is None or candidate_kind(model) != "engine":
         planned.why = "the reference is not an engine, which this node's backend times"
-        return None, None, None
+        return None, None, None, None
     batches = [batch for batch, _, _ in feeds]
     batch = gate_batch(params, batches)
     if batch is None:
         planned.why = f"the gate point (batch {params.gate_batch_size}) is not among the measured {batches}"
-        return None, None, None
+        return None, None, None, None
     try:
         reference = stack.enter_context(open_candidate(ctx, model, backend, slot="reference")).engine
     except (RecipeError, StageSkipped, StageFailed, OSError) as error:
         planned.why = f"the reference does not run here: {getattr(error, 'message', None) or error}"
-        return None, None, None
+        return None, None, None, None
     settings = point_settings(params, "cuda")
     streams = min(params.stream_counts)
     plan = pair_plan(params, settings.plan.window_s, settings.plan.min_duration_s, settings.plan.max_duration_s,
-                     ctx.gate_family, batch, streams, seed=params.seed)
-    return reference, (batch, streams), lambda window: Pairing(plan, window)
+                     ctx.gate_family, batch, streams, seed=params.ab_seed)
+    pinned, planned.settings = pinned_params(params, planned.params)
+    return reference, (batch, streams), lambda window: Pairing(plan, window), point_settings(pinned, "cuda")
 
 
 def fixed_points(ctx: StageContext, params: Params, backend: str, device: str, session: Any, host_model: Any,
@@ -172,7 +177,7 @@ def fixed_points(ctx: StageContext, params: Params, backend: str, device: str, s
                                                                                         ctx.resolve, ctx.log)))
     if session is not None:
         with ExitStack() as stack:
-            reference, gate_at, pair = _engine_reference(ctx, params, backend, feeds, planned, stack)
+            reference, gate_at, pair, pinned = _engine_reference(ctx, params, backend, feeds, planned, stack)
             total = len(feeds) * len(params.stream_counts)
             for batch_size, shapes, feed in feeds:
                 for streams in params.stream_counts:
@@ -182,7 +187,8 @@ def fixed_points(ctx: StageContext, params: Params, backend: str, device: str, s
                                  + (" in A/B pairs with the reference" if paired_here else ""))
                     with ctx.native_step(backend, f"timing batch {batch_size} on {streams} stream(s)"):
                         report = engine_point(session, feed, batch_size, streams, settings, cuda_timer,
-                                              reference if paired_here else None, pair if paired_here else None)
+                                              reference if paired_here else None, pair if paired_here else None,
+                                              pinned)
                     paired = report.pop("paired", paired)
                     points.append({"batch_size": batch_size, "streams": streams, "shapes": shapes,
                                    "runs_on": f"{backend} engine, {streams} stream(s)", "report": report})
