@@ -396,7 +396,7 @@ def history(
     runs_after: Annotated[int, typer.Option(
         min=1, help="--check: ... and that this many runs show (1: one slow night fails).")] = 2,
     min_runs: Annotated[int, typer.Option(
-        min=2, help="--check: the runs a figure needs before the check can pass (fewer: undecided, exit 5).")] = 8,
+        min=1, help="--check: the runs a figure needs before the check can pass (fewer: undecided, exit 5).")] = 8,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """The trend of each benchmark figure over the runs that measured it, with 95% intervals and change points."""

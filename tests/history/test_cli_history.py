@@ -100,8 +100,8 @@ def test_the_nightly_check_fails_on_a_step_and_the_report_draws_it(project: Path
     short = trtflow_cli("history", "recipe.yaml", "--check", "--threshold", "20", cwd=project, check=5).stdout
     assert "history check undecided" in short and "p50 latency, batch 1 (" in short and "passed" not in short
     assert "history check passed" in trtflow_cli("history", "recipe.yaml", "--check", "--threshold", "20",
-                                                 "--min-runs", "2", cwd=project).stdout
-    assert trtflow_cli("history", "recipe.yaml", "--check", "--latest", "2", "--min-runs", "2",
+                                                 "--min-runs", "1", cwd=project).stdout
+    assert trtflow_cli("history", "recipe.yaml", "--check", "--latest", "2", "--min-runs", "1",
                        cwd=project).returncode == 0
     usage = trtflow_cli("history", "recipe.yaml", "--check", "--latest", "1", cwd=project, check=2)
     assert "--runs-after 2 exceeds --latest 1" in usage.stdout + usage.stderr
