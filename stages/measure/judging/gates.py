@@ -242,8 +242,12 @@ class Comparison:
         else:
             first = record.looks[0] if record.looks else MIN_PAIRS
             if look.pairs < first:
-                cause = (f"only {look.pairs} pairs fitted in max_duration_s (the first look needs {first}: a query "
-                         f"takes about {record.block_s or 0:.3g} s or more); raise max_duration_s")
+                blocks = [float(p["candidate"].get("mean", 0)) * float(p["candidate"].get("queries", 1)) / 1000.0
+                          for p in record.pairs]
+                block = sum(blocks) / len(blocks) if blocks else 0.0
+                cause = (f"only {look.pairs} pair(s) fitted in max_duration_s: a block (at least one query) took "
+                         f"{block:.3g} s and the first look needs {first} pairs; raise max_duration_s to "
+                         f"{first * block * 1.2:.3g} s or more to decide")
             elif look.final:
                 cause = "the cap"
             else:
