@@ -8,7 +8,12 @@ store; and a few ungated runs, for the seconds a gated benchmark times. Threshol
 10% change is twice it, 1.5x would be 7.5%).
 
     python bench/gpu_gate.py --runs 10 --out $OUT            # on a GPU machine
+    python bench/gpu_gate.py --runs 6 --cotenant 0.3 --out $OUT   # beside a co-tenant: matmuls 0.3 s on, 0.3 s off
     python bench/gpu_gate.py --runs 2 --device cpu           # a smoke test of the script, anywhere
+
+``--cotenant SECONDS`` starts a second process on the same GPU that runs bf16 matrix products (``--cotenant-size``)
+for SECONDS and idles for SECONDS, over and over, beside every run (gated and ungated): the switching co-tenant of a
+shared GPU.
 
 Prints one line per run (exit code, primary verdict, ratio and bounds, pairs, power) and a summary; writes
 gpu-gate.json to --out. Stops starting runs after --budget seconds, keeping what it has.
@@ -43,6 +48,21 @@ nodes:
 """
 
 
+COTENANT = """
+import sys, time
+import torch
+half, size = float(sys.argv[1]), int(sys.argv[2])
+a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+while True:
+    started = time.perf_counter()
+    while time.perf_counter() - started < half:
+        a @ b
+        torch.cuda.synchronize()
+    time.sleep(half)
+"""
+
+
 def trtflow(root: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, COLUMNS="200", TRTFLOW_STORE=str(root / "store"))
     return subprocess.run([sys.executable, "-m", "trtflow.cli", *args], cwd=root, capture_output=True, text=True,
@@ -66,6 +86,7 @@ def one_run(root: Path, recipe: Path, seed: int, *sets: str) -> dict[str, Any]:
             "p50_ms": (point.get("latency_ms") or {}).get("p50"),
             "p50_ci_ms": (point.get("latency_ci_ms") or {}).get("p50"),
             "timed_seconds": round(float(paired.get("seconds") or 0) + float(paired.get("reference_seconds") or 0), 3),
+            "extended": paired.get("extended"), "seed_ab": paired.get("seed"), "block_s": paired.get("block_s"),
             "tail": proc.stdout[-1500:] if proc.returncode not in (0, 1, 5) else ""}
 
 
@@ -86,12 +107,15 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=0.5, help="the benchmark's min_duration_s")
     parser.add_argument("--threshold", type=float, default=5.0, help="max_regression_percent")
     parser.add_argument("--budget", type=float, default=480.0, help="seconds after which no run is started")
+    parser.add_argument("--cotenant", type=float, default=None, help="seconds on and off of a co-tenant's matmuls")
+    parser.add_argument("--cotenant-size", type=int, default=4096)
     parser.add_argument("--out", type=Path, default=Path("gpu-gate-results"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="gpu-gate-"))
     result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
+    neighbour = None
     try:
         shutil.copy(REPO / "examples" / "models" / "mlp_layers.py", root / "mlp_layers.py")
         (root / "pyproject.toml").write_text("[project]\nname = 'gpu-gate'\n")
@@ -103,6 +127,10 @@ def main() -> int:
             return 2
         pinned = trtflow(root, "baseline", "pin", str(recipe))
         print(pinned.stdout.strip(), flush=True)
+        if args.cotenant:
+            neighbour = subprocess.Popen([sys.executable, "-c", COTENANT, str(args.cotenant), str(args.cotenant_size)])
+            print(f"co-tenant: {args.cotenant_size}^2 bf16 matmuls {args.cotenant:g} s on, {args.cotenant:g} s off",
+                  flush=True)
         result["ungated"] = []
         for index in range(args.ungated):
             row = one_run(root, recipe, 1000 + index)
@@ -123,13 +151,19 @@ def main() -> int:
                 if row["tail"]:
                     print(row["tail"])
     finally:
+        if neighbour is not None:
+            neighbour.terminate()
+            neighbour.wait(timeout=30)
         shutil.rmtree(root, ignore_errors=True)
     unchanged, more_work = result.get("unchanged", []), result.get("more_work", [])
     alarms = sum(r["exit"] != 0 for r in unchanged)
+    undecided = sum(r["outcome"] == "inconclusive" for r in unchanged + more_work)
     caught = sum(r["outcome"] == "fail" for r in more_work)
     print(f"unchanged: {alarms} of {len(unchanged)} runs failed; 10% more work: {caught} of {len(more_work)} failed "
-          f"their gate (max_regression_percent {args.threshold:g}); {time.perf_counter() - started:.0f} s in all")
-    result.update(false_alarms=alarms, caught=caught, seconds=round(time.perf_counter() - started, 1))
+          f"their gate (max_regression_percent {args.threshold:g}); {undecided} undecided in all; "
+          f"{time.perf_counter() - started:.0f} s in all")
+    result.update(false_alarms=alarms, caught=caught, undecided=undecided,
+                  seconds=round(time.perf_counter() - started, 1))
     (args.out / "gpu-gate.json").write_text(json.dumps(result, indent=1))
     return 0
 

@@ -48,9 +48,13 @@ QUICKSTART_MORE_WORK = "nodes.export.params.model=python:../examples/models/laye
 
 
 @contextlib.contextmanager
-def neighbours(count: int) -> Iterator[list[int]]:
-    """``count`` CPU-bound processes running while the block runs; each stopped by its own pid afterwards."""
-    processes = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+def neighbours(count: int, switch: float | None = None) -> Iterator[list[int]]:
+    """``count`` CPU-bound processes running while the block runs; each stopped by its own pid afterwards.
+    ``switch``: each busy for that many seconds, then idle as long, over and over (a switching neighbour)."""
+    code = "while True: pass" if not switch else (
+        f"import time\nwhile True:\n    t = time.perf_counter()\n    while time.perf_counter() - t < {switch}: pass\n"
+        f"    time.sleep({switch})")
+    processes = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(count)]
     try:
         yield [p.pid for p in processes]
     finally:
@@ -251,12 +255,15 @@ def main() -> int:
                         help="gated: the model of the more-work runs, a function of examples/models/layered.py "
                         "(cnn_one_more_layer: 1.15x on an idle host, cnn_two_more_layers: 1.31x, cnn_more_work: 1.50x)")
     parser.add_argument("--neighbours", type=int, default=1, help="CPU-bound processes running alongside")
+    parser.add_argument("--switch", type=float, default=None,
+                        help="the neighbours switch: busy this many seconds, idle as long, over and over")
     parser.add_argument("--out", type=Path, default=Path("reproducibility-results"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     print(f"{os.cpu_count()} CPUs, load average {load[0]:.2f} before the neighbours; {args.neighbours} neighbour(s)")
-    with tempfile.TemporaryDirectory(prefix="reproducibility-") as folder, neighbours(args.neighbours) as pids:
+    with tempfile.TemporaryDirectory(prefix="reproducibility-") as folder, \
+            neighbours(args.neighbours, args.switch) as pids:
         root = Path(folder)
         recipe = project(root)
         result = {"select": select, "gate": gate, "gated": gated}[args.what](args, root, recipe)

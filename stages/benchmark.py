@@ -20,6 +20,9 @@ Serving load (`measure.serving.traffic`, `measure.serving.instances`, `measure.s
 model instances, and ``gpus`` (one replica process per GPU, aggregate throughput and scaling efficiency against one
 GPU). Latency counts from each request's arrival, so queueing is included.
 
+The recipe's parameters are `measure.params`; the fixed-batch points and the gate point's pairs with the reference,
+`measure.points`.
+
 Gates (latency, throughput, regression against the previous run or a pinned baseline; `measure.judging.gates`) compare
 with the uncertainty of both sides: pass, fail or inconclusive. The engine judges them on the summary `run`
 returns (`gate`, which fails the node on ``fail`` verdicts only), so changing a threshold re-judges cached
@@ -30,187 +33,41 @@ show, inconclusive ones included.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from contextlib import ExitStack
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, cast
-
-from pydantic import Field, field_validator, model_validator
+from typing import Any, cast
 
 from trtflow.stage import (
     ENGINE,
     METRICS,
     ONNX,
-    CodeReference,
     Figures,
     GateContext,
     GateVerdict,
     Input,
     Output,
-    ProfileSpec,
     RecipeError,
     Resources,
     Stage,
     StageContext,
-    StageFailed,
     StageSkipped,
 )
 from trtflow.summaries import BenchmarkSummary
 
-from .data import DataSource, InputSpec, data_files
-from .measure.serving.generation import GenerationBench
+from .data import InputSpec, data_files
+from .measure.params import GATE_PARAMS, Params
+from .measure.points import fixed_points, open_host_model
 from .measure.serving.traffic import steady_interpreter
-from .measure.settings import GateFields, LoadFields, TimingFields
-from .measure.timing.feeds import batch_limits, batch_of, make_feed, resolve_shapes, with_batch
-from .measure.timing.fixed import PointSettings
-from .runtimes.ort import OrtOptions
+from .measure.timing.feeds import batch_limits, resolve_shapes
 from .runtimes.tensorrt import FLAVOURS as TRT_FLAVOURS
 
-Backend = Literal["auto", "tensorrt", "tensorrt-rtx", "onnxruntime", "torch"]
 TOP_LAYERS = 10
 
 
-class Params(TimingFields, LoadFields, GateFields):
-    backend: Backend = Field(
-        "auto", description="What runs the model: 'tensorrt'/'tensorrt-rtx' (an engine, on the GPU), "
-        "'onnxruntime' (an ONNX model), 'torch' (eager PyTorch from torch_model), or 'auto': an engine with "
-        "the flavour that built it (engine.json), an ONNX model with ONNX Runtime.",
-    )
-    device: Literal["cpu", "cuda"] = Field(
-        "cpu", description="Device for onnxruntime (CPU or CUDA execution provider) and torch backends."
-    )
-    torch_model: CodeReference | None = Field(
-        None, description="For backend torch: a factory returning a torch.nn.Module, "
-        "'python:package.module:factory' or 'python:path/to/file.py:factory'. THIS RUNS YOUR CODE."
-    )
-    torch_cuda_graphs: bool = Field(
-        False, description="For backend torch on CUDA, under serving load: each instance replays its forward as "
-        "one CUDA graph per batch size (captured while it warms up), instead of launching every kernel from "
-        "Python. Eager launches make a small model's latency tail depend on the host (see bench/serving_load.md)."
-    )
-    onnxruntime: OrtOptions = Field(
-        default_factory=OrtOptions, description="ONNX Runtime session options (optimisation level, disabled "
-        "optimisers, threads) for backend onnxruntime.",
-    )
-    shapes: dict[str, list[int]] = Field(
-        default_factory=dict, description="Per input name, the concrete shape to run (batch included). "
-        "Needed for dynamic dimensions unless a profile or the data fixes them."
-    )
-    input_dtypes: dict[str, str] = Field(
-        default_factory=dict, description="For backend torch without an ONNX model: per input, its numpy "
-        "dtype (default float32)."
-    )
-    profile: ProfileSpec | None = Field(
-        None, description="An optimization profile (a name from the recipe's profiles: or an inline spec); "
-        "its opt shapes are run, and its batch limits bound dynamic batching."
-    )
-    batch_sizes: list[int] = Field(
-        default_factory=list, description="A batch sweep: run each batch size in turn (dimension 0 of every "
-        "input replaced). Empty: the shapes as given."
-    )
-    streams: int | list[int] = Field(
-        1, description="Model instances running concurrently: execution contexts on their own CUDA streams "
-        "for engines (also in the fixed-batch points, as trtexec --streams), ONNX Runtime sessions or PyTorch "
-        "CUDA streams under load. A list makes it a load dimension: every load level runs at each count."
-    )
-    use_cuda_graph: bool = Field(
-        True, description="Capture the enqueue into a CUDA graph (tensorrt); falls back to plain enqueues "
-        "when the engine cannot be captured, and says so."
-    )
-    spin_wait: bool = Field(True, description="Wait for the GPU by spinning (stabler) instead of blocking "
-                            "(tensorrt).")
-    include_host_transfers: bool = Field(
-        False, description="Time host-to-device and device-to-host copies (pinned buffers) with each query "
-        "(tensorrt; for onnxruntime on cuda, false binds inputs and outputs on the device)."
-    )
-    data: DataSource | None = Field(
-        None, description="Input values; default random (seed 0) in the shapes above. Values rarely change "
-        "timings, except for data-dependent models."
-    )
-    unstable_cv_percent: float = Field(
-        2.5, gt=0, description="Flag a result 'unstable' above this coefficient of variation (trtexec: 2.5%)."
-    )
-    # -- per-layer profiles ----------------------------------------------------------------------------------
-    profile_layers: bool = Field(
-        False, description="Engines: record the engine inspector's layer information and per-layer times "
-        "(like trtexec --exportLayerInfo / --exportProfile) in layers.json, on a separate execution context. "
-        "Layer names need the engine built with profiling_verbosity 'layer_names_only' or 'detailed'.",
-    )
-    profile_iterations: int = Field(50, ge=1, description="Inferences profiled per layer profile.")
-    profile_kernels: bool = Field(
-        False, description="Record the CUDA kernels of the timed work (the first batch size), like Nsight Systems' "
-        "kernel summary: name, instances, total/average/median/min/max time, share of GPU time, in kernels.json "
-        "(PyTorch profiler, CUPTI; engines and device cuda). The summary keeps the top 5.",
-    )
-    kernel_iterations: int = Field(20, ge=1, description="Inferences whose kernels profile_kernels records.")
-    # -- generation -------------------------------------------------------------------------------------------
-    generation: GenerationBench | None = Field(
-        None, description="Time greedy generation of a causal LM exported with its KV cache (task "
-        "text-generation-with-past) instead of fixed batches: time to first token and time per output token per "
-        "request, at context_length prompt tokens and each concurrency, timed in windows like any point (repeats, "
-        "min_iterations requests, min_duration_s, precision_percent, max_duration_s); backend onnxruntime.",
-    )
+def _cuda_timer() -> Any:
+    from .measure.timing.cuda_timing import CudaTimer
 
-    @field_validator("batch_sizes")
-    @classmethod
-    def _positive_batches(cls, sizes: list[int]) -> list[int]:
-        if any(b < 1 for b in sizes):
-            raise ValueError(f"values must be >= 1, got {sizes}")
-        return sizes
-
-    @field_validator("streams")
-    @classmethod
-    def _streams(cls, streams: int | list[int]) -> int | list[int]:
-        counts = [streams] if isinstance(streams, int) else streams
-        if not counts or any(not 1 <= count <= 16 for count in counts):
-            raise ValueError(f"streams must be between 1 and 16, got {streams}")
-        return streams
-
-    @property
-    def stream_counts(self) -> list[int]:
-        return [self.streams] if isinstance(self.streams, int) else list(self.streams)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Params:
-        if self.torch_model and self.backend != "torch":
-            raise ValueError(f"torch_model is only used by backend torch, not {self.backend}")
-        engine = self.backend in (*TRT_FLAVOURS, "auto")
-        if self.torch_cuda_graphs and not (self.backend == "torch" and self.device == "cuda" and self.has_load):
-            raise ValueError("torch_cuda_graphs applies to backend torch on device cuda under serving load "
-                             "(concurrency, arrival_rate_qps or scenarios)")
-        if max(self.stream_counts) > 1 and not engine and not self.has_load:
-            raise ValueError(f"streams > 1 for backend {self.backend} applies to serving load only: give "
-                             "concurrency or arrival_rate_qps")
-        if self.gpus != 1 and not (engine or self.device == "cuda"):
-            raise ValueError("gpus applies to GPU backends: a tensorrt backend, or device cuda")
-        if self.gpus != 1 and not self.has_load:
-            raise ValueError("gpus applies to serving load: give concurrency or arrival_rate_qps")
-        if (self.dynamic_batching or self.latency_budget_ms) and not self.has_load:
-            raise ValueError("dynamic_batching and latency_budget_ms apply to serving load: give concurrency "
-                             "or arrival_rate_qps")
-        if self.rate_search_probes and not (self.latency_budget_ms and self.arrival_rate_qps):
-            raise ValueError("rate_search_probes needs latency_budget_ms and at least one arrival_rate_qps to "
-                             "start from")
-        if self.dynamic_batching and self.request_size and self.request_size > self.dynamic_batching.max_batch_size:
-            raise ValueError(f"request_size {self.request_size} exceeds dynamic_batching.max_batch_size "
-                             f"{self.dynamic_batching.max_batch_size}")
-        if self.profile_layers and self.backend not in (*TRT_FLAVOURS, "auto"):
-            raise ValueError("profile_layers needs an engine (a tensorrt backend)")
-        if self.profile_kernels and self.backend not in (*TRT_FLAVOURS, "auto") and self.device != "cuda":
-            raise ValueError("profile_kernels records CUDA kernels: an engine, or device cuda")
-        if self.scenarios and self.load_generator == "trtflow":
-            raise ValueError(f"scenarios {self.scenarios} are run by MLPerf LoadGen: set load_generator to auto "
-                             "or loadgen")
-        if self.generation is not None and (self.backend not in ("auto", "onnxruntime") or self.has_load or
-                                            self.batch_sizes or self.profile_layers or self.profile_kernels):
-            raise ValueError("generation times an ONNX model with its KV cache on ONNX Runtime; backend, serving "
-                             "load, batch_sizes and profiles do not apply (generation.concurrency sets the load)")
-        if self.max_duration_s is not None and self.max_duration_s < self.min_duration_s:
-            raise ValueError(f"max_duration_s {self.max_duration_s:g} is below min_duration_s {self.min_duration_s:g}")
-        return self
-
-
-GATE_PARAMS = tuple(GateFields.model_fields)  # judged on the summary, left out of the node key
+    return CudaTimer(device=0)  # the runner narrows CUDA_VISIBLE_DEVICES to the node's GPU
 
 
 # -- declarations -------------------------------------------------------------------------------------------
@@ -273,13 +130,6 @@ def _files(params: Params) -> list[str]:
 
 
 # -- shapes and data ------------------------------------------------------------------------------------------
-
-
-# -- backends -------------------------------------------------------------------------------------------------
-def _cuda_timer() -> Any:
-    from .measure.timing.cuda_timing import CudaTimer
-
-    return CudaTimer(device=0)  # the runner narrows CUDA_VISIBLE_DEVICES to the node's GPU
 
 
 # -- gates (applied by the engine to the summary) -------------------------------------------------------------
@@ -360,208 +210,6 @@ def _input_specs(params: Params, candidate: Any) -> list[InputSpec]:
             for name, shape in params.shapes.items()]
 
 
-def _host_model(ctx: StageContext, params: Params, backend: str, model: Path | None) -> Any:
-    """What runs the model on the host clock: an ONNX Runtime session (backend onnxruntime) or a PyTorch module
-    (backend torch); None for an engine (the candidate's)."""
-    from trtflow.callables import load_callable
-
-    if backend == "torch" and params.torch_model is None:
-        from .accuracy.fake_quant import fake_quant_module
-
-        if model is None:
-            raise RecipeError("backend torch needs torch_model (a factory) or, as model, an nvfp4/mxfp8 quantize "
-                              "node's model (its fake-quantized PyTorch model)", field="torch_model")
-        module = fake_quant_module(model, ctx.load_callable)[0]
-    elif backend == "torch":
-        module = load_callable(params.torch_model, ctx.resolve, "torch_model")()
-    if backend == "torch":
-        if params.device == "cuda":
-            import torch
-
-            if not torch.cuda.is_available():
-                raise StageSkipped("device cuda for backend torch but this PyTorch sees no CUDA device",
-                                   needs="a CUDA build of PyTorch on a GPU machine, or device: cpu")
-        return module
-    if backend == "onnxruntime":
-        from .accuracy.recovery import runtime_options
-        from .measure.timing.calls import ort_providers
-        from .runtimes.ort import create_session
-
-        assert model is not None
-        providers = ort_providers(params.device)
-        with ctx.native_step("onnxruntime", f"creating a session for {model.name}",
-                             repro=f"python -c \"import onnxruntime as ort; ort.InferenceSession('{model}', "
-                             f"providers={providers})\"",
-                             hint="lower onnxruntime.graph_optimization_level or add the failing optimiser to "
-                             "onnxruntime.disabled_optimizers"):
-            return create_session(model, runtime_options(model, params.onnxruntime, ctx.log).options, providers)
-    return None
-
-
-def _settings(params: Params, device: str) -> PointSettings:
-    return PointSettings(params.window_plan(), params.warmup_ms, params.unstable_cv_percent, device,
-                         params.spin_wait, params.use_cuda_graph, params.include_host_transfers)
-
-
-def _open_reference(ctx: StageContext, params: Params, backend: str, specs: Sequence[InputSpec],
-                    feed: Mapping[str, Any], planned: Any) -> Any:
-    """The reference's call at the gate point, opened with the candidate's runtime and settings (a pinned
-    ``python:`` factory from the reference's copy of its file); raises what keeps it from running here."""
-    from trtflow.callables import load_callable
-    from trtflow.fsutil import project_root
-
-    from .formats.onnx_model import candidate_kind
-    from .measure.judging.reference import torch_factory
-    from .measure.timing.calls import torch_call
-
-    reference = ctx.reference
-    model = reference.inputs.get("model")
-    if backend == "torch" and model is None:
-        spec = planned.params.get("torch_model") or params.torch_model
-        copy = torch_factory(spec, reference, ctx.resolve, project_root(ctx.recipe_dir) or ctx.recipe_dir) \
-            if spec else None
-        if copy is None:
-            raise RecipeError(f"the reference pins no copy of its model factory {spec!r}")
-        module = load_callable(copy, Path, "reference torch_model")()
-        return torch_call(module, specs, feed, params.device)
-    kind = candidate_kind(model) if model is not None else None
-    if kind is None or (backend == "onnxruntime") != (kind == "onnx") or backend == "torch":
-        raise RecipeError(f"the reference is {'no model' if kind is None else 'an ' + kind}, which this node's "
-                          f"backend {backend} does not time beside its candidate")
-    from .measure.timing.calls import onnxruntime_call
-
-    session = _host_model(ctx, params, backend, model)
-    return onnxruntime_call(session, feed, params.device, params.include_host_transfers)[0]
-
-
-def _pairings(ctx: StageContext, params: Params, backend: str, device: str, specs: Sequence[InputSpec],
-              feeds: Sequence[tuple[int, Any, Any]], planned: Any) -> dict[int, Any]:
-    """The gate point timed in pairs with the reference (`measure.timing.ab`), or nothing (``planned.why`` says why)."""
-    from .measure.judging.reference import gate_batch, pair_plan
-    from .measure.timing.ab import Pairing
-    from .measure.timing.fixed import host_timer
-
-    if planned is None or planned.why is not None:
-        return {}
-    batches = [batch for batch, _, _ in feeds]
-    batch = gate_batch(params, batches)
-    if batch is None:
-        planned.why = f"the gate point (batch {params.gate_batch_size}) is not among the measured {batches}"
-        return {}
-    index = batches.index(batch)
-    try:
-        with ctx.native_step(backend, f"opening the reference at batch {batch}"):
-            call = _open_reference(ctx, params, backend, specs, feeds[index][2], planned)
-    except (RecipeError, StageSkipped, StageFailed, OSError) as error:
-        planned.why = f"the reference does not run here: {getattr(error, 'message', None) or error}"
-        return {}
-    settings = _settings(params, device)
-    plan = pair_plan(params, settings.plan.window_s, settings.plan.min_duration_s, settings.plan.max_duration_s,
-                     ctx.gate_family, batch, seed=params.seed)
-    return {index: Pairing(plan, host_timer(call, settings, backend == "torch" and device == "cuda"))}
-
-
-def _engine_reference(ctx: StageContext, params: Params, backend: str, feeds: Sequence[tuple[int, Any, Any]],
-                      planned: Any, stack: ExitStack) -> tuple[Any, tuple[int, int] | None, Any]:
-    """The reference engine, opened inside ``stack``, the gate point (batch, streams) it is paired at, and what
-    makes its pairing; (None, None, None) when it cannot be (``planned.why`` says why)."""
-    from .formats.onnx_model import candidate_kind
-    from .measure.judging.reference import gate_batch, pair_plan
-    from .measure.timing.ab import Pairing
-    from .runtimes.candidate import open_candidate
-
-    if planned is None or planned.why is not None:
-        return None, None, None
-    model = ctx.reference.inputs.get("model")
-    if model is None or candidate_kind(model) != "engine":
-        planned.why = "the reference is not an engine, which this node's backend times"
-        return None, None, None
-    batches = [batch for batch, _, _ in feeds]
-    batch = gate_batch(params, batches)
-    if batch is None:
-        planned.why = f"the gate point (batch {params.gate_batch_size}) is not among the measured {batches}"
-        return None, None, None
-    try:
-        reference = stack.enter_context(open_candidate(ctx, model, backend, slot="reference")).engine
-    except (RecipeError, StageSkipped, StageFailed, OSError) as error:
-        planned.why = f"the reference does not run here: {getattr(error, 'message', None) or error}"
-        return None, None, None
-    settings = _settings(params, "cuda")
-    streams = min(params.stream_counts)
-    plan = pair_plan(params, settings.plan.window_s, settings.plan.min_duration_s, settings.plan.max_duration_s,
-                     ctx.gate_family, batch, streams, seed=params.seed)
-    return reference, (batch, streams), lambda window: Pairing(plan, window)
-
-
-def _fixed_points(ctx: StageContext, params: Params, backend: str, device: str, session: Any, host_model: Any,
-                  specs: Sequence[InputSpec], base_shapes: Mapping[str, list[int]],
-                  planned: Any = None) -> tuple[list, Any, Any, Any]:
-    """Every fixed-batch point (batch sizes x streams), and the layer and kernel profiles where asked for. Engine
-    points are timed one after another (each holds its contexts); host-timed ones take turns, a window each, the
-    gate point in pairs with the reference when there is one (``planned``, `measure.judging.reference`). ``session``:
-    the candidate's engine, active; else ``host_model``: an ONNX Runtime session or a PyTorch module."""
-    from .measure.timing.calls import layer_profile, onnxruntime_call, torch_call
-    from .measure.timing.fixed import engine_point, host_points
-
-    settings = _settings(params, device)
-    points: list[dict[str, Any]] = []
-    layers = kernels = paired = None
-    feeds = []
-    for batch in list(params.batch_sizes) or [None]:
-        shapes = with_batch(base_shapes, batch)
-        feeds.append((batch if batch is not None else batch_of(shapes), shapes, make_feed(specs, shapes, params,
-                                                                                        ctx.resolve, ctx.log)))
-    if session is not None:
-        with ExitStack() as stack:
-            reference, gate_at, pair = _engine_reference(ctx, params, backend, feeds, planned, stack)
-            total = len(feeds) * len(params.stream_counts)
-            for batch_size, shapes, feed in feeds:
-                for streams in params.stream_counts:
-                    paired_here = (batch_size, streams) == gate_at
-                    ctx.progress(0.5 * len(points) / total if params.has_load else len(points) / total,
-                                 f"batch {batch_size}, {streams} stream(s): timing on {backend}"
-                                 + (" in A/B pairs with the reference" if paired_here else ""))
-                    with ctx.native_step(backend, f"timing batch {batch_size} on {streams} stream(s)"):
-                        report = engine_point(session, feed, batch_size, streams, settings, _cuda_timer,
-                                              reference if paired_here else None, pair if paired_here else None)
-                    paired = report.pop("paired", paired)
-                    points.append({"batch_size": batch_size, "streams": streams, "shapes": shapes,
-                                   "runs_on": f"{backend} engine, {streams} stream(s)", "report": report})
-    else:
-        if backend == "onnxruntime":
-            calls = [onnxruntime_call(host_model, feed, params.device, params.include_host_transfers)
-                     for _, _, feed in feeds]
-        else:
-            calls = [(torch_call(host_model, specs, feed, params.device), f"torch {params.device}")
-                     for _, _, feed in feeds]
-        pairings = _pairings(ctx, params, backend, device, specs, feeds, planned)
-        ctx.progress(0.0, f"batch {', '.join(str(b) for b, _, _ in feeds)}: timing on {backend}, in turns"
-                     + (" (the gate point in A/B pairs with the reference)" if pairings else ""))
-        with ctx.native_step(backend, f"timing batch {', '.join(str(b) for b, _, _ in feeds)}"), steady_interpreter():
-            reports = host_points([call for call, _ in calls], [b for b, _, _ in feeds], settings,
-                                  cuda_events=backend == "torch" and device == "cuda", pairings=pairings)
-        paired = next((pairing.summary() for pairing in pairings.values()), None)
-        points = [{"batch_size": batch_size, "streams": 1, "shapes": shapes, "runs_on": how, "report": report}
-                  for (batch_size, shapes, _), (_, how), report in zip(feeds, calls, reports, strict=True)]
-    for point in points:
-        report, ci = point["report"], point["report"]["latency_ci_ms"]
-        ctx.log.info("batch %d, %d stream(s): median %.4g ms [%.4g, %.4g], p99 %.4g ms, %.1f qps, %d queries in %d "
-                     "windows%s, flags %s", point["batch_size"], point["streams"], report["latency_ms"]["median"],
-                     *ci["p50"], report["latency_ms"]["p99"], report["throughput_qps"], report["queries"],
-                     len(report["repeats"]), "" if report["converged"] else " (not converged)", report["flags"])
-    batch_size, _, feed = feeds[0]
-    if params.profile_kernels:
-        from .measure.timing.kernel_profile import timed_call_kernels
-
-        module_call = None if session is not None else torch_call(host_model, specs, feed, "cuda")
-        with ctx.native_step(backend, f"recording CUDA kernels at batch {batch_size}"):
-            kernels = dict(timed_call_kernels(session, module_call, feed, params.kernel_iterations, _cuda_timer),
-                           batch_size=batch_size)
-    if params.profile_layers and session is not None:
-        with ctx.native_step(backend, f"profiling layers at batch {batch_size}"):
-            layers = dict(layer_profile(session, feed, params.profile_iterations, _cuda_timer), batch_size=batch_size)
-    return points, layers, kernels, paired
-
 
 def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
     from .measure.judging.reference import planned as planned_reference
@@ -576,12 +224,12 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
         return _generation(ctx, params, model, device, watch)
 
     specs = _input_specs(params, candidate)
-    host_model = _host_model(ctx, params, backend, model)
+    host_model = open_host_model(ctx, params, backend, model)
     reference = planned_reference(params, ctx.reference, ctx.resolve, ctx.node)
     base_shapes = resolve_shapes(specs, params)
     with candidate:
-        points, layers, kernels, paired = _fixed_points(ctx, params, backend, device, candidate.engine, host_model,
-                                                        specs, base_shapes, reference)
+        points, layers, kernels, paired = fixed_points(ctx, params, backend, device, candidate.engine, host_model,
+                                                        specs, base_shapes, reference, _cuda_timer)
     del host_model
 
     load_result: dict[str, Any] = {}

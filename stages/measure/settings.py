@@ -37,6 +37,9 @@ class TimingFields(StageParams):
     max_duration_s: float | None = Field(
         None, gt=0, description="Timed seconds per point at most while the precision is not reached (default: "
         "3 x min_duration_s); a point that stops here is flagged not-converged.")
+    ab_seed: int | None = Field(
+        None, description="Seed of the gate point's AB/BA orders (pairs with the reference). Unset: a new one "
+        "each run, recorded in the summary's reference.paired.seed; set it to that number to replay a run's order.")
 
     def window_plan(self) -> WindowPlan:
         cap = self.max_duration_s if self.max_duration_s is not None else DURATION_CAP_FACTOR * self.min_duration_s

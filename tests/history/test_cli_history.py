@@ -96,9 +96,13 @@ def test_the_nightly_check_fails_on_a_step_and_the_report_draws_it(project: Path
     assert "bench: p99 latency, batch 8: +15" in proc.stdout and "night15" in proc.stdout
     shown = trtflow_cli("history", "recipe.yaml", "--figure", "p99", "--runs", cwd=project).stdout
     assert "change point at run night15" in shown and "regression" in shown and "<- change" in shown
+    # the project's own figures have a run or two: too few for the check to pass (undecided, exit 5) until --min-runs
+    short = trtflow_cli("history", "recipe.yaml", "--check", "--threshold", "20", cwd=project, check=5).stdout
+    assert "history check undecided" in short and "p50 latency, batch 1 (" in short and "passed" not in short
     assert "history check passed" in trtflow_cli("history", "recipe.yaml", "--check", "--threshold", "20",
-                                                 cwd=project).stdout
-    assert trtflow_cli("history", "recipe.yaml", "--check", "--latest", "2", cwd=project).returncode == 0
+                                                 "--min-runs", "1", cwd=project).stdout
+    assert trtflow_cli("history", "recipe.yaml", "--check", "--latest", "2", "--min-runs", "1",
+                       cwd=project).returncode == 0
     usage = trtflow_cli("history", "recipe.yaml", "--check", "--latest", "1", cwd=project, check=2)
     assert "--runs-after 2 exceeds --latest 1" in usage.stdout + usage.stderr
     data = json.loads(trtflow_cli("history", "recipe.yaml", "--check", "--json", cwd=project, check=1).stdout)

@@ -251,3 +251,142 @@ def test_the_engine_fails_the_node_on_blocking_verdicts_only():
     warn = benchmark.Params.model_validate({"backend": "onnxruntime", "max_regression_percent": 10,
                                             "on_inconclusive": "warn"})
     assert failures(benchmark.stage.judge(warn, summary(point(1.05, (0.8, 1.6))), GateContext(previous=old))) == []
+
+
+# -- measuring through interference (issue 32) ------------------------------------------------------------------
+def _paired_run(change: float, seed: int | None, host_seed: int = 3) -> object:
+    """A gated point timed by `measure.timing.ab.Pairing` on a host whose co-tenant switches on (1.6x slower) and
+    off every 15 ms, in 2 ms queries: the rounds' blocks are the pairs."""
+    from trtflow_stages.measure.judging.reference import pair_plan
+    from trtflow_stages.measure.statistics.intervals import Window
+    from trtflow_stages.measure.timing.ab import Pairing
+
+    rng = random.Random(host_seed)
+    clock = [0.0]
+
+    def timer(factor: float):
+        def window(seconds: float, index: int) -> Window:
+            latencies = []
+            while not latencies or sum(latencies) < seconds * 1000:
+                on = (clock[0] // 15.0) % 2 == 1
+                value = 2.0 * factor * (1.6 if on else 1.0) * math.exp(rng.gauss(0, 0.05))
+                latencies.append(value)
+                clock[0] += value
+            return Window(latencies, sum(latencies))
+        return window
+
+    params = benchmark.Params.model_validate({"backend": "onnxruntime", "max_regression_percent": 10,
+                                              "ab_seed": seed})
+    plan = pair_plan(params, 0.06, 0.3, 0.9, 1, 4, seed=params.ab_seed)
+    pairing = Pairing(plan, timer(1.0))
+    index = 0
+    while not pairing.done:
+        pairing.step(timer(1.0 + change), 0.06, index)
+        index += 1
+    return pairing
+
+
+def test_the_ab_order_is_new_each_run_recorded_and_replayed_by_ab_seed():
+    first, second = _paired_run(0.0, None), _paired_run(0.0, None)
+    assert first.record.seed != second.record.seed  # a new random order every run
+    replay = _paired_run(0.0, first.record.seed)
+    orders = [p["order"] for p in first.record.pairs]
+    assert [p["order"] for p in replay.record.pairs][:len(orders)] == orders
+    assert {"AB", "BA"} == set(orders) and replay.summary()["seed"] == first.record.seed
+
+
+def test_a_switching_co_tenant_is_measured_through_in_short_interleaved_blocks():
+    unchanged, slower = _paired_run(0.0, 1), _paired_run(0.2, 2)
+    record = PairedRecord.from_dict(unchanged.summary())
+    assert record is not None and record.block_s == pytest.approx(0.06 / 16)  # a fraction of the co-tenant's period
+    assert unchanged.last.outcome == "pass" and slower.last.outcome == "fail"
+    verdict = _judge({"max_regression_percent": 10}, summary(point(2.0), reference={
+        "name": "x", "basis": PAIRED, "paired": slower.summary(), "points": []}))[0]
+    assert verdict.outcome == "fail" and "AB/BA seed" in verdict.reason and "blocks varied" in verdict.reason
+    # the candidate's side is timed at most max_duration_s (0.9 s here), the reference's beside it: 2x its cap
+    assert slower.summary()["seconds"] <= 0.9 + 0.01
+
+
+def test_disturbed_pairs_are_set_aside_by_the_stated_rule_symmetrically():
+    from trtflow_stages.measure.statistics.paired import ASIDE_SHARE, set_aside
+
+    rng = random.Random(4)
+    values = [rng.gauss(0.1, 0.01) for _ in range(50)] + [0.9, -0.7, 1.2]  # three pairs a spell hit on one side
+    kept, aside = set_aside(values)
+    assert sorted(aside) == [50, 51, 52] and len(kept) == 50
+    assert hodges_lehmann(kept) == pytest.approx(0.1, abs=0.01)
+    wild = [rng.gauss(0, 0.01) for _ in range(20)] + [5.0] * 10  # never more than ASIDE_SHARE of them
+    assert len(set_aside(wild)[1]) == int(ASIDE_SHARE * 30)
+
+
+def test_cpu_waiting_enters_paired_verdicts_a_diluted_regression_never_passes():
+    # 90% of the time spent waiting for a CPU: a 20% regression diluted to +2% cannot pass, nor can it fail
+    rng = random.Random(6)
+    values = [math.log(1.02) + rng.gauss(0, 0.005) for _ in range(40)]
+    waits = [(0.9, 0.9)] * 40
+    schedule = Schedule.up_to(40, Budget())
+    limit = math.log(1.1)
+    assert sequential(values, schedule, limit, Budget(), True).outcome == "pass"  # blind to the waiting
+    looked = sequential(values, schedule, limit, Budget(), True, waits=waits)
+    assert looked.outcome == "inconclusive" and looked.unmeasurable
+    # a regression beyond the threshold even if the candidate's waiting had all been its work still fails
+    big = [math.log(3.0) + rng.gauss(0, 0.005) for _ in range(40)]
+    assert sequential(big, schedule, limit, Budget(), True, waits=[(0.5, 0.5)] * 40).outcome == "fail"
+
+
+def test_a_coarse_timer_does_not_tie_the_pairs():
+    from trtflow_stages.measure.statistics.stats import grid_median
+
+    tick = 1.0
+    fast = sorted([2.0] * 30 + [3.0] * 10)  # 0.25 of the queries on the next tick
+    slow = sorted([2.0] * 18 + [3.0] * 22)  # 0.55 of them
+    assert grid_median(fast) < grid_median(slow)  # the plain medians tie at 2.0 / 3.0 ticks
+    assert 1.5 <= grid_median(fast) <= 2.5 and grid_median([1.0 + i * 0.001 for i in range(40)]) == \
+        pytest.approx(1.0195)
+    assert tick > 0
+
+
+def test_a_point_whose_queries_are_slow_says_what_would_decide():
+    record = PairedRecord(4, 1, "p50", looks=[60, 120], block_s=0.01)
+    for _ in range(3):
+        record.add("AB", {"p50": 400.0, "mean": 400.0, "queries": 1.0}, {"p50": 401.0, "mean": 401.0, "queries": 1.0})
+    record.ended = True
+    verdict = _judge({"max_regression_percent": 10}, summary(point(400.0), reference={
+        "name": "x", "basis": PAIRED, "paired": record.as_dict(), "points": []}))[0]
+    assert verdict.outcome == "inconclusive"
+    assert "only 3 pair(s) fitted" in verdict.reason and "raise max_duration_s to" in verdict.reason
+
+
+def test_the_reference_runs_with_its_pinned_settings():
+    from trtflow_stages.measure.judging.reference import pinned_params
+
+    candidate = benchmark.Params.model_validate({"backend": "onnxruntime",
+                                                 "onnxruntime": {"graph_optimization_level": "disable"}})
+    pinned = benchmark.Params.model_validate({"backend": "onnxruntime"}).model_dump(mode="json")
+    reference, said = pinned_params(candidate, pinned)
+    assert reference.onnxruntime.graph_optimization_level == pinned["onnxruntime"]["graph_optimization_level"]
+    assert said and said[0].startswith("onnxruntime:")
+    assert pinned_params(candidate, {})[1] == []  # nothing recorded: the candidate's settings
+    verdict = _judge({"max_regression_percent": 10}, summary(point(2.4, (2.35, 2.45)), reference={
+        **pairs(0.2, 30), "settings": said, "points": [point(2.0, (1.95, 2.05))]}))
+    primary = [v for v in verdict if v.primary]
+    assert len(primary) == 1 and primary[0].basis == PAIRED and "pinned settings" in primary[0].reason
+    # beside it, the stored figures: what a change both sides share would show
+    assert any(v.basis == STORED and not v.primary and "both sides share" in v.reason for v in verdict)
+
+
+def test_limit_verdicts_share_the_family_error_budget():
+    from trtflow_stages.measure.judging.gates import limit_count, limit_verdicts
+
+    params = benchmark.Params.model_validate({"max_latency_ms_p50": 2.0, "min_throughput_qps": 100.0})
+    points = [point(2.1, (2.02, 2.2)), point(2.1, (2.02, 2.2), batch=8)]
+    assert limit_count(params, points) == 4
+    alone = limit_verdicts(points[0], params)[0]
+    shared = limit_verdicts(points[0], params, family=3, count=4)[0]
+    assert alone.outcome == "fail" and shared.outcome == "inconclusive"  # 95% alone; 1 - 1.7%/4 shared
+
+
+def test_the_history_tracks_the_gate_point_not_batch_1():
+    figures = benchmark.figures(benchmark.Params.model_validate({}), summary(point(1.0, batch=1), point(4.0, batch=8)))
+    primary = [f.name for f in figures.figures if f.primary]
+    assert primary == ["p50 latency, batch 8", "throughput, batch 8"]

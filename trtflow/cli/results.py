@@ -13,6 +13,7 @@ from trtflow.cli.console import emit, rich_console, whole_lines_console
 from trtflow.cli.options import RecipeArg, SetOpt, StoreOpt
 from trtflow.errors import (
     EXIT_FAILED,
+    EXIT_INCONCLUSIVE,
     StoreError,
     TrtflowError,
     UsageError,
@@ -171,11 +172,14 @@ def history(
         min=1, help="--check: judge changes that start among this many latest runs.")] = 5,
     runs_after: Annotated[int, typer.Option(
         min=1, help="--check: ... and that this many runs show (1: one slow night fails).")] = 2,
+    min_runs: Annotated[int, typer.Option(
+        min=1, help="--check: the runs a figure needs before the check can pass (fewer: undecided, exit 5).")] = 8,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """The trend of each benchmark figure over the runs that measured it, with 95% intervals and change points."""
     from trtflow.history.changes import require
     from trtflow.history.trend import check as check_history
+    from trtflow.history.trend import too_short
     from trtflow.pipeline import default_store, identity_of
     from trtflow.recipe.load import load_recipe
     from trtflow.report import history as view
@@ -199,12 +203,14 @@ def history(
         require()  # the gate cannot judge without the detector: exit 3, not a silent pass
     found = view.load(Journal(st.db_path, readonly=True), recipe_id, nodes or (), figure, last, all_figures)
     findings = check_history(found.series, threshold, latest, all_figures, runs_after) if check else []
+    short = too_short(found.series, min_runs, all_figures) if check else []
     if as_json:
         data = view.as_json(found)
         if check:
             data["check"] = {"threshold_percent": threshold, "latest": latest, "runs_after": runs_after,
-                             "passed": not findings,
-                             "regressions": [f.message for f in findings]}
+                             "min_runs": min_runs, "passed": not findings and not short,
+                             "regressions": [f.message for f in findings],
+                             "too_few_runs": [f"{s.node}: {s.figure} ({len(s.points)} run(s))" for s in short]}
         print(json.dumps(data, indent=1, default=str))
     else:
         console = rich_console()
@@ -217,9 +223,17 @@ def history(
                               f"latest {latest} run(s):", markup=False, style="bold red")
                 for finding in findings:
                     console.print(f"  {finding.message}", markup=False, highlight=False)
+            elif short:
+                console.print(f"history check undecided: {len(short)} of {judged} figure(s) have fewer than "
+                              f"--min-runs {min_runs} runs, too few to tell a step from the runs before it: "
+                              + ", ".join(f"{s.node}: {s.figure} ({len(s.points)})" for s in short),
+                              markup=False, style="bold yellow")
             else:
                 console.print(f"history check passed: no regression beyond {threshold:g}% starts among the latest "
-                              f"{latest} run(s) of {judged} figure(s)", markup=False)
+                              f"{latest} run(s) of {judged} figure(s), each with at least {min_runs} runs",
+                              markup=False)
     if findings:
         raise typer.Exit(EXIT_FAILED)
+    if short:
+        raise typer.Exit(EXIT_INCONCLUSIVE)
 

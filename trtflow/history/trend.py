@@ -18,6 +18,9 @@ from trtflow.history.record import parse
 
 LATEST = 5  # the check judges changes that start among this many latest runs
 RUNS_AFTER = 2  # ... and that this many runs show (one bad night is an outlier, not yet a step)
+#: The runs a figure needs before the check can pass on it: a step among the latest LATEST runs is told from the
+#: runs before it, so with fewer the check cannot say there was none (it is undecided, exit 5, never "passed").
+MIN_RUNS = LATEST + 3
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,12 @@ def worse_percent(series: Series, value: float, reference: float) -> float:
         return 0.0
     change = (value / reference - 1.0) * 100.0
     return change if series.better == "lower" else -change
+
+
+def too_short(series: Sequence[Series], min_runs: int = MIN_RUNS, all_figures: bool = False) -> list[Series]:
+    """The judged series (primary ones, every one with ``all_figures``) with fewer than ``min_runs`` runs: the
+    check cannot pass on them."""
+    return [one for one in series if (one.primary or all_figures) and len(one.points) < min_runs]
 
 
 def check(series: Sequence[Series], threshold_percent: float, latest: int = LATEST,

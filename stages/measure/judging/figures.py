@@ -3,9 +3,10 @@
 Per fixed-batch point: median and p99 latency and throughput, each with its 95% interval and the number of timed
 queries (and any other latency statistic a gate judges); per Server search: the serving capacity (the highest
 arrival rate whose p99 met the budget, confirmed by a long run, with the level length it was searched with); per
-MLPerf scenario: its figure. The figures the node's gates judge are its primary ones, which
-`trtflow history --check` judges; a node without gates has its first point's median latency and throughput and its
-serving capacity as primary.
+MLPerf scenario: its figure. The figures the node's decisions use are its primary ones, which
+`trtflow history --check` judges: each limit's statistic at every point, and the median latency and throughput at
+the gate point (`gates.gate_point`: ``gate_batch_size``, else the largest measured batch, where regressions are
+decided and where select judges throughput by default), also for a node without gates; and the serving capacity.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from trtflow.stage import Figure, Figures
 
 from ..settings import GateFields
 from ..statistics.unpaired import where
+from .gates import gate_point
 
 LATENCY_GATES = {"max_latency_ms_p50": "p50", "max_latency_ms_p90": "p90", "max_latency_ms_p95": "p95",
                  "max_latency_ms_p99": "p99", "max_latency_ms_mean": "mean"}
@@ -35,15 +37,10 @@ def _bounds(interval: Any, open_high: bool = False) -> tuple[float | None, float
     return _number(interval[0]), None if open_high else _number(interval[1])
 
 
-def _primary_stats(params: GateFields, summary: Mapping[str, Any]) -> tuple[set[str], bool, bool]:
-    """(latency statistics judged at every point, whether throughput is judged, whether any gate is set)."""
+def _primary_stats(params: GateFields) -> tuple[set[str], bool]:
+    """(latency statistics judged at every point, whether throughput is judged at every point): the limits."""
     stats = {stat for field, stat in LATENCY_GATES.items() if getattr(params, field) is not None}
-    throughput = params.min_throughput_qps is not None
-    if params.max_regression_percent is not None or params.baseline is not None:
-        stats.add("p50")
-        throughput = True
-    gated = bool(stats or throughput or summary.get("max_rate_meeting_budget"))
-    return stats, throughput, gated
+    return stats, params.min_throughput_qps is not None
 
 
 def point_figures(point: Mapping[str, Any], primary_stats: set[str], primary_throughput: bool) -> list[Figure]:
@@ -104,11 +101,13 @@ def scenario_figure(entry: Mapping[str, Any]) -> Figure | None:
 
 def history_figures(params: GateFields, summary: Mapping[str, Any]) -> Figures:
     """The figures of a benchmark summary for the recipe's history, and the facts of where they were measured."""
-    stats, throughput, gated = _primary_stats(params, summary)
+    stats, throughput = _primary_stats(params)
     figures: list[Figure] = []
-    for index, point in enumerate(summary.get("points") or []):
-        first = index == 0 and not gated
-        figures += point_figures(point, stats | ({"p50"} if first else set()), throughput or first)
+    points = [point for point in summary.get("points") or [] if isinstance(point, Mapping)]
+    decided = gate_point(params, points)
+    for point in points:
+        at_gate = point is decided
+        figures += point_figures(point, stats | ({"p50"} if at_gate else set()), throughput or at_gate)
     for entry in summary.get("max_rate_meeting_budget") or []:
         figure = capacity_figure(entry)
         if figure is not None:

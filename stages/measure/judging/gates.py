@@ -25,7 +25,16 @@ from typing import Any
 from trtflow.verdicts import MEASURED, PAIRED, STORED, GateVerdict
 
 from ..settings import GateFields
-from ..statistics.paired import ALPHA_PASS, POWER, Budget, PairedRecord, family_alpha, power
+from ..statistics.paired import (
+    ALPHA_PASS,
+    ASIDE_SIGMAS,
+    MIN_PAIRS,
+    POWER,
+    Budget,
+    PairedRecord,
+    family_alpha,
+    power,
+)
 from ..statistics.unpaired import (
     NOISY_HINT,
     Z95,
@@ -80,11 +89,24 @@ def _waited(point: Mapping[str, Any]) -> float:
     return cpu_wait_share(point) or 0.0
 
 
-def limit_verdicts(point: Mapping[str, Any], params: GateFields) -> list[GateVerdict]:
-    """Each limit at ``point``. A point measured while the host kept the benchmark waiting for a CPU most of the
-    time (`measure.statistics.unpaired.unmeasurable`) fails a latency limit only when it is beyond it even without any
-    of that wait; otherwise it is unmeasurable (inconclusive), said as such."""
+def limit_count(params: GateFields, points: Sequence[Mapping[str, Any]]) -> int:
+    """How many limit verdicts a node makes (its limits set, at each of its points): they share its error budget."""
+    limits = sum(getattr(params, field) is not None for field in LATENCY_GATES)
+    limits += params.min_throughput_qps is not None
+    return max(limits * len(points), 1)
+
+
+def limit_verdicts(point: Mapping[str, Any], params: GateFields, family: int = 1,
+                   count: int = 1) -> list[GateVerdict]:
+    """Each limit at ``point``. A limit fails when the figure's lower bound is beyond it at the family's error
+    budget: `measure.statistics.paired.family_alpha` of the recipe's ``family`` of comparing nodes, shared among the
+    node's ``count`` limit verdicts (Bonferroni), so a recipe's limits raise a false alarm at most as often as its
+    regression gates; it passes when its 95% interval is within. A point measured while the host kept the
+    benchmark waiting for a CPU most of the time (`measure.statistics.unpaired.unmeasurable`) fails a latency limit
+    only when it is beyond it even without any of that wait; otherwise it is unmeasurable (inconclusive), said as
+    such."""
     found = []
+    confidence = 1.0 - family_alpha(family) / max(count, 1)
     place = where(point)
     waited = _waited(point)
     busy = unmeasurable(point)
@@ -93,7 +115,7 @@ def limit_verdicts(point: Mapping[str, Any], params: GateFields) -> list[GateVer
         figure = latency_figure(point, statistic)
         if limit is None or figure is None:
             continue
-        outcome = at_most(figure, limit)
+        outcome = at_most(figure.at_confidence(confidence, 0.975), limit)
         shown = f"{statistic} latency {figure.value:.4g} ms{_interval(figure)}"
         if outcome == "fail" and busy and figure.low * (1.0 - waited) <= limit:
             outcome, message = "inconclusive", f"{place}: {busy}; {shown} against {field} {limit:g} ms"
@@ -110,7 +132,7 @@ def limit_verdicts(point: Mapping[str, Any], params: GateFields) -> list[GateVer
     qps = throughput_figure(point)
     if params.min_throughput_qps is not None and qps is not None:
         limit = params.min_throughput_qps
-        outcome = at_least(qps, limit)
+        outcome = at_least(qps.at_confidence(0.975, confidence), limit)
         shown = f"throughput {qps.value:.4g} qps{_interval(qps)}"
         if outcome == "fail" and busy and qps.high / max(1.0 - waited, 1e-9) >= limit:
             outcome, message = "inconclusive", f"{place}: {busy}; {shown} against min_throughput_qps {limit:g}"
@@ -160,6 +182,7 @@ class Comparison:
         self.percent = percent
         self.params = params
         self.budget = Budget(family_alpha(family), ALPHA_PASS)
+        self.pinned: list[str] = []  # the reference's pinned settings that differ from the candidate's
 
     def verdict(self, outcome: str, reason: str, place: str, figure: str, estimate: float | None,
                 interval: tuple[float, float] | None, basis: str, primary: bool, pairs: int | None = None,
@@ -170,6 +193,23 @@ class Comparison:
                            threshold, "ratio", basis, pairs, primary, power_text, self.params.on_inconclusive)
 
     # ----- paired A/B
+    @staticmethod
+    def interference(record: PairedRecord, look: Any) -> str:
+        """What the pairs saw of the host: pairs set aside as disturbed, the reference's own spread from block to
+        block (the variation the pairs cancelled), waiting for a CPU, an extension past the cap."""
+        seen = []
+        if look.aside:
+            seen.append(f"{len(look.aside)} of {look.pairs} pairs set aside as disturbed (beyond "
+                        f"{ASIDE_SIGMAS:g} robust SDs of the pairs' median: a neighbour's spell on one side)")
+        spread = record.reference_spread()
+        if math.isfinite(spread):
+            seen.append(f"the reference's own blocks varied ±{spread * 100:.2g}%")
+        if look.waited is not None and look.waited >= 0.05:
+            seen.append(f"waited for a CPU {look.waited:.0%} of the time")
+        if record.extended:
+            seen.append("timed past max_duration_s (up to its extension) as the host was disturbed")
+        return "; ".join(seen)
+
     def paired(self, record: PairedRecord, figure: str, place: str, primary: bool) -> GateVerdict:
         limit = math.log(allowed_ratio(self.percent, figure))
         look = record.judge(figure, limit, self.budget)
@@ -180,9 +220,19 @@ class Comparison:
         able = power(look.sigma, record.looks[-1] if record.looks else look.pairs, limit, self.budget,
                      max(len(record.looks), 1))
         what = FIGURE_TEXT.get(figure, figure)
-        detail = (f"paired A/B, {look.pairs} pairs: ratio {ratio:.3f}, bounds {interval[0]:.3f}-{interval[1]:.3f} "
-                  f"(lower at {1 - self.budget.alpha_fail / max(len(record.looks), 1):.2%}, upper at "
-                  f"{1 - self.budget.alpha_pass / max(len(record.looks), 1):.2%} confidence)")
+        rounds = f" of {record.block_s * 1000:.3g} ms blocks" if record.block_s else ""
+        detail = (f"paired A/B, {look.pairs} pairs{rounds}: ratio {ratio:.3f}, bounds {interval[0]:.3f}-"
+                  f"{interval[1]:.3f} (lower at {1 - self.budget.alpha_fail / max(len(record.looks), 1):.2%}, upper "
+                  f"at {1 - self.budget.alpha_pass / max(len(record.looks), 1):.2%} confidence; AB/BA seed "
+                  f"{record.seed})")
+        seen = self.interference(record, look)
+        if seen:
+            detail += f"; {seen}"
+        if self.pinned:
+            detail += f"; the reference ran with its pinned settings ({', '.join(self.pinned)})"
+        if look.unmeasurable:
+            detail += ("; unmeasurable beyond what the waiting could explain: judged as if each side's waiting "
+                       "had been its work")
         if look.outcome == "fail":
             reason = (f"{place}: {what} {_change(ratio, figure)} against {self.against}, beyond "
                       f"max_regression_percent {self.percent:g} with confidence ({detail})")
@@ -190,13 +240,21 @@ class Comparison:
             reason = (f"{place}: {what} {_change(ratio, figure)} against {self.against}, within "
                       f"max_regression_percent {self.percent:g} with confidence ({detail})")
         else:
-            busy = record.wait_share()
-            waited = f"; the benchmark waited for a CPU {busy:.0%} of the time" if busy and busy >= 0.25 else ""
-            cause = ("the cap" if look.final else "the pairs measured before the node stopped (re-run it to "
-                     "measure more)")
+            first = record.looks[0] if record.looks else MIN_PAIRS
+            if look.pairs < first:
+                blocks = [float(p["candidate"].get("mean", 0)) * float(p["candidate"].get("queries", 1)) / 1000.0
+                          for p in record.pairs]
+                block = sum(blocks) / len(blocks) if blocks else 0.0
+                cause = (f"only {look.pairs} pair(s) fitted in max_duration_s: a block (at least one query) took "
+                         f"{block:.3g} s and the first look needs {first} pairs; raise max_duration_s to "
+                         f"{first * block * 1.2:.3g} s or more to decide")
+            elif look.final:
+                cause = "the cap"
+            else:
+                cause = "the pairs measured before the node stopped (re-run it to measure more)"
             reason = (f"{place}: inconclusive: {what} {_change(ratio, figure)} against {self.against}, neither "
                       f"beyond nor within max_regression_percent {self.percent:g} with confidence at {cause} "
-                      f"({detail}){waited}; {NOISY_HINT}")
+                      f"({detail}); {NOISY_HINT}")
         return self.verdict(look.outcome, reason, place, figure, ratio, interval, PAIRED, primary, look.pairs,
                             able.text(figure))
 
@@ -288,6 +346,16 @@ def regression_verdicts(comparison: Comparison, summary: Mapping[str, Any], old_
             primary = is_primary and figure == params.gate_figure
             if pairs_here and paired is not None and paired.log_ratios(figure):
                 found.append(comparison.paired(paired, figure, place, primary))
+                if primary and old is not None:
+                    # what the pairs cannot see: a change both sides share (a runtime, driver or host upgrade),
+                    # reported against the stored figures (the history's check tracks it over runs)
+                    new_figure, old_figure = point_figure(point, figure), point_figure(old, figure)
+                    if new_figure is not None and old_figure is not None and old_figure.value > 0:
+                        shared = comparison.stored(new_figure, old_figure, figure, place, False,
+                                                   unmeasurable(point) or unmeasurable(old),
+                                                   "a change both sides share, which the pairs cancel",
+                                                   (_waited(point), _waited(old)))
+                        found.append(shared)
                 continue
             if pairs_here is False and paired is not None and primary:
                 paired_at = where({"batch_size": paired.batch_size, "streams": paired.streams})
@@ -320,6 +388,7 @@ def baseline_verdicts(params: GateFields, summary: Mapping[str, Any], gate_ctx: 
     entry, path = baseline_entry(params.baseline, params.baseline_node, "benchmark", gate_ctx.resolve, gate_ctx.node)
     comparison = Comparison(f"baseline {params.baseline}", "the baseline's", percent, params, family)
     reference = reference_of(summary)
+    comparison.pinned = [str(v) for v in reference.get("settings") or []]
     identity = artifact_identity(entry)
     paired = PairedRecord.from_dict(reference.get("paired")) if identity is not None and \
         reference.get("identity") == identity else None
@@ -343,6 +412,7 @@ def previous_run_verdicts(summary: Mapping[str, Any], params: GateFields,
     reference = reference_of(summary)
     comparison = Comparison("regression (last accepted)", "the last accepted result's",
                             params.max_regression_percent, params, family)
+    comparison.pinned = [str(v) for v in reference.get("settings") or []]
     paired = PairedRecord.from_dict(reference.get("paired"))
     old_points = [p for p in reference.get("points") or [] if isinstance(p, Mapping)]
     why = str(reference.get("why") or "the reference was not re-measured")
@@ -361,9 +431,10 @@ def previous_run_verdicts(summary: Mapping[str, Any], params: GateFields,
 def verdicts(params: GateFields, summary: Mapping[str, Any], gate_ctx: Any) -> list[GateVerdict]:
     """Every gate's verdicts: limits at each point, then regression against a pinned baseline or the last
     accepted result."""
-    found = [item for point in summary.get("points", []) if isinstance(point, Mapping)
-             for item in limit_verdicts(point, params)]
     family = max(int(getattr(gate_ctx, "family", 1) or 1), 1)
+    points = [point for point in summary.get("points", []) if isinstance(point, Mapping)]
+    count = limit_count(params, points)
+    found = [item for point in points for item in limit_verdicts(point, params, family, count)]
     if params.baseline is not None:
         found += baseline_verdicts(params, summary, gate_ctx, family)
     else:

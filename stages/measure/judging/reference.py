@@ -2,8 +2,10 @@
 
 The engine lays the reference out for the stage (`trtflow.stage.Reference`: a pinned baseline's artifact, or the
 node's last accepted result): its model file with what it needs beside it, the recipe and code files the node read,
-and what was recorded with it (params, figures). The benchmark opens it with the candidate's own runtime and
-settings and times it in pairs with the candidate at the gate point (`measure.timing.ab`). When it cannot (nothing laid
+and what was recorded with it (params, figures). The benchmark opens it with the candidate's own runtime and *the
+reference's recorded settings* (`PINNED_SETTINGS`, `pinned_params`: a regression from settings, such as ONNX
+Runtime's graph optimisations switched off, fails like one from the model) and times it in pairs with the
+candidate at the gate point (`measure.timing.ab`). When it cannot (nothing laid
 out, another backend, a model that does not open here), the reason is kept and the gate compares stored figures,
 saying so.
 """
@@ -20,11 +22,29 @@ from trtflow.stage import Pin, Reference
 
 from ..settings import GateFields
 from ..statistics.paired import ALPHA_PASS, Budget, family_alpha
-from ..timing.ab import PairPlan, pair_cap, pair_window
+from ..timing.ab import EXTEND, PairPlan, block_length, round_schedule
 from .baseline import baseline_reference
 from .gates import allowed_ratio
 
 DEFAULT_PERCENT = 10.0
+#: The settings of how a model runs that the reference keeps as it was pinned (the rest, such as shapes and the
+#: timing plan, are the point's and the candidate's).
+PINNED_SETTINGS = ("onnxruntime", "include_host_transfers", "use_cuda_graph", "spin_wait")
+
+
+def pinned_params(params: Any, record_params: Mapping[str, Any]) -> tuple[Any, list[str]]:
+    """``params`` with the reference's recorded `PINNED_SETTINGS` (the reference is measured as it was pinned),
+    and what differs from the candidate's, said as ``name: reference -> candidate``."""
+    changed: dict[str, Any] = {}
+    said = []
+    current = params.model_dump(mode="json")
+    for name in PINNED_SETTINGS:
+        if name in record_params and name in current and record_params[name] != current[name]:
+            changed[name] = record_params[name]
+            said.append(f"{name}: {record_params[name]} -> {current[name]}")
+    if not changed:
+        return params, []
+    return type(params).model_validate({**current, **changed}), said
 
 
 def reference_request(params: GateFields, resolve: Any, node: str) -> str | Mapping[str, Any] | None:
@@ -50,6 +70,7 @@ class Planned:
     identity: str | None = None
     record: Mapping[str, Any] = field(default_factory=dict)
     why: str | None = None
+    settings: list[str] = field(default_factory=list)  # pinned settings that differ from the candidate's
 
     @property
     def points(self) -> list[dict[str, Any]]:
@@ -69,7 +90,7 @@ class Planned:
                 "why": None if paired else self.why, "paired": dict(paired) if paired else None,
                 "points": self.points, "facts": dict(self.record.get("facts") or
                                                      (self.record.get("summary") or {}).get("hardware") or {}),
-                "key": self.record.get("key")}
+                "key": self.record.get("key"), "settings": list(self.settings)}
 
 
 def planned(params: GateFields, reference: Reference | None, resolve: Any, node: str) -> Planned | None:
@@ -110,12 +131,14 @@ def gate_batch(params: GateFields, batch_sizes: Sequence[int]) -> int | None:
 
 
 def pair_plan(params: GateFields, window_s: float, min_seconds: float, max_seconds: float, family: int, batch: int,
-              streams: int = 1, seed: int = 0) -> PairPlan:
+              streams: int = 1, seed: int | None = None) -> PairPlan:
     """How the gate point is paired: the figure and threshold its stopping rule watches, the recipe's share of the
-    error budget, the window of each side (`measure.timing.ab.pair_window`) and the cap (the candidate's side timed at
-    most ``max_seconds``, the point's usual cap: a paired point times at most twice what it would alone)."""
+    error budget, each side's block in a round (`measure.timing.ab.block_length` of the point's window) and the
+    looks (`measure.timing.ab.round_schedule`: the first at ``min_seconds`` of the candidate's side, the last at
+    ``max_seconds``, the point's usual cap: a paired point times at most twice what it would alone at its cap)."""
     percent = params.max_regression_percent or DEFAULT_PERCENT
     budget = Budget(family_alpha(family), ALPHA_PASS)
-    window = pair_window(window_s, min_seconds, budget)
+    block = block_length(window_s)
     return PairPlan(batch, streams, params.gate_figure, math.log(allowed_ratio(percent, params.gate_figure)), budget,
-                    pair_cap(max_seconds, window, budget), max_seconds, seed, window)
+                    round_schedule(min_seconds, max_seconds, block, budget, EXTEND), max_seconds, seed, block,
+                    window_s, min_seconds, EXTEND)

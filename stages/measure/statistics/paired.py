@@ -47,6 +47,16 @@ MAX_LOOKS = 4
 MIN_PAIRS = 8
 #: Asymptotic relative efficiency of the signed-rank test against the t test for normal data.
 EFFICIENCY = 3.0 / math.pi
+#: The rule that sets disturbed pairs aside: a pair whose log-ratio is more than ``ASIDE_SIGMAS`` robust standard
+#: deviations (1.4826 x MAD) from the pairs' median is disturbed (a co-tenant's spell hit one side more than the
+#: other), at most ``ASIDE_SHARE`` of the pairs (the farthest first), and only from ``MIN_PAIRS`` pairs on. The rule
+#: is symmetric about the median, so it moves neither the estimate nor the false-alarm rate of a symmetric noise.
+ASIDE_SIGMAS = 4.0
+ASIDE_SHARE = 0.2
+#: A paired side that waited for a CPU at least this share of its time (README's "unmeasurable" rule, as for
+#: limits and stored figures): a fail must hold even if the candidate's waiting had all been added to its latency,
+#: a pass even if the reference's had.
+UNMEASURABLE_WAIT = 0.5
 
 
 def family_alpha(nodes: int, alpha_fail: float = ALPHA_FAIL, alpha_run: float = ALPHA_RUN) -> float:
@@ -122,6 +132,23 @@ def noise(values: Sequence[float]) -> float:
     return mad if mad > 0 else float(data.std(ddof=1))
 
 
+def set_aside(values: Sequence[float]) -> tuple[list[float], list[int]]:
+    """The pairs kept and the indices of those set aside as disturbed (`ASIDE_SIGMAS`, `ASIDE_SHARE`)."""
+    import numpy as np
+
+    if len(values) < MIN_PAIRS:
+        return list(values), []
+    data = np.asarray(values, dtype=float)
+    centre = float(np.median(data))
+    sigma = 1.4826 * float(np.median(np.abs(data - centre)))
+    if sigma <= 0:
+        return list(values), []
+    distance = np.abs(data - centre) / sigma
+    far = [int(i) for i in np.argsort(-distance, kind="stable") if distance[i] > ASIDE_SIGMAS]
+    aside = sorted(far[: int(ASIDE_SHARE * len(values))])
+    return [v for i, v in enumerate(values) if i not in set(aside)], aside
+
+
 # -- looks and verdicts -----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Budget:
@@ -142,9 +169,10 @@ class Schedule:
     looks: tuple[int, ...]
 
     @classmethod
-    def up_to(cls, cap: int, budget: Budget, count: int = MAX_LOOKS) -> Schedule:
-        """At most ``count`` evenly spread looks from the first pair count that can decide to ``cap``."""
-        first = budget.first_pairs(count)
+    def up_to(cls, cap: int, budget: Budget, count: int = MAX_LOOKS, first: int | None = None) -> Schedule:
+        """At most ``count`` evenly spread looks from ``first`` (default: the first pair count that can decide)
+        to ``cap``."""
+        first = max(first or 0, budget.first_pairs(count))
         cap = max(cap, first)
         if cap == first:
             return cls((first,))
@@ -172,6 +200,9 @@ class Look:
     outcome: Outcome
     final: bool  # the cap was reached (or the measurement ended there)
     sigma: float  # robust standard deviation of one pair's log-ratio
+    aside: tuple[int, ...] = ()  # pairs set aside as disturbed (indices among the pairs looked at)
+    waited: float | None = None  # the share of the pairs' time spent waiting for a CPU (None: not measured)
+    unmeasurable: bool = False  # waited at least UNMEASURABLE_WAIT: judged as if the waiting had been work
 
     @property
     def ratio(self) -> float:
@@ -182,33 +213,55 @@ class Look:
         return math.exp(self.low), math.exp(self.high)
 
 
-def look(values: Sequence[float], limit: float, budget: Budget, looks: int, final: bool) -> Look:
+Waits = Sequence[tuple[float, float]]  # per pair: the candidate's and the reference's share of time waiting
+
+
+def look(values: Sequence[float], limit: float, budget: Budget, looks: int, final: bool,
+         waits: Waits | None = None) -> Look:
     """One look at ``values`` (pairs' log-ratios) against ``limit`` (the log threshold), spending 1 / ``looks`` of
-    the budget."""
-    low = lower_bound(values, budget.alpha_fail / looks)
-    high = upper_bound(values, budget.alpha_pass / looks)
+    the budget, on the pairs `set_aside` keeps. ``waits`` (aligned with ``values``): where the pairs waited for a
+    CPU `UNMEASURABLE_WAIT` of their time or more, a fail must hold with each candidate side's waiting taken out
+    of its latency, and a pass with each reference side's taken out."""
+    kept, aside = set_aside(values)
+    kept_waits = [w for i, w in enumerate(waits) if i not in set(aside)] if waits is not None and \
+        len(waits) == len(values) else None
+    waited = sum(c + r for c, r in kept_waits) / (2 * len(kept_waits)) if kept_waits else None
+    busy = waited is not None and waited >= UNMEASURABLE_WAIT
+    if busy and kept_waits is not None:
+        fail_values = [v + math.log(max(1.0 - c, 1e-9)) for v, (c, _) in zip(kept, kept_waits, strict=True)]
+        pass_values = [v - math.log(max(1.0 - r, 1e-9)) for v, (_, r) in zip(kept, kept_waits, strict=True)]
+    else:
+        fail_values = pass_values = kept
+    low = lower_bound(fail_values, budget.alpha_fail / looks)
+    high = upper_bound(pass_values, budget.alpha_pass / looks)
     outcome: Outcome = "fail" if low > limit else "pass" if high < limit else "inconclusive"
-    return Look(len(values), hodges_lehmann(values) if values else 0.0, low, high, limit, outcome, final,
-                noise(values))
+    return Look(len(values), hodges_lehmann(kept) if kept else 0.0, low, high, limit, outcome, final,
+                noise(kept), tuple(aside), waited, busy)
 
 
 def sequential(values: Sequence[float], schedule: Schedule, limit: float, budget: Budget,
-               ended: bool = False) -> Look:
+               ended: bool = False, waits: Waits | None = None) -> Look:
     """The verdict of a sequential comparison: the first planned look (at ``schedule.looks`` pairs, among the
     ``values`` measured) that decides; else the last one. ``ended``: the measurement stopped at ``len(values)``
-    pairs for good (its time cap), which then counts as a final look even if it was not planned."""
+    pairs for good (its time cap), which then counts as a final look even if it was not planned. ``waits``: per
+    pair, the sides' shares of time waiting for a CPU (`look`)."""
     count = len(schedule.looks)
     taken: Look | None = None
+
+    def at(pairs: int, final: bool) -> Look:
+        return look(values[:pairs], limit, budget, count, final,
+                    waits[:pairs] if waits is not None and len(waits) == len(values) else None)
+
     for pairs in schedule.looks:
         if pairs > len(values):
             break
-        taken = look(values[:pairs], limit, budget, count, final=pairs == schedule.cap)
+        taken = at(pairs, pairs == schedule.cap)
         if taken.outcome != "inconclusive":
             return taken
     if ended and len(values) >= 2 and (taken is None or taken.pairs < len(values)):
-        return look(values, limit, budget, count, final=True)
+        return at(len(values), True)
     if taken is None:
-        return look(values, limit, budget, count, final=ended)
+        return at(len(values), ended)
     return taken
 
 
@@ -278,21 +331,46 @@ class PairedRecord:
     ended: bool = False  # the measurement ran to its cap or out of time
     alpha_fail: float = ALPHA_FAIL
     alpha_pass: float = ALPHA_PASS
+    seed: int | None = None  # of the pairs' AB/BA orders (`ab_seed` replays the run)
+    block_s: float | None = None  # each side's block in a pair (None: a window each, before rounds)
+    extended: bool = False  # went on past the point's cap, interference seen
 
     def add(self, order: str, reference: dict[str, float], candidate: dict[str, float]) -> None:
         self.pairs.append({"order": order, "reference": reference, "candidate": candidate})
 
-    def log_ratios(self, figure: str) -> list[float]:
+    def _finite(self, figure: str) -> list[tuple[float, dict[str, Any]]]:
         found = []
         for pair in self.pairs:
             value = log_ratio(float(pair["candidate"].get(figure, math.nan)),
                               float(pair["reference"].get(figure, math.nan)), figure)
             if math.isfinite(value):
-                found.append(value)
+                found.append((value, pair))
+        return found
+
+    def log_ratios(self, figure: str) -> list[float]:
+        return [value for value, _ in self._finite(figure)]
+
+    def wait_shares(self, figure: str | None = None) -> list[tuple[float, float]] | None:
+        """Per pair (those `log_ratios` keeps): the candidate's and the reference's share of time waiting for a
+        CPU; None when a side's was not measured."""
+        found = []
+        for _, pair in self._finite(figure or self.figure):
+            new, old = pair["candidate"].get("wait_share"), pair["reference"].get("wait_share")
+            if not isinstance(new, (int, float)) or not isinstance(old, (int, float)):
+                return None
+            found.append((float(new), float(old)))
         return found
 
     def judge(self, figure: str, limit: float, budget: Budget) -> Look:
-        return sequential(self.log_ratios(figure), Schedule(tuple(self.looks)), limit, budget, self.ended)
+        return sequential(self.log_ratios(figure), Schedule(tuple(self.looks)), limit, budget, self.ended,
+                          self.wait_shares(figure))
+
+    def reference_spread(self, figure: str | None = None) -> float:
+        """How much the reference's own pair figures varied from pair to pair (a robust standard deviation of
+        their logs): the host's variation that the pairs cancelled."""
+        values = [math.log(float(p["reference"][figure or self.figure])) for p in self.pairs
+                  if float(p["reference"].get(figure or self.figure, 0) or 0) > 0]
+        return noise(values)
 
     def wait_share(self) -> float | None:
         """The share of the paired windows' time their threads waited for a CPU (None: not measured)."""
@@ -303,7 +381,8 @@ class PairedRecord:
     def as_dict(self) -> dict[str, Any]:
         return {"batch_size": self.batch_size, "streams": self.streams, "figure": self.figure, "pairs": self.pairs,
                 "looks": self.looks, "ended": self.ended, "alpha_fail": self.alpha_fail,
-                "alpha_pass": self.alpha_pass}
+                "alpha_pass": self.alpha_pass, "seed": self.seed, "block_s": self.block_s,
+                "extended": self.extended}
 
     @classmethod
     def from_dict(cls, data: Any) -> PairedRecord | None:
@@ -314,7 +393,10 @@ class PairedRecord:
         looks = [int(v) for v in data.get("looks") or [] if isinstance(v, int) and v > 0]
         return cls(data.get("batch_size"), int(data.get("streams") or 1), str(data.get("figure", "p50")), pairs,
                    looks or [max(len(pairs), 1)], bool(data.get("ended")),
-                   float(data.get("alpha_fail", ALPHA_FAIL)), float(data.get("alpha_pass", ALPHA_PASS)))
+                   float(data.get("alpha_fail", ALPHA_FAIL)), float(data.get("alpha_pass", ALPHA_PASS)),
+                   data.get("seed") if isinstance(data.get("seed"), int) else None,
+                   float(data["block_s"]) if isinstance(data.get("block_s"), (int, float)) else None,
+                   bool(data.get("extended")))
 
 
 # -- several candidates timed round-robin ------------------------------------------------------------------------

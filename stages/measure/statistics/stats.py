@@ -274,3 +274,25 @@ def summarize_layer_times(times: Mapping[str, Sequence[float]]) -> dict:
     ]
     layers.sort(key=lambda layer: layer["total_ms"], reverse=True)
     return {"iterations": iterations, "total_average_ms": overall / iterations, "layers": layers}
+
+
+def grid_median(ordered: Sequence[float]) -> float:
+    """The median of sorted latencies, read between the ticks of a coarse timer: where the values fall on a grid
+    (fewer distinct values than a quarter of the queries), the grouped-data median (the median tick's lower edge
+    plus its share of the way through the tick) instead of the tick itself, so two windows on the same tick still
+    differ by how their queries fall; the plain median otherwise."""
+    from bisect import bisect_left, bisect_right
+    from itertools import pairwise
+
+    count = len(ordered)
+    middle = median(ordered)
+    distinct = sorted(set(ordered))
+    if count < 8 or len(distinct) < 2 or len(distinct) * 4 > count:
+        return middle
+    width = min(b - a for a, b in pairwise(distinct))
+    below = bisect_left(ordered, middle)
+    at = bisect_right(ordered, middle) - below
+    if at == 0:
+        return middle
+    return middle - width / 2.0 + width * (count / 2.0 - below) / at
+

@@ -1,33 +1,49 @@
-"""Timing a reference beside the candidate: pairs of windows in a random order, until the verdict can decide.
+"""Timing a reference beside the candidate: rounds of short interleaved blocks in a random order, until the verdict
+decides.
 
-One point of a benchmark (its objective point, `Pairing`) is timed in pairs: each round, one window of the
-reference artifact and one of the candidate, back to back, in an order drawn at random (seeded: the same seed
-gives the same orders). The candidate's windows are also its own measurement of that point. After each planned
-look (`paired.Schedule`) the pairs' log-ratios are judged (`paired.sequential`); the pairing stops when the
-verdict is decided, at its pair cap, or when the candidate's side has been timed for ``max_seconds`` (the point's
-usual cap: so the paired point takes at most twice as long as the same point timed alone).
+One point of a benchmark (its objective point, `Pairing`) is timed in *rounds*: one short block of the reference
+artifact and one of the candidate, back to back, in an order drawn at random (AB or BA); each round is a pair of
+the paired statistics (`measure.statistics.paired`). Blocks are ``window_s / ROUNDS_PER_WINDOW`` long (at least
+``MIN_BLOCK_S``, at least one query), so a pair lasts a fraction of an ungated window. Interleaving this finely is
+what makes pairs hold beside a co-tenant that switches on and off: a neighbour's spell lands on both sides of most
+rounds and on one side of the few it starts or ends in, which the signed-rank statistics (and their rule for
+disturbed pairs) take as outliers (pyperf and Chromium's Pinpoint interleave runs for the same reason; pyperf
+also spreads its runs over processes and Pinpoint over bots, which a run of one node cannot). The orders' seed
+is new every run unless the plan fixes one (``ab_seed``), and is recorded with the pairs, so a run can be replayed.
+
+The candidate's blocks are also its own measurement of that point (each `step` returns one ungated window's worth
+of them as one window). The verdict is looked at after planned numbers of pairs (`paired.Schedule`): the first
+when the candidate's side has been timed the point's ``min_duration_s``, the last at its ``max_duration_s``; the
+pairing stops when the verdict is decided, at the last look, or before a round would take the candidate's side
+past ``max_duration_s``. So a gated point costs at most twice the seconds of the same point ungated at its cap,
+the gated benchmark's stated budget (and about twice an ungated point that converges at ``min_duration_s``, when
+the verdict decides at its first look). Queries too slow for the planned rounds: the looks are planned again from
+the first round's measured length (the plan depends on the timer, never on the outcome), so a slow point still
+decides, or its verdict says how many pairs fitted.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..statistics.intervals import Window
 from ..statistics.paired import Budget, Look, PairedRecord, Schedule, sequential
-from ..statistics.stats import median, percentile
+from ..statistics.stats import grid_median, percentile
 
 TimeWindow = Callable[[float, int], Window]
 
 
 def window_figures(window: Window, batch_size: int) -> dict[str, float]:
-    """One window's figures for a pair: median, p99 (trtexec's), mean latency, throughput, and the share of its
-    time its threads waited for a CPU."""
+    """One window's figures for a pair: median (read between the ticks of a coarse timer, `grid_median`, so pairs
+    on one tick do not tie), p99 (trtexec's), mean latency, throughput, and the share of its time its threads
+    waited for a CPU."""
     ordered = sorted(window.latencies_ms)
-    figures = {"p50": median(ordered), "p90": percentile(ordered, 90.0), "p95": percentile(ordered, 95.0),
+    figures = {"p50": grid_median(ordered), "p90": percentile(ordered, 90.0), "p95": percentile(ordered, 95.0),
                "p99": percentile(ordered, 99.0), "mean": sum(ordered) / len(ordered),
                "throughput": window.throughput(batch_size), "queries": float(len(ordered))}
     if window.wait_ms is not None and window.wall_ms > 0:
@@ -44,57 +60,131 @@ class PairPlan:
     figure: str  # p50, p99, mean or throughput: what the stopping rule watches
     limit: float  # log of the threshold ratio (> 0: worse)
     budget: Budget
-    schedule: Schedule
+    schedule: Schedule  # in pairs (rounds)
     max_seconds: float  # timed seconds of the candidate's side at most
-    seed: int = 0
-    window_s: float = 0.2  # each window of a pair
+    seed: int | None = None  # of the AB/BA orders; None: a new one each run (recorded)
+    block_s: float = 0.0375  # each side of a round
+    window_s: float = 0.6  # the candidate's blocks returned as one window per step
+    min_seconds: float = 3.0  # the candidate's side timed before the first look
+    extend: float = 1.0  # beside interference, the candidate's side may be timed up to extend x max_seconds
+
+
+#: Beside interference (the rule for disturbed pairs set some aside), an undecided verdict at ``max_seconds``
+#: goes on to this many times it: the looks are planned to the extended cap from the start, and stopping at the
+#: nominal cap on a quiet host (undecided) can only lower the error rates.
+EXTEND = 2.0
+#: Rounds per ungated window, and the shortest block (a block times at least one query).
+ROUNDS_PER_WINDOW = 16
+MIN_BLOCK_S = 0.002
+#: Rounds kept per figure in the record are rounded to this many significant digits (the summary stays small).
+DIGITS = 6
+
+
+def block_length(window_s: float) -> float:
+    """Each side's block in a round, for points timed in windows of ``window_s``."""
+    return max(window_s / ROUNDS_PER_WINDOW, MIN_BLOCK_S)
+
+
+def round_schedule(min_seconds: float, max_seconds: float, block_s: float, budget: Budget,
+                   extend: float = EXTEND) -> Schedule:
+    """The looks of a paired point timed in blocks of ``block_s``: the first when the candidate's side has been
+    timed ``min_seconds`` (or the fewest pairs that can decide, if more), then evenly to ``max_seconds`` (the
+    last of them at or after it) and on to ``extend`` x ``max_seconds``."""
+    from ..statistics.paired import MAX_LOOKS
+
+    first = max(budget.first_pairs(MAX_LOOKS), math.ceil(min_seconds / max(block_s, 1e-6)))
+    nominal = Schedule.up_to(int(max_seconds / max(block_s, 1e-6)), budget, first=first)
+    if extend <= 1.0 or len(nominal.looks) < 2:
+        return nominal
+    step = nominal.looks[-1] - nominal.looks[-2]
+    beyond = int(extend * max_seconds / max(block_s, 1e-6))
+    more = tuple(range(nominal.cap + step, beyond + 1, step))[: MAX_LOOKS - 1]
+    return Schedule(nominal.looks + more)
+
+
+def _compact(figures: dict[str, float]) -> dict[str, float]:
+    return {key: float(f"{value:.{DIGITS}g}") for key, value in figures.items()}
+
+
+def pooled(windows: list[Window]) -> Window:
+    """Blocks of one side as one window (latencies in order, wall and wait times summed)."""
+    waits = [w.wait_ms for w in windows]
+    return Window([v for w in windows for v in w.latencies_ms], sum(w.wall_ms for w in windows),
+                  None if any(v is None for v in waits) else sum(v for v in waits if v is not None))
 
 
 @dataclass
 class Pairing:
-    """A paired point being measured: call `step` once per round until `done`."""
+    """A paired point being measured: call `step` until `done`."""
 
     plan: PairPlan
     reference: TimeWindow
     record: PairedRecord = field(init=False)
     done: bool = False
     last: Look | None = None
+    replanned: str | None = None  # why the looks were planned again (slow queries)
+    extended: bool = False  # went on past max_seconds (interference seen, `EXTEND`)
     _spent_s: float = 0.0
     _reference_s: float = 0.0
     _references: int = 0
+    _schedule: Schedule = field(init=False)
 
     def __post_init__(self) -> None:
+        seed = self.plan.seed if self.plan.seed is not None else secrets.randbits(32)
+        self._schedule = self.plan.schedule
         self.record = PairedRecord(self.plan.batch_size, self.plan.streams, self.plan.figure,
-                                   looks=list(self.plan.schedule.looks), alpha_fail=self.plan.budget.alpha_fail,
-                                   alpha_pass=self.plan.budget.alpha_pass)
-        self._random = random.Random(self.plan.seed)
+                                   looks=list(self._schedule.looks), alpha_fail=self.plan.budget.alpha_fail,
+                                   alpha_pass=self.plan.budget.alpha_pass, seed=seed, block_s=self.plan.block_s)
+        self._random = random.Random(seed)
+
+    def _replan(self, block_wall_s: float) -> None:
+        """The looks planned again when the first round's block took far longer than planned (slow queries)."""
+        if block_wall_s <= 2.0 * self.plan.block_s:
+            return
+        self._schedule = round_schedule(self.plan.min_seconds, self.plan.max_seconds, block_wall_s,
+                                        self.plan.budget, self.plan.extend)
+        self.record.looks = list(self._schedule.looks)
+        self.replanned = (f"a block took {block_wall_s:.3g} s (planned {self.plan.block_s:.3g} s): looks planned "
+                          f"again at {', '.join(str(v) for v in self._schedule.looks)} pairs")
 
     def step(self, candidate: TimeWindow, seconds: float, index: int) -> Window:
-        """Time one pair (reference and candidate, in a random order, each a window of the plan's ``window_s``:
-        ``seconds``, the unpaired points' window, is not used); returns the candidate's window."""
-        seconds = self.plan.window_s
-        order = "AB" if self._random.random() < 0.5 else "BA"
-        if order == "AB":
-            theirs = self.reference(seconds, self._references)
-            ours = candidate(seconds, index)
-        else:
-            ours = candidate(seconds, index)
-            theirs = self.reference(seconds, self._references)
-        self._references += 1
-        self._spent_s += ours.wall_ms / 1000.0
-        self._reference_s += theirs.wall_ms / 1000.0
-        self.record.add(order, window_figures(theirs, self.plan.batch_size),
-                        window_figures(ours, self.plan.batch_size))
-        count = len(self.record.pairs)
-        out_of_time = self._spent_s >= self.plan.max_seconds
-        if self.plan.schedule.is_look(count) or out_of_time:
-            ended = out_of_time or count >= self.plan.schedule.cap
-            self.last = sequential(self.record.log_ratios(self.plan.figure), self.plan.schedule, self.plan.limit,
-                                   self.plan.budget, ended)
-            if self.last.outcome != "inconclusive" or ended:
-                self.done = True
-                self.record.ended = ended
-        return ours
+        """Time rounds (a reference block and a candidate block each, in a random order) for about one ungated
+        window of the candidate's side, or until the verdict is done (``seconds``, the unpaired points' window, is
+        not used); returns the candidate's blocks as one window."""
+        mine: list[Window] = []
+        while not self.done and (not mine or sum(w.wall_ms for w in mine) / 1000.0 < self.plan.window_s):
+            order = "AB" if self._random.random() < 0.5 else "BA"
+            ours_index = index if not mine else max(index, 1)
+            if order == "AB":
+                theirs = self.reference(self.plan.block_s, self._references)
+                ours = candidate(self.plan.block_s, ours_index)
+            else:
+                ours = candidate(self.plan.block_s, ours_index)
+                theirs = self.reference(self.plan.block_s, self._references)
+            mine.append(ours)
+            self._references += 1
+            self._spent_s += ours.wall_ms / 1000.0
+            self._reference_s += theirs.wall_ms / 1000.0
+            self.record.add(order, _compact(window_figures(theirs, self.plan.batch_size)),
+                            _compact(window_figures(ours, self.plan.batch_size)))
+            count = len(self.record.pairs)
+            if count == 1:
+                self._replan(ours.wall_ms / 1000.0)
+            # stop before a round would take the candidate's side past its cap: the budget is met, not overrun
+            cap_s = self.plan.max_seconds * (self.plan.extend if self.extended else 1.0)
+            out_of_time = self._spent_s + ours.wall_ms / 1000.0 > cap_s
+            if self._schedule.is_look(count) or out_of_time:
+                ended = out_of_time or count >= self._schedule.cap
+                self.last = sequential(self.record.log_ratios(self.plan.figure), self._schedule, self.plan.limit,
+                                       self.plan.budget, ended, waits=self.record.wait_shares())
+                if ended and self.last.outcome == "inconclusive" and not self.extended and \
+                        self.plan.extend > 1.0 and self.last.aside and count < self._schedule.cap:
+                    self.extended = True  # interference seen: on to the extended cap, as planned
+                    self.record.extended = True
+                elif self.last.outcome != "inconclusive" or ended:
+                    self.done = True
+                    self.record.ended = ended
+        return pooled(mine)
 
     def summary(self) -> dict[str, Any]:
         found = self.record.as_dict()
@@ -103,21 +193,6 @@ class Pairing:
                                 "ratio": self.last.ratio if math.isfinite(self.last.estimate) else None}
         found["seconds"] = round(self._spent_s, 3)
         found["reference_seconds"] = round(self._reference_s, 3)
+        if self.replanned:
+            found["replanned"] = self.replanned
         return found
-
-
-MIN_WINDOW_S = 0.02
-
-
-def pair_window(window_s: float, min_seconds: float, budget: Budget) -> float:
-    """The window of each side of a pair: the point's usual window, or shorter, so that the first look's pairs fit
-    in the point's ``min_seconds`` (a gated point decided at its first look times twice the seconds of the same
-    point ungated)."""
-    from ..statistics.paired import MAX_LOOKS
-
-    return max(min(window_s, min_seconds / budget.first_pairs(MAX_LOOKS)), MIN_WINDOW_S)
-
-
-def pair_cap(max_seconds: float, window_s: float, budget: Budget) -> Schedule:
-    """The looks of a paired point whose candidate side may be timed ``max_seconds`` in windows of ``window_s``."""
-    return Schedule.up_to(int(max_seconds / max(window_s, 1e-6)), budget)

@@ -133,16 +133,18 @@ class EngineWindows:
 
 def engine_point(session: Any, feed: Mapping[str, Any], batch: int, streams: int, settings: PointSettings,
                  timer_factory: Callable[[], Any], reference: Any = None,
-                 pair: Callable[[TimeWindow], Pairing] | None = None) -> dict[str, Any]:
+                 pair: Callable[[TimeWindow], Pairing] | None = None,
+                 reference_settings: PointSettings | None = None) -> dict[str, Any]:
     """A point of an engine with the cuda-python harness: one execution context and stream per ``streams``.
     ``reference`` (an opened engine session) and ``pair`` (makes the `measure.timing.ab.Pairing` from the reference's
-    window timer): the point is timed in A/B pairs with the reference; the report's ``paired`` holds the pairs."""
+    window timer): the point is timed in A/B pairs with the reference, which runs with ``reference_settings`` (its
+    pinned ones; default the candidate's); the report's ``paired`` holds the pairs."""
     watch = HostWatch()
     plan = settings.plan
     pairing = None
     with timer_factory() as timer:
         timed = EngineWindows(session, feed, batch, streams, settings, timer)
-        theirs = EngineWindows(reference, feed, batch, streams, settings, timer) \
+        theirs = EngineWindows(reference, feed, batch, streams, reference_settings or settings, timer) \
             if reference is not None and pair is not None else None
         try:
             pairings = {}
