@@ -50,7 +50,10 @@ from trtflow.stage import (
     StageContext,
 )
 
-from .decision.selection import Candidate, Params, accuracy_of, decide, performance_of, table
+from .decision.candidates import Candidate, accuracy_of, performance_of
+from .decision.params import Params
+from .decision.reasons import table
+from .decision.selection import decide
 
 # ---------------------------------------------------------------------------------------------------------
 # Gathering the inputs

@@ -5,9 +5,10 @@ A node's summary is plain JSON-ready data (it goes into the journal and the stor
 stage's own business; the keys below are the ones somebody else reads: the reports (`trtflow.report.decision`,
 `trtflow.report.kernels`), the ``select`` stage, which reads validations and benchmarks, and pinned baselines
 (`measure.judging.baseline`), which keep a validation's and a benchmark's figures. The stages that build these
-summaries (``benchmark.summary_of``, ``validate.run``, ``decision.selection.decide``, ``accuracy_of``,
-``performance_of``) are annotated with these types, and ``tests/stages/test_summaries.py`` checks each real
-summary against its type with `problems`, so a key renamed in a stage fails a test, not a report at run time. The
+summaries (``benchmark.summary_of``, ``validate.run``, ``decision.selection.decide``, ``decision.candidates``'
+``accuracy_of`` and ``performance_of``) are annotated with these types, and ``tests/stages/test_summaries.py``
+checks each real summary against its type with `problems`, so a key renamed in a stage fails a test, not a report
+at run time. The
 engine never imports the stages: the declarations live here, in the engine, and the stages point at them.
 
 Keys marked ``Required`` are always there; the others are there when the measurement made them (``top_kernels``

@@ -18,8 +18,9 @@ from trtflow.testing import run_stage
 from trtflow_stages import benchmark, build, export, triton, validate
 from trtflow_stages.accuracy.generation import GenerationCheck, compare_prompt, judge_generation
 from trtflow_stages.data.prompts import Prompts, load_prompts
-from trtflow_stages.decision.selection import Candidate, decide
-from trtflow_stages.decision.selection import Params as SelectParams
+from trtflow_stages.decision.candidates import Candidate
+from trtflow_stages.decision.params import Params as SelectParams
+from trtflow_stages.decision.selection import decide
 from trtflow_stages.formats.generation import TASK, TOTAL, KvLayout, check_profiles, layout_from_io
 
 #: name -> (config class, model class, config kwargs): GPT-2 (learned positions), Llama with grouped-query attention
@@ -381,7 +382,7 @@ def _level(concurrency: int, ttft: float, tpot: float, spread: float = 0.02) -> 
 
 
 def _candidate(name: str, *levels: dict) -> Candidate:
-    from trtflow_stages.decision.selection import performance_of
+    from trtflow_stages.decision.candidates import performance_of
 
     return Candidate(name, "onnx", 1000, "fp32", validation={"node": f"v-{name}", "passed": True,
                                                               "cosine_similarity": 1.0, "failures": []},

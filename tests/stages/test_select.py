@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 from trtflow.errors import RecipeError
-from trtflow_stages.decision.selection import Candidate, Params, decide, pareto_front, table
+from trtflow_stages.decision.candidates import Candidate
+from trtflow_stages.decision.params import Params
+from trtflow_stages.decision.reasons import table
+from trtflow_stages.decision.selection import decide, pareto_front
 from trtflow_stages.select import gate, gather
 
 
