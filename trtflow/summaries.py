@@ -81,12 +81,15 @@ class ValidateSummary(TypedDict, total=False):
 
 
 class CandidateAccuracy(TypedDict, total=False):
-    """A candidate's accuracy as a selection keeps it (`decision.selection.accuracy_of` of a validate.json)."""
+    """A candidate's accuracy as a selection keeps it (`decision.candidates.accuracy_of` of a validate.json)."""
 
     node: Required[str]
     passed: Required[bool]
     cosine_similarity: Required[float | None]  # the worst output's
     mean_abs_error: Required[float | None]
+    max_abs_error: float | None
+    tokens_matched: float  # a generation check's mean leading tokens matched per prompt
+    uncertainty: dict[str, dict[str, float]]  # per figure: its numerical resolution and 95% spread over the rows
 
 
 class PerformancePoint(TypedDict, total=False):
@@ -116,7 +119,7 @@ class GenerationLevel(TypedDict, total=False):
 
 
 class CandidatePerformance(TypedDict, total=False):
-    """A candidate's benchmark as a selection keeps it (`decision.selection.performance_of` of a benchmark.json)."""
+    """A candidate's benchmark as a selection keeps it (`decision.candidates.performance_of` of a benchmark.json)."""
 
     node: Required[str]
     backend: Required[str | None]

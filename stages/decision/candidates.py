@@ -10,6 +10,7 @@ from typing import Any
 from trtflow.digits import finite
 from trtflow.summaries import CandidateAccuracy, CandidatePerformance
 
+from ..accuracy.resolution import cosine_resolution, half_width
 from .generation import levels_of
 
 
@@ -27,18 +28,47 @@ class Candidate:
     benchmark: dict[str, Any] | None = None
 
 
+#: Per accuracy figure: which output is the worst (min for the cosine, max for the errors).
+_WORST = {"cosine_similarity": min, "mean_abs_error": max, "max_abs_error": max}
+
+
+def _uncertainty(output: Mapping[str, Any], figure: str) -> dict[str, float]:
+    """An output's numerical resolution and 95% spread of ``figure`` (`accuracy.resolution`); a validate.json
+    written before they were recorded: the cosine's float32 resolution over its elements, the errors exact."""
+    recorded = output.get("resolution")
+    if isinstance(recorded, Mapping):
+        return {"resolution": float(recorded.get(figure) or 0.0),
+                "spread": float((output.get("spread") or {}).get(figure) or 0.0)}
+    if figure == "cosine_similarity":
+        return {"resolution": cosine_resolution(int(output.get("elements") or 2)), "spread": 0.0}
+    return {"resolution": 0.0, "spread": 0.0}
+
+
 def accuracy_of(validate_json: Mapping[str, Any], node: str) -> CandidateAccuracy:
-    """The accuracy figures a decision needs from a validate.json (worst output wins)."""
+    """The accuracy figures a decision needs from a validate.json: per figure the worst output's value, with what
+    it can tell apart (``uncertainty``: its numerical resolution and its spread over the rows); for a generation
+    check, the mean tokens matched per prompt and its spread over the prompts."""
     outputs = validate_json.get("outputs") or {}
-    cosines = [o["cosine_similarity"] for o in outputs.values() if finite(o.get("cosine_similarity"))]
-    mean_errors = [o["mean_abs_error"] for o in outputs.values() if finite(o.get("mean_abs_error"))]
-    max_errors = [o["max_abs_error"] for o in outputs.values() if finite(o.get("max_abs_error"))]
-    return {
+    found: dict[str, Any] = {}
+    uncertainty: dict[str, dict[str, float]] = {}
+    for figure, worst in _WORST.items():
+        measured = [o for o in outputs.values() if finite(o.get(figure))]
+        if not measured:
+            found[figure] = None
+            continue
+        chosen = worst(measured, key=lambda o, f=figure: o[f])
+        found[figure] = chosen[figure]
+        uncertainty[figure] = _uncertainty(chosen, figure)
+    generation = validate_json.get("generation") or {}
+    matched = [m for m in generation.get("tokens_matched") or [] if finite(m)]
+    if matched:
+        found["tokens_matched"] = sum(matched) / len(matched)
+        uncertainty["tokens_matched"] = {"resolution": 0.0, "spread": half_width(matched)}
+    return {  # type: ignore[typeddict-item]
         "node": node,
         "passed": bool(validate_json.get("passed")),
-        "cosine_similarity": min(cosines) if cosines else None,
-        "mean_abs_error": max(mean_errors) if mean_errors else None,
-        "max_abs_error": max(max_errors) if max_errors else None,
+        **found,
+        "uncertainty": uncertainty,
         "task_metrics": {k: (v.get("value") if isinstance(v, dict) else v)
                          for k, v in (validate_json.get("task_metrics") or {}).items()},
         "failures": list(validate_json.get("failures") or []),

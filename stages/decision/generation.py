@@ -2,7 +2,7 @@
 ``generation`` levels (`measure.serving.generation`: one per concurrency, each with ``ttft_ms`` and ``tpot_ms``
 statistics, their sample count ``n`` and 95% intervals ``ci``).
 
-Pure functions on JSON-ready data; `decision.selection` turns the chosen level into an operating point.
+Pure functions on JSON-ready data; `decision.operating_point` turns the chosen level into an operating point.
 """
 
 from __future__ import annotations

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trtflow.digits import decimals_apart, distinct, finite
+from trtflow.digits import decimals_apart, finite
 
 from .operating_point import lower_is_better
 from .params import TIME_GOALS
-from .tie_breakers import CRITERION_TEXT, tie_key
+from .tie_breakers import CRITERION_TEXT, accuracy_text, tie_key
 from .ties import ratio_text, row_ratio
 
 
-def show(criterion: str, row: Mapping[str, Any], stat: str, against: Sequence[Mapping[str, Any]] = ()) -> str:
-    """A candidate's figure for a tie-breaker; a cosine similarity with enough digits to tell it from those of the
-    candidates in ``against`` (0.99999992 vs 1, not 1 vs 1)."""
-    if criterion == "accuracy":
-        value = (row.get("validation") or {}).get("cosine_similarity")
-        theirs = [(other.get("validation") or {}).get("cosine_similarity") for other in against]
-        return distinct(value, theirs, least=6) if finite(value) else "none"
+def show(criterion: str, row: Mapping[str, Any], stat: str) -> str:
+    """A candidate's figure for the size, latency or throughput tie-breaker (accuracy: `tie_breakers.accuracy_text`)."""
     if criterion == "size":
         return f"{row['size_bytes'] / 1e6:.3g} MB"
     point = row.get("operating_point") or {}
@@ -30,10 +26,30 @@ def show(criterion: str, row: Mapping[str, Any], stat: str, against: Sequence[Ma
 
 def chosen_text(criterion: str, winner: Mapping[str, Any], others: Sequence[Mapping[str, Any]], stat: str) -> str:
     """How the tie-breaker that decided sets the winner apart from the candidates tied with it: "; chosen by
-    accuracy: cosine similarity 1 vs 0.99999994 for fp16" (each figure named, none left bare)."""
-    label = "cosine similarity " if criterion == "accuracy" else ""
-    versus = ", ".join(f"{show(criterion, other, stat, [winner])} for {other['name']}" for other in others)
-    return f"; chosen by {criterion}: {label}{show(criterion, winner, stat, others)} vs {versus}"
+    accuracy: mean abs error 9.3e-09 vs 1.68e-05, cosine similarity 1 vs 0.99999998 within its resolution and spread
+    (±2.4e-06) for fp16" (each figure named, none left bare)."""
+    if criterion == "accuracy":
+        return "; chosen by accuracy: " + "; ".join(
+            f"{accuracy_text(winner.get('validation'), other.get('validation'))} for {other['name']}"
+            for other in others)
+    versus = ", ".join(f"{show(criterion, other, stat)} for {other['name']}" for other in others)
+    return f"; chosen by {criterion}: {show(criterion, winner, stat)} vs {versus}"
+
+
+def untold_text(row: Mapping[str, Any], others: Sequence[Mapping[str, Any]], order: Sequence[str],
+                decided_by: str | None) -> str:
+    """When accuracy came before the tie-breaker that decided but could not order the candidates: their figures,
+    within their resolution and spread (or disagreeing), said so."""
+    if "accuracy" not in order or (decided_by is not None and order.index(decided_by) < order.index("accuracy")):
+        return ""
+    if decided_by == "accuracy":
+        return ""
+    same = [o for o in others if tie_key(o, "accuracy") == tie_key(row, "accuracy")
+            and o.get("validation") and row.get("validation")]
+    if not same:
+        return ""
+    return "; accuracy did not order them: " + "; ".join(
+        f"{accuracy_text(row.get('validation'), o.get('validation'))} for {o['name']}" for o in same)
 
 
 def value_text(value: float, goal: str, interval: Sequence[float] | None = None) -> str:
@@ -78,7 +94,8 @@ def reason(row: Mapping[str, Any], winner: Mapping[str, Any], best: Mapping[str,
             return f"selected: {objective_text} ({shown}) among {eligible_count} eligible{together}"
         others = [r for r in tied if r["name"] != winner["name"]]
         decided_by = next((c for c in order if any(tie_key(o, c) != tie_key(winner, c) for o in others)), None)
-        how = chosen_text(decided_by, winner, others, stat) if decided_by else ""
+        how = (chosen_text(decided_by, winner, others, stat) if decided_by else "") + \
+            untold_text(winner, others, order, decided_by)
         unmeasured = [r for r in tied if r.get("unmeasurable")]
         if unmeasured:
             return (f"selected: {objective_text} ({shown}); "
@@ -99,9 +116,12 @@ def reason(row: Mapping[str, Any], winner: Mapping[str, Any], best: Mapping[str,
         if criterion is None:
             return (f"{standing} and on every tie-breaker; {winner['name']} is better on the objective or first by "
                     "name")
+        untold = untold_text(row, [winner], order, criterion)
+        if criterion == "accuracy":
+            return (f"{standing}; lost the tie-break on accuracy: "
+                    f"{accuracy_text(row.get('validation'), winner.get('validation'))} for {winner['name']}")
         return (f"{standing}; lost the tie-break on {CRITERION_TEXT[criterion]}: "
-                f"{show(criterion, row, stat, [winner])} vs {show(criterion, winner, stat, [row])} "
-                f"for {winner['name']}")
+                f"{show(criterion, row, stat)} vs {show(criterion, winner, stat)} for {winner['name']}{untold}")
     ratio = row_ratio(row)
     if lower_is_better(goal):
         factor = f"{ratio.value:.3g}x {'slower' if goal in TIME_GOALS else 'larger'}"
@@ -121,10 +141,10 @@ def reason(row: Mapping[str, Any], winner: Mapping[str, Any], best: Mapping[str,
 def table(selection: Mapping[str, Any]) -> str:
     """The selection as an aligned text table (for the failure message and the log)."""
     stat = selection["objective"]["percentile"]
-    header = ("candidate", "kind", "precision", "size MB", "cosine", "valid", f"{stat} ms", "qps", "at", "verdict")
+    header = ("candidate", "kind", "precision", "size MB", "cosine", "mean err", "valid", f"{stat} ms", "qps", "at",
+              "verdict")
     lines = [header]
-    decimals = decimals_apart([(r.get("validation") or {}).get("cosine_similarity") for r in selection["candidates"]],
-                              least=5)
+    decimals = _cosine_decimals(selection["candidates"])
     for row in selection["candidates"]:
         validation = row.get("validation") or {}
         point = row.get("operating_point") or {}
@@ -133,6 +153,7 @@ def table(selection: Mapping[str, Any]) -> str:
         lines.append((
             row["name"], row["kind"], row.get("precision") or "-", f"{row['size_bytes'] / 1e6:.3g}",
             f"{cosine:.{decimals}f}" if finite(cosine) else "-",
+            f"{validation['mean_abs_error']:.3g}" if finite(validation.get("mean_abs_error")) else "-",
             "-" if not validation else ("pass" if validation.get("passed") else "FAIL"),
             f"{point['latency_ms']:.4g}" if finite(point.get("latency_ms")) else "-",
             f"{point['throughput_qps']:.4g}" if finite(point.get("throughput_qps")) else "-",
@@ -141,3 +162,15 @@ def table(selection: Mapping[str, Any]) -> str:
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line[:-1], widths, strict=True)) + "  " + line[-1]
                      for line in lines)
+
+
+def _cosine_decimals(rows: Sequence[Mapping[str, Any]]) -> int:
+    """Decimals of the table's cosine column: enough to tell the candidates' cosines apart, but none beyond their
+    numerical resolution (`accuracy.resolution`: 0.99999998 and 1 in float32 both print 1.000000)."""
+    validations = [row.get("validation") or {} for row in rows]
+    decimals = decimals_apart([v.get("cosine_similarity") for v in validations], least=5)
+    resolutions = [((v.get("uncertainty") or {}).get("cosine_similarity") or {}).get("resolution") for v in validations]
+    coarsest = max((r for r in resolutions if finite(r) and r > 0), default=None)
+    if coarsest is not None:
+        decimals = min(decimals, max(5, math.floor(-math.log10(coarsest))))
+    return decimals

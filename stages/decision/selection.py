@@ -22,24 +22,26 @@ from .generation import first_token_text
 from .operating_point import constraint_violations, default_batch, lower_is_better, objective_value, operating_point
 from .params import Params
 from .reasons import reason
-from .tie_breakers import tie_key
+from .tie_breakers import accuracy_fronts, compare_accuracy, more_accurate, tie_key
 from .ties import loses, objective_figure, paired_ties, worse_by
 
 
 def pareto_front(rows: Sequence[Mapping[str, Any]]) -> set[str]:
-    """Candidates no other beats on both latency (operating point) and accuracy (cosine similarity)."""
-    measured = []
-    for row in rows:
-        latency = (row.get("operating_point") or {}).get("latency_ms")
-        cosine = (row.get("validation") or {}).get("cosine_similarity")
-        if finite(latency) and finite(cosine):
-            measured.append((row["name"], latency, cosine))
+    """Candidates no other beats on both latency (operating point) and accuracy: no other is as fast or faster and
+    at least as accurate (not less accurate beyond the figures' resolution and spread, `tie_breakers`), and faster
+    or more accurate."""
+    measured = [(row, (row.get("operating_point") or {}).get("latency_ms")) for row in rows
+                if compare_accuracy(row.get("validation"), row.get("validation"))
+                and finite((row.get("operating_point") or {}).get("latency_ms"))]
     front = set()
-    for name, latency, cosine in measured:
-        dominated = any(lat <= latency and cos >= cosine and (lat < latency or cos > cosine)
-                        for other, lat, cos in measured if other != name)
+    for row, latency in measured:
+        ours = row["validation"]
+        dominated = any(lat <= latency and compare_accuracy(ours, other["validation"])
+                        and not more_accurate(ours, other["validation"])
+                        and (lat < latency or more_accurate(other["validation"], ours))
+                        for other, lat in measured if other is not row)
         if not dominated:
-            front.add(name)
+            front.add(row["name"])
     return front
 
 
@@ -101,6 +103,9 @@ def decide(candidates: Sequence[Candidate], params: Params, baseline: Mapping[st
         if finalists and finalists.get("rounds"):
             best = _paired(eligible, finalists)
         tied = [r for r in eligible if r["tie"]]
+        fronts = accuracy_fronts(tied)
+        for row in tied:
+            row["accuracy_front"] = fronts[row["name"]]
         order = params.tie_breakers.order
 
         def rank_key(row: Mapping[str, Any]) -> tuple:
