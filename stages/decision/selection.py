@@ -89,7 +89,9 @@ def decide(candidates: Sequence[Candidate], params: Params, baseline: Mapping[st
     tolerance = params.tie_breakers.tolerance_percent
     run_to_run = params.tie_breakers.run_to_run_percent
     if eligible:
-        best = min(eligible, key=lambda r: (sign * r["objective_value"], r["name"]))
+        busy = {r["name"]: None if goal == "min_size" else _unmeasurable(r) for r in eligible}
+        # the best is the best measurable one: figures that timed the host rank nobody
+        best = min(eligible, key=lambda r: (busy[r["name"]] is not None, sign * r["objective_value"], r["name"]))
         best_figure = objective_figure(goal, best["objective_value"], best["compared_ci"])
         for row in eligible:
             ratio = worse_by(objective_figure(goal, row["objective_value"], row["compared_ci"]),  # type: ignore[arg-type]
@@ -97,9 +99,8 @@ def decide(candidates: Sequence[Candidate], params: Params, baseline: Mapping[st
             row["ratio_to_best"] = [ratio.value, ratio.low, ratio.high]
             row["tie"] = not loses(ratio, tolerance, 0.0 if goal == "min_size" else run_to_run)
             row["basis"] = "size" if goal == "min_size" else "stored figures"
-            busy = None if goal == "min_size" else unmeasurable((row.get("operating_point") or {}).get("source") or {})
-            if busy and row is not best:
-                row["unmeasurable"], row["tie"] = busy, True
+            if busy[row["name"]] and row is not best:
+                row["unmeasurable"], row["tie"] = busy[row["name"]], True
         if finalists and finalists.get("rounds"):
             best = _paired(eligible, finalists)
         tied = [r for r in eligible if r["tie"]]
@@ -144,6 +145,13 @@ def decide(candidates: Sequence[Candidate], params: Params, baseline: Mapping[st
         "baseline": (baseline or {}).get("name"),
         "candidates": rows,
     })
+
+
+def _unmeasurable(row: Mapping[str, Any]) -> str | None:
+    """Why a row's figure timed the host rather than the candidate (`measure.statistics.unpaired.unmeasurable`; a
+    generation level says so itself), or None."""
+    source = (row.get("operating_point") or {}).get("source") or {}
+    return source.get("unmeasurable") or unmeasurable(source)
 
 
 def _paired(eligible: list[dict[str, Any]], finalists: Mapping[str, Any]) -> dict[str, Any]:

@@ -358,6 +358,11 @@ def test_benchmark_times_first_token_and_per_token_with_intervals(llama_export, 
             assert 0 < low <= figure["p50"] <= high
             assert figure["ci"]["mean"][0] <= figure["mean"] <= figure["ci"]["mean"][1]
         assert level["output_tokens_per_s"] > 0
+        # the CPU-wait rule and the busy-host flag, as every point gets them (whatever this host is doing now)
+        host = level["host"]
+        busy = host["wait_percent"] > 5.0 or (host.get("others_cpu_percent") or 0.0) > 25.0
+        assert ("busy-host" in level["flags"]) == busy
+        assert ("unmeasurable" in level["flags"]) == (level["cpu_wait_share"] >= 0.5)
     written = json.loads(result.outputs["metrics"].read_text())
     assert written["generation"] == levels and written["method"]["generation"]["context_length"] == 16
 
@@ -405,6 +410,24 @@ def test_select_takes_the_lowest_time_per_token_within_the_first_token_budget():
     # without a budget the fastest per token wins
     assert decide(candidates, SelectParams.model_validate({"objective": {"goal": "min_time_per_token"}}))[
         "selected"] == "int8"
+
+
+def test_a_generation_level_that_waited_for_a_cpu_is_flagged_and_not_ranked():
+    from trtflow_stages.measure.serving.generation import judge_host
+
+    quiet = judge_host({**_level(1, 5.0, 2.0), "cpu_wait_percent": 1.0, "cpu_wait_share": 0.01},
+                       {"others_cpu_percent": 3.0, "cpus": 2}, "cpu")
+    assert quiet["flags"] == [] and "unmeasurable" not in quiet
+    waited = judge_host({**_level(1, 5.0, 1.0), "cpu_wait_percent": 90.0, "cpu_wait_share": 0.8},
+                        {"others_cpu_percent": 60.0, "cpus": 2, "busiest_others": []}, "cpu")
+    assert waited["flags"] == ["busy-host", "unmeasurable"]
+    assert waited["unmeasurable"] == "unmeasurable: the benchmark waited for a CPU 80% of the time"
+    # select does not rank on it: the 2x faster per-token figure is set aside and the tie-breakers decide
+    candidates = [_candidate("a", quiet), _candidate("b", waited)]
+    candidates[1].size_bytes = 2000
+    selection = decide(candidates, SelectParams.model_validate({"objective": {"goal": "min_time_per_token"}}))
+    assert selection["unmeasurable"] == {"b": waited["unmeasurable"]}
+    assert selection["selected"] == "a"
 
 
 def test_select_judges_the_asked_concurrency_and_says_what_is_missing():
