@@ -137,7 +137,8 @@ class Finalists(StageParams):
         "ONNX models benchmarked on ONNX Runtime (CPU, or CUDA with a GPU given to this node); otherwise, and for "
         "objectives on load levels, the stored figures decide and the selection says so.")
     max_duration_s: float | None = Field(
-        None, gt=0, description="Timed seconds per finalist at most (default: its benchmark's max_duration_s).")
+        None, gt=0, description="Timed seconds per finalist at most (default: twice its benchmark's "
+        "max_duration_s: short rounds under a co-tenant need more rounds than one benchmark point needs windows).")
 
 
 class Params(StageParams):
