@@ -18,7 +18,7 @@ from trtflow.testing import run_stage
 from trtflow_stages import benchmark, build, export, triton, validate
 from trtflow_stages.accuracy.generation import GenerationCheck, compare_generation, compare_prompt, judge_generation
 from trtflow_stages.data.prompts import Prompts, load_prompts
-from trtflow_stages.decision.candidates import Candidate
+from trtflow_stages.decision.candidates import Candidate, performance_of
 from trtflow_stages.decision.params import Params as SelectParams
 from trtflow_stages.decision.selection import decide
 from trtflow_stages.formats.generation import TASK, TOTAL, KvLayout, check_profiles, layout_from_io
@@ -424,7 +424,7 @@ def _level(concurrency: int, ttft: float, tpot: float, spread: float = 0.02) -> 
 
 
 def _candidate(name: str, *levels: dict) -> Candidate:
-    from trtflow_stages.decision.candidates import performance_of
+
 
     return Candidate(name, "onnx", 1000, "fp32", validation={"node": f"v-{name}", "passed": True,
                                                               "cosine_similarity": 1.0, "failures": []},
@@ -478,3 +478,32 @@ def test_select_judges_the_asked_concurrency_and_says_what_is_missing():
     no_generation = Candidate("c", "onnx", 1, benchmark={"node": "b", "points": [], "load": []})
     row = decide([no_generation, *candidates], params)["candidates"][0]
     assert "no generation figures" in row["reason"]
+
+
+@pytest.mark.slow  # uses the tiny Llama's export (a module fixture)
+def test_finalists_judged_on_time_per_token_are_timed_together(llama_export, tmp_path):
+    import logging
+
+    from trtflow_stages.measure.serving.generation import generation_timers
+    from trtflow_stages.measure.timing.finalists import measure_round_robin, timing_plan
+
+    model = llama_export.outputs["model"]
+    method = {"onnxruntime": {"intra_op_threads": 1}, "max_duration_s": 0.3, "min_duration_s": 0.1, "repeats": 3,
+              "generation": {"context_length": 8, "new_tokens": 4, "concurrency": [1], "seed": 0}}
+    candidates = []
+    for name, tpot in (("a", 2.0), ("b", 2.1)):
+        bench = performance_of({"backend": "onnxruntime", "device": "cpu", "method": method, "points": [],
+                                "generation": [_level(1, 1.0, tpot)]}, f"b-{name}")
+        candidates.append(Candidate(name, "onnx", 1000, "fp32", validation={"node": f"v-{name}", "passed": True,
+                                                                            "cosine_similarity": 1.0, "failures": []},
+                                    benchmark=bench))
+    params = SelectParams.model_validate({"objective": {"goal": "min_time_per_token"}})
+    stored = decide(candidates, params)
+    rows = [row for row in stored["candidates"] if row["tie"]]
+    plan = timing_plan(rows, stored["objective"], {"a": model, "b": model}, None, None)
+    assert isinstance(plan, dict) and plan["generation"]["concurrency"] == 1 and plan["max_seconds"] == 0.6
+    timers = generation_timers(plan["models"], plan["generation"], plan["options"], "cpu", logging.getLogger())
+    record = measure_round_robin(timers, 1, plan["figure"], 5.0, 0.02, 0.3)
+    assert len(record["rounds"]) >= 2 and all(r["a"]["p50"] > 0 and r["b"]["p50"] > 0 for r in record["rounds"])
+    together = decide(candidates, params, finalists=record)
+    assert together["finalists"]["measured"] and {r["basis"] for r in together["candidates"]} == {"paired A/B"}

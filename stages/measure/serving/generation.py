@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -227,3 +228,31 @@ def level_line(level: dict[str, Any]) -> str:
             f"{first['ci']['p50'][1]:.4g}], TPOT p50 {per['p50']:.4g} ms [{per['ci']['p50'][0]:.4g}, "
             f"{per['ci']['p50'][1]:.4g}], n={level['requests']} requests, "
             f"{level['output_tokens_per_s']:.4g} tokens/s" + ("" if level["converged"] else " (not converged)"))
+
+
+def generation_timers(models: Mapping[str, Path], requests: Mapping[str, Any], options: Mapping[str, Any],
+                      device: str, log: Any) -> dict[str, Callable[[float, int], Window]]:
+    """A window timer per ONNX model with its KV cache (select's finalists judged on time per output token): each
+    window runs the benchmark's closed-loop requests (``requests``: context_length, new_tokens, seed, concurrency)
+    on an ONNX Runtime session with the benchmark's ``options`` on ``device`` and returns the requests' times per
+    output token (`measure.timing.finalists.measure_round_robin` takes their statistics per round)."""
+    from ...accuracy.recovery import runtime_options
+    from ...runtimes.generation import OrtDecoder, greedy
+    from ...runtimes.ort import OrtOptions, create_session
+    from ..timing.calls import ort_providers
+
+    clients = int(requests["concurrency"])
+    new_tokens = int(requests["new_tokens"])
+    timers = {}
+    for name, model in models.items():
+        settings = runtime_options(model, OrtOptions.model_validate(dict(options)), log).options
+        decoder = OrtDecoder(create_session(model, settings, ort_providers(device)))
+        prompts = random_prompts(max(8, clients), int(requests["context_length"]), decoder.layout.vocab_size,
+                                 int(requests.get("seed") or 0))
+        greedy(decoder, prompts[0], new_tokens, keep_logits=False)  # warm-up
+
+        def timer(seconds: float, index: int, decoder: Any = decoder, prompts: Any = prompts) -> Window:
+            return _window(decoder, prompts, new_tokens, clients, seconds, time.perf_counter_ns)[1]
+
+        timers[name] = timer
+    return timers

@@ -201,6 +201,8 @@ def timing_plan(rows: Sequence[Mapping[str, Any]], objective: Mapping[str, Any],
     point) together here: the figure, batch, shapes, ONNX Runtime options and device, window and cap; or why it
     cannot (said in the selection, which then rests on the stored figures)."""
     goal = objective.get("goal")
+    if goal == "min_time_per_token":
+        return generation_plan(rows, objective, models, gpu, max_seconds)
     if goal not in ("min_latency", "max_throughput"):
         return f"objective {goal} is judged on load levels or sizes, which are not re-timed"
     figure = objective.get("percentile", "p50") if goal == "min_latency" else "throughput"
@@ -236,3 +238,44 @@ def timing_plan(rows: Sequence[Mapping[str, Any]], objective: Mapping[str, Any],
             "data": data[0],
             "warmup_ms": float(methods[0].get("warmup_ms") or 200.0), "window_s": window, "max_seconds": cap,
             "models": {name: models[name] for name in points}}
+
+
+def generation_plan(rows: Sequence[Mapping[str, Any]], objective: Mapping[str, Any], models: Mapping[str, Path],
+                    gpu: int | None, max_seconds: float | None) -> dict[str, Any] | str:
+    """How select times finalists judged on time per output token together (`measure.serving.generation
+    .generation_timers`): the benchmarks' requests (prompt length, new tokens, seed) at the judged concurrency,
+    each window long enough for two requests of the slowest finalist; or why it cannot."""
+    benches = {row["name"]: row.get("benchmark") or {} for row in rows}
+    if any(row.get("kind") != "onnx" or benches[row["name"]].get("backend") != "onnxruntime" for row in rows):
+        return "only ONNX models benchmarked on ONNX Runtime are timed together so far"
+    methods = [benches[name].get("method") or {} for name in benches]
+    requests = [{k: (m.get("generation") or {}).get(k) for k in ("context_length", "new_tokens", "seed")}
+                for m in methods]
+    devices = {benches[name].get("device") for name in benches}
+    options = [m.get("onnxruntime") for m in methods]
+    if len(devices) != 1 or any(o != options[0] for o in options) or any(r != requests[0] for r in requests) \
+            or not requests[0].get("new_tokens"):
+        return "the finalists were benchmarked with different devices, ONNX Runtime options or requests"
+    device = devices.pop() or "cpu"
+    if device == "cuda" and gpu is None:
+        return "they ran on CUDA, and this node has no GPU (give select `resources: {gpu: 1}`)"
+    concurrency = {(row.get("operating_point") or {}).get("concurrency") for row in rows}
+    if len(concurrency) != 1 or not isinstance(next(iter(concurrency)), int):
+        return "the finalists are judged at different concurrencies"
+    clients = concurrency.pop()
+    stat = objective.get("percentile", "p50")
+    new_tokens = int(requests[0]["new_tokens"])
+    longest = 0.0
+    for name, bench in benches.items():
+        level = next((g for g in bench.get("generation") or [] if g.get("concurrency") == clients), {})
+        ttft, tpot = (level.get("ttft_ms") or {}).get(stat), (level.get("tpot_ms") or {}).get(stat)
+        if not isinstance(ttft, (int, float)) or not isinstance(tpot, (int, float)):
+            return f"{name}'s benchmark has no {stat} time to first token and per output token at concurrency {clients}"
+        longest = max(longest, ttft + tpot * (new_tokens - 1))
+    from .windows import MIN_WINDOW_S
+
+    window = max(MIN_WINDOW_S, 2.0 * longest / 1000.0)
+    cap = max_seconds or finalist_cap(min(float(m.get("max_duration_s") or 3.0) for m in methods))
+    return {"generation": {**requests[0], "concurrency": clients}, "figure": stat, "batch_size": 1,
+            "options": options[0] or {}, "device": device, "window_s": window, "max_seconds": cap,
+            "models": {name: models[name] for name in benches}}
