@@ -198,7 +198,7 @@ def gpu(args: argparse.Namespace) -> list[dict[str, Any]]:
             cuda_model = copy.deepcopy(model).to(device, getattr(torch, dtype))
             decoder = TorchDecoder(cuda_model, layout, device)
             candidate = forced_candidate(decoder, prompts, reference)
-            record, _, _ = compare_generation(prompts, reference, candidate)
+            record, _, _ = compare_generation(prompts, reference, candidate, 0.0)
             matched = f"{sum(record['tokens_matched'])}/{record['prompts'] * record['new_tokens']}"
             import numpy as np
 

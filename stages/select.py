@@ -50,7 +50,10 @@ from trtflow.stage import (
     StageContext,
 )
 
-from .decision.selection import Candidate, Params, accuracy_of, decide, performance_of, table
+from .decision.candidates import Candidate, accuracy_of, performance_of
+from .decision.params import Params
+from .decision.reasons import table
+from .decision.selection import decide
 
 # ---------------------------------------------------------------------------------------------------------
 # Gathering the inputs
@@ -214,11 +217,19 @@ def _time_finalists(ctx: StageContext, params: Params, selection: Mapping[str, A
         ctx.log.info("finalists not timed together: %s", plan)
         return {"why": plan}
     names = ", ".join(plan["models"])
-    ctx.progress(0.0, f"timing the finalists {names} together at batch {plan['batch_size']}")
+    where = f"concurrency {plan['generation']['concurrency']}" if "generation" in plan else \
+        f"batch {plan['batch_size']}"
+    ctx.progress(0.0, f"timing the finalists {names} together at {where}")
     try:
         with ctx.native_step("onnxruntime", f"timing the finalists {names} together"):
-            timers = onnxruntime_timers(plan["models"], plan["shapes"], plan["options"], plan["device"],
-                                        plan["warmup_ms"], ctx.log, plan["data"], ctx.resolve)
+            if "generation" in plan:
+                from .measure.serving.generation import generation_timers
+
+                timers = generation_timers(plan["models"], plan["generation"], plan["options"], plan["device"],
+                                           ctx.log)
+            else:
+                timers = onnxruntime_timers(plan["models"], plan["shapes"], plan["options"], plan["device"],
+                                            plan["warmup_ms"], ctx.log, plan["data"], ctx.resolve)
             from .measure.serving.traffic import steady_interpreter
 
             with steady_interpreter():

@@ -330,7 +330,7 @@ def _finish(ctx: StageContext, params: Params, metrics: dict[str, Any]) -> Valid
 
 def _validate_generation(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
     """Greedy generation from prompts: the reference free, the candidate teacher-forced (`accuracy.generation`)."""
-    from .accuracy.generation import compare_generation, decoder_reference, forced_candidate
+    from .accuracy.generation import compare_generation, decoder_reference, forced_candidate, free_candidate
     from .accuracy.ort_fixes import fix_for_onnxruntime
     from .accuracy.passes import ort_hint, ort_repro, ort_settings
     from .data.prompts import load_prompts
@@ -360,15 +360,21 @@ def _validate_generation(ctx: StageContext, inputs: dict[str, Path], params: Par
                          repro=ort_repro(candidate_options, "candidate"), hint=ort_hint(candidate_path,
                                                                                       candidate_options)):
         ctx.progress(0.5, "candidate: fed the reference's tokens (teacher forcing)")
-        candidate = forced_candidate(OrtDecoder(create_session(fixed_path, candidate_options)), prompts, reference)
-    record, joined_reference, joined_candidate = compare_generation(prompts, reference, candidate)
+        decoder = OrtDecoder(create_session(fixed_path, candidate_options))
+        candidate = forced_candidate(decoder, prompts, reference)
+        ctx.progress(0.7, "candidate: generating freely (its own tokens fed back)")
+        free = free_candidate(decoder, prompts, check.new_tokens)
+    origin = candidate_origin(candidate_path)
+    allowance = check.near_tie_margin if check.near_tie_margin is not None else \
+        resolved_tolerance(params, "logits", expected_precision(params.expect, origin))["atol"]
+    record, joined_reference, joined_candidate = compare_generation(prompts, reference, candidate, allowance, free)
     record["prompts_from"] = check.prompts.describe()
     ctx.progress(0.9, f"tokens matched per prompt: {record['tokens_matched']} of {check.new_tokens}")
     return {
         "node": ctx.node,
         "reference": "onnxruntime (CPU), greedy generation",
         "candidate": "onnxruntime (CPU), fed the reference's tokens",
-        "candidate_origin": candidate_origin(candidate_path),
+        "candidate_origin": origin,
         "data": record["prompts_from"],
         "uncalibrated_data": check.prompts.path is None,
         "rows": sum(len(tokens) for tokens, _ in reference),

@@ -13,7 +13,8 @@ from collections.abc import Iterable
 MAX_DIGITS = 17  # a double's shortest round-trip text needs at most 17 significant digits
 
 
-def _finite(value: object) -> bool:
+def finite(value: object) -> bool:
+    """A real number (not a bool) that is neither infinite nor nan."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -21,9 +22,9 @@ def distinct(value: float, others: Iterable[float | None] = (), least: int = 4) 
     """``value`` with ``least`` significant digits, or as many more as it takes for its text to differ from the
     text of each other value it differs from (and not to read as that other value): 0.99999994 against 1 is
     "0.99999994", not "1"."""
-    if not _finite(value):
+    if not finite(value):
         return str(value)
-    rivals = [float(o) for o in others if _finite(o) and o != value]  # type: ignore[arg-type]
+    rivals = [float(o) for o in others if finite(o) and o != value]  # type: ignore[arg-type]
     for digits in range(least, MAX_DIGITS + 1):
         text = f"{value:.{digits}g}"
         if all(text != f"{o:.{digits}g}" and float(text) != o for o in rivals):
@@ -34,7 +35,7 @@ def distinct(value: float, others: Iterable[float | None] = (), least: int = 4) 
 def decimals_apart(values: Iterable[float | None], least: int = 6) -> int:
     """The fewest decimals (at least ``least``) with which the distinct finite ``values`` all print differently
     in fixed-point notation (a column of cosine similarities: 1.00000000 and 0.99999994)."""
-    found = sorted({float(v) for v in values if _finite(v)})  # type: ignore[arg-type]
+    found = sorted({float(v) for v in values if finite(v)})  # type: ignore[arg-type]
     for decimals in range(least, MAX_DIGITS + 1):
         texts = {f"{v:.{decimals}f}" for v in found}
         if len(texts) == len(found):

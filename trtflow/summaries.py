@@ -5,9 +5,10 @@ A node's summary is plain JSON-ready data (it goes into the journal and the stor
 stage's own business; the keys below are the ones somebody else reads: the reports (`trtflow.report.decision`,
 `trtflow.report.kernels`), the ``select`` stage, which reads validations and benchmarks, and pinned baselines
 (`measure.judging.baseline`), which keep a validation's and a benchmark's figures. The stages that build these
-summaries (``benchmark.summary_of``, ``validate.run``, ``decision.selection.decide``, ``accuracy_of``,
-``performance_of``) are annotated with these types, and ``tests/stages/test_summaries.py`` checks each real
-summary against its type with `problems`, so a key renamed in a stage fails a test, not a report at run time. The
+summaries (``benchmark.summary_of``, ``validate.run``, ``decision.selection.decide``, ``decision.candidates``'
+``accuracy_of`` and ``performance_of``) are annotated with these types, and ``tests/stages/test_summaries.py``
+checks each real summary against its type with `problems`, so a key renamed in a stage fails a test, not a report
+at run time. The
 engine never imports the stages: the declarations live here, in the engine, and the stages point at them.
 
 Keys marked ``Required`` are always there; the others are there when the measurement made them (``top_kernels``
@@ -80,12 +81,15 @@ class ValidateSummary(TypedDict, total=False):
 
 
 class CandidateAccuracy(TypedDict, total=False):
-    """A candidate's accuracy as a selection keeps it (`decision.selection.accuracy_of` of a validate.json)."""
+    """A candidate's accuracy as a selection keeps it (`decision.candidates.accuracy_of` of a validate.json)."""
 
     node: Required[str]
     passed: Required[bool]
     cosine_similarity: Required[float | None]  # the worst output's
     mean_abs_error: Required[float | None]
+    max_abs_error: float | None
+    tokens_matched: float  # a generation check's mean leading tokens matched per prompt
+    uncertainty: dict[str, dict[str, float]]  # per figure: its numerical resolution and 95% spread over the rows
 
 
 class PerformancePoint(TypedDict, total=False):
@@ -115,7 +119,7 @@ class GenerationLevel(TypedDict, total=False):
 
 
 class CandidatePerformance(TypedDict, total=False):
-    """A candidate's benchmark as a selection keeps it (`decision.selection.performance_of` of a benchmark.json)."""
+    """A candidate's benchmark as a selection keeps it (`decision.candidates.performance_of` of a benchmark.json)."""
 
     node: Required[str]
     backend: Required[str | None]

@@ -1,7 +1,8 @@
 """How a candidate's outputs are compared with a reference's, and judged.
 
 Measurements (`measure_outputs`: Polygraphy's ``SimpleCompareFunc`` and ``CosineSimilarityCompareFunc`` over each
-output joined across the data set, and an error front per output; `measure_task_metric`: a user's metric) are kept
+output joined across the data set, an error front per output, and what each figure can tell apart: its numerical
+resolution and its spread over the rows, `accuracy.resolution`; `measure_task_metric`: a user's metric) are kept
 apart from verdicts (`judge_output`, `judge_task_metrics`: tolerances by the precision the candidate was built in,
 overridable per output), so a changed tolerance re-judges stored measurements. An elementwise gate is re-judged
 from each output's error front (`error_front`), which says exactly whether any element exceeds both tolerances.
@@ -17,6 +18,8 @@ from pydantic import Field, model_validator
 
 from trtflow.digits import distinct
 from trtflow.stage import StageFailed, StageParams
+
+from .resolution import figure_uncertainty
 
 Precision = Literal["fp32", "tf32", "fp16", "bf16", "int8", "fp8", "int4", "fp4"]
 
@@ -200,6 +203,7 @@ def measure_outputs(reference: Mapping[str, Any], candidate: Mapping[str, Any]) 
             "nan_errors": nan_errors,
             "error_front": front,
             "error_front_exact": exact,
+            **figure_uncertainty(ref, cand),
         }
     return report
 

@@ -2,7 +2,7 @@
 ``generation`` levels (`measure.serving.generation`: one per concurrency, each with ``ttft_ms`` and ``tpot_ms``
 statistics, their sample count ``n`` and 95% intervals ``ci``).
 
-Pure functions on JSON-ready data; `decision.selection` turns the chosen level into an operating point.
+Pure functions on JSON-ready data; `decision.operating_point` turns the chosen level into an operating point.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ def levels_of(benchmark_json: Mapping[str, Any]) -> list[dict[str, Any]]:
     kept = []
     for level in benchmark_json.get("generation") or []:
         kept.append({key: level.get(key) for key in ("concurrency", "requests", "ttft_ms", "tpot_ms",
-                                                     "output_tokens_per_s", "converged", "flags")})
+                                                     "output_tokens_per_s", "converged", "flags", "cpu_wait_share",
+                                                     "unmeasurable")})
     return kept
 
 
@@ -66,7 +67,8 @@ def point_source(level: Mapping[str, Any], stat: str) -> dict[str, Any]:
     ttft, ttft_ci = figure(level, "ttft_ms", stat)
     return {"concurrency": level.get("concurrency"), "latency_ms": {stat: tpot},
             "latency_ci_ms": {stat: tpot_ci} if tpot_ci else {}, "ttft_ms": ttft, "ttft_ci_ms": ttft_ci,
-            "requests": level.get("requests"), "throughput_qps": level.get("output_tokens_per_s")}
+            "requests": level.get("requests"), "throughput_qps": level.get("output_tokens_per_s"),
+            "unmeasurable": level.get("unmeasurable")}
 
 
 def first_token_text(source: Mapping[str, Any], stat: str, max_ttft_ms: float | None) -> str:

@@ -22,9 +22,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..measure.statistics.paired import Schedule, round_robin, select_budget
+from ..measure.statistics.paired import Schedule, select_budget
 from ..measure.statistics.unpaired import Figure, worse_beyond
-from ..measure.timing.finalists import spread
+from ..measure.timing.finalists import judge_rounds, spread
 
 
 def objective_figure(goal: str, value: float | None, interval: Any) -> Figure | None:
@@ -63,15 +63,16 @@ def row_ratio(row: Mapping[str, Any]) -> Figure:
 
 def paired_ties(record: Mapping[str, Any]) -> tuple[str, dict[str, dict[str, Any]]]:
     """The leader of finalists timed together (`measure.timing.finalists.measure_round_robin`'s record) and, per other
-    finalist, its ratio to the leader (> 1 is worse), the bounds, the rounds it rests on and the outcome: ``loses``
-    (worse beyond the band with confidence), ``within`` (inside the band with confidence) or ``undecided``."""
+    finalist, its ratio to the leader (> 1 is worse), the bounds, the rounds it rests on, the rounds set aside as
+    disturbed, and the outcome: ``loses`` (worse beyond the band with confidence), ``within`` (inside the band with
+    confidence) or ``undecided``."""
     names = list(record["names"])
     budget = select_budget(len(names))
     limit = math.log(1.0 + float(record["tolerance_percent"]) / 100.0)
-    leader, looks = round_robin(record["rounds"], names, record["figure"], limit, budget,
-                                Schedule(tuple(record["looks"])), bool(record["ended"]))
+    leader, looks, aside = judge_rounds(record["rounds"], names, record["figure"], limit, budget,
+                                        Schedule(tuple(record["looks"])), bool(record["ended"]))
     outcome = {"fail": "loses", "pass": "within", "inconclusive": "undecided"}
     found = {name: {"ratio": math.exp(look.estimate), "low": math.exp(look.low), "high": math.exp(look.high),
-                    "rounds": look.pairs, "outcome": outcome[look.outcome],
+                    "rounds": look.pairs, "set_aside": aside[name], "outcome": outcome[look.outcome],
                     "noise": spread(record, name, leader)} for name, look in looks.items()}
     return leader, found

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from trtflow.report.documents import to_html, to_markdown
-from trtflow_stages.decision.selection import Candidate, Params, decide
+from trtflow_stages.decision.candidates import Candidate
+from trtflow_stages.decision.params import Params
+from trtflow_stages.decision.selection import decide
 
 
 def _bench(node: str, points, load=()):

@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 from trtflow.errors import RecipeError
-from trtflow_stages.decision.selection import Candidate, Params, decide, pareto_front, table
+from trtflow_stages.decision.candidates import Candidate
+from trtflow_stages.decision.params import Params
+from trtflow_stages.decision.reasons import table
+from trtflow_stages.decision.selection import decide, pareto_front
 from trtflow_stages.select import gate, gather
 
 
@@ -60,7 +63,8 @@ def test_ties_within_tolerance_go_to_the_tie_breakers():
     # at batch 1, int8 (0.99 ms) and fp32 (1.0 ms) are within 2%: accuracy first picks fp32, size first int8
     accurate = decide(candidates(), Params.model_validate({"objective": {"batch_size": 1}}))
     assert accurate["selected"] == "fp32"
-    assert "lost the tie-break on accuracy (cosine similarity): 0.997 vs 1" in by_name(accurate)["int8"]["reason"]
+    assert "lost the tie-break on accuracy: mean abs error 0.003 vs 0, max abs error 0.003 vs 0, cosine similarity " \
+        "0.997 vs 1 for fp32" in by_name(accurate)["int8"]["reason"]
     small = decide(candidates(), Params.model_validate(
         {"objective": {"batch_size": 1}, "tie_breakers": {"order": ["size"]}}))
     assert small["selected"] == "int8" and "chosen by size: 1 MB vs 4 MB for fp32" in by_name(small)["int8"]["reason"]
@@ -295,7 +299,8 @@ def test_a_win_needs_confidence_beyond_the_tolerance_else_the_tie_breakers_decid
     rows = by_name(tie)
     assert tie["selected"] == "fp32" and tie["tie_within_noise"] and tie["tied"] == ["fp32", "int8"]
     assert rows["fp32"]["reason"].startswith("selected: tie within noise on lowest p50 latency at batch 8")
-    assert "chosen by accuracy: cosine similarity 1 vs 0.997 for int8" in rows["fp32"]["reason"]
+    assert "chosen by accuracy: mean abs error 0 vs 0.003, max abs error 0 vs 0.003, cosine similarity 1 vs " \
+        "0.997 for int8" in rows["fp32"]["reason"]
     assert "tie within noise with fp32" in rows["int8"]["reason"] and "lost the tie-break on accuracy" in \
         rows["int8"]["reason"]
     # the decision is a function of the figures: the same inputs always give the same choice
@@ -395,13 +400,86 @@ def test_run_times_the_finalists_together_on_onnxruntime(tmp_path, tiny_mlp_onnx
                                    "why": "simplify's benchmark does not record the shapes of batch 2"}
 
 
-def test_a_tie_break_on_accuracy_names_both_figures_with_the_digits_that_tell_them_apart():
-    # fp16 within 1e-7 of fp32's exact 1: both print "1" at 6 digits; the reason must not read "1 vs 1" or "(1)"
-    items = [Candidate("fp32", "onnx", 4_000_000, "fp32", validation=valid("v-fp32", 1.0),
-                       benchmark=bench("b-fp32", [(1, 1.0)])),
-             Candidate("fp16", "onnx", 2_000_000, "fp16", validation=valid("v-fp16", 0.99999994),
-                       benchmark=bench("b-fp16", [(1, 1.0)]))]
+def _validated(node: str, reference, candidate) -> dict:
+    """A candidate's accuracy as select keeps it, from outputs measured as validate measures them."""
+    from trtflow_stages.accuracy.compare import measure_outputs
+    from trtflow_stages.decision.candidates import accuracy_of
+
+    outputs = measure_outputs({"y": reference}, {"y": candidate})
+    return accuracy_of({"passed": True, "outputs": outputs}, node)
+
+
+def test_accuracy_decides_only_beyond_resolution_and_spread_the_reported_case():
+    # issue 32: "chosen by accuracy: cosine similarity 1 vs 0.99999998 for simplify" picked the fp16 candidate (mean
+    # error 1.68e-5) over the fp32 one (9.3e-9): the cosines' eighth digit is float rounding, the mean errors are
+    # 1,800 times apart. A validate.json as it was written then (no uncertainty recorded):
+    from trtflow_stages.decision.candidates import accuracy_of
+
+    def stored(node: str, cosine: float, mean: float, largest: float) -> dict:
+        return accuracy_of({"passed": True, "outputs": {"y": {"elements": 10_000, "cosine_similarity": cosine,
+                                                              "mean_abs_error": mean, "max_abs_error": largest}}},
+                           node)
+
+    items = [Candidate("simplify", "onnx", 4_000_000, "fp32",
+                       validation=stored("v-simplify", 0.99999998, 9.3e-9, 6e-8),
+                       benchmark=bench("b-simplify", [(1, 1.0)])),
+             Candidate("convert", "onnx", 2_000_000, "fp16", validation=stored("v-convert", 1.0, 1.68e-5, 1.2e-4),
+                       benchmark=bench("b-convert", [(1, 1.0)]))]
     rows = by_name(decide(items, Params()))
-    assert rows["fp32"]["reason"].endswith("; chosen by accuracy: cosine similarity 1 vs 0.9999999 for fp16")
-    assert rows["fp16"]["reason"].endswith("lost the tie-break on accuracy (cosine similarity): 0.9999999 vs 1 for "
-                                           "fp32")
+    assert rows["simplify"]["rank"] == 1
+    assert "chosen by accuracy: mean abs error 9.3e-09 vs 1.68e-05, max abs error 6e-08 vs 0.00012, cosine " \
+        "similarity 0.99999998 vs 1 within its resolution and spread" in rows["simplify"]["reason"]
+    assert "lost the tie-break on accuracy: mean abs error 1.68e-05 vs 9.3e-09" in rows["convert"]["reason"]
+
+    # the same from outputs measured the way validate measures them: fp16 rounding against fp32 noise at rounding
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    reference = rng.normal(0.0, 0.1, (16, 500)).astype(np.float32)
+    fp16 = reference.astype(np.float16).astype(np.float32)
+    fp32 = (reference + rng.normal(0.0, 1e-8, reference.shape)).astype(np.float32)
+    fp32_too = (reference + rng.normal(0.0, 1e-8, reference.shape)).astype(np.float32)
+    measured = [Candidate("fp32", "onnx", 4_000_000, "fp32", validation=_validated("v-fp32", reference, fp32),
+                          benchmark=bench("b-fp32", [(1, 1.0)])),
+                Candidate("fp16", "onnx", 2_000_000, "fp16", validation=_validated("v-fp16", reference, fp16),
+                          benchmark=bench("b-fp16", [(1, 1.0)]))]
+    rows = by_name(decide(measured, Params()))
+    assert rows["fp32"]["rank"] == 1 and "chosen by accuracy: mean abs error" in rows["fp32"]["reason"]
+    # with size first, the smaller one wins: accuracy only breaks what size leaves tied
+    assert decide(measured, Params.model_validate({"tie_breakers": {"order": ["size", "accuracy"]}}))[
+        "selected"] == "fp16"
+
+    # two fp32 candidates apart only by rounding: accuracy cannot order them, the next tie-breaker (size) decides
+    twins = [Candidate("a", "onnx", 4_000_000, "fp32", validation=_validated("v-a", reference, fp32),
+                       benchmark=bench("b-a", [(1, 1.0)])),
+             Candidate("b", "onnx", 3_000_000, "fp32", validation=_validated("v-b", reference, fp32_too),
+                       benchmark=bench("b-b", [(1, 1.0)]))]
+    selection = decide(twins, Params())
+    rows = by_name(selection)
+    assert rows["b"]["rank"] == 1 and "chosen by size: 3 MB vs 4 MB for a" in rows["b"]["reason"]
+    assert "accuracy did not order them: mean abs error" in rows["b"]["reason"]
+    assert "within its resolution and spread" in rows["b"]["reason"]
+    lines = table(selection).splitlines()  # the table prints their cosines alike, at the cosine's resolution
+    assert lines[1].split()[4] == lines[2].split()[4]
+
+
+def test_accuracy_figures_that_disagree_leave_the_decision_to_the_next_tie_breaker():
+    # a has the better mean error, b the better max error, each beyond its resolution and spread: not ordered
+    def record(node: str, mean: float, largest: float) -> dict:
+        return {"node": node, "passed": True, "cosine_similarity": 0.999, "mean_abs_error": mean,
+                "max_abs_error": largest, "failures": [],
+                "uncertainty": {"mean_abs_error": {"resolution": 1e-7, "spread": 1e-5},
+                                "max_abs_error": {"resolution": 1e-6, "spread": 1e-3}}}
+
+    items = [Candidate("a", "onnx", 4_000_000, "int8", validation=record("v-a", 1e-3, 0.5),
+                       benchmark=bench("b-a", [(1, 1.0)])),
+             Candidate("b", "onnx", 3_000_000, "int8", validation=record("v-b", 2e-3, 0.1),
+                       benchmark=bench("b-b", [(1, 1.0)]))]
+    rows = by_name(decide(items, Params()))
+    assert rows["b"]["rank"] == 1 and "chosen by size" in rows["b"]["reason"]
+    # a mean error beyond the spread with nothing against it decides
+    items[1].validation = record("v-b", 2e-3, 0.5)
+    assert decide(items, Params())["selected"] == "a"
+    # within the rows' spread it does not
+    items[1].validation = record("v-b", 1.005e-3, 0.5)
+    assert decide(items, Params())["selected"] == "b"

@@ -29,7 +29,9 @@ from trtflow.summaries import (
 )
 from trtflow.testing import run_stage
 from trtflow_stages import benchmark, validate
-from trtflow_stages.decision.selection import Candidate, Params, accuracy_of, decide, performance_of
+from trtflow_stages.decision.candidates import Candidate, accuracy_of, performance_of
+from trtflow_stages.decision.params import Params
+from trtflow_stages.decision.selection import decide
 from trtflow_stages.measure.timing.kernel_profile import summarize, top_kernels
 
 SHORT = {"warmup_ms": 5, "min_iterations": 5, "min_duration_s": 0.0}

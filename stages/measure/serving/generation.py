@@ -16,13 +16,16 @@ or ``max_duration_s`` is spent, else flagged ``not-converged``), with the interp
 benchmark (`measure.serving.traffic.steady_interpreter`: garbage collection off); each figure's interval is the one
 every latency gets (`measure.statistics.intervals.uncertainty`: order statistics for the percentiles, a bootstrap for
 the mean, widened by the windows' spread), so each figure carries its count of requests (n) and its 95% interval.
+Like every point, a level is flagged ``busy-host`` when the host disturbed it and ``unmeasurable`` when its requests
+waited for a CPU most of their time (`judge_host`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -155,8 +158,37 @@ def measure_level(decoder: Any, prompts: Sequence[Any], new_tokens: int, clients
     }
     if all(isinstance(w, (int, float)) for w in waits) and wall_ms > 0:
         level["cpu_wait_percent"] = round(sum(waits) / wall_ms * 100.0, 2)  # type: ignore[arg-type]
+        durations = [a + b * (new_tokens - 1) for w, v in zip(first, per_token, strict=True)
+                     for a, b in zip(w.latencies_ms, v.latencies_ms, strict=True)]
+        if durations:
+            level["cpu_wait_ms_per_request"] = sum(waits) / len(durations)  # type: ignore[arg-type]
+            level["cpu_wait_share"] = min(level["cpu_wait_ms_per_request"] / (sum(durations) / len(durations)), 1.0)
     if unmet:
         level["not_converged_because"] = unmet
+    return level
+
+
+def judge_host(level: dict[str, Any], host: dict[str, Any], device: str) -> dict[str, Any]:
+    """The rules every benchmark point gets, for a generation level: a ``busy-host`` warning when the host disturbed
+    it (`measure.timing.interference.busy_warning`, from what else ran over the level and its own threads' CPU wait),
+    and ``unmeasurable`` when its requests waited for a CPU at least half of their time
+    (`measure.statistics.unpaired.UNMEASURABLE_WAIT`): its figures then time the host, and select and the gates
+    do not rank on them."""
+    from ..statistics.unpaired import UNMEASURABLE_WAIT
+    from ..timing.interference import busy_warning
+
+    level["host"] = {**host, **({"wait_percent": level["cpu_wait_percent"]} if "cpu_wait_percent" in level else {})}
+    warnings = [w for w in level.get("warnings") or [] if w.get("flag") != "busy-host"]
+    warning = busy_warning(level["host"], device)
+    if warning is not None:
+        warnings.append(warning)
+    share = level.get("cpu_wait_share")
+    if isinstance(share, (int, float)) and share >= UNMEASURABLE_WAIT:
+        level["unmeasurable"] = f"unmeasurable: the benchmark waited for a CPU {share * 100:.0f}% of the time"
+        warnings.append({"flag": "unmeasurable", "message": level["unmeasurable"] + " (its requests' own time): "
+                         "the figures time the host, not the model"})
+    level["warnings"] = warnings
+    level["flags"] = sorted({*level.get("flags", []), *(w["flag"] for w in warnings)})
     return level
 
 
@@ -169,8 +201,10 @@ def random_prompts(count: int, length: int, vocab_size: int, seed: int) -> list[
 
 
 def measure_generation(decoder: Any, bench: GenerationBench, plan: WindowPlan,
-                       progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Every concurrency level of ``bench`` on ``decoder`` (`runtimes.generation`), in order."""
+                       progress: Callable[[str], None] | None = None, device: str = "cpu") -> list[dict[str, Any]]:
+    """Every concurrency level of ``bench`` on ``decoder`` (`runtimes.generation`), in order, each judged for a
+    busy host and CPU waiting (`judge_host`) over what else ran while it was timed."""
+    from ..timing.interference import HostWatch
     from .traffic import steady_interpreter
 
     bench.check_fits(decoder.layout.context_length)
@@ -178,9 +212,13 @@ def measure_generation(decoder: Any, bench: GenerationBench, plan: WindowPlan,
                              bench.seed)
     # no garbage collection while timing: a full collection in a process holding a model takes tens of ms, which
     # would land in some requests' figures (seen on a GPU before this was here: TPOT 46 ms instead of 5)
+    levels = []
     with steady_interpreter():
-        return [measure_level(decoder, prompts, bench.new_tokens, clients, plan, progress=progress)
-                for clients in bench.concurrency]
+        for clients in bench.concurrency:
+            watch = HostWatch()
+            level = measure_level(decoder, prompts, bench.new_tokens, clients, plan, progress=progress)
+            levels.append(judge_host(level, watch.report(), device))
+    return levels
 
 
 def level_line(level: dict[str, Any]) -> str:
@@ -190,3 +228,31 @@ def level_line(level: dict[str, Any]) -> str:
             f"{first['ci']['p50'][1]:.4g}], TPOT p50 {per['p50']:.4g} ms [{per['ci']['p50'][0]:.4g}, "
             f"{per['ci']['p50'][1]:.4g}], n={level['requests']} requests, "
             f"{level['output_tokens_per_s']:.4g} tokens/s" + ("" if level["converged"] else " (not converged)"))
+
+
+def generation_timers(models: Mapping[str, Path], requests: Mapping[str, Any], options: Mapping[str, Any],
+                      device: str, log: Any) -> dict[str, Callable[[float, int], Window]]:
+    """A window timer per ONNX model with its KV cache (select's finalists judged on time per output token): each
+    window runs the benchmark's closed-loop requests (``requests``: context_length, new_tokens, seed, concurrency)
+    on an ONNX Runtime session with the benchmark's ``options`` on ``device`` and returns the requests' times per
+    output token (`measure.timing.finalists.measure_round_robin` takes their statistics per round)."""
+    from ...accuracy.recovery import runtime_options
+    from ...runtimes.generation import OrtDecoder, greedy
+    from ...runtimes.ort import OrtOptions, create_session
+    from ..timing.calls import ort_providers
+
+    clients = int(requests["concurrency"])
+    new_tokens = int(requests["new_tokens"])
+    timers = {}
+    for name, model in models.items():
+        settings = runtime_options(model, OrtOptions.model_validate(dict(options)), log).options
+        decoder = OrtDecoder(create_session(model, settings, ort_providers(device)))
+        prompts = random_prompts(max(8, clients), int(requests["context_length"]), decoder.layout.vocab_size,
+                                 int(requests.get("seed") or 0))
+        greedy(decoder, prompts[0], new_tokens, keep_logits=False)  # warm-up
+
+        def timer(seconds: float, index: int, decoder: Any = decoder, prompts: Any = prompts) -> Window:
+            return _window(decoder, prompts, new_tokens, clients, seconds, time.perf_counter_ns)[1]
+
+        timers[name] = timer
+    return timers

@@ -1,0 +1,204 @@
+"""Does select see a real difference under noise? Its own finalist code driven by seeded models of a host's noise.
+
+Every trial runs what the ``select`` stage runs when it times its finalists together
+(`measure.timing.finalists.measure_round_robin`, then `decision.ties.paired_ties`), with the window timers replaced
+by a seeded model of a host: two finalists, the one the tie-breaker prefers (``accurate``) truly ``faster`` slower
+than the other (``fast``). The faster one is *chosen* when the preferred one loses beyond the 5% preference band
+with confidence; a trial where they stay tied (within the band, or undecided at the cap) goes to the preference.
+Nothing is timed: hundreds of trials take seconds.
+
+Hosts (`Scale`): ``gpu`` an H100 timing a small model with CUDA events (500 queries in a 0.6 s window, each +-2%,
+levels wandering 5% with 0.95 correlation, a 9 s cap per finalist); ``cpu`` this 2-core machine (24 queries in a
+0.06 s window, each +-10%, 3% stalled 2-5x, levels wandering 7%, a 0.9 s cap). Noise classes on top (`NOISE`):
+
+- ``benign``: the host's wandering level only;
+- ``window5``: every window 5% slower or faster at random (log-normal, independent);
+- ``bimodal``: one window in ten 40% slower;
+- ``heavy``: heavy-tailed queries (2% of them slowed by 1 + a Pareto(1.5) factor);
+- ``switch_fast`` / ``switch_3`` / ``switch_slow``: a co-tenant that switches on and off (each state lasting an
+  exponential time with a mean of a fifth of a window, three windows, or thirty windows) and slows the host by
+  35% while on.
+
+    python bench/select_power.py --trials 400        # a table of how often the faster finalist is chosen
+    python bench/select_power.py --trials 400 --out results/select-power.json
+
+Exit code 1 when a check fails: the faster one is chosen >= 90% of the time 10% faster on the gpu host and 20%
+faster on the cpu host, under every noise class; 2% apart (inside the 5% band), the preference decides >= 90%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+from trtflow_stages.measure.statistics.intervals import Window  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A host timing a model: what one window holds and how the host's level wanders."""
+
+    name: str
+    latency_ms: float
+    window_s: float
+    max_seconds: float
+    query_noise: float
+    stall_rate: float
+    stall_factor: tuple[float, float]
+    drift: float
+    correlation: float
+
+
+@dataclass(frozen=True)
+class Noise:
+    """What disturbs the host on top of its wandering level."""
+
+    window_sigma: float = 0.0  # iid log-normal per window
+    bimodal_rate: float = 0.0  # share of windows slowed by bimodal_factor
+    bimodal_factor: float = 1.4
+    pareto_rate: float = 0.0  # share of queries slowed by 1 + Pareto(1.5)
+    switch_windows: float | None = None  # co-tenant: mean time in each state, in windows
+    switch_slowdown: float = 0.35
+
+
+SCALES = {
+    "gpu": Scale("gpu", 1.2, 0.6, 9.0, 0.02, 0.005, (1.5, 3.0), 0.05, 0.95),
+    "cpu": Scale("cpu", 2.5, 0.06, 0.9, 0.10, 0.03, (2.0, 5.0), 0.07, 0.9),
+}
+NOISE = {
+    "benign": Noise(),
+    "window5": Noise(window_sigma=0.05),
+    "bimodal": Noise(bimodal_rate=0.1),
+    "heavy": Noise(pareto_rate=0.02),
+    "switch_fast": Noise(switch_windows=0.2),
+    "switch_3": Noise(switch_windows=3.0),
+    "switch_slow": Noise(switch_windows=30.0),
+}
+
+
+class Host:
+    """A seeded host: a wandering level (AR(1), log scale), a clock, and the noise class's disturbances."""
+
+    def __init__(self, scale: Scale, noise: Noise, seed: int) -> None:
+        self.scale, self.noise = scale, noise
+        self.rng = np.random.default_rng(seed)
+        self.level = self.rng.normal(0.0, scale.drift)
+        self.clock = 0.0
+        self.on = bool(self.rng.random() < 0.5)
+        self.next_switch = self._hold()
+
+    def _hold(self) -> float:
+        mean = (self.noise.switch_windows or 1.0) * self.scale.window_s
+        return self.clock + float(self.rng.exponential(mean))
+
+    def _tenant_share(self, seconds: float) -> float:
+        """The share of the next ``seconds`` the co-tenant is on (advancing its switches)."""
+        if self.noise.switch_windows is None:
+            return 0.0
+        start, end, on_time = self.clock, self.clock + seconds, 0.0
+        at = start
+        while self.next_switch < end:
+            on_time += (self.next_switch - at) if self.on else 0.0
+            at = self.next_switch
+            self.on = not self.on
+            self.clock = at
+            self.next_switch = self._hold()
+        on_time += (end - at) if self.on else 0.0
+        return on_time / seconds if seconds > 0 else 0.0
+
+    def window(self, factor: float, seconds: float) -> Window:
+        s, n = self.scale, self.noise
+        innovation = s.drift * math.sqrt(1.0 - s.correlation ** 2)
+        self.level = s.correlation * self.level + self.rng.normal(0.0, innovation)
+        level = self.level + (self.rng.normal(0.0, n.window_sigma) if n.window_sigma else 0.0)
+        if n.bimodal_rate and self.rng.random() < n.bimodal_rate:
+            level += math.log(n.bimodal_factor)
+        base = s.latency_ms * factor * math.exp(level)
+        share = self._tenant_share(seconds)
+        base *= 1.0 + n.switch_slowdown * share
+        queries = max(1, round(seconds * 1000.0 / base))
+        latencies = base * np.exp(self.rng.normal(0.0, s.query_noise, queries))
+        stalls = self.rng.random(queries) < s.stall_rate
+        latencies[stalls] *= self.rng.uniform(*s.stall_factor, int(stalls.sum()))
+        if n.pareto_rate:
+            tails = self.rng.random(queries) < n.pareto_rate
+            latencies[tails] *= 1.0 + self.rng.pareto(1.5, int(tails.sum()))
+        wall = float(latencies.sum())
+        self.clock += wall / 1000.0
+        return Window([float(v) for v in latencies], wall)
+
+
+def trial(scale: Scale, noise: Noise, faster: float, seed: int) -> tuple[bool, int]:
+    """One selection between two finalists timed together; (was the faster one chosen, rounds timed)."""
+    from trtflow_stages.decision.ties import paired_ties
+    from trtflow_stages.measure.timing.finalists import finalist_cap, finalist_window, measure_round_robin
+
+    host = Host(scale, noise, seed)
+    timers = {"accurate": lambda seconds, index: host.window(1.0 + faster, seconds),
+              "fast": lambda seconds, index: host.window(1.0, seconds)}
+    window = finalist_window(scale.latency_ms * (1.0 + faster), scale.window_s)  # as select's timing_plan sizes it
+    record = measure_round_robin(timers, 8, "p50", 5.0, window, finalist_cap(scale.max_seconds), seed=seed)
+    leader, duels = paired_ties(record)
+    chosen = leader == "fast" and duels["accurate"]["outcome"] == "loses"
+    return chosen, len(record["rounds"])
+
+
+def rates(trials: int, seed: int, scales: dict[str, Scale], noises: dict[str, Noise]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for scale_name, scale in scales.items():
+        difference = 0.10 if scale_name == "gpu" else 0.20
+        for noise_name, noise in noises.items():
+            row: dict[str, Any] = {}
+            for label, faster in (("faster", difference), ("within_band", 0.02)):
+                outcomes = [trial(scale, noise, faster, seed * 1_000_003 + i) for i in range(trials)]
+                row[label] = {"difference": faster, "chosen": sum(c for c, _ in outcomes) / trials,
+                              "mean_rounds": sum(r for _, r in outcomes) / trials}
+            found[f"{scale_name}/{noise_name}"] = row
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=400)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--scale", choices=sorted(SCALES), action="append")
+    parser.add_argument("--noise", choices=sorted(NOISE), action="append")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    started = time.perf_counter()
+    scales = {k: SCALES[k] for k in (args.scale or SCALES)}
+    noises = {k: NOISE[k] for k in (args.noise or NOISE)}
+    found = rates(args.trials, args.seed, scales, noises)
+    margin = 1.96 * math.sqrt(0.9 * 0.1 / args.trials)
+    ok = True
+    print(f"{args.trials} trials per row; the faster finalist chosen (gpu: 10% faster, cpu: 20%) and, 2% apart, "
+          "chosen against the preference (should be rare); mean rounds timed")
+    for key, row in found.items():
+        good = row["faster"]["chosen"] >= 0.90 and row["within_band"]["chosen"] <= 0.10
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} {key:20s} faster chosen {row['faster']['chosen']:.3f} "
+              f"({row['faster']['mean_rounds']:.1f} rounds)   2% apart chosen {row['within_band']['chosen']:.3f} "
+              f"({row['within_band']['mean_rounds']:.1f} rounds)")
+    print(f"(a rate's sampling error at 90%: +-{margin:.3f}); {time.perf_counter() - started:.1f} s")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"trials": args.trials, "seed": args.seed, "rates": found,
+                                        "scales": {k: v.__dict__ for k, v in scales.items()},
+                                        "noise": {k: v.__dict__ for k, v in noises.items()}}, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
