@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from trtflow.errors import StoreBusy, StoreError, TrtflowError
-from trtflow.storage import confined
+from trtflow.storage import confined, records
 from trtflow.storage.confined import Refused, Tree
 
 SHARED, EXCLUSIVE = "shared", "exclusive"
@@ -93,7 +93,7 @@ class StoreLock:
             return found
         for name in names:
             try:
-                info = self.tree.read_json((HOLDERS, name), confined.NOTE)
+                info = records.read(self.tree, (HOLDERS, name), records.LOCK_HOLDER)
                 if not isinstance(info, dict):
                     continue
                 if info.get("host") == os.uname().nodename and not pid_alive(int(info.get("pid", 0))):

@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import IO, Any
 
-from trtflow.storage import confined
+from trtflow.storage import confined, records
 from trtflow.storage.confined import Refused, Tree
 from trtflow.storage.manifest import outputs_problem, safe_relative_name
 
@@ -56,7 +56,7 @@ def node_folder(dest: Path, base: Path | None) -> tuple[Tree, tuple[str, ...]]:
 def read_index(folder: Tree) -> dict[str, Any]:
     """The index of ``folder``, or {} when it is absent, not a small regular file, not JSON, or of a newer format."""
     try:
-        data = folder.read_json(INDEX, confined.INDEX)
+        data = records.read(folder, INDEX, records.INDEX)
     except Refused as exc:
         log.warning("ignoring the output index %s", exc.message)
         return {}

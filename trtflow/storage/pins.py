@@ -29,7 +29,7 @@ from typing import Any
 
 from trtflow.fingerprint import hash_text, hash_value
 from trtflow.fsutil import read_regular
-from trtflow.storage import confined
+from trtflow.storage import confined, records
 from trtflow.storage.manifest import is_digest, safe_relative_name
 
 FORMAT = "trtflow-pin/1"
@@ -141,7 +141,7 @@ class PinStore:
     # ----- reading and writing
     def _read(self, rel: tuple[str, ...]) -> Pin | None:
         try:
-            return Pin.from_dict(self.tree.read_json(rel, confined.PIN))
+            return Pin.from_dict(records.read(self.tree, rel, records.PIN))
         except (OSError, ValueError):
             return None
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from trtflow.errors import StoreError, TrtflowError
 from trtflow.fingerprint import StatCache, hash_stream, signature
-from trtflow.storage import confined, outputs
+from trtflow.storage import confined, outputs, records
 from trtflow.storage.confined import Refused, Tree
 from trtflow.storage.manifest import FORMAT as MANIFEST_FORMAT
 from trtflow.storage.manifest import check_key, is_digest, manifest_problem
@@ -225,7 +225,7 @@ class Store:
     def check_format(self) -> int:
         """The store's format (1 for a store from the first release, FORMAT for a new one); refuses newer ones."""
         try:
-            data = self.tree.read_json("format.json", confined.FORMAT_FILE)
+            data = records.read(self.tree, "format.json", records.FORMAT_FILE)
             found = int(data["format"])
         except FileNotFoundError:
             try:
@@ -253,7 +253,7 @@ class Store:
     def read_manifest(self, key: str) -> dict[str, Any] | None:
         """The manifest of ``key``, or None when it is absent, unreadable or unusable (see manifest.py)."""
         try:
-            manifest = self.tree.read_json(self.manifest_rel(key), confined.MANIFEST)
+            manifest = records.read(self.tree, self.manifest_rel(key), records.MANIFEST)
         except Refused as exc:
             log.warning("ignoring the manifest %s", exc.message)
             return None
@@ -268,7 +268,7 @@ class Store:
         """What `trtflow verify --fix` noted when it removed the manifest of ``key`` (None: nothing)."""
         rel = self.manifest_rel(key)
         try:
-            note = self.tree.read_json((*rel[:-1], f"{key}.damaged"), confined.NOTE)
+            note = records.read(self.tree, (*rel[:-1], f"{key}.damaged"), records.DAMAGED_NOTE)
         except (OSError, ValueError):
             return None
         return note if isinstance(note, dict) else None
@@ -379,7 +379,7 @@ class Store:
     def read_noop_record(self, name: str) -> dict[str, Any] | None:
         """The no-op record ``name``; None if absent or unusable (a link, a pipe, too large: said so)."""
         try:
-            envelope = self.tree.read_json(self.noop_rel(name), confined.NOOP_RECORD)
+            envelope = records.read(self.tree, self.noop_rel(name), records.NOOP_RECORD)
         except Refused as exc:
             log.warning("ignoring the no-op record %s", exc.message)
             return None
@@ -404,7 +404,7 @@ class Store:
     def noop_record_keys(self, file_name: str) -> list[str] | None:
         """The keys the no-op record file ``file_name`` (in ``noop/``) rests on; None if it is unusable."""
         try:
-            envelope = self.tree.read_json((NOOP, confined.check_name(file_name)), confined.NOOP_RECORD)
+            envelope = records.read(self.tree, (NOOP, confined.check_name(file_name)), records.NOOP_RECORD)
         except (OSError, ValueError):
             return None
         keys = envelope.get("keys") if isinstance(envelope, dict) else None
@@ -429,7 +429,7 @@ class Store:
             if not rel[-1].endswith(".json") or rel[-1].startswith("."):
                 continue
             try:
-                yield self.shown(rel), self.tree.read_json(rel, confined.MANIFEST)
+                yield self.shown(rel), records.read(self.tree, rel, records.MANIFEST)
             except (OSError, ValueError):
                 yield self.shown(rel), None
 

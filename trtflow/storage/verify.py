@@ -16,7 +16,7 @@ from typing import Any
 
 from trtflow.errors import StoreError
 from trtflow.fingerprint import hash_stream
-from trtflow.storage import confined
+from trtflow.storage import confined, records
 from trtflow.storage import journal as journal_module
 from trtflow.storage.lock import EXCLUSIVE, SHARED, StoreLock
 from trtflow.storage.store import Store
@@ -140,9 +140,7 @@ def _check_refs(store: Store, fix: bool, report: VerifyReport) -> None:
             try:
                 data = tree.read_bytes((*rel, name), kind)
                 if name == "current.json":
-                    value = json.loads(data)
-                    if not isinstance(value, dict) or not isinstance(value.get("nodes"), dict):
-                        raise ValueError("not a refs record")
+                    records.parse(records.REFS, data, where)
             except FileNotFoundError:
                 continue
             except confined.Refused as exc:
