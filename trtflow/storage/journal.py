@@ -304,7 +304,8 @@ class Journal:
     def last_executed(self, node: str, recipe_id: str | None = None) -> dict[str, Any] | None:
         """The latest run of ``node`` that executed it (done, failed, gate failed or skipped)."""
         query = (f"SELECT {self._columns('node_runs', 'n')} FROM node_runs n JOIN runs r ON r.id = n.run_id "
-                 "WHERE n.node = ? AND n.status IN ('done', 'failed', 'gate_failed', 'skipped')" + (" AND r.recipe_id = ?" if recipe_id else "")
+                 "WHERE n.node = ? AND n.status IN ('done', 'failed', 'gate_failed', 'skipped')"
+                 + (" AND r.recipe_id = ?" if recipe_id else "")
                  + " ORDER BY n.started DESC LIMIT 1")
         rows = self._rows(query, (node, recipe_id) if recipe_id else (node,))
         return rows[0] if rows else None

@@ -28,7 +28,7 @@ import json
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import Field, TypeAdapter, ValidationError
 from typing_extensions import NotRequired, Required, TypedDict
@@ -317,7 +317,8 @@ FORMAT_FILE = _kind("format file", FormatFile, file=confined.FORMAT_FILE, limits
 DAMAGED_NOTE = _kind("damaged note", Json, file=confined.NOTE, limits=SMALL)
 MISSING_MARKER = _kind("missing marker", MissingMarker, file=confined.NOTE, limits=SMALL)
 LOCK_HOLDER = _kind("lock holder", LockHolder, file=confined.NOTE, limits=SMALL)
-REMOTE_FORMAT = _kind("remote format file", RemoteFormatFile, limits=SMALL, fix="fix or remove the remote's format.json")
+REMOTE_FORMAT = _kind("remote format file", RemoteFormatFile, limits=SMALL,
+                      fix="fix or remove the remote's format.json")
 REMOTE_MANIFEST = _kind("remote manifest", Manifest, limits=Limits(bytes=confined.MANIFEST.cap),
                         fix="remove the remote's manifest (the node is built again and pushed)")
 RUN_ROW = _kind("journal run", RunRow, limits=ROW, fix=FIX_JOURNAL)
@@ -467,3 +468,21 @@ def sql_capped(columns: tuple[str, ...], alias: str = "", caps: Mapping[str, int
         parts.append(f"CASE WHEN length(CAST({name} AS BLOB)) > {int(cap)} THEN "
                      f"char(0) || '{TOO_LARGE[1:]}' || length(CAST({name} AS BLOB)) ELSE {name} END AS {column}")
     return ", ".join(parts)
+
+
+def selection_of(summary: Any, where: str = "") -> summaries.SelectionSummary | None:
+    """A summary as a selection when it has a selection's shape (a chooser node) and conforms to
+    `summaries.SelectionSummary` (caps included), else None; one that looks like a selection but does not conform
+    is said (a warning naming it and the fix) and left out."""
+    if isinstance(summary, Mapping) and {"selected", "candidates", "objective"} <= set(summary) \
+            and valid(SELECTION, summary, where):
+        return cast(summaries.SelectionSummary, summary)
+    return None
+
+
+def benchmark_of(summary: Any, where: str = "") -> summaries.BenchmarkSummary | None:
+    """A summary as a benchmark's when it has measured points and conforms to `summaries.BenchmarkSummary`, else
+    None (one that has points but does not conform is said, as by `selection_of`)."""
+    if isinstance(summary, Mapping) and "points" in summary and valid(BENCHMARK, summary, where):
+        return cast(summaries.BenchmarkSummary, summary)
+    return None
