@@ -42,17 +42,17 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a reci
 
 
 def _console(stderr: bool = False) -> Any:
-    from rich.console import Console
+    from trtflow.terminal import console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    return console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
 def _whole_lines_console() -> Any:
     """A console for stdout that is not a terminal: tables as wide as their content (rich would cut them to
     $COLUMNS, or 80), so that a script, grep or a CI log gets whole ids and names."""
-    from rich.console import Console
+    from trtflow.terminal import console
 
-    return Console(highlight=False, soft_wrap=True, width=100_000, color_system=None)
+    return console(highlight=False, soft_wrap=True, width=100_000, color_system=None)
 
 
 def _emit(text: str, output: Path | None) -> None:
@@ -643,6 +643,13 @@ def main() -> None:
     """Console-script entry point: maps errors to documented exit codes."""
     # pydantic scans every installed distribution for its plugins on first use; a CLI run needs none.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    from trtflow.terminal import guard
+
+    with guard():  # every printer writes without control characters (trtflow/terminal.py)
+        _main_guarded()
+
+
+def _main_guarded() -> None:
     try:
         _add_plugin_commands(sys.argv[1:])
         app(standalone_mode=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 from trtflow.execution.protocol import CRASHED, Outcome
 from trtflow.stage import NATIVE_STEP_FILE
-from trtflow.storage import confined
+from trtflow.storage import confined, records
 from trtflow.storage.confined import Tree
 
 _SIGNAL_WORDS = {
@@ -62,7 +62,7 @@ def total_memory() -> int | None:
 
 def native_step(scratch: Path) -> dict[str, Any] | None:
     try:
-        data = Tree(scratch).read_json(NATIVE_STEP_FILE, confined.JOB)
+        data = records.read(Tree(scratch), NATIVE_STEP_FILE, records.JOB)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -29,7 +29,7 @@ from trtflow.execution.protocol import (
     Job,
     Outcome,
 )
-from trtflow.storage import confined
+from trtflow.storage import confined, records
 
 POLL_S = 0.1
 
@@ -191,7 +191,7 @@ def _signal_group(pid: int, sig: int) -> None:
 
 def _read_result(job: Job) -> dict[str, Any] | None:
     try:
-        data = job.scratch_tree().read_json(job.result_file.name, confined.JOB)
+        data = records.read(job.scratch_tree(), job.result_file.name, records.JOB)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

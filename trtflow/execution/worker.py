@@ -130,10 +130,10 @@ def _store_of(job: Job) -> str:
 
 def main(job_file: str) -> int:
     """Entry point of a node process: run the job in ``job_file``; exit code 0 when the stage succeeded."""
-    from trtflow.storage import confined
+    from trtflow.storage import confined, records
 
     tree, rel = confined.locate(job_file)
-    job = Job.from_json(tree.read_json(rel, confined.JOB))
+    job = Job.from_json(records.read(tree, rel, records.JOB))
     faulthandler.enable(file=sys.stderr, all_threads=True)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

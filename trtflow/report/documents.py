@@ -9,6 +9,7 @@ from xml.sax.saxutils import escape as xml_escape
 
 from trtflow.errors import UsageError
 from trtflow.storage import records
+from trtflow.terminal import visible
 from trtflow.storage.journal import Journal
 
 FORMATS = ("json", "markdown", "html", "junit")
@@ -47,17 +48,19 @@ def _origin(journal: Journal, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(journal: Journal, recipe: str, fmt: str) -> str:
+    """The report of ``recipe``'s latest run as ``fmt``. JSON keeps control characters escaped (``\\u001b``); the
+    other documents show each as a visible escape (`terminal.visible`), in a file as on a terminal."""
     data = collect(journal, recipe)
     if fmt == "json":
-        return json.dumps(data, indent=1, default=str) + "\n"
+        return json.dumps(data, indent=1, default=str, ensure_ascii=True) + "\n"
     if fmt == "markdown":
-        return to_markdown(data)
+        return visible(to_markdown(data))
     if fmt == "html":
         from trtflow.report.history import load as load_history
 
-        return to_html(data, load_history(journal, recipe))
+        return visible(to_html(data, load_history(journal, recipe)))
     if fmt == "junit":
-        return to_junit(data)
+        return visible(to_junit(data))
     raise UsageError(f"unknown report format {fmt!r}", hint=f"choose one of {', '.join(FORMATS)}")
 
 

@@ -160,7 +160,7 @@ def _check_journal(store: Store, fix: bool, report: VerifyReport) -> None:
         return
     journal = store.journal(readonly=True)
     try:
-        problems = journal.check()
+        problems = journal.check() or journal.damaged_rows()  # SQLite's own check, then each row as its record
     except StoreError as exc:
         problems = [exc.message]
     finally:
