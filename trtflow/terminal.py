@@ -24,7 +24,8 @@ from typing import Any, TextIO
 #: An escape sequence (CSI, OSC up to its terminator, DCS/SOS/PM/APC up to ST, or ESC and one character), or one C0
 #: control but tab and newline, DEL, or a C1 control.
 CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]?|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"
-                     r"|\x1b[^\n]?|\x9b[0-?]*[ -/]*[@-~]?|\x9d[^\x07\x1b\x9c]*[\x07\x9c]?|[\x00-\x08\x0b-\x1f\x7f-\x9f]",
+                     r"|\x1b[^\n]?|\x9b[0-?]*[ -/]*[@-~]?|\x9d[^\x07\x1b\x9c]*[\x07\x9c]?"
+                     r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]",
                      re.DOTALL)
 
 

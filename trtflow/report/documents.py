@@ -9,8 +9,8 @@ from xml.sax.saxutils import escape as xml_escape
 
 from trtflow.errors import UsageError
 from trtflow.storage import records
-from trtflow.terminal import visible
 from trtflow.storage.journal import Journal
+from trtflow.terminal import visible
 
 FORMATS = ("json", "markdown", "html", "junit")
 
