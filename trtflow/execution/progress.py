@@ -7,7 +7,6 @@ guards its table with a lock; reading progress files and /proc happens outside i
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from pathlib import Path
 
 from trtflow.execution.observers import NodeStart, RunObserver
 from trtflow.execution.results import NodeResult, Progress
-from trtflow.storage import confined
+from trtflow.storage import confined, records
 
 
 class ProgressBoard(RunObserver):
@@ -50,7 +49,7 @@ def last_progress(path: Path) -> tuple[float | None, str]:
     """The fraction and message of the last line a stage wrote with `StageContext.progress`."""
     try:
         lines = confined.tail_of(path, 4096).strip().splitlines()
-        last = json.loads(lines[-1]) if lines else {}
+        last = records.parse(records.PROGRESS_LINE, lines[-1], str(path)) if lines else {}
     except (OSError, ValueError, IndexError):
         return None, ""
     return last.get("fraction"), str(last.get("message", ""))

@@ -205,6 +205,11 @@ class RemoteFormatFile(TypedDict, total=False):
     hash: Required[str]
 
 
+class ProgressLine(TypedDict, total=False):
+    fraction: float | None
+    message: str
+
+
 class MissingMarker(TypedDict, total=False):
     since: Required[float]
 
@@ -334,11 +339,10 @@ SELECTION = _kind("selection summary", summaries.SelectionSummary, limits=Limits
                   fix="run the chooser node again (`trtflow run RECIPE --force NODE`)")
 BENCHMARK = _kind("benchmark summary", summaries.BenchmarkSummary, limits=Limits(),
                   fix="run the benchmark node again (`trtflow run RECIPE --force NODE`)")
-VALIDATION = _kind("validation summary", summaries.ValidateSummary, limits=Limits(),
-                   fix="run the validate node again (`trtflow run RECIPE --force NODE`)")
 JOB = _kind("job file", Json, file=confined.JOB, limits=Limits(bytes=confined.JOB.cap, items=1_000_000,
                                                                values=16_000_000),
             fix="run again (a node's scratch space is made afresh)")
+PROGRESS_LINE = _kind("progress line", ProgressLine, limits=SMALL, fix="nothing to do: the next line replaces it")
 
 #: Journal values (columns) are cut in SQL at this many bytes; a summary at its kind's cap.
 COLUMN_CAP = ROW.string
