@@ -33,10 +33,12 @@ nodes:
 """
 ESCAPES = "\x1b]52;c;cHduZWQ=\x07\x1b]0;owned\x07\x1b[2J\x1b[H\x9b2J\r"  # clipboard, title, clear screen, C1, CR
 VARIANTS = ("types", "huge", "deep")
-BIG = 60_000_000  # bytes of a planted journal value (the issue's 200 MB took seconds to plant; 60 MB shows a fetch)
+#: Bytes of a planted journal value: past the cap of a summary (records.SUMMARY_CAP) and of any other column.
+BIG = records.SUMMARY_CAP + (1 << 20)
 STORE = ("--store", "store")
 COMMANDS: list[tuple[str, ...]] = [
-    ("run", "chain.yaml", *STORE), ("plan", "chain.yaml", *STORE), ("status", "chain.yaml", *STORE),
+    ("run", "chain.yaml", "--executor", "inline", *STORE), ("plan", "chain.yaml", *STORE),
+    ("status", "chain.yaml", *STORE),
     ("status", *STORE, "--json"), ("show", "chain.yaml", "a", *STORE),
     *[("report", "chain.yaml", "-f", f, *STORE) for f in ("markdown", "json", "html", "junit")],
     ("history", "chain.yaml", *STORE), ("verify", *STORE), ("gc", "--dry-run", *STORE),
@@ -312,7 +314,9 @@ def main() -> None:
             shutil.copytree(base, case, symlinks=True)
             PLANTERS[name](case, records.KINDS[name], variant)
             os.chdir(case)
+            remote = ("--remote", "remote", "--no-push") if name.startswith("remote") else ()
             for args in COMMANDS:
+                args = (*args, *remote) if args[0] == "run" else args
                 started = time.monotonic()
                 code, text = invoke(args)
                 found = CONTROL.findall(text.replace("\n", "").replace("\t", ""))

@@ -220,7 +220,9 @@ class LockHolder(TypedDict, total=False):
 
 
 class RunRow(TypedDict, total=False):
-    id: Required[str]
+    """A row of the journal's ``runs`` (or the columns of it a query selects: every key is optional)."""
+
+    id: str
     recipe: str | None
     recipe_path: str | None
     started: float | None
@@ -233,8 +235,8 @@ class RunRow(TypedDict, total=False):
 
 
 class NodeRow(TypedDict, total=False):
-    run_id: Required[str | None]
-    node: Required[str]
+    run_id: str | None
+    node: str
     stage: str | None
     key: str | None
     status: str | None
@@ -250,8 +252,8 @@ class NodeRow(TypedDict, total=False):
 
 class HistoryRow(TypedDict, total=False):
     recipe_id: str | None
-    node: Required[str]
-    figure: Required[str]
+    node: str
+    figure: str
     measurement: str | None
     run_id: str | None
     recorded: float | None
@@ -299,7 +301,7 @@ class BaselineValidate(TypedDict, total=False):
 
 
 class Baseline(TypedDict, total=False):
-    format: Required[int]
+    format: Required[str]  # "trtflow-baseline/1"
     recipe: str | None
     saved: str | None
     nodes: Required[dict[str, Annotated[BaselineBenchmark | BaselineValidate, Field(discriminator="stage")]]]
