@@ -294,6 +294,13 @@ def pristine(work: Path) -> Path:
     for _ in range(2):
         code, text = invoke(("run", "chain.yaml", *STORE))
         assert code == 0, text
+    code, text = invoke(("verify", *STORE))  # the records trtflow writes pass their own checks
+    assert code == 0 and "damaged" not in text, text
+    for path in base.glob("store/**/*.json"):
+        kind = records.NOOP_RECORD if path.parts[-2] == "noop" else \
+            {"nodes": records.MANIFEST, "refs": records.REFS}.get(path.parts[-3])
+        if kind is not None:
+            records.parse(kind, path.read_bytes(), str(path))
     return base
 
 

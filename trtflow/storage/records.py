@@ -159,7 +159,7 @@ class PinInput(TypedDict, total=False):
 
 
 class PinRecord(TypedDict, total=False):
-    format: Required[int]
+    format: Required[str]  # "trtflow-pin/1"
     inputs: dict[str, PinInput]
     files: dict[str, PinObject]
     record: Json
