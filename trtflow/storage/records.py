@@ -143,7 +143,7 @@ class Manifest(TypedDict, total=False):
 
 
 class NoopEnvelope(TypedDict, total=False):
-    envelope: Required[str]
+    envelope: Required[int]
     keys: Required[list[str]]
     record: Required[Json]
 
