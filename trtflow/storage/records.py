@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, cast
@@ -380,9 +381,28 @@ def bounds_problem(value: Any, limits: Limits) -> str | None:
     return None
 
 
-def check(kind: RecordKind, value: Any, where: str = "") -> Any:
-    """``value`` (already parsed) if it keeps ``kind``'s caps and declared type; raises `Damaged`."""
-    problem = bounds_problem(value, kind.limits)
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_PAIR = re.compile(rb"\[\]|\{\}")
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+
+
+def text_depth_problem(raw: bytes, limit: int) -> str | None:
+    """Whether the JSON text ``raw`` nests deeper than ``limit``, found at the speed of ``re`` (each pass removes
+    the innermost pairs of brackets outside strings: as many passes as the text is deep, at most ``limit + 1``)."""
+    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    for _ in range(limit):
+        if not brackets:
+            return None
+        brackets = _PAIR.sub(b"", brackets)
+    return f"nested more than {limit} deep" if brackets else None
+
+
+def check(kind: RecordKind, value: Any, where: str = "", small: bytes | None = None) -> Any:
+    """``value`` (already parsed) if it keeps ``kind``'s caps and declared type; raises `Damaged`. ``small``: the
+    text it was parsed from, when too short to hold a string, a list or values past the caps (only its depth is
+    checked then, on the text)."""
+    problem = text_depth_problem(small, kind.limits.depth) if small is not None \
+        else bounds_problem(value, kind.limits)
     if problem:
         raise Damaged(kind, where, problem)
     try:
@@ -410,7 +430,9 @@ def parse(kind: RecordKind, raw: bytes | str, where: str = "") -> Any:
         raise Damaged(kind, where, f"nested more than {kind.limits.depth} deep") from None
     except (ValueError, TypeError) as error:
         raise Damaged(kind, where, f"not valid JSON: {str(error)[:200]}") from None
-    return check(kind, value, where)
+    limits = kind.limits
+    short = len(raw) <= min(limits.string, limits.items, limits.values)
+    return check(kind, value, where, small=(raw.encode() if isinstance(raw, str) else raw) if short else None)
 
 
 def read(tree: confined.Tree, rel: confined.Rel, kind: RecordKind) -> Any:
