@@ -301,6 +301,12 @@ def pristine(work: Path) -> Path:
             {"nodes": records.MANIFEST, "refs": records.REFS}.get(path.parts[-3])
         if kind is not None:
             records.parse(kind, path.read_bytes(), str(path))
+    for path in base.glob("build/chain/*/.trtflow.json"):
+        records.parse(records.INDEX, path.read_bytes(), str(path))
+    for path in base.glob("store/refs/*/*.jsonl"):
+        for line in path.read_bytes().splitlines():
+            records.parse(records.LEDGER_LINE, line, str(path))
+    records.parse(records.FORMAT_FILE, (base / "store" / "format.json").read_bytes())
     return base
 
 
