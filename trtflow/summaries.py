@@ -17,8 +17,7 @@ only with ``profile_kernels``, ``load`` only with a load sweep, ...). A reader `
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 from typing_extensions import Required, TypedDict  # pydantic reads typing_extensions.TypedDict on Python < 3.12
 
@@ -180,21 +179,6 @@ class SelectionSummary(TypedDict, total=False):
     tied: Required[list[str]]
     baseline: Required[str | None]
     unmeasurable: Required[dict[str, str]]
-
-
-def selection_of(summary: Any) -> SelectionSummary | None:
-    """A summary as a selection when it has a selection's shape (a chooser node), else None."""
-    if isinstance(summary, Mapping) and {"selected", "candidates", "objective"} <= set(summary) \
-            and isinstance(summary["candidates"], list):
-        return cast(SelectionSummary, summary)
-    return None
-
-
-def benchmark_of(summary: Any) -> BenchmarkSummary | None:
-    """A summary as a benchmark's when it has measured points, else None."""
-    if isinstance(summary, Mapping) and isinstance(summary.get("points"), list):
-        return cast(BenchmarkSummary, summary)
-    return None
 
 
 def problems(summary: Any, declared: type) -> list[str]:

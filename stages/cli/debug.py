@@ -39,9 +39,9 @@ RowsOpt = Annotated[int | None, typer.Option("--rows", min=1, help="Use only the
 
 
 def _console() -> Any:
-    from rich.console import Console
+    from trtflow.terminal import console
 
-    return Console(highlight=False, soft_wrap=True)
+    return console(highlight=False, soft_wrap=True)
 
 
 def _write_json(data: dict[str, Any], path: Path, under_build: bool) -> None:

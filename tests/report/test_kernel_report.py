@@ -11,10 +11,12 @@ def _node(name: str, summary: dict) -> dict:
 
 
 def _data() -> dict:
-    fp16 = {"points": [], "kernel_time_per_iteration_ms": 1.25, "top_kernels": [
+    fp16 = {"backend": "tensorrt", "device": "cuda:0", "repeats": 1, "points": [],
+            "kernel_time_per_iteration_ms": 1.25, "top_kernels": [
         {"name": "sm90_xmma_gemm_f16f16_f16f32", "percent": 71.5, "average_us": 12.5, "per_iteration": 48},
         {"name": "vectorized_layer_norm_kernel", "percent": 9.25, "average_us": 4.75, "per_iteration": 25}]}
-    nvfp4 = {"points": [], "kernel_time_per_iteration_ms": 2.5, "top_kernels": [
+    nvfp4 = {"backend": "tensorrt", "device": "cuda:0", "repeats": 1, "points": [],
+            "kernel_time_per_iteration_ms": 2.5, "top_kernels": [
         {"name": "fp4_fake_quant_block_kernel" + "_x" * 60, "percent": 40.0, "average_us": 20.0, "per_iteration": 49},
         {"name": "sm90_xmma_gemm_f32f32", "percent": 35.0, "average_us": 18.0, "per_iteration": 48},
         {"name": "softmax_warp_forward", "percent": 5.0, "average_us": 2.5, "per_iteration": 12}]}

@@ -17,15 +17,14 @@ import pytest
 from typing_extensions import is_typeddict
 
 from trtflow import summaries
+from trtflow.storage.records import benchmark_of, selection_of
 from trtflow.summaries import (
     BenchmarkSummary,
     CandidatePerformance,
     KernelRow,
     SelectionSummary,
     ValidateSummary,
-    benchmark_of,
     problems,
-    selection_of,
 )
 from trtflow.testing import run_stage
 from trtflow_stages import benchmark, validate

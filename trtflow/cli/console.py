@@ -8,17 +8,17 @@ from typing import Any
 
 
 def rich_console(stderr: bool = False) -> Any:
-    from rich.console import Console
+    from trtflow.terminal import console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    return console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
 def whole_lines_console() -> Any:
     """A console for stdout that is not a terminal: tables as wide as their content (rich would cut them to
     $COLUMNS, or 80), so that a script, grep or a CI log gets whole ids and names."""
-    from rich.console import Console
+    from trtflow.terminal import console
 
-    return Console(highlight=False, soft_wrap=True, width=100_000, color_system=None)
+    return console(highlight=False, soft_wrap=True, width=100_000, color_system=None)
 
 
 def emit(text: str, output: Path | None) -> None:

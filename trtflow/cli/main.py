@@ -15,6 +15,13 @@ def main() -> None:
     """Console-script entry point: maps errors to documented exit codes."""
     # pydantic scans every installed distribution for its plugins on first use; a CLI run needs none.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    from trtflow.terminal import guard
+
+    with guard():  # every printer writes without control characters (trtflow/terminal.py)
+        _main_guarded()
+
+
+def _main_guarded() -> None:
     argv = sys.argv[1:]
     try:
         if argv and argv[0] in COMMANDS:  # run and plan start without typer (and so without pydantic)

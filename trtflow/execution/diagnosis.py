@@ -16,7 +16,7 @@ from typing import Any
 
 from trtflow.execution.protocol import CRASHED, Outcome
 from trtflow.stage import NATIVE_STEP_FILE
-from trtflow.storage.confined import kinds
+from trtflow.storage import records
 from trtflow.storage.confined.reading import tail_of_fd
 from trtflow.storage.confined.tree import Tree, tail_of
 
@@ -64,7 +64,7 @@ def total_memory() -> int | None:
 def native_step(scratch: Path | Tree) -> dict[str, Any] | None:
     """The native call the node's process was in when it died (its scratch folder: held, or a path)."""
     try:
-        data = (scratch if isinstance(scratch, Tree) else Tree(scratch)).read_json(NATIVE_STEP_FILE, kinds.JOB)
+        data = records.read(Tree(scratch), NATIVE_STEP_FILE, records.JOB)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -29,7 +29,7 @@ from trtflow.execution.protocol import (
     Job,
     Outcome,
 )
-from trtflow.storage.confined import kinds
+from trtflow.storage import records
 from trtflow.storage.confined.folders import RunFolders
 from trtflow.storage.confined.tree import Tree, locate
 
@@ -202,7 +202,7 @@ def _signal_group(pid: int, sig: int) -> None:
 
 def _read_result(job: Job) -> dict[str, Any] | None:
     try:
-        data = job.scratch_tree().read_json("result.json", kinds.JOB)
+        data = records.read(job.scratch_tree(), job.result_file.name, records.JOB)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -42,7 +42,7 @@ from trtflow.evidence import Evidence
 from trtflow.fingerprint import StatCache, hash_file, hash_file_content, hash_path, hash_text, hash_value, settled
 from trtflow.fsutil import allowed_roots_for, project_root, recipe_id, resolve_user_path
 from trtflow.status import FRESH
-from trtflow.storage.confined import kinds
+from trtflow.storage import records
 from trtflow.storage.confined.names import is_plain_name
 from trtflow.storage.store import Store
 
@@ -288,7 +288,7 @@ def _gather(call: dict[str, Any], before: dict[str, Any], pipeline: Any, steps: 
     for step in steps:
         manifest_file = store.manifest_rel(step.key)
         sig = _store_sig(store, manifest_file)
-        if (store.tree.read_json(manifest_file, kinds.MANIFEST) != step.manifest
+        if (records.read(store.tree, manifest_file, records.MANIFEST) != step.manifest
                 or _store_sig(store, manifest_file) != sig):
             raise Uncertain(str(store.shown(manifest_file)))
         for out in step.manifest["outputs"].values():

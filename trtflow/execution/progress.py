@@ -7,7 +7,6 @@ guards its table with a lock; reading progress files and /proc happens outside i
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -15,6 +14,7 @@ from collections.abc import Callable
 
 from trtflow.execution.observers import NodeStart, RunObserver
 from trtflow.execution.results import NodeResult, Progress
+from trtflow.storage import records
 from trtflow.storage.confined.tree import Tree
 
 
@@ -59,7 +59,7 @@ def last_progress(scratch: Tree) -> tuple[float | None, str]:
     its scratch folder, held)."""
     try:
         lines = scratch.read_tail("progress.jsonl", 4096).strip().splitlines()
-        last = json.loads(lines[-1]) if lines else {}
+        last = records.parse(records.PROGRESS_LINE, lines[-1], str(scratch.shown("progress.jsonl"))) if lines else {}
     except (OSError, ValueError, IndexError):
         return None, ""
     return last.get("fraction"), str(last.get("message", ""))

@@ -133,12 +133,12 @@ def main(scratch_fd: int) -> int:
     """Entry point of a node process: run the job in ``job.json`` of the scratch folder held as ``scratch_fd`` (the
     descriptor the runner made it with, inherited or passed over a socket); exit code 0 when the stage
     succeeded. The folder is reached only through that descriptor (`Job.in_folder`)."""
-    from trtflow.storage.confined import kinds
+    from trtflow.storage import records
     from trtflow.storage.confined.tree import Tree
 
     os.set_inheritable(scratch_fd, False)  # a program the stage starts gets no descriptor of the store
     scratch = Tree.of_fd(scratch_fd, Path(f"/proc/self/fd/{scratch_fd}"))
-    job = Job.from_json(scratch.read_json("job.json", kinds.JOB))
+    job = Job.from_json(records.read(scratch, "job.json", records.JOB))
     scratch.path = Path(job.scratch)  # shown in messages
     job = job.in_folder(scratch)
     faulthandler.enable(file=sys.stderr, all_threads=True)

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from trtflow.fingerprint import hash_value
 from trtflow.stage import Figures, Stage
+from trtflow.storage import records
 
 #: Statuses of a node that used a result (built now, reused, or judged by its gate).
 USED = frozenset({"done", "cached", "fresh", "gate_failed"})
@@ -76,8 +77,10 @@ def _number(value: Any) -> float | None:
 
 def parse(row: Mapping[str, Any], column: str) -> dict[str, Any]:
     """A JSON column of a history row (``facts``, ``context``) as a dict; {} when absent or unreadable."""
-    try:
-        value = json.loads(row.get(column) or "{}")
-    except ValueError:
+    text = row.get(column)
+    if not text:
         return {}
-    return value if isinstance(value, dict) else {}
+    try:
+        return records.parse(records.FIGURE_FACTS, text if isinstance(text, str) else "", f"{column} of a history row")
+    except records.Damaged:
+        return {}

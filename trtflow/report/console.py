@@ -268,7 +268,7 @@ def decision_lines(results: Iterable[NodeResult]) -> list[str]:
     """What each chooser node (``select``) of the run chose and why, one line each, with the flags of the
     benchmarks it rested on (`report.decision.headline`); from the stored result when the node was up to date."""
     from trtflow.report.decision import headline
-    from trtflow.summaries import selection_of
+    from trtflow.storage.records import selection_of
 
     return [headline(res.node, selection) for res in results
             if (selection := selection_of(res.summary)) is not None]

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtflow.digits import decimals_apart
-from trtflow.summaries import SelectionSummary, benchmark_of, selection_of
+from trtflow.storage.records import benchmark_of, selection_of
+from trtflow.summaries import SelectionSummary
 
 
 @dataclass

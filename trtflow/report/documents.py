@@ -8,7 +8,9 @@ from typing import Any
 from xml.sax.saxutils import escape as xml_escape
 
 from trtflow.errors import UsageError
+from trtflow.storage import records
 from trtflow.storage.journal import Journal
+from trtflow.terminal import visible
 
 FORMATS = ("json", "markdown", "html", "junit")
 
@@ -23,11 +25,11 @@ def collect(journal: Journal, recipe: str) -> dict[str, Any]:
     run = runs[0]
     nodes = []
     for row in journal.node_runs(run["id"]):
-        summary = json.loads(row["summary"]) if row["summary"] else {}
+        summary = records.summary_of(row["summary"], f"of node {row['node']!r} in {journal.path}") or {}
         if row["status"] == "fresh" and not summary:
             last = journal.last_executed(row["node"], recipe_file)
             if last and last["summary"]:
-                summary = json.loads(last["summary"])
+                summary = records.summary_of(last["summary"], f"of node {row['node']!r} in {journal.path}") or {}
         node = {k: row[k] for k in ("node", "stage", "status", "reason", "duration", "log_path", "error", "key")}
         nodes.append(node | {"summary": summary, "run_duration": row["duration"], **_origin(journal, row)})
     return {"recipe": recipe, "recipe_file": recipe_file, "run": run, "nodes": nodes}
@@ -46,17 +48,19 @@ def _origin(journal: Journal, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(journal: Journal, recipe: str, fmt: str) -> str:
+    """The report of ``recipe``'s latest run as ``fmt``. JSON keeps control characters escaped (``\\u001b``); the
+    other documents show each as a visible escape (`terminal.visible`), in a file as on a terminal."""
     data = collect(journal, recipe)
     if fmt == "json":
-        return json.dumps(data, indent=1, default=str) + "\n"
+        return json.dumps(data, indent=1, default=str, ensure_ascii=True) + "\n"
     if fmt == "markdown":
-        return to_markdown(data)
+        return visible(to_markdown(data))
     if fmt == "html":
         from trtflow.report.history import load as load_history
 
-        return to_html(data, load_history(journal, recipe))
+        return visible(to_html(data, load_history(journal, recipe)))
     if fmt == "junit":
-        return to_junit(data)
+        return visible(to_junit(data))
     raise UsageError(f"unknown report format {fmt!r}", hint=f"choose one of {', '.join(FORMATS)}")
 
 
@@ -84,7 +88,7 @@ def _fmt(value: Any) -> str:
 
 def _node_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Nodes with their flattened metrics (a chooser's summary is the decision table instead)."""
-    from trtflow.summaries import selection_of
+    from trtflow.storage.records import selection_of
 
     return [dict(n, detail=_detail(n), metrics=[] if selection_of(n["summary"]) is not None
                  else [(k, _fmt(v)) for k, v in _flat_metrics(n["summary"])]) for n in data["nodes"]]

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trtflow.summaries import BenchmarkSummary, KernelRow, benchmark_of
+from trtflow.storage.records import benchmark_of
+from trtflow.summaries import BenchmarkSummary, KernelRow
 
 #: Longest kernel name shown in a cell (CUTLASS and cuBLAS names run to hundreds of characters).
 NAME_LIMIT = 72

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.errors import StoreError
+from trtflow.storage import records
 from trtflow.storage.lock import EXCLUSIVE, StoreLock
 from trtflow.storage.pins import PinStore
 from trtflow.storage.refs import RecipeRefs
@@ -283,7 +284,8 @@ def _latest_run_per_recipe(store: Store) -> set[str]:
         return set()
     journal = store.journal(readonly=True)
     try:
-        rows = journal._rows("SELECT id, recipe_id, recipe, started FROM runs ORDER BY started", ())
+        rows = journal._rows(f"SELECT {records.sql_capped(('id', 'recipe_id', 'recipe', 'started'))} FROM runs "
+                             "ORDER BY started", ())
     except StoreError as exc:  # a damaged or refused journal must not stop gc; `verify` reports it
         log.warning("gc could not read the journal (%s): the logs of each recipe's latest run are kept only when a "
                     "stored result comes from that run", exc.message)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.errors import StoreBusy, StoreError
+from trtflow.storage import records
 from trtflow.storage.confined.names import Refused, check_name
 from trtflow.storage.confined.tree import Tree
 
@@ -71,6 +72,10 @@ CREATE TABLE IF NOT EXISTS dep_sets (
 );
 """
 DEP_SETS_TRIED = 64  # the module sets the planner tries per pre-key, most recently used first
+
+#: The record each table's rows are checked as, and the cap of each column in bytes (`records.COLUMN_CAP` else).
+ROW_KINDS = {"runs": records.RUN_ROW, "node_runs": records.NODE_ROW, "history": records.HISTORY_ROW}
+CAPS = {"summary": records.SUMMARY_CAP, "error": records.MiB, "deps": records.DEP_SET.limits.bytes}
 
 _RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
@@ -127,6 +132,7 @@ class Journal:
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.RLock()  # one connection shared by the runner's threads: one statement at a time
         self._said = False  # a journal that cannot be used was reported
+        self._known: dict[str, tuple[str, ...]] = {}  # the columns of each table (older journals have fewer)
 
     # ----- connection
     @property
@@ -273,7 +279,7 @@ class Journal:
                               "WHERE run_id = ? AND status = 'running'", (run_id,))
 
     def runs(self, limit: int = 10, recipe_id: str | None = None) -> list[dict[str, Any]]:
-        query = "SELECT * FROM runs"
+        query = f"SELECT {self._columns('runs')} FROM runs"
         args: tuple = ()
         if recipe_id:
             query += " WHERE recipe_id = ?"
@@ -282,45 +288,89 @@ class Journal:
         return self._rows(query, (*args, limit))
 
     def run(self, run_id: str) -> dict[str, Any] | None:
-        rows = self._rows("SELECT * FROM runs WHERE id = ?", (run_id,))
+        rows = self._rows(f"SELECT {self._columns('runs')} FROM runs WHERE id = ?", (run_id,))
         return rows[0] if rows else None
 
     def node_runs(self, run_id: str) -> list[dict[str, Any]]:
-        return self._rows("SELECT * FROM node_runs WHERE run_id = ? ORDER BY rowid", (run_id,))
+        return self._rows(f"SELECT {self._columns('node_runs')} FROM node_runs WHERE run_id = ? ORDER BY rowid",
+                          (run_id,))
 
     def last_node_run(self, node: str, recipe_id: str | None = None) -> dict[str, Any] | None:
-        query = ("SELECT n.* FROM node_runs n JOIN runs r ON r.id = n.run_id WHERE n.node = ?"
+        query = (f"SELECT {self._columns('node_runs', 'n')} FROM node_runs n JOIN runs r ON r.id = n.run_id "
+                 "WHERE n.node = ?"
                  + (" AND r.recipe_id = ?" if recipe_id else "") + " ORDER BY n.started DESC LIMIT 1")
         rows = self._rows(query, (node, recipe_id) if recipe_id else (node,))
         return rows[0] if rows else None
 
     def last_executed(self, node: str, recipe_id: str | None = None) -> dict[str, Any] | None:
         """The latest run of ``node`` that executed it (done, failed, gate failed or skipped)."""
-        query = ("SELECT n.* FROM node_runs n JOIN runs r ON r.id = n.run_id WHERE n.node = ? AND n.status IN "
-                 "('done', 'failed', 'gate_failed', 'skipped')" + (" AND r.recipe_id = ?" if recipe_id else "")
+        query = (f"SELECT {self._columns('node_runs', 'n')} FROM node_runs n JOIN runs r ON r.id = n.run_id "
+                 "WHERE n.node = ? AND n.status IN ('done', 'failed', 'gate_failed', 'skipped')"
+                 + (" AND r.recipe_id = ?" if recipe_id else "")
                  + " ORDER BY n.started DESC LIMIT 1")
         rows = self._rows(query, (node, recipe_id) if recipe_id else (node,))
         return rows[0] if rows else None
 
     def built(self, key: str) -> dict[str, Any] | None:
         """The node run that built ``key`` (status done), if the journal still has it."""
-        rows = self._rows("SELECT * FROM node_runs WHERE key = ? AND status = 'done' ORDER BY started DESC LIMIT 1",
-                          (key,))
+        rows = self._rows(f"SELECT {self._columns('node_runs')} FROM node_runs WHERE key = ? AND status = 'done' "
+                          "ORDER BY started DESC LIMIT 1", (key,))
         return rows[0] if rows else None
 
     def run_ids(self) -> list[str]:
         return [r[0] for r in self._execute("listing runs", "SELECT id FROM runs").fetchall()]
 
     def _rows(self, query: str, args: tuple) -> list[dict[str, Any]]:
+        """The rows of ``query`` (one of this class's, over one table: `_columns`), each checked as its table's
+        record (`records.RUN_ROW`, ...): a damaged row is left out, with a warning that says the fix."""
         cur = self._execute("reading the journal", query, args)
         cols = [c[0] for c in cur.description]
-        return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+        found = [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+        table = next((t for t in ROW_KINDS if f"FROM {t} " in query + " "), None)
+        if table is None:
+            return found
+        return records.rows(ROW_KINDS[table], found, f"in {self.path}")
+
+    def _columns(self, table: str, alias: str = "") -> str:
+        """The SELECT list of ``table``'s columns this journal has, each value over its cap replaced by a marker
+        (`records.sql_capped`): a planted 200 MB summary is never fetched."""
+        if table not in self._known:
+            with self.guard("reading the journal"):
+                names = tuple(r[1] for r in self.conn.execute(f"PRAGMA table_info({table})").fetchall())
+            self._known[table] = tuple(n for n in names if isinstance(n, str) and n.isidentifier())
+        return records.sql_capped(self._known[table], alias, CAPS)
+
+    def damaged_rows(self) -> list[str]:
+        """What is damaged among the journal's rows (runs, node runs and their summaries, history rows), for
+        `trtflow verify`: each problem said once, at most 20."""
+        problems: list[str] = []
+        for table, kind in ROW_KINDS.items():
+            if not self._has_table(table):
+                continue
+            cur = self._execute("checking the journal", f"SELECT {self._columns(table)} FROM {table}")
+            cols = [c[0] for c in cur.description]
+            for row in cur.fetchall():
+                value = dict(zip(cols, row, strict=True))
+                try:
+                    records.check(kind, value, f"row of {table}")
+                    if table == "node_runs" and value.get("summary"):
+                        records.parse(records.NODE_SUMMARY, value["summary"], f"of node {value.get('node')!r}")
+                    if table == "history":
+                        for column in ("facts", "context"):
+                            if value.get(column):
+                                records.parse(records.FIGURE_FACTS, value[column], f"{column} of a history row")
+                except records.Damaged as exc:
+                    problems.append(exc.message)
+                if len(problems) >= 20:
+                    return problems
+        return problems
 
     def peak_rss(self, node: str, recipe_id: str) -> int | None:
         """The largest peak memory a run of this recipe file measured for ``node`` (for memory-aware scheduling)."""
         rows = self._rows("SELECT max(n.peak_rss) AS peak FROM node_runs n JOIN runs r ON r.id = n.run_id "
-                          "WHERE n.node = ? AND r.recipe_id = ?", (node, recipe_id))
-        return rows[0]["peak"] if rows and rows[0]["peak"] else None
+                          "WHERE n.node = ? AND r.recipe_id = ? AND typeof(n.peak_rss) = 'integer'", (node, recipe_id))
+        peak = rows[0]["peak"] if rows else None
+        return peak if isinstance(peak, int) and peak > 0 else None
 
     def set_peak_rss(self, run_id: str, node: str, peak: int) -> None:
         self._execute(f"recording the memory of node {node}",
@@ -355,7 +405,7 @@ class Journal:
         before the history existed has none."""
         if not self._has_table("history"):
             return []
-        query = "SELECT * FROM history WHERE recipe_id = ?"
+        query = f"SELECT {self._columns('history')} FROM history WHERE recipe_id = ?"
         args: tuple = (recipe_id,)
         if nodes:
             query += f" AND node IN ({', '.join('?' for _ in nodes)})"
@@ -381,7 +431,7 @@ class Journal:
                 self._said = True
                 log.warning("the journal cannot be used, so files are hashed again: %s", exc.message)
             return None
-        if row and tuple(row[:4]) == tuple(sig):
+        if row and tuple(row[:4]) == tuple(sig) and isinstance(row[4], str) and row[4].isalnum():
             return row[4]
         return None
 
@@ -402,17 +452,17 @@ class Journal:
         """The module sets recorded for ``pre``, most recently used first: (file labels, empty slot labels)."""
         try:
             with self._lock:
-                rows = self.conn.execute("SELECT deps FROM dep_sets WHERE pre = ? ORDER BY used DESC LIMIT ?",
-                                         (pre, DEP_SETS_TRIED)).fetchall()
+                rows = self.conn.execute(f"SELECT {records.sql_capped(('deps',), caps=CAPS)} FROM dep_sets "
+                                         "WHERE pre = ? ORDER BY used DESC LIMIT ?", (pre, DEP_SETS_TRIED)).fetchall()
         except (sqlite3.Error, StoreError):
             return []
         found = []
         for (text,) in rows:
             try:
-                files, absent = json.loads(text)
-                found.append((tuple(str(f) for f in files), tuple(str(a) for a in absent)))
-            except (ValueError, TypeError):
+                files, absent = records.parse(records.DEP_SET, text if isinstance(text, str) else "", str(self.path))
+            except records.Damaged:
                 continue
+            found.append((tuple(files), tuple(absent)))
         return found
 
     def note_dep_set(self, pre: str, deps: tuple[tuple[str, ...], tuple[str, ...]]) -> None:

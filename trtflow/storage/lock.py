@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from trtflow.errors import StoreBusy, StoreError, TrtflowError
-from trtflow.storage.confined import kinds
+from trtflow.storage import records
 from trtflow.storage.confined.names import Refused, check_name
 from trtflow.storage.confined.tree import Tree
 
@@ -94,7 +94,7 @@ class StoreLock:
             return found
         for name in names:
             try:
-                info = self.tree.read_json((HOLDERS, name), kinds.NOTE)
+                info = records.read(self.tree, (HOLDERS, name), records.LOCK_HOLDER)
                 if not isinstance(info, dict):
                     continue
                 if info.get("host") == os.uname().nodename and not pid_alive(int(info.get("pid", 0))):

@@ -23,6 +23,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import IO, Any
 
+from trtflow.storage import records
 from trtflow.storage.confined import kinds
 from trtflow.storage.confined.names import Refused, check_relative
 from trtflow.storage.confined.tree import Tree
@@ -57,7 +58,7 @@ def node_folder(dest: Path, base: Path | None) -> tuple[Tree, tuple[str, ...]]:
 def read_index(folder: Tree) -> dict[str, Any]:
     """The index of ``folder``, or {} when it is absent, not a small regular file, not JSON, or of a newer format."""
     try:
-        data = folder.read_json(INDEX, kinds.INDEX)
+        data = records.read(folder, INDEX, records.INDEX)
     except Refused as exc:
         log.warning("ignoring the output index %s", exc.message)
         return {}

@@ -29,6 +29,7 @@ from typing import Any
 
 from trtflow.fingerprint import hash_text, hash_value
 from trtflow.fsutil import read_regular
+from trtflow.storage import records
 from trtflow.storage.confined import kinds
 from trtflow.storage.confined.tree import Tree
 from trtflow.storage.manifest import is_digest, safe_relative_name
@@ -142,7 +143,7 @@ class PinStore:
     # ----- reading and writing
     def _read(self, rel: tuple[str, ...]) -> Pin | None:
         try:
-            return Pin.from_dict(self.tree.read_json(rel, kinds.PIN))
+            return Pin.from_dict(records.read(self.tree, rel, records.PIN))
         except (OSError, ValueError):
             return None
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from trtflow.errors import StoreError
 from trtflow.fingerprint import hash_text
+from trtflow.storage import records
 from trtflow.storage.confined import kinds
 from trtflow.storage.confined.kinds import Kind
 from trtflow.storage.confined.names import Refused, check_name, is_plain_name
@@ -100,18 +101,14 @@ def ledger_line(record: Mapping[str, Any]) -> bytes:
 def _jsonl(data: bytes) -> list[dict[str, Any]]:
     """The records of a ledger that name keys, oldest first (a line cut short by a crash is skipped); each record's
     ``keys`` reduced to node names mapped to well-formed keys, its ``time`` a number, its ``run_id`` a string."""
-    records = []
-    for line in data.decode("utf-8", "replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
+    found = []
+    for record in records.lines(records.LEDGER_LINE, data):
         if isinstance(record, dict) and isinstance(record.get("keys"), dict):
             record["keys"] = {n: k for n, k in record["keys"].items() if is_key(k)}
             record["time"] = _time(record)
             record["run_id"] = _run_id(record.get("run_id"))
-            records.append(record)
-    return records
+            found.append(record)
+    return found
 
 
 def _entries(nodes: object) -> dict[str, dict[str, Any]]:
@@ -183,7 +180,7 @@ class RefStore:
         """The refs of one recipe file: ``current.json`` with the pending records folded over it."""
         pending = self._pending(folder)
         try:
-            data = self.tree.read_json(self._rel(folder, CURRENT), kinds.REFS)
+            data = records.read(self.tree, self._rel(folder, CURRENT), records.REFS)
         except FileNotFoundError:
             if not pending:
                 return self._legacy(folder)
@@ -268,7 +265,7 @@ class RefStore:
     def _read_written(self, folder: str) -> RecipeRefs | None:
         """``current.json`` alone, without the pending records."""
         try:
-            data = self.tree.read_json(self._rel(folder, CURRENT), kinds.REFS)
+            data = records.read(self.tree, self._rel(folder, CURRENT), records.REFS)
         except (OSError, ValueError):
             return None
         nodes = _entries(data.get("nodes")) if isinstance(data, dict) else {}
@@ -279,7 +276,7 @@ class RefStore:
         """Since when the recipe file of ``folder`` has been seen missing: the time recorded by the first gc that
         saw it missing (recorded now, when ``record`` and none is)."""
         try:
-            since = float(self.tree.read_json(self._rel(folder, MISSING_MARKER), kinds.NOTE)["since"])
+            since = float(records.read(self.tree, self._rel(folder, MISSING_MARKER), records.MISSING_MARKER)["since"])
             if since <= now:
                 return since
         except (OSError, ValueError, KeyError, TypeError):

@@ -39,8 +39,7 @@ from typing import Any
 
 from trtflow.errors import StoreError, TrtflowError
 from trtflow.fingerprint import StatCache, hash_stream, signature
-from trtflow.storage import outputs
-from trtflow.storage.confined import kinds
+from trtflow.storage import outputs, records
 from trtflow.storage.confined.names import Refused, check_name, check_relative
 from trtflow.storage.confined.tree import Tree, as_tree
 from trtflow.storage.manifest import FORMAT as MANIFEST_FORMAT
@@ -227,7 +226,7 @@ class Store:
     def check_format(self) -> int:
         """The store's format (1 for a store from the first release, FORMAT for a new one); refuses newer ones."""
         try:
-            data = self.tree.read_json("format.json", kinds.FORMAT_FILE)
+            data = records.read(self.tree, "format.json", records.FORMAT_FILE)
             found = int(data["format"])
         except FileNotFoundError:
             try:
@@ -255,7 +254,7 @@ class Store:
     def read_manifest(self, key: str) -> dict[str, Any] | None:
         """The manifest of ``key``, or None when it is absent, unreadable or unusable (see manifest.py)."""
         try:
-            manifest = self.tree.read_json(self.manifest_rel(key), kinds.MANIFEST)
+            manifest = records.read(self.tree, self.manifest_rel(key), records.MANIFEST)
         except Refused as exc:
             log.warning("ignoring the manifest %s", exc.message)
             return None
@@ -270,7 +269,7 @@ class Store:
         """What `trtflow verify --fix` noted when it removed the manifest of ``key`` (None: nothing)."""
         rel = self.manifest_rel(key)
         try:
-            note = self.tree.read_json((*rel[:-1], f"{key}.damaged"), kinds.NOTE)
+            note = records.read(self.tree, (*rel[:-1], f"{key}.damaged"), records.DAMAGED_NOTE)
         except (OSError, ValueError):
             return None
         return note if isinstance(note, dict) else None
@@ -381,7 +380,7 @@ class Store:
     def read_noop_record(self, name: str) -> dict[str, Any] | None:
         """The no-op record ``name``; None if absent or unusable (a link, a pipe, too large: said so)."""
         try:
-            envelope = self.tree.read_json(self.noop_rel(name), kinds.NOOP_RECORD)
+            envelope = records.read(self.tree, self.noop_rel(name), records.NOOP_RECORD)
         except Refused as exc:
             log.warning("ignoring the no-op record %s", exc.message)
             return None
@@ -406,7 +405,7 @@ class Store:
     def noop_record_keys(self, file_name: str) -> list[str] | None:
         """The keys the no-op record file ``file_name`` (in ``noop/``) rests on; None if it is unusable."""
         try:
-            envelope = self.tree.read_json((NOOP, check_name(file_name)), kinds.NOOP_RECORD)
+            envelope = records.read(self.tree, (NOOP, check_name(file_name)), records.NOOP_RECORD)
         except (OSError, ValueError):
             return None
         keys = envelope.get("keys") if isinstance(envelope, dict) else None
@@ -431,7 +430,7 @@ class Store:
             if not rel[-1].endswith(".json") or rel[-1].startswith("."):
                 continue
             try:
-                yield self.shown(rel), self.tree.read_json(rel, kinds.MANIFEST)
+                yield self.shown(rel), records.read(self.tree, rel, records.MANIFEST)
             except (OSError, ValueError):
                 yield self.shown(rel), None
 

@@ -17,6 +17,7 @@ from typing import Any
 from trtflow.errors import StoreError
 from trtflow.fingerprint import hash_stream
 from trtflow.storage import journal as journal_module
+from trtflow.storage import records
 from trtflow.storage.confined import kinds
 from trtflow.storage.confined.names import Refused
 from trtflow.storage.lock import EXCLUSIVE, SHARED, StoreLock
@@ -141,9 +142,7 @@ def _check_refs(store: Store, fix: bool, report: VerifyReport) -> None:
             try:
                 data = tree.read_bytes((*rel, name), kind)
                 if name == "current.json":
-                    value = json.loads(data)
-                    if not isinstance(value, dict) or not isinstance(value.get("nodes"), dict):
-                        raise ValueError("not a refs record")
+                    records.parse(records.REFS, data, where)
             except FileNotFoundError:
                 continue
             except Refused as exc:
@@ -163,7 +162,7 @@ def _check_journal(store: Store, fix: bool, report: VerifyReport) -> None:
         return
     journal = store.journal(readonly=True)
     try:
-        problems = journal.check()
+        problems = journal.check() or journal.damaged_rows()  # SQLite's own check, then each row as its record
     except StoreError as exc:
         problems = [exc.message]
     finally:

@@ -15,7 +15,6 @@ another TensorRT version say nothing about a regression (pin a new baseline on t
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -93,11 +92,20 @@ def make_baseline(recipe: str, results: Mapping[str, Mapping[str, Any]],
 
 
 def read_baseline(path: Path) -> dict[str, Any]:
+    """The baseline file at ``path``, read bounded and checked against its declared type (`records.BASELINE`)."""
+    from trtflow.fsutil import read_regular
+    from trtflow.storage import records
+
     try:
-        document = json.loads(Path(path).read_text(encoding="utf-8"))
+        document = records.parse(records.BASELINE, read_regular(path, records.BASELINE.limits.bytes), str(path))
     except FileNotFoundError:
         raise RecipeError(f"baseline file {path} does not exist", field="baseline",
                           hint="pin one with `trtflow baseline pin RECIPE -o FILE` and commit it") from None
+    except records.Damaged as error:
+        if error.typed and isinstance(error.value, dict) and error.value.get("format") != FORMAT:
+            document = error.value  # another format: said below
+        else:
+            raise RecipeError(error.message, field="baseline", hint=error.hint) from None
     except (OSError, ValueError) as error:
         raise RecipeError(f"cannot read baseline file {path}: {error}", field="baseline") from error
     if not isinstance(document, dict) or document.get("format") != FORMAT:

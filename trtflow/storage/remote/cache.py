@@ -27,6 +27,7 @@ from typing import Any
 
 from trtflow.errors import TrtflowError
 from trtflow.fingerprint import StatCache, signature, stream_digests
+from trtflow.storage import records
 from trtflow.storage.confined import kinds
 from trtflow.storage.confined.names import check_relative
 from trtflow.storage.confined.tree import Tree, as_tree
@@ -132,11 +133,9 @@ class RemoteCache:
 
     def _check_format(self, raw: bytes) -> None:
         try:
-            info = json.loads(raw)
+            info = records.parse(records.REMOTE_FORMAT, raw, f"{self.url}/{FORMAT_FILE}")
             version, hash_name = info["format"], info["hash"]
-            if not isinstance(version, int) or isinstance(version, bool):
-                raise TypeError(version)
-        except (ValueError, TypeError, KeyError):
+        except ValueError:
             raise RemoteError(f"{self.url} has an unreadable {FORMAT_FILE}: not a trtflow remote cache",
                               hint="point --remote / TRTFLOW_REMOTE at a trtflow cache or at an empty "
                                    "location") from None
@@ -187,9 +186,9 @@ class RemoteCache:
         if raw is None:
             return None, None
         try:
-            manifest = json.loads(raw)
-        except ValueError:
-            return None, Problem("it is not valid JSON (truncated?)")
+            manifest = records.parse(records.REMOTE_MANIFEST, raw, f"{self.url}/{manifest_path(key)}")
+        except records.Damaged as exc:  # what manifest.py says of it, if anything, else what broke its type
+            return None, (manifest_problem(key, exc.value) if exc.typed else None) or Problem(exc.reason)
         problem = manifest_problem(key, manifest) or self._names_problem(manifest.get("outputs", {}))
         return (None, problem) if problem else (manifest, None)
 
@@ -333,7 +332,7 @@ class RemoteCache:
         check_key(key)
         try:
             raw = store.tree.read_bytes(store.manifest_rel(key), kinds.MANIFEST)
-            manifest = json.loads(raw)
+            manifest = records.parse(records.MANIFEST, raw, str(store.shown(store.manifest_rel(key))))
         except (OSError, ValueError):
             raise TrtflowError(f"cannot push node {key}: the local store {store.root} has no readable manifest "
                                "for it", hint="push only committed nodes; `trtflow verify` checks the store") from None
