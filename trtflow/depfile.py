@@ -28,7 +28,7 @@ import os
 import stat
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,9 +46,14 @@ class Deps:
 
     files: dict[str, str] = field(default_factory=dict)  # module file -> content digest (or CHANGED)
     absent: list[str] = field(default_factory=list)  # "<folder>/<module name>" slots searched and empty
+    roots: list[str] = field(default_factory=list)  # where project files are (the recording's, when it ended)
+    excluded: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {"files": dict(sorted(self.files.items())), "absent": sorted(self.absent)}
+
+    def with_places(self) -> dict[str, Any]:
+        return {**self.as_json(), "roots": self.roots, "excluded": self.excluded}
 
     @classmethod
     def from_json(cls, data: Any) -> Deps | None:
@@ -59,7 +64,8 @@ class Deps:
         if not (isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
                 and isinstance(absent, list) and all(isinstance(a, str) for a in absent)):
             return None
-        return cls(dict(files), list(absent))
+        roots, excluded = data.get("roots", []), data.get("excluded", [])
+        return cls(dict(files), list(absent), [str(r) for r in roots], [str(e) for e in excluded])
 
 
 def slot_taken(slot: str) -> bool:
@@ -170,39 +176,6 @@ class _Finder:
 
 
 _FINDER = _Finder()
-_WRITING = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-_IN_HOOK: set[int] = set()  # threads inside the hook (it reads files itself)
-_HOOKED = False
-
-
-def _opened(event: str, args: tuple[Any, ...]) -> None:
-    """The audit hook: a file this thread's recording opens for reading (the hook stays once added; without a
-    recording it returns at once)."""
-    if event != "open" or not _ACTIVE:
-        return
-    thread = threading.get_ident()
-    recording = _ACTIVE.get(thread)
-    if recording is None or thread in _IN_HOOK:
-        return
-    path, mode, flags = (tuple(args) + (None, None, 0))[:3]
-    if isinstance(path, bytes):
-        path = os.fsdecode(path)
-    if not isinstance(path, str) or (mode is not None and any(c in str(mode) for c in "wax+")):
-        return
-    if mode is None and isinstance(flags, int) and flags & _WRITING:
-        return
-    _IN_HOOK.add(thread)
-    try:
-        if path.endswith(".pyc"):  # a cached module's code: the source it was compiled from
-            from importlib.util import source_from_cache
-
-            try:
-                path = source_from_cache(path)
-            except ValueError:
-                return
-        recording.note(os.path.abspath(path))
-    finally:
-        _IN_HOOK.discard(thread)
 
 
 def note_entry(path: str | os.PathLike[str]) -> None:
@@ -226,14 +199,10 @@ def recording(roots: Iterable[str | os.PathLike[str]], excluded: Iterable[str | 
     deps = Deps()
     current = _Recording(roots, excluded)
     thread = threading.get_ident()
-    global _HOOKED
     with _LOCK:
         _ACTIVE[thread] = current
         if _FINDER not in sys.meta_path:
             sys.meta_path.insert(0, _FINDER)
-        if not _HOOKED:
-            sys.addaudithook(_opened)
-            _HOOKED = True
     try:
         yield deps
     finally:
@@ -243,3 +212,99 @@ def recording(roots: Iterable[str | os.PathLike[str]], excluded: Iterable[str | 
                 sys.meta_path.remove(_FINDER)
         finished = current.finish()
         deps.files, deps.absent = finished.files, finished.absent
+        deps.roots, deps.excluded = list(current.roots), list(current.excluded)
+
+
+# ------------------------------------------------------------------------------- reads seen by system call
+ENV_LABEL = "env:"
+LINK = "link:"
+FOLDER = "folder"
+#: the variables a node's python: code sees besides those TRTFLOW_PASS_ENV names (all keyed by value)
+PASSED_ENV = ("HOME", "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "PYTHONPATH",
+              "CUDA_VISIBLE_DEVICES")
+PASS_ENV = "TRTFLOW_PASS_ENV"
+
+
+def keyed_env_names(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The environment variables a node's python: code sees, each keyed by its value: `PASSED_ENV` and those
+    ``TRTFLOW_PASS_ENV`` names (comma-separated). trtflow's own ``TRTFLOW_*`` settings are visible too, unkeyed."""
+    environ = os.environ if environ is None else environ
+    named = [n.strip() for n in environ.get(PASS_ENV, "").split(",") if n.strip()]
+    return sorted({*PASSED_ENV, *named})
+
+
+def code_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment the code runs with: everything else is hidden."""
+    environ = os.environ if environ is None else environ
+    shown = {n: environ[n] for n in keyed_env_names(environ) if n in environ}
+    shown.update({n: v for n, v in environ.items() if n.startswith("TRTFLOW_")})
+    return shown
+
+
+def env_digest(label: str, environ: Mapping[str, str] | None = None) -> str:
+    """The digest of an ``env:NAME`` label: the variable's value now (`MISSING`: unset)."""
+    from trtflow.fingerprint import hash_text
+
+    value = (os.environ if environ is None else environ).get(label[len(ENV_LABEL):])
+    return MISSING if value is None else hash_text(value)
+
+
+def path_digest(path: str | os.PathLike[str], stat_cache: Any = None) -> str:
+    """What a path the code used is keyed by, as it is now: a symbolic link by its target as written (whatever
+    it resolves to: the file it resolves to is keyed by its own path), a regular file by its content, a folder
+    as such; anything else (gone, a pipe) `MISSING`."""
+    from pathlib import Path
+
+    from trtflow.fingerprint import hash_file, hash_text
+
+    try:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            return LINK + hash_text(os.readlink(path))
+        if stat.S_ISDIR(st.st_mode):
+            return FOLDER
+        if stat.S_ISREG(st.st_mode):
+            return hash_file(Path(path), stat_cache) if stat_cache is not None else hash_file_content(path)  # type: ignore[arg-type]
+    except OSError:
+        pass
+    return MISSING
+
+
+def label_digest(label: str, path: Any, stat_cache: Any = None) -> str:
+    """The digest of a recorded label now (``path``: where it points; None: nowhere)."""
+    if label.startswith(ENV_LABEL):
+        return env_digest(label)
+    return MISSING if path is None else path_digest(path, stat_cache)
+
+
+def add_reads(deps: Deps, reads: Any, environ: Mapping[str, str] | None = None) -> None:
+    """Key what the observed process tree read (`readtrace.Reads`) and the environment it saw, into ``deps``:
+    every file inside the roots it opened (by content, `CHANGED` if it changed while the code ran, `MISSING` if it
+    was not there), every link inside the roots on the way to any file it opened (by target), every variable it
+    could see (by value). A run the supervisor could not see whole is recorded as changed."""
+    recording = _Recording(deps.roots, deps.excluded)
+    for link, target in reads.links.items():
+        if recording.relevant(link):
+            try:
+                same = os.readlink(link) == target
+            except OSError:
+                same = False
+            deps.files[link] = path_digest(link) if same else CHANGED
+    for path, sig in reads.files.items():
+        if path in deps.files or not recording.relevant(path):
+            continue
+        if sig is None:
+            deps.files[path] = MISSING if path_digest(path) in (MISSING, FOLDER) else CHANGED
+            continue
+        try:
+            st = os.stat(path)
+            before = signature(st)
+            digest = hash_file_content(path)  # type: ignore[arg-type]
+            same = tuple(sig) == before == signature(os.stat(path))
+        except OSError:
+            same = False
+        deps.files[path] = digest if same else CHANGED
+    for name in keyed_env_names(environ):
+        deps.files[ENV_LABEL + name] = env_digest(ENV_LABEL + name, environ)
+    for why in reads.blind[:1]:
+        deps.files[f"(not observed: {why})"] = CHANGED

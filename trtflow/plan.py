@@ -21,7 +21,6 @@ planner is the one judge of "up to date": the no-op shortcut (`execution.noop`) 
 
 from __future__ import annotations
 
-import stat
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -112,14 +111,10 @@ class KeyContext:
         file: a named pipe is never opened), once per plan."""
         memo = ("module", label)
         if memo not in self.memo:
-            path = self.locate(label)
-            try:
-                if path is None:
-                    raise FileNotFoundError(label)
-                regular = stat.S_ISREG(path.stat().st_mode)
-                self.memo[memo] = hash_file(path, self.stat_cache) if regular else MISSING
-            except OSError:
-                self.memo[memo] = MISSING
+            from trtflow.depfile import ENV_LABEL, label_digest
+
+            path = None if label.startswith(ENV_LABEL) else self.locate(label)
+            self.memo[memo] = label_digest(label, path, self.stat_cache)
         return self.memo[memo]
 
     def dep_sets(self, pre: str) -> list[DepSet]:
@@ -620,9 +615,11 @@ def _observe_result(parts: KeyParts, kctx: KeyContext) -> None:
         return
     kctx.evidence.dep_sets.append((parts.pre_key, parts.dep_set))
     for label, digest in parts.deps.items():
-        path = kctx.locate(label)
+        path = None if label.startswith("env:") else kctx.locate(label)  # env: noop keys the code's variables
         if path is not None and digest != MISSING:
             kctx.observe(path, digest)
+        elif path is not None:
+            kctx.evidence.missing.add(str(path))
     kctx.evidence.absent.update(str(kctx.locate(label)) for label in parts.absent)
 
 

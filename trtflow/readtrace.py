@@ -254,6 +254,8 @@ class _Supervisor:
             return
         try:
             st = os.stat(done)
+            if stat.S_ISDIR(st.st_mode):  # a folder opened to be listed: its listing is not keyed
+                return
             self.reads.files[done] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) \
                 if stat.S_ISREG(st.st_mode) else None
         except OSError:
