@@ -132,10 +132,10 @@ class _Recording:
             return []  # a namespace package, or a module from outside the project: the environment's business
         last = name.rpartition(".")[2]
         home = None
-        if origin is not None:
-            real = os.path.realpath(origin)
-            home = os.path.dirname(os.path.dirname(real) if os.path.basename(real).startswith("__init__.")
-                                   else real)
+        if origin is not None:  # where it was found, as spelled (a module that is a link lives beside its link)
+            folder = os.path.dirname(origin)
+            home = os.path.realpath(os.path.dirname(folder) if os.path.basename(origin).startswith("__init__.")
+                                    else folder)
         slots = []
         for folder in searched:
             folder = os.path.realpath(folder or os.getcwd())
