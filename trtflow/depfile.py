@@ -25,6 +25,7 @@ Not seen: folder listings (a file added to a folder the code globs), and reads o
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 import threading
@@ -115,13 +116,19 @@ class _Recording:
                 deps.files[path] = MISSING
                 continue
             deps.files[path] = digest if now == sig else CHANGED
+        folders: dict[str, str] = {}  # a module's folder -> its real path (thousands of modules, few folders)
         for name, module in list(sys.modules.items()):  # imported before the run began, used again by it
             file = getattr(module, "__file__", None)
             # a module object may carry a made-up __file__ (torch.ops says "_ops.py"): only real absolute files
             if (not isinstance(file, str) or not os.path.isabs(file) or name in ("__main__", "__mp_main__")
                     or not os.path.isfile(file)):
                 continue
-            real = os.path.realpath(file)
+            folder, base = os.path.split(file)
+            if folder not in folders:
+                folders[folder] = os.path.realpath(folder)
+            real = os.path.join(folders[folder], base)
+            if os.path.islink(real):
+                real = os.path.realpath(real)
             if real not in deps.files and self.relevant(real):
                 deps.files[real] = _IMPORTED[real][1] if real in _IMPORTED else CHANGED
         deps.absent = sorted({slot for lookup in self.lookups for slot in self._slots(*lookup)})
@@ -225,18 +232,33 @@ PASSED_ENV = ("HOME", "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "LD_
 PASS_ENV = "TRTFLOW_PASS_ENV"
 
 
-def keyed_env_names(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The environment variables a node's python: code sees, each keyed by its value: `PASSED_ENV` and those
-    ``TRTFLOW_PASS_ENV`` names (comma-separated). trtflow's own ``TRTFLOW_*`` settings are visible too, unkeyed."""
+_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def named_in(params: Any) -> list[str]:
+    """The variables a node's parameters spell (``$VAR``, ``${VAR}``: a path the stage resolves when it runs)."""
+    if isinstance(params, str):
+        return _VAR.findall(params)
+    if isinstance(params, dict):
+        return [n for v in params.values() for n in named_in(v)]
+    if isinstance(params, list | tuple):
+        return [n for v in params for n in named_in(v)]
+    return []
+
+
+def keyed_env_names(environ: Mapping[str, str] | None = None, named: Iterable[str] = ()) -> list[str]:
+    """The environment variables a node's python: code sees, each keyed by its value: `PASSED_ENV`, those the
+    node's parameters spell (``named``) and those ``TRTFLOW_PASS_ENV`` names (comma-separated). trtflow's own
+    ``TRTFLOW_*`` settings are visible too, unkeyed."""
     environ = os.environ if environ is None else environ
-    named = [n.strip() for n in environ.get(PASS_ENV, "").split(",") if n.strip()]
-    return sorted({*PASSED_ENV, *named})
+    passed = [n.strip() for n in environ.get(PASS_ENV, "").split(",") if n.strip()]
+    return sorted({*PASSED_ENV, *passed, *named})
 
 
-def code_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def code_environment(environ: Mapping[str, str] | None = None, named: Iterable[str] = ()) -> dict[str, str]:
     """The environment the code runs with: everything else is hidden."""
     environ = os.environ if environ is None else environ
-    shown = {n: environ[n] for n in keyed_env_names(environ) if n in environ}
+    shown = {n: environ[n] for n in keyed_env_names(environ, named) if n in environ}
     shown.update({n: v for n, v in environ.items() if n.startswith("TRTFLOW_")})
     return shown
 
@@ -277,7 +299,7 @@ def label_digest(label: str, path: Any, stat_cache: Any = None) -> str:
     return MISSING if path is None else path_digest(path, stat_cache)
 
 
-def add_reads(deps: Deps, reads: Any, environ: Mapping[str, str] | None = None) -> None:
+def add_reads(deps: Deps, reads: Any, environ: Mapping[str, str] | None = None, named: Iterable[str] = ()) -> None:
     """Key what the observed process tree read (`readtrace.Reads`) and the environment it saw, into ``deps``:
     every file inside the roots it opened (by content, `CHANGED` if it changed while the code ran, `MISSING` if it
     was not there), every link inside the roots on the way to any file it opened (by target), every variable it
@@ -304,7 +326,7 @@ def add_reads(deps: Deps, reads: Any, environ: Mapping[str, str] | None = None) 
         except OSError:
             same = False
         deps.files[path] = digest if same else CHANGED
-    for name in keyed_env_names(environ):
+    for name in keyed_env_names(environ, named):
         deps.files[ENV_LABEL + name] = env_digest(ENV_LABEL + name, environ)
     for why in reads.blind[:1]:
         deps.files[f"(not observed: {why})"] = CHANGED

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy  # noqa: F401  (imported once here: the code's observed child, a fork, inherits it)
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -66,17 +67,33 @@ from blocks import (
 import importlib
 
 
+import os, subprocess, threading
+import numpy
+import h_link
+
+
 def make():
     dynamic = importlib.import_module("h_" + "dyn")
-    return json.dumps([h_plain.V, getattr(h_try, "V", None), head.V, dynamic.V, "{name}"])
+    native = numpy.fromfile("reads/native.bin", dtype=numpy.uint8).tobytes().decode()  # C stdio: no audit event
+    box = []
+    worker = threading.Thread(target=lambda: box.append(open("reads/thread.txt").read()))
+    worker.start(); worker.join()
+    sub = subprocess.run(["cat", "reads/sub.txt"], capture_output=True, text=True, check=True).stdout
+    linked = [open("reads/cur/v.txt").read(), open("reads/last.txt").read()]
+    env = [os.environ.get("CODE_VAR"), os.environ.get("HIDDEN_VAR")]  # one passed to the code, one hidden
+    return json.dumps([h_plain.V, getattr(h_try, "V", None), head.V, dynamic.V, "{name}", native, box[0], sub,
+                       *linked, h_link.V, *env])
 """
 # beside the python: file's target (its folder is where its imports are found, as Python's for a linked script)
 HELPERS = {"h_plain": "models/h_plain.py", "head": "models/blocks/head.py", "h_dyn": "models/h_dyn.py",
            "h_try": "models/h_try.py"}
 CALIB = [b"calib-one", b"calib-two", b"calib-333"]  # the same size: a rewrite may keep it
+# files the python: code reads by other means than Python's open on its own thread: (native, thread, subprocess)
+READS = {"native": "reads/native.bin", "thread": "reads/thread.txt", "sub": "reads/sub.txt"}
 
 # what each node's output is made of (its inputs' too)
-_MIX = ("base", "CALIB", "model", "h_plain", "head", "h_dyn", "h_try", "h_try exists", "GREETING")
+_MIX = ("base", "CALIB", "model", "h_plain", "head", "h_dyn", "h_try", "h_try exists", "GREETING", *READS,
+        "cur", "last", "h_link", "CODE_VAR")  # HIDDEN_VAR: the code cannot see it, so it makes nothing
 OUTPUT_OF = {"src": ("base",), "home": ("HOME",), "calib": ("calib",), "linked": ("data",), "mix": _MIX,
              "after": (*_MIX, "set")}
 
@@ -84,6 +101,7 @@ OUTPUT_OF = {"src": ("base",), "home": ("HOME",), "calib": ("calib",), "linked":
 ACTIONS = st.tuples(st.sampled_from([
     "calib content", "calib same size touch -r", "calib renamed over", "data link", "CALIB", "HOME", "GREETING",
     "python: file link", "extends link", "--set", "numpy version", "helper", "h_try exists", "touch",
+    "code read", "code read touch -r", "folder link", "file link", "module link", "CODE_VAR", "HIDDEN_VAR",
 ]), st.integers(0, 5))
 
 
@@ -111,7 +129,8 @@ class World:
         root = self.root
         (root / "pyproject.toml").write_text("[project]\nname = 'p'\n")
         (root / "recipe.yaml").write_text(RECIPE)
-        for folder in ("data", "home1", "home2", "models", "bases", "models/blocks"):
+        for folder in ("data", "home1", "home2", "models", "bases", "models/blocks", "reads", "reads/one",
+                       "reads/two", "reads/last"):
             (root / folder).mkdir()
         (root / "data" / "a.txt").write_text("A")
         (root / "data" / "b.txt").write_text("B")
@@ -123,9 +142,19 @@ class World:
             (root / "bases" / f"{name}.yaml").write_text(
                 f"nodes:\n  - {{name: src, stage: source, params: {{value: {name}}}}}\n")
         (root / "models" / "blocks" / "__init__.py").write_text("")
+        for name in ("one", "two"):
+            (root / "reads" / name / "v.txt").write_text(f"folder {name}")
+            (root / "reads" / "last" / f"{name}.txt").write_text(f"last {name}")
+            (root / "models" / f"hl_{name}.py").write_text(f"V = 'link {name}'\n")
+        for path in READS.values():
+            (root / path).write_text("r0")
+        _link(root / "reads" / "cur", "one")
+        _link(root / "reads" / "last.txt", "last/one.txt")
+        _link(root / "models" / "h_link.py", "hl_one.py")
         self.state = {"calib": 0, "data": "a", "CALIB": "a.txt", "HOME": "home1", "GREETING": None,
                       "model": "m1", "base": "one", "set": 0, "numpy": "1.0",
-                      **{h: 0 for h in HELPERS}, "h_try exists": True}
+                      **{h: 0 for h in HELPERS}, "h_try exists": True, **{r: 0 for r in READS},
+                      "cur": "one", "last": "one", "h_link": "one", "CODE_VAR": "c0", "HIDDEN_VAR": "x0"}
         (root / "calib.bin").write_bytes(CALIB[0])
         _link(root / "data.txt", "data/a.txt")
         _link(root / "model.py", "models/m1.py")
@@ -149,6 +178,9 @@ class World:
     def _environment(self) -> None:
         os.environ["CALIB"] = self.state["CALIB"]
         os.environ["HOME"] = str(self.root / self.state["HOME"])
+        os.environ["TRTFLOW_PASS_ENV"] = "CODE_VAR"
+        os.environ["CODE_VAR"] = self.state["CODE_VAR"]
+        os.environ["HIDDEN_VAR"] = self.state["HIDDEN_VAR"]
         if self.state["GREETING"] is None:
             os.environ.pop("GREETING", None)
         else:
@@ -207,6 +239,26 @@ class World:
                 path.write_text(f"V = 'v{state['h_try']}'\n")
             else:
                 path.unlink(missing_ok=True)
+        elif action in ("code read", "code read touch -r"):  # a file read natively, in a thread, by a subprocess
+            which = list(READS)[value % len(READS)]
+            state[which] = (state[which] + 1 + value // 3) % 3
+            path = root / READS[which]
+            stamp = path.stat()
+            with open(path, "r+") as f:  # the same size
+                f.write(f"r{state[which]}")
+            if action.endswith("-r"):
+                os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+        elif action == "folder link":  # a link in the middle of a path the code reads
+            state["cur"] = ["one", "two"][value % 2]
+            _link(root / "reads" / "cur", state["cur"])
+        elif action == "file link":  # the last component of a path the code reads
+            state["last"] = ["one", "two"][value % 2]
+            _link(root / "reads" / "last.txt", f"last/{state['last']}.txt")
+        elif action == "module link":  # a module the code imports is a link
+            state["h_link"] = ["one", "two"][value % 2]
+            _link(root / "models" / "h_link.py", f"hl_{state['h_link']}.py")
+        elif action in ("CODE_VAR", "HIDDEN_VAR"):
+            state[action] = f"{action[0].lower()}{value % 2}"
         elif action == "touch":  # the content stays: the planner finds everything it found before
             target = [calib, root / "models" / f"{state['model']}.py", root / HELPERS["h_dyn"]][value % 3]
             os.utime(target)
@@ -290,7 +342,8 @@ def _digest(outputs: dict[str, Path]) -> str:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     shm = Path("/dev/shm")
     base = Path(tempfile.mkdtemp(prefix="trtflow-differential-", dir=shm if shm.is_dir() else None))
-    saved_env = {k: os.environ.get(k) for k in ("CALIB", "HOME", "GREETING", "TRTFLOW_NO_SHORTCUT")}
+    saved_env = {k: os.environ.get(k) for k in ("CALIB", "HOME", "GREETING", "TRTFLOW_NO_SHORTCUT", "CODE_VAR",
+                                                "HIDDEN_VAR", "TRTFLOW_PASS_ENV")}
     saved_path, saved_cwd = list(sys.path), os.getcwd()
     os.environ.pop("TRTFLOW_NO_SHORTCUT", None)
     monkeypatch = pytest.MonkeyPatch()

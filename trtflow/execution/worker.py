@@ -54,21 +54,23 @@ def run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: loggin
         return _run_job(job, get_stage, log)
     from trtflow import depfile, readtrace
 
+    named = depfile.named_in(job.params)
     try:
         result, reads = readtrace.observed(lambda: _run_job(job, get_stage, log), _observable,
-                                           depfile.code_environment())
+                                           depfile.code_environment(named=named))
     except KeyboardInterrupt:
         return {"status": INTERRUPTED, "error": "interrupted"}
     if result.get("status") == OK:
         deps = depfile.Deps.from_json(result.get("deps"))
         if deps is not None:
-            depfile.add_reads(deps, reads)
+            depfile.add_reads(deps, reads, named=named)
             result["deps"] = deps.as_json()
     return result
 
 
 def _observable(path: str) -> bool:
-    return not path.startswith(("/proc/", "/sys/", "/dev/"))
+    """Paths worth a look (the kernel's own file systems never hold a project)."""
+    return not path.startswith(("/proc/", "/sys/"))
 
 
 def _run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: logging.Logger | None = None
