@@ -1,25 +1,27 @@
 """The project files a stage's run really uses, recorded while it runs (as a compiler writes a depfile).
 
-While the stage of a node with ``python:`` references runs (in its worker process: `execution.worker.run_job`), an
-import finder placed first on ``sys.meta_path`` sees every module the import system looks for, whatever form the
-code used to ask (any ``import`` statement, ``importlib.import_module``, ``__import__``); `callables.load_callable`
-notes the ``python:`` file it executes; and an audit hook (PEP 578) sees every file opened for reading, so code
-loaded without the import system (``runpy``, ``spec_from_file_location``, ``exec(open(...).read())``) and data the
-code reads count too. Kept, for the node's key (see `plan`):
+The stage of a node with ``python:`` references runs in an observed child of its worker (`execution.worker.run_job`
+with `trtflow.readtrace`): every file the child and the processes it starts open, execute or read a link of is
+seen by system call, and `add_reads` keys it here. In the child, an import finder placed first on
+``sys.meta_path`` sees every module the import system looks for (for the slots below), and
+`callables.load_callable` notes the ``python:`` file it executes. Kept, for the node's key (see `plan`):
 
-  files   every such file inside the recipe's roots (its project, ``TRTFLOW_ALLOWED_PATHS``), outside the virtual
+  files   every file read inside the recipe's roots (its project, ``TRTFLOW_ALLOWED_PATHS``), outside the virtual
           environments and installed packages *below* a root (wherever the project itself lives: a checkout in
           ``<venv>/src/`` is a project like any other), outside trtflow's and the stage's own packages (keyed as the
-          stage's code) and outside the store: path -> digest of its content, read before the code reads it;
+          stage's code) and outside the store: path -> digest of its content, as of when it was first read; every
+          symbolic link inside the roots met on the way to a file read, at any component: path -> its target
+          (`path_digest`); every variable the code could see: ``env:NAME`` -> digest of its value;
   absent  module slots ("<folder>/<name>") inside the roots where a module was looked for and not found: for a
           module found nowhere, every such search folder; for a project module, those searched before the one it
           came from. A module created in a slot later would be imported instead, so it is checked like a file.
 
 A project module imported before the run began (a process that runs several nodes) counts as well, with the digest
 of the content it was imported with (`_IMPORTED`); one imported outside any recording cannot vouch for its content,
-nor can a file that changed while the node ran: both are recorded as `CHANGED`, a digest no file has, so the node
-is rebuilt the next time rather than trusted. A file read and gone by the end of the run is recorded as `MISSING`.
-Not seen: folder listings (a file added to a folder the code globs), and reads outside the roots.
+nor can a file that changed while the node ran, nor a run the supervisor could not see whole (`readtrace`): all
+are recorded as `CHANGED`, a digest no file has, so the node is rebuilt the next time rather than trusted. A file
+read and absent is recorded as `MISSING`. Not seen: folder listings (a file added to a folder the code globs),
+whether a path exists when it is only ``stat``-ed, and reads outside the roots.
 """
 
 from __future__ import annotations
