@@ -2,7 +2,8 @@
 factory imports numpy, reads weights natively (numpy.fromfile, --megabytes) and a few files, timed as a whole
 process in a fresh store, alternating between this checkout and another (--baseline, e.g. a checkout of main):
 both pay the same start-up, so the difference is the observed child (a fork, the seccomp supervisor, hashing
-what it read). Medians with min-max over --repeat rounds.
+what it read). Wall time and CPU time (user + system of the whole process tree: steadier on a busy machine),
+medians with min-max over --repeat rounds.
 
     python bench/python_node_cost.py --baseline /path/to/main --repeat 5
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -42,19 +44,22 @@ def project(root: Path, megabytes: int) -> None:
         "name: b\nnodes:\n  - {name: factory, stage: coder, params: {model: 'python:model.py:make'}}\n")
 
 
-def timed_run(checkout: Path, root: Path, plugin: list[str]) -> float:
+def timed_run(checkout: Path, root: Path, plugin: list[str]) -> tuple[float, float]:
     store = root / "store"
     shutil.rmtree(store, ignore_errors=True)
     shutil.rmtree(root / "build", ignore_errors=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(checkout), *plugin]))
     env.pop("TRTFLOW_STORE", None)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "trtflow.cli", "run", "recipe.yaml", "--store", str(store)],
                           cwd=root, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode != 0 or "1 built" not in proc.stdout:
         raise SystemExit(f"{checkout}: the run failed\n{proc.stdout}{proc.stderr}")
-    return elapsed
+    return elapsed, cpu
 
 
 def main() -> None:
@@ -71,16 +76,18 @@ def main() -> None:
         plugin = register(work / "plugin")
         root = work / "project"
         project(root, args.megabytes)
-        times: dict[str, list[float]] = {"baseline": [], "this": []}
+        times: dict[str, list[tuple[float, float]]] = {"baseline": [], "this": []}
         for _ in range(args.repeat):
             times["baseline"].append(timed_run(args.baseline.resolve(), root, plugin))
             times["this"].append(timed_run(REPO, root, plugin))
-        for name, values in times.items():
-            print(f"{name:8s} cold python: node run: median {statistics.median(values):.3f} s "
-                  f"(min {min(values):.3f}, max {max(values):.3f}, n={len(values)})")
-        deltas = [b - a for a, b in zip(times["baseline"], times["this"], strict=True)]
-        print(f"difference per round (this - baseline): median {statistics.median(deltas):+.3f} s "
-              f"(min {min(deltas):+.3f}, max {max(deltas):+.3f})")
+        for i, measure in enumerate(("wall", "CPU")):
+            for name, pairs in times.items():
+                values = [p[i] for p in pairs]
+                print(f"{name:8s} cold python: node run, {measure}: median {statistics.median(values):.3f} s "
+                      f"(min {min(values):.3f}, max {max(values):.3f}, n={len(values)})")
+            deltas = [b[i] - a[i] for a, b in zip(times["baseline"], times["this"], strict=True)]
+            print(f"  {measure} difference per round (this - baseline): median {statistics.median(deltas):+.3f} s "
+                  f"(min {min(deltas):+.3f}, max {max(deltas):+.3f})")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
