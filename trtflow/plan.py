@@ -487,14 +487,17 @@ def explain(parts: KeyParts, previous: Mapping[str, Any] | None, damaged_note: M
     old_deps = previous.get("deps") or {}
     if isinstance(old_deps, dict) and parts.runs_code:
         for path in sorted(set(old_deps) | set(parts.deps)):
-            what = ("module" if path.endswith((".py", ".so", ".pyd")) else "environment variable"
-                    if path.startswith("env:") else "file read by its code:")
+            what = "module" if path.endswith((".py", ".so", ".pyd")) else "file read by its code:"
+            if path.startswith("env:"):  # the code's variables: always all recorded; only a change says anything
+                if path in parts.deps and path in old_deps and old_deps[path] != parts.deps[path]:
+                    reasons.append(f"environment variable {path[4:]} changed")
+                continue
             if path not in parts.deps:
                 reasons.append(f"{what} {path} no longer used")
             elif path not in old_deps:
                 reasons.append(f"{what} {path} now used")
             elif old_deps[path] != parts.deps[path]:
-                reasons.append(f"{what} {path.removeprefix('env:')} changed")
+                reasons.append(f"{what} {path} changed")
     old_verdicts = previous.get("verdicts") or {}
     for src in sorted(set(old_verdicts) | set(parts.verdicts)):
         if old_verdicts.get(src) != parts.verdicts.get(src):
