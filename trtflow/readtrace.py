@@ -2,7 +2,8 @@
 
 The stage of a node with ``python:`` references runs in a child process of its worker (`observed`). Before it runs
 anything, the child installs a seccomp filter (``SECCOMP_RET_USER_NOTIF``, Linux 5.5+) on the system calls that
-name a file to read: ``open``, ``openat``, ``openat2``, ``execve``, ``execveat``, ``readlink``, ``readlinkat``; and
+name a file to read: ``open``, ``openat``, ``openat2``, ``execve``, ``execveat``, ``readlink``, ``readlinkat``
+(and ``chdir``: the links on the way to a working folder); and
 hands the filter's listener to its parent, the supervisor. From then on each such call, by any thread of the child
 and by any process it starts (a filter is inherited across ``fork``, ``clone`` and ``execve``), waits until the
 supervisor has read the path from the caller's memory (``/proc/<pid>/mem``; the caller is blocked, so the path
@@ -39,7 +40,7 @@ from typing import Any
 
 # (syscall -> (number on x86_64, number on aarch64)); None: the call does not exist there
 _READS = {"open": (2, None), "openat": (257, 56), "openat2": (437, 437), "execve": (59, 221),
-          "execveat": (322, 281), "readlink": (89, None), "readlinkat": (267, 78)}
+          "execveat": (322, 281), "readlink": (89, None), "readlinkat": (267, 78), "chdir": (80, 49)}
 _BLIND = {"open_by_handle_at": (304, 265), "io_uring_setup": (425, 425), "uselib": (134, None),
           "chroot": (161, 51), "pivot_root": (155, 41), "mount": (165, 40), "move_mount": (429, 429),
           "open_tree": (428, 428), "fsmount": (432, 432), "setns": (308, 268)}
@@ -93,17 +94,23 @@ def install() -> int:
         raise OSError(errno.ENOSYS, f"no seccomp user notification on {sys.platform} {platform.machine()}")
     audit, nr, reads, blind = numbers
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS: required to install a filter without CAP_SYS_ADMIN
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
     program = _program(audit, sorted({*reads, *blind}))
     buffer = ctypes.create_string_buffer(program)
     fprog = struct.pack("HxxxxxxQ", len(program) // 8, ctypes.addressof(buffer))
     fprog_buffer = ctypes.create_string_buffer(fprog)
     libc.syscall.restype = ctypes.c_long
-    fd = libc.syscall(ctypes.c_long(nr), ctypes.c_long(1), ctypes.c_long(_NEW_LISTENER), fprog_buffer)
+
+    def load() -> int:
+        return int(libc.syscall(ctypes.c_long(nr), ctypes.c_long(1), ctypes.c_long(_NEW_LISTENER), fprog_buffer))
+
+    fd = load()  # with CAP_SYS_ADMIN (root): set-user-ID programs the code runs keep working
+    if fd < 0 and ctypes.get_errno() == errno.EACCES:
+        if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS: what an unprivileged filter requires
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        fd = load()
     if fd < 0:
         raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER, NEW_LISTENER)")
-    return int(fd)
+    return fd
 
 
 class _Supervisor:
@@ -171,13 +178,10 @@ class _Supervisor:
         at = name.endswith("at") or name.endswith("at2")
         dirfd = ctypes.c_int32(args[0] & 0xFFFFFFFF).value if at else _AT_FDCWD
         address = args[1] if at else args[0]
-        if name in ("open", "openat"):
-            flags = args[2] if name == "openat" else args[1]
-            if flags & 3 == _WRITE_ONLY:
-                return None
-        elif name == "openat2":
-            flags = struct.unpack("Q", self._read(pid, args[2], 8))[0]
-            if flags & 3 == _WRITE_ONLY:
+        if name in ("open", "openat", "openat2"):
+            flags = (struct.unpack("Q", self._read(pid, args[2], 8))[0] if name == "openat2"
+                     else args[2] if name == "openat" else args[1])
+            if flags & 3 == _WRITE_ONLY or flags & os.O_TRUNC:  # written, or emptied first: nothing read from it
                 return None
         raw = self._read(pid, address, _PATH_MAX)
         path = os.fsdecode(raw.split(b"\0", 1)[0])

@@ -36,7 +36,9 @@ def project(tmp_path: Path) -> Path:
                  "written"):
         (root / f"{name}.bin").write_bytes(name.encode() * 100)
     (root / "data" / "one" / "v.txt").write_text("one")
+    (root / "data" / "two" / "w.txt").write_text("two")
     (root / "data" / "cur").symlink_to("one")
+    (root / "data" / "via").symlink_to("two")
     (root / "last.txt").symlink_to("data/one/v.txt")
     (root / "tool.sh").write_text("#!/bin/sh\nexit 0\n")
     (root / "tool.sh").chmod(0o755)
@@ -72,8 +74,13 @@ def test_every_reader_is_seen_and_links_are_keyed_at_every_component(project: Pa
             os.open("missing.txt", os.O_RDONLY)
         except FileNotFoundError:
             pass
-        with open("written.bin", "wb") as f:  # written, not read
+        with open("written.bin", "wb") as f, open("emptied.bin", "w+b") as g:  # written (emptied first), not read
             f.write(b"w")
+            g.write(b"w")
+            g.seek(0)
+            g.read()
+        os.chdir("data/via")  # a working folder reached through a link
+        Path("w.txt").read_text()
         return {"env": sorted(os.environ)}
 
     result, reads = readtrace.observed(run, lambda p: True, {"KEPT": "1"})
@@ -82,12 +89,13 @@ def test_every_reader_is_seen_and_links_are_keyed_at_every_component(project: Pa
     real = os.path.realpath(project)
     seen = {os.path.relpath(p, real) for p in reads.files if p.startswith(real + os.sep)}
     expected = {"openat.bin", "openat2.bin", "native.bin", "mmap.bin", "thread.bin", "sub.bin", "tool.sh",
-                "devfd.bin", "procself.bin", "data/one/v.txt", "missing.txt"} | ({"open.bin"} if X86 else set())
+                "devfd.bin", "procself.bin", "data/one/v.txt", "missing.txt", "data/two/w.txt"}
+    expected |= {"open.bin"} if X86 else set()
     assert expected <= seen, expected - seen
-    assert "written.bin" not in seen
+    assert not {"written.bin", "emptied.bin"} & seen
     assert reads.files[os.path.join(real, "missing.txt")] is None
     links = {os.path.relpath(p, real): t for p, t in reads.links.items() if p.startswith(real + os.sep)}
-    assert links == {"data/cur": "one", "last.txt": "data/one/v.txt"}
+    assert links == {"data/cur": "one", "last.txt": "data/one/v.txt", "data/via": "two"}
 
 
 @pytest.mark.parametrize("call", ["io_uring_setup", "open_by_handle_at", "chroot"])
