@@ -143,3 +143,18 @@ def test_the_code_sees_only_named_variables_and_each_is_keyed() -> None:
     keyed = set(depfile.keyed_env_names(environ, named=["CALIB"]))
     assert {"HOME", "CALIB", "SCALE", "PATH"} <= keyed and "SECRET_TOKEN" not in keyed
     assert depfile.named_in({"path": "data/$CALIB", "x": ["${OTHER}"]}) == ["CALIB", "OTHER"]
+
+
+def test_no_module_runs_a_stage_around_the_observed_worker() -> None:
+    """A stage's ``run`` is called in one place, `execution.worker._run_job`, which `run_job` puts in an observed
+    child whenever the node has python: code (`trtflow.testing` is the stage author's harness, not a run)."""
+    import re
+
+    import trtflow
+
+    package = Path(trtflow.__file__).parent
+    calls = re.compile(r"\bstage\.run\(|\.run\(ctx\b")
+    callers = sorted(str(p.relative_to(package)) for p in package.rglob("*.py") if calls.search(p.read_text()))
+    assert callers == ["execution/worker.py", "testing.py"], callers
+    worker = (package / "execution" / "worker.py").read_text()
+    assert "readtrace.observed(lambda: _run_job(" in worker
