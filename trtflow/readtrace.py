@@ -299,11 +299,14 @@ def observed(run: Callable[[], dict[str, Any]], keep: Callable[[str], bool], env
     finally:
         control.close()
         os.close(result_r)
-        _reap(pid)
+        status = _reap(pid)
     try:
         result = json.loads(payload)
     except ValueError:
-        result = {"status": "failed", "error": "the observed child of the node ended without a result"}
+        ended = (f"was killed by {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status)
+                 else f"exited with {os.waitstatus_to_exitcode(status)}")
+        result = {"status": "failed", "error": f"the node's observed process {ended} before giving its result",
+                  "hint": "see the node's log; SIGKILL is often the kernel ending a process out of memory"}
     return result, reads
 
 
@@ -402,17 +405,23 @@ def _supervise(listener: int | None, result_r: int, keep: Callable[[str], bool],
 
 def _ended(pid: int) -> bool:
     try:
-        return os.waitpid(pid, os.WNOHANG)[0] == pid
+        done, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         return True
+    if done == pid:
+        _REAPED[pid] = status
+    return done == pid
 
 
-def _reap(pid: int) -> None:
+_REAPED: dict[int, int] = {}
+
+
+def _reap(pid: int) -> int:
+    """The child's wait status (0 if it was already reaped without one)."""
     while True:
         try:
-            os.waitpid(pid, 0)
-            return
+            return os.waitpid(pid, 0)[1]
         except ChildProcessError:
-            return
+            return _REAPED.pop(pid, 0)
         except InterruptedError:
             continue

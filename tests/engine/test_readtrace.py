@@ -158,3 +158,10 @@ def test_no_module_runs_a_stage_around_the_observed_worker() -> None:
     assert callers == ["execution/worker.py", "testing.py"], callers
     worker = (package / "execution" / "worker.py").read_text()
     assert "readtrace.observed(lambda: _run_job(" in worker
+
+
+def test_a_child_killed_before_its_result_is_a_clear_failure() -> None:
+    import signal
+
+    result, _ = readtrace.observed(lambda: os.kill(os.getpid(), signal.SIGKILL) or {}, lambda p: True, {})
+    assert result["status"] == "failed" and "SIGKILL" in result["error"] and result["hint"], result
