@@ -168,7 +168,7 @@ class _Supervisor:
         try:
             spelled = self._path(ident, pid, name, args)
         except OSError as exc:
-            self.reads.blind.append(f"the path of a {name} call by process {pid} could not be read ({exc})")
+            self.reads.blind.append(f"the path of a {name} call could not be read ({exc.strerror})")
             return
         if spelled is not None:
             self._walk(spelled, pid)
