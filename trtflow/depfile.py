@@ -229,8 +229,10 @@ ENV_LABEL = "env:"
 LINK = "link:"
 FOLDER = "folder"
 #: the variables a node's python: code sees besides those TRTFLOW_PASS_ENV names (all keyed by value)
-PASSED_ENV = ("HOME", "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "PYTHONPATH",
-              "CUDA_VISIBLE_DEVICES")
+PASSED_ENV = ("HOME", "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "PYTHONPATH")
+#: visible too, set by the executor for the node, not keyed: which GPU a node got is scheduling (the key has the
+#: facts of the device it runs on), TRTFLOW_* are trtflow's own settings
+EXECUTOR_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTHONUNBUFFERED")
 PASS_ENV = "TRTFLOW_PASS_ENV"
 
 
@@ -251,18 +253,26 @@ def named_in(params: Any) -> list[str]:
 def keyed_env_names(environ: Mapping[str, str] | None = None, named: Iterable[str] = ()) -> list[str]:
     """The environment variables a node's python: code sees, each keyed by its value: `PASSED_ENV`, those the
     node's parameters spell (``named``) and those ``TRTFLOW_PASS_ENV`` names (comma-separated). trtflow's own
-    ``TRTFLOW_*`` settings are visible too, unkeyed."""
+    ``TRTFLOW_*`` settings and `EXECUTOR_ENV` are visible too, unkeyed."""
     environ = os.environ if environ is None else environ
     passed = [n.strip() for n in environ.get(PASS_ENV, "").split(",") if n.strip()]
     return sorted({*PASSED_ENV, *passed, *named})
 
 
 def code_environment(environ: Mapping[str, str] | None = None, named: Iterable[str] = ()) -> dict[str, str]:
-    """The environment the code runs with: everything else is hidden."""
+    """The keyed part of the environment the code runs with (and trtflow's own settings), as the planner's process
+    has it (`execution.build` puts it in the job, so what the worker keys is what the planner reads)."""
     environ = os.environ if environ is None else environ
     shown = {n: environ[n] for n in keyed_env_names(environ, named) if n in environ}
     shown.update({n: v for n, v in environ.items() if n.startswith("TRTFLOW_")})
     return shown
+
+
+def run_environment(code_env: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The whole environment of the code's process: ``code_env`` and the executor's variables (`EXECUTOR_ENV`)
+    as this process has them. Nothing else is there."""
+    environ = os.environ if environ is None else environ
+    return {**{n: environ[n] for n in EXECUTOR_ENV if n in environ}, **code_env}
 
 
 def env_digest(label: str, environ: Mapping[str, str] | None = None) -> str:

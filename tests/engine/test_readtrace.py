@@ -137,11 +137,13 @@ def test_without_the_kernel_mechanism_no_run_is_trusted(monkeypatch: pytest.Monk
 def test_the_code_sees_only_named_variables_and_each_is_keyed() -> None:
     environ = {"HOME": "/h", "SECRET_TOKEN": "x", "CALIB": "a.txt", "SCALE": "2", "TRTFLOW_PASS_ENV": "SCALE",
                "TRTFLOW_JOBS": "2"}
+    environ["CUDA_VISIBLE_DEVICES"] = "1"  # set by the executor for the node: visible, not keyed
     shown = depfile.code_environment(environ, named=["CALIB"])
     assert shown == {"HOME": "/h", "CALIB": "a.txt", "SCALE": "2", "TRTFLOW_PASS_ENV": "SCALE",
                      "TRTFLOW_JOBS": "2"}
+    assert depfile.run_environment(shown, environ) == {**shown, "CUDA_VISIBLE_DEVICES": "1"}
     keyed = set(depfile.keyed_env_names(environ, named=["CALIB"]))
-    assert {"HOME", "CALIB", "SCALE", "PATH"} <= keyed and "SECRET_TOKEN" not in keyed
+    assert {"HOME", "CALIB", "SCALE", "PATH"} <= keyed and not {"SECRET_TOKEN", "CUDA_VISIBLE_DEVICES"} & keyed
     assert depfile.named_in({"path": "data/$CALIB", "x": ["${OTHER}"]}) == ["CALIB", "OTHER"]
 
 

@@ -55,15 +55,16 @@ def run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: loggin
     from trtflow import depfile, readtrace
 
     named = depfile.named_in(job.params)
+    code_env = job.code_env if job.code_env is not None else depfile.code_environment(named=named)
     try:
         result, reads = readtrace.observed(lambda: _run_job(job, get_stage, log), _observable,
-                                           depfile.code_environment(named=named))
+                                           depfile.run_environment(code_env))
     except KeyboardInterrupt:
         return {"status": INTERRUPTED, "error": "interrupted"}
     if result.get("status") == OK:
         deps = depfile.Deps.from_json(result.get("deps"))
         if deps is not None:
-            depfile.add_reads(deps, reads, named=named)
+            depfile.add_reads(deps, reads, environ=code_env, named=named)
             result["deps"] = deps.as_json()
     return result
 
