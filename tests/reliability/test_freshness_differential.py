@@ -17,11 +17,15 @@ variable passed to the code (``TRTFLOW_PASS_ENV``) and one hidden from it. After
 The project runs on tmpfs with the toy stages in this process, so a step takes tens of milliseconds; the stat
 shortcuts are exercised for real (files older than the racy window, here 50 ms, are judged by their signature).
 
-Slow: ``python -m pytest -m slow tests/reliability/test_freshness_differential.py``. BUDGET: 500 sequences of 1-2
-edits (max 3 before issue 31); issue 31's edits may add at most 16 s of CPU on one worker to what the test cost
-before them (500 sequences of 1-3 edits, about a minute): the python: node now runs in an observed child (a fork,
-a subprocess) and more edits make more states to rebuild. Measured with TRTFLOW_DIFFERENTIAL_SEQUENCES=50 in
-alternation with main (CHANGELOG, issue 31).
+Slow: ``python -m pytest -m slow tests/reliability/test_freshness_differential.py``.
+
+BUDGET: at most the CPU the test cost before issue 31 (46 s of CPU for 500 sequences of 1-3 edits, 1120 checked
+edits, measured on the shared 2-core machine) plus 14 s (the rest of issue 31's 25 s test budget goes to the
+CLI regression test and test_readtrace). The python: node now runs in an observed child (a fork and a
+subprocess each time) and the new edits make more states to rebuild (a checked edit costs about 75 ms of CPU, was
+40), so a sequence is one edit: 500 sequences, 500 checked edits. Nothing is lost by that: the project carries on
+from sequence to sequence and every edit was already checked on its own (``check`` runs after each), so the 500
+sequences are one random walk of 500 edits whatever their grouping; only Hypothesis's shrinking unit changed.
 """
 
 from __future__ import annotations
@@ -381,7 +385,7 @@ def test_the_fast_paths_agree_with_the_planner_and_a_cold_rebuild(world: World) 
     @settings(max_examples=SEQUENCES, deadline=None, derandomize=True, database=None,
               phases=[Phase.explicit, Phase.generate],  # one project carries on from sequence to sequence
               suppress_health_check=[HealthCheck.too_slow])
-    @given(sequence=st.lists(ACTIONS, min_size=1, max_size=2))  # 1-2 edits: see BUDGET
+    @given(sequence=st.lists(ACTIONS, min_size=1, max_size=1))  # see BUDGET
     def sequences(sequence: list) -> None:
         world.counts["sequences"] += 1
         for action, value in sequence:
