@@ -260,8 +260,7 @@ def keyed_env_names(environ: Mapping[str, str] | None = None, named: Iterable[st
 
 
 def code_environment(environ: Mapping[str, str] | None = None, named: Iterable[str] = ()) -> dict[str, str]:
-    """The keyed part of the environment the code runs with (and trtflow's own settings), as the planner's process
-    has it (`execution.build` puts it in the job, so what the worker keys is what the planner reads)."""
+    """The keyed part of the environment the code runs with, and trtflow's own settings."""
     environ = os.environ if environ is None else environ
     shown = {n: environ[n] for n in keyed_env_names(environ, named) if n in environ}
     shown.update({n: v for n, v in environ.items() if n.startswith("TRTFLOW_")})

@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtflow.callables import code_references
-from trtflow.depfile import code_environment, named_in
 from trtflow.errors import TrtflowError
 from trtflow.execution import protocol
 from trtflow.execution.context import RunContext
@@ -94,9 +92,7 @@ class Builder:
                       parent_pid=os.getpid(), input_objects=input_objects,
                       input_sources=self._judged_sources(node.name, upstream),
                       reference=reference.as_json() if reference is not None else None,
-                      gate_family=gate_family(ctx.graph, ctx.kctx),
-                      code_env=code_environment(named=named_in(node.params))
-                      if code_references(node.params) else None)
+                      gate_family=gate_family(ctx.graph, ctx.kctx))
             try:
                 outcome = ctx.executor.execute(job, ctx.cancel)
             except OSError as exc:

@@ -46,9 +46,6 @@ class Job:
     # the reference the node measures beside its candidate, laid out in its scratch (`stage.Reference.as_json`)
     reference: dict[str, Any] | None = None
     gate_family: int = 1  # how many nodes of the recipe make a comparison (StageContext.gate_family)
-    # the keyed environment a node's python: code sees, as the runner (the planner's process) has it
-    # (`depfile.code_environment`); None: no python: code, or the worker's own
-    code_env: dict[str, str] | None = None
 
     @property
     def gpu(self) -> int | None:

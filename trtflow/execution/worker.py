@@ -55,7 +55,9 @@ def run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: loggin
     from trtflow import depfile, readtrace
 
     named = depfile.named_in(job.params)
-    code_env = job.code_env if job.code_env is not None else depfile.code_environment(named=named)
+    # values from this process's environment: a local worker's is the runner's (a secret passed to the code is
+    # never written into the job); a worker elsewhere keys its own values, and the planner's differ: rebuilt
+    code_env = depfile.code_environment(named=named)
     try:
         result, reads = readtrace.observed(lambda: _run_job(job, get_stage, log), _observable,
                                            depfile.run_environment(code_env))
