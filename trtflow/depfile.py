@@ -275,11 +275,12 @@ def run_environment(code_env: Mapping[str, str], environ: Mapping[str, str] | No
 
 
 def env_digest(label: str, environ: Mapping[str, str] | None = None) -> str:
-    """The digest of an ``env:NAME`` label: the variable's value now (`MISSING`: unset)."""
-    from trtflow.fingerprint import hash_text
+    """The digest of an ``env:NAME`` label: the variable's value now (`MISSING`: unset). SHA-256, not the store's
+    fast hash: the value may be a secret passed to the code, and the digest is written into manifests."""
+    import hashlib
 
     value = (os.environ if environ is None else environ).get(label[len(ENV_LABEL):])
-    return MISSING if value is None else hash_text(value)
+    return MISSING if value is None else "sha256:" + hashlib.sha256(os.fsencode(value)).hexdigest()
 
 
 def path_digest(path: str | os.PathLike[str], stat_cache: Any = None) -> str:
