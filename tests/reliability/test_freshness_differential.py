@@ -112,7 +112,7 @@ ACTIONS = st.tuples(st.sampled_from([
     "calib content", "calib same size touch -r", "calib renamed over", "data link", "CALIB", "HOME", "GREETING",
     "python: file link", "extends link", "--set", "numpy version", "helper", "h_try exists", "touch",
     "code read", "code read touch -r", "folder link", "file link", "module link", "CODE_VAR", "HIDDEN_VAR",
-]), st.integers(0, 5))
+]), st.integers(0, 1 << 16))  # used modulo a few: wide, so that 500 one-edit sequences are distinct
 
 
 def _link(link: Path, target: str) -> None:
