@@ -311,6 +311,17 @@ def label_digest(label: str, path: Any, stat_cache: Any = None) -> str:
     return MISSING if path is None else path_digest(path, stat_cache)
 
 
+def _add_source(deps: Deps, cached: str, recording: _Recording) -> None:
+    from importlib.util import source_from_cache
+
+    try:
+        source = os.path.realpath(source_from_cache(cached))
+    except ValueError:
+        return
+    if source not in deps.files and recording.relevant(source):
+        deps.files[source] = path_digest(source) if os.path.isfile(source) else MISSING
+
+
 def add_reads(deps: Deps, reads: Any, environ: Mapping[str, str] | None = None, named: Iterable[str] = ()) -> None:
     """Key what the observed process tree read (`readtrace.Reads`) and the environment it saw, into ``deps``:
     every file inside the roots it opened (by content, `CHANGED` if it changed while the code ran, `MISSING` if it
@@ -325,6 +336,9 @@ def add_reads(deps: Deps, reads: Any, environ: Mapping[str, str] | None = None, 
                 same = False
             deps.files[link] = path_digest(link) if same else CHANGED
     for path, sig in reads.files.items():
+        if path.endswith(".pyc"):  # a module's cached code (its source was only stat-ed): the source counts
+            _add_source(deps, path, recording)
+            continue
         if path in deps.files or not recording.relevant(path):
             continue
         if sig is None:

@@ -167,3 +167,25 @@ def test_a_child_killed_before_its_result_is_a_clear_failure() -> None:
 
     result, _ = readtrace.observed(lambda: os.kill(os.getpid(), signal.SIGKILL) or {}, lambda p: True, {})
     assert result["status"] == "failed" and "SIGKILL" in result["error"] and result["hint"], result
+
+
+def test_a_module_loaded_from_its_cached_code_keys_its_source(tmp_path: Path) -> None:
+    """``spec_from_file_location`` + ``exec_module`` with a valid ``__pycache__`` entry opens only the .pyc: the
+    source is keyed all the same."""
+    import importlib.util
+    import py_compile
+
+    source = tmp_path / "loaded.py"
+    source.write_text("V = 1\n")
+    py_compile.compile(str(source), cfile=importlib.util.cache_from_source(str(source)))
+
+    def run() -> dict[str, object]:
+        spec = importlib.util.spec_from_file_location("loaded_by_path", source)
+        assert spec is not None and spec.loader is not None
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        return {}
+
+    _, reads = readtrace.observed(run, lambda p: True, {})
+    deps = depfile.Deps(roots=[str(tmp_path)])
+    depfile.add_reads(deps, reads, environ={})
+    assert deps.files[os.path.realpath(source)] == depfile.path_digest(source)
