@@ -1,34 +1,37 @@
 """The project files a stage's run really uses, recorded while it runs (as a compiler writes a depfile).
 
-While the stage of a node with ``python:`` references runs (in its worker process: `execution.worker.run_job`), an
-import finder placed first on ``sys.meta_path`` sees every module the import system looks for, whatever form the
-code used to ask (any ``import`` statement, ``importlib.import_module``, ``__import__``); `callables.load_callable`
-notes the ``python:`` file it executes; and an audit hook (PEP 578) sees every file opened for reading, so code
-loaded without the import system (``runpy``, ``spec_from_file_location``, ``exec(open(...).read())``) and data the
-code reads count too. Kept, for the node's key (see `plan`):
+The stage of a node with ``python:`` references runs in an observed child of its worker (`execution.worker.run_job`
+with `trtflow.readtrace`): every file the child and the processes it starts open, execute or read a link of is
+seen by system call, and `add_reads` keys it here. In the child, an import finder placed first on
+``sys.meta_path`` sees every module the import system looks for (for the slots below), and
+`callables.load_callable` notes the ``python:`` file it executes. Kept, for the node's key (see `plan`):
 
-  files   every such file inside the recipe's roots (its project, ``TRTFLOW_ALLOWED_PATHS``), outside the virtual
+  files   every file read inside the recipe's roots (its project, ``TRTFLOW_ALLOWED_PATHS``), outside the virtual
           environments and installed packages *below* a root (wherever the project itself lives: a checkout in
           ``<venv>/src/`` is a project like any other), outside trtflow's and the stage's own packages (keyed as the
-          stage's code) and outside the store: path -> digest of its content, read before the code reads it;
+          stage's code) and outside the store: path -> digest of its content, as of when it was first read; every
+          symbolic link inside the roots met on the way to a file read, at any component: path -> its target
+          (`path_digest`); every variable the code could see: ``env:NAME`` -> digest of its value;
   absent  module slots ("<folder>/<name>") inside the roots where a module was looked for and not found: for a
           module found nowhere, every such search folder; for a project module, those searched before the one it
           came from. A module created in a slot later would be imported instead, so it is checked like a file.
 
 A project module imported before the run began (a process that runs several nodes) counts as well, with the digest
 of the content it was imported with (`_IMPORTED`); one imported outside any recording cannot vouch for its content,
-nor can a file that changed while the node ran: both are recorded as `CHANGED`, a digest no file has, so the node
-is rebuilt the next time rather than trusted. A file read and gone by the end of the run is recorded as `MISSING`.
-Not seen: folder listings (a file added to a folder the code globs), and reads outside the roots.
+nor can a file that changed while the node ran, nor a run the supervisor could not see whole (`readtrace`): all
+are recorded as `CHANGED`, a digest no file has, so the node is rebuilt the next time rather than trusted. A file
+read and absent is recorded as `MISSING`. Not seen: folder listings (a file added to a folder the code globs),
+whether a path exists when it is only ``stat``-ed, and reads outside the roots.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,9 +49,14 @@ class Deps:
 
     files: dict[str, str] = field(default_factory=dict)  # module file -> content digest (or CHANGED)
     absent: list[str] = field(default_factory=list)  # "<folder>/<module name>" slots searched and empty
+    roots: list[str] = field(default_factory=list)  # where project files are (the recording's, when it ended)
+    excluded: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {"files": dict(sorted(self.files.items())), "absent": sorted(self.absent)}
+
+    def with_places(self) -> dict[str, Any]:
+        return {**self.as_json(), "roots": self.roots, "excluded": self.excluded}
 
     @classmethod
     def from_json(cls, data: Any) -> Deps | None:
@@ -59,7 +67,8 @@ class Deps:
         if not (isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
                 and isinstance(absent, list) and all(isinstance(a, str) for a in absent)):
             return None
-        return cls(dict(files), list(absent))
+        roots, excluded = data.get("roots", []), data.get("excluded", [])
+        return cls(dict(files), list(absent), [str(r) for r in roots], [str(e) for e in excluded])
 
 
 def slot_taken(slot: str) -> bool:
@@ -109,13 +118,19 @@ class _Recording:
                 deps.files[path] = MISSING
                 continue
             deps.files[path] = digest if now == sig else CHANGED
+        folders: dict[str, str] = {}  # a module's folder -> its real path (thousands of modules, few folders)
         for name, module in list(sys.modules.items()):  # imported before the run began, used again by it
             file = getattr(module, "__file__", None)
             # a module object may carry a made-up __file__ (torch.ops says "_ops.py"): only real absolute files
             if (not isinstance(file, str) or not os.path.isabs(file) or name in ("__main__", "__mp_main__")
                     or not os.path.isfile(file)):
                 continue
-            real = os.path.realpath(file)
+            folder, base = os.path.split(file)
+            if folder not in folders:
+                folders[folder] = os.path.realpath(folder)
+            real = os.path.join(folders[folder], base)
+            if os.path.islink(real):
+                real = os.path.realpath(real)
             if real not in deps.files and self.relevant(real):
                 deps.files[real] = _IMPORTED[real][1] if real in _IMPORTED else CHANGED
         deps.absent = sorted({slot for lookup in self.lookups for slot in self._slots(*lookup)})
@@ -126,10 +141,10 @@ class _Recording:
             return []  # a namespace package, or a module from outside the project: the environment's business
         last = name.rpartition(".")[2]
         home = None
-        if origin is not None:
-            real = os.path.realpath(origin)
-            home = os.path.dirname(os.path.dirname(real) if os.path.basename(real).startswith("__init__.")
-                                   else real)
+        if origin is not None:  # where it was found, as spelled (a module that is a link lives beside its link)
+            folder = os.path.dirname(origin)
+            home = os.path.realpath(os.path.dirname(folder) if os.path.basename(origin).startswith("__init__.")
+                                    else folder)
         slots = []
         for folder in searched:
             folder = os.path.realpath(folder or os.getcwd())
@@ -170,39 +185,6 @@ class _Finder:
 
 
 _FINDER = _Finder()
-_WRITING = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-_IN_HOOK: set[int] = set()  # threads inside the hook (it reads files itself)
-_HOOKED = False
-
-
-def _opened(event: str, args: tuple[Any, ...]) -> None:
-    """The audit hook: a file this thread's recording opens for reading (the hook stays once added; without a
-    recording it returns at once)."""
-    if event != "open" or not _ACTIVE:
-        return
-    thread = threading.get_ident()
-    recording = _ACTIVE.get(thread)
-    if recording is None or thread in _IN_HOOK:
-        return
-    path, mode, flags = (tuple(args) + (None, None, 0))[:3]
-    if isinstance(path, bytes):
-        path = os.fsdecode(path)
-    if not isinstance(path, str) or (mode is not None and any(c in str(mode) for c in "wax+")):
-        return
-    if mode is None and isinstance(flags, int) and flags & _WRITING:
-        return
-    _IN_HOOK.add(thread)
-    try:
-        if path.endswith(".pyc"):  # a cached module's code: the source it was compiled from
-            from importlib.util import source_from_cache
-
-            try:
-                path = source_from_cache(path)
-            except ValueError:
-                return
-        recording.note(os.path.abspath(path))
-    finally:
-        _IN_HOOK.discard(thread)
 
 
 def note_entry(path: str | os.PathLike[str]) -> None:
@@ -226,14 +208,10 @@ def recording(roots: Iterable[str | os.PathLike[str]], excluded: Iterable[str | 
     deps = Deps()
     current = _Recording(roots, excluded)
     thread = threading.get_ident()
-    global _HOOKED
     with _LOCK:
         _ACTIVE[thread] = current
         if _FINDER not in sys.meta_path:
             sys.meta_path.insert(0, _FINDER)
-        if not _HOOKED:
-            sys.addaudithook(_opened)
-            _HOOKED = True
     try:
         yield deps
     finally:
@@ -243,3 +221,138 @@ def recording(roots: Iterable[str | os.PathLike[str]], excluded: Iterable[str | 
                 sys.meta_path.remove(_FINDER)
         finished = current.finish()
         deps.files, deps.absent = finished.files, finished.absent
+        deps.roots, deps.excluded = list(current.roots), list(current.excluded)
+
+
+# ------------------------------------------------------------------------------- reads seen by system call
+ENV_LABEL = "env:"
+LINK = "link:"
+FOLDER = "folder"
+#: the variables a node's python: code sees besides those TRTFLOW_PASS_ENV names (all keyed by value)
+PASSED_ENV = ("HOME", "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "PYTHONPATH")
+#: visible too, set by the executor for the node, not keyed: which GPU a node got is scheduling (the key has the
+#: facts of the device it runs on), TRTFLOW_* are trtflow's own settings
+EXECUTOR_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTHONUNBUFFERED")
+PASS_ENV = "TRTFLOW_PASS_ENV"
+
+
+_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def named_in(params: Any) -> list[str]:
+    """The variables a node's parameters spell (``$VAR``, ``${VAR}``: a path the stage resolves when it runs)."""
+    if isinstance(params, str):
+        return _VAR.findall(params)
+    if isinstance(params, dict):
+        return [n for v in params.values() for n in named_in(v)]
+    if isinstance(params, list | tuple):
+        return [n for v in params for n in named_in(v)]
+    return []
+
+
+def keyed_env_names(environ: Mapping[str, str] | None = None, named: Iterable[str] = ()) -> list[str]:
+    """The environment variables a node's python: code sees, each keyed by its value: `PASSED_ENV`, those the
+    node's parameters spell (``named``) and those ``TRTFLOW_PASS_ENV`` names (comma-separated). trtflow's own
+    ``TRTFLOW_*`` settings and `EXECUTOR_ENV` are visible too, unkeyed."""
+    environ = os.environ if environ is None else environ
+    passed = [n.strip() for n in environ.get(PASS_ENV, "").split(",") if n.strip()]
+    return sorted({*PASSED_ENV, *passed, *named})
+
+
+def code_environment(environ: Mapping[str, str] | None = None, named: Iterable[str] = ()) -> dict[str, str]:
+    """The keyed part of the environment the code runs with, and trtflow's own settings."""
+    environ = os.environ if environ is None else environ
+    shown = {n: environ[n] for n in keyed_env_names(environ, named) if n in environ}
+    shown.update({n: v for n, v in environ.items() if n.startswith("TRTFLOW_")})
+    return shown
+
+
+def run_environment(code_env: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The whole environment of the code's process: ``code_env`` and the executor's variables (`EXECUTOR_ENV`)
+    as this process has them. Nothing else is there."""
+    environ = os.environ if environ is None else environ
+    return {**{n: environ[n] for n in EXECUTOR_ENV if n in environ}, **code_env}
+
+
+def env_digest(label: str, environ: Mapping[str, str] | None = None) -> str:
+    """The digest of an ``env:NAME`` label: the variable's value now (`MISSING`: unset). SHA-256, not the store's
+    fast hash: the value may be a secret passed to the code, and the digest is written into manifests."""
+    import hashlib
+
+    value = (os.environ if environ is None else environ).get(label[len(ENV_LABEL):])
+    return MISSING if value is None else "sha256:" + hashlib.sha256(os.fsencode(value)).hexdigest()
+
+
+def path_digest(path: str | os.PathLike[str], stat_cache: Any = None) -> str:
+    """What a path the code used is keyed by, as it is now: a symbolic link by its target as written (whatever
+    it resolves to: the file it resolves to is keyed by its own path), a regular file by its content, a folder
+    as such; anything else (gone, a pipe) `MISSING`."""
+    from pathlib import Path
+
+    from trtflow.fingerprint import hash_file, hash_text
+
+    try:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            return LINK + hash_text(os.readlink(path))
+        if stat.S_ISDIR(st.st_mode):
+            return FOLDER
+        if stat.S_ISREG(st.st_mode):
+            return hash_file(Path(path), stat_cache) if stat_cache is not None else hash_file_content(path)  # type: ignore[arg-type]
+    except OSError:
+        pass
+    return MISSING
+
+
+def label_digest(label: str, path: Any, stat_cache: Any = None) -> str:
+    """The digest of a recorded label now (``path``: where it points; None: nowhere)."""
+    if label.startswith(ENV_LABEL):
+        return env_digest(label)
+    return MISSING if path is None else path_digest(path, stat_cache)
+
+
+def _add_source(deps: Deps, cached: str, recording: _Recording) -> None:
+    from importlib.util import source_from_cache
+
+    try:
+        source = os.path.realpath(source_from_cache(cached))
+    except ValueError:
+        return
+    if source not in deps.files and recording.relevant(source):
+        deps.files[source] = path_digest(source) if os.path.isfile(source) else MISSING
+
+
+def add_reads(deps: Deps, reads: Any, environ: Mapping[str, str] | None = None, named: Iterable[str] = ()) -> None:
+    """Key what the observed process tree read (`readtrace.Reads`) and the environment it saw, into ``deps``:
+    every file inside the roots it opened (by content, `CHANGED` if it changed while the code ran, `MISSING` if it
+    was not there), every link inside the roots on the way to any file it opened (by target), every variable it
+    could see (by value). A run the supervisor could not see whole is recorded as changed."""
+    recording = _Recording(deps.roots, deps.excluded)
+    for link, target in reads.links.items():
+        if recording.relevant(link):
+            try:
+                same = os.readlink(link) == target
+            except OSError:
+                same = False
+            deps.files[link] = path_digest(link) if same else CHANGED
+    for path, sig in reads.files.items():
+        if path.endswith(".pyc"):  # a module's cached code (its source was only stat-ed): the source counts
+            _add_source(deps, path, recording)
+            continue
+        if path in deps.files or not recording.relevant(path):
+            continue
+        if sig is None:
+            deps.files[path] = MISSING if path_digest(path) in (MISSING, FOLDER) else CHANGED
+            continue
+        try:
+            st = os.stat(path)
+            before = signature(st)
+            digest = hash_file_content(path)  # type: ignore[arg-type]
+            same = tuple(sig) == before == signature(os.stat(path))
+        except OSError:
+            same = False
+        deps.files[path] = digest if same else CHANGED
+    for name in keyed_env_names(environ, named):
+        deps.files[ENV_LABEL + name] = env_digest(ENV_LABEL + name, environ)
+    for why in reads.blind[:1]:
+        deps.files[f"(not observed: {why})"] = CHANGED

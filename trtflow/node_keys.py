@@ -17,7 +17,6 @@ makes.
 
 from __future__ import annotations
 
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,7 +24,6 @@ from typing import Any, Protocol, runtime_checkable
 
 from trtflow.callables import PYTHON_PREFIX, code_references
 from trtflow.codehash import callable_files, stage_code
-from trtflow.depfile import MISSING
 from trtflow.environment import Environment, GpuInfo
 from trtflow.errors import RecipeError, TrtflowError
 from trtflow.evidence import Evidence
@@ -104,14 +102,10 @@ class KeyContext:
         file: a named pipe is never opened), once per plan."""
         memo = ("module", label)
         if memo not in self.memo:
-            path = self.locate(label)
-            try:
-                if path is None:
-                    raise FileNotFoundError(label)
-                regular = stat.S_ISREG(path.stat().st_mode)
-                self.memo[memo] = hash_file(path, self.stat_cache) if regular else MISSING
-            except OSError:
-                self.memo[memo] = MISSING
+            from trtflow.depfile import ENV_LABEL, label_digest
+
+            path = None if label.startswith(ENV_LABEL) else self.locate(label)
+            self.memo[memo] = label_digest(label, path, self.stat_cache)
         return self.memo[memo]
 
     def dep_sets(self, pre: str) -> list[DepSet]:

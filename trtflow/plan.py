@@ -156,6 +156,10 @@ def explain(parts: KeyParts, previous: Mapping[str, Any] | None, damaged_note: M
     if isinstance(old_deps, dict) and parts.runs_code:
         for path in sorted(set(old_deps) | set(parts.deps)):
             what = "module" if path.endswith((".py", ".so", ".pyd")) else "file read by its code:"
+            if path.startswith("env:"):  # the code's variables: always all recorded; only a change says anything
+                if path in parts.deps and path in old_deps and old_deps[path] != parts.deps[path]:
+                    reasons.append(f"environment variable {path[4:]} changed")
+                continue
             if path not in parts.deps:
                 reasons.append(f"{what} {path} no longer used")
             elif path not in old_deps:
@@ -282,9 +286,11 @@ def _observe_result(parts: KeyParts, kctx: KeyContext) -> None:
         return
     kctx.evidence.dep_sets.append((parts.pre_key, parts.dep_set))
     for label, digest in parts.deps.items():
-        path = kctx.locate(label)
+        path = None if label.startswith("env:") else kctx.locate(label)  # env: noop keys the code's variables
         if path is not None and digest != MISSING:
             kctx.observe(path, digest)
+        elif path is not None:
+            kctx.evidence.missing.add(str(path))
     kctx.evidence.absent.update(str(kctx.locate(label)) for label in parts.absent)
 
 

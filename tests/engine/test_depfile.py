@@ -30,21 +30,32 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def test_imports_reads_and_failed_lookups_inside_the_project_are_recorded(project: Path) -> None:
-    with depfile.recording([project], excluded=[project / "store"]) as deps:
-        import helper  # noqa: F401
+    """As the worker records a node: the block runs in an observed child (`readtrace`), its reads keyed here."""
+    from trtflow import readtrace
 
-        try:
-            import optional_thing  # noqa: F401
-        except ImportError:
-            pass
-        (project / "data.txt").read_text()
-        (project / "store" / "cached.txt").read_text()  # the store: trtflow's, never the project's
-        json_module = sys.modules["json"]  # a library: the environment's business
-    assert set(deps.files) == {str(project / p) for p in ("helper.py", "pkg/__init__.py", "pkg/inner.py",
-                                                           "data.txt")}
+    def run() -> dict:
+        with depfile.recording([project], excluded=[project / "store"]) as deps:
+            import helper  # noqa: F401
+
+            try:
+                import optional_thing  # noqa: F401
+            except ImportError:
+                pass
+            (project / "data.txt").read_text()
+            (project / "store" / "cached.txt").read_text()  # the store: trtflow's, never the project's
+        return deps.with_places()
+
+    result, reads = readtrace.observed(run, lambda p: True, {})
+    deps = depfile.Deps.from_json(result)
+    assert deps is not None
+    depfile.add_reads(deps, reads, environ={"HOME": "/h"})
+    files = {f for f in deps.files if not f.startswith(depfile.ENV_LABEL)}
+    assert files == {str(project / p) for p in ("helper.py", "pkg/__init__.py", "pkg/inner.py", "data.txt")}
     assert deps.files[str(project / "helper.py")] == hash_file_content(project / "helper.py")
     assert str(project / "optional_thing") in deps.absent
-    assert json_module.__file__ not in deps.files
+    assert sys.modules["json"].__file__ not in deps.files  # a library: the environment's business
+    assert deps.files["env:HOME"] == depfile.env_digest("env:HOME", {"HOME": "/h"})
+    assert deps.files["env:PATH"] == depfile.MISSING
 
 
 def test_a_file_changed_while_the_code_ran_cannot_vouch_for_it(project: Path) -> None:

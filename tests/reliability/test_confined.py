@@ -41,6 +41,8 @@ ALLOWED = {
     "trtflow/execution/scheduler.py": "/proc/meminfo, cgroups, the host's GPU locks (/tmp/trtflow-gpu-locks)",
     "trtflow/execution/diagnosis.py": "/proc and cgroups",
     "trtflow/execution/progress.py": "/proc/<pid>/status",
+    "trtflow/readtrace.py": "/proc/<pid>/mem of the observed child, read-only; the paths it names: lstat and "
+                            "readlink, never opened",
     "trtflow/execution/forkserver.py": "/proc/self/status, /dev/null",
     "trtflow/cli/console.py": "writes the file the user names with -o",
     "trtflow/testing.py": "a temporary folder of its own for a stage test",

@@ -405,7 +405,7 @@ def test_a_planted_index_entry_reads_nothing_outside_and_opens_no_pipe(root: Pat
     finally:
         journal.close()
     step = project.plan()["factory"]
-    assert step.status == "fresh" and set(step.parts.deps) == {"model.py"}
+    assert step.status == "fresh" and {d for d in step.parts.deps if not d.startswith("env:")} == {"model.py"}
     assert project.run()["factory"] == "fresh"
 
 
@@ -429,3 +429,83 @@ def test_a_planted_noop_record_naming_a_pipe_steps_aside(root: Path) -> None:
         record_file.write_text(json.dumps(dict(envelope, record=planted)))
         assert not project.shortcut()
     assert set(project.run().values()) == {"fresh"}
+
+
+# ------------------------------------------------------------------- issue 31: reads seen by system call
+READERS = {  # node -> (factory source, what it returns before the edit, after)
+    "weights": ("from safetensors.numpy import load_file\n"
+                "def make():\n    return float(load_file('w.safetensors')['w'][0])\n"),
+    "threaded": ("import threading\n"
+                 "def make():\n    box = []\n"
+                 "    t = threading.Thread(target=lambda: box.append(open('t.txt').read()))\n"
+                 "    t.start(); t.join()\n    return box[0]\n"),
+    "linked": "def make():\n    return open('data/cur/v.txt').read()\n",
+    "helper": "import helper\ndef make():\n    return helper.VALUE\n",
+    "env": "import os\ndef make():\n    return os.environ.get('SCALE', 'hidden') + os.environ.get('OTHER', '-')\n",
+}
+
+
+def _save_weight(path: Path, value: float) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.array([value], dtype=np.float32)}, str(path))
+
+
+def test_what_python_code_reads_by_any_means_is_keyed_through_the_cli(tmp_path: Path, toy_stages: list[str]
+                                                                       ) -> None:
+    """Issue 31 (a)-(e), each a node of one project run by the CLI (fork server, worker, observed child): weights
+    read by native code (safetensors), a file read in a worker thread, a data file through a folder link that is
+    retargeted, a helper module that is a link retargeted, an environment variable (hidden unless
+    TRTFLOW_PASS_ENV names it, and then keyed). Each edit touches one node's reads only: each node must be rebuilt
+    with what its factory makes now."""
+    root = tmp_path / "project"
+    (root / "data" / "one").mkdir(parents=True)
+    (root / "data" / "two").mkdir()
+    (root / "helpers").mkdir()
+    (root / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    _save_weight(root / "w.safetensors", 1.0)
+    (root / "t.txt").write_text("t1")
+    (root / "data" / "one" / "v.txt").write_text("one")
+    (root / "data" / "two" / "v.txt").write_text("two")
+    (root / "data" / "cur").symlink_to("one")
+    (root / "helpers" / "a.py").write_text("VALUE = 'helper a'\n")
+    (root / "helpers" / "b.py").write_text("VALUE = 'helper b'\n")
+    (root / "helper.py").symlink_to("helpers/a.py")
+    nodes = []
+    for node, source in READERS.items():
+        (root / f"f_{node}.py").write_text(source)
+        nodes.append(f"  - {{name: {node}, stage: coder, params: {{model: 'python:f_{node}.py:make'}}}}")
+    (root / "recipe.yaml").write_text("name: r\nnodes:\n" + "\n".join(nodes) + "\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(toy_stages), COLUMNS="200", SCALE="s1", OTHER="o1",
+               TRTFLOW_PASS_ENV="SCALE")
+    for name in ("TRTFLOW_STORE", "TRTFLOW_NO_SHORTCUT"):
+        env.pop(name, None)
+
+    def cli(*args: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "trtflow.cli", *args, "recipe.yaml", "--store", "store"],
+                              cwd=root, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    def outputs() -> dict[str, str]:
+        return {n: (root / "build" / "r" / n / "out.txt").read_text() for n in READERS}
+
+    assert "5 built" in cli("run")
+    assert outputs() == {"weights": "1.0", "threaded": "t1", "linked": "one", "helper": "helper a", "env": "s1-"}
+    assert "Nothing to do" in cli("run")
+    _save_weight(root / "w.safetensors", 210.0)
+    (root / "t.txt").write_text("t2")
+    (root / "data" / "cur").unlink()
+    (root / "data" / "cur").symlink_to("two")
+    (root / "helper.py").unlink()
+    (root / "helper.py").symlink_to("helpers/b.py")
+    env["OTHER"] = "o2"  # hidden from the code: changes nothing
+    plan = cli("plan")
+    assert plan.count("stale") >= 4 and "env" in plan, plan
+    assert "4 built" in cli("run")
+    assert outputs() == {"weights": "210.0", "threaded": "t2", "linked": "two", "helper": "helper b", "env": "s1-"}
+    env["SCALE"] = "s2"  # passed to the code: keyed (every python: node sees it, so every one is rebuilt)
+    assert "5 built" in cli("run")
+    assert outputs()["env"] == "s2-"
+    assert "Nothing to do" in cli("run")

@@ -120,7 +120,9 @@ def record_name(call: dict[str, Any]) -> str:
 
 
 def _environment(names: Iterable[str]) -> dict[str, str | None]:
-    wanted = (set(names) | {"CUDA_VISIBLE_DEVICES", "PYTHONPATH", "HOME"}
+    from trtflow.depfile import keyed_env_names
+
+    wanted = (set(names) | {"CUDA_VISIBLE_DEVICES", "PYTHONPATH", "HOME"} | set(keyed_env_names())
               | {n for n in os.environ if n.startswith("TRTFLOW_")})
     return {name: os.environ.get(name) for name in sorted(wanted)}
 
@@ -177,7 +179,14 @@ def _tree(path: str) -> list[str]:
 
 
 def _path_entry(path: str, digest: str, cache: StatCache | None) -> dict[str, Any]:
-    """The record of a data file or folder the planner hashed to ``digest``."""
+    """The record of a data file or folder the planner hashed to ``digest`` (or of a link or folder on the way to
+    a file python: code read: `depfile.path_digest`, checked again by the same function)."""
+    from trtflow.depfile import FOLDER, LINK, path_digest
+
+    if digest.startswith(LINK) or digest == FOLDER:
+        if path_digest(path) != digest:
+            raise Uncertain(path)
+        return {"link": digest}
     if not os.path.isdir(path):
         return _file_entry(path, digest, cache)
     tree = {os.path.relpath(f, path): _file_entry(f, None, cache) for f in _tree(path)}
@@ -187,6 +196,10 @@ def _path_entry(path: str, digest: str, cache: StatCache | None) -> dict[str, An
 
 
 def _path_holds(path: str, entry: dict[str, Any]) -> bool:
+    if "link" in entry:
+        from trtflow.depfile import path_digest
+
+        return bool(path_digest(path) == entry["link"])
     if "tree" not in entry:
         return not os.path.isdir(path) and _entry_holds(path, entry)
     if not os.path.isdir(path):

@@ -45,7 +45,39 @@ def write_result(job: Job, result: dict[str, Any]) -> None:
 
 def run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: logging.Logger | None = None
             ) -> dict[str, Any]:
-    """Run the job's stage and return its result record ({status, summary, error, hint})."""
+    """Run the job's stage and return its result record ({status, summary, error, hint}). A node with python:
+    code runs in a child process whose every read is observed (`trtflow.readtrace`), with only the environment
+    `depfile.code_environment` shows it; what it read is keyed (`depfile.add_reads`)."""
+    from trtflow.callables import code_references
+
+    if not code_references(job.params):
+        return _run_job(job, get_stage, log)
+    from trtflow import depfile, readtrace
+
+    named = depfile.named_in(job.params)
+    # values from this process's environment: a local worker's is the runner's (a secret passed to the code is
+    # never written into the job); a worker elsewhere keys its own values, and the planner's differ: rebuilt
+    code_env = depfile.code_environment(named=named)
+    try:
+        result, reads = readtrace.observed(lambda: _run_job(job, get_stage, log), _observable,
+                                           depfile.run_environment(code_env))
+    except KeyboardInterrupt:
+        return {"status": INTERRUPTED, "error": "interrupted"}
+    if result.get("status") == OK:
+        deps = depfile.Deps.from_json(result.get("deps"))
+        if deps is not None:
+            depfile.add_reads(deps, reads, environ=code_env, named=named)
+            result["deps"] = deps.as_json()
+    return result
+
+
+def _observable(path: str) -> bool:
+    """Paths worth a look (the kernel's own file systems never hold a project)."""
+    return not path.startswith(("/proc/", "/sys/"))
+
+
+def _run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: logging.Logger | None = None
+             ) -> dict[str, Any]:
     from trtflow import depfile
     from trtflow.callables import code_references
     from trtflow.errors import GateFailed, StageSkipped, TrtflowError
@@ -76,7 +108,7 @@ def run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: loggin
             summary = stage.run(ctx, inputs, params) or {}
         result: dict[str, Any] = {"status": OK, "summary": dict(summary)}
         if recorded is not None:
-            result["deps"] = recorded.as_json()
+            result["deps"] = recorded.with_places()
     except StageSkipped as exc:
         log.warning("skipped: %s", exc.reason)
         result = {"status": SKIPPED, "error": exc.reason, "hint": exc.needs}
