@@ -791,8 +791,8 @@ def _export_confined(ctx: StageContext, params: Params, fmt: str, source: Path, 
     request = {"node": ctx.node, "params": params.model_dump(mode="json", exclude_unset=True), "format": fmt,
                "source": str(source.absolute())}
     answer = confinement.run(f"{__name__}:export_in_child", request, box, [source], log=ctx.log,
-                             what=f"exporting {params.model} (in a confined child process)")
-    confinement.take_file(box / _CHILD_MODEL, target)
+                             what=f"exporting {params.model} (in a confined child process)",
+                             take={_CHILD_MODEL: target})
     _checker(target)
     answer = confinement.checked(answer, {"check": dict, "extra": dict}, f"exporting {params.model}")
     parts = {**answer["extra"], **answer["check"]}
