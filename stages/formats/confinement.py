@@ -499,10 +499,23 @@ def _denied(text: str) -> str | None:
     """The first line of ``text`` that says the kernel denied something (shortened), or None."""
     found = _DENIED.search(text)
     if found is None:
-        return None
+        return _hidden(text)
     line = found.group(0)
     errors = list(re.finditer(r"\w+(?:Error|Exception): ", line))  # from the error's name, if the line has one
     return " ".join(line[errors[-1].start() if errors else 0:].split())[:300]
+
+
+_MISSING = re.compile(r"(/[^\s'\"<>:]+)[^\n]{0,80}(?:No such file or directory|FileNotFoundError)|"
+                      r"(?:No such file or directory|FileNotFoundError)[^\n]{0,40}?(/[^\s'\"<>:]+)")
+
+
+def _hidden(text: str) -> str | None:
+    """A path the child found missing that exists here: it is outside the child's file system (or None)."""
+    for found in _MISSING.finditer(text):
+        path = found.group(1) or found.group(2)
+        if not path.startswith(("/box/", "/proc/", "/dev/")) and os.path.lexists(path):
+            return f"{path} is outside its sandbox (No such file or directory)"
+    return None
 
 
 def read_result(box_fd: int) -> dict[str, Any]:
