@@ -35,6 +35,8 @@ from typing import Any
 
 from trtflow.stage import RecipeMismatch, StageFailed
 
+from . import sandbox_box
+
 #: Set (to 1) to behave as if this machine could not confine (models that need it are then refused).
 DISABLE_ENV = "TRTFLOW_NO_CONFINEMENT"
 RESULT_FILE = "result.json"
@@ -211,8 +213,7 @@ def confine(writable: Iterable[Path], readable: Iterable[Path]) -> Capability:
     global _CONFINED
     if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
         raise OSError(errno.EPERM, f"{DISABLE_ENV} is set")
-    abi, code = _landlock_abi(_libc())
-    capability = Capability(True, abi)
+    capability = Capability(True, _landlock_abi(_libc())[0])
     tasks = os.listdir("/proc/self/task")
     if len(tasks) != 1:  # Landlock and seccomp bind the calling thread only: confine before any thread starts
         raise OSError(errno.EBUSY, f"the process already runs {len(tasks)} threads")
@@ -297,7 +298,6 @@ def _proc_paths() -> list[str]:
 # ---------------------------------------------------------------------------------------------------------
 # The parent side
 
-_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHILD = ("import sys; from trtflow_stages.formats.confinement import child_main; sys.exit(child_main(sys.argv[1:]))")
 
 
@@ -314,16 +314,16 @@ def run(function: str, request: Mapping[str, Any], box: Path, readable: Sequence
     if not function.startswith("trtflow_stages.") or ":" not in function:
         raise ValueError(f"not a trtflow_stages function: {function!r}")
     box = box.absolute()
-    parent = os.dup(dir_fd) if dir_fd is not None else os.open(box.parent, _OPEN_DIR)
+    parent = os.dup(dir_fd) if dir_fd is not None else os.open(box.parent, sandbox_box.OPEN_DIR)
     box_fd = log_fd = -1
     try:
-        box_fd = _fresh_box(parent, box.name)
-        log_fd = _fresh_file(parent, f"{box.name}.log")
+        box_fd = sandbox_box.fresh_box(parent, box.name)
+        log_fd = sandbox_box.fresh_file(parent, f"{box.name}.log")
         log_file = box.with_name(f"{box.name}.log")
         spec = {"function": function, "request": dict(request), "confine": confine_child,
                 "readable": [str(Path(p).absolute()) for p in readable]}
         code = _run_child(spec, box_fd, log_fd, readable, timeout)
-        tail = _tail(log_fd, 6000)
+        tail = sandbox_box.tail(log_fd, 6000)
         if log is not None and tail:
             log.info("%s (child process): %s", what, tail)
         if code is None:
@@ -336,9 +336,9 @@ def run(function: str, request: Mapping[str, Any], box: Path, readable: Sequence
                 name = f"signal {-code}"
             raise StageFailed(f"{what} died of {name}", hint=f"its log: {log_file}")
         if "error" in answer or code != 0 or not answer:
-            _failed(answer, code, tail, _tail(log_fd, 1 << 18), confine_child, what, log_file)
+            _failed(answer, code, tail, sandbox_box.tail(log_fd, 1 << 18), confine_child, what, log_file)
         for name, target in (take or {}).items():
-            _take(box_fd, name, target)
+            sandbox_box.take(box_fd, name, target)
         return answer
     finally:
         for fd in (log_fd, box_fd, parent):
@@ -426,43 +426,6 @@ def _launch(command: list[str], spec: Mapping[str, Any], sources: Sequence[tuple
             os.close(fd)
 
 
-def _fresh_box(parent: int, name: str) -> int:
-    """An empty folder ``name`` under ``parent`` (what was there removed without following links), opened."""
-    _remove(parent, name)
-    os.mkdir(name, 0o700, dir_fd=parent)
-    fd = os.open(name, _OPEN_DIR, dir_fd=parent)
-    try:
-        if os.listdir(fd):
-            raise StageFailed(f"the confined child's folder {name} was not empty when made: another process "
-                              "writes into this scratch folder", hint="run one trtflow per scratch folder")
-        for sub in ("home", "tmp", "cache"):
-            os.mkdir(sub, 0o700, dir_fd=fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _remove(parent: int, name: str) -> None:
-    import shutil
-    import stat
-
-    try:
-        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(name, dir_fd=parent)  # (descriptor-based, never follows a link)
-    else:
-        os.unlink(name, dir_fd=parent)
-
-
-def _fresh_file(parent: int, name: str) -> int:
-    """A new empty file ``name`` under ``parent``, opened for writing (whatever was there removed, not followed)."""
-    _remove(parent, name)
-    return os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent)
-
-
 def checked(answer: Mapping[str, Any], fields: Mapping[str, type | tuple[type, ...]], what: str) -> dict[str, Any]:
     """The fields of a child's answer that have the expected types (the child ran the model's code, so its answer
     is checked like any input): StageFailed for a required field (``fields``) that is missing or of another type."""
@@ -479,12 +442,6 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
-
-
-def _tail(fd: int, limit: int) -> str:
-    """The end of the log the parent holds open (the child's output)."""
-    size = os.fstat(fd).st_size
-    return os.pread(fd, limit, max(0, size - limit)).decode("utf-8", "replace").strip()
 
 
 def _last_lines(text: str) -> str:
@@ -510,10 +467,15 @@ _MISSING = re.compile(r"(/[^\s'\"<>:]+)[^\n]{0,80}(?:No such file or directory|F
 
 
 def _hidden(text: str) -> str | None:
-    """A path the child found missing that exists here: it is outside the child's file system (or None)."""
+    """A path the child found missing that exists here (or whose folder does), in no folder the child sees: it is
+    outside the child's file system (or None)."""
+    from . import sandbox_policy
+
+    seen = ("/usr", "/etc", "/sys", "/proc", "/dev", sandbox_policy.BOX, *sandbox_policy.library_folders())
     for found in _MISSING.finditer(text):
         path = found.group(1) or found.group(2)
-        if not path.startswith(("/box/", "/proc/", "/dev/")) and os.path.lexists(path):
+        if (os.path.lexists(path) or os.path.isdir(os.path.dirname(path))) and not any(
+                path == folder or path.startswith(folder.rstrip("/") + "/") for folder in seen):
             return f"{path} is outside its sandbox (No such file or directory)"
     return None
 
@@ -521,7 +483,7 @@ def _hidden(text: str) -> str | None:
 def read_result(box_fd: int) -> dict[str, Any]:
     """The child's answer in the box (held open): a plain file, at most a few MiB of JSON; {} when absent."""
     try:
-        data = _read_plain(box_fd, RESULT_FILE, _RESULT_LIMIT)
+        data = sandbox_box.read_plain(box_fd, RESULT_FILE, _RESULT_LIMIT)
     except FileNotFoundError:
         return {}
     except OSError as error:
@@ -546,56 +508,6 @@ def _printable(value: Any) -> Any:
     if isinstance(value, dict):
         return {_printable(k): _printable(v) for k, v in value.items()}
     return value
-
-
-def _open_plain(box_fd: int, name: str) -> int:
-    """``name`` (relative, ``/``-separated) in the box, opened one component at a time, no link followed: a plain
-    file with one link (the child made it; it could have pointed a link or a hard link at a file it may not read)."""
-    import stat
-
-    *folders, last = name.split("/")
-    at, opened = box_fd, []
-    try:
-        for folder in folders:
-            if folder in ("", ".", ".."):
-                raise OSError(errno.EINVAL, f"{name} is not a plain name in the box")
-            at = os.open(folder, _OPEN_DIR, dir_fd=at)
-            opened.append(at)
-        fd = os.open(last, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, dir_fd=at)
-    finally:
-        for folder_fd in opened:
-            os.close(folder_fd)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-        os.close(fd)
-        raise OSError(errno.EINVAL, f"{name} is something other than a plain file")
-    return fd
-
-
-def _read_plain(box_fd: int, name: str, limit: int) -> bytes:
-    fd = _open_plain(box_fd, name)
-    try:
-        if os.fstat(fd).st_size > limit:
-            raise OSError(errno.EFBIG, f"{name} is larger than {limit} bytes")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read(limit + 1)[:limit]
-    finally:
-        os.close(fd)
-
-
-def _take(box_fd: int, name: str, target: Path) -> None:
-    """Copy the child's file ``name`` (through the box's descriptor) to ``target`` (outside its box)."""
-    import shutil
-
-    try:
-        fd = _open_plain(box_fd, name)
-    except OSError as error:
-        raise StageFailed(f"the confined conversion left no plain {name}: {error.strerror}") from error
-    with os.fdopen(fd, "rb") as f:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        with os.fdopen(out, "wb") as copy:
-            shutil.copyfileobj(f, copy, 1 << 20)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -128,10 +128,14 @@ fds = {}
 for fd in os.listdir("/proc/self/fd"):
     try:
         fds[fd] = os.readlink("/proc/self/fd/" + fd)
+    except FileNotFoundError:  # (the listing's own descriptor, closed since)
+        continue
     except OSError as error:
         fds[fd] = "?" + str(error)
 results.append({"family": "descriptors", "call": "inherited", "ok": None, "detail": fds})
-results.append({"family": "environment", "call": "environ", "ok": None, "detail": sorted(os.environ)})
+initial = open("/proc/self/environ", "rb").read().split(b"\0")  # (as given at exec: not what torch set since)
+results.append({"family": "environment", "call": "environ", "ok": None,
+                "detail": sorted(e.split(b"=")[0].decode() for e in initial if e)})
 results.append({"family": "identity", "call": "ids", "ok": None,
                 "detail": [os.getuid(), os.geteuid(), open("/proc/self/status").read().split("CapEff:")[1].split()[0]]})
 with open("__REPORT__", "w") as out:

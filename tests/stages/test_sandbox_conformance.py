@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.stages import sandbox_battery
-from trtflow_stages.formats import confinement, sandbox_policy
+from trtflow.stage import StageFailed
+from trtflow_stages.formats import confinement, sandbox_box, sandbox_policy
 
 STAGES = Path(__file__).resolve().parents[2] / "stages"
 needs_confinement = pytest.mark.skipif(not confinement.probe().available,
@@ -55,18 +56,30 @@ def battery(tmp_path_factory):
     model_before = _facts(model)
     saved = {name: os.environ.get(name) for name in _PLANTED}
     os.environ.update(_PLANTED)
+    real_run_child = confinement._run_child
+
+    def co_writer_wins(*args, **kwargs):
+        """A second writer of the scratch folder swaps the box and its log for links once they are made."""
+        (base / "box").rename(base / "box.moved")
+        (base / "box").symlink_to(home / ".ssh")
+        (base / "box.log").rename(base / "box.log.moved")
+        (base / "box.log").symlink_to(home / ".bashrc")
+        return real_run_child(*args, **kwargs)
+
+    confinement._run_child = co_writer_wins
     try:
-        confinement.run("trtflow_stages.formats.describe:program_entries_in_child", {"source": str(model)},
-                        base / "box", [model], timeout=300, what="the battery")
+        answer = confinement.run("trtflow_stages.formats.describe:program_entries_in_child",
+                                 {"source": str(model)}, base / "box", [model], timeout=300, what="the battery")
     finally:
+        confinement._run_child = real_run_child
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    report = json.loads((base / "box" / sandbox_battery.REPORT).read_text())
-    return {"report": report, "before": before, "after": {v: _facts(v) for v in victims},
-            "model": (model_before, _facts(model)), "base": base}
+    report = json.loads((base / "box.moved" / sandbox_battery.REPORT).read_text())
+    return {"report": report, "before": before, "after": {v: _facts(v) for v in victims}, "answer": answer,
+            "model": (model_before, _facts(model)), "base": base, "home": home}
 
 
 def _entries(battery, family: str) -> list[dict]:
@@ -89,7 +102,12 @@ def test_no_call_of_the_battery_changes_or_reveals_anything(battery):
 
 @needs_confinement
 def test_files_outside_are_untouched_and_secrets_are_not_there(battery):
+    """Also with the box and its log swapped for links to the victim's files while the run started: the child
+    wrote, and the parent read, through the descriptors held from their creation."""
     assert battery["after"] == battery["before"]
+    assert sorted(p.name for p in (battery["home"] / ".ssh").iterdir()) == ["id_rsa"]
+    assert battery["answer"]["inputs"]["features"]["dynamic_axes"] == {"0": "batch"}
+    assert "confined: bubblewrap" in (battery["base"] / "box.log.moved").read_text()
     assert battery["model"][0] == battery["model"][1]
     reads = {e["call"].removeprefix("read "): e for e in _entries(battery, "reads")}
     for secret in ("/etc/shadow", "/root/.ssh", "/etc/ssh", *(str(v) for v in battery["before"])):
@@ -100,13 +118,13 @@ def test_files_outside_are_untouched_and_secrets_are_not_there(battery):
 def test_the_child_inherits_no_descriptor_environment_or_capability(battery):
     fds = _entries(battery, "descriptors")[0]["detail"]
     assert fds["0"].startswith("/memfd:trtflow-request")
-    assert fds["1"] == fds["2"] and fds["1"].endswith("box.log")
+    assert fds["1"] == fds["2"] and fds["1"].endswith("box.log.moved")
     visible = ("/box", "/usr", "/proc/", "/dev/", "pipe:", "anon_inode:", "/memfd:",
                *sandbox_policy.library_folders(), str(battery["base"] / "hostile.pt2"))
     assert {fd: target for fd, target in fds.items() if fd not in "012" and not target.startswith(visible)} == {}
     names = set(_entries(battery, "environment")[0]["detail"])
     assert not names & set(_PLANTED)
-    assert names <= set(sandbox_policy.KEEP_ENV) | set(sandbox_policy.child_environment("/box"))
+    assert names <= {*sandbox_policy.KEEP_ENV, *sandbox_policy.child_environment("/box"), "PWD"}
     uid, euid, capabilities = _entries(battery, "identity")[0]["detail"]
     assert uid == euid == sandbox_policy.CHILD_ID and int(capabilities, 16) == 0
 
@@ -130,7 +148,8 @@ def test_every_child_that_runs_a_models_code_is_launched_by_confinement():
             elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("_in_child"):
                 found.append(f"{path.name}:{node.lineno} calls {ast.unparse(node.func)} in this process")
     assert found == []
-    runs = [node for path in STAGES.rglob("*.py") for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+    sources = [text for path in STAGES.rglob("*.py") if "confinement.run(" in (text := path.read_text("utf-8"))]
+    runs = [node for text in sources for node in ast.walk(ast.parse(text))
             if isinstance(node, ast.Call) and ast.unparse(node.func) == "confinement.run"]
     assert len(runs) >= 5 and all("_in_child" in ast.unparse(call.args[0]) for call in runs)
     # in confinement itself, one place starts a process
@@ -148,3 +167,70 @@ def test_the_allow_list_names_no_call_that_reaches_outside():
                  "io_uring_enter", "perf_event_open", "fanotify_init", "open_by_handle_at", "userfaultfd",
                  "pidfd_getfd", "seccomp", "setuid", "capset", "init_module", "kexec_load", "reboot"}
     assert allowed & forbidden == set()
+
+
+def _plain_box(tmp_path: Path) -> int:
+    (tmp_path / "box" / "work" / "out").mkdir(parents=True)
+    (tmp_path / "box" / "work" / "out" / "model.onnx").write_bytes(b"made by the child")
+    return os.open(tmp_path / "box", sandbox_box.OPEN_DIR)
+
+
+def test_the_parent_takes_back_only_plain_files_through_the_descriptors_it_held(tmp_path):
+    """The hand-back, without a child: a folder on the way swapped for a link, a link or hard link as the file,
+    the whole box moved and replaced by a link, and a target that is a link: nothing outside is read or written."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "model.onnx").write_bytes(b"another project's model")
+    victim = tmp_path / "authorized_keys"
+    victim.write_bytes(b"ssh-ed25519 AAAA user")
+    box = _plain_box(tmp_path)
+    try:
+        (tmp_path / "box").rename(tmp_path / "box.moved")  # the box's name now leads elsewhere: still the box
+        (tmp_path / "box").symlink_to(private)
+        sandbox_box.take(box, "work/out/model.onnx", tmp_path / "taken.onnx")
+        assert (tmp_path / "taken.onnx").read_bytes() == b"made by the child"
+        with pytest.raises(StageFailed, match="cannot write"):  # a target that is a link is not followed
+            (tmp_path / "linked_target.onnx").symlink_to(victim)
+            sandbox_box.take(box, "work/out/model.onnx", tmp_path / "linked_target.onnx")
+        out = tmp_path / "box.moved" / "work" / "out"
+        out.rename(tmp_path / "box.moved" / "work" / "out.old")
+        out.symlink_to(private)  # the child swaps its output folder for a link
+        with pytest.raises(StageFailed, match="no plain work/out/model.onnx"):
+            sandbox_box.take(box, "work/out/model.onnx", tmp_path / "stolen.onnx")
+        out.unlink()
+        out.mkdir()
+        (out / "model.onnx").symlink_to(private / "model.onnx")
+        with pytest.raises(StageFailed, match="no plain"):
+            sandbox_box.take(box, "work/out/model.onnx", tmp_path / "stolen.onnx")
+        (out / "model.onnx").unlink()
+        os.link(victim, out / "model.onnx")
+        with pytest.raises(StageFailed, match="other than a plain file"):
+            sandbox_box.take(box, "work/out/model.onnx", tmp_path / "stolen.onnx")
+        with pytest.raises(OSError, match="not a plain name"):
+            sandbox_box.read_plain(box, "../private/model.onnx", 100)
+    finally:
+        os.close(box)
+    assert not (tmp_path / "stolen.onnx").exists() and victim.read_bytes() == b"ssh-ed25519 AAAA user"
+
+
+def test_a_fresh_box_replaces_what_is_there_without_following_links(tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("kept")
+    parent = os.open(tmp_path, sandbox_box.OPEN_DIR)
+    try:
+        (tmp_path / "box").symlink_to(victim)
+        (tmp_path / "box.log").symlink_to(victim / "keep.txt")
+        box = sandbox_box.fresh_box(parent, "box")
+        log = sandbox_box.fresh_file(parent, "box.log")
+        os.write(log, b"the child's output")
+        os.close(log)
+        assert sorted(os.listdir(box)) == ["cache", "home", "tmp"]
+        os.close(box)
+        (tmp_path / "box" / "tmp" / "old").mkdir()
+        os.close(sandbox_box.fresh_box(parent, "box"))
+        assert sorted(os.listdir(tmp_path / "box")) == ["cache", "home", "tmp"]
+    finally:
+        os.close(parent)
+    assert (victim / "keep.txt").read_text() == "kept" and sorted(os.listdir(victim)) == ["keep.txt"]
+    assert not (tmp_path / "box").is_symlink() and (tmp_path / "box.log").read_text() == "the child's output"
