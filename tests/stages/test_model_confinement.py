@@ -199,7 +199,7 @@ def test_without_confinement_models_that_run_code_are_refused_unless_trusted(tmp
         _export(tmp_path, model="clean.pt2")
     message = refused.value.message
     assert "carries a program" in message and "no confinement here" in message and confinement.DISABLE_ENV in message
-    assert "Landlock" in refused.value.hint and "trust_code: true" in refused.value.hint
+    assert "bubblewrap" in refused.value.hint and "trust_code: true" in refused.value.hint
     trusted = _export(tmp_path, work="trusted", model="clean.pt2", trust_code=True)
     assert trusted.summary["model_code"] == "trusted" and trusted.summary["checked"] is True
     assert trusted.summary["inputs"] == {"features": ["batch", 8]}
