@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import subprocess
 import sys
@@ -136,13 +137,14 @@ def _startup(count: int) -> dict[str, list[float]]:
 
     command = [sys.executable, "-I", "-S", "-c", ""]
     times: dict[str, list[float]] = {"plain": [], "sandboxed": []}
+    box = os.open(tempfile.mkdtemp(prefix="trtflow-bench-"), os.O_RDONLY | os.O_DIRECTORY)
     for index in range(count):
         for mode in (("plain", "sandboxed") if index % 2 == 0 else ("sandboxed", "plain")):
             start = time.perf_counter()
             if mode == "plain":
                 proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
             else:
-                proc = confinement._launch(command, {}, [], subprocess.DEVNULL, subprocess.DEVNULL, None, True)
+                proc = confinement._launch(command, {}, [], subprocess.DEVNULL, subprocess.DEVNULL, box, True)
             if proc.wait() != 0:
                 raise SystemExit(f"the {mode} launch failed")
             times[mode].append(time.perf_counter() - start)

@@ -124,12 +124,19 @@ def _probe() -> Capability:
         return Capability(False, 0, f"cannot load the C library: {error}")
     abi, _ = _landlock_abi(libc)
     # one empty child under the whole policy: user namespaces may be off (sysctl, AppArmor) or bwrap too old
-    tried = _launch([sys.executable, "-I", "-S", "-c", ""], {}, [], subprocess.DEVNULL, subprocess.PIPE, None, True)
-    try:
-        _, err = tried.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        _kill_group(tried)
-        return Capability(False, abi, "bubblewrap did not start a child within 60 s")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="trtflow-probe-") as empty:
+        box = os.open(empty, sandbox_box.OPEN_DIR)
+        try:
+            tried = _launch([sys.executable, "-I", "-S", "-c", ""], {}, [], subprocess.DEVNULL, subprocess.PIPE, box,
+                            True)
+            _, err = tried.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            _kill_group(tried)
+            return Capability(False, abi, "bubblewrap did not start a child within 60 s")
+        finally:
+            os.close(box)
     if tried.returncode != 0:
         said = " ".join(err.decode("utf-8", "replace").split())[:300] or f"exit code {tried.returncode}"
         return Capability(False, abi, f"bubblewrap cannot make a sandbox here ({said}): user namespaces may be "
@@ -387,13 +394,12 @@ def _run_child(spec: dict[str, Any], box_fd: int, log_fd: int, readable: Sequenc
 
 
 def _launch(command: list[str], spec: Mapping[str, Any], sources: Sequence[tuple[int, str]], stdin: Any,
-            stdout: Any, box_fd: int | None, confine_child: bool) -> subprocess.Popen[bytes]:
+            stdout: Any, box_fd: int, confine_child: bool) -> subprocess.Popen[bytes]:
     """The child process: under bubblewrap when ``confine_child`` (else plain, in its box); every launch of a
     model's code goes through here."""
     from . import sandbox_policy
 
     if not confine_child:
-        assert box_fd is not None
         home = os.readlink(f"/proc/self/fd/{box_fd}")
         return subprocess.Popen(command, stdin=stdin, stdout=stdout, stderr=subprocess.STDOUT,
                                 env=sandbox_policy.child_environment(home), cwd=f"/proc/self/fd/{box_fd}",
@@ -412,9 +418,6 @@ def _launch(command: list[str], spec: Mapping[str, Any], sources: Sequence[tuple
 
         seccomp = memory(_seccomp_program())
         data = [(memory(content), path) for path, content in sandbox_policy.identity_files().items()]
-        if box_fd is None:  # (the probe: an empty box in memory)
-            box_fd = os.open("/", os.O_PATH | os.O_CLOEXEC)
-            fds.append(box_fd)
         args = sandbox_policy.bwrap_arguments(box_fd, sources, data, seccomp,
                                               sandbox_policy.child_environment(sandbox_policy.BOX))
         keep = (*fds, box_fd, *(fd for fd, _ in sources))
