@@ -70,12 +70,14 @@ class Capability:
     available: bool
     abi: int = 0
     reason: str = ""
+    maker: str = "bubblewrap"
 
     def describe(self) -> str:
         if not self.available:
             return f"no confinement here: {self.reason}"
         landlock = f"Landlock ABI {self.abi}" if self.abi else "no Landlock"
-        return f"bubblewrap namespaces (files, network, processes) + seccomp allow-list + {landlock}"
+        maker = "bubblewrap" if self.maker == "bubblewrap" else "kernel"
+        return f"{maker} namespaces (files, network, processes) + seccomp allow-list + {landlock}"
 
 
 _PROBED: Capability | None = None
@@ -109,10 +111,6 @@ def _probe() -> Capability:
     if not sys.platform.startswith("linux"):
         return Capability(False, 0, f"{platform.system() or sys.platform} has no namespaces, seccomp or Landlock "
                           "(Linux features)")
-    bwrap = _bwrap()
-    if bwrap is None:
-        return Capability(False, 0, "bubblewrap is not installed (apt-get install bubblewrap, dnf install "
-                          "bubblewrap; its bwrap program must be on PATH)")
     try:
         _seccomp_program()
     except (ImportError, OSError, RuntimeError, ValueError) as error:
@@ -134,14 +132,25 @@ def _probe() -> Capability:
             _, err = tried.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             _kill_group(tried)
-            return Capability(False, abi, "bubblewrap did not start a child within 60 s")
+            return Capability(False, abi, "the sandbox did not start a child within 60 s")
         finally:
             os.close(box)
     if tried.returncode != 0:
         said = " ".join(err.decode("utf-8", "replace").split())[:300] or f"exit code {tried.returncode}"
-        return Capability(False, abi, f"bubblewrap cannot make a sandbox here ({said}): user namespaces may be "
-                          "disabled (sysctl kernel.unprivileged_userns_clone=1, or an AppArmor profile for bwrap)")
-    return Capability(True, abi)
+        return Capability(False, abi, f"{_maker()} cannot make a sandbox here ({said}): user namespaces may be "
+                          "disabled (sysctl kernel.unprivileged_userns_clone=1 or user.max_user_namespaces, or an "
+                          "AppArmor profile that allows them, as Ubuntu ships for bwrap: apt-get install bubblewrap)")
+    return Capability(True, abi, maker=_maker())
+
+
+#: ``unshare`` makes the sandbox with the kernel's namespaces directly (`sandbox_unshare`) even where bubblewrap is
+#: installed (both apply the same policy; the conformance test runs both).
+MAKER_ENV = "TRTFLOW_SANDBOX"
+
+
+def _maker() -> str:
+    """Who makes the sandbox: bubblewrap where installed, else trtflow's own namespace setup."""
+    return "unshare" if os.environ.get(MAKER_ENV) == "unshare" or _bwrap() is None else "bubblewrap"
 
 
 def _bwrap() -> str | None:
@@ -213,14 +222,14 @@ def _fail(what: str) -> OSError:
     return OSError(code, f"{what}: {os.strerror(code)}")
 
 
-def confine(writable: Iterable[Path], readable: Iterable[Path]) -> Capability:
+def confine(writable: Iterable[Path], readable: Iterable[Path], maker: str = "bubblewrap") -> Capability:
     """Confine this process (and every process it starts) for good, inside the sandbox: Landlock where the kernel
     has it (writes only under ``writable``, reads and executes only under ``readable`` and the system's folders,
     no TCP), no core dumps. OSError when the kernel refuses."""
     global _CONFINED
     if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
         raise OSError(errno.EPERM, f"{DISABLE_ENV} is set")
-    capability = Capability(True, _landlock_abi(_libc())[0])
+    capability = Capability(True, _landlock_abi(_libc())[0], maker=maker)
     tasks = os.listdir("/proc/self/task")
     if len(tasks) != 1:  # Landlock and seccomp bind the calling thread only: confine before any thread starts
         raise OSError(errno.EBUSY, f"the process already runs {len(tasks)} threads")
@@ -327,7 +336,7 @@ def run(function: str, request: Mapping[str, Any], box: Path, readable: Sequence
         box_fd = sandbox_box.fresh_box(parent, box.name)
         log_fd = sandbox_box.fresh_file(parent, f"{box.name}.log")
         log_file = box.with_name(f"{box.name}.log")
-        spec = {"function": function, "request": dict(request), "confine": confine_child,
+        spec = {"function": function, "request": dict(request), "confine": confine_child, "maker": _maker(),
                 "readable": [str(Path(p).absolute()) for p in readable]}
         code = _run_child(spec, box_fd, log_fd, readable, timeout)
         tail = sandbox_box.tail(log_fd, 6000)
@@ -404,9 +413,6 @@ def _launch(command: list[str], spec: Mapping[str, Any], sources: Sequence[tuple
         return subprocess.Popen(command, stdin=stdin, stdout=stdout, stderr=subprocess.STDOUT,
                                 env=sandbox_policy.child_environment(home), cwd=f"/proc/self/fd/{box_fd}",
                                 pass_fds=(box_fd,), start_new_session=True, close_fds=True)
-    bwrap = _bwrap()
-    if bwrap is None:
-        raise StageFailed("bubblewrap (bwrap) is gone: no confinement", hint="apt-get install bubblewrap")
     fds: list[int] = []
     try:
         def memory(data: bytes) -> int:
@@ -418,10 +424,20 @@ def _launch(command: list[str], spec: Mapping[str, Any], sources: Sequence[tuple
 
         seccomp = memory(_seccomp_program())
         data = [(memory(content), path) for path, content in sandbox_policy.identity_files().items()]
-        args = sandbox_policy.bwrap_arguments(box_fd, sources, data, seccomp,
-                                              sandbox_policy.child_environment(sandbox_policy.BOX))
-        keep = (*fds, box_fd, *(fd for fd, _ in sources))
-        return subprocess.Popen([bwrap, *args, "--", *command], stdin=stdin, stdout=stdout,
+        env = sandbox_policy.child_environment(sandbox_policy.BOX)
+        bwrap = _bwrap()
+        if _maker() == "bubblewrap" and bwrap is not None:
+            args = sandbox_policy.bwrap_arguments(box_fd, sources, data, seccomp, env)
+            full = [bwrap, *args, "--", *command]
+            keep = (*fds, box_fd, *(fd for fd, _ in sources))
+        else:
+            plan, opened = sandbox_policy.unshare_plan(box_fd, sources, data, seccomp, env, command)
+            fds += opened
+            plan_fd = memory(json.dumps(plan).encode("utf-8"))
+            setup = Path(__file__).with_name("sandbox_unshare.py")
+            full = [sys.executable, "-I", "-S", str(setup), str(plan_fd)]
+            keep = (*fds, box_fd, *(fd for fd, _ in sources))
+        return subprocess.Popen(full, stdin=stdin, stdout=stdout,
                                 stderr=subprocess.STDOUT if stdout is not subprocess.PIPE else subprocess.PIPE,
                                 env={}, pass_fds=keep, start_new_session=True, close_fds=True)
     finally:
@@ -538,7 +554,7 @@ def child_main(argv: Sequence[str]) -> int:
     answer: dict[str, Any]
     try:
         if spec["confine"]:
-            capability = confine([box], [Path(p) for p in spec["readable"]])
+            capability = confine([box], [Path(p) for p in spec["readable"]], str(spec.get("maker", "")))
             print(f"trtflow: confined: {capability.describe()}", file=sys.stderr, flush=True)
     except OSError as error:
         answer = {"error": f"the child process could not confine itself: {error}",

@@ -171,6 +171,43 @@ def _under(path: str, folder: str) -> bool:
     return Path(path).is_relative_to(folder)
 
 
+def unshare_plan(box_fd: int, sources: Sequence[tuple[int, str]], data: Iterable[tuple[int, str]],
+                 seccomp_fd: int, env: dict[str, str], command: list[str]) -> tuple[dict, list[int]]:
+    """The same sandbox for `sandbox_unshare` (no bubblewrap): its plan and the descriptors it opened for it (the
+    caller passes them to the child and closes them after)."""
+    import pyseccomp
+
+    opened: list[int] = []
+    binds: list[tuple[int, str, str, bool]] = []  # (descriptor, path in the parent's view, target, writable)
+
+    def bind(path: str, target: str, writable: bool = False) -> None:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            return
+        opened.append(fd)
+        binds.append((fd, os.path.realpath(path), target, writable))
+
+    links = []
+    bind("/usr", "/usr")
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            links.append((top, os.readlink(top)))
+        elif os.path.isdir(top):
+            bind(top, top)
+    for path in _ETC + _SYS:
+        if os.path.exists(path):
+            bind(path, path)
+    for path in _outermost(library_folders()):
+        bind(path, path)
+    binds += [(fd, os.readlink(f"/proc/self/fd/{fd}"), path, False) for fd, path in sources]
+    binds.append((box_fd, os.readlink(f"/proc/self/fd/{box_fd}"), BOX, True))
+    plan = {"id": CHILD_ID, "binds": binds, "links": links, "files": list(data), "seccomp": seccomp_fd,
+            "env": env, "command": command, "chdir": BOX,
+            "pivot_root": pyseccomp.resolve_syscall(pyseccomp.system_arch(), "pivot_root")}
+    return plan, opened
+
+
 def identity_files() -> dict[str, bytes]:
     """/etc/passwd and /etc/group naming only the child (some libraries ask who they run as)."""
     return {"/etc/passwd": f"trtflow:x:{CHILD_ID}:{CHILD_ID}:trtflow:{BOX}/home:/usr/sbin/nologin\n".encode(),

@@ -35,12 +35,26 @@ def _facts(path: Path) -> tuple:
     return stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns, st.st_nlink, path.read_bytes(), xattrs
 
 
-@pytest.fixture(scope="module")
-def battery(tmp_path_factory):
-    """The battery's report, run once (one child, one torch load), with the victims' facts before and after."""
-    if not confinement.probe().available:
-        pytest.skip(f"this machine cannot confine: {confinement.probe().reason}")
-    base = tmp_path_factory.mktemp("sandbox")
+@pytest.fixture(scope="module", params=["bubblewrap", "unshare"])
+def battery(request, tmp_path_factory):
+    """The battery's report, run once per maker of the sandbox (bubblewrap; trtflow's own namespace setup, used
+    where bubblewrap is missing), one child each, with the victims' facts before and after."""
+    maker = request.param
+    saved_maker = os.environ.pop(confinement.MAKER_ENV, None)
+    if maker == "unshare":
+        os.environ[confinement.MAKER_ENV] = "unshare"
+    try:
+        capability = confinement._probe()
+        if not capability.available or capability.maker != maker:
+            pytest.skip(f"this machine cannot confine with {maker}: {capability.reason}")
+        yield _battery(tmp_path_factory.mktemp(f"sandbox-{maker}"))
+    finally:
+        os.environ.pop(confinement.MAKER_ENV, None)
+        if saved_maker is not None:
+            os.environ[confinement.MAKER_ENV] = saved_maker
+
+
+def _battery(base: Path) -> dict:
     home = base / "victim_home"
     (home / ".ssh").mkdir(parents=True)
     victims = [home / ".ssh" / "id_rsa", home / ".bashrc", base / "other_project.onnx"]
@@ -107,7 +121,8 @@ def test_files_outside_are_untouched_and_secrets_are_not_there(battery):
     assert battery["after"] == battery["before"]
     assert sorted(p.name for p in (battery["home"] / ".ssh").iterdir()) == ["id_rsa"]
     assert battery["answer"]["inputs"]["features"]["dynamic_axes"] == {"0": "batch"}
-    assert "confined: bubblewrap" in (battery["base"] / "box.log.moved").read_text()
+    log = (battery["base"] / "box.log.moved").read_text()
+    assert "namespaces (files, network, processes) + seccomp allow-list" in log
     assert battery["model"][0] == battery["model"][1]
     reads = {e["call"].removeprefix("read "): e for e in _entries(battery, "reads")}
     for secret in ("/etc/shadow", "/root/.ssh", "/etc/ssh", *(str(v) for v in battery["before"])):
@@ -130,13 +145,14 @@ def test_the_child_inherits_no_descriptor_environment_or_capability(battery):
 
 
 def test_every_child_that_runs_a_models_code_is_launched_by_confinement():
-    """Only formats.confinement starts processes among the format readers and export; every function that runs
+    """Only formats.confinement (and the namespace setup it runs) starts processes among the format readers and
+    export; every function that runs
     in a child (``*_in_child``) is reached only through confinement.run, by name."""
     launches = ("subprocess", "multiprocessing", "os.fork", "os.system", "os.popen", "os.spawn", "os.exec",
                 "os.posix_spawn", "pty.spawn", "concurrent.futures.ProcessPoolExecutor")
     found = []
     for path in [*sorted((STAGES / "formats").glob("*.py")), STAGES / "export.py"]:
-        if path.name == "confinement.py":
+        if path.name in ("confinement.py", "sandbox_unshare.py"):  # (the sandbox: its launcher, its setup)
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
@@ -155,6 +171,7 @@ def test_every_child_that_runs_a_models_code_is_launched_by_confinement():
     # in confinement itself, one place starts a process
     source = (STAGES / "formats" / "confinement.py").read_text(encoding="utf-8")
     assert source.count("subprocess.Popen(") == 2 and source.count("def _launch(") == 1
+    assert [p.name for p in STAGES.rglob("*.py") if "sandbox_unshare.py" in p.read_text("utf-8")] == ["confinement.py"]
 
 
 def test_the_allow_list_names_no_call_that_reaches_outside():
