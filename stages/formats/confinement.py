@@ -1,13 +1,14 @@
 """The one way a model's or a format's own code runs: in a child process denied everything by default.
 
-`run` starts the child (``python -c``, which calls `child_main`) inside bubblewrap with the policy of
-`sandbox_policy`: a file system of its own (the model's files, the interpreter's and packages' folders read-only,
-an empty box read-write at ``/box``; no ``/etc/shadow``, no home, no other project), no network, no
-capabilities, an environment cleared but for variables named exactly, and a system-call allow-list (every other
-call fails). Inside, before anything reads the model, the child also confines itself with **Landlock** (writes
-only in its box; no TCP; from ABI 6 no signals or abstract sockets outside), which every process it starts
-inherits. The child imports and calls ``trtflow_stages.<module>:<function>`` with the JSON request it reads from
-its standard input, and writes the function's JSON answer to ``result.json`` in its box.
+`run` starts the child (``python -c``, which calls `child_main`) inside bubblewrap (where it is not installed, in
+the same sandbox made by `sandbox_unshare`) with the policy of `sandbox_policy`: a file system of its own (the
+model's files, the interpreter's and packages' folders read-only, an empty box read-write at ``/box``; no
+``/etc/shadow``, no home, no other project), no network, no capabilities, an environment cleared but for variables
+named exactly, and a system-call allow-list (every other call fails). Inside, before anything reads the model, the
+child also confines itself with **Landlock** (writes only in its box; no TCP; from ABI 6 no signals or abstract
+sockets outside), which every process it starts inherits. The child imports and calls
+``trtflow_stages.<module>:<function>`` with the JSON request it reads from its standard input, and writes the
+function's JSON answer to ``result.json`` in its box.
 
 The parent creates the box, its log and the request through descriptors (the box under a folder it holds open;
 the request in a memory file) and never walks them again by name: the answer and the files it takes back

@@ -2,7 +2,8 @@
 
 Deny by default, allow by name, in three layers the child cannot lift:
 
-- **A file system of its own** (bubblewrap: new mount, user, pid, network, IPC, UTS and cgroup namespaces): only the
+- **A file system of its own** (new mount, user, pid, network, IPC, UTS and cgroup namespaces; made by bubblewrap,
+  or by `sandbox_unshare` where it is not installed): only the
   system's programs and libraries (``/usr``), the interpreter's and the packages' folders, the model's files
   (all read-only), a few files loaders read (``/etc/ld.so.cache``, the time zone, a passwd naming only the child),
   a ``/proc`` of its own processes, a minimal ``/dev``, and its box (read-write, at ``/box``). ``/etc/shadow``,

@@ -17,7 +17,7 @@ Per format, what reading or tracing it runs, and where trtflow reads it:
 
 "A confined child" is `confinement`: a process in a sandbox of its own (bubblewrap's namespaces: a file system
 holding only the model, the interpreter and an empty folder; no network; a system-call allow-list; Landlock).
-Where it is not available (not Linux, no bubblewrap, user namespaces disabled, ``TRTFLOW_NO_CONFINEMENT``
+Where it is not available (not Linux, user namespaces disabled, no libseccomp, ``TRTFLOW_NO_CONFINEMENT``
 set), such a model is refused, unless the recipe marks it as trusted code with
 ``trust_code: true`` on the export node (``trtflow init --trust-code``): then it is read as before this module
 existed, in the node's process (PyTorch) or an unconfined child (TensorFlow), like a ``python:`` factory.
