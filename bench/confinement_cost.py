@@ -3,7 +3,8 @@
 For each format (a TorchScript archive and a torch.export program of a small MLP; with ``--tensorflow`` also a Keras
 SavedModel), each round exports the model twice in a fresh folder, in alternating order: with ``trust_code: true``
 (as trtflow read these files before it confined them: in the node's process for PyTorch, an unconfined child for
-TensorFlow) and without (in a child process confined by Landlock + seccomp). Each export runs in a process forked
+TensorFlow) and without (in the sandboxed child: bubblewrap's namespaces, the seccomp allow-list, Landlock).
+Each export runs in a process forked
 from this one, which has imported torch, onnx and onnxruntime and exported nothing: as trtflow's local executor
 forks each node from a warm server that preloaded the stage's modules. One warm-up export of each kind (file
 caches) is not counted.
@@ -16,6 +17,7 @@ of the confined export over the trusted one, and over the unconfined child, each
 t-interval and the range.
 
     python bench/confinement_cost.py --rounds 3 [--tensorflow]
+    python bench/confinement_cost.py --startup 30     # the sandbox alone: an empty interpreter, launched each way
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import subprocess
 import sys
@@ -126,12 +129,49 @@ def _t_interval(values: list[float]) -> tuple[float, float]:
     return mean - half, mean + half
 
 
+def _startup(count: int) -> dict[str, list[float]]:
+    """The sandbox's own price, without torch: ``count`` launches each of an empty interpreter
+    (``python -I -S -c ''``), alternating plain and inside the sandbox (bubblewrap, its mounts, the seccomp
+    allow-list), as `confinement` launches a model's child."""
+    from trtflow_stages.formats import confinement
+
+    command = [sys.executable, "-I", "-S", "-c", ""]
+    times: dict[str, list[float]] = {"plain": [], "sandboxed": []}
+    box = os.open(tempfile.mkdtemp(prefix="trtflow-bench-"), os.O_RDONLY | os.O_DIRECTORY)
+    for index in range(count):
+        for mode in (("plain", "sandboxed") if index % 2 == 0 else ("sandboxed", "plain")):
+            start = time.perf_counter()
+            if mode == "plain":
+                proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            else:
+                proc = confinement._launch(command, {}, [], subprocess.DEVNULL, subprocess.DEVNULL, box, True)
+            if proc.wait() != 0:
+                raise SystemExit(f"the {mode} launch failed")
+            times[mode].append(time.perf_counter() - start)
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tensorflow", action="store_true", help="also a Keras SavedModel (needs tf2onnx)")
     parser.add_argument("--json", type=Path, help="write the raw times here")
+    parser.add_argument("--startup", type=int, metavar="N",
+                        help="only the sandbox's own price: N launches of an empty interpreter each way")
     args = parser.parse_args()
+    if args.startup:
+        times = _startup(args.startup)
+        extra = [s - p for s, p in zip(times["sandboxed"], times["plain"], strict=True)]
+        low, high = _t_interval(extra)
+        plain, boxed = (statistics.median(times[mode]) * 1e3 for mode in ("plain", "sandboxed"))
+        print(f"empty interpreter, {args.startup} launches each, alternating: plain median {plain:.1f} ms, "
+              f"sandboxed {boxed:.1f} ms; "
+              f"sandbox extra mean {statistics.fmean(extra) * 1e3:+.1f} ms [95% t-interval {low * 1e3:+.1f}, "
+              f"{high * 1e3:+.1f}] (median {statistics.median(extra) * 1e3:+.1f}, range {min(extra) * 1e3:+.1f} to "
+              f"{max(extra) * 1e3:+.1f})")
+        if args.json:
+            args.json.write_text(json.dumps({"startup": times}, indent=1) + "\n")
+        return
     logging.disable(logging.WARNING)
     import onnx  # noqa: F401  (as a node's warm process has them)
     import onnxruntime  # noqa: F401

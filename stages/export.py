@@ -82,10 +82,11 @@ class Params(StageParams):
         default=False, description="Trust the model file's own program, as a python: factory is trusted. TorchScript "
         "archives, .pt2 programs, TensorFlow SavedModels and Keras files run code of their own when read or traced "
         "(README: Model files): without this they are converted in a child process the kernel confines (Linux "
-        "Landlock: writes only in the node's scratch folder, no network), refused where no confinement is "
-        "available, and a .pt2 holding pickled objects is refused. true: converted unconfined, as trtflow did "
-        "before it confined them. Set it only for a file you would run as a program; `trtflow plan` shows it. It "
-        "may be turned on only in a recipe file, not with --set.", json_schema_extra={"written_in_recipe": True})
+        "sandbox: a file system holding only the model and an empty folder, no network), refused where no "
+        "confinement is available, and a .pt2 holding pickled objects is refused. true: converted unconfined, as "
+        "trtflow did before it confined them. Set it only for a file you would run as a program; `trtflow plan` "
+        "shows it. It may be turned on only in a recipe file, not with --set.",
+        json_schema_extra={"written_in_recipe": True})
     factory_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the factory.")
     checkpoint: str | None = Field(
         default=None,

@@ -41,8 +41,8 @@ def export_confined(ctx: StageContext, params: ExportParams, fmt: str, source: P
     request = {"node": ctx.node, "params": params.model_dump(mode="json", exclude_unset=True), "format": fmt,
                "source": str(source.absolute())}
     answer = confinement.run(child, request, box, [source], log=ctx.log,
-                             what=f"exporting {params.model} (in a confined child process)")
-    confinement.take_file(box / _CHILD_MODEL, target)
+                             what=f"exporting {params.model} (in a confined child process)",
+                             take={_CHILD_MODEL: target})
     checker(target)
     answer = confinement.checked(answer, {"check": dict, "extra": dict}, f"exporting {params.model}")
     parts = {**answer["extra"], **answer["check"]}

@@ -1,27 +1,20 @@
-"""A child process the kernel confines, for work that runs a model file's own program (`trust` says which).
+"""The one way a model's or a format's own code runs: in a child process denied everything by default.
 
-Linux only, through two kernel features a process can apply to itself without privileges (after
-``prctl(PR_SET_NO_NEW_PRIVS)``), called with ctypes (the ``landlock`` package on PyPI has neither network rules
-nor scopes):
+`run` starts the child (``python -c``, which calls `child_main`) inside bubblewrap (where it is not installed, in
+the same sandbox made by `sandbox_unshare`) with the policy of `sandbox_policy`: a file system of its own (the
+model's files, the interpreter's and packages' folders read-only, an empty box read-write at ``/box``; no
+``/etc/shadow``, no home, no other project), no network, no capabilities, an environment cleared but for variables
+named exactly, and a system-call allow-list (every other call fails). Inside, before anything reads the model, the
+child also confines itself with **Landlock** (writes only in its box; no TCP; from ABI 6 no signals or abstract
+sockets outside), which every process it starts inherits. The child imports and calls
+``trtflow_stages.<module>:<function>`` with the JSON request it reads from its standard input, and writes the
+function's JSON answer to ``result.json`` in its box.
 
-- **Landlock** (ABI 4 or later: Linux 6.7+): the child may write, create, rename and delete only inside its box (a
-  folder in the node's scratch space); it may read and execute only the system's and Python's folders (``/usr``,
-  ``/lib``, ``/etc``, ``/sys``, ``/dev``, the interpreter's prefixes, ``sys.path``), ``/proc`` without other
-  processes' folders (their environments may hold credentials), and the model file; it may not bind or
-  connect TCP sockets. From ABI 6 (Linux 6.12) it may not signal processes outside its domain nor reach
-  abstract unix sockets. Landlock also keeps it from ptrace-ing any process outside its domain.
-- **seccomp**: ``socket()`` fails (every family: no UDP, no unix sockets to a daemon, no raw sockets) and
-  ``io_uring_setup`` fails (its operations would bypass the socket filter).
-
-Both are inherited by every process the child starts and cannot be lifted. The child also gets a new session (no
-terminal), an environment without credentials (only the variables that locate libraries and set threads),
-``HOME`` and ``TMPDIR`` inside its box, no core dumps, and no file descriptors of its parent besides
-stdin (``/dev/null``) and a log file.
-
-`run` starts the child (``python -c``, which calls `child_main`): it confines itself first, then imports and
-calls a function named ``trtflow_stages.<module>:<function>`` with a JSON request and writes the function's JSON
-answer to ``result.json`` in its box. The parent reads that answer (a regular file, bounded) and the files it
-asks for; it never loads the model. `probe` says whether this machine can confine (`Capability`), and why not.
+The parent creates the box, its log and the request through descriptors (the box under a folder it holds open;
+the request in a memory file) and never walks them again by name: the answer and the files it takes back
+(`run`'s ``take``) are read through the box's descriptor, opened before the child ran, one component at a time
+without following links, and must be plain files. `probe` says whether this machine can confine
+(`Capability`), and why not: then models that carry code are refused unless the recipe trusts them.
 """
 
 from __future__ import annotations
@@ -33,7 +26,6 @@ import os
 import platform
 import re
 import signal
-import struct
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -44,8 +36,8 @@ from typing import Any
 
 from trtflow.stage import RecipeMismatch, StageFailed
 
-#: Landlock ABI that the confinement needs: 4 is the first with network rules (Linux 6.7).
-MIN_ABI = 4
+from . import sandbox_box
+
 #: Set (to 1) to behave as if this machine could not confine (models that need it are then refused).
 DISABLE_ENV = "TRTFLOW_NO_CONFINEMENT"
 RESULT_FILE = "result.json"
@@ -67,15 +59,9 @@ _WRITE = (_FS["write_file"] | _FS["read_file"] | _FS["read_dir"] | _FS["remove_d
           | _FS["make_dir"] | _FS["make_reg"] | _FS["make_sym"] | _FS["make_fifo"] | _FS["refer"] | _FS["truncate"])
 _NET_TCP = (1 << 0) | (1 << 1)  # bind, connect
 _SCOPES = (1 << 0) | (1 << 1)  # abstract unix sockets, signals
-_PR_SET_NO_NEW_PRIVS, _PR_GET_SECCOMP, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 21, 22, 2
+_PR_SET_NO_NEW_PRIVS = 38
 
-# --- seccomp: per architecture, the audit arch value and the numbers of socket and io_uring_setup
-_ARCH = {"x86_64": (0xC000003E, 41, 425, True), "aarch64": (0xC00000B7, 198, 425, False)}
 _SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys", "/dev")
-#: Environment variables the child keeps (names, or prefixes ending in ``_``): where libraries are, threads.
-_KEEP_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "LC_", "OMP_",
-             "MKL_", "OPENBLAS_", "KMP_", "TF_", "KERAS_BACKEND", "TORCH_", "PYTORCH_", "HF_HUB_OFFLINE",
-             "TRANSFORMERS_OFFLINE", "COVERAGE_", DISABLE_ENV)
 
 
 @dataclass(frozen=True)
@@ -85,12 +71,14 @@ class Capability:
     available: bool
     abi: int = 0
     reason: str = ""
+    maker: str = "bubblewrap"
 
     def describe(self) -> str:
         if not self.available:
             return f"no confinement here: {self.reason}"
-        scoped = ", signals and abstract sockets scoped" if self.abi >= 6 else ""
-        return f"Landlock ABI {self.abi} (files, TCP{scoped}) + seccomp (sockets)"
+        landlock = f"Landlock ABI {self.abi}" if self.abi else "no Landlock"
+        maker = "bubblewrap" if self.maker == "bubblewrap" else "kernel"
+        return f"{maker} namespaces (files, network, processes) + seccomp allow-list + {landlock}"
 
 
 _PROBED: Capability | None = None
@@ -122,25 +110,69 @@ def probe() -> Capability:
 
 def _probe() -> Capability:
     if not sys.platform.startswith("linux"):
-        return Capability(False, 0, f"{platform.system() or sys.platform} has no Landlock (it is a Linux feature)")
-    machine = platform.machine()
-    if machine not in _ARCH:
-        return Capability(False, 0, f"the socket filter knows no {machine} system calls (x86_64 and aarch64 only)")
+        return Capability(False, 0, f"{platform.system() or sys.platform} has no namespaces, seccomp or Landlock "
+                          "(Linux features)")
+    try:
+        _seccomp_program()
+    except (ImportError, OSError, RuntimeError, ValueError) as error:
+        return Capability(False, 0, f"no seccomp filter can be built here ({error}): pip install pyseccomp, and "
+                          "libseccomp2 from the system's packages")
     try:
         libc = _libc()
     except OSError as error:
         return Capability(False, 0, f"cannot load the C library: {error}")
-    abi, code = _landlock_abi(libc)
-    if abi == 0:
-        why = {errno.ENOSYS: "this kernel was built without Landlock (Linux 5.13+ with CONFIG_SECURITY_LANDLOCK)",
-               errno.EOPNOTSUPP: "Landlock is disabled at boot (add landlock to the kernel's lsm= list)"}
-        return Capability(False, 0, why.get(code, f"Landlock is unavailable ({os.strerror(code)})"))
-    if abi < MIN_ABI:
-        return Capability(False, abi, f"this kernel's Landlock is ABI {abi}, which cannot deny network access (ABI "
-                          f"{MIN_ABI}, Linux 6.7, is the first that can)")
-    if libc.prctl(_PR_GET_SECCOMP, 0, 0, 0, 0) < 0:
-        return Capability(False, abi, "this kernel has no seccomp filters (CONFIG_SECCOMP_FILTER)")
-    return Capability(True, abi)
+    abi, _ = _landlock_abi(libc)
+    # one empty child under the whole policy: user namespaces may be off (sysctl, AppArmor) or bwrap too old
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="trtflow-probe-") as empty:
+        box = os.open(empty, sandbox_box.OPEN_DIR)
+        try:
+            tried = _launch([sys.executable, "-I", "-S", "-c", ""], {}, [], subprocess.DEVNULL, subprocess.PIPE, box,
+                            True)
+            _, err = tried.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            _kill_group(tried)
+            return Capability(False, abi, "the sandbox did not start a child within 60 s")
+        finally:
+            os.close(box)
+    if tried.returncode != 0:
+        said = " ".join(err.decode("utf-8", "replace").split())[:300] or f"exit code {tried.returncode}"
+        return Capability(False, abi, f"{_maker()} cannot make a sandbox here ({said}): user namespaces may be "
+                          "disabled (sysctl kernel.unprivileged_userns_clone=1 or user.max_user_namespaces, or an "
+                          "AppArmor profile that allows them, as Ubuntu ships for bwrap: apt-get install bubblewrap)")
+    return Capability(True, abi, maker=_maker())
+
+
+#: ``unshare`` makes the sandbox with the kernel's namespaces directly (`sandbox_unshare`) even where bubblewrap is
+#: installed (both apply the same policy; the conformance test runs both).
+MAKER_ENV = "TRTFLOW_SANDBOX"
+
+
+def _maker() -> str:
+    """Who makes the sandbox: bubblewrap where installed, else trtflow's own namespace setup."""
+    return "unshare" if os.environ.get(MAKER_ENV) == "unshare" or _bwrap() is None else "bubblewrap"
+
+
+def _bwrap() -> str | None:
+    import shutil
+
+    for found in (shutil.which("bwrap"), "/usr/bin/bwrap"):
+        if found and os.access(found, os.X_OK):
+            return os.path.realpath(found)
+    return None
+
+
+_PROGRAM: bytes | None = None
+
+
+def _seccomp_program() -> bytes:
+    global _PROGRAM
+    if _PROGRAM is None:
+        from . import sandbox_policy
+
+        _PROGRAM = sandbox_policy.seccomp_program()
+    return _PROGRAM
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -191,21 +223,28 @@ def _fail(what: str) -> OSError:
     return OSError(code, f"{what}: {os.strerror(code)}")
 
 
-def confine(writable: Iterable[Path], readable: Iterable[Path]) -> Capability:
-    """Confine this process (and every process it starts) for good: writes only under ``writable``, reads and
-    executes only under ``readable`` and the system's folders, no network. OSError when the kernel refuses."""
+def confine(writable: Iterable[Path], readable: Iterable[Path], maker: str = "bubblewrap") -> Capability:
+    """Confine this process (and every process it starts) for good, inside the sandbox: Landlock where the kernel
+    has it (writes only under ``writable``, reads and executes only under ``readable`` and the system's folders,
+    no TCP), no core dumps. OSError when the kernel refuses."""
     global _CONFINED
-    capability = probe()
-    if not capability.available:
-        raise OSError(errno.EPERM, capability.reason)
+    if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+        raise OSError(errno.EPERM, f"{DISABLE_ENV} is set")
+    capability = Capability(True, _landlock_abi(_libc())[0], maker=maker)
     tasks = os.listdir("/proc/self/task")
     if len(tasks) != 1:  # Landlock and seccomp bind the calling thread only: confine before any thread starts
         raise OSError(errno.EBUSY, f"the process already runs {len(tasks)} threads")
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     libc = _libc()
     abi = capability.abi
+    if abi == 0:  # (the namespaces and the allow-list hold without it)
+        _CONFINED = capability
+        return capability
     handled = _FS_BY_ABI[min(abi, 5)]
-    attr = _RulesetAttr(handled, _NET_TCP, _SCOPES if abi >= 6 else 0)
-    size = 24 if abi >= 6 else 16
+    attr = _RulesetAttr(handled, _NET_TCP if abi >= 4 else 0, _SCOPES if abi >= 6 else 0)
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
     ruleset = libc.syscall(ctypes.c_long(_SYS_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size),
                            ctypes.c_uint32(0))
     if ruleset < 0:
@@ -218,14 +257,10 @@ def confine(writable: Iterable[Path], readable: Iterable[Path]) -> Capability:
             _allow(libc, ruleset, path, _WRITE & handled)
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise _fail("prctl(PR_SET_NO_NEW_PRIVS)")
-        _install_socket_filter(libc)
         if libc.syscall(ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
             raise _fail("landlock_restrict_self")
     finally:
         os.close(ruleset)
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     _CONFINED = capability
     return capability
 
@@ -277,109 +312,138 @@ def _proc_paths() -> list[str]:
             if name == own or not (name.isdigit() or name in ("self", "thread-self"))]
 
 
-def _socket_filter(machine: str) -> bytes:
-    """A classic BPF program for seccomp: socket() and io_uring_setup() fail, other calls of this ABI pass."""
-    arch, nr_socket, nr_io_uring, x32 = _ARCH[machine]
-    ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
-    allow, eacces, enosys = 0x7FFF0000, 0x00050000 | errno.EACCES, 0x00050000 | errno.ENOSYS
-    program: list[tuple[int, int, int, int]] = [(ld_abs, 0, 0, 4)]  # seccomp_data.arch
-    body: list[tuple[int, int, int, int]] = [(ld_abs, 0, 0, 0)]  # seccomp_data.nr
-    if x32:  # x32 system calls (bit 30) reach the same kernel code under other numbers
-        body.append((jge, 3, 0, 0x40000000))
-    body += [(jeq, 2, 0, nr_socket), (jeq, 2, 0, nr_io_uring), (ret, 0, 0, allow)]
-    tail = [(ret, 0, 0, eacces), (ret, 0, 0, enosys)]
-    # another architecture's calls (a 32-bit int 0x80) all fail: jump over the body to the last return
-    program.append((jeq, 0, len(body) + 1, arch))
-    program += body + tail
-    return b"".join(struct.pack("HBBI", *op) for op in program)
-
-
-def _install_socket_filter(libc: Any) -> None:
-    code = _socket_filter(platform.machine())
-    count = len(code) // 8
-    buffer = ctypes.create_string_buffer(code, len(code))
-
-    class _Prog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    prog = _Prog(count, ctypes.cast(buffer, ctypes.c_void_p))
-    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
-        raise _fail("prctl(PR_SET_SECCOMP)")
-
-
 # ---------------------------------------------------------------------------------------------------------
 # The parent side
 
-
-def child_environment(box: Path) -> dict[str, str]:
-    """The child's environment: no credentials, HOME and temporary files inside its box, no GPU."""
-    env = {k: v for k, v in os.environ.items()
-           if any(k == keep or (keep.endswith("_") and k.startswith(keep)) for keep in _KEEP_ENV)}
-    env.update(HOME=str(box / "home"), TMPDIR=str(box / "tmp"), XDG_CACHE_HOME=str(box / "cache"),
-               CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1", TF_CPP_MIN_LOG_LEVEL="2", HF_HUB_OFFLINE="1")
-    return env
+_CHILD = ("import sys; from trtflow_stages.formats.confinement import child_main; sys.exit(child_main(sys.argv[1:]))")
 
 
 def run(function: str, request: Mapping[str, Any], box: Path, readable: Sequence[Path], log: Any = None,
-        timeout: float = _TIMEOUT_S, what: str = "the conversion", confine_child: bool = True) -> dict[str, Any]:
+        timeout: float = _TIMEOUT_S, what: str = "the conversion", confine_child: bool = True,
+        take: Mapping[str, Path] | None = None, dir_fd: int | None = None) -> dict[str, Any]:
     """Call ``function`` (``trtflow_stages.<module>:<name>``, taking and returning JSON) in a child confined to
-    ``box`` (created empty; reads: ``readable`` and the system's folders); its answer, or StageFailed.
+    ``box`` (made empty; it sees ``readable`` read-only besides the interpreter's folders); its answer, or
+    StageFailed. ``take``: files of the box (relative names) to copy to targets outside, plain files only.
 
-    ``confine_child=False`` runs the same child unconfined (a model the recipe trusts with ``trust_code``).
-    """
-    import shutil
-
+    ``dir_fd``: a descriptor of the folder that holds the box (``box.name`` under it; ``box`` then only names it
+    in messages); without it that folder is opened by path once (not following a link as its last component).
+    ``confine_child=False`` runs the same child unconfined (a model the recipe trusts with ``trust_code``)."""
     if not function.startswith("trtflow_stages.") or ":" not in function:
         raise ValueError(f"not a trtflow_stages function: {function!r}")
     box = box.absolute()
-    if box.is_dir() and not box.is_symlink():
-        shutil.rmtree(box)
-    elif box.is_symlink() or box.exists():
-        box.unlink()
-    for sub in ("", "home", "tmp", "cache"):
-        (box / sub).mkdir(parents=True, exist_ok=sub != "")
-    spec = {"function": function, "request": dict(request), "box": str(box), "confine": confine_child,
-            "parent": os.getpid(),
-            "readable": [str(Path(p).absolute()) for p in readable]}
-    spec_file = box.parent / f"{box.name}.request.json"
-    spec_file.write_text(json.dumps(spec), encoding="utf-8")
-    log_file = box.parent / f"{box.name}.log"
-    command = [sys.executable, "-c", "import sys; from trtflow_stages.formats.confinement import child_main; "
-               "sys.exit(child_main(sys.argv[1:]))", str(spec_file)]
-    with open(log_file, "wb") as out:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                env=child_environment(box), cwd=box, start_new_session=True, close_fds=True)
+    parent = os.dup(dir_fd) if dir_fd is not None else os.open(box.parent, sandbox_box.OPEN_DIR)
+    box_fd = log_fd = -1
+    try:
+        box_fd = sandbox_box.fresh_box(parent, box.name)
+        log_fd = sandbox_box.fresh_file(parent, f"{box.name}.log")
+        log_file = box.with_name(f"{box.name}.log")
+        spec = {"function": function, "request": dict(request), "confine": confine_child, "maker": _maker(),
+                "readable": [str(Path(p).absolute()) for p in readable]}
+        code = _run_child(spec, box_fd, log_fd, readable, timeout)
+        tail = sandbox_box.tail(log_fd, 6000)
+        if log is not None and tail:
+            log.info("%s (child process): %s", what, tail)
+        if code is None:
+            raise StageFailed(f"{what} took more than {timeout:.0f} s and was stopped", hint=f"its log: {log_file}")
+        answer = read_result(box_fd)
+        if code < 0 and not answer:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            raise StageFailed(f"{what} died of {name}", hint=f"its log: {log_file}")
+        if "error" in answer or code != 0 or not answer:
+            _failed(answer, code, tail, sandbox_box.tail(log_fd, 1 << 18), confine_child, what, log_file)
+        for name, target in (take or {}).items():
+            sandbox_box.take(box_fd, name, target)
+        return answer
+    finally:
+        for fd in (log_fd, box_fd, parent):
+            if fd >= 0:
+                os.close(fd)
+
+
+def _failed(answer: Mapping[str, Any], code: int, tail: str, log_text: str, confine_child: bool, what: str,
+            log_file: Path) -> None:
+    message = _printable(str(answer.get("error") or _last_lines(tail) or f"exit code {code}"))
+    hint = str(answer.get("hint") or "")
+    denied = _denied(message) or _denied(_printable(log_text)) if confine_child else None
+    if denied is not None:
+        hint = (f"the model's code tried something the confinement forbids ({denied}): writing outside its "
+                "scratch folder, reading private files or using the network; if you trust this file as a "
+                "program, set trust_code: true on the node to run it unconfined" + (f"; {hint}" if hint else ""))
+    # a mistake in what the recipe declares keeps its kind (exit 2), as in the node's own process; a forged
+    # flag from the model's code can change no more than that code
+    kind = RecipeMismatch if answer.get("mismatch") is True and denied is None else StageFailed
+    raise kind(f"{what} failed: {message}", hint=hint or f"its log: {log_file}")
+
+
+def _run_child(spec: dict[str, Any], box_fd: int, log_fd: int, readable: Sequence[Path],
+               timeout: float) -> int | None:
+    """Start the child (its request on its standard input, a memory file), wait; its exit code, None if it timed
+    out. Whatever happens, nothing it started outlives it."""
+    request = os.memfd_create("trtflow-request", os.MFD_CLOEXEC)
+    sources: list[tuple[int, str]] = []
+    try:
+        os.write(request, json.dumps(spec).encode("utf-8"))
+        os.lseek(request, 0, os.SEEK_SET)
+        if spec["confine"]:
+            for path in readable:  # (opened now: what the child sees is what was named, whatever moves later)
+                sources.append((os.open(Path(path).absolute(), os.O_PATH | os.O_CLOEXEC), str(Path(path).absolute())))
+        proc = _launch([sys.executable, "-c", _CHILD], spec, sources, request, log_fd, box_fd, spec["confine"])
         try:
-            code = proc.wait(timeout=timeout)
+            return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            code = None
-        finally:  # whatever happened (a timeout, Ctrl-C): nothing the child started outlives it
+            return None
+        finally:  # (a timeout, Ctrl-C)
             _kill_group(proc)
-    tail = _tail(log_file, 6000)
-    if log is not None and tail:
-        log.info("%s (child process): %s", what, tail)
-    if code is None:
-        raise StageFailed(f"{what} took more than {timeout:.0f} s and was stopped", hint=f"its log: {log_file}")
-    answer = read_result(box)
-    if code < 0 and not answer:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        raise StageFailed(f"{what} died of {name}", hint=f"its log: {log_file}")
-    if "error" in answer or code != 0 or not answer:
-        message = _printable(str(answer.get("error") or _last_lines(tail) or f"exit code {code}"))
-        hint = str(answer.get("hint") or "")
-        denied = _denied(message) or _denied(_printable(_tail(log_file, 1 << 18))) if confine_child else None
-        if denied is not None:
-            hint = (f"the model's code tried something the confinement forbids ({denied}): writing outside its "
-                    "scratch folder, reading private files or using the network; if you trust this file as a "
-                    "program, set trust_code: true on the node to run it unconfined" + (f"; {hint}" if hint else ""))
-        # a mistake in what the recipe declares keeps its kind (exit 2), as in the node's own process; a forged
-        # flag from the model's code can change no more than that code
-        kind = RecipeMismatch if answer.get("mismatch") is True and denied is None else StageFailed
-        raise kind(f"{what} failed: {message}", hint=hint or f"its log: {log_file}")
-    return answer
+    finally:
+        for fd, _ in sources:
+            os.close(fd)
+        os.close(request)
+
+
+def _launch(command: list[str], spec: Mapping[str, Any], sources: Sequence[tuple[int, str]], stdin: Any,
+            stdout: Any, box_fd: int, confine_child: bool) -> subprocess.Popen[bytes]:
+    """The child process: under bubblewrap when ``confine_child`` (else plain, in its box); every launch of a
+    model's code goes through here."""
+    from . import sandbox_policy
+
+    if not confine_child:
+        home = os.readlink(f"/proc/self/fd/{box_fd}")
+        return subprocess.Popen(command, stdin=stdin, stdout=stdout, stderr=subprocess.STDOUT,
+                                env=sandbox_policy.child_environment(home), cwd=f"/proc/self/fd/{box_fd}",
+                                pass_fds=(box_fd,), start_new_session=True, close_fds=True)
+    fds: list[int] = []
+    try:
+        def memory(data: bytes) -> int:
+            fd = os.memfd_create("trtflow-sandbox", 0)
+            fds.append(fd)
+            os.write(fd, data)
+            os.lseek(fd, 0, os.SEEK_SET)
+            return fd
+
+        seccomp = memory(_seccomp_program())
+        data = [(memory(content), path) for path, content in sandbox_policy.identity_files().items()]
+        env = sandbox_policy.child_environment(sandbox_policy.BOX)
+        bwrap = _bwrap()
+        if _maker() == "bubblewrap" and bwrap is not None:
+            args = sandbox_policy.bwrap_arguments(box_fd, sources, data, seccomp, env)
+            full = [bwrap, *args, "--", *command]
+            keep = (*fds, box_fd, *(fd for fd, _ in sources))
+        else:
+            plan, opened = sandbox_policy.unshare_plan(box_fd, sources, data, seccomp, env, command)
+            fds += opened
+            plan_fd = memory(json.dumps(plan).encode("utf-8"))
+            setup = Path(__file__).with_name("sandbox_unshare.py")
+            full = [sys.executable, "-I", "-S", str(setup), str(plan_fd)]
+            keep = (*fds, box_fd, *(fd for fd, _ in sources))
+        return subprocess.Popen(full, stdin=stdin, stdout=stdout,
+                                stderr=subprocess.STDOUT if stdout is not subprocess.PIPE else subprocess.PIPE,
+                                env={}, pass_fds=keep, start_new_session=True, close_fds=True)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def checked(answer: Mapping[str, Any], fields: Mapping[str, type | tuple[type, ...]], what: str) -> dict[str, Any]:
@@ -400,15 +464,6 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def _tail(path: Path, limit: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
-            return f.read().decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
-
-
 def _last_lines(text: str) -> str:
     lines = [line for line in text.splitlines() if line.strip()]
     return " ".join(" ".join(lines[-3:]).split())[-500:]
@@ -421,16 +476,34 @@ def _denied(text: str) -> str | None:
     """The first line of ``text`` that says the kernel denied something (shortened), or None."""
     found = _DENIED.search(text)
     if found is None:
-        return None
+        return _hidden(text)
     line = found.group(0)
     errors = list(re.finditer(r"\w+(?:Error|Exception): ", line))  # from the error's name, if the line has one
     return " ".join(line[errors[-1].start() if errors else 0:].split())[:300]
 
 
-def read_result(box: Path) -> dict[str, Any]:
-    """The child's answer in ``box``: a regular file (not a link), at most a few MiB of JSON; {} when absent."""
+_MISSING = re.compile(r"(/[^\s'\"<>:]+)[^\n]{0,80}(?:No such file or directory|FileNotFoundError)|"
+                      r"(?:No such file or directory|FileNotFoundError)[^\n]{0,40}?(/[^\s'\"<>:]+)")
+
+
+def _hidden(text: str) -> str | None:
+    """A path the child found missing that exists here (or whose folder does), in no folder the child sees: it is
+    outside the child's file system (or None)."""
+    from . import sandbox_policy
+
+    seen = ("/usr", "/etc", "/sys", "/proc", "/dev", sandbox_policy.BOX, *sandbox_policy.library_folders())
+    for found in _MISSING.finditer(text):
+        path = found.group(1) or found.group(2)
+        if (os.path.lexists(path) or os.path.isdir(os.path.dirname(path))) and not any(
+                path == folder or path.startswith(folder.rstrip("/") + "/") for folder in seen):
+            return f"{path} is outside its sandbox (No such file or directory)"
+    return None
+
+
+def read_result(box_fd: int) -> dict[str, Any]:
+    """The child's answer in the box (held open): a plain file, at most a few MiB of JSON; {} when absent."""
     try:
-        data = read_regular(box / RESULT_FILE, _RESULT_LIMIT)
+        data = sandbox_box.read_plain(box_fd, RESULT_FILE, _RESULT_LIMIT)
     except FileNotFoundError:
         return {}
     except OSError as error:
@@ -457,68 +530,32 @@ def _printable(value: Any) -> Any:
     return value
 
 
-def read_regular(path: Path, limit: int) -> bytes:
-    """The bytes of ``path`` if it is a regular file of at most ``limit`` bytes, opened without following a link."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        import stat
-
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, f"{path.name} is not a regular file")
-        if st.st_size > limit:
-            raise OSError(errno.EFBIG, f"{path.name} is larger than {limit} bytes")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read(limit + 1)[:limit]
-    finally:
-        os.close(fd)
-
-
-def take_file(source: Path, target: Path) -> None:
-    """Copy a file the child made to ``target`` (outside its box): a regular file with one link, never a symlink
-    (the child could point one at a file it may not read; the copy must not follow it)."""
-    import shutil
-    import stat
-
-    try:
-        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as error:
-        raise StageFailed(f"the confined conversion left no readable {source.name}: {error.strerror}") from error
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-            raise StageFailed(f"the confined conversion left {source.name} as something other than a plain file")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target, "wb") as out:
-            shutil.copyfileobj(f, out, 1 << 20)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # The child side
 
 
-def _die_with_parent(parent: int) -> None:
-    """Be killed if the node's process dies (kill -9 of trtflow), so no confined child keeps working unwatched."""
+def _die_with_parent() -> None:
+    """Be killed if the node's process dies (kill -9 of trtflow), so no child keeps working unwatched (under
+    bubblewrap, its --die-with-parent does the same)."""
     try:
         _libc().prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     except OSError:
         return
-    if parent and os.getppid() != parent:
-        os._exit(1)
 
 
 def child_main(argv: Sequence[str]) -> int:
-    """Entry point of the child: confine, call the function, write its answer (or the error) to result.json."""
+    """Entry point of the child: read the request (standard input), confine, call the function, write its answer
+    (or the error) to result.json in its box (its working folder)."""
     import importlib
     import traceback
 
-    spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
-    box = Path(spec["box"])
-    _die_with_parent(int(spec.get("parent") or 0))
+    spec = json.loads(sys.stdin.buffer.read(64 << 20))
+    box = Path.cwd()
+    _die_with_parent()
     answer: dict[str, Any]
     try:
         if spec["confine"]:
-            capability = confine([box], [Path(p) for p in spec["readable"]])
+            capability = confine([box], [Path(p) for p in spec["readable"]], str(spec.get("maker", "")))
             print(f"trtflow: confined: {capability.describe()}", file=sys.stderr, flush=True)
     except OSError as error:
         answer = {"error": f"the child process could not confine itself: {error}",

@@ -43,8 +43,7 @@ def convert(source: Path, target: Path, opset: int, keras: bool, atol: float, rt
                           for name, axes in (ranges or {}).items()}}
     result = confinement.run(f"{__name__}:convert_in_child", request, box, [source], log=log, timeout=_TIMEOUT_S,
                              what=f"converting the TensorFlow model {source.name} with tf2onnx",
-                             confine_child=confine_child)
-    confinement.take_file(box / MODEL_FILE, target)
+                             confine_child=confine_child, take={MODEL_FILE: target})
     result = confinement.checked(result, {"inputs": dict, "outputs": list, "checked_shapes": list}, "tf2onnx")
     shapes = result["checked_shapes"]
     if not shapes or not all(isinstance(c, dict) and isinstance(c.get("max_abs_diff_vs_tensorflow"), int | float)

@@ -15,9 +15,10 @@ Per format, what reading or tracing it runs, and where trtflow reads it:
   run. In a confined child.
 - ``python:`` factory: the factory, which the recipe asked for. In the node's process.
 
-"A confined child" is `confinement`: a process the kernel keeps from writing outside the node's scratch folder,
-from the network and from other processes. Where it is not available (not Linux, a kernel without Landlock ABI 4,
-``TRTFLOW_NO_CONFINEMENT`` set), such a model is refused, unless the recipe marks it as trusted code with
+"A confined child" is `confinement`: a process in a sandbox of its own (bubblewrap's namespaces: a file system
+holding only the model, the interpreter and an empty folder; no network; a system-call allow-list; Landlock).
+Where it is not available (not Linux, user namespaces disabled, no libseccomp, ``TRTFLOW_NO_CONFINEMENT``
+set), such a model is refused, unless the recipe marks it as trusted code with
 ``trust_code: true`` on the export node (``trtflow init --trust-code``): then it is read as before this module
 existed, in the node's process (PyTorch) or an unconfined child (TensorFlow), like a ``python:`` factory.
 `decide` is the one place that chooses; the loaders of those formats call `confinement.guard`, which fails in a
@@ -94,7 +95,8 @@ def decide(fmt: ModelFormat, path: Path, shown: str, trusted: bool,
         raise StageFailed(
             f"{fmt.label} {shown!r} carries a program: {RUNS_CODE[fmt.name]}; trtflow converts such files only in a "
             f"process the kernel confines, and there is {capability.describe()}",
-            hint=f"convert it on Linux 6.7 or later with Landlock enabled, {trust}")
+            hint=f"convert it on Linux with bubblewrap installed (apt-get install bubblewrap) and user "
+            f"namespaces enabled, {trust}")
     return Permit("confined", fmt.name, capability)
 
 
