@@ -115,6 +115,9 @@ def run(
         "--remote-digest", help="The hash a remote cache names its objects by: xxh3-128 (fast; integrity only) or "
         "sha256 (cryptographic, for remotes shared beyond one team); a new remote records it, an existing one must "
         "match (env TRTFLOW_REMOTE_DIGEST; default: what the remote uses, xxh3-128 for a new one).")] = None,
+    remote_namespace: Annotated[str | None, typer.Option(
+        "--remote-namespace", help="Write to this namespace of the remote cache (e.g. pr-123) and read it, then "
+        "main's; without it a run reads and writes main's only (env TRTFLOW_REMOTE_NAMESPACE).")] = None,
     memory: Annotated[str | None, typer.Option(
         "--memory", help="Host memory the nodes running at once may use together, e.g. 16G (default: what the "
         "machine has free).")] = None,
@@ -148,6 +151,7 @@ def run(
         ray_address=ray_address or os.environ.get("RAY_ADDRESS"),
         remote=remote or os.environ.get("TRTFLOW_REMOTE") or None,
         remote_digest=_remote_digest(remote_digest or os.environ.get("TRTFLOW_REMOTE_DIGEST") or None),
+        remote_namespace=remote_namespace or os.environ.get("TRTFLOW_REMOTE_NAMESPACE") or None,
         push=not no_push,
         ray_transfer=ray_transfer,
         memory_limit=_parse_size(memory) if memory else None,

@@ -181,14 +181,22 @@ class Lifecycle:
         if ctx.cache is None:
             return False
         from trtflow.storage.remote import RemoteError
+        from trtflow.storage.signing import trust_problem
 
         try:
-            manifest = ctx.cache.get_manifest(key)
-            if manifest is None:
-                return False
-            ctx.observers.node_waiting(node.name, f"pulling from the remote cache {ctx.cache.url}")
-            ctx.cache.pull(manifest, ctx.store, ctx.journal)
-            return True
+            for layer in getattr(ctx.cache, "layers", [ctx.cache]):  # a namespace's own, then main's
+                manifest = layer.get_manifest(key)
+                if manifest is None:
+                    continue
+                problem = trust_problem(ctx.store, manifest, ctx.kctx, check_bytes=False)  # bytes: once pulled
+                if problem is not None:
+                    ctx.notes.warning(f"{node.name}: not taken from the remote cache {layer.url}: {problem}")
+                    continue
+                ctx.observers.node_waiting(node.name, f"pulling from the remote cache {layer.url}")
+                layer.pull(manifest, ctx.store, ctx.journal,  # a local result this project does not trust: replaced
+                           replace_if=lambda m: trust_problem(ctx.store, m, ctx.kctx) is not None)
+                return True
+            return False
         except RemoteError as exc:
             ctx.notes.warning(f"{node.name}: not taken from the remote cache: {exc.message}")
             return False
@@ -202,9 +210,13 @@ class Lifecycle:
         if ctx.cache is None or not ctx.options.push:
             return
         from trtflow.storage.remote import RemoteError
+        from trtflow.storage.signing import trust_problem
+
+        def untrusted(there: dict[str, Any]) -> bool:  # a remote result this project would not reuse: replaced
+            return trust_problem(ctx.store, there, ctx.kctx, check_bytes=False) is not None
 
         try:
-            ctx.cache.push(key, ctx.store, ctx.journal)
+            ctx.cache.push(key, ctx.store, ctx.journal, replace_if=untrusted)
         except (RemoteError, TrtflowError) as exc:
             ctx.notes.warning(f"{node}: not pushed to the remote cache: {exc.message}")
         except OSError as exc:
