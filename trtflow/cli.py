@@ -568,8 +568,14 @@ def verify(
     from trtflow.storage.verify import verify_store
 
     st = default_store(store)
-    report_ = verify_store(st, fix=fix, wait_s=wait, on_wait=lambda msg: _console(stderr=True).print(msg))
+    from trtflow.keys import load_policy  # results by signer (trtflow/keys.py, storage/signing.py)
+
+    policy = load_policy(_project_root_here())
+    report_ = verify_store(st, fix=fix, wait_s=wait, on_wait=lambda msg: _console(stderr=True).print(msg),
+                           policy=policy)
     console = _console()
+    for signer, count in sorted(report_.signers.items()):
+        print(f"signed by {signer}: {count} results")
     for problem in report_.problems:
         console.print(f"[red]damaged[/]: {problem}")
     for fixed in report_.fixed:
@@ -585,6 +591,12 @@ def verify(
     )
     if report_.problems and not fix:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _project_root_here() -> Path:
+    from trtflow.fsutil import project_root
+
+    return project_root(os.getcwd()) or Path.cwd()
 
 
 # ----------------------------------------------------------------------------- doctor

@@ -211,3 +211,23 @@ def sign_stored(store: Any, key: str, manifest: dict[str, Any], signer: Any = No
             out = dict(out, sha256=strong)
         outputs[name] = out
     return sign(dict(manifest, outputs=outputs), signer)
+
+
+def census(manifest: Mapping[str, Any], policy: Any) -> tuple[str, str | None]:
+    """(the signer as `trtflow verify` lists it, the problem when the result is revoked or forged: None for a
+    trusted, unknown or unsigned one, which are listed, not removed: a shared store holds others' results)."""
+    if not is_signed(manifest):
+        return "unsigned (older trtflow: `trtflow keys adopt` signs your own)", None
+    signer = manifest.get("signer")
+    if not isinstance(signer, str) or not SIGNER_ID.fullmatch(signer):
+        return "malformed signature", "its signature is malformed"
+    name = manifest.get("signer_name") if isinstance(manifest.get("signer_name"), str) else "?"
+    label = f"{signer} ({policy.names.get(signer, name)})"
+    if signer in policy.revoked:
+        return f"{label}: REVOKED", f"signed by a revoked key: {label}"
+    if signer not in policy.trusted:
+        return f"{label}: UNKNOWN (not trusted here; its results are rebuilt)", None
+    problem = signature_problem(manifest, policy)
+    if problem is not None:
+        return f"{label}: FORGED or altered", problem
+    return f"{label}: trusted", None

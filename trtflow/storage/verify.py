@@ -28,9 +28,14 @@ class VerifyReport:
     manifests: int = 0
     problems: list[str] = field(default_factory=list)
     fixed: list[str] = field(default_factory=list)
+    # results by signer: "<id> (<name>): trusted" / "... revoked" / "unsigned"... -> how many (see signing.census)
+    signers: dict[str, int] = field(default_factory=dict)
 
 
-def verify_store(store: Store, fix: bool = False, wait_s: float = 60.0, on_wait: Any = None) -> VerifyReport:
+def verify_store(store: Store, fix: bool = False, wait_s: float = 60.0, on_wait: Any = None,
+                 policy: Any = None) -> VerifyReport:
+    """``policy``: the trust policy (`keys.Policy`) results are listed by signer against; revoked or forged ones
+    are problems (``fix`` removes them)."""
     report = VerifyReport()
     if not store.exists():
         return report
@@ -40,7 +45,7 @@ def verify_store(store: Store, fix: bool = False, wait_s: float = 60.0, on_wait:
     with StoreLock(store.tree).held(mode, "trtflow verify" + (" --fix" if fix else ""), wait_s, on_wait):
         try:
             damaged = _check_objects(store, fix, report)
-            _check_manifests(store, damaged, fix, report)
+            _check_manifests(store, damaged, fix, report, policy)
             _check_refs(store, fix, report)
             _check_journal(store, fix, report)
         except OSError as exc:
@@ -90,7 +95,7 @@ def _check_objects(store: Store, fix: bool, report: VerifyReport) -> set[str]:
     return damaged
 
 
-def _check_manifests(store: Store, damaged: set[str], fix: bool, report: VerifyReport) -> None:
+def _check_manifests(store: Store, damaged: set[str], fix: bool, report: VerifyReport, policy: Any) -> None:
     tree = store.tree
     for path, manifest in store.iter_manifests():
         report.manifests += 1
@@ -102,12 +107,14 @@ def _check_manifests(store: Store, damaged: set[str], fix: bool, report: VerifyR
                 tree.unlink(rel)
                 report.fixed.append(f"removed {where}")
             continue
+        who = f"node {manifest.get('node')} of {manifest.get('recipe_id') or manifest.get('recipe')}"
+        if policy is not None and _untrusted(store, path, manifest, who, policy, fix, report):
+            continue
         bad = [name for name, out in manifest["outputs"].items()
                if not isinstance(out, dict) or out.get("digest") in damaged
                or _missing(store, out.get("digest"))]
         if not bad:
             continue
-        who = f"node {manifest.get('node')} of {manifest.get('recipe_id') or manifest.get('recipe')}"
         report.problems.append(f"{who} ({path.stem[:12]}): outputs {bad} missing or damaged")
         if fix:
             note = {"reason": f"outputs {bad} were missing or damaged", "removed_by": "trtflow verify --fix",
@@ -115,6 +122,25 @@ def _check_manifests(store: Store, damaged: set[str], fix: bool, report: VerifyR
             tree.write_text((*rel[:-1], f"{path.stem}.damaged"), json.dumps(note))
             tree.unlink(rel)
             report.fixed.append(f"removed {where} (the next run rebuilds {manifest.get('node')})")
+
+
+def _untrusted(store: Store, path: Any, manifest: dict[str, Any], who: str, policy: Any, fix: bool,
+               report: VerifyReport) -> bool:
+    """Count the result under its signer; a revoked or forged one is a problem (removed by ``fix``): True then."""
+    from trtflow.storage.signing import census
+
+    label, bad = census(manifest, policy)
+    report.signers[label] = report.signers.get(label, 0) + 1
+    if not bad:
+        return False
+    rel = store.rel(path)
+    report.problems.append(f"{who} ({path.stem[:12]}): {bad}")
+    if fix:
+        note = {"reason": bad, "removed_by": "trtflow verify --fix", "time": time.time()}
+        store.tree.write_text((*rel[:-1], f"{path.stem}.damaged"), json.dumps(note))
+        store.tree.unlink(rel)
+        report.fixed.append(f"removed {'/'.join(rel)} (the next run rebuilds {manifest.get('node')})")
+    return True
 
 
 def _missing(store: Store, digest: object) -> bool:
