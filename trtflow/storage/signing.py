@@ -38,7 +38,7 @@ FIELDS = ("signer", "signer_name", "signature", "trtflow", "source_commit")
 SIGNER_ID = re.compile(r"[0-9a-f]{16}")
 UNSIGNED = ("unsigned (built by an older trtflow, or written by hand); if these are your own results, "
             "`trtflow keys adopt` signs them with your key")
-_SHA_SUFFIX = "\0sha256"  # the stat cache's entry of an object's sha256 (beside its xxh3 entry)
+SHA256_ENTRY = "\0sha256"  # the stat cache's entry of an object's sha256 (beside its xxh3 entry)
 
 
 def statement(manifest: Mapping[str, Any]) -> bytes:
@@ -140,7 +140,7 @@ def object_sha256_matches(store: Any, digest: str, sha256: str, stat_cache: Stat
         return False
     if st is None or not stat.S_ISREG(st.st_mode):
         return False
-    path = str(store.shown(rel)) + _SHA_SUFFIX
+    path = str(store.shown(rel)) + SHA256_ENTRY
     if stat_cache is not None and stat_cache.get(path, signature(st)) == sha256:
         return True
     try:

@@ -361,6 +361,8 @@ class Store:
             placed = self.tree.stat(target)
             if placed is not None:
                 stat_cache.put(str(self.shown(target)), signature(placed), digest)
+                if strong is not None:  # its sha256 too (signing.py checks a signed result's bytes by it)
+                    stat_cache.put(str(self.shown(target)) + signing.SHA256_ENTRY, signature(placed), strong)
         return digest, size, strong
 
     def commit(self, key: str, manifest: dict[str, Any], out_dir: Tree | Path,

@@ -33,6 +33,7 @@ from trtflow.storage.confined import Tree
 from trtflow.storage.manifest import Problem, check_key, is_key, manifest_problem, outputs_problem
 from trtflow.storage.remote.backend import open_backend
 from trtflow.storage.remote.errors import RemoteCorrupt, RemoteError, TooLarge, Unreadable
+from trtflow.storage.signing import SHA256_ENTRY
 from trtflow.storage.store import READ_ONLY, Store
 
 log = logging.getLogger("trtflow.remote")
@@ -258,6 +259,8 @@ class RemoteCache:
             st = store.tree.stat(target)
             if stat_cache is not None and st is not None:
                 stat_cache.put(str(store.shown(target)), signature(st), out["digest"])
+                if out.get("sha256"):  # checked while pulling: the reuse that follows need not read it again
+                    stat_cache.put(str(store.shown(target)) + SHA256_ENTRY, signature(st), out["sha256"])
             copied += 1
             nbytes += out["size"]
         return Transfer(objects=copied, bytes=nbytes, present=present)
@@ -292,7 +295,8 @@ class RemoteCache:
                                     remote_name) from None
             got = store.tree.stat(staged)
             got_size = got.st_size if got is not None else -1
-            fast, strong = file_digests(store.tree, staged, self.sha256)
+            signed = out.get("sha256")  # a signed result's: checked in the same read (signing.py)
+            fast, strong = file_digests(store.tree, staged, self.sha256 or bool(signed))
             own = strong if self.sha256 else fast
             if own != remote_name:
                 if got_size != remote_size:
@@ -307,6 +311,9 @@ class RemoteCache:
                                     hint="the node is built here; its next push replaces the manifest")
             if fast != digest:
                 raise RemoteCorrupt(f"{lie} has xxh3 digest {digest}; its content has {fast}: {kept}", remote_name,
+                                    hint="the node is built here; its next push replaces the manifest")
+            if signed and strong != signed:
+                raise RemoteCorrupt(f"{lie} has sha256 {signed}; its content has {strong}: {kept}", remote_name,
                                     hint="the node is built here; its next push replaces the manifest")
             store.tree.seal(staged, READ_ONLY)
             store.tree.rename(staged, target, durable=True)
