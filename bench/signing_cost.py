@@ -126,18 +126,20 @@ def part2(before: str, nodes: int, rounds: int, work: Path) -> None:
             if proc.returncode != 0:
                 raise SystemExit(f"{label}: {proc.stdout}{proc.stderr}")
         commands[label] = (cmd, folder)
-    times: dict[str, list[float]] = {k: [] for k in commands}
-    for _ in range(rounds):
-        for label, (cmd, folder) in commands.items():
-            start = time.perf_counter()
-            subprocess.run(cmd, cwd=folder, env=env, capture_output=True, check=True)
-            times[label].append(time.perf_counter() - start)
-    print(f"no-op run of {nodes} nodes, {rounds} alternating rounds:")
-    for label, series in times.items():
-        print(f"  {label:13s} {spread(series, 1.0, 's')}")
-    ratios = [a / b for a, b in zip(times["this trtflow"], times["before"], strict=True)]
-    print(f"  ratio this/before: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max "
-          f"{max(ratios):.3f}, n={len(ratios)})")
+    planning = dict(env, TRTFLOW_NO_SHORTCUT="1")  # the no-op run that plans (every result's signature checked)
+    for mode, mode_env in (("no-op run (shortcut)", env), ("no-op run, planned (TRTFLOW_NO_SHORTCUT=1)", planning)):
+        times: dict[str, list[float]] = {k: [] for k in commands}
+        for _ in range(rounds):
+            for label, (cmd, folder) in commands.items():
+                start = time.perf_counter()
+                subprocess.run(cmd, cwd=folder, env=mode_env, capture_output=True, check=True)
+                times[label].append(time.perf_counter() - start)
+        print(f"{mode} of {nodes} nodes, {rounds} alternating rounds:")
+        for label, series in times.items():
+            print(f"  {label:13s} {spread(series, 1.0, 's')}")
+        ratios = [a / b for a, b in zip(times["this trtflow"], times["before"], strict=True)]
+        print(f"  ratio this/before: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max "
+              f"{max(ratios):.3f}, n={len(ratios)})")
 
 
 def main() -> None:

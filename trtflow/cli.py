@@ -562,15 +562,27 @@ def verify(
         ),
     ] = False,
     wait: WaitOpt = 60.0,
+    provenance: Annotated[Path | None, typer.Option(
+        "--provenance", help="Check this signed provenance (`trtflow provenance`) instead of the store: signed by a "
+        "trusted key, and (--artifact) that each file is one of its subjects.")] = None,
+    artifact: Annotated[list[Path] | None, typer.Option("--artifact", help="A file that must be a subject of "
+                                                                          "--provenance (repeatable).")] = None,
 ) -> None:
     """Re-hash every stored object, check manifests, refs and the journal; exit 1 if anything is damaged."""
+    from trtflow.keys import load_policy  # results by signer (trtflow/keys.py, storage/signing.py)
     from trtflow.pipeline import default_store
     from trtflow.storage.verify import verify_store
 
-    st = default_store(store)
-    from trtflow.keys import load_policy  # results by signer (trtflow/keys.py, storage/signing.py)
-
     policy = load_policy(_project_root_here())
+    if provenance is not None:
+        from trtflow.provenance import check
+
+        stmt, signer = check(provenance, policy, list(artifact or []))
+        print(f"{provenance}: signed by {signer} ({policy.describe(signer)}), trusted; "
+              f"{len(stmt['subject'])} subjects" + (f", {len(artifact or [])} artifacts among them" if artifact
+                                                     else ""))
+        return
+    st = default_store(store)
     report_ = verify_store(st, fix=fix, wait_s=wait, on_wait=lambda msg: _console(stderr=True).print(msg),
                            policy=policy)
     console = _console()

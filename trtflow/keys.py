@@ -22,6 +22,7 @@ either file (a revoked key is never trusted, one's own included, whatever the da
 from __future__ import annotations
 
 import base64
+import functools
 import getpass
 import hashlib
 import os
@@ -80,7 +81,7 @@ class PublicKey:
 
     def verifies(self, signature: bytes, data: bytes) -> bool:
         try:
-            Ed25519PublicKey.from_public_bytes(self.raw).verify(signature, data)
+            _loaded(self.raw).verify(signature, data)
         except (InvalidSignature, ValueError):
             return False
         return True
@@ -97,6 +98,11 @@ class PublicKey:
             raise UsageError(f"{where or 'public key'} {str(text)[:120]!r} is not a public key",
                              hint="write it as `trtflow keys show` prints it: NAME:BASE64")
         return cls(name, raw)
+
+
+@functools.lru_cache(maxsize=256)
+def _loaded(raw: bytes) -> Ed25519PublicKey:
+    return Ed25519PublicKey.from_public_bytes(raw)
 
 
 @dataclass(frozen=True)

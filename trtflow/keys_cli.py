@@ -59,9 +59,18 @@ def show(
                                                     "with).")] = None,
     secret: Annotated[bool, typer.Option("--secret", help="Print the private key (NAME:BASE64) to store as a CI "
                                                           "secret (TRTFLOW_SIGNING_KEY).")] = False,
+    pem: Annotated[bool, typer.Option("--pem", help="Print the public key as PEM, for openssl (checking provenance "
+                                                    "without trtflow).")] = False,
 ) -> None:
     """Print a public key (NAME:BASE64) as trust files hold it; --secret: its private key, for a CI secret store."""
     signer = keys.load_key(name) if name else keys.current_signer()
+    if pem:
+        from cryptography.hazmat.primitives import serialization
+
+        print(signer.private.public_key().public_bytes(serialization.Encoding.PEM,
+                                                      serialization.PublicFormat.SubjectPublicKeyInfo).decode(),
+              end="")
+        return
     print(signer.secret_text if secret else signer.public.text)
 
 

@@ -114,6 +114,7 @@ def test_a_cloned_store_of_another_user_is_rebuilt_and_a_revoked_teammate_too(tm
     alice = team.run("alice")
     assert "2 built" in alice.stdout, alice.stdout
     assert f"signed by a key this project does not trust: {mallory}" in alice.stdout, alice.stdout
+    _provenance(team, mallory)
     # alice's results, copied to bob, are reused by bob until the project revokes alice's key
     shutil.copytree(tmp_path / "store-alice", tmp_path / "store-bob")
     assert "Nothing to do" in team.run("bob").stdout
@@ -140,3 +141,59 @@ def test_a_pull_request_namespace_is_read_by_its_job_and_never_by_main(tmp_path:
     # main, on the same change, never takes the PR's result
     main2 = team.run("ci-main-job2", secret=secret)
     assert "1 built, 1 reused" in main2.stdout, main2.stdout
+
+
+def _provenance(team: Team, mallory: str) -> None:
+    """What ships carries signed SLSA provenance that trtflow checks, and openssl alone too; nothing untrusted gets
+    one, and a changed artifact or statement is refused."""
+    import base64
+    import json
+    import os
+    import shutil as sh
+
+    import pytest
+
+    from tests.reliability.plugins import EXAMPLE_PLUGIN
+    from trtflow import provenance
+    from trtflow.errors import TrtflowError
+    from trtflow.storage.store import Store
+
+    recipe, shipped = team.project / "chain.yaml", team.project / "build" / "chain" / "b" / "data.bin"
+    saved = dict(os.environ)
+    sys.path.insert(0, str(EXAMPLE_PLUGIN))
+    try:
+        os.environ["XDG_CONFIG_HOME"] = str(team.config("alice"))
+        policy = keys.load_policy(team.project)
+        with pytest.raises(TrtflowError, match=f"does not trust: {mallory}"):
+            provenance.statement(recipe, [], Store(team.root / "store-mallory"), [])
+        stmt = provenance.statement(recipe, [], Store(team.root / "store-alice"), [])
+        env = provenance.envelope(stmt, keys.current_signer())
+        path = team.root / "prov.json"
+        path.write_text(json.dumps(env))
+        checked, signer = provenance.check(path, policy, [shipped])
+        assert signer == team.key_id("alice") and [s["name"] for s in checked["subject"]] == ["b/data.bin"]
+        assert checked["predicate"]["buildDefinition"]["resolvedDependencies"][0]["name"] == "a/data.bin"
+        if sh.which("openssl"):  # the deployment's check, without trtflow (README: Provenance)
+            (team.root / "pub.pem").write_text(team.keys("alice", "show", "--pem"))
+            body = base64.b64decode(env["payload"])
+            (team.root / "pae.bin").write_bytes(provenance.pae(provenance.PAYLOAD_TYPE, body))
+            (team.root / "sig.bin").write_bytes(base64.b64decode(env["signatures"][0]["sig"]))
+            ok = subprocess.run(["openssl", "pkeyutl", "-verify", "-pubin", "-inkey", "pub.pem", "-rawin", "-in",
+                                 "pae.bin", "-sigfile", "sig.bin"], cwd=team.root, capture_output=True, text=True)
+            assert ok.returncode == 0 and "Verified Successfully" in ok.stdout, ok.stdout + ok.stderr
+        changed = team.root / "changed.bin"
+        changed.write_bytes(shipped.read_bytes() + b"!")
+        with pytest.raises(TrtflowError, match="is not a subject"):
+            provenance.check(path, policy, [changed])
+        forged = dict(stmt, subject=[{"name": "b/data.bin", "digest": {"sha256": "0" * 64}}])
+        path.write_text(json.dumps(dict(env, payload=base64.b64encode(json.dumps(forged).encode()).decode())))
+        with pytest.raises(TrtflowError, match="does not verify"):
+            provenance.check(path, policy, [])
+        mallory_key = keys.parse_secret(f"mallory:{base64.b64encode(os.urandom(32)).decode()}", "test")
+        path.write_text(json.dumps(provenance.envelope(stmt, mallory_key)))
+        with pytest.raises(TrtflowError, match="does not trust"):
+            provenance.check(path, policy, [shipped])
+    finally:
+        sys.path.remove(str(EXAMPLE_PLUGIN))
+        os.environ.clear()
+        os.environ.update(saved)

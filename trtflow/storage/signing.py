@@ -41,11 +41,13 @@ UNSIGNED = ("unsigned (built by an older trtflow, or written by hand); if these 
 SHA256_ENTRY = "\0sha256"  # the stat cache's entry of an object's sha256 (beside its xxh3 entry)
 
 
-def statement(manifest: Mapping[str, Any]) -> bytes:
-    """The bytes a result's signature covers: the canonical manifest without its signature."""
-    body = {k: v for k, v in manifest.items() if k != "signature"}
-    canonical = json.dumps(json.loads(json.dumps(body)), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return DOMAIN + canonical.encode()
+def statement(manifest: Mapping[str, Any], *, from_json: bool = False) -> bytes:
+    """The bytes a result's signature covers: the canonical manifest without its signature. ``from_json``: the
+    manifest was read from JSON (no tuples, no non-string keys), so it is written once instead of normalised."""
+    body: Any = {k: v for k, v in manifest.items() if k != "signature"}
+    if not from_json:
+        body = json.loads(json.dumps(body))
+    return DOMAIN + json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def git_commit(project_root: Path | None) -> str | None:
@@ -115,7 +117,7 @@ def signature_problem(manifest: Mapping[str, Any], policy: Any) -> str | None:
                                                for o in outputs.values()):
         return "its signed outputs carry no sha256 (not reused)"
     try:
-        data = statement(manifest)
+        data = statement(manifest, from_json=True)  # a dict that is not JSON's own fails to verify: refused
     except (TypeError, ValueError):
         return "its signature does not verify (not reused)"
     if len(raw) != 64 or not policy.trusted[signer].verifies(raw, data):
