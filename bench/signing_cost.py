@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -129,17 +130,22 @@ def part2(before: str, nodes: int, rounds: int, work: Path) -> None:
     planning = dict(env, TRTFLOW_NO_SHORTCUT="1")  # the no-op run that plans (every result's signature checked)
     for mode, mode_env in (("no-op run (shortcut)", env), ("no-op run, planned (TRTFLOW_NO_SHORTCUT=1)", planning)):
         times: dict[str, list[float]] = {k: [] for k in commands}
+        cpu: dict[str, list[float]] = {k: [] for k in commands}  # user + system: what a busy host distorts least
         for _ in range(rounds):
             for label, (cmd, folder) in commands.items():
+                before_cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
                 start = time.perf_counter()
                 subprocess.run(cmd, cwd=folder, env=mode_env, capture_output=True, check=True)
                 times[label].append(time.perf_counter() - start)
+                after_cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu[label].append(after_cpu.ru_utime + after_cpu.ru_stime - before_cpu.ru_utime - before_cpu.ru_stime)
         print(f"{mode} of {nodes} nodes, {rounds} alternating rounds:")
-        for label, series in times.items():
-            print(f"  {label:13s} {spread(series, 1.0, 's')}")
-        ratios = [a / b for a, b in zip(times["this trtflow"], times["before"], strict=True)]
-        print(f"  ratio this/before: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max "
-              f"{max(ratios):.3f}, n={len(ratios)})")
+        for what, table in (("wall", times), ("cpu", cpu)):
+            for label, series in table.items():
+                print(f"  {what} {label:13s} {spread(series, 1.0, 's')}")
+            ratios = [a / b for a, b in zip(table["this trtflow"], table["before"], strict=True)]
+            print(f"  {what} ratio this/before: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max "
+                  f"{max(ratios):.3f}, n={len(ratios)})")
 
 
 def main() -> None:
@@ -153,7 +159,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="trtflow-signing-bench-") as tmp:
         (Path(tmp) / "p1").mkdir()
         (Path(tmp) / "p2").mkdir()
-        part1(args.sizes, args.repeat, Path(tmp) / "p1")
+        if args.sizes != [0]:  # --sizes 0: only the no-op comparison
+            part1(args.sizes, args.repeat, Path(tmp) / "p1")
         if args.before:
             part2(args.before, args.nodes, args.rounds, Path(tmp) / "p2")
 
