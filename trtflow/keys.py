@@ -176,13 +176,19 @@ def create_key(name: str, *, make_default: bool | None = None) -> Signer:
     pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
     path = folder / f"{name}.key"
+    tmp = folder / f".{name}.{os.getpid()}.{os.urandom(4).hex()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+            os.fchmod(f.fileno(), 0o600)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)  # put-if-absent, whole: a concurrent reader never sees half a key
     except FileExistsError:
         raise UsageError(f"a key named {name!r} exists ({path})", hint="choose another name, or use it") from None
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-        os.fchmod(f.fileno(), 0o600)
+    finally:
+        os.unlink(tmp)
     if make_default or (make_default is None and default_name() is None):
         set_default(name)
     return Signer(name, private, str(path))
@@ -256,22 +262,35 @@ def current_signer() -> Signer:
             signer = parse_secret(text, env_file)
         else:
             name = default_name()
-            if name is None:
-                signer = create_key(_default_identity(), make_default=True)
-            else:
-                signer = load_key(name)
+            signer = load_key(name) if name is not None else _first_key()
         _signer_cache[memo] = signer
         return signer
 
 
-def _default_identity() -> str:
+def _first_key() -> Signer:
+    """The user's first key (USER@HOST), made on first use; two processes making it at once get the same one."""
+    name = _default_identity(suffix=False)
+    try:
+        signer = create_key(name, make_default=True)
+    except UsageError:  # made meanwhile by another trtflow process
+        signer = load_key(name)
+        set_default(name)
+    except OSError as exc:
+        raise TrtflowError(f"cannot create a signing key in {keys_dir()}: {exc.strerror or exc}",
+                           hint=f"set {ENV_KEY} (a CI secret) or XDG_CONFIG_HOME to a writable folder") from None
+    return signer
+
+
+def _default_identity(suffix: bool = True) -> str:
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = "user"
     name = re.sub(r"[^A-Za-z0-9._+-]", "-", f"{user}@{socket.gethostname().split('.')[0]}")[:64]
     name = name if NAME.fullmatch(name) else "builder"
-    return name if not (keys_dir() / f"{name}.key").exists() else f"{name}-{os.urandom(3).hex()}"
+    if not suffix or not (keys_dir() / f"{name}.key").exists():
+        return name
+    return f"{name}-{os.urandom(3).hex()}"
 
 
 # ----------------------------------------------------------------------------- trust files

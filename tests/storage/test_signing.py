@@ -172,3 +172,15 @@ def test_keys_are_private_files_and_ci_keys_come_from_the_environment(world, mon
     monkeypatch.delenv(keys.ENV_KEY)
     _, mine = _result(w, "mine")
     assert "trust cannot be decided" in _verdict(w, mine)[1]  # a broken trust file refuses, never exit 70
+
+
+def test_the_first_key_is_made_once_when_two_processes_make_it_at_once(tmp_path, monkeypatch) -> None:
+    """A user without a key gets USER@HOST on the first commit; a process that finds it made meanwhile by another
+    uses that one (the key file appears whole: written aside, then linked into place)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv(keys.ENV_KEY, raising=False)
+    name = keys._default_identity(suffix=False)
+    other = keys.create_key(name, make_default=False)  # the other process won the race, not yet made it default
+    assert keys.default_name() is None
+    assert keys.current_signer().public == other.public and keys.default_name() == name
+    assert sorted(p.name for p in keys.keys_dir().iterdir()) == sorted([f"{name}.key", "default"])
