@@ -129,6 +129,8 @@ def test_a_pull_request_namespace_is_read_by_its_job_and_never_by_main(tmp_path:
     team = _team(tmp_path, str(remote))
     team.keys("alice", "create", "ci-main")
     team.keys("alice", "trust", "ci-main")
+    listed = team.keys("alice", "list")
+    assert f"trusted  {team.key_id('alice')}  alice" in listed and "(signs results)" in listed, listed
     secret = team.keys("alice", "show", "ci-main", "--secret").strip()
     main = team.run("ci-main-job", secret=secret)
     assert "2 built" in main.stdout
