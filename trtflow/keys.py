@@ -5,6 +5,7 @@ anyone who holds it, a pull-request job included, sign for everyone).
 
 Where keys live:
   $XDG_CONFIG_HOME/trtflow/keys/<name>.key   a private key (PKCS#8 PEM), mode 0600, in a folder of mode 0700
+  $XDG_CONFIG_HOME/trtflow/keys/public/<name>.pub   its public key (own keys are trusted from these)
   $XDG_CONFIG_HOME/trtflow/keys/default      the name of the key results are signed with
   $XDG_CONFIG_HOME/trtflow/trust.yaml        public keys this user trusts (or has revoked) in every project
   <project>/trtflow-trust.yaml               public keys the project trusts and has revoked (committed, reviewed)
@@ -189,9 +190,39 @@ def create_key(name: str, *, make_default: bool | None = None) -> Signer:
         raise UsageError(f"a key named {name!r} exists ({path})", hint="choose another name, or use it") from None
     finally:
         os.unlink(tmp)
+    signer = Signer(name, private, str(path))
+    _write_public(signer.public)
     if make_default or (make_default is None and default_name() is None):
         set_default(name)
-    return Signer(name, private, str(path))
+    return signer
+
+
+def public_dir() -> Path:
+    """The public halves of the user's keys (what trust and a no-op run's evidence read: never a private key)."""
+    return keys_dir() / "public"
+
+
+def _write_public(pub: PublicKey) -> None:
+    folder = public_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{pub.name}.{os.getpid()}.{os.urandom(4).hex()}"
+    tmp.write_text(pub.text + "\n")
+    os.replace(tmp, folder / f"{pub.name}.pub")
+
+
+def own_public_keys() -> list[PublicKey]:
+    """The public keys of the user's key store (a key made before they were kept is added on reading it)."""
+    found = []
+    try:
+        names = sorted(p.name for p in public_dir().iterdir() if p.name.endswith(".pub"))
+    except OSError:
+        names = []
+    for name in names:
+        try:
+            found.append(PublicKey.parse(_read_small(public_dir() / name), str(public_dir() / name)))
+        except (OSError, TrtflowError):
+            continue
+    return found
 
 
 def set_default(name: str) -> None:
@@ -220,8 +251,10 @@ def load_key(name: str) -> Signer:
     if st.st_mode & 0o077:
         raise TrtflowError(f"the key file {path} may be read by others (mode {st.st_mode & 0o777:o})",
                            hint=f"chmod 600 {path}; if others did read it, revoke the key (`trtflow keys revoke`)")
-    signer = parse_secret(text, str(path))
-    return Signer(name, signer.private, str(path))
+    signer = Signer(name, parse_secret(text, str(path)).private, str(path))
+    if not (public_dir() / f"{name}.pub").exists():
+        _write_public(signer.public)
+    return signer
 
 
 def own_keys() -> list[Signer]:
@@ -396,13 +429,12 @@ def load_policy(project_root: Path | None) -> Policy:
             names[key.id] = key.name
         revoked.update(tf.revoked)
         names.update(tf.revoked_names)
-    own = own_keys()
+    own = own_public_keys()
     if os.environ.get(ENV_KEY) or os.environ.get(ENV_KEY_FILE):
-        own.append(current_signer())
-    for signer in own:
-        pub = signer.public
+        own.append(current_signer().public)
+    for pub in own:
         trusted.setdefault(pub.id, pub)
         names.setdefault(pub.id, pub.name)
     for rid in revoked:
         trusted.pop(rid, None)
-    return Policy(trusted, frozenset(revoked), names, (*files, keys_dir()))
+    return Policy(trusted, frozenset(revoked), names, (*files, public_dir()))

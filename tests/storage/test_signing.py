@@ -183,4 +183,4 @@ def test_the_first_key_is_made_once_when_two_processes_make_it_at_once(tmp_path,
     other = keys.create_key(name, make_default=False)  # the other process won the race, not yet made it default
     assert keys.default_name() is None
     assert keys.current_signer().public == other.public and keys.default_name() == name
-    assert sorted(p.name for p in keys.keys_dir().iterdir()) == sorted([f"{name}.key", "default"])
+    assert sorted(p.name for p in keys.keys_dir().iterdir()) == sorted([f"{name}.key", "default", "public"])
