@@ -569,11 +569,11 @@ def verify(
                                                                           "--provenance (repeatable).")] = None,
 ) -> None:
     """Re-hash every stored object, check manifests, refs and the journal; exit 1 if anything is damaged."""
-    from trtflow.keys import load_policy  # results by signer (trtflow/keys.py, storage/signing.py)
+    from trtflow.keys import policy_here  # results by signer (trtflow/keys.py, storage/signing.py)
     from trtflow.pipeline import default_store
     from trtflow.storage.verify import verify_store
 
-    policy = load_policy(_project_root_here())
+    policy = policy_here()
     if provenance is not None:
         from trtflow.provenance import check
 
@@ -603,12 +603,6 @@ def verify(
     )
     if report_.problems and not fix:
         raise typer.Exit(EXIT_FAILED)
-
-
-def _project_root_here() -> Path:
-    from trtflow.fsutil import project_root
-
-    return project_root(os.getcwd()) or Path.cwd()
 
 
 # ----------------------------------------------------------------------------- doctor

@@ -438,3 +438,10 @@ def load_policy(project_root: Path | None) -> Policy:
     for rid in revoked:
         trusted.pop(rid, None)
     return Policy(trusted, frozenset(revoked), names, (*files, public_dir()))
+
+
+def policy_here() -> Policy:
+    """The policy of the project the working folder is in (`trtflow verify`)."""
+    from trtflow.fsutil import project_root
+
+    return load_policy(project_root(os.getcwd()) or Path.cwd())

@@ -31,7 +31,7 @@ def _project(project: Path | None) -> Path:
 
     if project is not None:
         return project.absolute()
-    return project_root(os.getcwd()) or Path.cwd()
+    return project_root(os.getcwd()) or Path.cwd()  # as keys.policy_here
 
 
 def _trust_file(project: Path | None, user: bool) -> keys.TrustFile:
