@@ -137,6 +137,9 @@ def test_signed_bytes_are_checked_and_unsigned_results_need_adopting(world, monk
     lying = signing.sign(dict({k: v for k, v in mine.items() if k not in signing.FIELDS},
                               outputs={**mine["outputs"], "engine": wrong}), w.own)
     assert _verdict(w, lying)[1] == "stored output engine is not the bytes its signature names (not reused)"
+    w.store.write_manifest(key, lying)
+    report = verify_store(w.store, policy=keys.load_policy(w.project))
+    assert any("outputs ['engine'] missing or damaged" in p for p in report.problems), report.problems
 
     # a result of an older trtflow (unsigned): not reused until its owner adopts it
     legacy = {k: v for k, v in mine.items() if k not in signing.FIELDS}

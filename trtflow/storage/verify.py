@@ -1,4 +1,5 @@
-"""`trtflow verify`: re-hash every object, check every manifest, the refs and the journal.
+"""`trtflow verify`: re-hash every object (xxh3 and sha256), check every manifest (its signer against the trust
+policy, its outputs' sha256), the refs and the journal.
 
 Without ``fix`` it takes the store lock shared (a concurrent gc cannot make objects vanish mid-check and look
 damaged); with ``fix`` exclusively. ``fix`` removes damaged objects and the manifests that use them (leaving a
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtflow.errors import StoreError
-from trtflow.fingerprint import hash_stream
+from trtflow.fingerprint import stream_digests
 from trtflow.storage import confined
 from trtflow.storage import journal as journal_module
 from trtflow.storage.lock import EXCLUSIVE, SHARED, StoreLock
@@ -44,8 +45,9 @@ def verify_store(store: Store, fix: bool = False, wait_s: float = 60.0, on_wait:
     mode = EXCLUSIVE if fix else SHARED
     with StoreLock(store.tree).held(mode, "trtflow verify" + (" --fix" if fix else ""), wait_s, on_wait):
         try:
-            damaged = _check_objects(store, fix, report)
-            _check_manifests(store, damaged, fix, report, policy)
+            sha256: dict[str, str] = {}
+            damaged = _check_objects(store, fix, report, sha256)
+            _check_manifests(store, damaged, fix, report, policy, sha256)
             _check_refs(store, fix, report)
             _check_journal(store, fix, report)
         except OSError as exc:
@@ -55,7 +57,8 @@ def verify_store(store: Store, fix: bool = False, wait_s: float = 60.0, on_wait:
     return report
 
 
-def _check_objects(store: Store, fix: bool, report: VerifyReport) -> set[str]:
+def _check_objects(store: Store, fix: bool, report: VerifyReport, sha256: dict[str, str]) -> set[str]:
+    """Re-hash every object; ``sha256`` is filled with the sha256 of each intact one."""
     tree = store.tree
     for shard in store.linked_shards():  # never entered: it may lead anywhere
         rel = store.rel(shard)
@@ -81,10 +84,11 @@ def _check_objects(store: Store, fix: bool, report: VerifyReport) -> set[str]:
         else:
             try:
                 with tree.open_read(rel) as f:
-                    actual = hash_stream(f)
+                    actual, strong = stream_digests(f, True)  # sha256 too: what signed manifests name
             except OSError as exc:
-                actual = f"unreadable ({exc.strerror or exc})"
+                actual, strong = f"unreadable ({exc.strerror or exc})", None
             if actual == obj.name:
+                sha256[obj.name] = strong or ""
                 continue
             problem = f"object {where} has content digest {actual}"
         damaged.add(obj.name)
@@ -95,7 +99,8 @@ def _check_objects(store: Store, fix: bool, report: VerifyReport) -> set[str]:
     return damaged
 
 
-def _check_manifests(store: Store, damaged: set[str], fix: bool, report: VerifyReport, policy: Any) -> None:
+def _check_manifests(store: Store, damaged: set[str], fix: bool, report: VerifyReport, policy: Any,
+                     sha256: dict[str, str]) -> None:
     tree = store.tree
     for path, manifest in store.iter_manifests():
         report.manifests += 1
@@ -112,7 +117,8 @@ def _check_manifests(store: Store, damaged: set[str], fix: bool, report: VerifyR
             continue
         bad = [name for name, out in manifest["outputs"].items()
                if not isinstance(out, dict) or out.get("digest") in damaged
-               or _missing(store, out.get("digest"))]
+               or _missing(store, out.get("digest"))
+               or out.get("sha256") not in (None, sha256.get(str(out.get("digest")), out.get("sha256")))]
         if not bad:
             continue
         report.problems.append(f"{who} ({path.stem[:12]}): outputs {bad} missing or damaged")
