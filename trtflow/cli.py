@@ -118,6 +118,9 @@ def run(
     remote_namespace: Annotated[str | None, typer.Option(
         "--remote-namespace", help="Write to this namespace of the remote cache (e.g. pr-123) and read it, then "
         "main's; without it a run reads and writes main's only (env TRTFLOW_REMOTE_NAMESPACE).")] = None,
+    remote_read_namespace: Annotated[list[str] | None, typer.Option(
+        "--remote-read-namespace", help="Also read this namespace (repeatable), e.g. a pull request's whose key the "
+        "project trusts: only results a trusted key signed are reused.")] = None,
     memory: Annotated[str | None, typer.Option(
         "--memory", help="Host memory the nodes running at once may use together, e.g. 16G (default: what the "
         "machine has free).")] = None,
@@ -152,6 +155,7 @@ def run(
         remote=remote or os.environ.get("TRTFLOW_REMOTE") or None,
         remote_digest=_remote_digest(remote_digest or os.environ.get("TRTFLOW_REMOTE_DIGEST") or None),
         remote_namespace=remote_namespace or os.environ.get("TRTFLOW_REMOTE_NAMESPACE") or None,
+        remote_read_namespaces=tuple(remote_read_namespace or ()),
         push=not no_push,
         ray_transfer=ray_transfer,
         memory_limit=_parse_size(memory) if memory else None,

@@ -140,9 +140,16 @@ def test_a_pull_request_namespace_is_read_by_its_job_and_never_by_main(tmp_path:
     pr = team.run("ci-pr-job", "--remote-namespace", "pr-7")
     assert "1 built, 1 reused" in pr.stdout, pr.stdout
     assert list((remote / "namespaces" / "pr-7" / "nodes").rglob("*.json"))
-    # main, on the same change, never takes the PR's result
-    main2 = team.run("ci-main-job2", secret=secret)
-    assert "1 built, 1 reused" in main2.stdout, main2.stdout
+    # main, on the same change, never reads the PR's namespace; told to, it reuses nothing an untrusted key signed
+    main2 = team.run("ci-main-job2", "--no-push", secret=secret)
+    assert "1 built, 1 reused" in main2.stdout and "namespaces" not in main2.stdout, main2.stdout
+    pr_key = team.keys("ci-pr-job", "show").strip()
+    main3 = team.run("ci-main-job3", "--no-push", "--remote-read-namespace", "pr-7", secret=secret)
+    assert "1 built, 1 reused" in main3.stdout, main3.stdout
+    assert f"does not trust: {keys.PublicKey.parse(pr_key).id}" in main3.stdout, main3.stdout
+    team.keys("alice", "trust", pr_key)  # a PR job whose key the project trusts: main may take its results
+    main4 = team.run("ci-main-job4", "--no-push", "--remote-read-namespace", "pr-7", secret=secret)
+    assert "0 built, 2 reused" in main4.stdout, main4.stdout
 
 
 def _provenance(team: Team, mallory: str) -> None:

@@ -183,8 +183,8 @@ class Lifecycle:
         from trtflow.storage.remote import RemoteError
         from trtflow.storage.signing import trust_problem
 
-        try:
-            for layer in getattr(ctx.cache, "layers", [ctx.cache]):  # a namespace's own, then main's
+        for layer in getattr(ctx.cache, "layers", [ctx.cache]):  # a namespace's own, main's, others read
+            try:
                 manifest = layer.get_manifest(key)
                 if manifest is None:
                     continue
@@ -196,13 +196,11 @@ class Lifecycle:
                 layer.pull(manifest, ctx.store, ctx.journal,  # a local result this project does not trust: replaced
                            replace_if=lambda m: trust_problem(ctx.store, m, ctx.kctx) is not None)
                 return True
-            return False
-        except RemoteError as exc:
-            ctx.notes.warning(f"{node.name}: not taken from the remote cache: {exc.message}")
-            return False
-        except OSError as exc:
-            ctx.notes.warning(f"{node.name}: pulling from the remote cache failed: {exc.strerror or exc}")
-            return False
+            except RemoteError as exc:
+                ctx.notes.warning(f"{node.name}: not taken from the remote cache: {exc.message}")
+            except OSError as exc:
+                ctx.notes.warning(f"{node.name}: pulling from the remote cache failed: {exc.strerror or exc}")
+        return False
 
     def _push(self, node: str, key: str) -> None:
         """Upload a committed result to the remote cache, unless the run was told not to (--no-push)."""

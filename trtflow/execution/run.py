@@ -69,7 +69,8 @@ class Runner:
             HooksObserver(self.hooks),
         ])
         executor = executor or make_executor(self.options, store, self.run_id)
-        cache = open_remote(self.options.remote, self.options.remote_digest, self.options.remote_namespace)
+        cache = open_remote(self.options.remote, self.options.remote_digest, self.options.remote_namespace,
+                            self.options.remote_read_namespaces)
         transfer_url = getattr(executor, "transfer", None)
         transfer = cache if cache is not None and transfer_url == cache.url else open_remote(transfer_url)
         self.ctx = RunContext(graph=graph, store=store, recipe=recipe, run_id=self.run_id, options=self.options,
@@ -182,15 +183,16 @@ class Runner:
         return cleared
 
 
-def open_remote(url: str | None, digest: str | None = None, namespace: str | None = None) -> Any:
+def open_remote(url: str | None, digest: str | None = None, namespace: str | None = None,
+                also_read: tuple[str, ...] = ()) -> Any:
     """A remote cache (``digest``: the hash it must name objects by; None: what its format.json says), seen from
-    ``namespace`` (`remote.namespaces`) when one is named."""
+    ``namespace`` and also reading ``also_read`` (`remote.namespaces`) when they are named."""
     if not url:
         return None
-    if namespace:
+    if namespace or also_read:
         from trtflow.storage.remote.namespaces import NamespacedRemote
 
-        return NamespacedRemote(url, namespace, digest=digest)
+        return NamespacedRemote(url, namespace, digest=digest, also_read=also_read)
     from trtflow.storage.remote import RemoteCache
 
     return RemoteCache(url, digest=digest)
