@@ -404,9 +404,15 @@ class Policy:
     names: dict[str, str]  # every key id we know a name for (trusted, revoked, own)
     files: tuple[Path, ...]  # what it was read from (a no-op run re-checks them)
 
-    def verdict(self, signer_id: str) -> str | None:
-        """Why results of ``signer_id`` are not reused (None: they are)."""
-        who = f"{signer_id} ({self.names[signer_id]})" if signer_id in self.names else signer_id
+    def verdict(self, signer_id: str, claimed: object = None) -> str | None:
+        """Why results of ``signer_id`` are not reused (None: they are); ``claimed``: the name the result gives its
+        signer (shown for a key we know no name of; never trusted)."""
+        if signer_id in self.names:
+            who = f"{signer_id} ({self.names[signer_id]})"
+        elif isinstance(claimed, str) and NAME.fullmatch(claimed):
+            who = f"{signer_id} (calling itself {claimed})"
+        else:
+            who = signer_id
         if signer_id in self.revoked:
             return f"signed by a revoked key: {who}"
         if signer_id not in self.trusted:

@@ -71,7 +71,8 @@ def test_own_and_trusted_results_are_reused_and_every_signature_attack_is_refuse
     # an untrusted writer's result for the victim's exact key
     key, planted = _result(w, "planted", w.attacker)
     ok, why = _verdict(w, planted)
-    assert not ok and why == f"signed by a key this project does not trust: {w.attacker.public.id}"
+    assert not ok and why == f"signed by a key this project does not trust: {w.attacker.public.id} (calling itself " \
+        "attacker)"
 
     # a forged signature: the attacker names the trusted key as signer
     forged = dict(planted, signer=w.mate.public.id, signer_name="mate")

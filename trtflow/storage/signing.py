@@ -105,7 +105,7 @@ def signature_problem(manifest: Mapping[str, Any], policy: Any) -> str | None:
     signer, sig = manifest.get("signer"), manifest.get("signature")
     if not isinstance(signer, str) or not SIGNER_ID.fullmatch(signer) or not isinstance(sig, str):
         return "its signature is malformed (not reused)"
-    refused = policy.verdict(signer)
+    refused = policy.verdict(signer, manifest.get("signer_name"))
     if refused is not None:
         return refused
     try:
