@@ -26,6 +26,7 @@ from trtflow.execution.results import CACHED, DONE, FAILED, GATE_FAILED, INTERRU
 from trtflow.execution.scheduler import Allocation
 from trtflow.plan import KeyParts, Step, explain, find_stored, judge, key_parts, previous_manifest
 from trtflow.recipe.expand import ConcreteNode
+from trtflow.storage.signing import trust_problem
 from trtflow.storage.store import materialize_error
 from trtflow.verdicts import GateVerdict, accepted, only_inconclusive
 from trtflow.verdicts import failures as blocking_failures
@@ -96,6 +97,8 @@ class Lifecycle:
         parts, _ = find_stored(ctx.store, parts, ctx.kctx)
         key = parts.key
         previous = previous_manifest(ctx.store, ctx.recipe.id, node.name, ctx.refs_at_start)
+        if previous is not None and trust_problem(ctx.store, previous, ctx.kctx, check_bytes=False) is not None:
+            previous = None  # a result the project does not trust is no baseline of a gate (a cloned store's refs)
         if step.parts is None or step.key != key:  # planned before its inputs were known: say what changed
             step.reasons = explain(parts, previous)
         again = node.name in ctx.options.rerun  # `--rerun`: measure again, whatever is stored or cached
@@ -181,7 +184,6 @@ class Lifecycle:
         if ctx.cache is None:
             return False
         from trtflow.storage.remote import RemoteError
-        from trtflow.storage.signing import trust_problem
 
         for layer in getattr(ctx.cache, "layers", [ctx.cache]):  # a namespace's own, main's, others read
             try:
@@ -208,7 +210,6 @@ class Lifecycle:
         if ctx.cache is None or not ctx.options.push:
             return
         from trtflow.storage.remote import RemoteError
-        from trtflow.storage.signing import trust_problem
 
         def untrusted(there: dict[str, Any]) -> bool:  # a remote result this project would not reuse: replaced
             return trust_problem(ctx.store, there, ctx.kctx, check_bytes=False) is not None
