@@ -11,6 +11,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# Signing keys (trtflow.keys) live in the user's config folder: the tests' own, never the user's (inherited by the
+# trtflow processes tests start).
+os.environ["XDG_CONFIG_HOME"] = __import__("tempfile").mkdtemp(prefix="trtflow-test-config-")
+os.environ.pop("TRTFLOW_SIGNING_KEY", None)
+os.environ.pop("TRTFLOW_SIGNING_KEY_FILE", None)
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

@@ -25,6 +25,7 @@ from trtflow.node_keys import KeyContext, KeyParts, key_parts
 from trtflow.recipe.expand import ConcreteNode
 from trtflow.stage import Resources
 from trtflow.status import FRESH, SKIP, STALE
+from trtflow.storage.signing import trust_problem
 from trtflow.storage.store import Store
 from trtflow.verdicts import GateVerdict
 from trtflow.verdicts import failures as blocking_failures
@@ -76,8 +77,10 @@ def taken_slots(manifest: Mapping[str, Any], kctx: KeyContext) -> list[str]:
 
 
 def usable(store: Store, manifest: Mapping[str, Any], kctx: KeyContext) -> bool:
-    """The one rule for reusing a stored result: its outputs are intact and its code would import what it did."""
-    return store.intact(manifest, kctx.stat_cache) and not taken_slots(manifest, kctx)
+    """The one rule for reusing a stored result: its outputs are intact, its code would import what it did, and a
+    key this project trusts signed it (`storage.signing`)."""
+    return (store.intact(manifest, kctx.stat_cache) and not taken_slots(manifest, kctx)
+            and trust_problem(store, manifest, kctx) is None)
 
 
 def find_stored(store: Store, parts: KeyParts, kctx: KeyContext) -> tuple[KeyParts, dict[str, Any] | None]:
@@ -188,7 +191,8 @@ def stale_reasons(store: Store, parts: KeyParts, kctx: KeyContext, recipe_id: st
         if bad:
             return [f"stored output {', '.join(bad)} missing or damaged (will be rebuilt)"]
         return [f"module {label} now exists (it was not there when the node last ran)"
-                for label in taken_slots(manifest, kctx)] or ["its stored result cannot be used"]
+                for label in taken_slots(manifest, kctx)] or [
+            f"its stored result is {trust_problem(store, manifest, kctx) or 'not usable'}; rebuilt"]
     return explain(parts, previous_manifest(store, recipe_id, node, refs), damaged_note(store, parts.key))
 
 

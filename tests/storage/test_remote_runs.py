@@ -60,11 +60,15 @@ def test_a_corrupt_remote_object_is_never_used(tmp_path: Path, remote_url: str) 
 
 
 def _rewrite_manifest(remote_url: str, key: str, change) -> None:
-    """Rewrite a remote manifest as another (buggy or hostile) writer would."""
+    """Rewrite a remote manifest as another (buggy or hostile) writer would; signed again with the trusted key (a
+    buggy trusted writer: what the remote's own checks catch, beside the signature's)."""
+    from trtflow.storage.signing import sign
+
     raw = raw_remote(remote_url)
     path = f"nodes/{key[:2]}/{key}.json"
     manifest = json.loads(raw.read(path))
     change(manifest)
+    manifest = sign(manifest)
     raw.write(path, json.dumps(manifest).encode())
 
 

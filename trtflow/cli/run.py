@@ -58,6 +58,11 @@ _set = click.option("--set", "set_", multiple=True, help="Override a recipe valu
 @click.option("--remote-digest", help="The hash a remote cache names its objects by: xxh3-128 (fast; integrity only) "
               "or sha256 (cryptographic, for remotes shared beyond one team); a new remote records it, an existing one "
               "must match (env TRTFLOW_REMOTE_DIGEST; default: what the remote uses, xxh3-128 for a new one).")
+@click.option("--remote-namespace", help="Write to this namespace of the remote cache (e.g. pr-123) and read it, then "
+              "main's; without it a run reads and writes main's only (env TRTFLOW_REMOTE_NAMESPACE).")
+@click.option("--remote-read-namespace", "remote_read_namespace", multiple=True, help="Also read this namespace "
+              "(repeatable), e.g. a pull request's whose key the project trusts: only results a trusted key signed "
+              "are reused.")
 @click.option("--memory", help="Host memory the nodes running at once may use together, e.g. 16G (default: what the "
               "machine has free).")
 @click.option("--no-push", is_flag=True,
@@ -71,8 +76,9 @@ _set = click.option("--set", "set_", multiple=True, help="Override a recipe valu
               "measurement; what uses it runs again if the new result differs.")
 def run(recipe: Path, targets: tuple[str, ...], store: str | None, set_: tuple[str, ...], jobs: int,
         keep_going: bool, require_gpu: bool, output_dir: Path | None, lock_timeout: float, executor: str,
-        ray_address: str | None, remote: str | None, remote_digest: str | None, memory: str | None, no_push: bool,
-        ray_transfer: str | None, quiet: bool, rerun: tuple[str, ...]) -> None:
+        ray_address: str | None, remote: str | None, remote_digest: str | None, remote_namespace: str | None,
+        remote_read_namespace: tuple[str, ...], memory: str | None, no_push: bool, ray_transfer: str | None,
+        quiet: bool, rerun: tuple[str, ...]) -> None:
     from trtflow import api
     from trtflow.execution.results import RunOptions, resume_command
     from trtflow.report.console import ConsoleHooks
@@ -90,6 +96,8 @@ def run(recipe: Path, targets: tuple[str, ...], store: str | None, set_: tuple[s
         ray_address=ray_address or os.environ.get("RAY_ADDRESS"),
         remote=remote or os.environ.get("TRTFLOW_REMOTE") or None,
         remote_digest=_remote_digest(remote_digest or os.environ.get("TRTFLOW_REMOTE_DIGEST") or None),
+        remote_namespace=remote_namespace or os.environ.get("TRTFLOW_REMOTE_NAMESPACE") or None,
+        remote_read_namespaces=tuple(remote_read_namespace or ()),
         push=not no_push,
         ray_transfer=ray_transfer,
         memory_limit=_parse_size(memory) if memory else None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -87,14 +88,32 @@ def verify(
         ),
     ] = False,
     wait: WaitOpt = 60.0,
+    provenance: Annotated[Path | None, typer.Option(
+        "--provenance", help="Check this signed provenance (`trtflow provenance`) instead of the store: signed by a "
+        "trusted key, and (--artifact) that each file is one of its subjects.")] = None,
+    artifact: Annotated[list[Path] | None, typer.Option("--artifact", help="A file that must be a subject of "
+                                                                          "--provenance (repeatable).")] = None,
 ) -> None:
     """Re-hash every stored object, check manifests, refs and the journal; exit 1 if anything is damaged."""
+    from trtflow.keys import policy_here  # results by signer (trtflow/keys.py, storage/signing.py)
     from trtflow.pipeline import default_store
     from trtflow.storage.verify import verify_store
 
+    policy = policy_here()
+    if provenance is not None:
+        from trtflow.provenance import check
+
+        stmt, signer = check(provenance, policy, list(artifact or []))
+        print(f"{provenance}: signed by {signer} ({policy.describe(signer)}), trusted; "
+              f"{len(stmt['subject'])} subjects" + (f", {len(artifact or [])} artifacts among them" if artifact
+                                                     else ""))
+        return
     st = default_store(store)
-    report_ = verify_store(st, fix=fix, wait_s=wait, on_wait=lambda msg: rich_console(stderr=True).print(msg))
+    report_ = verify_store(st, fix=fix, wait_s=wait, on_wait=lambda msg: rich_console(stderr=True).print(msg),
+                           policy=policy)
     console = rich_console()
+    for signer, count in sorted(report_.signers.items()):
+        print(f"signed by {signer}: {count} results")
     for problem in report_.problems:
         console.print(f"[red]damaged[/]: {problem}")
     for fixed in report_.fixed:

@@ -214,6 +214,7 @@ class Builder:
             parts = recorded_parts(parts, Deps.from_json(outcome.deps), ctx.kctx)
             key = parts.key
         manifest = dict(parts.as_manifest(), node=node.name, recipe=ctx.recipe.name, recipe_id=ctx.recipe.id,
+                        source_commit=_source_commit(ctx),
                         summary=outcome.summary, run_id=ctx.run_id, started=started,
                         duration=time.time() - started, previous_summary=previous_summary,
                         peak_rss=outcome.peak_rss)
@@ -244,7 +245,13 @@ class Builder:
 
         ctx = self.ctx
         ctx.transfer.pull_objects(stored, ctx.store, ctx.journal, node=node)
+        from trtflow.storage.signing import sign_stored
+
         committed = dict(manifest, outputs=stored, key=key, format=FORMAT, committed=time.time())
+        try:
+            committed = sign_stored(ctx.store, key, committed)  # pulled just above, verified
+        except ValueError as exc:
+            raise TrtflowError(f"node {node}: {exc}", hint="run again: the node is built again") from None
         ctx.store.write_manifest(key, committed)
         return committed
 
@@ -270,3 +277,13 @@ def _present(tree: Any, rel: tuple[str, ...]) -> bool:
         return tree.stat((*rel[:-1], *rel[-1].split("/"))) is not None
     except OSError:
         return True  # something is in the way (a link on the path): commit says what
+
+
+def _source_commit(ctx: RunContext) -> str | None:
+    """The git commit the project is at (signed into each result: `storage.signing`); read once per run."""
+    memo = ctx.kctx.memo
+    if "source commit" not in memo:
+        from trtflow.storage.signing import git_commit
+
+        memo["source commit"] = git_commit(ctx.kctx.project_root)
+    return memo["source commit"]

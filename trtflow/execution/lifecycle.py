@@ -27,6 +27,7 @@ from trtflow.execution.scheduler import Allocation
 from trtflow.node_keys import KeyParts, key_parts
 from trtflow.plan import Step, explain, find_stored, judge, previous_manifest
 from trtflow.recipe.expand import ConcreteNode
+from trtflow.storage.signing import trust_problem
 from trtflow.storage.store import materialize_error
 from trtflow.verdicts import GateVerdict, accepted, only_inconclusive
 from trtflow.verdicts import failures as blocking_failures
@@ -98,6 +99,8 @@ class Lifecycle:
         parts, _ = find_stored(ctx.store, parts, ctx.kctx)
         key = parts.key
         previous = previous_manifest(ctx.store, ctx.recipe.id, node.name, ctx.refs_at_start)
+        if previous is not None and trust_problem(ctx.store, previous, ctx.kctx, check_bytes=False) is not None:
+            previous = None  # a result the project does not trust is no baseline of a gate (a cloned store's refs)
         if step.parts is None or step.key != key:  # planned before its inputs were known: say what changed
             step.reasons = explain(parts, previous)
         again = node.name in ctx.options.rerun  # `--rerun`: measure again, whatever is stored or cached
@@ -184,19 +187,24 @@ class Lifecycle:
             return False
         from trtflow.storage.remote import RemoteError
 
-        try:
-            manifest = ctx.cache.get_manifest(key)
-            if manifest is None:
-                return False
-            ctx.observers.node_waiting(node.name, f"pulling from the remote cache {ctx.cache.url}")
-            ctx.cache.pull(manifest, ctx.store, ctx.journal)
-            return True
-        except RemoteError as exc:
-            ctx.notes.warning(f"{node.name}: not taken from the remote cache: {exc.message}")
-            return False
-        except OSError as exc:
-            ctx.notes.warning(f"{node.name}: pulling from the remote cache failed: {exc.strerror or exc}")
-            return False
+        for layer in getattr(ctx.cache, "layers", [ctx.cache]):  # a namespace's own, main's, others read
+            try:
+                manifest = layer.get_manifest(key)
+                if manifest is None:
+                    continue
+                problem = trust_problem(ctx.store, manifest, ctx.kctx, check_bytes=False)  # bytes: once pulled
+                if problem is not None:
+                    ctx.notes.warning(f"{node.name}: not taken from the remote cache {layer.url}: {problem}")
+                    continue
+                ctx.observers.node_waiting(node.name, f"pulling from the remote cache {layer.url}")
+                layer.pull(manifest, ctx.store, ctx.journal,  # a local result this project does not trust: replaced
+                           replace_if=lambda m: trust_problem(ctx.store, m, ctx.kctx) is not None)
+                return True
+            except RemoteError as exc:
+                ctx.notes.warning(f"{node.name}: not taken from the remote cache: {exc.message}")
+            except OSError as exc:
+                ctx.notes.warning(f"{node.name}: pulling from the remote cache failed: {exc.strerror or exc}")
+        return False
 
     def _push(self, node: str, key: str) -> None:
         """Upload a committed result to the remote cache, unless the run was told not to (--no-push)."""
@@ -205,8 +213,11 @@ class Lifecycle:
             return
         from trtflow.storage.remote import RemoteError
 
+        def untrusted(there: dict[str, Any]) -> bool:  # a remote result this project would not reuse: replaced
+            return trust_problem(ctx.store, there, ctx.kctx, check_bytes=False) is not None
+
         try:
-            ctx.cache.push(key, ctx.store, ctx.journal)
+            ctx.cache.push(key, ctx.store, ctx.journal, replace_if=untrusted)
         except (RemoteError, TrtflowError) as exc:
             ctx.notes.warning(f"{node}: not pushed to the remote cache: {exc.message}")
         except OSError as exc:

@@ -250,6 +250,10 @@ def transfer_area(store: Store, options: RunOptions, run_id: str) -> tuple[str, 
             Tree(local_path(url)).mkdir(run_id)  # the location may be a link (the user's); its content is walked
         return f"{url}/{run_id}", True
     if options.remote and options.push:
+        if options.remote_namespace:  # a namespace's run writes only there (storage/remote/namespaces.py)
+            from trtflow.storage.remote.namespaces import namespace_url
+
+            return namespace_url(options.remote, options.remote_namespace), False
         return options.remote, False
     if options.ray_address:
         if options.remote:

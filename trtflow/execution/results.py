@@ -36,6 +36,8 @@ class RunOptions:
     ray_address: str | None = None
     remote: str | None = None  # URL of a remote cache shared by several stores
     remote_digest: str | None = None  # the hash a remote must name objects by (xxh3-128, sha256); None: the remote's
+    remote_namespace: str | None = None  # the remote's namespace this run writes (and reads first); None: main's
+    remote_read_namespaces: tuple[str, ...] = ()  # other namespaces it also reads (their trusted results only)
     push: bool = True  # push what this run builds to the remote cache (False: only pull, e.g. untrusted CI)
     ray_transfer: str | None = None  # where Ray workers exchange artifacts (default: the remote cache, if pushing)
     memory_limit: int | None = None  # bytes the scheduler may hand out (default: what the machine has free)

@@ -74,7 +74,8 @@ class Runner:
         folders = RunFolders(store.tree, self.run_id)
         if hasattr(executor, "use_folders"):
             executor.use_folders(folders)
-        cache = open_remote(self.options.remote, self.options.remote_digest)
+        cache = open_remote(self.options.remote, self.options.remote_digest, self.options.remote_namespace,
+                            self.options.remote_read_namespaces)
         transfer_url = getattr(executor, "transfer", None)
         transfer = cache if cache is not None and transfer_url == cache.url else open_remote(transfer_url)
         self.ctx = RunContext(graph=graph, store=store, recipe=recipe, run_id=self.run_id, options=self.options,
@@ -187,10 +188,16 @@ class Runner:
         return cleared
 
 
-def open_remote(url: str | None, digest: str | None = None) -> Any:
-    """A remote cache (``digest``: the hash it must name objects by; None: what its format.json says)."""
+def open_remote(url: str | None, digest: str | None = None, namespace: str | None = None,
+                also_read: tuple[str, ...] = ()) -> Any:
+    """A remote cache (``digest``: the hash it must name objects by; None: what its format.json says), seen from
+    ``namespace`` and also reading ``also_read`` (`remote.namespaces`) when they are named."""
     if not url:
         return None
+    if namespace or also_read:
+        from trtflow.storage.remote.namespaces import NamespacedRemote
+
+        return NamespacedRemote(url, namespace, digest=digest, also_read=also_read)
     from trtflow.storage.remote import RemoteCache
 
     return RemoteCache(url, digest=digest)

@@ -69,7 +69,27 @@ def manifest_problem(key: str, manifest: Any) -> Problem | None:
         return Problem("it names no key")
     if manifest["key"] != key:
         return Problem(f"it belongs to key {manifest['key']!r}")
-    return outputs_problem(manifest.get("outputs"))
+    return outputs_problem(manifest.get("outputs")) or signed_fields_problem(manifest)
+
+
+#: The fields a signed result adds (`storage/signing.py`): name -> (pattern, may be null). Absent in results of an
+#: older trtflow (unsigned: refused for reuse by the signature check, not here).
+SIGNED_FIELDS = {"signer": (re.compile(r"[0-9a-f]{16}"), False),
+                 "signer_name": (re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}"), False),
+                 "signature": (re.compile(r"[A-Za-z0-9+/]{86}=="), False),
+                 "trtflow": (re.compile(r"[A-Za-z0-9.+!_-]{1,64}"), False),
+                 "source_commit": (re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}"), True)}
+
+
+def signed_fields_problem(manifest: Mapping[str, Any]) -> Problem | None:
+    """Why the signing fields of a manifest are not well formed (None: they are, or it has none)."""
+    for name, (pattern, nullable) in SIGNED_FIELDS.items():
+        if name not in manifest or (nullable and manifest[name] is None):
+            continue
+        value = manifest[name]
+        if not isinstance(value, str) or pattern.fullmatch(value) is None:
+            return Problem(f"its field {name!r} is not well formed")
+    return None
 
 
 def outputs_problem(outputs: Any) -> Problem | None:

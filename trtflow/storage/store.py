@@ -39,7 +39,7 @@ from typing import Any
 
 from trtflow.errors import StoreError, TrtflowError
 from trtflow.fingerprint import StatCache, hash_stream, signature
-from trtflow.storage import outputs, records
+from trtflow.storage import outputs, records, signing
 from trtflow.storage.confined.names import Refused, check_name, check_relative
 from trtflow.storage.confined.tree import Tree, as_tree
 from trtflow.storage.manifest import FORMAT as MANIFEST_FORMAT
@@ -334,9 +334,17 @@ class Store:
     def put_file(self, source: Tree, rel: Rel | str, stat_cache: StatCache | None = None) -> tuple[str, int]:
         """Move the regular file ``rel`` of ``source`` (a node's scratch space, on this file system) into the object
         store; return (digest, size). A link or anything but a regular file is refused (a stage writes files)."""
+        digest, size, _ = self.put_object(source, rel, stat_cache)
+        return digest, size
+
+    def put_object(self, source: Tree, rel: Rel | str, stat_cache: StatCache | None = None,
+                   sha256: bool = False) -> tuple[str, int, str | None]:
+        """`put_file`, also giving the sha256 of the bytes (read once) when asked: (digest, size, sha256)."""
+        from trtflow.fingerprint import stream_digests
+
         with source.open_read(rel) as f:
             st = os.fstat(f.fileno())
-            digest = hash_stream(f)
+            digest, strong = stream_digests(f, sha256)
             size = st.st_size
             if not self.object_intact(digest, size, stat_cache):
                 os.fsync(f.fileno())
@@ -346,7 +354,7 @@ class Store:
                 fresh = False
         if not fresh:
             source.unlink(rel)
-            return digest, size
+            return digest, size, strong
         target = self.object_rel(digest)
         source.move_to(rel, self.tree, target)  # also replaces a damaged object of the same name
         self.tree.fsync_folder(target[:-1])
@@ -354,21 +362,24 @@ class Store:
             placed = self.tree.stat(target)
             if placed is not None:
                 stat_cache.put(str(self.shown(target)), signature(placed), digest)
-        return digest, size
+                if strong is not None:  # its sha256 too (signing.py checks a signed result's bytes by it)
+                    stat_cache.put(str(self.shown(target)) + signing.SHA256_ENTRY, signature(placed), strong)
+        return digest, size, strong
 
     def commit(self, key: str, manifest: dict[str, Any], out_dir: Tree | Path,
                outputs: Mapping[str, tuple[str, str]], stat_cache: StatCache | None = None) -> dict[str, Any]:
-        """Store each produced output of the folder ``out_dir`` and then the manifest. ``outputs``: name ->
-        (filename, kind)."""
+        """Store each produced output of the folder ``out_dir`` and then the manifest, signed by this builder with the
+        sha256 of every output (`signing`). ``outputs``: name -> (filename, kind)."""
         out_dir = as_tree(out_dir)
         stored: dict[str, Any] = {}
         for name, (filename, kind) in outputs.items():
             rel = check_relative(filename, "output file name")
             if out_dir.stat(rel) is None:
                 continue
-            digest, size = self.put_file(out_dir, rel, stat_cache)
-            stored[name] = {"digest": digest, "size": size, "filename": filename, "kind": kind}
+            digest, size, sha256 = self.put_object(out_dir, rel, stat_cache, sha256=True)
+            stored[name] = {"digest": digest, "size": size, "filename": filename, "kind": kind, "sha256": sha256}
         manifest = dict(manifest, format=MANIFEST_FORMAT, key=key, outputs=stored, committed=time.time())
+        manifest = signing.sign(manifest)  # by this builder's key (`trtflow.keys`): see signing.py
         self.write_manifest(key, manifest)
         return manifest
 

@@ -1,4 +1,5 @@
-"""`trtflow verify`: re-hash every object, check every manifest, the refs and the journal.
+"""`trtflow verify`: re-hash every object (xxh3 and sha256), check every manifest (its signer against the trust
+policy, its outputs' sha256), the refs and the journal.
 
 Without ``fix`` it takes the store lock shared (a concurrent gc cannot make objects vanish mid-check and look
 damaged); with ``fix`` exclusively. ``fix`` removes damaged objects and the manifests that use them (leaving a
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtflow.errors import StoreError
-from trtflow.fingerprint import hash_stream
+from trtflow.fingerprint import stream_digests
 from trtflow.storage import journal as journal_module
 from trtflow.storage import records
 from trtflow.storage.confined import kinds
@@ -30,9 +31,14 @@ class VerifyReport:
     manifests: int = 0
     problems: list[str] = field(default_factory=list)
     fixed: list[str] = field(default_factory=list)
+    # results by signer: "<id> (<name>): trusted" / "... revoked" / "unsigned"... -> how many (see signing.census)
+    signers: dict[str, int] = field(default_factory=dict)
 
 
-def verify_store(store: Store, fix: bool = False, wait_s: float = 60.0, on_wait: Any = None) -> VerifyReport:
+def verify_store(store: Store, fix: bool = False, wait_s: float = 60.0, on_wait: Any = None,
+                 policy: Any = None) -> VerifyReport:
+    """``policy``: the trust policy (`keys.Policy`) results are listed by signer against; revoked or forged ones
+    are problems (``fix`` removes them)."""
     report = VerifyReport()
     if not store.exists():
         return report
@@ -41,8 +47,9 @@ def verify_store(store: Store, fix: bool = False, wait_s: float = 60.0, on_wait:
     mode = EXCLUSIVE if fix else SHARED
     with StoreLock(store.tree).held(mode, "trtflow verify" + (" --fix" if fix else ""), wait_s, on_wait):
         try:
-            damaged = _check_objects(store, fix, report)
-            _check_manifests(store, damaged, fix, report)
+            sha256: dict[str, str] = {}
+            damaged = _check_objects(store, fix, report, sha256)
+            _check_manifests(store, damaged, fix, report, policy, sha256)
             _check_refs(store, fix, report)
             _check_journal(store, fix, report)
         except OSError as exc:
@@ -52,7 +59,8 @@ def verify_store(store: Store, fix: bool = False, wait_s: float = 60.0, on_wait:
     return report
 
 
-def _check_objects(store: Store, fix: bool, report: VerifyReport) -> set[str]:
+def _check_objects(store: Store, fix: bool, report: VerifyReport, sha256: dict[str, str]) -> set[str]:
+    """Re-hash every object; ``sha256`` is filled with the sha256 of each intact one."""
     tree = store.tree
     for shard in store.linked_shards():  # never entered: it may lead anywhere
         rel = store.rel(shard)
@@ -78,10 +86,11 @@ def _check_objects(store: Store, fix: bool, report: VerifyReport) -> set[str]:
         else:
             try:
                 with tree.open_read(rel) as f:
-                    actual = hash_stream(f)
+                    actual, strong = stream_digests(f, True)  # sha256 too: what signed manifests name
             except OSError as exc:
-                actual = f"unreadable ({exc.strerror or exc})"
+                actual, strong = f"unreadable ({exc.strerror or exc})", None
             if actual == obj.name:
+                sha256[obj.name] = strong or ""
                 continue
             problem = f"object {where} has content digest {actual}"
         damaged.add(obj.name)
@@ -92,7 +101,8 @@ def _check_objects(store: Store, fix: bool, report: VerifyReport) -> set[str]:
     return damaged
 
 
-def _check_manifests(store: Store, damaged: set[str], fix: bool, report: VerifyReport) -> None:
+def _check_manifests(store: Store, damaged: set[str], fix: bool, report: VerifyReport, policy: Any,
+                     sha256: dict[str, str]) -> None:
     tree = store.tree
     for path, manifest in store.iter_manifests():
         report.manifests += 1
@@ -104,12 +114,15 @@ def _check_manifests(store: Store, damaged: set[str], fix: bool, report: VerifyR
                 tree.unlink(rel)
                 report.fixed.append(f"removed {where}")
             continue
+        who = f"node {manifest.get('node')} of {manifest.get('recipe_id') or manifest.get('recipe')}"
+        if policy is not None and _untrusted(store, path, manifest, who, policy, fix, report):
+            continue
         bad = [name for name, out in manifest["outputs"].items()
                if not isinstance(out, dict) or out.get("digest") in damaged
-               or _missing(store, out.get("digest"))]
+               or _missing(store, out.get("digest"))
+               or out.get("sha256") not in (None, sha256.get(str(out.get("digest")), out.get("sha256")))]
         if not bad:
             continue
-        who = f"node {manifest.get('node')} of {manifest.get('recipe_id') or manifest.get('recipe')}"
         report.problems.append(f"{who} ({path.stem[:12]}): outputs {bad} missing or damaged")
         if fix:
             note = {"reason": f"outputs {bad} were missing or damaged", "removed_by": "trtflow verify --fix",
@@ -117,6 +130,25 @@ def _check_manifests(store: Store, damaged: set[str], fix: bool, report: VerifyR
             tree.write_text((*rel[:-1], f"{path.stem}.damaged"), json.dumps(note))
             tree.unlink(rel)
             report.fixed.append(f"removed {where} (the next run rebuilds {manifest.get('node')})")
+
+
+def _untrusted(store: Store, path: Any, manifest: dict[str, Any], who: str, policy: Any, fix: bool,
+               report: VerifyReport) -> bool:
+    """Count the result under its signer; a revoked or forged one is a problem (removed by ``fix``): True then."""
+    from trtflow.storage.signing import census
+
+    label, bad = census(manifest, policy)
+    report.signers[label] = report.signers.get(label, 0) + 1
+    if not bad:
+        return False
+    rel = store.rel(path)
+    report.problems.append(f"{who} ({path.stem[:12]}): {bad}")
+    if fix:
+        note = {"reason": bad, "removed_by": "trtflow verify --fix", "time": time.time()}
+        store.tree.write_text((*rel[:-1], f"{path.stem}.damaged"), json.dumps(note))
+        store.tree.unlink(rel)
+        report.fixed.append(f"removed {'/'.join(rel)} (the next run rebuilds {manifest.get('node')})")
+    return True
 
 
 def _missing(store: Store, digest: object) -> bool:

@@ -9,10 +9,11 @@ What is verified, and what is not. Every pulled object is checked before it ente
 the manifest, its bytes against its name (and against the manifest's xxh3 digest on a sha256 remote). A
 manifest is checked completely before anything acts on it (manifest.py); one that is unusable is a miss (the
 node is built here) and one that disagrees with an object is rejected, never the object: an object is removed
-from the remote only when its own bytes do not hash to its name. This is integrity, not authorship: anyone who
-may write to the remote may publish a manifest for a key, and the first writer wins. A sha256 remote names
-objects by a cryptographic digest, so an object's name pins its bytes against a deliberate collision as well;
-who wrote a manifest is still a matter of who may write to the remote (access control, or signed manifests).
+from the remote only when its own bytes do not hash to its name. The remote itself gives integrity, not authorship:
+anyone who may write to it may publish a manifest for a key. Authorship is the reader's check: a run reuses a
+result only when a key its project trusts signed it (`trtflow.storage.signing`: the signature binds the key to the
+sha256 of every output), and its push replaces a remote manifest its project would not reuse (``replace_if``).
+A sha256 remote also names objects by a cryptographic digest.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from trtflow.storage.confined.tree import Tree, as_tree
 from trtflow.storage.manifest import Problem, check_key, is_key, manifest_problem, outputs_problem
 from trtflow.storage.remote.backend import open_backend
 from trtflow.storage.remote.errors import RemoteCorrupt, RemoteError, TooLarge, Unreadable
+from trtflow.storage.signing import SHA256_ENTRY
 from trtflow.storage.store import READ_ONLY, Store
 
 log = logging.getLogger("trtflow.remote")
@@ -204,7 +206,8 @@ class RemoteCache:
         return str(out["sha256"] if self.sha256 else out["digest"])
 
     # ----- pull
-    def pull(self, manifest: Mapping[str, Any], store: Store, stat_cache: StatCache | None = None) -> dict[str, Any]:
+    def pull(self, manifest: Mapping[str, Any], store: Store, stat_cache: StatCache | None = None,
+             replace_if: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
         """Copy a node's outputs into ``store``, each verified, then its manifest; return the manifest now in the
         store.
 
@@ -227,7 +230,7 @@ class RemoteCache:
         if problem or not isinstance(key, str):
             raise RemoteCorrupt(f"the remote manifest of node {key} at {self.url} is unusable: {problem}")
         local = store.read_manifest(key)
-        if local is not None and store.intact(local, stat_cache):
+        if local is not None and store.intact(local, stat_cache) and not (replace_if is not None and replace_if(local)):
             return local  # built or pulled here meanwhile: keep what the store's refs may already point at
         transfer = self.pull_objects(manifest["outputs"], store, stat_cache, node=key)
         store.write_manifest(key, manifest)
@@ -256,6 +259,8 @@ class RemoteCache:
             st = store.tree.stat(target)
             if stat_cache is not None and st is not None:
                 stat_cache.put(str(store.shown(target)), signature(st), out["digest"])
+                if out.get("sha256"):  # checked while pulling: the reuse that follows need not read it again
+                    stat_cache.put(str(store.shown(target)) + SHA256_ENTRY, signature(st), out["sha256"])
             copied += 1
             nbytes += out["size"]
         return Transfer(objects=copied, bytes=nbytes, present=present)
@@ -290,7 +295,8 @@ class RemoteCache:
                                     remote_name) from None
             got = store.tree.stat(staged)
             got_size = got.st_size if got is not None else -1
-            fast, strong = file_digests(store.tree, staged, self.sha256)
+            signed = out.get("sha256")  # a signed result's: checked in the same read (signing.py)
+            fast, strong = file_digests(store.tree, staged, self.sha256 or bool(signed))
             own = strong if self.sha256 else fast
             if own != remote_name:
                 if got_size != remote_size:
@@ -305,6 +311,9 @@ class RemoteCache:
                                     hint="the node is built here; its next push replaces the manifest")
             if fast != digest:
                 raise RemoteCorrupt(f"{lie} has xxh3 digest {digest}; its content has {fast}: {kept}", remote_name,
+                                    hint="the node is built here; its next push replaces the manifest")
+            if signed and strong != signed:
+                raise RemoteCorrupt(f"{lie} has sha256 {signed}; its content has {strong}: {kept}", remote_name,
                                     hint="the node is built here; its next push replaces the manifest")
             store.tree.seal(staged, READ_ONLY)
             store.tree.rename(staged, target, durable=True)
@@ -321,13 +330,15 @@ class RemoteCache:
         self._backend.clear()
 
     # ----- push
-    def push(self, key: str, store: Store, stat_cache: StatCache | None = None) -> Transfer:
+    def push(self, key: str, store: Store, stat_cache: StatCache | None = None,
+             replace_if: Callable[[dict[str, Any]], bool] | None = None) -> Transfer:
         """Upload a committed node: its objects (put-if-absent), then its manifest (put-if-absent).
 
         The local objects are checked first (``stat_cache`` as for ``pull``): a damaged store never spreads.
         A remote object of the wrong size is replaced (the local object, verified, proves the size of its
         content). A remote manifest already there is kept if it is usable and its objects are all present, or if a
-        newer trtflow wrote it; otherwise ours replaces it.
+        newer trtflow wrote it; otherwise ours replaces it, as it does one that ``replace_if`` (the caller's trust
+        policy) says must be (a result of a key the project does not trust must not shadow ours).
         """
         check_key(key)
         try:
@@ -359,7 +370,7 @@ class RemoteCache:
             if there_problem is not None and there_problem.newer:
                 log.warning("kept the remote manifest of node %s at %s (%s): %s; this trtflow does not replace it",
                             key, self.url, manifest_path(key), there_problem)
-            elif there is None or not self._objects_present(there):
+            elif there is None or not self._objects_present(there) or (replace_if is not None and replace_if(there)):
                 log.warning("replacing the unusable remote manifest of node %s at %s (%s)%s", key, self.url,
                             manifest_path(key), f": {there_problem}" if there_problem else "")
                 self._backend.replace(manifest_path(key), raw)

@@ -1,0 +1,453 @@
+"""Builder identities: ed25519 signing keys, and which public keys a project trusts (and has revoked).
+
+Each builder (a user, a CI job) has its own key; nothing is shared between builders (a shared secret would let
+anyone who holds it, a pull-request job included, sign for everyone).
+
+Where keys live:
+  $XDG_CONFIG_HOME/trtflow/keys/<name>.key   a private key (PKCS#8 PEM), mode 0600, in a folder of mode 0700
+  $XDG_CONFIG_HOME/trtflow/keys/public/<name>.pub   its public key (own keys are trusted from these)
+  $XDG_CONFIG_HOME/trtflow/keys/default      the name of the key results are signed with
+  $XDG_CONFIG_HOME/trtflow/trust.yaml        public keys this user trusts (or has revoked) in every project
+  <project>/trtflow-trust.yaml               public keys the project trusts and has revoked (committed, reviewed)
+  TRTFLOW_SIGNING_KEY / TRTFLOW_SIGNING_KEY_FILE   a CI job's secret key (text of `trtflow keys show --secret`),
+                                             taken from its secret store and never written anywhere
+
+A public key is written as Nix writes its cache keys, ``NAME:BASE64`` (the 32 raw bytes); a key's id is the first
+16 hex digits of the sha256 of those bytes. Ids are only for lookup: a signature is always checked against the
+full public key the trust files name, so an id that collides names no key that verifies.
+
+Trust: the keys of the project file, of the user's file, and the user's own keys; minus every key revoked in
+either file (a revoked key is never trusted, one's own included, whatever the dates on its results).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import getpass
+import hashlib
+import os
+import re
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from trtflow.errors import TrtflowError, UsageError
+
+PROJECT_FILE = "trtflow-trust.yaml"
+USER_FILE = "trust.yaml"
+ENV_KEY, ENV_KEY_FILE = "TRTFLOW_SIGNING_KEY", "TRTFLOW_SIGNING_KEY_FILE"
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}")
+MAX_FILE = 1 << 20  # a trust file or key file larger than this is not read
+
+
+def config_dir() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "trtflow"
+
+
+def keys_dir() -> Path:
+    return config_dir() / "keys"
+
+
+def key_id(raw_public: bytes) -> str:
+    return hashlib.sha256(raw_public).hexdigest()[:16]
+
+
+def check_name(name: str) -> str:
+    if not NAME.fullmatch(name):
+        raise UsageError(f"key name {name!r} is not usable",
+                         hint="use letters, digits and . _ @ + - (at most 64), e.g. alice@laptop or ci-main")
+    return name
+
+
+@dataclass(frozen=True)
+class PublicKey:
+    name: str
+    raw: bytes
+
+    @property
+    def id(self) -> str:
+        return key_id(self.raw)
+
+    @property
+    def text(self) -> str:
+        return f"{self.name}:{base64.b64encode(self.raw).decode()}"
+
+    def verifies(self, signature: bytes, data: bytes) -> bool:
+        try:
+            _loaded(self.raw).verify(signature, data)
+        except (InvalidSignature, ValueError):
+            return False
+        return True
+
+    @classmethod
+    def parse(cls, text: str, where: str = "") -> PublicKey:
+        """``NAME:BASE64`` (what `trtflow keys show` prints)."""
+        name, sep, b64 = str(text).strip().rpartition(":")
+        try:
+            raw = base64.b64decode(b64, validate=True) if sep else b""
+        except ValueError:
+            raw = b""
+        if not sep or not NAME.fullmatch(name) or len(raw) != 32:
+            raise UsageError(f"{where or 'public key'} {str(text)[:120]!r} is not a public key",
+                             hint="write it as `trtflow keys show` prints it: NAME:BASE64")
+        return cls(name, raw)
+
+
+@functools.lru_cache(maxsize=256)
+def _loaded(raw: bytes) -> Ed25519PublicKey:
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
+@dataclass(frozen=True)
+class Signer:
+    """A private key results are signed with."""
+
+    name: str
+    private: Ed25519PrivateKey = field(repr=False)
+    source: str = ""  # where it came from (shown, never the key)
+
+    @property
+    def public(self) -> PublicKey:
+        raw = self.private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        return PublicKey(self.name, raw)
+
+    def sign(self, data: bytes) -> bytes:
+        return self.private.sign(data)
+
+    @property
+    def secret_text(self) -> str:
+        """``NAME:BASE64`` of the 32-byte seed: what a CI secret holds (TRTFLOW_SIGNING_KEY)."""
+        seed = self.private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                          serialization.NoEncryption())
+        return f"{self.name}:{base64.b64encode(seed).decode()}"
+
+
+def parse_secret(text: str, where: str) -> Signer:
+    """A private key from ``NAME:BASE64SEED`` or a PKCS#8 PEM (whose name is ``where``'s file name)."""
+    text = text.strip()
+    if text.startswith("-----BEGIN"):
+        try:
+            key = serialization.load_pem_private_key(text.encode(), password=None)
+        except (ValueError, TypeError):
+            key = None
+        if not isinstance(key, Ed25519PrivateKey):
+            raise TrtflowError(f"{where} holds no usable ed25519 private key",
+                               hint="create one with `trtflow keys create NAME`")
+        return Signer(Path(where).stem if where.endswith(".key") else "key", key, where)
+    name, sep, b64 = text.rpartition(":")
+    try:
+        seed = base64.b64decode(b64, validate=True)
+    except ValueError:
+        seed = b""
+    if not sep or not NAME.fullmatch(name) or len(seed) != 32:
+        raise TrtflowError(f"{where} is not a signing key (expected NAME:BASE64, as `trtflow keys show --secret` "
+                           "prints it)", hint=f"set {ENV_KEY} to the secret of a key, or unset it")
+    return Signer(name, Ed25519PrivateKey.from_private_bytes(seed), where)
+
+
+# ----------------------------------------------------------------------------- the user's key store
+def _read_small(path: Path) -> str:
+    with open(path, "rb") as f:
+        data = f.read(MAX_FILE + 1)
+    if len(data) > MAX_FILE:
+        raise TrtflowError(f"{path} is larger than {MAX_FILE} bytes", hint="it is not a trtflow key or trust file")
+    return data.decode("utf-8", "replace")
+
+
+def _private_folder() -> Path:
+    folder = keys_dir()
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(folder, 0o700)
+    return folder
+
+
+def create_key(name: str, *, make_default: bool | None = None) -> Signer:
+    """Create the key ``name`` in the user's key store (0600); the default key if asked, or if there is none."""
+    check_name(name)
+    folder = _private_folder()
+    private = Ed25519PrivateKey.generate()
+    pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    path = folder / f"{name}.key"
+    tmp = folder / f".{name}.{os.getpid()}.{os.urandom(4).hex()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+            os.fchmod(f.fileno(), 0o600)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)  # put-if-absent, whole: a concurrent reader never sees half a key
+    except FileExistsError:
+        raise UsageError(f"a key named {name!r} exists ({path})", hint="choose another name, or use it") from None
+    finally:
+        os.unlink(tmp)
+    signer = Signer(name, private, str(path))
+    _write_public(signer.public)
+    if make_default or (make_default is None and default_name() is None):
+        set_default(name)
+    return signer
+
+
+def public_dir() -> Path:
+    """The public halves of the user's keys (what trust and a no-op run's evidence read: never a private key)."""
+    return keys_dir() / "public"
+
+
+def _write_public(pub: PublicKey) -> None:
+    folder = public_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{pub.name}.{os.getpid()}.{os.urandom(4).hex()}"
+    tmp.write_text(pub.text + "\n")
+    os.replace(tmp, folder / f"{pub.name}.pub")
+
+
+def own_public_keys() -> list[PublicKey]:
+    """The public keys of the user's key store (a key made before they were kept is added on reading it)."""
+    found = []
+    try:
+        names = sorted(p.name for p in public_dir().iterdir() if p.name.endswith(".pub"))
+    except OSError:
+        names = []
+    for name in names:
+        try:
+            found.append(PublicKey.parse(_read_small(public_dir() / name), str(public_dir() / name)))
+        except (OSError, TrtflowError):
+            continue
+    return found
+
+
+def set_default(name: str) -> None:
+    load_key(name)  # it exists and is usable
+    tmp = _private_folder() / f".default.{os.getpid()}"
+    tmp.write_text(name + "\n")
+    os.replace(tmp, keys_dir() / "default")
+
+
+def default_name() -> str | None:
+    try:
+        name = _read_small(keys_dir() / "default").strip()
+    except OSError:
+        return None
+    return name if NAME.fullmatch(name) else None
+
+
+def load_key(name: str) -> Signer:
+    path = keys_dir() / f"{check_name(name)}.key"
+    try:
+        st = os.lstat(path)
+        text = _read_small(path)
+    except OSError:
+        raise UsageError(f"no key named {name!r} in {keys_dir()}",
+                         hint="`trtflow keys list` shows your keys; `trtflow keys create NAME` makes one") from None
+    if st.st_mode & 0o077:
+        raise TrtflowError(f"the key file {path} may be read by others (mode {st.st_mode & 0o777:o})",
+                           hint=f"chmod 600 {path}; if others did read it, revoke the key (`trtflow keys revoke`)")
+    signer = Signer(name, parse_secret(text, str(path)).private, str(path))
+    if not (public_dir() / f"{name}.pub").exists():
+        _write_public(signer.public)
+    return signer
+
+
+def own_keys() -> list[Signer]:
+    """The user's keys (those whose file cannot be used are left out: `trtflow keys list` says why)."""
+    try:
+        names = sorted(p.name[:-4] for p in keys_dir().iterdir() if p.name.endswith(".key"))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        try:
+            found.append(load_key(name))
+        except TrtflowError:
+            continue
+    return found
+
+
+_signer_lock = threading.Lock()
+_signer_cache: dict[tuple[str, ...], Signer] = {}
+
+
+def current_signer() -> Signer:
+    """The key this process signs results with: TRTFLOW_SIGNING_KEY, TRTFLOW_SIGNING_KEY_FILE, the user's default
+    key; made (``USER@HOST``) on first use when there is none."""
+    env, env_file = os.environ.get(ENV_KEY), os.environ.get(ENV_KEY_FILE)
+    memo = (str(env), str(env_file), str(config_dir()))
+    with _signer_lock:
+        if memo in _signer_cache:
+            return _signer_cache[memo]
+        if env:
+            signer = parse_secret(env, ENV_KEY)
+        elif env_file:
+            try:
+                text = _read_small(Path(env_file))
+            except OSError as exc:
+                raise TrtflowError(f"{ENV_KEY_FILE}={env_file}: {exc.strerror or exc}",
+                                   hint="point it at the key file CI wrote from its secret store") from None
+            signer = parse_secret(text, env_file)
+        else:
+            name = default_name()
+            signer = load_key(name) if name is not None else _first_key()
+        _signer_cache[memo] = signer
+        return signer
+
+
+def _first_key() -> Signer:
+    """The user's first key (USER@HOST), made on first use; two processes making it at once get the same one."""
+    name = _default_identity(suffix=False)
+    try:
+        signer = create_key(name, make_default=True)
+    except UsageError:  # made meanwhile by another trtflow process
+        signer = load_key(name)
+        set_default(name)
+    except OSError as exc:
+        raise TrtflowError(f"cannot create a signing key in {keys_dir()}: {exc.strerror or exc}",
+                           hint=f"set {ENV_KEY} (a CI secret) or XDG_CONFIG_HOME to a writable folder") from None
+    return signer
+
+
+def _default_identity(suffix: bool = True) -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "user"
+    name = re.sub(r"[^A-Za-z0-9._+-]", "-", f"{user}@{socket.gethostname().split('.')[0]}")[:64]
+    name = name if NAME.fullmatch(name) else "builder"
+    if not suffix or not (keys_dir() / f"{name}.key").exists():
+        return name
+    return f"{name}-{os.urandom(3).hex()}"
+
+
+# ----------------------------------------------------------------------------- trust files
+@dataclass
+class TrustFile:
+    path: Path
+    trusted: list[PublicKey] = field(default_factory=list)
+    revoked: list[str] = field(default_factory=list)  # key ids (a revoked key may be named by id alone)
+    revoked_names: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, path: Path) -> TrustFile:
+        """The file at ``path`` (empty when absent); a file that cannot be used is an error naming it."""
+        import yaml
+
+        try:
+            text = _read_small(path)
+        except FileNotFoundError:
+            return cls(path)
+        except OSError as exc:
+            raise TrtflowError(f"cannot read the trust file {path}: {exc.strerror or exc}",
+                               hint="fix its permissions") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise TrtflowError(f"the trust file {path} is not valid YAML: {exc}".splitlines()[0],
+                               hint="restore it from version control") from None
+        if not isinstance(data, dict) or set(data) - {"trusted", "revoked"}:
+            raise TrtflowError(f"the trust file {path} must be a mapping of `trusted:` and `revoked:` lists",
+                               hint="write keys as `trtflow keys trust` does")
+        out = cls(path)
+        for entry in _entries(data, "trusted", path):
+            out.trusted.append(PublicKey.parse(entry, f"{path}: trusted key"))
+        for entry in _entries(data, "revoked", path):
+            if re.fullmatch(r"[0-9a-f]{16}", entry):
+                out.revoked.append(entry)
+            else:
+                key = PublicKey.parse(entry, f"{path}: revoked key")
+                out.revoked.append(key.id)
+                out.revoked_names[key.id] = key.name
+        return out
+
+    def write(self) -> None:
+        import yaml
+
+        body = {"trusted": [k.text for k in self.trusted], "revoked": list(dict.fromkeys(self.revoked))}
+        text = ("# Public keys whose results trtflow reuses here (`trtflow keys trust`), and keys revoked for good\n"
+                "# (`trtflow keys revoke`): a revoked key's results are never reused, whatever their dates.\n"
+                + yaml.safe_dump(body, sort_keys=False, default_flow_style=False))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, self.path)
+
+
+def _entries(data: dict[str, Any], name: str, path: Path) -> list[str]:
+    value = data.get(name) or []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TrtflowError(f"the trust file {path}: `{name}:` must be a list of keys (NAME:BASE64) or key ids",
+                           hint="write keys as `trtflow keys trust` does")
+    return value
+
+
+def project_file(project_root: Path) -> Path:
+    return Path(project_root) / PROJECT_FILE
+
+
+def user_file() -> Path:
+    return config_dir() / USER_FILE
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Which keys' results may be reused: id -> public key; ``revoked``: ids never trusted."""
+
+    trusted: dict[str, PublicKey]
+    revoked: frozenset[str]
+    names: dict[str, str]  # every key id we know a name for (trusted, revoked, own)
+    files: tuple[Path, ...]  # what it was read from (a no-op run re-checks them)
+
+    def verdict(self, signer_id: str, claimed: object = None) -> str | None:
+        """Why results of ``signer_id`` are not reused (None: they are); ``claimed``: the name the result gives its
+        signer (shown for a key we know no name of; never trusted)."""
+        if signer_id in self.names:
+            who = f"{signer_id} ({self.names[signer_id]})"
+        elif isinstance(claimed, str) and NAME.fullmatch(claimed):
+            who = f"{signer_id} (calling itself {claimed})"
+        else:
+            who = signer_id
+        if signer_id in self.revoked:
+            return f"signed by a revoked key: {who}"
+        if signer_id not in self.trusted:
+            return f"signed by a key this project does not trust: {who}"
+        return None
+
+    def describe(self, signer_id: str) -> str:
+        return self.names.get(signer_id, "?")
+
+
+def load_policy(project_root: Path | None) -> Policy:
+    files = [user_file()] + ([project_file(project_root)] if project_root is not None else [])
+    trusted: dict[str, PublicKey] = {}
+    revoked: set[str] = set()
+    names: dict[str, str] = {}
+    for path in files:
+        tf = TrustFile.read(path)
+        for key in tf.trusted:
+            trusted[key.id] = key
+            names[key.id] = key.name
+        revoked.update(tf.revoked)
+        names.update(tf.revoked_names)
+    own = own_public_keys()
+    if os.environ.get(ENV_KEY) or os.environ.get(ENV_KEY_FILE):
+        own.append(current_signer().public)
+    for pub in own:
+        trusted.setdefault(pub.id, pub)
+        names.setdefault(pub.id, pub.name)
+    for rid in revoked:
+        trusted.pop(rid, None)
+    return Policy(trusted, frozenset(revoked), names, (*files, public_dir()))
+
+
+def policy_here() -> Policy:
+    """The policy of the project the working folder is in (`trtflow verify`)."""
+    from trtflow.fsutil import project_root
+
+    return load_policy(project_root(os.getcwd()) or Path.cwd())
