@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from trtflow.storage.confined.folders import RunFolders, fd_path
+from trtflow.storage.confined.reading import tail_of_fd
 from trtflow.storage.confined.tree import Tree
 
 RECIPE = """\
@@ -131,6 +132,9 @@ def test_a_held_folder_is_made_fresh_private_and_removed_through_its_descriptor(
     os.rename(tmp_path / "store" / "tmp" / "r1", tmp_path / "store" / "tmp" / "r1.moved")
     (tmp_path / "store" / "tmp" / "r1").symlink_to(outside)
     assert (path / "made-by-a-library.txt").read_text() == "x"
+    os.write(node.log_fd, b"line one\nthe end\n")  # the node's output, read back through the same descriptor
+    assert tail_of_fd(node.log_fd, 8) == "the end\n"
+    assert (tmp_path / "store" / "logs" / "r1" / "n.log").read_text() == "line one\nthe end\n"
     folders.end_node("n", node)
     folders.close()
     assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]

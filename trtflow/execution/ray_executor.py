@@ -283,7 +283,7 @@ def _run_node(job_data: dict[str, Any], outputs: dict[str, tuple[str, str, bool]
     held = None
     try:
         cache = Store(work / "inputs")
-        held = NodeFolders(make_folder(tree, "scratch"), tree.open_append_fd("node.log"))
+        held = NodeFolders(make_folder(tree, "scratch"), tree.open_append_fd("node.log", readable=True))
         scratch = held.scratch
         for place, objects in job.input_objects.items():  # place: "<slot>", or "<slot>/<producer>" in a many-slot
             remote.pull_objects(objects, cache, node=job.node)

@@ -141,7 +141,8 @@ class RunFolders:
         """The node's scratch folder (made afresh, private) and its log (``<node>.log``, appended to)."""
         scratch = make_folder(self.scratch, check_name(node, "node name"))
         try:
-            return NodeFolders(scratch, self.logs.open_append_fd(check_name(f"{node}.log", "node name")))
+            log = self.logs.open_append_fd(check_name(f"{node}.log", "node name"), readable=True)  # its end read back
+            return NodeFolders(scratch, log)
         except BaseException:
             scratch.close()
             raise

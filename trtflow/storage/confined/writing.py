@@ -148,13 +148,15 @@ class Writing(Walker):
         log.warning("%s %s; trtflow appends only to ledgers it made: moved it aside to %s and started a new one",
                     shown, why, aside)
 
-    def open_append_fd(self, rel: Rel) -> int:
+    def open_append_fd(self, rel: Rel, *, readable: bool = False) -> int:
         """A descriptor appending to the log ``rel`` (created if absent; never a link, pipe or device): for a
-        process's output. The caller closes it."""
+        process's output; ``readable``: it also reads (``pread``: the log's end read back through it). The caller
+        closes it."""
         parts = parts_of(rel)
+        flags = (APPEND_FLAGS & ~os.O_WRONLY) | os.O_RDWR if readable else APPEND_FLAGS
         with self._folder(parts[:-1], create=True) as folder:
             try:
-                fd = os.open(parts[-1], APPEND_FLAGS | os.O_CREAT, 0o644, dir_fd=folder)
+                fd = os.open(parts[-1], flags | os.O_CREAT, 0o644, dir_fd=folder)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
                     raise self._not_regular(self.shown(parts), folder, parts[-1]) from None
