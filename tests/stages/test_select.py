@@ -387,6 +387,9 @@ def test_run_times_the_finalists_together_on_onnxruntime(tmp_path, tiny_mlp_onnx
     finalists = summary["finalists"]
     assert finalists["measured"] and finalists["names"] == ["simplify", "quantize"]
     assert finalists["rounds"] >= 8 and finalists["batch_size"] == 2 and finalists["figure"] == "p50"
+    # a new random order each run, recorded so it can be replayed; short windows (8 queries, at least 0.02 s)
+    assert isinstance(finalists["seed"], int) and len(finalists["orders"]) == finalists["rounds"]
+    assert 0.02 <= finalists["window_s"] <= 0.2
     rows = by_name(summary)
     assert {row["basis"] for row in rows.values()} == {"paired A/B"}
     assert summary["selected"] in ("simplify", "quantize")  # the same model twice: never told apart beyond 5%
