@@ -141,7 +141,7 @@ class Builder:
         pins = PinStore(ctx.store)
         if wanted == "accepted":
             pin = pins.read_accepted(ctx.recipe.id, node.name)
-            if pin is None:
+            if pin is None or not _trusted_pin(ctx, pin):
                 return None
             name = "the last accepted result"
         else:
@@ -287,3 +287,14 @@ def _source_commit(ctx: RunContext) -> str | None:
 
         memo["source commit"] = git_commit(ctx.kctx.project_root)
     return memo["source commit"]
+
+
+def _trusted_pin(ctx: RunContext, pin: Any) -> bool:
+    """Whether the accepted result a pin records was signed by a key the project trusts (a cloned store's pins/
+    are no reference otherwise). The pin's own files are not bound by that signature: see README, Limitations."""
+    from trtflow.storage.manifest import is_key
+    from trtflow.storage.signing import trust_problem
+
+    key = (pin.record or {}).get("key")
+    manifest = ctx.store.read_manifest(key) if is_key(key) else None
+    return manifest is not None and trust_problem(ctx.store, manifest, ctx.kctx, check_bytes=False) is None
