@@ -70,17 +70,6 @@ def test_triton_repository_agrees_with_the_profile(quickstart):
     assert engine["backend"] == "tensorrt-rtx"
 
 
-def test_reports_lead_with_the_decision(quickstart):
-    markdown = trtflow("report", QUICKSTART, cwd=quickstart).stdout
-    assert markdown.index("## Decision") < markdown.index("## Nodes")
-    assert re.search(r"\*\*Selected: (simplify|convert|quantize)\*\*: lowest p50 latency at batch 8", markdown)
-    trtflow("report", "-f", "html", "-o", "report.html", QUICKSTART, cwd=quickstart)
-    page = (quickstart / "report.html").read_text()
-    assert page.count("<svg") >= 3 and "<script" not in page
-    again = trtflow("run", QUICKSTART, cwd=quickstart)
-    assert "Nothing to do: all 13 nodes are up to date" in again.stdout
-
-
 def test_init_on_the_exported_model_writes_a_recipe_that_runs(quickstart, tmp_path):
     (tmp_path / "model.onnx").write_bytes((quickstart / "build" / "quickstart" / "export" / "model.onnx").read_bytes())
     proc = trtflow("init", "model.onnx", "-o", "recipe.yaml", cwd=tmp_path)
@@ -140,6 +129,14 @@ def test_every_readme_command_runs_as_printed(quickstart):
             assert proc.returncode == 0, f"`{command}` exited {proc.returncode}:\n{out}"
         assert "Traceback" not in out and "internal error" not in out, f"`{command}`:\n{out}"
         outputs[command] = proc.stdout
+    # the report README's first block points at: the decision first, the history drawn, no script
+    page = (quickstart / "report.html").read_text()
+    assert page.count("<svg") >= 3 and "<script" not in page
+    assert "Nothing to do: all 13 nodes are up to date" in outputs["trtflow run pipelines/quickstart.yaml"]
+    markdown = subprocess.run(["bash", "-c", "trtflow report pipelines/quickstart.yaml"], cwd=quickstart, env=env,
+                              capture_output=True, text=True).stdout
+    assert markdown.index("## Decision") < markdown.index("## Nodes")
+    assert re.search(r"\*\*Selected: (simplify|convert|quantize)\*\*: lowest p50 latency at batch 8", markdown)
     # what the new user tripped on (issue 35)
     assert "Removed outdated outputs" not in outputs["trtflow run pipelines/quickstart.yaml --rerun benchmark"]
     import yaml
