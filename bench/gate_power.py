@@ -231,33 +231,54 @@ def wilson(rate: float, count: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def rates(model: NoiseModel, trials: int, seed: int = 0, classes: tuple[str, ...] = tuple(CLASSES),
-          select: bool = True) -> dict[str, Any]:
-    """Per noise class: an unchanged candidate, one exactly at the threshold and one at twice it, ``trials``
-    gated benchmarks each; a recipe of three unchanged gated nodes (benign noise); select's trials."""
-    found: dict[str, Any] = {"model": model.__dict__, "classes": {}}
-    for name in classes:
-        noise = CLASSES[name]
-        found["classes"][name] = {
-            label: _row([gate_trial(model, multiple * model.threshold / 100.0, seed * 1_000_003 + i, noise=noise)
-                         for i in range(trials)])
-            for label, multiple in (("unchanged", 0.0), ("at_threshold", 1.0), ("2x_threshold", 2.0))}
-    runs = max(trials // 3, 1)
-    families = [[gate_trial(model, 0.0, 7_000_003 * seed + 3 * i + k, family=3)[0] for k in range(3)]
+ROWS = (("unchanged", 0.0), ("at_threshold", 1.0), ("2x_threshold", 2.0))
+
+
+def _class_row(task: tuple[str, str, str, float, int, int]) -> tuple[str, str, str, dict[str, Any]]:
+    model, noise, label, multiple, trials, seed = task
+    host = MODELS[model]
+    return model, noise, label, _row([gate_trial(host, multiple * host.threshold / 100.0, seed * 1_000_003 + i,
+                                                 noise=CLASSES[noise]) for i in range(trials)])
+
+
+def _families(task: tuple[str, int, int]) -> tuple[str, dict[str, Any]]:
+    model, runs, seed = task
+    families = [[gate_trial(MODELS[model], 0.0, 7_000_003 * seed + 3 * i + k, family=3)[0] for k in range(3)]
                 for i in range(runs)]
-    found["recipe_of_3_unchanged"] = {"any_fail": sum("fail" in f for f in families) / runs, "runs": runs}
+    return model, {"any_fail": sum("fail" in f for f in families) / runs, "runs": runs}
+
+
+def rates_all(trials: int, seed: int, classes: tuple[str, ...], select: bool, jobs: int = 1) -> dict[str, Any]:
+    """Per host model and noise class: an unchanged candidate, one exactly at the threshold and one at twice it,
+    ``trials`` gated benchmarks each; a recipe of three unchanged gated nodes (benign noise); select's trials.
+    ``jobs``: processes to spread the rows over."""
+    tasks = [(m, c, label, multiple, trials, seed) for m in MODELS for c in classes for label, multiple in ROWS]
+    family_tasks = [(m, max(trials // 3, 1), seed) for m in MODELS]
+    if jobs > 1:
+        from multiprocessing import Pool
+
+        with Pool(jobs) as pool:
+            rows = pool.map(_class_row, tasks, chunksize=1)
+            families = pool.map(_families, family_tasks)
+    else:
+        rows, families = [_class_row(t) for t in tasks], [_families(t) for t in family_tasks]
+    found: dict[str, Any] = {m: {"model": MODELS[m].__dict__, "classes": {c: {} for c in classes}} for m in MODELS}
+    for model, noise, label, row in rows:
+        found[model]["classes"][noise][label] = row
+    for model, row in families:
+        found[model]["recipe_of_3_unchanged"] = row
     if select:
-        for label, faster in (("select_10", 0.10), ("select_20", 0.20), ("select_2", 0.02)):
-            wins = [select_trial(model, faster, 13 * seed + i) for i in range(trials)]
-            found[label] = {"faster_wins": sum(wins) / trials}
+        for model in MODELS:
+            for label, faster in (("select_10", 0.10), ("select_20", 0.20), ("select_2", 0.02)):
+                wins = [select_trial(MODELS[model], faster, 13 * seed + i) for i in range(trials)]
+                found[model][label] = {"faster_wins": sum(wins) / trials}
     return found
 
 
 def check(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     classes = tuple(args.classes.split(",")) if args.classes else tuple(CLASSES)
-    results = {name: rates(model, args.trials, args.seed, classes, select=not args.no_select)
-               for name, model in MODELS.items()}
+    results = rates_all(args.trials, args.seed, classes, not args.no_select, args.jobs)
     margin = 1.96 * math.sqrt(0.01 * 0.99 / args.trials)  # sampling error of a 1% rate
     criteria = []
     for name, result in results.items():
@@ -385,6 +406,7 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=400)
     parser.add_argument("--classes", default="", help="noise classes, comma-separated (default: all)")
     parser.add_argument("--no-select", action="store_true", help="leave select's trials out")
+    parser.add_argument("--jobs", type=int, default=1, help="processes to spread the trials over")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--window", type=float, default=0.06)

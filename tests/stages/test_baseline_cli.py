@@ -83,9 +83,13 @@ def test_pin_a_baseline_and_gate_on_its_artifact(tmp_path):
     plan = json.loads(trtflow("plan", "--json", str(recipe), cwd=tmp_path).stdout)
     bench = next(step for step in plan if step["node"] == "bench")
     assert bench["status"] == "stale" and "the pinned reference artifact changed" in bench["reason"]
-    trtflow("run", str(recipe), cwd=tmp_path)
+    run = trtflow("run", str(recipe), cwd=tmp_path, check=None)
     primary = [v for v in _verdicts(recipe, tmp_path) if v["primary"]]
-    assert [(v["basis"], v["outcome"]) for v in primary] == [("paired A/B", "pass")]
+    assert [v["basis"] for v in primary] == ["paired A/B"]
+    # unchanged: a pass, or, where the host kept the benchmark waiting for a CPU half its time or more (a loaded
+    # machine), unmeasurable (README's rule for paired verdicts too), said so; never a fail
+    assert primary[0]["outcome"] == "pass" or (primary[0]["outcome"] == "inconclusive" and "unmeasurable" in
+                                                primary[0]["reason"] and run.returncode == 5), primary[0]["reason"]
     assert primary[0]["pairs"] >= 8 and "fails a change of" in primary[0]["power"]
 
     # a model doing many times the work, gated on the same baseline: fails, naming the pairs
