@@ -316,8 +316,8 @@ def _child(run: Callable[[], dict[str, Any]], env: dict[str, str], parent: int, 
     try:
         control.close()
         os.close(result_r)
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if sys.platform.startswith("linux"):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         if os.getppid() != parent:
             os._exit(1)
         try:

@@ -8,7 +8,9 @@ steps aside, that `trtflow plan` says the node is stale, and that `trtflow run` 
     ``try: import helper``, ``from blocks import (\\n head,\\n)``, a dynamic import, a project in ``.venv/src/``;
   - a file rewritten with its size kept and its mtime restored (``cp`` + ``touch -r``, ``rsync --inplace -t``),
     a data file or a store object;
-  - a tool version changed in place (a distribution's metadata edited, a ``.pth`` file, ``sitecustomize``).
+  - a tool version changed in place (a distribution's metadata edited, a ``.pth`` file, ``sitecustomize``);
+  - issue 31, through the CLI: what ``python:`` code reads by native code (safetensors), in a worker thread,
+    through a folder link retargeted, as a module that is a link retargeted, and from an environment variable.
 """
 
 from __future__ import annotations
