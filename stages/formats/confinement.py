@@ -326,12 +326,13 @@ def run(function: str, request: Mapping[str, Any], box: Path, readable: Sequence
     StageFailed. ``take``: files of the box (relative names) to copy to targets outside, plain files only.
 
     ``dir_fd``: a descriptor of the folder that holds the box (``box.name`` under it; ``box`` then only names it
-    in messages); without it that folder is opened by path once (not following a link as its last component).
+    in messages); without it that folder is opened once (`sandbox_box.open_folder`: from the held descriptor when
+    it is a node's ``/proc/<pid>/fd/<n>`` scratch path, else by path, not following a link as its last component).
     ``confine_child=False`` runs the same child unconfined (a model the recipe trusts with ``trust_code``)."""
     if not function.startswith("trtflow_stages.") or ":" not in function:
         raise ValueError(f"not a trtflow_stages function: {function!r}")
     box = box.absolute()
-    parent = os.dup(dir_fd) if dir_fd is not None else os.open(box.parent, sandbox_box.OPEN_DIR)
+    parent = os.dup(dir_fd) if dir_fd is not None else sandbox_box.open_folder(box.parent)
     box_fd = log_fd = -1
     try:
         box_fd = sandbox_box.fresh_box(parent, box.name)

@@ -17,6 +17,27 @@ from trtflow.stage import StageFailed
 OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+def open_folder(path: Path) -> int:
+    """A new descriptor of the folder ``path``, its last component not followed if it is a link. A path through a
+    descriptor this process holds (``/proc/self/fd/<n>/...`` or ``/proc/<this pid>/fd/<n>/...``, as the runner
+    hands a node its scratch folder) starts from that descriptor itself and walks the rest without links, so the
+    folder is the one held, whatever its name in the store now is."""
+    parts = Path(path).parts
+    if len(parts) >= 5 and parts[:2] == ("/", "proc") and parts[2] in ("self", str(os.getpid())) \
+            and parts[3] == "fd" and parts[4].isdigit():
+        fd = os.dup(int(parts[4]))
+        try:
+            for part in parts[5:]:
+                nxt = os.open(part, OPEN_DIR, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+    return os.open(path, OPEN_DIR)
+
+
 def fresh_box(parent: int, name: str) -> int:
     """An empty folder ``name`` under ``parent`` (what was there removed without following links), opened."""
     remove(parent, name)
