@@ -111,10 +111,10 @@ class KeyContext:
         file: a named pipe is never opened), once per plan."""
         memo = ("module", label)
         if memo not in self.memo:
-            from trtflow.depfile import ENV_LABEL, label_digest
+            from trtflow.depfile import label_digest  # an env: label is a variable, never a path
 
-            path = None if label.startswith(ENV_LABEL) else self.locate(label)
-            self.memo[memo] = label_digest(label, path, self.stat_cache)
+            self.memo[memo] = label_digest(label, None if label.startswith("env:") else self.locate(label),
+                                           self.stat_cache)
         return self.memo[memo]
 
     def dep_sets(self, pre: str) -> list[DepSet]:
