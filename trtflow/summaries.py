@@ -125,7 +125,7 @@ class CandidatePerformance(TypedDict, total=False):
     device: Required[str | None]
     points: Required[list[PerformancePoint]]
     load: Required[list[LoadLevel]]
-    generation: Required[list[GenerationLevel]]
+    generation: list[GenerationLevel]  # a selection made before generation benchmarks has none (readers .get it)
 
 
 class OperatingPointSummary(TypedDict):
