@@ -36,6 +36,39 @@ def pytest_sessionstart(session) -> None:
     _ensure_example_plugin()
 
 
+#: The suite's slowest tests as pytest's --durations prints them ("12.34s call     tests/...::test"), refreshed
+#: from a CI log: `python -m pytest -q -n 2 --dist loadgroup --durations=150 | grep -E '^[0-9.]+s ' > FILE`.
+DURATIONS = Path(__file__).with_name("durations.txt")
+
+
+def _recorded_seconds() -> dict[str, float]:
+    """Test id -> its recorded seconds (setup, call and teardown together); {} without a record."""
+    import re
+
+    seconds: dict[str, float] = {}
+    line = re.compile(r"^\s*([0-9.]+)s\s+(?:setup|call|teardown)\s+(\S.*?)\s*$")
+    for text in DURATIONS.read_text().splitlines() if DURATIONS.exists() else []:
+        if found := line.match(text):
+            seconds[found[2]] = seconds.get(found[2], 0.0) + float(found[1])
+    return seconds
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Longest first, so that no xdist worker idles at the end of the run while the other finishes a long test:
+    test files run in the order of their slowest recorded test (tests/durations.txt), longest first. A file's
+    tests stay together and in their own order (module-scoped fixtures are made once per worker, and tests that
+    build on each other keep doing so); files without a recorded test keep their order, after the others."""
+    seconds = _recorded_seconds()
+    if not seconds:
+        return
+    longest: dict[str, float] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        longest[module] = max(longest.get(module, 0.0), seconds.get(item.nodeid, 0.0))
+    first_seen = {module: i for i, module in enumerate(dict.fromkeys(i.nodeid.split("::", 1)[0] for i in items))}
+    items.sort(key=lambda item: (-longest[item.nodeid.split("::", 1)[0]], first_seen[item.nodeid.split("::", 1)[0]]))
+
+
 def trtflow_cli(*args: str, cwd: Path, check: int | None = 0, timeout: float = 1200) -> subprocess.CompletedProcess:
     """Run the `trtflow` command in ``cwd`` with a store of its own there; assert its exit code unless ``check`` is
     None."""
