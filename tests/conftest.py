@@ -80,6 +80,22 @@ def trtflow_cli(*args: str, cwd: Path, check: int | None = 0, timeout: float = 1
     return proc
 
 
+#: What a test that runs a recipe `trtflow init` wrote overrides (--set) on its benchmark nodes: short measurements.
+#: Init's `min_duration_s: 1.0` (3 s cap) on three batch sizes of three candidates, and the finalists that select
+#: times again for twice that cap, would be most of such a test's time; these tests check that every node works on
+#: the model, not what its latencies are on a CPU (tests/stages/zoo_models.py shortens the zoo's the same way).
+SHORT_BENCHMARK = ("min_duration_s=0.2", "max_duration_s=0.4", "warmup_ms=20")
+
+
+def short_benchmarks(recipe: Path) -> list[str]:
+    """``--set`` arguments that shorten every benchmark node of ``recipe`` (`SHORT_BENCHMARK`)."""
+    import yaml
+
+    nodes = yaml.safe_load(recipe.read_text())["nodes"]
+    return [arg for node in nodes if node.get("stage") == "benchmark" for value in SHORT_BENCHMARK
+            for arg in ("--set", f"nodes.{node['name']}.params.{value}")]
+
+
 def export_onnx(model, example_inputs: tuple, path: Path, input_names: list[str], output_names: list[str],
                 dynamic_axes: dict | None = None, opset: int = 17) -> Path:
     import torch

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import trtflow_cli
+from tests.conftest import short_benchmarks, trtflow_cli
 from trtflow.errors import TrtflowError
 from trtflow_stages.cli.init_inputs import Range, dynamic_ranges, parse_input_option, read_onnx_inputs
 
@@ -154,7 +154,7 @@ def test_init_then_run_for_each_format(tmp_path, which, model, extra, targets):
     recipe = yaml.safe_load((tmp_path / "recipe.yaml").read_text())
     export = recipe["nodes"][0]["params"]
     assert ("inputs" in export) == (which == "torchscript")  # the others declare their own
-    run = trtflow("run", "recipe.yaml", *targets, cwd=tmp_path)
+    run = trtflow("run", "recipe.yaml", *targets, *short_benchmarks(tmp_path / "recipe.yaml"), cwd=tmp_path)
     assert "Done" in run.stdout
     name = recipe["name"]
     for candidate in ("simplify", "convert", "quantize"):
