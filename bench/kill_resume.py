@@ -285,9 +285,11 @@ def run_trials(count: int, signals: list[str], seed: int, workdir: Path | None =
     rng = random.Random(seed)
     trials: list[Trial] = []
     attempts = 0
-    # every kill point in turn (shuffled), so that any count covers start-up, before and after commits
-    points = POINTS * (count // len(POINTS) + 1)
-    rng.shuffle(points)
+    # every kill point in turn, each round of them shuffled: a count of len(POINTS) tries each point once, any count
+    # covers start-up, before and after commits (a trial whose run finished first moves on to the next point)
+    points: list[str] = []
+    for _ in range(count // len(POINTS) + 2):
+        points += rng.sample(POINTS, len(POINTS))
     while sum(t.interrupted for t in trials) < count and attempts < count * 3:
         sig = signals[attempts % len(signals)]
         point = points[attempts % len(points)]

@@ -36,6 +36,39 @@ def pytest_sessionstart(session) -> None:
     _ensure_example_plugin()
 
 
+#: The suite's slowest tests as pytest's --durations prints them ("12.34s call     tests/...::test"), refreshed
+#: from a CI log: `python -m pytest -q -n 2 --dist loadgroup --durations=150 | grep -E '^[0-9.]+s ' > FILE`.
+DURATIONS = Path(__file__).with_name("durations.txt")
+
+
+def _recorded_seconds() -> dict[str, float]:
+    """Test id -> its recorded seconds (setup, call and teardown together); {} without a record."""
+    import re
+
+    seconds: dict[str, float] = {}
+    line = re.compile(r"^\s*([0-9.]+)s\s+(?:setup|call|teardown)\s+(\S.*?)\s*$")
+    for text in DURATIONS.read_text().splitlines() if DURATIONS.exists() else []:
+        if found := line.match(text):
+            seconds[found[2]] = seconds.get(found[2], 0.0) + float(found[1])
+    return seconds
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Longest first, so that no xdist worker idles at the end of the run while the other finishes a long test:
+    test files run in the order of their slowest recorded test (tests/durations.txt), longest first. A file's
+    tests stay together and in their own order (module-scoped fixtures are made once per worker, and tests that
+    build on each other keep doing so); files without a recorded test keep their order, after the others."""
+    seconds = _recorded_seconds()
+    if not seconds:
+        return
+    longest: dict[str, float] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        longest[module] = max(longest.get(module, 0.0), seconds.get(item.nodeid, 0.0))
+    first_seen = {module: i for i, module in enumerate(dict.fromkeys(i.nodeid.split("::", 1)[0] for i in items))}
+    items.sort(key=lambda item: (-longest[item.nodeid.split("::", 1)[0]], first_seen[item.nodeid.split("::", 1)[0]]))
+
+
 def trtflow_cli(*args: str, cwd: Path, check: int | None = 0, timeout: float = 1200) -> subprocess.CompletedProcess:
     """Run the `trtflow` command in ``cwd`` with a store of its own there; assert its exit code unless ``check`` is
     None."""
@@ -45,6 +78,22 @@ def trtflow_cli(*args: str, cwd: Path, check: int | None = 0, timeout: float = 1
     if check is not None:
         assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     return proc
+
+
+#: What a test that runs a recipe `trtflow init` wrote overrides (--set) on its benchmark nodes: short measurements.
+#: Init's `min_duration_s: 1.0` (3 s cap) on three batch sizes of three candidates, and the finalists that select
+#: times again for twice that cap, would be most of such a test's time; these tests check that every node works on
+#: the model, not what its latencies are on a CPU (tests/stages/zoo_models.py shortens the zoo's the same way).
+SHORT_BENCHMARK = ("min_duration_s=0.2", "max_duration_s=0.4", "warmup_ms=20")
+
+
+def short_benchmarks(recipe: Path) -> list[str]:
+    """``--set`` arguments that shorten every benchmark node of ``recipe`` (`SHORT_BENCHMARK`)."""
+    import yaml
+
+    nodes = yaml.safe_load(recipe.read_text())["nodes"]
+    return [arg for node in nodes if node.get("stage") == "benchmark" for value in SHORT_BENCHMARK
+            for arg in ("--set", f"nodes.{node['name']}.params.{value}")]
 
 
 def export_onnx(model, example_inputs: tuple, path: Path, input_names: list[str], output_names: list[str],

@@ -2,9 +2,10 @@
 
 Hypothesis generates recipes near the real schema (right and wrong keys, types, references, matrices,
 profiles, overrides) and mutates the text of valid recipes (deleted, inserted and swapped characters and
-lines, YAML punctuation, tabs, anchors, tags). Each input goes through what `trtflow plan` does before
-touching the store: load_recipe (with --set overrides), expand, build_graph and make_plan. The only
-exception allowed out is RecipeError with exit code 2. Runs derandomized, so CI is reproducible.
+lines, YAML punctuation, tabs, anchors, tags), as many as a stated CPU budget allows (GENERATED, MUTATED). Each
+input goes through what `trtflow plan` does before touching the store: load_recipe (with --set overrides),
+expand, build_graph and make_plan. The only exception allowed out is RecipeError with exit code 2. Runs
+derandomized, so CI is reproducible.
 
 Then mutants of the shipped recipes (pipelines/*.yaml, in a copy of the project) with hostile YAML (deep
 nesting, huge numbers and strings, alias and merge-key bombs, tags, several documents), hostile values
@@ -42,7 +43,12 @@ from trtflow.pipeline import load_pipeline
 from trtflow.plan import make_plan
 from trtflow.storage.store import Store
 
-GENERATED, MUTATED = 2500, 6000  # examples per run (about 20 s and 14 s on one CI core)
+# Examples per run, sized by a budget of about 8 s of CPU for each of the two tests on one idle CI core (measured
+# 2026-11-27: 3.8 s per 500 generated recipes, most of it Hypothesis drawing them; 1.3 s per 500 mutated texts).
+# Derandomized, so CI checks the same examples every run; TRTFLOW_FUZZ_SCALE=N checks N times as many (a deeper
+# run by hand, e.g. before a release: TRTFLOW_FUZZ_SCALE=10 python -m pytest tests/test_fuzz_recipe.py -k yaml).
+_SCALE = float(os.environ.get("TRTFLOW_FUZZ_SCALE", "1"))
+GENERATED, MUTATED = int(1000 * _SCALE), int(3000 * _SCALE)
 FUZZ = settings(derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.function_scoped_fixture])
@@ -104,6 +110,13 @@ shape_range = st.fixed_dictionaries({}, optional={"min": shape, "opt": shape, "m
 profiles = st.dictionaries(st.sampled_from(["bs1", "bs8", "p"]),
                            st.one_of(st.dictionaries(st.sampled_from(["input", "images"]), shape_range, max_size=2),
                                      values), max_size=2)
+# The strategies the composites below draw from, made once here: a strategy made inside a composite is made and
+# validated again at every draw (most of the generated test's time, for the same examples).
+param_dicts = st.dictionaries(st.sampled_from(PARAM_KEYS), values, max_size=4)
+node_params = st.one_of(param_dicts, values)
+node_matrix = st.one_of(st.dictionaries(st.sampled_from(["size", "text", "precision", "sise", "profile", "bs"]),
+                                        st.lists(scalars, max_size=3), max_size=2), values)
+stage_defaults = st.dictionaries(st.sampled_from(STAGES), values, max_size=2)
 
 
 @st.composite
@@ -134,16 +147,14 @@ def node(draw: st.DrawFn, names: list[str]) -> Any:
     if draw(st.integers(0, 9)):
         spec["stage"] = draw(st.sampled_from(STAGES))
     if draw(st.booleans()):
-        spec["params"] = draw(st.one_of(st.dictionaries(st.sampled_from(PARAM_KEYS), values, max_size=4), values))
+        spec["params"] = draw(node_params)
     if draw(st.booleans()):
         ref = st.one_of(st.sampled_from(names), st.sampled_from([f"{n}.data" for n in names] + ["a.model", "q"]))
         spec["inputs"] = draw(st.one_of(
             st.dictionaries(st.sampled_from(["source", "model", "sauce", "calibration", "engine"]),
                             st.one_of(ref, st.lists(ref, max_size=3)), max_size=2), values))
     if draw(st.integers(0, 3)) == 0:
-        spec["matrix"] = draw(st.one_of(
-            st.dictionaries(st.sampled_from(["size", "text", "precision", "sise", "profile", "bs"]),
-                            st.lists(scalars, max_size=3), max_size=2), values))
+        spec["matrix"] = draw(node_matrix)
     if draw(st.integers(0, 5)) == 0:
         spec["timeout"] = draw(scalars)
     if draw(st.integers(0, 5)) == 0:
@@ -167,7 +178,7 @@ def recipes(draw: st.DrawFn) -> Any:
     if draw(st.integers(0, 3)) == 0:
         recipe["profiles"] = draw(profiles)
     if draw(st.integers(0, 4)) == 0:
-        recipe["defaults"] = draw(st.dictionaries(st.sampled_from(STAGES), values, max_size=2))
+        recipe["defaults"] = draw(stage_defaults)
     if draw(st.integers(0, 8)) == 0:
         recipe["extends"] = draw(st.sampled_from(["base.yaml", "missing.yaml", "recipe.yaml", "/etc/passwd"]))
     if draw(st.integers(0, 8)) == 0:

@@ -3,12 +3,13 @@ written (running one end to end is in test_quickstart.py)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import trtflow_cli
+from tests.conftest import short_benchmarks, trtflow_cli
 from trtflow.errors import TrtflowError
 from trtflow_stages.cli.init_inputs import Range, dynamic_ranges, parse_input_option, read_onnx_inputs
 
@@ -132,6 +133,19 @@ else:
 '''
 
 
+@pytest.fixture(scope="module")
+def hf_bert(tmp_path_factory) -> Path:
+    """The small BERT of `_FORMAT_MODELS` saved once for this module's tests (each copies it into its project)."""
+    import subprocess
+    import sys
+
+    folder = tmp_path_factory.mktemp("hf")
+    (folder / "make.py").write_text(_FORMAT_MODELS)
+    subprocess.run([sys.executable, "make.py", "huggingface"], cwd=folder, check=True, capture_output=True,
+                   timeout=600, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    return folder / "bert"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("which", "model", "extra", "targets"), [
     ("huggingface", "bert", [], []),                          # the whole recipe: candidates, select, build, triton
@@ -139,22 +153,25 @@ else:
     ("torchscript", "mlp.pt", ["--input", "features:batch,8"], ["validate"]),  # export, candidates, validation
     ("pt2", "mlp.pt2", [], ["validate"]),
 ])
-def test_init_then_run_for_each_format(tmp_path, which, model, extra, targets):
+def test_init_then_run_for_each_format(tmp_path, request, which, model, extra, targets):
     import subprocess
     import sys
 
     if which == "tensorflow":
         pytest.importorskip("tf2onnx")
     (tmp_path / "pyproject.toml").write_text("")
-    (tmp_path / "make.py").write_text(_FORMAT_MODELS)
-    subprocess.run([sys.executable, "make.py", which], cwd=tmp_path, check=True, capture_output=True, timeout=600,
-                   env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    if which == "huggingface":
+        shutil.copytree(request.getfixturevalue("hf_bert"), tmp_path / "bert")
+    else:
+        (tmp_path / "make.py").write_text(_FORMAT_MODELS)
+        subprocess.run([sys.executable, "make.py", which], cwd=tmp_path, check=True, capture_output=True,
+                       timeout=600)
     proc = trtflow("init", model, "-o", "recipe.yaml", "--batch", "1:2:4", *extra, cwd=tmp_path)
     assert "next: trtflow run recipe.yaml" in proc.stderr
     recipe = yaml.safe_load((tmp_path / "recipe.yaml").read_text())
     export = recipe["nodes"][0]["params"]
     assert ("inputs" in export) == (which == "torchscript")  # the others declare their own
-    run = trtflow("run", "recipe.yaml", *targets, cwd=tmp_path)
+    run = trtflow("run", "recipe.yaml", *targets, *short_benchmarks(tmp_path / "recipe.yaml"), cwd=tmp_path)
     assert "Done" in run.stdout
     name = recipe["name"]
     for candidate in ("simplify", "convert", "quantize"):
@@ -166,14 +183,9 @@ def test_init_then_run_for_each_format(tmp_path, which, model, extra, targets):
             (tmp_path / "build" / name / "triton").rglob("config.pbtxt"))
 
 
-def test_init_hugging_face_task_option(tmp_path):
-    import subprocess
-    import sys
-
+def test_init_hugging_face_task_option(tmp_path, hf_bert):
     (tmp_path / "pyproject.toml").write_text("")
-    (tmp_path / "make.py").write_text(_FORMAT_MODELS)
-    subprocess.run([sys.executable, "make.py", "huggingface"], cwd=tmp_path, check=True, capture_output=True,
-                   timeout=600)
+    shutil.copytree(hf_bert, tmp_path / "bert")
     trtflow("init", "bert", "--task", "feature-extraction", "-o", "recipe.yaml", cwd=tmp_path)
     export = yaml.safe_load((tmp_path / "recipe.yaml").read_text())["nodes"][0]["params"]
     assert export == {"model": "bert", "task": "feature-extraction", "profiles": ["default"]}

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import short_benchmarks
 from tests.conftest import trtflow_cli as trtflow
 from tests.stages.test_generation import save_family
 from trtflow.errors import TrtflowError
@@ -101,9 +102,10 @@ def test_a_model_that_is_no_causal_lm_is_refused_for_the_task(tmp_path):
 @pytest.mark.slow
 def test_the_generation_recipe_runs_unedited(project):
     """export -> fp32/fp16/int8 candidates -> validated by generation, TTFT/TPOT on ONNX Runtime -> select -> an
-    engine with both profiles (TensorRT-RTX on the CPU) and a Triton repository: about 2-3 minutes here."""
+    engine with both profiles (TensorRT-RTX on the CPU) and a Triton repository, the benchmarks shortened with --set
+    (tests/conftest.py SHORT_BENCHMARK)."""
     trtflow("init", "llama", "-o", "recipe.yaml", "--force", cwd=project)
-    run = trtflow("run", "recipe.yaml", cwd=project, timeout=1800)
+    run = trtflow("run", "recipe.yaml", *short_benchmarks(project / "recipe.yaml"), cwd=project, timeout=1800)
     assert "Done" in run.stdout
     build = project / "build" / "llama"
     for candidate in ("simplify", "convert", "quantize"):

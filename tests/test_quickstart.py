@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import trtflow_cli
+from tests.conftest import short_benchmarks, trtflow_cli
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = "pipelines/quickstart.yaml"  # as README prints it, run in a fresh checkout
@@ -74,7 +74,7 @@ def test_init_on_the_exported_model_writes_a_recipe_that_runs(quickstart, tmp_pa
     (tmp_path / "model.onnx").write_bytes((quickstart / "build" / "quickstart" / "export" / "model.onnx").read_bytes())
     proc = trtflow("init", "model.onnx", "-o", "recipe.yaml", cwd=tmp_path)
     assert "WARNING: no --data given" in proc.stderr
-    run = trtflow("run", "recipe.yaml", cwd=tmp_path)
+    run = trtflow("run", "recipe.yaml", *short_benchmarks(tmp_path / "recipe.yaml"), cwd=tmp_path)
     assert "13 built" in run.stdout
     assert (tmp_path / "build" / "model" / "select" / "selection.json").is_file()
     assert (tmp_path / "build" / "model" / "triton" / "model" / "config.pbtxt").is_file()
