@@ -387,7 +387,7 @@ def _child_optimizers(level: str) -> int:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "probe.onnx"
         onnx.save(model, str(path))
-        options = OrtOptions(graph_optimization_level=level)  # type: ignore[arg-type]
+        options = OrtOptions(graph_optimization_level=level)
         from ..runtimes.ort import session_options
 
         so = session_options(options)

@@ -160,7 +160,7 @@ def _cuda_of(backend: str) -> str:
 def _cuda_driver_version() -> str:
     """CUDA version supported by the installed driver, via cuda-python when present."""
     try:
-        from cuda.bindings import runtime  # type: ignore[import-not-found]
+        from cuda.bindings import runtime
     except ImportError:
         return "unknown (cuda-python not installed)"
     try:

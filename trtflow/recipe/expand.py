@@ -122,7 +122,8 @@ def _marks_with_defaults(loaded: LoadedRecipe, index: int, stage: str, own: dict
     from trtflow.recipe.load import Marks
 
     by_path = dict(loaded.marks.by_path)
-    for (*rest,), location in loaded.marks.subtree(("defaults", stage)).items():
+    for path, location in loaded.marks.subtree(("defaults", stage)).items():
+        rest = list(path)
         if rest and rest[0] not in own:
             by_path[("nodes", index, "params", *rest)] = location
     return Marks(by_path)
