@@ -297,10 +297,10 @@ def key_parts(graph: Graph, node: ConcreteNode, output_digests: Mapping[tuple[st
         for i, producer in enumerate(slot_refs):
             # a many-slot's entries are keyed by their producer, so renaming a candidate re-runs the chooser
             label = f"{slot}[{producer[0]}.{producer[1]}]" if many else slot if len(slot_refs) == 1 else f"{slot}[{i}]"
-            digest = output_digests.get(producer)
-            if digest is None:
+            produced = output_digests.get(producer)
+            if produced is None:
                 return None
-            inputs[label] = digest
+            inputs[label] = produced
             sources[label] = f"{producer[0]}.{producer[1]}"
     facts = kctx.env.facts(stage.environment_for(node.params_model), device)
     if kctx.evidence is not None and device is None:

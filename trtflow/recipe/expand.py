@@ -122,10 +122,10 @@ def _marks_with_defaults(loaded: LoadedRecipe, index: int, stage: str, own: dict
     from trtflow.recipe.load import Marks
 
     by_path = dict(loaded.marks.by_path)
-    for path, location in loaded.marks.subtree(("defaults", stage)).items():
-        rest = list(path)
+    for (*rest,), location in loaded.marks.subtree(("defaults", stage)).items():
         if rest and rest[0] not in own:
-            by_path[("nodes", index, "params", *rest)] = location
+            at_node = ("nodes", index, "params", *rest)
+            by_path[at_node] = location
     return Marks(by_path)
 
 
