@@ -262,8 +262,10 @@ def recover(model: Path, options: OrtOptions | None = None, feed: Path | None = 
             hint="the crash is not in a graph optimiser: run the model on another runtime (TensorRT), or report it "
             "to ONNX Runtime with the model; the first try's message: " + (attempts[0].detail or "none"))
     for level in LEVELS[LEVELS.index(requested):LEVELS.index(working)]:
-        found = _smallest_set(lambda names, at=level: attempt(at, [*base, *names]).ok,
-                              _candidates(level, working, base))
+        def works(names: Sequence[str], at: str = level) -> bool:
+            return attempt(at, [*base, *names]).ok
+
+        found = _smallest_set(works, _candidates(level, working, base))
         if found is not None:
             return Recovery(_with(options, level, [*base, *found]), attempts, recovered=True)
     return Recovery(_with(options, working, base), attempts, recovered=True)

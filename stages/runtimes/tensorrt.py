@@ -108,7 +108,7 @@ def import_trt(backend: str) -> ModuleType:
     """
     backend = resolve_backend(backend)
     want_rtx = backend == "tensorrt-rtx"
-    polygraphy_config = sys.modules.get("polygraphy.config")
+    polygraphy_config: Any = sys.modules.get("polygraphy.config")  # a module with the flag as an attribute
     if polygraphy_config is not None and bool(polygraphy_config.USE_TENSORRT_RTX) != want_rtx:
         if "polygraphy.backend.trt" in sys.modules:
             bound = "tensorrt-rtx" if polygraphy_config.USE_TENSORRT_RTX else "tensorrt"
@@ -269,7 +269,9 @@ def _check_gpu(manifest: Mapping[str, Any], backend: str, gpu: GpuInfo) -> None:
     builder = manifest.get("builder", {}) or {}
     here_cc = gpu.compute_capability
     built_gpu = manifest.get("gpu")
-    built_cc = built_gpu.get("compute_capability") if isinstance(built_gpu, Mapping) else None
+    if not isinstance(built_gpu, Mapping):
+        built_gpu = {}
+    built_cc = built_gpu.get("compute_capability")
     if backend == "tensorrt-rtx":
         targets = builder.get("compute_capabilities")
         if not targets:

@@ -338,7 +338,7 @@ class TrtEngineSession:
         times: dict[str, list[float]] = {}
         trt = self._trt
 
-        class LayerTimes(trt.IProfiler):
+        class LayerTimes(trt.IProfiler):  # type: ignore[name-defined]  # trt: the module, bound at run time
             def __init__(self) -> None:
                 trt.IProfiler.__init__(self)
 
