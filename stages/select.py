@@ -49,6 +49,7 @@ from trtflow.stage import (
     Stage,
     StageContext,
 )
+from trtflow.summaries import SelectionSummary
 
 from .decision.candidates import Candidate, accuracy_of, performance_of
 from .decision.params import Params
@@ -138,6 +139,7 @@ def gather(inputs: Mapping[str, Any], sources: Mapping[str, Sequence[Mapping[str
         name = source["node"]
         kind = _kind(path)
         matrix = dict(source.get("matrix") or {})
+        profiles: list[str]
         if kind == "onnx":
             precision, profiles = _onnx_precision(path), []
         else:
@@ -245,7 +247,7 @@ def _time_finalists(ctx: StageContext, params: Params, selection: Mapping[str, A
     return record
 
 
-def run(ctx: StageContext, inputs: dict[str, Any], params: Params) -> dict[str, Any]:
+def run(ctx: StageContext, inputs: dict[str, Any], params: Params) -> SelectionSummary:
     candidates, paths = gather(inputs, ctx.input_sources, params)
     names = [c.name for c in candidates]
     needs_benchmarks = params.objective.goal != "min_size" or params.constraints.max_latency_ms \

@@ -287,7 +287,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> ValidateS
         function = load_callable(params.task_metric, ctx.resolve, "task metric")
         task_metrics = measure_task_metric(function, reference, ran.outputs, params)
 
-    metrics = {
+    measured: dict[str, Any] = {
         "node": ctx.node,
         "reference": "onnxruntime (CPU)" if has_reference else f"saved outputs {params.reference_outputs}",
         "candidate": ran.described,
@@ -305,7 +305,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> ValidateS
         "outputs": outputs,
         "task_metrics": task_metrics,
     }
-    metrics = _finish(ctx, params, metrics)
+    metrics = _finish(ctx, params, measured)
     worst = min((entry["cosine_similarity"] for entry in outputs.values()), default=math.nan)
     ctx.progress(1.0, f"measured {len(outputs)} output(s) on {passes.rows} rows; lowest cosine similarity {worst:.4f}")
     return metrics

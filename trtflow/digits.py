@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import TypeGuard
 
 MAX_DIGITS = 17  # a double's shortest round-trip text needs at most 17 significant digits
 
 
-def finite(value: object) -> bool:
-    """A real number (not a bool) that is neither infinite nor nan."""
+def finite(value: object) -> TypeGuard[float]:
+    """A real number (not a bool) that is neither infinite nor nan (an int counts: typed as float, as PEP 484
+    allows an int where a float is expected)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
