@@ -26,7 +26,7 @@ def distinct(value: float, others: Iterable[float | None] = (), least: int = 4) 
     "0.99999994", not "1"."""
     if not finite(value):
         return str(value)
-    rivals = [float(o) for o in others if finite(o) and o != value]  # type: ignore[arg-type]
+    rivals = [float(o) for o in others if finite(o) and o != value]
     for digits in range(least, MAX_DIGITS + 1):
         text = f"{value:.{digits}g}"
         if all(text != f"{o:.{digits}g}" and float(text) != o for o in rivals):
@@ -37,7 +37,7 @@ def distinct(value: float, others: Iterable[float | None] = (), least: int = 4) 
 def decimals_apart(values: Iterable[float | None], least: int = 6) -> int:
     """The fewest decimals (at least ``least``) with which the distinct finite ``values`` all print differently
     in fixed-point notation (a column of cosine similarities: 1.00000000 and 0.99999994)."""
-    found = sorted({float(v) for v in values if finite(v)})  # type: ignore[arg-type]
+    found = sorted({float(v) for v in values if finite(v)})
     for decimals in range(least, MAX_DIGITS + 1):
         texts = {f"{v:.{decimals}f}" for v in found}
         if len(texts) == len(found):
