@@ -389,7 +389,7 @@ def _child_optimizers(level: str) -> int:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "probe.onnx"
         onnx.save(model, str(path))
-        options = OrtOptions(graph_optimization_level=level)
+        options = OrtOptions.model_validate({"graph_optimization_level": level})  # from the command line
         from ..runtimes.ort import session_options
 
         so = session_options(options)
