@@ -85,13 +85,13 @@ def _onnx_precision(path: Path) -> str | None:
 def _engine_facts(path: Path, matrix: Mapping[str, Any]) -> tuple[str | None, list[str]]:
     from .runtimes.trt_runtime import provenance_for, read_provenance
 
-    manifest = read_provenance(provenance_for(path)) or {}
-    builder = manifest.get("builder") or {}
+    manifest = read_provenance(provenance_for(path))
+    builder = (manifest.get("builder") if manifest else None) or {}
     precision = builder.get("precision")
     if precision in (None, "strongly-typed"):
         hint = next((matrix[k] for k in ("precision", "dtype", "mode") if isinstance(matrix.get(k), str)), None)
         precision = hint or precision
-    profiles = [p.get("name", str(i)) for i, p in enumerate(manifest.get("profiles") or [])]
+    profiles = [p.get("name", str(i)) for i, p in enumerate((manifest.get("profiles") if manifest else None) or [])]
     return precision, profiles
 
 

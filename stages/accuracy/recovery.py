@@ -277,15 +277,18 @@ def recover(model: Path, options: OrtOptions | None = None, feed: Path | None = 
 
 def recorded_settings(model: Path) -> dict[str, Any] | None:
     """``runtime_settings`` that the stage which made ``model`` recorded in its summary file beside it."""
+    from ..runtimes.records import BESIDE_A_MODEL, ProducerRecord, read_record
+
     for name in SETTINGS_FILES:
         path = Path(model).parent / name
         if path.is_file():
             try:
-                settings = json.loads(path.read_text(encoding="utf-8")).get("runtime_settings")
-            except (OSError, ValueError, AttributeError):
+                record: ProducerRecord = read_record(path, BESIDE_A_MODEL[name])  # checked: settings typed
+            except StageFailed:
                 continue
-            if isinstance(settings, dict) and isinstance(settings.get("onnxruntime"), dict):
-                return settings
+            settings = record.get("runtime_settings")
+            if settings is not None:
+                return dict(settings)
     return None
 
 
