@@ -277,13 +277,13 @@ def recover(model: Path, options: OrtOptions | None = None, feed: Path | None = 
 
 def recorded_settings(model: Path) -> dict[str, Any] | None:
     """``runtime_settings`` that the stage which made ``model`` recorded in its summary file beside it."""
-    from ..runtimes.records import BESIDE_A_MODEL, ProducerRecord, read_record
+    from ..runtimes.records import PRODUCER, ProducerRecord, read_record
 
     for name in SETTINGS_FILES:
         path = Path(model).parent / name
         if path.is_file():
             try:
-                record: ProducerRecord = read_record(path, BESIDE_A_MODEL[name])  # checked: settings typed
+                record: ProducerRecord = read_record(path, PRODUCER)  # what this reads of it, checked
             except StageFailed:
                 continue
             settings = record.get("runtime_settings")
