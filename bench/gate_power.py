@@ -258,7 +258,10 @@ def rates_all(trials: int, seed: int, classes: tuple[str, ...], select: bool, jo
         from multiprocessing import Pool
 
         with Pool(jobs) as pool:
-            rows = pool.map(_class_row, tasks, chunksize=1)
+            rows = []
+            for row in pool.imap_unordered(_class_row, tasks):
+                rows.append(row)
+                print(f"  {row[0]} {row[1]} {row[2]}: {row[3]}", flush=True)
             families = pool.map(_families, family_tasks)
     else:
         rows, families = [_class_row(t) for t in tasks], [_families(t) for t in family_tasks]

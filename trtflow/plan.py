@@ -291,10 +291,8 @@ def _observe_result(parts: KeyParts, kctx: KeyContext) -> None:
     kctx.evidence.dep_sets.append((parts.pre_key, parts.dep_set))
     for label, digest in parts.deps.items():
         path = None if label.startswith("env:") else kctx.locate(label)  # env: noop keys the code's variables
-        if path is not None and digest != MISSING:
-            kctx.observe(path, digest)
-        elif path is not None:
-            kctx.evidence.missing.add(str(path))
+        if path is not None:  # a file read and absent must stay absent for the shortcut too
+            kctx.evidence.missing.add(str(path)) if digest == MISSING else kctx.observe(path, digest)
     kctx.evidence.absent.update(str(kctx.locate(label)) for label in parts.absent)
 
 

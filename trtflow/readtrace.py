@@ -113,6 +113,10 @@ def install() -> int:
     return fd
 
 
+class _Gone(Exception):
+    """The task that made a call is gone (its memory may now be another's)."""
+
+
 class _Supervisor:
     """Answers the notifications of one observed process tree, noting what each call read."""
 
@@ -167,11 +171,13 @@ class _Supervisor:
             return
         try:
             spelled = self._path(ident, pid, name, args)
-        except OSError as exc:
-            self.reads.blind.append(f"the path of a {name} call could not be read ({exc.strerror})")
-            return
-        if spelled is not None:
-            self._walk(spelled, pid)
+            if spelled is not None:
+                self._walk(spelled, pid)
+        except _Gone:
+            return  # the caller died before its call went on: it read nothing
+        except (OSError, ValueError, struct.error) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            self.reads.blind.append(f"the path of a {name} call could not be followed ({why})")
 
     def _path(self, ident: int, pid: int, name: str, args: tuple[int, ...]) -> str | None:
         """The absolute path a call names as spelled (None: a write-only open)."""
@@ -220,7 +226,12 @@ class _Supervisor:
     def _still_valid(self, ident: int) -> None:
         import fcntl
 
-        fcntl.ioctl(self.listener, _ID_VALID, bytearray(struct.pack("Q", ident)))
+        try:
+            fcntl.ioctl(self.listener, _ID_VALID, bytearray(struct.pack("Q", ident)))
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                raise _Gone from None
+            raise
 
     def _walk(self, path: str, pid: int) -> None:
         """Resolve ``path`` component by component, noting each link (as spelled and its target) and the file."""

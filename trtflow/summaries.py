@@ -129,7 +129,7 @@ class CandidatePerformance(TypedDict, total=False):
     device: Required[str | None]
     points: Required[list[PerformancePoint]]
     load: Required[list[LoadLevel]]
-    generation: Required[list[GenerationLevel]]
+    generation: list[GenerationLevel]  # a selection made before generation benchmarks has none (readers .get it)
     method: dict[str, Any]  # how it was measured (benchmark's method: windows, repeats, ...)
     passed: bool  # with gates: the engine's verdict under today's thresholds
     failures: list[str]

@@ -29,10 +29,10 @@ _CHILD_EXTRA = ("task", "model_type", "part")
 
 
 def export_confined(ctx: StageContext, params: ExportParams, fmt: str, source: Path, target: Path,
-                    extra: dict[str, Any], child: str) -> dict[str, Any]:
-    """`export_saved_torch` in a child process the kernel confines (formats.confinement) that runs ``child`` (the
-    stage's `in_child`, as module:function): this process never loads the model; it takes the ONNX file and the
-    summary the child made."""
+                    extra: dict[str, Any], export_in_child: str) -> dict[str, Any]:
+    """`export_saved_torch` in a child process the kernel confines (formats.confinement) that runs
+    ``export_in_child`` (the stage's function, as module:function): this process never loads the model; it takes the
+    ONNX file and the summary the child made."""
     from ..formats import confinement
 
     box = ctx.scratch / "confined"
@@ -40,7 +40,7 @@ def export_confined(ctx: StageContext, params: ExportParams, fmt: str, source: P
     # (only the fields the recipe set: which were set decides what the model's own declarations replace)
     request = {"node": ctx.node, "params": params.model_dump(mode="json", exclude_unset=True), "format": fmt,
                "source": str(source.absolute())}
-    answer = confinement.run(child, request, box, [source], log=ctx.log,
+    answer = confinement.run(export_in_child, request, box, [source], log=ctx.log,
                              what=f"exporting {params.model} (in a confined child process)",
                              take={_CHILD_MODEL: target})
     checker(target)

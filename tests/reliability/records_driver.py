@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtflow import cli
+from trtflow.cli import main as cli
 from trtflow.storage import records
 from trtflow.terminal import CONTROL
 
@@ -278,7 +278,9 @@ def direct(work: Path, name: str, variant: str) -> None:
     else:
         text = bad_text(kind, variant)
         (folder / "progress.jsonl").write_text(text[-4000:] if variant != "types" else text)
-        fraction, message = last_progress(folder / "progress.jsonl")
+        from trtflow.storage.confined.tree import Tree
+
+        fraction, message = last_progress(Tree(folder))
         assert fraction is None and message == ""
 
 

@@ -46,6 +46,10 @@ ALLOWED = {
     "trtflow/execution/forkserver.py": "/proc/self/status, /dev/null",
     "trtflow/cli/console.py": "writes the file the user names with -o",
     "trtflow/testing.py": "a temporary folder of its own for a stage test",
+    "trtflow/keys.py": "the builder's signing keys in the user's config folder (0600 files written aside and linked "
+                       "into place) and the trust files of the project and the user",
+    "trtflow/provenance.py": "reads the artifacts and the envelope the user names; writes the file named with -o",
+    "trtflow/storage/signing.py": "reads the project's .git (HEAD and refs) for the commit a result came from",
     "trtflow/execution/noop.py": "stats and walks the user's code and data (its records, manifests and objects go "
                                  "through the store's confined tree)",
 }
@@ -197,7 +201,7 @@ BY_PATH = {
                                                             "walked without links from the store's root (workers "
                                                             "of other processes open it by its path)",
     ("trtflow/execution/ray_executor.py", "_clear_transfer"): "NOT held yet: see transfer_area",
-    ("trtflow/plan.py", "module_digest"): "KeyContext.locate: a project file, not a folder",
+    ("trtflow/node_keys.py", "module_digest"): "KeyContext.locate: a project file, not a folder",
     ("trtflow/plan.py", "taken_slots"): "KeyContext.locate: a project file, not a folder",
     ("trtflow/plan.py", "_observe_result"): "KeyContext.locate: a project file, not a folder",
     ("trtflow/stage.py", "__init__"): "SharedCache: the store's caches folder, walked without links below the store; "

@@ -26,6 +26,7 @@ subprocess each time) and the new edits make more states to rebuild (a checked e
 40), so a sequence is one edit: 500 sequences, 500 checked edits. Nothing is lost by that: the project carries on
 from sequence to sequence and every edit was already checked on its own (``check`` runs after each), so the 500
 sequences are one random walk of 500 edits whatever their grouping; only Hypothesis's shrinking unit changed.
+Measured (user + system CPU of the whole test, one worker): 41.7, 43.3, 44.1 s after; 45.9, 44.3 s before.
 """
 
 from __future__ import annotations

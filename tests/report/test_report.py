@@ -48,8 +48,10 @@ def run_data(with_load: bool = True) -> dict:
     return {"recipe": "quickstart", "run": {"id": "run-1", "status": "ok", "started": 0.0},
             "nodes": [dict(node, node="export", stage="export", summary={"nodes": 12, "checked": True}),
                       dict(node, node="benchmark-simplify", stage="benchmark",
-                           summary={"points": [{"batch_size": 8, "median_ms": 4.5, "p99_ms": 6.3,
-                                                        "throughput_qps": 1777.0}]}),
+                           summary={"backend": "onnxruntime", "device": "cpu", "repeats": 1,
+                                    "points": [{"batch_size": 8, "streams": 1, "median_ms": 4.5, "p99_ms": 6.3,
+                                                "latency_ms": {"p50": 4.5, "p99": 6.3}, "throughput_qps": 1777.0,
+                                                "flags": []}]}),
                       dict(node, node="select", stage="select", summary=selection)]}
 
 

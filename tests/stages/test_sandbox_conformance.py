@@ -151,7 +151,8 @@ def test_every_child_that_runs_a_models_code_is_launched_by_confinement():
     launches = ("subprocess", "multiprocessing", "os.fork", "os.system", "os.popen", "os.spawn", "os.exec",
                 "os.posix_spawn", "pty.spawn", "concurrent.futures.ProcessPoolExecutor")
     found = []
-    for path in [*sorted((STAGES / "formats").glob("*.py")), STAGES / "export.py"]:
+    for path in [*sorted((STAGES / "formats").glob("*.py")), *sorted((STAGES / "exporting").glob("*.py")),
+                 STAGES / "export.py"]:
         if path.name in ("confinement.py", "sandbox_unshare.py"):  # (the sandbox: its launcher, its setup)
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))

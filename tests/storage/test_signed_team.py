@@ -102,7 +102,7 @@ def test_an_untrusted_writer_of_an_s3_remote_is_never_reused(tmp_path: Path, s3_
 def test_a_cloned_store_of_another_user_is_rebuilt_and_a_revoked_teammate_too(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from trtflow.cli import app
+    from trtflow.cli.app import app
 
     team = _team(tmp_path, None)
     team.run("mallory")

@@ -5,12 +5,11 @@ O_NONBLOCK`` open: a named pipe never blocks, a device or a socket is refused) a
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from trtflow.storage.confined.kinds import CHUNK, Kind
 from trtflow.storage.confined.names import Refused, Rel, parts_of
@@ -43,10 +42,6 @@ class Reading(Walker):
 
     def read_text(self, rel: Rel, kind: Kind) -> str:
         return self.read_bytes(rel, kind).decode("utf-8", "replace")
-
-    def read_json(self, rel: Rel, kind: Kind) -> Any:
-        """The JSON value of ``rel``; raises FileNotFoundError, Refused, or ValueError (not JSON)."""
-        return json.loads(self.read_bytes(rel, kind))
 
     def read_tail(self, rel: Rel, max_bytes: int) -> str:
         """The last ``max_bytes`` of a regular file as text (undecodable bytes replaced)."""

@@ -1,7 +1,7 @@
 """`Tree`: a folder opened once, with everything the confined layer does below it (`walking`, `reading`,
 `writing`, `changing`, `locking`, `database`), and the helpers that make one from a path.
 
-Which functions other code calls: `Tree` (``read_bytes``, ``read_json``, ``open_read``, ``write_bytes``,
+Which functions other code calls: `Tree` (``read_bytes``, ``open_read``, ``write_bytes``,
 ``copy_in``, ``create``, ``append``, ``unlink``, ``remove_tree``, ``chmod``, ``mkdir``, ``listdir``, ``stat``,
 ``rename``, ``link``, ``subtree``, ``lock``, ``open_lock``, ``open_append_fd``), `locate`, `tail_of`, `as_tree`,
 `private_folder`; `names.check_name`, `names.check_relative`, `names.is_plain_name`, `names.Refused`; `kinds`.
