@@ -49,7 +49,8 @@ def decision(node: str, summary: SelectionSummary) -> Decision:
     objective = summary.get("objective") or {}
     stat = objective.get("percentile") or "p50"
     candidates = summary["candidates"]
-    batches = sorted({batch for c in candidates for p in (c.get("benchmark") or {"points": []}).get("points", [])
+    measured = [perf for c in candidates if (perf := c.get("benchmark"))]
+    batches = sorted({batch for perf in measured for p in perf.get("points", [])
                       if isinstance(batch := p.get("batch_size"), int)})
     rows: list[dict[str, Any]] = []
     series: list[dict[str, Any]] = []
