@@ -211,7 +211,7 @@ def _input_specs(params: Params, candidate: Any) -> list[InputSpec]:
 
 
 
-def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
+def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> BenchmarkSummary:
     from .measure.judging.reference import planned as planned_reference
     from .measure.timing.interference import HostWatch
 
@@ -266,7 +266,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     return summary
 
 
-def _generation(ctx: StageContext, params: Params, model: Path | None, device: str, watch: Any) -> dict[str, Any]:
+def _generation(ctx: StageContext, params: Params, model: Path | None, device: str, watch: Any
+                ) -> BenchmarkSummary:
     """Time to first token and per output token at each concurrency (`measure.serving.generation`)."""
     from .accuracy.recovery import runtime_options
     from .measure.serving.generation import level_line, measure_generation

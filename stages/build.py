@@ -205,7 +205,7 @@ class Params(StageParams):
         return [self.profile] if self.profile is not None else list(self.profiles)
 
     def pool_limits(self) -> dict[str, int]:
-        limits = dict(self.memory_pool_limits)
+        limits = {name: int(size) for name, size in self.memory_pool_limits.items()}  # sizes: parsed by the validator
         if self.workspace is not None:
             limits["workspace"] = int(self.workspace)
         return limits

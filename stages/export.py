@@ -171,10 +171,10 @@ class Params(StageParams):
                                      f"{spec.shape[axis]} in {name!r}; axes with one name must have one size")
         for profile in self.profiles:
             for name, shape_range in profile.shapes.items():
-                spec = self.inputs.get(name)
-                if spec is None:
+                if name not in self.inputs:
                     raise ValueError(f"profile {profile.name!r} gives shapes for {name!r}, which is not one of the "
                                      f"inputs {list(self.inputs)}")
+                spec = self.inputs[name]
                 for axis, (low, high) in enumerate(zip(shape_range.min, shape_range.max, strict=True)):
                     if axis < len(spec.shape) and axis not in spec.dynamic_axes and {low, high} != {spec.shape[axis]}:
                         if low == high:

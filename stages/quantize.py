@@ -409,7 +409,7 @@ def count_quantized(model: Any) -> dict[str, Any]:
     initializer_types = {init.name: init.data_type for init in graph.initializer}
     producers = {out: node for node in graph.node for out in node.output}
     op_counts = Counter(node.op_type for node in graph.node)
-    quantized_nodes: dict[str, Any] = {}
+    quantized_nodes: dict[str | int, str] = {}  # by node name, or identity for an unnamed node
     dtypes: Counter[str] = Counter()
     for node in graph.node:
         if node.op_type != "DequantizeLinear":

@@ -49,6 +49,7 @@ from trtflow.stage import (
     Stage,
     StageContext,
 )
+from trtflow.summaries import SelectionSummary
 
 from .decision.candidates import Candidate, accuracy_of, performance_of
 from .decision.params import Params
@@ -84,13 +85,13 @@ def _onnx_precision(path: Path) -> str | None:
 def _engine_facts(path: Path, matrix: Mapping[str, Any]) -> tuple[str | None, list[str]]:
     from .runtimes.trt_runtime import provenance_for, read_provenance
 
-    manifest = read_provenance(provenance_for(path)) or {}
-    builder = manifest.get("builder") or {}
+    manifest = read_provenance(provenance_for(path))
+    builder = (manifest.get("builder") if manifest else None) or {}
     precision = builder.get("precision")
     if precision in (None, "strongly-typed"):
         hint = next((matrix[k] for k in ("precision", "dtype", "mode") if isinstance(matrix.get(k), str)), None)
         precision = hint or precision
-    profiles = [p.get("name", str(i)) for i, p in enumerate(manifest.get("profiles") or [])]
+    profiles = [p.get("name", str(i)) for i, p in enumerate((manifest.get("profiles") if manifest else None) or [])]
     return precision, profiles
 
 
@@ -138,6 +139,7 @@ def gather(inputs: Mapping[str, Any], sources: Mapping[str, Sequence[Mapping[str
         name = source["node"]
         kind = _kind(path)
         matrix = dict(source.get("matrix") or {})
+        profiles: list[str]
         if kind == "onnx":
             precision, profiles = _onnx_precision(path), []
         else:
@@ -245,7 +247,7 @@ def _time_finalists(ctx: StageContext, params: Params, selection: Mapping[str, A
     return record
 
 
-def run(ctx: StageContext, inputs: dict[str, Any], params: Params) -> dict[str, Any]:
+def run(ctx: StageContext, inputs: dict[str, Any], params: Params) -> SelectionSummary:
     candidates, paths = gather(inputs, ctx.input_sources, params)
     names = [c.name for c in candidates]
     needs_benchmarks = params.objective.goal != "min_size" or params.constraints.max_latency_ms \

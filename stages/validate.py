@@ -24,7 +24,7 @@ import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import Field, model_validator
 
@@ -39,6 +39,7 @@ from trtflow.stage import (
     RecipeError,
     Stage,
     StageContext,
+    StageFailed,
     StageParams,
     StageSkipped,
 )
@@ -62,6 +63,9 @@ from .data import DataSource, data_files, onnx_input_specs
 from .formats.onnx_model import candidate_kind
 from .runtimes.ort import OrtOptions
 from .runtimes.tensorrt import FLAVOURS as TRT_FLAVOURS
+
+if TYPE_CHECKING:
+    from .runtimes.records import EngineRecord
 
 BackendName = Literal["auto", "onnxruntime", "tensorrt", "tensorrt-rtx", "fake-quant"]
 
@@ -183,23 +187,34 @@ _ORIGIN_FIELDS = {
     "quantize.json": ("mode", "calibration_method", "calibrated", "calibration_data", "calibration_samples",
                       "quantize_ops", "high_precision_dtype", "quantized_nodes"),
     "convert.json": ("precision", "reference_data", "data_max", "fp32_nodes", "converted_nodes"),
-    "engine.json": ("backend", "precision", "flavour"),
+    "engine.json": ("backend",),  # and the precision it was built in (`_engine_precision`)
 }
 
 
 def candidate_origin(candidate: Path) -> dict[str, Any] | None:
     """What the stage that made the candidate recorded about it (its summary file travels beside it)."""
+    from .runtimes.records import BESIDE_A_MODEL, read_record
+
     for filename, fields in _ORIGIN_FIELDS.items():
         path = candidate.parent / filename
         if path.is_file():
             try:
-                summary = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
+                summary = read_record(path, BESIDE_A_MODEL[filename])  # checked against its declared type
+            except StageFailed:
                 return None
-            origin = {"stage": filename.removesuffix(".json")}
+            origin: dict[str, Any] = {"stage": filename.removesuffix(".json")}
             origin.update({key: summary[key] for key in fields if key in summary})
+            if filename == "engine.json":
+                origin["precision"] = _engine_precision(summary)
             return origin
     return None
+
+
+def _engine_precision(record: EngineRecord) -> str | None:
+    """The precision an engine was built in: the one its precision audit says was requested (engine.json's
+    ``precision`` is that audit, not a name), else its builder's."""
+    audit = record.get("precision")
+    return audit["requested"] if audit is not None else record.get("builder", {}).get("precision")
 
 
 # -- measuring ------------------------------------------------------------------------------------------------
@@ -287,7 +302,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> ValidateS
         function = load_callable(params.task_metric, ctx.resolve, "task metric")
         task_metrics = measure_task_metric(function, reference, ran.outputs, params)
 
-    metrics = {
+    measured: dict[str, Any] = {
         "node": ctx.node,
         "reference": "onnxruntime (CPU)" if has_reference else f"saved outputs {params.reference_outputs}",
         "candidate": ran.described,
@@ -305,7 +320,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> ValidateS
         "outputs": outputs,
         "task_metrics": task_metrics,
     }
-    metrics = _finish(ctx, params, metrics)
+    metrics = _finish(ctx, params, measured)
     worst = min((entry["cosine_similarity"] for entry in outputs.values()), default=math.nan)
     ctx.progress(1.0, f"measured {len(outputs)} output(s) on {passes.rows} rows; lowest cosine similarity {worst:.4f}")
     return metrics

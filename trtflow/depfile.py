@@ -347,7 +347,7 @@ def add_reads(deps: Deps, reads: Any, environ: Mapping[str, str] | None = None, 
         try:
             st = os.stat(path)
             before = signature(st)
-            digest = hash_file_content(path)  # type: ignore[arg-type]
+            digest = hash_file_content(path)
             same = tuple(sig) == before == signature(os.stat(path))
         except OSError:
             same = False

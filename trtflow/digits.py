@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import TypeGuard
 
 MAX_DIGITS = 17  # a double's shortest round-trip text needs at most 17 significant digits
 
 
-def finite(value: object) -> bool:
-    """A real number (not a bool) that is neither infinite nor nan."""
+def finite(value: object) -> TypeGuard[float]:
+    """A real number (not a bool) that is neither infinite nor nan (an int counts: typed as float, as PEP 484
+    allows an int where a float is expected)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -24,7 +26,7 @@ def distinct(value: float, others: Iterable[float | None] = (), least: int = 4) 
     "0.99999994", not "1"."""
     if not finite(value):
         return str(value)
-    rivals = [float(o) for o in others if finite(o) and o != value]  # type: ignore[arg-type]
+    rivals = [float(o) for o in others if finite(o) and o != value]
     for digits in range(least, MAX_DIGITS + 1):
         text = f"{value:.{digits}g}"
         if all(text != f"{o:.{digits}g}" and float(text) != o for o in rivals):
@@ -35,7 +37,7 @@ def distinct(value: float, others: Iterable[float | None] = (), least: int = 4) 
 def decimals_apart(values: Iterable[float | None], least: int = 6) -> int:
     """The fewest decimals (at least ``least``) with which the distinct finite ``values`` all print differently
     in fixed-point notation (a column of cosine similarities: 1.00000000 and 0.99999994)."""
-    found = sorted({float(v) for v in values if finite(v)})  # type: ignore[arg-type]
+    found = sorted({float(v) for v in values if finite(v)})
     for decimals in range(least, MAX_DIGITS + 1):
         texts = {f"{v:.{decimals}f}" for v in found}
         if len(texts) == len(found):

@@ -170,7 +170,8 @@ class KeyParts:
         return replace(self, deps={label: kctx.module_digest(label) for label in files}, absent=list(absent))
 
     def as_manifest(self) -> dict[str, Any]:
-        manifest = {"stage": self.stage, "version": self.version, "code": self.code, "code_files": self.code_files,
+        manifest: dict[str, Any] = {
+                    "stage": self.stage, "version": self.version, "code": self.code, "code_files": self.code_files,
                     "params": self.params, "inputs": self.inputs, "input_sources": self.input_sources,
                     "files": self.files, "facts": self.facts, "verdicts": self.verdicts,
                     "reference": self.reference}
@@ -293,14 +294,14 @@ def key_parts(graph: Graph, node: ConcreteNode, output_digests: Mapping[tuple[st
     sources: dict[str, str] = {}
     for slot, slot_refs in node.upstream.items():
         many = stage.inputs[slot].many
-        for i, ref in enumerate(slot_refs):
+        for i, producer in enumerate(slot_refs):
             # a many-slot's entries are keyed by their producer, so renaming a candidate re-runs the chooser
-            label = f"{slot}[{ref[0]}.{ref[1]}]" if many else slot if len(slot_refs) == 1 else f"{slot}[{i}]"
-            digest = output_digests.get(ref)
-            if digest is None:
+            label = f"{slot}[{producer[0]}.{producer[1]}]" if many else slot if len(slot_refs) == 1 else f"{slot}[{i}]"
+            produced = output_digests.get(producer)
+            if produced is None:
                 return None
-            inputs[label] = digest
-            sources[label] = f"{ref[0]}.{ref[1]}"
+            inputs[label] = produced
+            sources[label] = f"{producer[0]}.{producer[1]}"
     facts = kctx.env.facts(stage.environment_for(node.params_model), device)
     if kctx.evidence is not None and device is None:
         kctx.evidence.facts.update(facts)

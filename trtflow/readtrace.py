@@ -379,7 +379,7 @@ def _supervise(listener: int | None, result_r: int, keep: Callable[[str], bool],
     poller = select.poll()
     poller.register(result_r, select.POLLIN)
     if supervisor is not None:
-        poller.register(listener, select.POLLIN)
+        poller.register(supervisor.listener, select.POLLIN)
     chunks: list[bytes] = []
     result_open = True
     try:
@@ -399,7 +399,7 @@ def _supervise(listener: int | None, result_r: int, keep: Callable[[str], bool],
                 elif supervisor is not None and event & select.POLLIN:
                     supervisor.serve_one()
                 elif supervisor is not None:  # POLLHUP: no process of the tree is left
-                    poller.unregister(listener)
+                    poller.unregister(supervisor.listener)
                     reads.files.update(supervisor.reads.files)
                     reads.links.update(supervisor.reads.links)
                     reads.blind += supervisor.reads.blind

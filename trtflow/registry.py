@@ -38,7 +38,8 @@ def get_stage(name: str) -> Stage:
     try:
         stage = eps[name].load()
     except Exception as exc:  # a broken or half-removed plugin package: say which, never a traceback
-        package = eps[name].dist.name if eps[name].dist is not None else "the package that registers it"
+        dist = eps[name].dist
+        package = dist.name if dist is not None else "the package that registers it"
         raise EnvironmentUnavailable(
             f"stage {name!r} is registered ({eps[name].value}) but cannot be imported: "
             f"{type(exc).__name__}: {exc}",

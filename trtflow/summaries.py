@@ -58,6 +58,7 @@ class BenchmarkSummary(TypedDict, total=False):
     repeats: Required[int]
     points: Required[list[BenchmarkPoint]]
     load: list[dict[str, Any]]  # with a closed-loop load sweep (kept whole by pinned baselines)
+    generation: list[dict[str, Any]]  # with generation: the levels of a causal LM's timed generation
     top_kernels: list[KernelRow]  # with profile_kernels
     kernel_time_per_iteration_ms: float | None
 
@@ -89,6 +90,9 @@ class CandidateAccuracy(TypedDict, total=False):
     max_abs_error: float | None
     tokens_matched: float  # a generation check's mean leading tokens matched per prompt
     uncertainty: dict[str, dict[str, float]]  # per figure: its numerical resolution and 95% spread over the rows
+    task_metrics: dict[str, Any]  # per task metric: its value
+    failures: list[str]  # the gates it failed (the engine's verdict when select re-judges it)
+    uncalibrated_data: bool
 
 
 class PerformancePoint(TypedDict, total=False):
@@ -126,6 +130,9 @@ class CandidatePerformance(TypedDict, total=False):
     points: Required[list[PerformancePoint]]
     load: Required[list[LoadLevel]]
     generation: list[GenerationLevel]  # a selection made before generation benchmarks has none (readers .get it)
+    method: dict[str, Any]  # how it was measured (benchmark's method: windows, repeats, ...)
+    passed: bool  # with gates: the engine's verdict under today's thresholds
+    failures: list[str]
 
 
 class OperatingPointSummary(TypedDict):
@@ -179,6 +186,7 @@ class SelectionSummary(TypedDict, total=False):
     tied: Required[list[str]]
     baseline: Required[str | None]
     unmeasurable: Required[dict[str, str]]
+    artifact: dict[str, Any]  # the selected candidate's artifact: its name, kind, ...
 
 
 def problems(summary: Any, declared: type) -> list[str]:

@@ -79,8 +79,8 @@ def real(stream: TextIO) -> TextIO:
 def guard() -> Iterator[None]:
     """Within the block, ``sys.stdout`` and ``sys.stderr`` strip control characters (`Plain`); restored after."""
     before = sys.stdout, sys.stderr
-    sys.stdout = Plain(real(sys.stdout))  # type: ignore[assignment]
-    sys.stderr = Plain(real(sys.stderr))  # type: ignore[assignment]
+    sys.stdout = Plain(real(sys.stdout))
+    sys.stderr = Plain(real(sys.stderr))
     try:
         yield
     finally:

@@ -71,11 +71,20 @@ class Bound(StageParams):
 class AccuracyParams(Protocol):
     """What the comparison reads of a validate node's params (the validate stage's ``Params``)."""
 
-    expect: str | None
-    tolerances: Tolerance
-    output_tolerances: Mapping[str, Tolerance]
-    task_metric: str | None
-    task_thresholds: Mapping[str, Bound]
+    @property
+    def expect(self) -> str | None: ...
+
+    @property
+    def tolerances(self) -> Tolerance: ...
+
+    @property
+    def output_tolerances(self) -> Mapping[str, Tolerance]: ...
+
+    @property
+    def task_metric(self) -> str | None: ...
+
+    @property
+    def task_thresholds(self) -> Mapping[str, Bound]: ...
 
 
 #: The precision a producer records (quantize's mode, convert's precision, an engine's) -> DEFAULT_TOLERANCES' key.

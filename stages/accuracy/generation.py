@@ -96,7 +96,7 @@ def decoder_reference(decoder: Any, prompts: Sequence[Any], new_tokens: int) -> 
     from ..runtimes.generation import greedy
 
     runs = [greedy(decoder, prompt.reshape(1, -1), new_tokens) for prompt in prompts]
-    return [(run.tokens[0], run.logits[0]) for run in runs]
+    return [(run.tokens[0], run.logits[0] if run.logits is not None else None) for run in runs]
 
 
 def forced_candidate(decoder: Any, prompts: Sequence[Any],
@@ -107,7 +107,7 @@ def forced_candidate(decoder: Any, prompts: Sequence[Any],
     results = []
     for prompt, (tokens, _) in zip(prompts, reference, strict=True):
         run = greedy(decoder, prompt.reshape(1, -1), len(tokens), forced=tokens.reshape(1, -1))
-        results.append((run.tokens[0], run.logits[0]))
+        results.append((run.tokens[0], run.logits[0] if run.logits is not None else None))
     return results
 
 

@@ -262,8 +262,10 @@ def recover(model: Path, options: OrtOptions | None = None, feed: Path | None = 
             hint="the crash is not in a graph optimiser: run the model on another runtime (TensorRT), or report it "
             "to ONNX Runtime with the model; the first try's message: " + (attempts[0].detail or "none"))
     for level in LEVELS[LEVELS.index(requested):LEVELS.index(working)]:
-        found = _smallest_set(lambda names, at=level: attempt(at, [*base, *names]).ok,
-                              _candidates(level, working, base))
+        def works(names: Sequence[str], at: str = level) -> bool:
+            return attempt(at, [*base, *names]).ok
+
+        found = _smallest_set(works, _candidates(level, working, base))
         if found is not None:
             return Recovery(_with(options, level, [*base, *found]), attempts, recovered=True)
     return Recovery(_with(options, working, base), attempts, recovered=True)
@@ -275,15 +277,18 @@ def recover(model: Path, options: OrtOptions | None = None, feed: Path | None = 
 
 def recorded_settings(model: Path) -> dict[str, Any] | None:
     """``runtime_settings`` that the stage which made ``model`` recorded in its summary file beside it."""
+    from ..runtimes.records import PRODUCER, ProducerRecord, read_record
+
     for name in SETTINGS_FILES:
         path = Path(model).parent / name
         if path.is_file():
             try:
-                settings = json.loads(path.read_text(encoding="utf-8")).get("runtime_settings")
-            except (OSError, ValueError, AttributeError):
+                record: ProducerRecord = read_record(path, PRODUCER)  # what this reads of it, checked
+            except StageFailed:
                 continue
-            if isinstance(settings, dict) and isinstance(settings.get("onnxruntime"), dict):
-                return settings
+            settings = record.get("runtime_settings")
+            if settings is not None:
+                return dict(settings)
     return None
 
 
@@ -387,7 +392,7 @@ def _child_optimizers(level: str) -> int:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "probe.onnx"
         onnx.save(model, str(path))
-        options = OrtOptions(graph_optimization_level=level)  # type: ignore[arg-type]
+        options = OrtOptions.model_validate({"graph_optimization_level": level})  # from the command line
         from ..runtimes.ort import session_options
 
         so = session_options(options)

@@ -122,7 +122,7 @@ class Scaffold:
             "",
             f"  - name: simplify{x}                # the fp32 candidate",
             "    stage: simplify",
-            f"    inputs: {{model: export{x}}}" if x else None,
+            *([f"    inputs: {{model: export{x}}}"] if x else []),
             f"    params: {{input_shapes: {flow(opt_shapes)}}}",
             "",
             f"  - name: convert{x}                 # fp16 candidate (ModelOpt AutoCast; fp32 where values overflow "
@@ -144,7 +144,6 @@ class Scaffold:
             "    params:",
             f"      data: *{anchor}",
         ]
-        lines = [line for line in lines if line is not None]
         if opt_batch:
             lines.append(f"      batch_size: {opt_batch}")
         lines += [

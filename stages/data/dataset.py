@@ -125,8 +125,8 @@ class FilePart(Part):
             for member in archive.namelist():
                 if not member.endswith(".npy"):
                     continue
-                stream = archive.open(member)
-                streams[member[: -len(".npy")]] = (stream, *_read_header(stream, self.path))
+                opened = archive.open(member)
+                streams[member[: -len(".npy")]] = (opened, *_read_header(opened, self.path))
             return streams
         except StageFailed:
             raise

@@ -8,12 +8,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from trtflow.stage import StageFailed
 
-if TYPE_CHECKING:
-    import numpy as np
 
 @dataclass(frozen=True)
 class InputSpec:
@@ -86,7 +84,20 @@ def batch_rows(specs: Sequence[InputSpec], requested: int | None) -> tuple[int, 
     return requested or 1, False
 
 
-def check_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[InputSpec]) -> None:
+class Shaped(Protocol):
+    """What `check_arrays` reads of an array: an ``np.ndarray``, or a header read without the data."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def ndim(self) -> int: ...
+
+    @property
+    def dtype(self) -> Any: ...
+
+
+def check_arrays(arrays: Mapping[str, Shaped], specs: Sequence[InputSpec]) -> None:
     """Raise `StageFailed` listing every way ``arrays`` do not fit the model inputs ``specs``."""
     expected = {spec.name: spec for spec in specs}
     expected_list = ", ".join(spec.describe() for spec in specs)

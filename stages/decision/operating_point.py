@@ -80,13 +80,13 @@ def operating_point(candidate: Candidate, objective: Objective, batch: int | Non
         if not points:
             return None, "the benchmark has no throughput figure"
         return max(points, key=lambda p: p.throughput_qps), ""  # type: ignore[arg-type,return-value]
-    points = {p.batch_size: p for p in _points(candidate, stat, with_load=False)}
+    by_batch = {p.batch_size: p for p in _points(candidate, stat, with_load=False)}
     if batch is None:
         return None, "the candidates share no benchmarked batch size (set objective.batch_size)"
-    if batch not in points:
-        measured = ", ".join(str(b) for b in sorted(b for b in points if b is not None)) or "none"
-        return None, f"not benchmarked at batch {batch} (measured: {measured})"
-    return points[batch], ""
+    if batch not in by_batch:
+        seen = ", ".join(str(b) for b in sorted(b for b in by_batch if b is not None)) or "none"
+        return None, f"not benchmarked at batch {batch} (measured: {seen})"
+    return by_batch[batch], ""
 
 
 def objective_value(candidate: Candidate, point: OperatingPoint | None,
@@ -134,13 +134,13 @@ def constraint_violations(candidate: Candidate, point: OperatingPoint | None, po
         if constraints.max_latency_ms is not None:
             if not finite(point.latency_ms):
                 problems.append(f"no {stat} latency at {where}")
-            elif point.latency_ms > constraints.max_latency_ms:  # type: ignore[operator]
+            elif point.latency_ms > constraints.max_latency_ms:
                 problems.append(f"{stat} latency {point.latency_ms:.4g} ms at {where} > max_latency_ms "
                                 f"{constraints.max_latency_ms:g}")
         if constraints.min_throughput_qps is not None:
             if not finite(point.throughput_qps):
                 problems.append(f"no throughput at {where}")
-            elif point.throughput_qps < constraints.min_throughput_qps:  # type: ignore[operator]
+            elif point.throughput_qps < constraints.min_throughput_qps:
                 problems.append(f"throughput {point.throughput_qps:.4g} qps at {where} < min_throughput_qps "
                                 f"{constraints.min_throughput_qps:g}")
     if constraints.max_size_mb is not None and candidate.size_bytes > constraints.max_size_mb * 1e6:

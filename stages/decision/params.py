@@ -14,6 +14,7 @@ from .generation import GOAL as GENERATION_GOAL
 Goal = Literal["min_latency", "max_throughput", "min_size", "max_throughput_under_latency", "min_time_per_token"]
 Statistic = Literal["p50", "p90", "p95", "p99", "mean"]
 TieBreaker = Literal["accuracy", "size", "latency", "throughput"]
+DEFAULT_ORDER: tuple[TieBreaker, ...] = ("accuracy", "size")
 
 GOAL_TEXT = {
     "min_latency": "lowest {stat} latency",
@@ -121,7 +122,7 @@ class TieBreakers(StageParams):
         "benchmarks, which neither one's interval sees; a candidate loses on stored figures only beyond "
         "tolerance_percent and this too. 0 on a dedicated, quiet machine.")
     order: list[TieBreaker] = Field(
-        default_factory=lambda: ["accuracy", "size"],
+        default_factory=lambda: list(DEFAULT_ORDER),
         description="Criteria applied in turn to tied candidates: accuracy (higher cosine similarity to the "
         "reference), size (smaller), latency (lower), throughput (higher).",
     )

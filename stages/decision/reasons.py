@@ -110,8 +110,8 @@ def reason(row: Mapping[str, Any], winner: Mapping[str, Any], best: Mapping[str,
               f"{winner['name']}")
     if row["tie"]:
         against = winner if winner["name"] == best["name"] else best
-        ratio = ratio_text(row_ratio(row)) + (f" to {against['name']}" if against is not winner else "")
-        standing = _tie_text(row, winner, objective_text, versus, ratio)
+        ratio_shown = ratio_text(row_ratio(row)) + (f" to {against['name']}" if against is not winner else "")
+        standing = _tie_text(row, winner, objective_text, versus, ratio_shown)
         criterion = next((c for c in order if tie_key(row, c) != tie_key(winner, c)), None)
         if criterion is None:
             return (f"{standing} and on every tie-breaker; {winner['name']} is better on the objective or first by "

@@ -30,9 +30,9 @@ def pareto_front(rows: Sequence[Mapping[str, Any]]) -> set[str]:
     """Candidates no other beats on both latency (operating point) and accuracy: no other is as fast or faster and
     at least as accurate (not less accurate beyond the figures' resolution and spread, `tie_breakers`), and faster
     or more accurate."""
-    measured = [(row, (row.get("operating_point") or {}).get("latency_ms")) for row in rows
+    measured = [(row, latency) for row in rows
                 if compare_accuracy(row.get("validation"), row.get("validation"))
-                and finite((row.get("operating_point") or {}).get("latency_ms"))]
+                and finite(latency := (row.get("operating_point") or {}).get("latency_ms"))]
     front = set()
     for row, latency in measured:
         ours = row["validation"]

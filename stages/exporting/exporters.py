@@ -34,9 +34,9 @@ def run_exporter(ctx: StageContext, params: ExportParams, model: Any, binding: A
             warnings.simplefilter("ignore")
             if dynamo:
                 export_dynamo(program if program is not None else model, binding, sample, target,
-                              params.dynamic_axes, params.outputs, params.opset, params.dim_ranges())
+                              params.dynamic_axes, params.outputs or [], params.opset, params.dim_ranges())
             else:
-                export_torchscript(model, binding, sample, target, params.dynamic_axes, params.outputs,
+                export_torchscript(model, binding, sample, target, params.dynamic_axes, params.outputs or [],
                                    params.opset)
     except Exception as exc:
         ctx.log.exception("torch.onnx.export failed")

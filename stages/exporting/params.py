@@ -4,7 +4,7 @@ per input axis."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from trtflow.stage import ProfileSpec
 
@@ -64,7 +64,9 @@ class ExportParams(CheckParams, Protocol):
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Any: ...
 
-    def model_dump(self, **options: Any) -> dict[str, Any]: ...
+    def model_dump(
+        self, *, mode: Literal["json", "python"] | str = ..., exclude_unset: bool = ...
+    ) -> dict[str, Any]: ...
 
     @classmethod
     def model_validate(cls, obj: Any) -> Any: ...

@@ -48,7 +48,8 @@ def _check_shape(ctx: StageContext, params: ExportParams, session: Any, path: Pa
     worst = 0.0
     for index, (exp, got) in enumerate(zip(expected, actual, strict=False)):
         got = np.asarray(got, dtype=np.float32)
-        name = params.outputs[index] if index < len(params.outputs) else f"#{index}"
+        names = params.outputs or []
+        name = names[index] if index < len(names) else f"#{index}"
         if exp.shape != got.shape:
             return ShapeResult(check, "deviates", f"output {name}: ONNX Runtime shape {list(got.shape)}, PyTorch "
                                f"{list(exp.shape)}", output_shapes=shapes)

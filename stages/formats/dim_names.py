@@ -115,4 +115,4 @@ def _save(model: object, path: Path) -> None:
     """Save in place, keeping external weights where they are (only the graph's metadata changed)."""
     import onnx
 
-    onnx.save(model, str(path))  # type: ignore[arg-type]
+    onnx.save(model, str(path))

@@ -316,7 +316,7 @@ def name_output_dims(path: Any, layout: KvLayout) -> None:
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    names = {"logits": (BATCH, SEQUENCE, None)}
+    names: dict[str, tuple[str | None, ...]] = {"logits": (BATCH, SEQUENCE, None)}
     names.update({name: (BATCH, None, TOTAL, None) for name in layout.present_names})
     for output in model.graph.output:
         wanted = names.get(output.name)

@@ -211,7 +211,7 @@ def _check(tf: Any, function: Any, target: Path, inputs: dict[str, dict[str, Any
             if not np.allclose(out, exp, atol=atol, rtol=rtol):
                 raise ValueError(f"the ONNX model differs from TensorFlow by up to {worst:.3g} (atol {atol}, rtol "
                                  f"{rtol}) at {shown}")
-        record = {"shapes": shown, "status": "ok", "max_abs_diff_vs_tensorflow": worst}
+        record: dict[str, Any] = {"shapes": shown, "status": "ok", "max_abs_diff_vs_tensorflow": worst}
         if dim is not None:
             record.update(dim=dim, size=sizes[dim], origin=why)
         results.append(record)

@@ -95,7 +95,7 @@ def sample_inputs(params: CheckParams, shapes: dict[str, list[int]]) -> dict[str
         shape = shapes[name]
         if spec.dtype in ("int64", "int32"):
             samples[name] = rng.integers(int(spec.low), max(int(spec.high), int(spec.low) + 1), size=shape,
-                                         dtype=spec.dtype)
+                                         dtype=np.dtype(spec.dtype))
         elif spec.dtype == "bool":
             samples[name] = rng.random(shape) > 0.5
         else:
@@ -271,14 +271,14 @@ def explain_input_error(error: BaseException, params: CheckParams, model: Any) -
         names = [n for n, s in inputs.items() if len(s.shape) == got] or list(inputs)
         return (f"input {', '.join(repr(n) for n in names)} has rank {got}, but the model's first normalisation "
                 f"layer takes rank {wanted}", f"give {', '.join(names)} a shape of rank {wanted}")
-    rank = re.search(r"Expected (\d+)D \(unbatched\) or (\d+)D \(batched\) input to (\w+), but got input of size: "
-                     r"\[([\d, ]*)\]", text)
-    if rank:
-        size = [int(d) for d in rank.group(4).split(",") if d.strip()]
+    batched = re.search(r"Expected (\d+)D \(unbatched\) or (\d+)D \(batched\) input to (\w+), but got input of size: "
+                        r"\[([\d, ]*)\]", text)
+    if batched:
+        size = [int(d) for d in batched.group(4).split(",") if d.strip()]
         names = [n for n, s in inputs.items() if list(s.shape) == size] or list(inputs)
         return (f"input {', '.join(repr(n) for n in names)} has rank {len(size)} (shape {size}), but the model's "
-                f"first {rank.group(3)} takes rank {rank.group(2)} (batched) or {rank.group(1)}",
-                f"give {', '.join(names)} a shape of rank {rank.group(2)}, e.g. [batch, channels, height, width] "
+                f"first {batched.group(3)} takes rank {batched.group(2)} (batched) or {batched.group(1)}",
+                f"give {', '.join(names)} a shape of rank {batched.group(2)}, e.g. [batch, channels, height, width] "
                 "for a 2-D convolution")
     product = re.search(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)", text)
     if product:

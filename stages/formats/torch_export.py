@@ -124,7 +124,7 @@ def _bind_by_name(positional: list[Any], named: Mapping[str, Any], names: Sequen
         elif param.name in given:
             kwargs.append(param.name)
     kwargs += [n for n in names if n not in args and n not in kwargs]
-    notes = ()
+    notes: tuple[str, ...] = ()
     if [*args, *kwargs] != list(names):
         notes = (f"inputs passed to forward() by name, in forward()'s order: {[*args, *kwargs]}",)
     return Binding(tuple(args), tuple(kwargs), by="name", notes=notes)

@@ -109,7 +109,7 @@ def source_of(params: TorchSourceParams, resolve: Callable[[str], Path], project
                      "low": spec.low, "high": spec.high} for name, spec in params.inputs.items()}
     return TorchSource(
         model=params.model, factory_args=dict(params.factory_args), checkpoint=params.checkpoint, inputs=inputs,
-        outputs=list(params.outputs), opset=params.opset,
+        outputs=list(params.outputs or []), opset=params.opset,
         code_digest=code_digest(params.model, resolve, project_root),
         checkpoint_digest=hash_file_content(resolve(params.checkpoint)) if params.checkpoint else None)
 

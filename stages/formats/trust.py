@@ -190,12 +190,12 @@ def pickle_globals(data: bytes) -> list[str]:
             elif name in ("SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "STRING", "BINSTRING",
                           "SHORT_BINSTRING"):
                 recent.append(str(arg))
-            elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
-                memo[int(arg)] = recent[-1] if recent else None
+            elif name in ("PUT", "BINPUT", "LONG_BINPUT") and isinstance(arg, int):
+                memo[arg] = recent[-1] if recent else None
             elif name == "MEMOIZE":
                 memo[len(memo)] = recent[-1] if recent else None
-            elif name in ("GET", "BINGET", "LONG_BINGET"):
-                recent.append(memo.get(int(arg)))
+            elif name in ("GET", "BINGET", "LONG_BINGET") and isinstance(arg, int):
+                recent.append(memo.get(arg))
             else:
                 recent.append(None)
             del recent[:-2]

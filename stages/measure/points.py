@@ -30,7 +30,7 @@ def open_host_model(ctx: StageContext, params: Params, backend: str, model: Path
             raise RecipeError("backend torch needs torch_model (a factory) or, as model, an nvfp4/mxfp8 quantize "
                               "node's model (its fake-quantized PyTorch model)", field="torch_model")
         module = fake_quant_module(model, ctx.load_callable)[0]
-    elif backend == "torch":
+    elif backend == "torch" and params.torch_model is not None:
         module = load_callable(params.torch_model, ctx.resolve, "torch_model")()
     if backend == "torch":
         if params.device == "cuda":
@@ -74,6 +74,9 @@ def _open_reference(ctx: StageContext, params: Params, backend: str, specs: Sequ
     from .timing.calls import torch_call
 
     reference = ctx.reference
+    if reference is None:
+        raise StageFailed("the gate's reference was not laid out for this node, so it cannot be paired with it",
+                          hint="re-run the node; if it happens again, report it")
     model = reference.inputs.get("model")
     if backend == "torch" and model is None:
         spec = planned.params.get("torch_model") or params.torch_model
@@ -132,7 +135,7 @@ def _engine_reference(ctx: StageContext, params: Params, backend: str, feeds: Se
     from .judging.reference import gate_batch, pair_plan, pinned_params
     from .timing.ab import Pairing
 
-    if planned is None or planned.why is not None:
+    if planned is None or planned.why is not None or ctx.reference is None:
         return None, None, None, None
     model = ctx.reference.inputs.get("model")
     if model is None or candidate_kind(model) != "engine":
@@ -171,7 +174,8 @@ def fixed_points(ctx: StageContext, params: Params, backend: str, device: str, s
     points: list[dict[str, Any]] = []
     layers = kernels = paired = None
     feeds = []
-    for batch in list(params.batch_sizes) or [None]:
+    batches: list[int | None] = [*params.batch_sizes] or [None]  # no sweep: the shapes as given
+    for batch in batches:
         shapes = with_batch(base_shapes, batch)
         feeds.append((batch if batch is not None else batch_of(shapes), shapes, make_feed(specs, shapes, params,
                                                                                         ctx.resolve, ctx.log)))

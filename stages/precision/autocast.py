@@ -104,7 +104,7 @@ def reference_data(ctx: StageContext, model_path: Path, params: AutocastParams) 
                           hint="leave calibration_batch_size out to use the model's batch") from None
     # The first batch alone goes to a file: for the reproduction command and the ONNX Runtime check.
     reference_file = ctx.scratch / "reference.npz"
-    np.savez(reference_file, **next(dataset.batches(batch_size)))
+    np.savez(reference_file, **next(dataset.batches(batch_size)))  # type: ignore[arg-type]  # numpy's stub: **kwds could name allow_pickle
     return ReferenceData(dataset, batch_size, reference_file)
 
 

@@ -84,7 +84,8 @@ def torch_cuda_build() -> str | None:
     for node in tree.body:
         target = node.target if isinstance(node, ast.AnnAssign) else (
             node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
-        if isinstance(target, ast.Name) and target.id == "cuda" and isinstance(node.value, ast.Constant):
+        if isinstance(target, ast.Name) and target.id == "cuda" and isinstance(node, (ast.Assign, ast.AnnAssign)) \
+                and isinstance(node.value, ast.Constant):
             return node.value.value if isinstance(node.value.value, str) else None
     return None
 

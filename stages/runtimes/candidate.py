@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from trtflow.stage import RecipeError, StageContext, StageSkipped
 
@@ -21,6 +21,7 @@ from ..formats.onnx_model import candidate_kind
 from .tensorrt import FLAVOURS as TRT_FLAVOURS
 
 if TYPE_CHECKING:
+    from .records import EngineRecord
     from .trt_runtime import EngineSession
 
 
@@ -33,7 +34,7 @@ class Candidate:
     kind: str | None  # 'onnx', 'engine', or None when the node has no model input
     backend: str      # a TensorRT flavour, 'onnxruntime', or what the stage runs itself ('torch', 'fake-quant')
     provenance: Path | None = None
-    manifest: dict[str, Any] | None = None
+    manifest: EngineRecord | None = None  # its engine.json
     engine: EngineSession | None = None
 
     def __enter__(self) -> Candidate:

@@ -22,11 +22,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from importlib import util as importlib_util
 from types import ModuleType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from trtflow.environment import ABSENT, GpuInfo, dist_version, gpus
 from trtflow.errors import did_you_mean
 from trtflow.stage import EnvironmentUnavailable, RecipeError, StageFailed, StageSkipped
+
+if TYPE_CHECKING:
+    from .records import EngineRecord
 
 Backend = Literal["auto", "tensorrt", "tensorrt-rtx"]
 FLAVOURS: tuple[str, ...] = ("tensorrt", "tensorrt-rtx")
@@ -108,7 +111,7 @@ def import_trt(backend: str) -> ModuleType:
     """
     backend = resolve_backend(backend)
     want_rtx = backend == "tensorrt-rtx"
-    polygraphy_config = sys.modules.get("polygraphy.config")
+    polygraphy_config: Any = sys.modules.get("polygraphy.config")  # a module with the flag as an attribute
     if polygraphy_config is not None and bool(polygraphy_config.USE_TENSORRT_RTX) != want_rtx:
         if "polygraphy.backend.trt" in sys.modules:
             bound = "tensorrt-rtx" if polygraphy_config.USE_TENSORRT_RTX else "tensorrt"
@@ -160,7 +163,7 @@ def _cuda_of(backend: str) -> str:
 def _cuda_driver_version() -> str:
     """CUDA version supported by the installed driver, via cuda-python when present."""
     try:
-        from cuda.bindings import runtime  # type: ignore[import-not-found]
+        from cuda.bindings import runtime
     except ImportError:
         return "unknown (cuda-python not installed)"
     try:
@@ -216,7 +219,7 @@ def _rebuild_hint(fact: str) -> str:
     )
 
 
-def check_provenance(manifest: Mapping[str, Any], backend: str, *, version: str | None = None,
+def check_provenance(manifest: EngineRecord, backend: str, *, version: str | None = None,
                      machine_gpus: Sequence[GpuInfo] | None = None, gpu_index: int | None = None) -> None:
     """Refuse an engine this machine cannot load, naming the field that differs and how to rebuild.
 
@@ -265,11 +268,12 @@ def _cc_tuple(value: str) -> tuple[int, int]:
     return int(major), int(minor or 0)
 
 
-def _check_gpu(manifest: Mapping[str, Any], backend: str, gpu: GpuInfo) -> None:
+def _check_gpu(manifest: EngineRecord, backend: str, gpu: GpuInfo) -> None:
     builder = manifest.get("builder", {}) or {}
     here_cc = gpu.compute_capability
-    built_gpu = manifest.get("gpu")
-    built_cc = built_gpu.get("compute_capability") if isinstance(built_gpu, Mapping) else None
+    recorded = manifest.get("gpu")
+    built_gpu: Mapping[str, Any] = recorded if isinstance(recorded, Mapping) else {}  # a str: built on CPU
+    built_cc = built_gpu.get("compute_capability")
     if backend == "tensorrt-rtx":
         targets = builder.get("compute_capabilities")
         if not targets:

@@ -16,13 +16,16 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trtflow.environment import GpuInfo, gpus, module_available
 from trtflow.stage import StageFailed, StageSkipped
 
 from ..data import InputSpec
 from .tensorrt import INSTALL_HINTS, check_provenance, import_trt, resolve_backend
+
+if TYPE_CHECKING:
+    from .records import EngineRecord
 
 # TensorRT-RTX support matrix (Linux x86-64): Turing, Ampere RTX, Ada, Blackwell RTX and GB10. Datacenter
 # GPUs such as the A100 (8.0) and H100/H200 (9.0) are not supported.
@@ -132,14 +135,11 @@ def provenance_for(engine_path: Path, explicit: Path | None = None) -> Path | No
     return beside if beside.is_file() else None
 
 
-def read_provenance(provenance_path: Path | None) -> dict[str, Any] | None:
-    if provenance_path is None:
-        return None
-    try:
-        return json.loads(Path(provenance_path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise StageFailed(f"cannot read engine provenance {provenance_path}: {error}",
-                          hint="re-run the build stage that produced the engine") from error
+def read_provenance(provenance_path: Path | None) -> EngineRecord | None:
+    """The engine's engine.json, checked against its declared type (`records.engine_record`); None without one."""
+    from .records import engine_record
+
+    return engine_record(Path(provenance_path)) if provenance_path is not None else None
 
 
 def engine_backend(requested: str, manifest: Mapping[str, Any] | None) -> str:
@@ -185,7 +185,7 @@ def deserialize_engine(flavour: str, data: bytes, engine_path: Path) -> EngineSe
     return TrtEngineSession(trt, engine)
 
 
-def verify_engine_digest(data: bytes, manifest: dict, engine_path: Path) -> None:
+def verify_engine_digest(data: bytes, manifest: EngineRecord, engine_path: Path) -> None:
     """Refuse an engine whose bytes are not the ones its build recorded (xxh3-128 digest)."""
     import xxhash
 
@@ -338,7 +338,7 @@ class TrtEngineSession:
         times: dict[str, list[float]] = {}
         trt = self._trt
 
-        class LayerTimes(trt.IProfiler):  # type: ignore[name-defined, misc]
+        class LayerTimes(trt.IProfiler):  # type: ignore[name-defined]  # trt: the module, bound at run time
             def __init__(self) -> None:
                 trt.IProfiler.__init__(self)
 

@@ -105,6 +105,25 @@ def test_an_out_of_memory_kill_is_reported_as_such(tmp_path: Path, monkeypatch) 
     assert "out-of-memory" not in killed.error  # we killed it ourselves (timeout, Ctrl-C)
 
 
+def test_a_crash_in_a_native_step_is_named_from_a_held_scratch_folder(tmp_path: Path) -> None:
+    """The runner holds a node's scratch folder as a Tree (storage/confined/folders.py) and diagnoses a crash
+    from it: the native call the process died in is read through that Tree, as through a path."""
+    import json
+
+    from trtflow.stage import NATIVE_STEP_FILE
+    from trtflow.storage.confined.tree import Tree
+
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "scratch" / NATIVE_STEP_FILE).write_text(json.dumps({"library": "tensorrt", "what": "building"}))
+    held = Tree(tmp_path / "scratch")
+    try:
+        for scratch in (held, tmp_path / "scratch"):
+            outcome = diagnosis.diagnose(-11, False, None, None, scratch, tmp_path / "none.log", tmp_path)
+            assert "segmentation fault" in outcome.error and "in tensorrt while building" in outcome.error
+    finally:
+        held.close()
+
+
 # ---------------------------------------------------------------------------------------------- cached gates
 class GatedParams(StageParams):
     value: float = Field(default=0.5, description="The measurement the stage reports.")

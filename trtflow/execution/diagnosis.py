@@ -20,7 +20,7 @@ from trtflow.storage import records
 from trtflow.storage.confined.reading import tail_of_fd
 from trtflow.storage.confined.tree import Tree, tail_of
 
-_SIGNAL_WORDS = {
+_SIGNAL_WORDS: dict[int, str] = {
     signal.SIGSEGV: "a segmentation fault (SIGSEGV)",
     signal.SIGABRT: "an abort (SIGABRT)",
     signal.SIGBUS: "a bus error (SIGBUS)",
@@ -64,7 +64,8 @@ def total_memory() -> int | None:
 def native_step(scratch: Path | Tree) -> dict[str, Any] | None:
     """The native call the node's process was in when it died (its scratch folder: held, or a path)."""
     try:
-        data = records.read(Tree(scratch), NATIVE_STEP_FILE, records.JOB)
+        tree = scratch if isinstance(scratch, Tree) else Tree(scratch)  # a held folder is read through its descriptor
+        data = records.read(tree, NATIVE_STEP_FILE, records.JOB)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -18,6 +18,7 @@ the recipe's file lock and `RefsObserver` keeps its set of used keys under a loc
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -151,7 +152,7 @@ class JournalObserver(RunObserver):
         host = os.uname().nodename
         for run_id, pid, run_host in self.guarded("reading running runs", self.journal.running_runs) or []:
             if run_host == host and pid and not pid_alive(pid):
-                self.guarded("recording a dead run", lambda r=run_id: self.journal.mark_dead(r))
+                self.guarded("recording a dead run", functools.partial(self.journal.mark_dead, run_id))
                 try:
                     store.tree.remove_tree(store.scratch_rel(run_id))  # a run id is a plain name (journal.py)
                 except OSError:

@@ -41,8 +41,9 @@ class Job:
     timeout: float | None = None
     preload: list[str] = field(default_factory=list)  # modules worth importing once in a warm server
     parent_pid: int = 0
-    # for executors that run nodes elsewhere: where each input's bytes come from (slot -> {filename: digest})
-    input_objects: dict[str, dict[str, str]] = field(default_factory=dict)
+    # for executors that run nodes elsewhere: where each input's bytes come from (place -> output name -> its
+    # manifest entry: filename, digest, size, kind)
+    input_objects: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     # slot -> per input: its producer's node, template, matrix and own inputs (StageContext.input_sources)
     input_sources: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # the reference the node measures beside its candidate, laid out in its scratch (`stage.Reference.as_json`)

@@ -129,7 +129,8 @@ class Runner:
             self.ctx.executor.close()
         finally:
             try:
-                self.ctx.folders.close()  # frees space a full disk needs; through descriptors held from the start
+                if self.ctx.folders is not None:  # None: a context made by hand
+                    self.ctx.folders.close()  # frees space a full disk needs; through descriptors held from the start
             except OSError:
                 pass
             self.observers.run_ended(status)

@@ -84,7 +84,9 @@ def _run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: loggi
     from trtflow.stage import Reference, StageContext
 
     if get_stage is None:
-        from trtflow.registry import get_stage
+        from trtflow.registry import get_stage as registered
+
+        get_stage = registered
     log = log or logging.getLogger(f"trtflow.node.{job.node}")
     try:
         stage = get_stage(job.stage)

@@ -124,7 +124,8 @@ def _marks_with_defaults(loaded: LoadedRecipe, index: int, stage: str, own: dict
     by_path = dict(loaded.marks.by_path)
     for (*rest,), location in loaded.marks.subtree(("defaults", stage)).items():
         if rest and rest[0] not in own:
-            by_path[("nodes", index, "params", *rest)] = location
+            at_node = ("nodes", index, "params", *rest)
+            by_path[at_node] = location
     return Marks(by_path)
 
 

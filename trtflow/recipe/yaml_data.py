@@ -346,10 +346,10 @@ class _Composer:
         base = len(frame.path) + 1  # the marks of a merge value sit under (*path, MERGE, ...)
         for i in range(start, stop):
             inner, location = self.entries[i]
-            rest, source = inner[base:], 0
+            rest, origin = inner[base:], 0
             if listed and rest:
-                source, rest = rest[0], rest[1:]
-            if rest and provider.get(rest[0]) == source and MERGE not in rest:
+                origin, rest = rest[0], rest[1:]
+            if rest and provider.get(rest[0]) == origin and MERGE not in rest:
                 self.entries.append(((*frame.path, *rest), location))
         return merged
 

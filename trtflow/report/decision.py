@@ -49,13 +49,16 @@ def decision(node: str, summary: SelectionSummary) -> Decision:
     objective = summary.get("objective") or {}
     stat = objective.get("percentile") or "p50"
     candidates = summary["candidates"]
-    batches = sorted({p["batch_size"] for c in candidates for p in (c.get("benchmark") or {}).get("points", [])
-                      if isinstance(p.get("batch_size"), int)})
-    rows, series, load = [], [], []
+    measured = [perf for c in candidates if (perf := c.get("benchmark"))]
+    batches = sorted({batch for perf in measured for p in perf.get("points", [])
+                      if isinstance(batch := p.get("batch_size"), int)})
+    rows: list[dict[str, Any]] = []
+    series: list[dict[str, Any]] = []
+    load: list[dict[str, Any]] = []
     for c in candidates:
-        validation = c.get("validation") or {}
-        bench = c.get("benchmark") or {}
-        point = c.get("operating_point") or {}
+        validation: Mapping[str, Any] = c.get("validation") or {}
+        bench: Mapping[str, Any] = c.get("benchmark") or {}
+        point: Mapping[str, Any] = c.get("operating_point") or {}
         by_batch = {p.get("batch_size"): p for p in bench.get("points", [])}
         status = "selected" if c["name"] == summary.get("selected") else "eligible" if c.get("eligible") \
             else "excluded"
@@ -84,7 +87,7 @@ def decision(node: str, summary: SelectionSummary) -> Decision:
                 load.append({"candidate": c["name"], "concurrency": level.get("concurrency"),
                              "throughput_qps": level["throughput_qps"], "latency_ms": latency[stat]})
     decimals = decimals_apart([r["cosine"] for r in rows], least=6)  # 1.0000000 vs 0.9999999, not 1.000000 twice
-    winner = next((c for c in candidates if c["name"] == summary.get("selected")), {})
+    winner: Mapping[str, Any] = next((c for c in candidates if c["name"] == summary.get("selected")), {})
     tied = list(summary.get("tied") or [])
     return Decision(node=node, selected=summary.get("selected"), objective=objective.get("description", ""),
                     percentile=stat, constraints=[c.get("text", str(c)) for c in summary.get("constraints") or []],
@@ -135,7 +138,7 @@ def benchmark_flags(summary: SelectionSummary) -> dict[str, list[str]]:
     waited for a CPU most of the time)."""
     flags: dict[str, list[str]] = {}
     for c in summary.get("candidates") or []:
-        bench = c.get("benchmark") or {}
+        bench: Mapping[str, Any] = c.get("benchmark") or {}
         node = bench.get("node") or c.get("name")
         raised: dict[str, list[str]] = {}
         for p in bench.get("points") or []:
@@ -160,7 +163,7 @@ def headline(node: str, summary: SelectionSummary) -> str:
     if selected is None:
         line = f"{node}: no candidate qualifies for {objective}"
     else:
-        winner = next((c for c in summary["candidates"] if c.get("name") == selected), {})
+        winner: Mapping[str, Any] = next((c for c in summary["candidates"] if c.get("name") == selected), {})
         reason = (winner.get("reason") or objective).removeprefix("selected: ")
         line = f"{node}: chose {selected}: {reason}"
     flags = benchmark_flags(summary)

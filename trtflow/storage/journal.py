@@ -212,7 +212,7 @@ class Journal:
             except sqlite3.Error as exc:
                 raise translate(exc, self.path, doing) from None
 
-    def _execute(self, doing: str, sql: str, args: Sequence[Any] = ()) -> list[Any] | sqlite3.Cursor:
+    def _execute(self, doing: str, sql: str, args: Sequence[Any] = ()) -> _Rows | sqlite3.Cursor:
         with self.guard(doing):
             cursor = self.conn.execute(sql, tuple(args))
             if cursor.description is None:

@@ -87,7 +87,7 @@ class StoreLock:
 
     def holders(self) -> list[dict]:
         """Who holds (or held and died holding) the lock: best effort, for messages."""
-        found = []
+        found: list[dict] = []
         try:
             names = [n for n in self.tree.names(HOLDERS) if n.endswith(".json")]
         except OSError:

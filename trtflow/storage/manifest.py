@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from typing_extensions import TypeIs
+
 #: The manifest format this trtflow writes (1: the first release; 2: ``recipe_id`` and ``format`` recorded).
 FORMAT = 2
 DIGEST = re.compile(r"[0-9a-f]{32}")  # xxh3-128, the store's object names
@@ -33,7 +35,7 @@ class Problem:
         return self.text
 
 
-def is_key(text: object) -> bool:
+def is_key(text: object) -> TypeIs[str]:
     return isinstance(text, str) and KEY.fullmatch(text) is not None
 
 
@@ -43,11 +45,11 @@ def check_key(key: str) -> None:
         raise ValueError(f"not a node key: {key!r}")
 
 
-def is_digest(text: object) -> bool:
+def is_digest(text: object) -> TypeIs[str]:
     return isinstance(text, str) and DIGEST.fullmatch(text) is not None
 
 
-def safe_relative_name(filename: object) -> bool:
+def safe_relative_name(filename: object) -> TypeIs[str]:
     """A file name that stays inside its folder: relative, POSIX, no '..', '.', empty parts, backslash or NUL."""
     if not isinstance(filename, str) or not filename or filename.startswith("/") or "\\" in filename \
             or "\0" in filename:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, cast
 
@@ -477,7 +477,7 @@ def summary_of(text: Any, where: str) -> dict[str, Any] | None:
         return None
 
 
-def rows(kind: RecordKind, found: list[Mapping[str, Any]], where: str) -> list[dict[str, Any]]:
+def rows(kind: RecordKind, found: Sequence[Mapping[str, Any]], where: str) -> list[dict[str, Any]]:
     """The journal rows of ``found`` that pass `check` (each one that does not is left out, with a warning)."""
     kept = []
     for number, row in enumerate(found):

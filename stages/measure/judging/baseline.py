@@ -52,7 +52,7 @@ def benchmark_entry(summary: BenchmarkSummary, facts: Mapping[str, str],
             {"batch_size": p.get("batch_size"), "streams": p.get("streams", 1),
              "latency_ms": p.get("latency_ms") or {"p50": p.get("median_ms"), "p99": p.get("p99_ms")},
              "throughput_qps": p.get("throughput_qps"),
-             **{key: p[key] for key in POINT_UNCERTAINTY if key in p}}
+             **{key: value for key, value in p.items() if key in POINT_UNCERTAINTY}}
             for p in summary.get("points", []) if isinstance(p, Mapping)
         ],
         "load": [dict(p) for p in summary.get("load", []) if isinstance(p, Mapping)],
@@ -172,7 +172,7 @@ def artifact_identity(entry: Mapping[str, Any]) -> str | None:
     return pin.identity if pin is not None else None
 
 
-def compare_accuracy(baseline: Mapping[str, Any], summary: ValidateSummary, facts: Mapping[str, str],
+def compare_accuracy(baseline: Mapping[str, Any], summary: Mapping[str, Any], facts: Mapping[str, str],
                      path: Path, max_cosine_drop: float = 1e-3, max_error_increase_percent: float = 10.0,
                      max_task_metric_drop: float = 0.01) -> list[str]:
     """Failures of a validate summary against its baseline entry: per output, cosine similarity more than

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from statistics import NormalDist
 from typing import Any
 
-from trtflow.verdicts import MEASURED, PAIRED, STORED, GateVerdict
+from trtflow.verdicts import MEASURED, PAIRED, STORED, GateVerdict, Outcome
 
 from ..settings import GateFields
 from ..statistics.paired import (
@@ -184,7 +184,7 @@ class Comparison:
         self.budget = Budget(family_alpha(family), ALPHA_PASS)
         self.pinned: list[str] = []  # the reference's pinned settings that differ from the candidate's
 
-    def verdict(self, outcome: str, reason: str, place: str, figure: str, estimate: float | None,
+    def verdict(self, outcome: Outcome, reason: str, place: str, figure: str, estimate: float | None,
                 interval: tuple[float, float] | None, basis: str, primary: bool, pairs: int | None = None,
                 power_text: str | None = None) -> GateVerdict:
         # estimate, interval and threshold as candidate / reference ratios (throughput: < 1 is worse)
@@ -278,6 +278,7 @@ class Comparison:
         limit = allowed_ratio(self.percent, figure)
         allowance = 1.0 + self.params.run_to_run_percent / 100.0
         scaled = worse.at_confidence(1 - self.budget.alpha_fail, 1 - self.budget.alpha_pass)
+        outcome: Outcome
         if scaled.low > limit * allowance:
             outcome = "fail"
         elif scaled.high <= limit:
@@ -286,9 +287,9 @@ class Comparison:
             outcome = "inconclusive"
         what = FIGURE_TEXT.get(figure, figure)
         unit = "qps" if figure == "throughput" else "ms"
-        spread = "" if ratio.exact_value else f", 95% interval {ratio.low:.3f}-{ratio.high:.3f}"
+        interval_text = "" if ratio.exact_value else f", 95% interval {ratio.low:.3f}-{ratio.high:.3f}"
         figures = (f"{what} {new} {unit} vs {self.against} {old} {unit} ({_change(ratio.value, figure)}; ratio "
-                   f"{ratio.value:.3f}{spread})")
+                   f"{ratio.value:.3f}{interval_text})")
         if busy is not None and not self._despite_wait(outcome, worse, limit * allowance, limit, waits):
             outcome, reason = "inconclusive", f"{place}: {busy}; {figures}; {STORED_NOTE}"
         elif outcome == "fail":
@@ -384,6 +385,8 @@ def baseline_verdicts(params: GateFields, summary: Mapping[str, Any], gate_ctx: 
                       family: int) -> list[GateVerdict]:
     """Against a pinned baseline file: paired when its artifact was re-measured beside the candidate (and is the
     one the file pins now), else its stored figures, refused when they come from other hardware or runtime."""
+    if params.baseline is None:  # `verdicts` asks only with a baseline
+        return []
     percent = params.max_regression_percent or DEFAULT_BASELINE_REGRESSION_PERCENT
     entry, path = baseline_entry(params.baseline, params.baseline_node, "benchmark", gate_ctx.resolve, gate_ctx.node)
     comparison = Comparison(f"baseline {params.baseline}", "the baseline's", percent, params, family)

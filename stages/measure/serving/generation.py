@@ -243,7 +243,7 @@ def generation_timers(models: Mapping[str, Path], requests: Mapping[str, Any], o
 
     clients = int(requests["concurrency"])
     new_tokens = int(requests["new_tokens"])
-    timers = {}
+    timers: dict[str, Callable[[float, int], Window]] = {}
     for name, model in models.items():
         settings = runtime_options(model, OrtOptions.model_validate(dict(options)), log).options
         decoder = OrtDecoder(create_session(model, settings, ort_providers(device)))

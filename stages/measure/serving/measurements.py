@@ -29,7 +29,7 @@ from ...data import InputSpec
 from ..timing.feeds import FeedParams
 from .instances import ExecutorSpec, available_cpus, open_executor
 from .levels import Level, run_level
-from .loadgen import ScenarioSpec, early_stopping_queries, unavailable
+from .loadgen import Scenario, ScenarioSpec, early_stopping_queries, unavailable
 from .traffic import (
     DynamicBatching,
     LoadRun,
@@ -61,7 +61,7 @@ class ServingParams(FeedParams, Protocol):
     @property
     def arrival_rate_qps(self) -> list[float]: ...
     @property
-    def scenarios(self) -> list[str]: ...
+    def scenarios(self) -> Sequence[Scenario]: ...
     @property
     def load_generator(self) -> str: ...
     @property

@@ -346,7 +346,8 @@ def poisson_arrivals(rate_qps: float, start_ns: int, end_ns: int, seed: int) -> 
     if rate_qps <= 0:
         raise ValueError(f"arrival rate must be > 0, got {rate_qps}")
     rng = random.Random(seed)
-    arrivals, t = [], float(start_ns)
+    arrivals: list[int] = []
+    t = float(start_ns)
     while True:
         t += rng.expovariate(rate_qps) * 1e9
         if t >= end_ns:
@@ -450,7 +451,7 @@ def summarize_run(run: LoadRun, latency_budget_ms: float | None = None) -> dict[
     return result
 
 
-def highest_rate_meeting_budget(points: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+def highest_rate_meeting_budget(points: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The open-loop point of the highest arrival rate whose p99 latency met the budget (None: none did)."""
     meeting = [p for p in points if p.get("meets_budget")]
     return max(meeting, key=lambda p: p["arrival_rate_qps"]) if meeting else None

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .stats import median, percentile
+from .stats import Values, median, percentile
 
 CONFIDENCE = 0.95
 #: Statistics of a point that get an interval (keys of ``latency_ms``), with the quantile each one is.
@@ -49,7 +49,7 @@ def min_queries(quantile: float, confidence: float = CONFIDENCE) -> int:
     return math.floor(low_tail) + 1
 
 
-def quantile_interval(values: Sequence[float], quantile: float,
+def quantile_interval(values: Values, quantile: float,
                       confidence: float = CONFIDENCE) -> tuple[float, float, bool]:
     """``(low, high, bounded)``: the distribution-free interval of the ``quantile`` of ``values`` from order
     statistics. A bound that does not exist with this few values is replaced by the extreme value seen and

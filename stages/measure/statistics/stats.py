@@ -17,6 +17,13 @@ import math
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    import numpy as np
+
+#: Ascending values: a list, or a sorted numpy array.
+Values: TypeAlias = "Sequence[float] | np.ndarray"
 
 DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0)
 ENQUEUE_BOUND_RATIO = 0.8  # trtexec: enqueue median > 0.8 x GPU compute median
@@ -27,7 +34,7 @@ def _f32(value: float) -> float:
     return struct.unpack("f", struct.pack("f", value))[0]
 
 
-def percentile(sorted_values: Sequence[float], p: float) -> float:
+def percentile(sorted_values: Values, p: float) -> float:
     """trtexec's percentile of ascending ``sorted_values`` (no interpolation); inf when empty.
 
     The excluded count is computed in float32 as trtexec does, so e.g. p90 of 100 values excludes 10
@@ -41,7 +48,7 @@ def percentile(sorted_values: Sequence[float], p: float) -> float:
     return float(sorted_values[max(count - 1 - exclude, 0)])
 
 
-def median(sorted_values: Sequence[float]) -> float:
+def median(sorted_values: Values) -> float:
     count = len(sorted_values)
     if count == 0:
         return math.inf
@@ -168,7 +175,7 @@ def report_traces(
     wall time summed over the windows."""
     timed = [t for window in windows for t in window]
     wall_ms = sum(trace_wall_ms(window) for window in windows if window)
-    result = {
+    result: dict[str, Any] = {
         "queries": len(timed),
         "warmup_queries": warmup_queries,
         "wall_time_ms": wall_ms,

@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 Verdict = Literal["pass", "fail", "inconclusive"]
 NOISY_HINT = "measure longer (max_duration_s, repeats) or on a quieter host to decide"
@@ -83,7 +83,7 @@ class Figure:
                       self.value * math.exp(up) if math.isfinite(up) else math.inf)
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

@@ -15,9 +15,14 @@ from ...data import DataSource, InputSpec, RandomData, load_arrays
 class FeedParams(Protocol):
     """What feeding reads of a benchmark node's params (the benchmark stage's ``Params``)."""
 
-    shapes: Mapping[str, list[int]]
-    profile: ProfileSpec | None
-    data: DataSource | None
+    @property
+    def shapes(self) -> Mapping[str, list[int]]: ...
+
+    @property
+    def profile(self) -> ProfileSpec | None: ...
+
+    @property
+    def data(self) -> DataSource | None: ...
 
 
 def resolve_shapes(specs: Sequence[InputSpec], params: FeedParams) -> dict[str, list[int]]:

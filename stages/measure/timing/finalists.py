@@ -249,8 +249,8 @@ def generation_plan(rows: Sequence[Mapping[str, Any]], objective: Mapping[str, A
     if any(row.get("kind") != "onnx" or benches[row["name"]].get("backend") != "onnxruntime" for row in rows):
         return "only ONNX models benchmarked on ONNX Runtime are timed together so far"
     methods = [benches[name].get("method") or {} for name in benches]
-    requests = [{k: (m.get("generation") or {}).get(k) for k in ("context_length", "new_tokens", "seed")}
-                for m in methods]
+    requests: list[dict[str, Any]] = [
+        {k: (m.get("generation") or {}).get(k) for k in ("context_length", "new_tokens", "seed")} for m in methods]
     devices = {benches[name].get("device") for name in benches}
     options = [m.get("onnxruntime") for m in methods]
     if len(devices) != 1 or any(o != options[0] for o in options) or any(r != requests[0] for r in requests) \
@@ -267,7 +267,8 @@ def generation_plan(rows: Sequence[Mapping[str, Any]], objective: Mapping[str, A
     new_tokens = int(requests[0]["new_tokens"])
     longest = 0.0
     for name, bench in benches.items():
-        level = next((g for g in bench.get("generation") or [] if g.get("concurrency") == clients), {})
+        level: Mapping[str, Any] = next(
+            (g for g in bench.get("generation") or [] if g.get("concurrency") == clients), {})
         ttft, tpot = (level.get("ttft_ms") or {}).get(stat), (level.get("tpot_ms") or {}).get(stat)
         if not isinstance(ttft, (int, float)) or not isinstance(tpot, (int, float)):
             return f"{name}'s benchmark has no {stat} time to first token and per output token at concurrency {clients}"

@@ -53,7 +53,7 @@ def kernel_durations(trace: Mapping[str, Any]) -> tuple[dict[str, list[float]], 
 def summarize(durations: Mapping[str, Sequence[float]]) -> list[dict[str, Any]]:
     """One row per kernel name with nsys' kernel-summary columns, most total time first."""
     total = sum(sum(values) for values in durations.values())
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, values in durations.items():
         if not values:
             continue

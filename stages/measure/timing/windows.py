@@ -163,8 +163,8 @@ def add_uncertainty(report: dict[str, Any], found: Uncertainty, unmet: Sequence[
     report.update(found.as_dict())
     report["repeats"] = windows
     report["converged"] = not unmet
-    waits = [w.get("wait_ms") for w in windows]
-    if windows and all(isinstance(w, (int, float)) for w in waits):
+    waits = [wait for w in windows if isinstance(wait := w.get("wait_ms"), (int, float))]
+    if windows and len(waits) == len(windows):
         report["cpu_wait_ms_per_query"] = sum(waits) / max(sum(w["queries"] for w in windows), 1)
     if unmet:
         report["warnings"].append({

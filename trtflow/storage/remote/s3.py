@@ -170,7 +170,7 @@ def _bounded(limit: int) -> Any:
     """An fsspec transfer callback that stops a download whose announced or received size passes ``limit``."""
     from fsspec.callbacks import Callback
 
-    class Bounded(Callback):  # type: ignore[misc]
+    class Bounded(Callback):
         def set_size(self, size: int | None) -> None:
             if size is not None and size > limit:
                 raise TooLarge(f"has {size} bytes, more than {limit}")
