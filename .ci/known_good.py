@@ -71,7 +71,7 @@ def differences(record: dict[str, str], now: dict[str, str]) -> list[tuple[str, 
 
 def write(path: Path = RECORD) -> None:
     now = installed()
-    today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    today = datetime.datetime.now(datetime.UTC).date().isoformat()
     header = (
         "# The versions last known to pass: ruff, lint-imports and `python -m pytest -q -n 2` were green with exactly\n"
         f"# these (Python {platform.python_version()}, {platform.system()} {platform.machine()}, {today}).\n"

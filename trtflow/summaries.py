@@ -17,9 +17,12 @@ only with ``profile_kernels``, ``load`` only with a load sweep, ...). A reader `
 
 from __future__ import annotations
 
-from typing import Any
+from typing import (
+    Any,
+    Required,  # pydantic reads typing_extensions.TypedDict on Python < 3.12
+)
 
-from typing_extensions import Required, TypedDict  # pydantic reads typing_extensions.TypedDict on Python < 3.12
+from typing_extensions import TypedDict
 
 #: Latency statistics by name (p50, p90, p95, p99, mean) in milliseconds; a 95% interval is ``[low, high]``.
 Latencies = dict[str, float]

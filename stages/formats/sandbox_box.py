@@ -64,7 +64,7 @@ def remove(parent: int, name: str) -> None:
     except FileNotFoundError:
         return
     if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(name, dir_fd=parent)  # type: ignore[call-arg]  # (descriptor-based, never follows a link; Python 3.11+)
+        shutil.rmtree(name, dir_fd=parent)  # descriptor-based, never follows a link
     else:
         os.unlink(name, dir_fd=parent)
 

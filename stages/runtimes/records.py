@@ -16,9 +16,9 @@ The readers (`trt_runtime.read_provenance` for `candidate.open_candidate`, trito
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Required
 
-from typing_extensions import Required, TypedDict
+from typing_extensions import TypedDict
 
 from trtflow.stage import StageFailed
 from trtflow.storage.records import Damaged, Limits, RecordKind, parse

@@ -29,10 +29,10 @@ import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal, NotRequired, Required, cast
 
 from pydantic import Field, TypeAdapter, ValidationError
-from typing_extensions import NotRequired, Required, TypedDict
+from typing_extensions import TypedDict
 
 from trtflow import summaries
 from trtflow.storage.confined import kinds

@@ -16,7 +16,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from trtflow.stage import Pin, Reference
 
@@ -30,9 +32,11 @@ DEFAULT_PERCENT = 10.0
 #: The settings of how a model runs that the reference keeps as it was pinned (the rest, such as shapes and the
 #: timing plan, are the point's and the candidate's).
 PINNED_SETTINGS = ("onnxruntime", "include_host_transfers", "use_cuda_graph", "spin_wait")
+#: The benchmark's parameters (any pydantic model holding `PINNED_SETTINGS`).
+P = TypeVar("P", bound=BaseModel)
 
 
-def pinned_params(params: Any, record_params: Mapping[str, Any]) -> tuple[Any, list[str]]:
+def pinned_params(params: P, record_params: Mapping[str, Any]) -> tuple[P, list[str]]:
     """``params`` with the reference's recorded `PINNED_SETTINGS` (the reference is measured as it was pinned),
     and what differs from the candidate's, said as ``name: reference -> candidate``."""
     changed: dict[str, Any] = {}

@@ -47,10 +47,10 @@ class Changing(Walker):
                     return True
 
                 try:
-                    shutil.rmtree(parts[-1], dir_fd=folder)  # type: ignore[call-arg]  # dir_fd: Python 3.11+
+                    shutil.rmtree(parts[-1], dir_fd=folder)
                 except PermissionError:
                     self._chmod_tree(folder, parts[-1])
-                    shutil.rmtree(parts[-1], dir_fd=folder)  # type: ignore[call-arg]  # dir_fd: Python 3.11+
+                    shutil.rmtree(parts[-1], dir_fd=folder)
                 return True
         except (FileNotFoundError, NotADirectoryError):
             return False
