@@ -12,7 +12,8 @@ store, a remote other machines write, a planted journal), so each is read as unt
   journal value larger than its cap is cut off in SQL, see `sql_capped`);
 - the parsed value is walked once, without recursion, against ``Limits`` (depth, items of a list or an object,
   characters of a string, values in all), so a deeply nested or huge value never reaches a reader;
-- it is then validated against its declared type (a pydantic `TypeAdapter`, strict: a string is not a number)
+- it is then checked against its declared type (`conforms`: pydantic's strict rules, a string is not a number,
+  without importing pydantic on every command; a differential test holds it to pydantic's `TypeAdapter`)
   from `trtflow.summaries` or from below (TypedDicts: keys a reader does not know pass, so a field a newer trtflow
   adds, such as a manifest's signature, is one more ``NotRequired`` key).
 
@@ -28,16 +29,17 @@ import json
 import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NotRequired, Required, cast
 
-from pydantic import Field, TypeAdapter, ValidationError
+from annotated_types import Len
 from typing_extensions import TypedDict
 
 from trtflow import summaries
 from trtflow.storage.confined import kinds
 from trtflow.storage.confined.names import Rel
 from trtflow.storage.confined.tree import Tree
+from trtflow.storage.conforms import problem as type_problem
 
 log = logging.getLogger("trtflow.storage")
 
@@ -83,10 +85,6 @@ class RecordKind:
     limits: Limits = Limits()
     file: kinds.Kind | None = None
     fix: str = FIX_STORE
-    adapter: TypeAdapter = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "adapter", TypeAdapter(self.declared))
 
 
 #: Every kind of record, by name: the test plants each one (a kind added here is planted by it).
@@ -307,7 +305,7 @@ class Baseline(TypedDict, total=False):
     format: Required[str]  # "trtflow-baseline/1"
     recipe: str | None
     saved: str | None
-    nodes: Required[dict[str, Annotated[BaselineBenchmark | BaselineValidate, Field(discriminator="stage")]]]
+    nodes: Required[dict[str, BaselineBenchmark | BaselineValidate]]
 
 
 SMALL = Limits(bytes=64 * KiB, depth=8, items=1000, string=16 * KiB, values=10_000)
@@ -334,7 +332,7 @@ REMOTE_MANIFEST = _kind("remote manifest", Manifest, limits=Limits(bytes=kinds.M
 RUN_ROW = _kind("journal run", RunRow, limits=ROW, fix=FIX_JOURNAL)
 NODE_ROW = _kind("journal node", NodeRow, limits=ROW, fix=FIX_JOURNAL)
 HISTORY_ROW = _kind("journal history row", HistoryRow, limits=ROW, fix=FIX_JOURNAL)
-DEP_SET = _kind("journal module set", Annotated[list[list[str]], Field(min_length=2, max_length=2)],
+DEP_SET = _kind("journal module set", Annotated[list[list[str]], Len(2, 2)],
                 limits=Limits(bytes=4 * MiB, depth=3, items=100_000, string=4 * KiB), fix=FIX_JOURNAL)
 NODE_SUMMARY = _kind("node summary", Json, limits=Limits(bytes=16 * MiB), fix=FIX_JOURNAL)
 FIGURE_FACTS = _kind("history facts", dict[str, Any], limits=SMALL, fix=FIX_JOURNAL)
@@ -408,15 +406,12 @@ def check(kind: RecordKind, value: Any, where: str = "", small: bytes | None = N
     if problem:
         raise Damaged(kind, where, problem)
     try:
-        kind.adapter.validate_python(value, strict=True)
-    except ValidationError as error:
-        first = error.errors()[0]
-        path = ".".join(str(p) for p in first["loc"])
-        raise Damaged(kind, where, f"{path + ': ' if path else ''}{first['msg']}"
-                      f"{f', and {error.error_count() - 1} more' if error.error_count() > 1 else ''}",
-                      value, typed=True) from None
+        found = type_problem(kind.declared, value)
     except RecursionError:
         raise Damaged(kind, where, "nested too deep") from None
+    if found is not None:
+        path = ".".join(str(p) for p in found[0])
+        raise Damaged(kind, where, f"{path + ': ' if path else ''}{found[1]}", value, typed=True)
     return value
 
 
