@@ -153,11 +153,18 @@ class RunFolders:
         discard(self.scratch, node, folders.scratch)
 
     def close(self) -> None:
-        """Remove ``tmp/<run>`` (through its descriptor) and let the folders go."""
+        """Remove ``tmp/<run>`` (through its descriptor), and ``logs/<run>`` if no node wrote a log there (a run that
+        built nothing leaves no log folder for gc to keep), and let the folders go."""
         with self._lock:
             held, self._held = self._held, None
         if held is not None:
             tmp, logs, scratch, run_logs = held
             discard(tmp, self.run_id, scratch)
+            try:
+                empty = not run_logs.names()
+            except OSError:
+                empty = False
+            if empty:
+                discard(logs, self.run_id, run_logs)
             for tree in (run_logs, tmp, logs):
                 tree.close()
