@@ -125,6 +125,8 @@ def test_every_readme_command_runs_as_printed(quickstart):
         out = proc.stdout + proc.stderr
         if proc.returncode == 3 and "--check" in command and importlib.util.find_spec("otava") is None:
             assert "history" in out, out  # the nightly gate names the extra it needs ([all] installs it)
+        elif proc.returncode == 5 and "--check" in command:  # README: undecided until each figure has --min-runs
+            assert "history check undecided" in out and "fewer than --min-runs" in out, out
         else:
             assert proc.returncode == 0, f"`{command}` exited {proc.returncode}:\n{out}"
         assert "Traceback" not in out and "internal error" not in out, f"`{command}`:\n{out}"
