@@ -229,7 +229,12 @@ ENV_LABEL = "env:"
 LINK = "link:"
 FOLDER = "folder"
 #: the variables a node's python: code sees besides those TRTFLOW_PASS_ENV names (all keyed by value)
-PASSED_ENV = ("HOME", "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "PYTHONPATH")
+PASSED_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
+#: visible, not keyed by value: where programs, libraries, modules, the home folder and temporary files are looked
+#: up. What they change is which files the code opens or executes, and each of those is keyed as it is read (a
+#: project file by its content; files outside the project are the environment's, as they are for every node), so
+#: keying their values would only rebuild every python: node when a virtual environment is activated.
+SEARCH_ENV = ("HOME", "PATH", "TMPDIR", "LD_LIBRARY_PATH", "PYTHONPATH")
 #: visible too, set by the executor for the node, not keyed: which GPU a node got is scheduling (the key has the
 #: facts of the device it runs on), TRTFLOW_* are trtflow's own settings
 EXECUTOR_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTHONUNBUFFERED")
@@ -268,10 +273,10 @@ def code_environment(environ: Mapping[str, str] | None = None, named: Iterable[s
 
 
 def run_environment(code_env: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The whole environment of the code's process: ``code_env`` and the executor's variables (`EXECUTOR_ENV`)
-    as this process has them. Nothing else is there."""
+    """The whole environment of the code's process: ``code_env``, and the executor's variables (`EXECUTOR_ENV`)
+    and the search paths (`SEARCH_ENV`) as this process has them. Nothing else is there."""
     environ = os.environ if environ is None else environ
-    return {**{n: environ[n] for n in EXECUTOR_ENV if n in environ}, **code_env}
+    return {**{n: environ[n] for n in (*EXECUTOR_ENV, *SEARCH_ENV) if n in environ}, **code_env}
 
 
 def env_digest(label: str, environ: Mapping[str, str] | None = None) -> str:

@@ -138,12 +138,15 @@ def test_the_code_sees_only_named_variables_and_each_is_keyed() -> None:
     environ = {"HOME": "/h", "SECRET_TOKEN": "x", "CALIB": "a.txt", "SCALE": "2", "TRTFLOW_PASS_ENV": "SCALE",
                "TRTFLOW_JOBS": "2"}
     environ["CUDA_VISIBLE_DEVICES"] = "1"  # set by the executor for the node: visible, not keyed
+    environ["LANG"] = "C.UTF-8"
     shown = depfile.code_environment(environ, named=["CALIB"])
-    assert shown == {"HOME": "/h", "CALIB": "a.txt", "SCALE": "2", "TRTFLOW_PASS_ENV": "SCALE",
+    assert shown == {"LANG": "C.UTF-8", "CALIB": "a.txt", "SCALE": "2", "TRTFLOW_PASS_ENV": "SCALE",
                      "TRTFLOW_JOBS": "2"}
-    assert depfile.run_environment(shown, environ) == {**shown, "CUDA_VISIBLE_DEVICES": "1"}
+    # the search paths are visible, not keyed: activating a virtual environment rebuilds nothing
+    assert depfile.run_environment(shown, environ) == {**shown, "CUDA_VISIBLE_DEVICES": "1", "HOME": "/h"}
     keyed = set(depfile.keyed_env_names(environ, named=["CALIB"]))
-    assert {"HOME", "CALIB", "SCALE", "PATH"} <= keyed and not {"SECRET_TOKEN", "CUDA_VISIBLE_DEVICES"} & keyed
+    assert {"LANG", "CALIB", "SCALE"} <= keyed
+    assert not {"SECRET_TOKEN", "CUDA_VISIBLE_DEVICES", "HOME", "PATH"} & keyed
     assert depfile.named_in({"path": "data/$CALIB", "x": ["${OTHER}"]}) == ["CALIB", "OTHER"]
 
 

@@ -297,7 +297,7 @@ class BaselineValidate(TypedDict, total=False):
     stage: Required[Literal["validate"]]
     facts: Strings
     passed: Required[bool | None]
-    outputs: Required[dict[str, dict[str, float | None]]]
+    outputs: Required[dict[str, Json]]  # per output: figures, the error front (pairs), flags (`accuracy.compare`)
     task_metrics: Json
 
 
