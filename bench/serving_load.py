@@ -397,7 +397,10 @@ def capacity(args: argparse.Namespace) -> dict[str, Any]:
     order = [*shorts[:1], *longs[:1], *shorts[1:2], *([reference] if "reference" in parts else []), *shorts[2:],
              *longs[1:]]
     for step in order:
-        step()
+        try:
+            step()
+        except Exception:  # one failed step costs its figure, not the call's others
+            traceback.print_exc()
     rates = [_capacity_of(m)["arrival_rate_qps"] for m in results["short"]]
     confirmed = [r for r in rates if r]
     print(f"  capacity with {args.duration:g} s levels + confirmation: {spread(confirmed)}; runs: {rates}")
