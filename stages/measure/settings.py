@@ -103,7 +103,7 @@ class LoadFields(StageParams):
         "while they miss, until the rate that meets and the one above it that misses have confirm_visits levels "
         "each. The serving capacity is that rate, so it does not depend on load_duration_s or on where the search "
         "stopped. 0: no confirmation (the figure is the search's, at load_duration_s).")
-    confirm_steps: int = Field(8, ge=1, le=40, description="The most confirmation levels; when they run out before "
+    confirm_steps: int = Field(10, ge=1, le=40, description="The most confirmation levels; when they run out before "
                                "the boundary has confirm_visits levels a side, the capacity is reported unsettled "
                                "(or none, with no miss above a rate that met).")
     confirm_step_percent: float = Field(2.5, gt=0, lt=50, description="The confirmation grid's step: each rate is "

@@ -259,10 +259,14 @@ def server_level(params: ServingParams, rate: float, generator: str, duration_s:
     return Level("loadgen", rate, 1, params.load_warmup_s, duration, params.seed, scenario)
 
 
+#: The most grid steps one confirmation level moves while nothing is known on the other side: the search's answer
+#: is near the knee, and a level far past it costs a level back (2 x 2.5%: 5%).
+MAX_STRIDE = 2
+
 #: The confirmation's rule, as the summary states it.
 CONFIRM_RULE = ("levels of confirm_duration_s on a geometric grid of confirm_step_percent (anchored at 1/s), from "
                 "the grid rate at or below the search's answer: a rate whose levels so far, pooled, meet the budget "
-                "(LoadGen's early-stopping rule on their queries) steps up, one that misses steps down (1, 2, 4 "
+                "(LoadGen's early-stopping rule on their queries) steps up, one that misses steps down (1, then 2 "
                 "grid rates while nothing is known on the other side), then the gap between the highest rate that "
                 "meets and the lowest that misses is bisected; it stops when those two are adjacent grid rates "
                 "with confirm_visits levels each. The capacity is the rate that meets: it met the budget and the "
@@ -283,11 +287,12 @@ def _boundary(evidence: Mapping[int, Sequence[Mapping[str, Any]]],
 def _next_index(evidence: Mapping[int, Sequence[Mapping[str, Any]]], index: int, pooled: bool, stride: int,
                 meets: int | None, misses: int | None) -> tuple[int, int]:
     """The grid index of the next confirmation level (and the stride): up from a rate that meets, down from one
-    that misses, doubling the stride while no rate on the other side is known; once one is, bisect the gap
+    that misses, doubling the stride (up to `MAX_STRIDE`) while no rate on the other side is known; once one is,
+    bisect the gap
     between the highest rate that meets and the lowest that misses; once they are adjacent, run whichever of the
     two has fewer levels (the one just run, pooled, decides a tie: the other)."""
     if meets is None or misses is None:
-        return index + (stride if pooled else -stride), stride * 2
+        return index + (stride if pooled else -stride), min(stride * 2, MAX_STRIDE)
     if misses - meets > 1:
         return (meets + misses) // 2, 1
     if len(evidence[meets]) != len(evidence[misses]):
