@@ -520,7 +520,8 @@ def grid_index(rate_qps: float, step_percent: float) -> int:
     (1 + step_percent/100) ** k requests/s, anchored at 1/s, so every run of a search confirms the same rates."""
     if rate_qps <= 0:
         raise ValueError(f"a confirmation needs a positive rate, not {rate_qps}")
-    return math.floor(math.log(rate_qps) / math.log1p(step_percent / 100.0) + 1e-9)
+    # a grid rate rounded to 0.01/s (`grid_rate`) is still its own index
+    return math.floor(math.log(rate_qps) / math.log1p(step_percent / 100.0) + 1e-3)
 
 
 def grid_rate(index: int, step_percent: float) -> float:
