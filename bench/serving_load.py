@@ -13,10 +13,11 @@ and prints, side by side with what a user would measure instead (one stream timi
    repeated ``--runs`` times, with the spread of the efficiency;
 5. ``scenarios``: MLPerf's Offline, SingleStream and MultiStream scenarios through LoadGen;
 6. ``capacity``: the serving capacity (highest Server rate whose p99 meets the budget) as the stage reports it: the
-   rate search with ``--duration`` levels ending in its confirmation run, ``--runs`` times; the same search with
-   ``--long-level-s`` levels and no confirmation; and an independent reference: LoadGen's Server scenario driving a
-   plain SUT (a queue and one thread replaying the model as a CUDA graph, nothing of trtflow's server) for
-   ``--reference-s`` at 0.9, 1.0 and 1.1 times the first run's capacity (VALID or not by LoadGen's verdict).
+   rate search with ``--duration`` levels ending in its confirmation (a staircase up and down a grid of
+   ``--confirm-step`` percent, ``--confirm-s`` levels), ``--runs`` times; the same search with ``--long-level-s``
+   levels and no confirmation; and an independent reference: LoadGen's Server scenario driving a plain SUT (a queue
+   and one thread replaying the model as a CUDA graph, nothing of trtflow's server) for ``--reference-s`` a run,
+   ``--reference-levels`` runs walked up (VALID) and down (INVALID) the same grid from the runs' median so far.
 
     python bench/serving_load.py --device cuda --model resnet50 --out results
     python bench/serving_load.py --device cpu --model tiny_cnn --quick      # try it on a CPU
@@ -232,12 +233,17 @@ def _capacity_line(label: str, metrics: dict[str, Any]) -> str:
     searched = [p for p in metrics["open_loop"] if not p.get("confirmation")]
     confirmations = [p for p in metrics["open_loop"] if p.get("confirmation")]
     levels = ", ".join(f"{p['arrival_rate_qps']:g}/s {'ok' if p.get('meets_budget') else 'miss'}" for p in searched)
-    confirmed = ", ".join(f"{p['arrival_rate_qps']:.1f}/s for {p['duration_s']:g} s: p99 {p['latency_ms']['p99']:.2f} "
-                          f"ms, {p['queries']} queries, {'VALID' if p.get('meets_budget') else 'INVALID'}"
-                          for p in confirmations)
-    return (f"  {label}: capacity {top['arrival_rate_qps']} (search {top['search_rate_qps']}, bracket "
-            f"{top['bracket_qps']}, levels {top['level_s']:g} s; {metrics['bench_wall_s']} s)\n"
-            f"    levels: {levels}\n" + (f"    confirmation: {confirmed}" if confirmed else "    no confirmation"))
+    confirmed = ", ".join(f"{p['arrival_rate_qps']:.1f}/s {p['duration_s']:g} s: p99 {p['latency_ms']['p99']:.1f} ms, "
+                          f"{p['late_requests']}/{p['queries']} late, service p50 {p['service_ms']['p50']:.3f} ms, "
+                          f"{'VALID' if p.get('meets_budget') else 'INVALID'}" for p in confirmations)
+    confirmation = top.get("confirmation") or {}
+    pooled = ", ".join(f"{row['rate_qps']:g}/s x{row['levels']}: {row['late_requests']}/{row['queries']} late "
+                       f"{'meets' if row['meets_budget'] else 'misses'}" for row in confirmation.get("pooled") or [])
+    return (f"  {label}: capacity {top['arrival_rate_qps']} (settled {top.get('settled')}, search "
+            f"{top['search_rate_qps']}, bracket {top['bracket_qps']}, search levels {top['level_s']:g} s, "
+            f"confirmation levels {top.get('confirm_level_s')} s; {metrics['bench_wall_s']} s)\n"
+            f"    search: {levels}\n" + (f"    confirmation: {confirmed}\n    pooled: {pooled}" if confirmed
+                                          else "    no confirmation"))
 
 
 def _plain_loadgen_verdict(run: Any, rate: float, duration: float, budget_ms: float, seed: int) -> dict[str, Any]:
@@ -338,7 +344,9 @@ def capacity(args: argparse.Namespace) -> dict[str, Any]:
         out.write_text(json.dumps(results, indent=1, default=str))
 
     def short(index: int) -> None:
-        params = {**base_params(args), **search, "seed": index, "confirm_duration_s": args.confirm_s}
+        params = {**base_params(args), **search, "seed": index, "confirm_duration_s": args.confirm_s,
+                  "confirm_steps": args.confirm_steps, "confirm_visits": args.confirm_visits,
+                  "confirm_step_percent": args.confirm_step}
         metrics = run_benchmark(params, f"capacity-short-{index}")
         results["short"].append(metrics)
         print(_capacity_line(f"run {index + 1}, {args.duration:g} s levels + confirmation", metrics), flush=True)
@@ -354,23 +362,31 @@ def capacity(args: argparse.Namespace) -> dict[str, Any]:
         save()
 
     def reference() -> None:
+        """LoadGen on a plain SUT, its own verdict per run, walked up (VALID) and down (INVALID) on the stage's
+        grid from the runs' median so far; its capacity: the highest VALID rate below the lowest INVALID one."""
+        from trtflow_stages.measure.serving.traffic import grid_index, grid_rate
+
+        done = [r for r in (_capacity_of(m)["arrival_rate_qps"] for m in results["short"]) if r]
         if args.reference_rates:
-            rates = [(rate, None) for rate in args.reference_rates]
+            rates = list(args.reference_rates)
+            index = None
+        elif done:
+            index = grid_index(statistics.median(done), args.confirm_step)
+            rates = []
         else:
-            center = _capacity_of(results["short"][0])["arrival_rate_qps"] if results["short"] else None
-            if not center:
-                print("  reference: skipped (no confirmed rate to center it on)")
-                return
-            rates = [(round(center * factor, 1), factor) for factor in (0.9, 1.0, 1.1)]
+            print("  reference: skipped (no confirmed rate to center it on)")
+            return
         run = _graph_replay(args)
-        for rate, factor in rates:
-            verdict = _plain_loadgen_verdict(run, rate, args.reference_s, args.budget_ms, 0)
-            verdict["factor"] = factor
+        for level in range(len(rates) if rates else args.reference_levels):
+            rate = rates[level] if rates else grid_rate(index, args.confirm_step)
+            verdict = _plain_loadgen_verdict(run, rate, args.reference_s, args.budget_ms, level)
             results["reference"].append(verdict)
-            print(f"  LoadGen + plain SUT at {verdict['rate']:g}/s{f' ({factor:g} x run 1)' if factor else ''} for "
-                  f"{args.reference_s:g} s: {'VALID' if verdict['valid'] else 'INVALID'}, p99 {verdict['p99_ms']:.2f} "
-                  f"ms, {verdict['queries']} queries, {verdict['overlatency']} over {args.budget_ms:g} ms", flush=True)
+            print(f"  LoadGen + plain SUT at {verdict['rate']:g}/s for {args.reference_s:g} s: "
+                  f"{'VALID' if verdict['valid'] else 'INVALID'}, p99 {verdict['p99_ms']:.2f} ms, "
+                  f"{verdict['queries']} queries, {verdict['overlatency']} over {args.budget_ms:g} ms", flush=True)
             save()
+            if index is not None:
+                index += 1 if verdict["valid"] else -1
 
     print(f"\n== serving capacity: {args.model} on {args.device}, p99 budget {args.budget_ms:g} ms, "
           f"{'CUDA graphs' if args.cuda_graphs else 'eager'}, no batching")
@@ -381,7 +397,10 @@ def capacity(args: argparse.Namespace) -> dict[str, Any]:
     order = [*shorts[:1], *longs[:1], *shorts[1:2], *([reference] if "reference" in parts else []), *shorts[2:],
              *longs[1:]]
     for step in order:
-        step()
+        try:
+            step()
+        except Exception:  # one failed step costs its figure, not the call's others
+            traceback.print_exc()
     rates = [_capacity_of(m)["arrival_rate_qps"] for m in results["short"]]
     confirmed = [r for r in rates if r]
     print(f"  capacity with {args.duration:g} s levels + confirmation: {spread(confirmed)}; runs: {rates}")
@@ -393,10 +412,16 @@ def capacity(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  against the {args.long_level_s:g} s levels' median ({long_rate}): "
               + ", ".join(f"{r / long_rate - 1:+.1%}" for r in confirmed))
     valid = [v["rate"] for v in results["reference"] if v["valid"]]
-    if valid and confirmed:
-        print(f"  LoadGen + plain SUT: highest VALID rate tried {max(valid):g}; runs against it: "
-              + ", ".join(f"{r / max(valid) - 1:+.1%}" for r in confirmed))
+    invalid = [v["rate"] for v in results["reference"] if not v["valid"]]
+    lowest_invalid = min(invalid) if invalid else None
+    below = [r for r in valid if lowest_invalid is None or r < lowest_invalid]
+    loadgen_capacity = max(below) if below else None
+    if loadgen_capacity and confirmed:
+        print(f"  LoadGen + plain SUT: VALID at {sorted(valid)}, INVALID at {sorted(invalid)}; its capacity (highest "
+              f"VALID below the lowest INVALID) {loadgen_capacity:g}; runs against it: "
+              + ", ".join(f"{r / loadgen_capacity - 1:+.1%}" for r in confirmed))
     results["capacity"] = {"short": rates, "long": long_rates, "reference_valid": valid,
+                           "loadgen_capacity": loadgen_capacity,
                            "reference_invalid": [v["rate"] for v in results["reference"] if not v["valid"]]}
     save()
     return results["capacity"]
@@ -423,6 +448,10 @@ def main() -> int:
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="serve CUDA graph replays of the model (benchmark param torch_cuda_graphs)")
     parser.add_argument("--confirm-s", type=float, default=10.0, help="capacity: confirm_duration_s of the stage")
+    parser.add_argument("--confirm-steps", type=int, default=8, help="capacity: confirm_steps of the stage")
+    parser.add_argument("--confirm-visits", type=int, default=2, help="capacity: confirm_visits of the stage")
+    parser.add_argument("--confirm-step", type=float, default=2.5, help="capacity: confirm_step_percent")
+    parser.add_argument("--reference-levels", type=int, default=5, help="capacity: LoadGen reference runs")
     parser.add_argument("--long-level-s", type=float, default=10.0, help="capacity: level length of the long search")
     parser.add_argument("--reference-s", type=float, default=12.0, help="capacity: seconds per LoadGen reference run")
     parser.add_argument("--reference-rates", type=float, nargs="*", default=[],

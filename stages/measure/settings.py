@@ -96,14 +96,21 @@ class LoadFields(StageParams):
         "misses, then bisecting).",
     )
     confirm_duration_s: float = Field(
-        10.0, ge=0, description="After a rate search (rate_search_probes), confirm the rate it found with one run "
-        "at least this long (and long enough for the queue to settle: 30 of its relaxation times at that rate, up "
-        "to 2x this; at least the queries the p99 needs); when the rate misses the budget there, step down by "
-        "confirm_step_percent and confirm again. The serving capacity is the confirmed rate, so it does not "
-        "depend on load_duration_s. 0: no confirmation (the figure is the search's, at load_duration_s).")
-    confirm_steps: int = Field(4, ge=0, le=20, description="Step-downs after a failed confirmation before the "
-                               "capacity is reported unconfirmed (none).")
-    confirm_step_percent: float = Field(5.0, gt=0, lt=50, description="How far each step-down lowers the rate.")
+        10.0, ge=0, description="After a rate search (rate_search_probes), confirm the rate it found in both "
+        "directions with levels at least this long (and long enough for the queue to settle: 30 of its relaxation "
+        "times at that rate, up to 2x this; at least the queries the p99 needs): a staircase on a geometric grid of "
+        "confirm_step_percent steps up one grid rate while the rate's levels, pooled, meet the budget and down one "
+        "while they miss, until the rate that meets and the one above it that misses have confirm_visits levels "
+        "each. The serving capacity is that rate, so it does not depend on load_duration_s or on where the search "
+        "stopped. 0: no confirmation (the figure is the search's, at load_duration_s).")
+    confirm_steps: int = Field(10, ge=1, le=40, description="The most confirmation levels; when they run out before "
+                               "the boundary has confirm_visits levels a side, the capacity is reported unsettled "
+                               "(or none, with no miss above a rate that met).")
+    confirm_step_percent: float = Field(2.5, gt=0, lt=50, description="The confirmation grid's step: each rate is "
+                                        "this much above the one below it.")
+    confirm_visits: int = Field(2, ge=1, le=10, description="Levels the confirmation needs at the capacity and at "
+                                "the grid rate above it before it stops (pooled: more levels, more queries, a "
+                                "verdict less at the mercy of one stall).")
     load_duration_s: float = Field(3.0, gt=0, description="Measured time per load level.")
     load_warmup_s: float = Field(0.5, ge=0, description="Unmeasured time at the start of each load level.")
     gpus: Literal["all"] | int = Field(

@@ -77,6 +77,8 @@ def capacity_figure(entry: Mapping[str, Any]) -> Figure | None:
     context = {key: entry[key] for key in ("generator", "level_s", "bracket_qps") if key in entry}
     if confirmation:
         context["confirmation_s"] = confirmation.get("duration_s")
+        context.update({key: confirmation[key] for key in ("levels", "settled", "step_percent", "visits",
+                                                          "miss_above_qps") if key in confirmation})
     name = (f"serving capacity (p99 <= {entry.get('latency_budget_ms'):g} ms), {entry.get('streams', 1)} stream(s), "
             f"{entry.get('gpus', 1)} GPU(s)")
     return Figure(name, rate, "requests/s", "higher", n=int(queries) if isinstance(queries, int) else None,

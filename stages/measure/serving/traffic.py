@@ -19,6 +19,7 @@ one host share a time base); the model work runs in the callables given to the s
 from __future__ import annotations
 
 import gc
+import math
 import random
 import sys
 import threading
@@ -515,9 +516,38 @@ def confirmation_seconds(rate_qps: float, point: Mapping[str, Any], instances: i
     return max(min(max(shortest_s, settle), CONFIRM_CAP_FACTOR * shortest_s), for_queries)
 
 
-def step_down(rate_qps: float, percent: float) -> float:
-    """The next rate to confirm after ``rate_qps`` failed its confirmation."""
-    return rate_qps * (1.0 - percent / 100.0)
+def grid_index(rate_qps: float, step_percent: float) -> int:
+    """The index of the highest rate of the confirmation grid at or below ``rate_qps``: the grid is geometric,
+    (1 + step_percent/100) ** k requests/s, anchored at 1/s, so every run of a search confirms the same rates."""
+    if rate_qps <= 0:
+        raise ValueError(f"a confirmation needs a positive rate, not {rate_qps}")
+    # a grid rate rounded to 0.01/s (`grid_rate`) is still its own index
+    return math.floor(math.log(rate_qps) / math.log1p(step_percent / 100.0) + 1e-3)
+
+
+def grid_rate(index: int, step_percent: float) -> float:
+    """Rate ``index`` of the confirmation grid (`grid_index`), rounded to 0.01 requests/s."""
+    return round((1.0 + step_percent / 100.0) ** index, 2)
+
+
+def pooled_meets_budget(levels: Sequence[Mapping[str, Any]], percentile: float = 0.99, confidence: float = 0.99,
+                        with_confidence: bool = True) -> bool:
+    """Whether the levels run at one rate, pooled (their queries and late queries summed), meet the budget: with
+    ``with_confidence`` (LoadGen's rule, its early stopping) the ``percentile`` latency is within the budget with
+    ``confidence``: P(Binomial(queries, 1 - percentile) <= late) < 1 - confidence (459 queries with none late at
+    p99); else the late share is at most 1 - percentile (a p99 within the budget). A level with unfinished requests
+    fails the rate. For one level this is LoadGen's verdict on the latency."""
+    if not levels or any(level.get("unfinished") for level in levels):
+        return False
+    queries = sum(int(level.get("queries") or 0) for level in levels)
+    late = sum(int(level.get("late_requests") or 0) for level in levels)
+    if queries == 0:
+        return False
+    if not with_confidence:
+        return late <= (1.0 - percentile) * queries
+    from scipy import stats
+
+    return bool(stats.binom.cdf(late, queries, 1.0 - percentile) < 1.0 - confidence)
 
 
 def merge_runs(runs: Sequence[LoadRun]) -> LoadRun:
