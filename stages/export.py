@@ -483,9 +483,11 @@ def _sample_fits(ctx: StageContext, params: Params, model: Any, binding: Any) ->
         if explained is not None:
             raise RecipeMismatch(*explained) from None
         given = ", ".join(f"{n}: {s.dtype}{list(s.shape)}" for n, s in params.inputs.items())
-        raise StageFailed(f"the model fails on the sample inputs ({given}): {_first_line(error)}",
-                          hint="give inputs: with the names, ranks, sizes and dtypes forward() takes (the node's log "
-                          "holds the model's traceback)") from None
+        hint = ("give inputs: with the names, ranks, sizes and dtypes forward() takes (the node's log holds the "
+                "model's traceback)") if params.task is None else (
+                "the inputs and profiles come from the Hugging Face folder's config.json: write them again with "
+                "`trtflow init` (or set task: to what the weights are for); the node's log holds the traceback")
+        raise StageFailed(f"the model fails on the sample inputs ({given}): {_first_line(error)}", hint=hint) from None
     return output_names(result)
 
 
@@ -859,6 +861,7 @@ def _export_saved_torch(ctx: StageContext, params: Params, fmt: str, source: Pat
 
     hf = load_model(source, params.task, params.model, params.part)
     extra.update(task=hf.task, model_type=hf.model_type, **({"part": hf.part} if hf.part else {}))
+    params = params.model_copy(update={"task": hf.task})  # the task resolved: messages speak of a Hugging Face folder
     if hf.generation is not None:
         return _export_generation(ctx, params, hf.generation, target)
     return _export_pytorch(ctx, _declared(params, hf.inputs, hf.outputs), target, hf.module, limits=hf.limits)[0]

@@ -248,7 +248,9 @@ def check_against_torch(onnx_path: Any, model: Any, check: GenerationCheck, atol
     decoder = OrtDecoder(create_session(onnx_path, options))
     prompts = load_prompts(check.prompts, decoder.layout.vocab_size, resolve)
     longest = max(len(p) for p in prompts) + check.new_tokens
-    limit = int(getattr(model.config, "max_position_embeddings", 0) or getattr(model.config, "n_positions", 0) or 0)
+    from ..formats.generation import context_limit
+
+    limit = context_limit(model.config.get_text_config(decoder=True))
     if limit and longest > limit:
         raise StageFailed(f"the generation check needs {longest} positions (prompt + new tokens) but the model has "
                           f"{limit}", hint="use shorter prompts or fewer new_tokens")

@@ -1,0 +1,205 @@
+"""Every family of transformers' causal-LM mapping (the installed transformers', not a hand-picked list): the cache
+layout `trtflow init` derives from a tiny random config (`formats.generation.layout_of`: key/value heads, head_dim,
+layers, context) must be the one the model's own forward() returns, or the family must be refused by name (a cache
+that is not one key and one value per layer). A new family that transformers adds and that init misreads fails
+here. Falcon is also tried in each of its attention variants (multi-query, multi-head, the new decoder architecture,
+ALiBi)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+
+from trtflow.stage import StageFailed
+
+#: A tiny shape for every config that has these fields (set only where the config class has the field).
+SMALL = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64,
+         "vocab_size": 128, "head_dim": 8, "num_hidden_layers": 2, "rotary_dim": 4, "pad_token_id": 0}
+#: Multi-head latent attention sets its own head sizes (qk_rope_head_dim, v_head_dim): the generic ones stay out.
+LATENT = ("head_dim", "num_key_value_heads")
+#: Tiny models are built on the meta device and given uninitialised memory (shapes are what is checked): this many
+#: parameters at most.
+MAX_PARAMS = 3_000_000
+VARIANTS = {"falcon": [{"multi_query": True}, {"multi_query": False},
+                       {"new_decoder_architecture": True, "num_kv_heads": 2}, {"alibi": True, "multi_query": True}],
+            "bloom": [{}], "gpt_bigcode": [{"multi_query": True}, {"multi_query": False}]}
+#: Families whose forward() fails at a generic tiny config for reasons of the test's shape, not of init; each says why.
+HARNESS = {
+    "xmod": "forward() needs set_default_language() (a language adapter), which no config field sets",
+    "reformer": "ReformerModelWithLMHead needs is_decoder=True and chunked-attention sizes a generic config lacks",
+    "cohere_compass_text": "its layer types at 2 layers name no full_attention layer its model code looks up",
+    "dbrx": "its attention sub-config keeps rope_theta apart from the generic fields",
+    "deepseek_v2": "its router's top-k is unset at the default config",
+    "dots1": "its MoE sizes at the generic config",
+    "dots3_note_text": "its pad token id lives in a sub-config the generic fields do not reach",
+    "gemma3n_text": "its shared-cache layer types do not shrink to 2 layers",
+    "lfm2_moe": "its MoE layer list does not shrink to 2 layers",
+    "xlstm": "its recurrent state sizes do not follow hidden_size",
+}
+
+
+def _has(config: Any, name: str) -> bool:
+    try:
+        return hasattr(config, name)
+    except Exception:  # a heterogeneous config's per-layer field
+        return True
+
+
+def _tiny_config(model_type: str, extra: dict[str, Any]) -> Any:
+    from transformers import AutoConfig
+
+    base = AutoConfig.for_model(model_type)  # transformers' defaults (raises where they do not validate)
+    fields = {k: v for k, v in SMALL.items() if (_has(base, k) and not isinstance(getattr(type(base), k, None), property))
+              or k in getattr(type(base), "attribute_map", {})}
+    if _has(base, "qk_rope_head_dim"):
+        fields = {k: v for k, v in fields.items() if k not in LATENT}
+    # a config whose own validation refuses the generic shape (a state-space block's sizes) keeps its other sizes
+    tries = [fields, {k: v for k, v in fields.items() if k in ("num_hidden_layers", "vocab_size")}, {}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for index, sizes in enumerate(tries):
+            try:
+                return AutoConfig.for_model(model_type, **sizes, **extra)
+            except Exception:  # the config class's own validation: any exception type
+                if index == len(tries) - 1:
+                    raise
+
+
+def _real_cache(config: Any) -> tuple[set[tuple[int, ...]], int] | str:
+    """The key and value shapes (without batch and positions) the model's forward() caches, and the layer count; or
+    why it caches no plain key/value per layer."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from transformers.initialization import no_init_weights
+
+    from trtflow_stages.formats.generation import ATTENTION_LAYERS
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    if sum(p.numel() for p in model.parameters()) > MAX_PARAMS:
+        return "too large"
+    with no_init_weights():  # buffers (position ids, rotary tables) as the model makes them; weights left as they are
+        model = AutoModelForCausalLM.from_config(config).eval()
+    for parameter in model.parameters():
+        parameter.data.normal_(0, 0.02) if parameter.is_floating_point() else None
+    ids = torch.ones((1, 3), dtype=torch.long)
+    with torch.no_grad():
+        result = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
+    cache = result.get("past_key_values")
+    layers = getattr(cache, "layers", None)
+    if cache is None or layers is None or any(type(layer).__name__ not in ATTENTION_LAYERS for layer in layers):
+        return "no key/value layers"
+    return {(layer.keys.shape[1], layer.keys.shape[3], layer.values.shape[1], layer.values.shape[3])
+            for layer in layers}, len(layers)
+
+
+def survey() -> list[tuple[str, str, str]]:
+    """(family, variant, outcome) for every family of the mapping: "ok", "refused: ...", "skip: ..." or a failure
+    ("FAIL: ...")."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from trtflow_stages.formats.generation import context_limit, layout_of
+
+    transformers.logging.set_verbosity_error()
+    rows = []
+    for family in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        for extra in VARIANTS.get(family, [{}]):
+            variant = ",".join(f"{k}={v}" for k, v in extra.items())
+            try:
+                config = _tiny_config(family, extra)
+            except ImportError as error:
+                rows.append((family, variant, f"skip: needs an extra package ({error})"))
+                continue
+            except Exception as error:  # transformers' own default config of the family: any exception type
+                rows.append((family, variant, "skip: transformers' own default config of this family does not "
+                             f"validate ({' '.join(str(error).split())[:100]})"))
+                continue
+            text = config.get_text_config(decoder=True)
+            if text is not config:
+                inner = getattr(text, "model_type", "")
+                outcome = (f"skip: a wrapper of the {inner!r} text family, tried under its own name"
+                           if inner in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else f"skip: a multimodal or audio "
+                           f"wrapper whose decoder {inner!r} is no causal-LM family (Optimum exports no cache for it)")
+                rows.append((family, variant, outcome))
+                continue
+            if getattr(config, "is_encoder_decoder", False):
+                rows.append((family, variant, "skip: an encoder-decoder (issue 34 item 2)"))
+                continue
+            try:
+                layout = layout_of(config, takes_position_ids=True)
+                derived: Any = None
+            except StageFailed as error:
+                layout, derived = None, error.message
+            if layout is None and "keeps a cache of" in str(derived):  # transformers' own cache says so: no forward
+                rows.append((family, variant, f"refused: {derived}"))
+                continue
+            try:
+                real = _real_cache(config)
+                if real == "no key/value layers" and layout is not None and getattr(config, "is_decoder", None) is False:
+                    # BERT-style encoders with a causal head cache only as decoders: a config that says so
+                    config = _tiny_config(family, {**extra, "is_decoder": True})
+                    variant = ",".join([variant, "is_decoder=True"]).strip(",")
+                    real = _real_cache(config)
+            except ImportError as error:
+                rows.append((family, variant, f"skip: needs an extra package ({error})"))
+                continue
+            except Exception as error:  # the model's own code
+                outcome = f"skip: {HARNESS[family]}" if family in HARNESS else f"refused: {derived}" \
+                    if layout is None else f"FAIL: forward() at a tiny config: {type(error).__name__}: {str(error)[:120]}"
+                rows.append((family, variant, outcome))
+                continue
+            if real == "too large":
+                rows.append((family, variant, "skip: over 3M parameters at the generic tiny config (time)"))
+                continue
+            if layout is None:  # refused: right where transformers' cache for the config is no plain key/value one
+                plain = not isinstance(real, str) and len(real[0]) == 1 and \
+                    (lambda s: s[0] == s[2] and s[1] == s[3])(next(iter(real[0])))
+                rows.append((family, variant, f"FAIL: refused ({derived}) but caches {real}"
+                             if plain and "keeps a cache of" not in str(derived) else f"refused: {derived}"))
+                continue
+            if real == "no key/value layers":  # what probe_layout refuses by name at export
+                rows.append((family, variant, "refused at export: forward() returns no key/value cache"))
+                continue
+            want = ({(layout.kv_heads, layout.head_dim, layout.kv_heads, layout.head_dim)}, layout.layers)
+            if real != want:
+                rows.append((family, variant, f"FAIL: init derives {want}, the model caches {real}"))
+            elif layout.context_length != context_limit(config):
+                rows.append((family, variant, "FAIL: context"))
+            else:
+                rows.append((family, variant, "ok"))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[tuple[str, str, str]]:
+    return survey()
+
+
+def test_init_reads_every_causal_lm_familys_cache_as_its_model_does(rows):
+    failures = [row for row in rows if row[2].startswith("FAIL")]
+    assert not failures, "\n".join(map(str, failures))
+    ok = {family for family, _, outcome in rows if outcome == "ok"}
+    # the families of issue 34 and the zoo's, by name: a survey that silently skipped them would prove nothing
+    assert {"falcon", "bloom", "gpt2", "llama", "qwen2", "mistral", "gemma2", "gpt_bigcode", "phi3",
+            "gpt_neox", "opt", "gptj", "mpt"} <= ok
+    assert len(ok) >= 60, sorted(ok)
+
+
+def test_falcons_attention_flags_give_its_key_value_heads(rows):
+    falcon = {variant: outcome for family, variant, outcome in rows if family == "falcon"}
+    assert set(falcon.values()) == {"ok"}, falcon
+    from trtflow_stages.formats.generation import kv_heads_of
+
+    for extra, heads in (({"multi_query": True}, 1), ({"multi_query": False}, 4),
+                         ({"new_decoder_architecture": True, "num_kv_heads": 2}, 4)):
+        assert kv_heads_of(_tiny_config("falcon", extra)) == heads, extra
+
+
+def test_alibi_models_have_no_context_bound(rows):
+    from trtflow_stages.formats.generation import layout_of
+
+    assert layout_of(_tiny_config("bloom", {}), takes_position_ids=False).context_length == 0
