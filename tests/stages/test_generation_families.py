@@ -241,3 +241,30 @@ def test_falcon_mqa_and_bloom_export_from_their_init_recipe(family, tmp_path):
     assert summary["kv_cache"]["kv_heads"] == plan.layout.kv_heads
     check = summary["generation_check"]
     assert check["tokens_matched"] == [check["new_tokens"]] * len(check["tokens_matched"])
+    assert len(check["reference_informative"]["reference_distinct_tokens"]) == len(check["tokens_matched"])
+
+
+def test_a_degenerate_reference_draws_more_prompts_and_says_so(tmp_path):
+    """Random prompts whose greedy reference repeats one token are replaced by more prompts drawn from the same
+    seeded generator (the most informative kept); a file's prompts are kept and the record says the reference is
+    degenerate."""
+    import json
+
+    import numpy as np
+
+    from trtflow_stages.accuracy.generation import informative_reference
+    from trtflow_stages.data.prompts import Prompts
+
+    def generate(prompts, new_tokens):  # a model that repeats one token after a prompt starting with an even id
+        return [(np.full(new_tokens, 7) if int(p[0]) % 2 == 0 else (np.arange(new_tokens) + p[0]) % 50,
+                 np.zeros((new_tokens, 50))) for p in prompts]
+
+    spec = Prompts(count=4, length=3, seed=0)
+    prompts, _, record = informative_reference(spec, 50, 8, generate)
+    assert len(prompts) == 4 and record["prompts_drawn"] > 4
+    assert record["degenerate_prompts"] == 0 and record["reference_distinct_tokens"] == [8, 8, 8, 8]
+    drawn = [p.tolist() for p in np.random.default_rng(0).integers(0, 50, size=(record["prompts_drawn"], 3))]
+    assert all(p.tolist() in drawn and p[0] % 2 for p in prompts)  # drawn by the recipe's seed, the informative ones
+    (tmp_path / "p.json").write_text(json.dumps([[2, 1], [4, 1]]))
+    _, _, record = informative_reference(Prompts(path=str(tmp_path / "p.json")), 50, 8, generate)
+    assert record["degenerate_prompts"] == 2 and "degenerate on 2 of 2 prompts" in record["note"]
