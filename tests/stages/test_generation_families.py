@@ -268,3 +268,20 @@ def test_a_degenerate_reference_draws_more_prompts_and_says_so(tmp_path):
     (tmp_path / "p.json").write_text(json.dumps([[2, 1], [4, 1]]))
     _, _, record = informative_reference(Prompts(path=str(tmp_path / "p.json")), 50, 8, generate)
     assert record["degenerate_prompts"] == 2 and "degenerate on 2 of 2 prompts" in record["note"]
+
+
+def test_a_profile_with_other_cache_sizes_than_the_models_is_a_recipe_mismatch():
+    """A recipe written for 4 key/value heads (init before issue 34, on a Falcon with multi_query) against a model
+    that caches 1: refused by name (exit 2), not a size mismatch inside the exporter."""
+    from trtflow.errors import RecipeMismatch
+    from trtflow.stage import ProfileSpec
+    from trtflow_stages.formats.generation import KvLayout, check_profiles
+
+    written = KvLayout(layers=2, kv_heads=4, head_dim=8, vocab_size=128, context_length=64)
+    profiles = [ProfileSpec.model_validate({"name": name, "shapes": shapes})
+                for name, shapes in written.profiles((1, 1, 2), 64, 16).items()]
+    model = KvLayout(layers=2, kv_heads=1, head_dim=8, vocab_size=128, context_length=64)
+    with pytest.raises(RecipeMismatch, match=r"past_key_values.0.key at min is \[1, 4, 0, 8\], but the model caches "
+                       r"\[batch, 1 key/value heads"):
+        check_profiles(profiles, model)
+    check_profiles(profiles, written)
