@@ -64,6 +64,9 @@ def accuracy_of(validate_json: Mapping[str, Any], node: str) -> CandidateAccurac
     if matched:
         found["tokens_matched"] = sum(matched) / len(matched)
         uncertainty["tokens_matched"] = {"resolution": 0.0, "spread": half_width(matched)}
+    until = [m for m in (generation.get("free_running") or {}).get("tokens_until_difference") or [] if finite(m)]
+    if until:  # reported, not judged here
+        found["tokens_until_difference"] = sum(until) / len(until)
     return {  # type: ignore[typeddict-item]
         "node": node,
         "passed": bool(validate_json.get("passed")),

@@ -183,12 +183,13 @@ def test_a_generation_decision_shows_first_token_and_per_token_times_tokens_matc
             "concurrency": 1, "ttft_ms": {"p99": 2.0 + index, "ci": {"p99": [1.9 + index, 2.1 + index]}},
             "tpot_ms": {"p99": 0.5 + index, "ci": {"p99": [0.45 + index, 0.55 + index]}},
             "output_tokens_per_s": 1000.0 / (0.5 + index), "flags": ["busy-host"] if index == 0 else []}]
-        c.setdefault("validation", {})["tokens_matched"] = 16.0
+        c.setdefault("validation", {}).update(tokens_matched=16.0, tokens_until_difference=12.5)
     made = decision("select", selection)
     assert made.generation and made.rows[0]["ttft_ci"] == [1.9, 2.1] and made.rows[0]["tokens_per_s"] == 2000.0
     page = to_html(data)
     assert "time to first token p99 (ms)" in page and "output tokens/s" in page and "throughput (inf/s)" not in page
     assert "2 (1.9-2.1)" in page and "tokens matched (mean per prompt)" in page
+    assert '<td class="num">12.5</td>' in page  # tokens until the first divergence
     assert "<b>Benchmarks flagged</b>" in page and "busy-host (concurrency 1)" in page
     assert 'aria-label="generation times"' in page
     markdown = to_markdown(data)

@@ -113,7 +113,8 @@ def _generation_row(bench: Mapping[str, Any], validation: Mapping[str, Any], sta
     tpot, tpot_ci = figure("tpot_ms")
     return {"ttft": ttft, "ttft_ci": ttft_ci, "tpot": tpot, "tpot_ci": tpot_ci,
             "tokens_per_s": level.get("output_tokens_per_s") if _number(level.get("output_tokens_per_s")) else None,
-            "concurrency": level.get("concurrency"), "tokens_matched": validation.get("tokens_matched")}
+            "concurrency": level.get("concurrency"), "tokens_matched": validation.get("tokens_matched"),
+            "tokens_until_difference": validation.get("tokens_until_difference")}
 
 
 def benchmark_series(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
