@@ -133,6 +133,9 @@ def _zip_shapes(*shapes: Mapping[str, list[int]]) -> list[tuple[str, list[int], 
     return [(name, shapes[0][name], shapes[1][name], shapes[2][name]) for name in shapes[0]]
 
 
+#: What to do with a model whose cache this layout cannot hold.
+NO_CACHE_HINT = ("export the plain forward pass instead: task: text-generation (no cache; `trtflow init FOLDER "
+                 "--task text-generation` writes that recipe)")
 #: The config fields that bound the positions a model attends over (a position table, RoPE's trained length).
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "max_seq_len", "n_ctx",
                   "seq_length")
@@ -177,7 +180,7 @@ def cache_layer_kinds(config: Any) -> set[str]:
     except Exception as error:  # a config transformers' cache cannot read: any exception type
         raise StageFailed(f"transformers cannot build the cache of this {_model_type(config)!r} model: "
                           f"{type(error).__name__}: {' '.join(str(error).split())[:200]}",
-                          hint="export it with task: text-generation (no cache)") from None
+                          hint=NO_CACHE_HINT) from None
 
 
 def kv_heads_of(text: Any) -> int:
@@ -220,27 +223,30 @@ def layout_of(config: Any, takes_position_ids: bool) -> KvLayout:
     layers = _field(text, "num_hidden_layers")
     heads = _field(configs[0], "num_attention_heads")
     hidden = _field(configs[0], "hidden_size")
-    if not (layers and heads and hidden):
-        raise StageFailed(f"cannot tell the cache layout of a {_model_type(config)!r} model: its "
-                          "config gives no num_hidden_layers, num_attention_heads or hidden_size",
-                          hint="export it with task: text-generation (no cache)")
-    kinds = cache_layer_kinds(text)
+    try:
+        kinds = cache_layer_kinds(text)
+    except StageFailed:
+        kinds = set(ATTENTION_LAYERS) if layers and heads and hidden else {"no layer transformers can build"}
     others = sorted(kinds - set(ATTENTION_LAYERS))
     if others:
         raise StageFailed(f"the {_model_type(config)!r} model keeps a cache of {', '.join(others)} (state-space, "
                           "linear-attention or hybrid layers), not one key and one value per layer, the layout "
-                          f"{TASK} exports", hint="export it with task: text-generation (no cache)")
+                          f"{TASK} exports", hint=NO_CACHE_HINT)
+    if not (layers and heads and hidden):
+        raise StageFailed(f"cannot tell the cache layout of a {_model_type(config)!r} model: its "
+                          "config gives no num_hidden_layers, num_attention_heads or hidden_size",
+                          hint=NO_CACHE_HINT)
     shapes = {(kv_heads_of(c), *head_dims_of(c)) for c in configs}
     if len(shapes) > 1:
         raise StageFailed(f"the {_model_type(config)!r} model's layers cache keys and values of different shapes "
                           f"({sorted(shapes)}); {TASK} exports one shape for every layer",
-                          hint="export it with task: text-generation (no cache)")
+                          hint=NO_CACHE_HINT)
     kv_heads, key_dim, value_dim = shapes.pop()
     if key_dim != value_dim or _field(text, "kv_lora_rank"):
         raise StageFailed(f"the {_model_type(config)!r} model caches keys of head_dim {key_dim} and values of "
                           f"{value_dim}, or a compressed latent (multi-head latent attention); {TASK} exports one "
                           "head_dim for both, per key/value head",
-                          hint="export it with task: text-generation (no cache)")
+                          hint=NO_CACHE_HINT)
     return KvLayout(int(layers), kv_heads, key_dim, int(text.vocab_size), context_limit(text), takes_position_ids)
 
 
@@ -261,7 +267,7 @@ def probe_layout(model: Any, declared: KvLayout) -> KvLayout:
         raise StageFailed(f"the {_model_type(model.config)!r} model's forward() returns no cache of one key and one "
                           f"value [batch, heads, positions, head_dim] per layer (shapes "
                           f"{sorted({tuple(getattr(t, 'shape', ())) for t in tensors})[:4]})",
-                          hint="export it with task: text-generation (no cache)")
+                          hint=NO_CACHE_HINT)
     heads, _, head_dim = shapes.pop()
     return replace(declared, kv_heads=int(heads), head_dim=int(head_dim))
 
@@ -414,7 +420,7 @@ def wrap(model: Any, config: Any) -> GenerationModel:
     parameters = inspect.signature(model.forward).parameters
     if "past_key_values" not in parameters and "cache" not in parameters:
         raise StageFailed(f"the {getattr(config, 'model_type', '?')!r} model's forward() takes no cache "
-                          "(past_key_values)", hint="export it with task: text-generation (no cache)")
+                          "(past_key_values)", hint=NO_CACHE_HINT)
     if getattr(config, "is_encoder_decoder", False):
         raise StageFailed(f"{TASK} exports decoder-only models; this {config.model_type!r} model is an "
                           "encoder-decoder", hint="export its encoder with task: feature-extraction")
