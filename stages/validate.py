@@ -345,10 +345,15 @@ def _finish(ctx: StageContext, params: Params, metrics: dict[str, Any]) -> Valid
 
 def _validate_generation(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str, Any]:
     """Greedy generation from prompts: the reference free, the candidate teacher-forced (`accuracy.generation`)."""
-    from .accuracy.generation import compare_generation, decoder_reference, forced_candidate, free_candidate
+    from .accuracy.generation import (
+        compare_generation,
+        decoder_reference,
+        forced_candidate,
+        free_candidate,
+        informative_reference,
+    )
     from .accuracy.ort_fixes import fix_for_onnxruntime
     from .accuracy.passes import ort_hint, ort_repro, ort_settings
-    from .data.prompts import load_prompts
     from .runtimes.generation import OrtDecoder
     from .runtimes.ort import create_session
 
@@ -368,9 +373,10 @@ def _validate_generation(ctx: StageContext, inputs: dict[str, Path], params: Par
     with ctx.native_step("onnxruntime", "generating with the reference model",
                          repro=ort_repro(reference_options, "reference")):
         reference_decoder = OrtDecoder(create_session(inputs["reference"], reference_options))
-        prompts = load_prompts(check.prompts, reference_decoder.layout.vocab_size, ctx.resolve)
         ctx.progress(0.1, f"reference: greedy generation from {check.prompts.describe()}")
-        reference = decoder_reference(reference_decoder, prompts, check.new_tokens)
+        prompts, reference, informative = informative_reference(
+            check.prompts, reference_decoder.layout.vocab_size, check.new_tokens,
+            lambda chosen, tokens: decoder_reference(reference_decoder, chosen, tokens), ctx.resolve)
     with ctx.native_step("onnxruntime", "running the candidate model on the reference's tokens",
                          repro=ort_repro(candidate_options, "candidate"), hint=ort_hint(candidate_path,
                                                                                       candidate_options)):
@@ -384,6 +390,7 @@ def _validate_generation(ctx: StageContext, inputs: dict[str, Path], params: Par
         resolved_tolerance(params, "logits", expected_precision(params.expect, origin))["atol"]
     record, joined_reference, joined_candidate = compare_generation(prompts, reference, candidate, allowance, free)
     record["prompts_from"] = check.prompts.describe()
+    record["reference_informative"] = informative
     ctx.progress(0.9, f"tokens matched per prompt: {record['tokens_matched']} of {check.new_tokens}")
     return {
         "node": ctx.node,
@@ -395,7 +402,7 @@ def _validate_generation(ctx: StageContext, inputs: dict[str, Path], params: Par
         "rows": sum(len(tokens) for tokens, _ in reference),
         "onnxruntime": params.onnxruntime.model_dump(),
         "runtime_settings": settings,
-        "notes": _notes(settings),
+        "notes": _notes(settings) + ([informative["note"]] if "note" in informative else []),
         "onnxruntime_rewrites": [fix.reason for fix in fixes],
         "outputs": compare_outputs(joined_reference, joined_candidate, params),
         "task_metrics": {},

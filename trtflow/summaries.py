@@ -92,6 +92,7 @@ class CandidateAccuracy(TypedDict, total=False):
     mean_abs_error: Required[float | None]
     max_abs_error: float | None
     tokens_matched: float  # a generation check's mean leading tokens matched per prompt
+    tokens_until_difference: float  # mean per prompt: tokens until free-running generation first leaves the reference
     uncertainty: dict[str, dict[str, float]]  # per figure: its numerical resolution and 95% spread over the rows
     task_metrics: dict[str, Any]  # per task metric: its value
     failures: list[str]  # the gates it failed (the engine's verdict when select re-judges it)
@@ -122,6 +123,16 @@ class GenerationLevel(TypedDict, total=False):
 
     concurrency: Required[int | None]
     flags: Required[list[str] | None]
+    ttft_ms: GenerationFigures  # time to first token per request
+    tpot_ms: GenerationFigures  # time per output token per request
+    output_tokens_per_s: float | None
+
+
+class GenerationFigures(TypedDict, total=False):
+    """One generation figure of a level: per statistic (p50, p90, ..., mean) its value, and ``ci``: per statistic
+    its 95% interval."""
+
+    ci: dict[str, list[float]]
 
 
 class CandidatePerformance(TypedDict, total=False):

@@ -99,6 +99,60 @@ def decoder_reference(decoder: Any, prompts: Sequence[Any], new_tokens: int) -> 
     return [(run.tokens[0], run.logits[0] if run.logits is not None else None) for run in runs]
 
 
+def distinct_tokens(reference: Sequence[tuple[Any, Any]]) -> list[int]:
+    """Per prompt, how many different tokens the reference generated."""
+    return [len({int(t) for t in tokens}) for tokens, _ in reference]
+
+
+def informative_enough(distinct: int, new_tokens: int) -> bool:
+    """A reference of ``new_tokens`` tokens is informative when at least a quarter of them differ (at least 2): a
+    random-weight model often repeats one or two tokens (GPT-2 6 distinct in 64, BLOOM 4), and a candidate that
+    matches a repetition proves little."""
+    return distinct >= min(new_tokens, max(2, new_tokens // 4))
+
+
+#: Random prompts: rounds of ``count`` more prompts drawn (the same generator, continued) while the reference of
+#: some prompt is degenerate; the ``count`` most informative are kept.
+EXTRA_ROUNDS = 3
+
+
+def informative_reference(spec: Any, vocab_size: int, new_tokens: int, generate: Any,
+                          resolve: Any = None) -> tuple[list[Any], list[tuple[Any, Any]], dict[str, Any]]:
+    """The prompts, their greedy reference (``generate(prompts, new_tokens)``) and a record of how informative it is.
+    Random prompts whose reference repeats few tokens are replaced: up to `EXTRA_ROUNDS` rounds of ``count`` more
+    prompts are drawn from the same seeded generator (the first ``count`` are the recipe's) and the ``count`` whose
+    references hold the most distinct tokens are kept, in the order drawn. Prompts from a file are kept as given.
+    Either way the record says when the reference stays degenerate (``degenerate_prompts``, a ``note``)."""
+    from ..data.prompts import load_prompts
+
+    prompts = load_prompts(spec, vocab_size, resolve)
+    reference = generate(prompts, new_tokens)
+    drawn = len(prompts)
+    if spec.path is None:
+        rounds = 0
+        while rounds < EXTRA_ROUNDS and not all(informative_enough(d, new_tokens) for d in distinct_tokens(reference)):
+            rounds += 1
+            more = load_prompts(spec.model_copy(update={"count": spec.count * (rounds + 1)}), vocab_size)[drawn:]
+            prompts, reference = prompts + more, reference + generate(more, new_tokens)
+            drawn = len(prompts)
+        if drawn > spec.count:
+            counts = distinct_tokens(reference)
+            kept = sorted(sorted(range(drawn), key=lambda i: (-counts[i], i))[:spec.count])
+            prompts, reference = [prompts[i] for i in kept], [reference[i] for i in kept]
+    counts = distinct_tokens(reference)
+    degenerate = sum(not informative_enough(d, new_tokens) for d in counts)
+    record: dict[str, Any] = {"reference_distinct_tokens": counts, "degenerate_prompts": degenerate,
+                              "prompts_drawn": drawn}
+    if drawn > len(prompts):
+        record["prompts_kept"] = "the most informative of the drawn prompts (most distinct reference tokens)"
+    if degenerate:
+        record["note"] = (f"the reference is degenerate on {degenerate} of {len(counts)} prompts (distinct tokens per "
+                          f"prompt {counts} of {new_tokens}): a model that repeats a token matches it easily, so "
+                          "tokens matched prove little there; give real prompts (prompts: {path: ...}) or a trained "
+                          "model's weights")
+    return prompts, reference, record
+
+
 def forced_candidate(decoder: Any, prompts: Sequence[Any],
                      reference: Sequence[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     """Per prompt, the candidate's argmax tokens and logits when fed the reference's tokens (teacher forcing)."""
@@ -246,18 +300,23 @@ def check_against_torch(onnx_path: Any, model: Any, check: GenerationCheck, atol
     from ..runtimes.ort import create_session
 
     decoder = OrtDecoder(create_session(onnx_path, options))
-    prompts = load_prompts(check.prompts, decoder.layout.vocab_size, resolve)
-    longest = max(len(p) for p in prompts) + check.new_tokens
-    limit = int(getattr(model.config, "max_position_embeddings", 0) or getattr(model.config, "n_positions", 0) or 0)
+    longest = (max(len(p) for p in load_prompts(check.prompts, decoder.layout.vocab_size, resolve))
+               + check.new_tokens)
+    from ..formats.generation import context_limit
+
+    limit = context_limit(model.config.get_text_config(decoder=True))
     if limit and longest > limit:
         raise StageFailed(f"the generation check needs {longest} positions (prompt + new tokens) but the model has "
                           f"{limit}", hint="use shorter prompts or fewer new_tokens")
-    reference = torch_reference(model, prompts, check.new_tokens)
+    prompts, reference, informative = informative_reference(
+        check.prompts, decoder.layout.vocab_size, check.new_tokens,
+        lambda chosen, tokens: torch_reference(model, chosen, tokens), resolve)
     candidate = forced_candidate(decoder, prompts, reference)
     allowance = atol if check.near_tie_margin is None else check.near_tie_margin
     free = free_candidate(decoder, prompts, check.new_tokens) if check.allow_near_ties else None
     record, _, _ = compare_generation(prompts, reference, candidate, allowance, free)
     record["prompts_from"] = check.prompts.describe()
+    record["reference_informative"] = informative
     record["reference"] = "transformers generate (PyTorch, greedy)"
     failures = judge_generation(record, check) + logit_failures(record, reference, candidate, atol, rtol)
     return record, failures

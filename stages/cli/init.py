@@ -366,7 +366,9 @@ def _init_generation(model: str, output: Path, data: Path | None, batch: str, di
     _write(plan.render(schema, flow), output, schema_file)
     err = sys.stderr
     print(f"wrote {output}: generation with a KV cache ({plan.layout.layers} layers, {plan.layout.kv_heads} "
-          f"key/value heads of {plan.layout.head_dim}); context {plan.context}", file=err)
+          f"key/value heads of {plan.layout.head_dim}); context {plan.context}"
+          + ("" if plan.layout.context_length else " (no position table: --dim sequence_length=MIN:OPT:MAX sets it)"),
+          file=err)
     for line in plan.describe():
         print(line, file=err)
     print("WARNING: the int8 and fp16 candidates are calibrated on RANDOM token ids"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtflow.errors import TrtflowError
+from trtflow.errors import UsageError
 
 #: The context length proposed at most (the config's may be far longer: 128k positions).
 DEFAULT_CONTEXT = 512
@@ -66,11 +66,11 @@ def read_layout(folder: Path) -> Any:
             model = transformers.AutoModelForCausalLM.from_config(config)
         return layout_of(config, "position_ids" in inspect.signature(model.forward).parameters)
     except (ValueError, KeyError, OSError) as error:
-        raise TrtflowError(f"transformers cannot build a causal LM from {folder}/config.json: "
+        raise UsageError(f"transformers cannot build a causal LM from {folder}/config.json: "
                            f"{' '.join(str(error).split())[:300]}",
                            hint="check config.json's model_type and architectures, or pass --task") from None
-    except StageFailed as error:
-        raise TrtflowError(error.message, hint=error.hint) from None
+    except StageFailed as error:  # the model does not fit the task: a usage mistake (exit 2), as in `trtflow run`
+        raise UsageError(error.message, hint=error.hint) from None
 
 
 @dataclass
@@ -110,8 +110,10 @@ class GenerationScaffold:
                  f"# Written by `trtflow init {self.source}` (huggingface, text-generation-with-past): a starting "
                  "point; edit it freely.",
                  f"# KV cache: {layout.layers} layers x {layout.kv_heads} key/value heads x head_dim "
-                 f"{layout.head_dim}; vocabulary {layout.vocab_size}; context {self.context} of the model's "
-                 f"{layout.context_length} positions.",
+                 f"{layout.head_dim}; vocabulary {layout.vocab_size}; " + (
+                     f"context {self.context} of the model's {layout.context_length} positions." if
+                     layout.context_length else f"context {self.context}: the model has no position table "
+                     "(ALiBi), the profiles set it (--dim sequence_length=MIN:OPT:MAX)."),
                  "#",
                  "# WARNING: int8 and fp16 are calibrated on RANDOM token ids (`random:` below); for a",
                  "# quantization that means something, give real inputs (path: samples.npz with input_ids,",
@@ -204,26 +206,26 @@ def scaffold(folder: Path, model_ref: str, source: str, name: str, batch: tuple[
 
     unknown = sorted(set(dims) - {SEQUENCE, PAST})
     if unknown:
-        raise TrtflowError(f"--dim names no dimension of a generation recipe: {', '.join(unknown)}",
+        raise UsageError(f"--dim names no dimension of a generation recipe: {', '.join(unknown)}",
                            hint=f"give {SEQUENCE}=MIN:OPT:MAX (prompt lengths; MAX is the context length) or "
                            f"{PAST}=MIN:OPT:MAX (the decode profile's pasts; OPT is its opt)")
     layout = read_layout(folder)
-    limit = layout.context_length
+    limit = layout.context_length  # 0: no position table (ALiBi): the profiles set the context
     if SEQUENCE in dims:
         prompt = dims[SEQUENCE]
-        if prompt[2] > limit or prompt[2] < 2:
-            raise TrtflowError(f"--dim {SEQUENCE}: a context of {prompt[2]} does not fit the model, which attends "
+        if prompt[2] < 2 or (limit and prompt[2] > limit):
+            raise UsageError(f"--dim {SEQUENCE}: a context of {prompt[2]} does not fit the model, which attends "
                                f"over {limit} positions (and generation needs 2 or more)",
                                hint=f"keep MAX between 2 and {limit}")
     else:
-        context = min(limit, DEFAULT_CONTEXT)
+        context = min(limit, DEFAULT_CONTEXT) if limit else DEFAULT_CONTEXT
         if context < 2:
-            raise TrtflowError(f"the model attends over {limit} position(s): too few to generate")
+            raise UsageError(f"the model attends over {limit} position(s): too few to generate")
         prompt = (1, max(1, min(128, context // 2)), context)
     past_opt = prompt[1]
     if PAST in dims:
         if dims[PAST][2] > prompt[2] - 1:
-            raise TrtflowError(f"--dim {PAST}: a past of {dims[PAST][2]} leaves no room for the next token in a "
+            raise UsageError(f"--dim {PAST}: a past of {dims[PAST][2]} leaves no room for the next token in a "
                                f"context of {prompt[2]}", hint=f"keep MAX <= {prompt[2] - 1}")
         past_opt = dims[PAST][1]
     return GenerationScaffold(name, model_ref, source, layout, batch, prompt, past_opt, prompts_ref)

@@ -72,6 +72,9 @@ def accuracy_of(validate_json: Mapping[str, Any], node: str) -> CandidateAccurac
     if matched:
         accuracy["tokens_matched"] = sum(matched) / len(matched)
         uncertainty["tokens_matched"] = {"resolution": 0.0, "spread": half_width(matched)}
+    until = [m for m in (generation.get("free_running") or {}).get("tokens_until_difference") or [] if finite(m)]
+    if until:  # reported, not judged here
+        accuracy["tokens_until_difference"] = sum(until) / len(until)
     accuracy["uncertainty"] = uncertainty
     accuracy["task_metrics"] = {k: (v.get("value") if isinstance(v, dict) else v)
                                 for k, v in (validate_json.get("task_metrics") or {}).items()}

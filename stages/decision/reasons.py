@@ -74,12 +74,14 @@ def _tie_text(row: Mapping[str, Any], winner: Mapping[str, Any], objective_text:
         return f"{row['unmeasurable']}: not ranked against {winner['name']} on {objective_text} ({versus})"
     duel = row.get("paired")
     if duel:
-        how = "within the preference band of" if duel["outcome"] == "within" else "not told apart (at the cap) from"
+        how = "within the preference band of" if duel["outcome"] == "within" else \
+            "not told apart, within the cap on rounds, from"
         return f"{how} {winner['name']} on {objective_text} ({versus}; {_duel_text(row)})"
     if row.get("basis") == "paired A/B" and winner.get("paired"):  # the leader, and the winner close enough to it
-        how = "within the preference band" if winner["paired"]["outcome"] == "within" else "not told apart (at the cap)"
-        return f"the leader timed together, with {winner['name']} {how} of it on {objective_text} ({versus}; " \
-               f"{_duel_text(winner)})"
+        how = "was within the preference band of it" if winner["paired"]["outcome"] == "within" else \
+            "could not be told apart from it within the cap on rounds"
+        return f"the fastest when the finalists were timed together, but {winner['name']} {how} on " \
+               f"{objective_text} and won the tie-break ({versus}; {_duel_text(winner)})"
     return f"tie within noise with {winner['name']} on {objective_text} ({versus}; {ratio})"
 
 

@@ -67,9 +67,11 @@ def _sample_fits(ctx: StageContext, params: ExportParams, model: Any, binding: A
         if explained is not None:
             raise RecipeMismatch(*explained) from None
         given = ", ".join(f"{n}: {s.dtype}{list(s.shape)}" for n, s in params.inputs.items())
-        raise StageFailed(f"the model fails on the sample inputs ({given}): {first_line(error)}",
-                          hint="give inputs: with the names, ranks, sizes and dtypes forward() takes (the node's log "
-                          "holds the model's traceback)") from None
+        hint = ("give inputs: with the names, ranks, sizes and dtypes forward() takes (the node's log holds the "
+                "model's traceback)") if params.task is None else (
+                "the inputs and profiles come from the Hugging Face folder's config.json: write them again with "
+                "`trtflow init` (or set task: to what the weights are for); the node's log holds the traceback")
+        raise StageFailed(f"the model fails on the sample inputs ({given}): {first_line(error)}", hint=hint) from None
     return output_names(result)
 
 

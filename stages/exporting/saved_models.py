@@ -37,6 +37,7 @@ def export_saved_torch(ctx: StageContext, params: ExportParams, fmt: str, source
 
     hf = load_model(source, params.task, params.model, params.part)
     extra.update(task=hf.task, model_type=hf.model_type, **({"part": hf.part} if hf.part else {}))
+    params = params.model_copy(update={"task": hf.task})  # the task resolved: messages speak of a Hugging Face folder
     if hf.generation is not None:
         return export_generation(ctx, params, hf.generation, target)
     return export_pytorch(ctx, with_declared(params, hf.inputs, hf.outputs), target, hf.module, limits=hf.limits)[0]

@@ -30,10 +30,10 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from trtflow.stage import StageFailed
+from trtflow.stage import RecipeMismatch, StageFailed
 
 TASK = "text-generation-with-past"
 BATCH = "batch_size"
@@ -115,7 +115,7 @@ class KvLayout:
         """Two optimization profiles in disjoint shape regimes, each with its own opt: ``prefill`` (a prompt of 1 to
         ``context`` tokens, past 0, opt ``prompt_opt``) and ``decode`` (one token after a past of 1 to
         ``context - 1``, opt ``past_opt``, default ``prompt_opt``)."""
-        if not 2 <= context <= self.context_length:
+        if context < 2 or (self.context_length and context > self.context_length):
             raise StageFailed(f"a context length of {context} does not fit the model: it attends over at most "
                               f"{self.context_length} positions (and generation needs 2 or more)",
                               hint=f"use a context length between 2 and {self.context_length}")
@@ -133,38 +133,143 @@ def _zip_shapes(*shapes: Mapping[str, list[int]]) -> list[tuple[str, list[int], 
     return [(name, shapes[0][name], shapes[1][name], shapes[2][name]) for name in shapes[0]]
 
 
+#: What to do with a model whose cache this layout cannot hold.
+NO_CACHE_HINT = ("export the plain forward pass instead: task: text-generation (no cache; `trtflow init FOLDER "
+                 "--task text-generation` writes that recipe)")
+#: The config fields that bound the positions a model attends over (a position table, RoPE's trained length).
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "max_seq_len", "n_ctx",
+                  "seq_length")
+#: transformers' cache layers that hold one key and one value tensor per decoder layer ([batch, heads, positions,
+#: head_dim]): what this layout exports. Others (state-space, linear-attention and hybrid layers, indexers) are not.
+ATTENTION_LAYERS = ("DynamicLayer", "DynamicSlidingWindowLayer")
+
+
 def context_limit(config: Any) -> int:
     """Positions the model attends over: its position table (or RoPE's trained length), capped by a sliding
-    window (exported as full attention, which equals the window's while the sequence fits in it)."""
-    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or \
-        getattr(config, "n_ctx", None) or getattr(config, "seq_length", None)
-    if not limit:
-        raise StageFailed(f"config.json of this {getattr(config, 'model_type', '?')!r} model gives no context length "
-                          "(max_position_embeddings or n_positions)",
-                          hint="add max_position_embeddings to config.json")
+    window (exported as full attention, which equals the window's while the sequence fits in it); 0 where the config
+    sets no bound (ALiBi models such as BLOOM have no position table: the recipe's profiles set the context)."""
+    limit = next((getattr(config, key) for key in CONTEXT_FIELDS if isinstance(getattr(config, key, None), int)
+                  and getattr(config, key) > 0), 0)
     window = getattr(config, "sliding_window", None)
     if getattr(config, "use_sliding_window", True) is False:
         window = None
     if isinstance(window, int) and window > 0:
-        limit = min(int(limit), window)
+        limit = min(int(limit), window) if limit else window
     return int(limit)
 
 
+def _field(config: Any, name: str) -> Any:
+    """A config field, or None where the config has none (or answers only per layer)."""
+    try:
+        return getattr(config, name, None)
+    except Exception:  # transformers' heterogeneous configs raise their own error for a per-layer field
+        return None
+
+
+def _model_type(config: Any) -> str:
+    return str(getattr(config, "model_type", "?"))
+
+
+def cache_layer_kinds(config: Any) -> set[str]:
+    """The kinds of cache layer transformers builds for this config (``DynamicCache(config=...)``, the cache
+    generate() makes): one per decoder layer."""
+    from transformers import DynamicCache
+
+    try:
+        return {type(layer).__name__ for layer in DynamicCache(config=config).layers}
+    except Exception as error:  # a config transformers' cache cannot read: any exception type
+        raise StageFailed(f"transformers cannot build the cache of this {_model_type(config)!r} model: "
+                          f"{type(error).__name__}: {' '.join(str(error).split())[:200]}",
+                          hint=NO_CACHE_HINT) from None
+
+
+def kv_heads_of(text: Any) -> int:
+    """Key/value heads the cache holds, as the model's attention computes them. Falcon's flags: its new decoder
+    architecture broadcasts its ``num_kv_heads`` to every query head before caching, and ``multi_query`` (the older
+    architecture, and GPTBigCode's) caches one, ``multi_query: false`` one per query head (Falcon: its
+    ``num_kv_heads``); elsewhere transformers' ``num_key_value_heads`` (grouped-query attention; 1 is multi-query),
+    else one per query head."""
+    heads = int(text.num_attention_heads)
+    if _field(text, "new_decoder_architecture"):
+        return heads
+    if isinstance(_field(text, "multi_query"), bool):  # Falcon's older architecture, GPTBigCode
+        kv = _field(text, "num_kv_heads")
+        return 1 if text.multi_query else kv if isinstance(kv, int) and kv > 0 else heads
+    kv = _field(text, "num_key_value_heads")
+    return kv if isinstance(kv, int) and kv > 0 else heads
+
+
+def head_dims_of(text: Any) -> tuple[int, int]:
+    """The key's and the value's head_dim: the config's ``head_dim`` (a field, or a property such as Falcon's), else
+    hidden_size / heads; multi-head latent attention (DeepSeek-V2/V3, MiniCPM3) caches keys of ``qk_nope_head_dim +
+    qk_rope_head_dim`` and values of ``v_head_dim``."""
+    key = _field(text, "head_dim") or _field(text, "dim_head") or text.hidden_size // text.num_attention_heads
+    if isinstance(_field(text, "qk_rope_head_dim"), int):
+        key = int(_field(text, "qk_nope_head_dim") or 0) + int(text.qk_rope_head_dim)
+    value = _field(text, "v_head_dim") or key
+    return int(key), int(value)
+
+
 def layout_of(config: Any, takes_position_ids: bool) -> KvLayout:
-    """The cache layout of a decoder-only model of this config (transformers' attribute names, with the aliases
-    its configs map: n_layer, n_head, ...)."""
+    """The cache layout of a decoder-only model of this config, from its own fields (transformers' names and the
+    aliases its configs map: n_layer, n_head, ...) and the cache transformers builds for it; refuses a model whose
+    cache is not one key and one value of the same shape per layer."""
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    layers = getattr(text, "num_hidden_layers", None)
-    heads = getattr(text, "num_attention_heads", None)
-    hidden = getattr(text, "hidden_size", None)
+    # a heterogeneous config (per-layer heads) answers per layer only: transformers' per_layer_config
+    try:
+        configs = list(_field(text, "per_layer_config") or []) or [text]
+    except Exception:  # a config without num_hidden_layers: refused below
+        configs = [text]
+    layers = _field(text, "num_hidden_layers")
+    heads = _field(configs[0], "num_attention_heads")
+    hidden = _field(configs[0], "hidden_size")
+    try:
+        kinds = cache_layer_kinds(text)
+    except StageFailed:
+        kinds = set(ATTENTION_LAYERS) if layers and heads and hidden else {"no layer transformers can build"}
+    others = sorted(kinds - set(ATTENTION_LAYERS))
+    if others:
+        raise StageFailed(f"the {_model_type(config)!r} model keeps a cache of {', '.join(others)} (state-space, "
+                          "linear-attention or hybrid layers), not one key and one value per layer, the layout "
+                          f"{TASK} exports", hint=NO_CACHE_HINT)
     if not (layers and heads and hidden):
-        raise StageFailed(f"cannot tell the cache layout of a {getattr(config, 'model_type', '?')!r} model: its "
+        raise StageFailed(f"cannot tell the cache layout of a {_model_type(config)!r} model: its "
                           "config gives no num_hidden_layers, num_attention_heads or hidden_size",
-                          hint="export it with task: text-generation (no cache)")
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or hidden // heads
-    return KvLayout(int(layers), int(kv_heads), int(head_dim), int(text.vocab_size), context_limit(text),
-                    takes_position_ids)
+                          hint=NO_CACHE_HINT)
+    shapes = {(kv_heads_of(c), *head_dims_of(c)) for c in configs}
+    if len(shapes) > 1:
+        raise StageFailed(f"the {_model_type(config)!r} model's layers cache keys and values of different shapes "
+                          f"({sorted(shapes)}); {TASK} exports one shape for every layer",
+                          hint=NO_CACHE_HINT)
+    kv_heads, key_dim, value_dim = shapes.pop()
+    if key_dim != value_dim or _field(text, "kv_lora_rank"):
+        raise StageFailed(f"the {_model_type(config)!r} model caches keys of head_dim {key_dim} and values of "
+                          f"{value_dim}, or a compressed latent (multi-head latent attention); {TASK} exports one "
+                          "head_dim for both, per key/value head",
+                          hint=NO_CACHE_HINT)
+    return KvLayout(int(layers), kv_heads, key_dim, int(text.vocab_size), context_limit(text), takes_position_ids)
+
+
+def probe_layout(model: Any, declared: KvLayout) -> KvLayout:
+    """``declared`` with the heads and head_dim the model's own forward() caches, run once on a two-token prompt: the
+    export declares what the model does, and a recipe whose profiles were written for other sizes fails by name
+    (`check_profiles`) rather than as a size mismatch inside the exporter."""
+    import torch
+
+    ids = torch.ones((1, 2), dtype=torch.long)
+    options: dict[str, Any] = {"position_ids": torch.arange(2).unsqueeze(0)} if declared.position_ids else {}
+    with torch.no_grad():
+        result = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, return_dict=True, **options)
+    cache = result.get("past_key_values", result.get("cache"))
+    tensors = cache_tensors(cache) if cache is not None else []
+    shapes = {tuple(t.shape[1:]) for t in tensors if getattr(t, "ndim", 0) == 4}
+    if len(tensors) != 2 * declared.layers or len(shapes) != 1:
+        raise StageFailed(f"the {_model_type(model.config)!r} model's forward() returns no cache of one key and one "
+                          f"value [batch, heads, positions, head_dim] per layer (shapes "
+                          f"{sorted({tuple(getattr(t, 'shape', ())) for t in tensors})[:4]})",
+                          hint=NO_CACHE_HINT)
+    heads, _, head_dim = shapes.pop()
+    return replace(declared, kv_heads=int(heads), head_dim=int(head_dim))
 
 
 def layout_from_io(inputs: Mapping[str, Sequence[Any]], input_types: Mapping[str, str],
@@ -208,6 +313,8 @@ def check_profiles(profiles: Sequence[Any], layout: KvLayout | None = None) -> N
         if needed:
             raise StageFailed(f"profile {profile.name!r} gives no shapes for {', '.join(needed)}",
                               hint="give every input of the model min/opt/max shapes (trtflow init writes them)")
+        if layout is not None:
+            _check_cache_sizes(profile, layout)
         for pick in ("min", "opt", "max"):
             sequence = getattr(shapes["input_ids"], pick)[1]
             past = getattr(shapes[past_name(0, "key")], pick)[2]
@@ -222,6 +329,19 @@ def check_profiles(profiles: Sequence[Any], layout: KvLayout | None = None) -> N
                 raise StageFailed(
                     f"profile {profile.name!r}: at {pick}, past + sequence = {mask} exceeds the model's context "
                     f"length {layout.context_length}", hint=f"keep past + sequence <= {layout.context_length}")
+
+
+def _check_cache_sizes(profile: Any, layout: KvLayout) -> None:
+    """Every past input of the profile holds the model's key/value heads and head_dim at min, opt and max."""
+    for name in layout.past_names:
+        for pick in ("min", "opt", "max"):
+            shape = list(getattr(profile.shapes[name], pick)) if name in profile.shapes else None
+            if shape is not None and (len(shape) != 4 or shape[1] != layout.kv_heads or shape[3] != layout.head_dim):
+                raise RecipeMismatch(
+                    f"profile {profile.name!r}: {name} at {pick} is {shape}, but the model caches "
+                    f"[batch, {layout.kv_heads} key/value heads, positions, head_dim {layout.head_dim}]",
+                    hint=f"give {name} {layout.kv_heads} heads and head_dim {layout.head_dim} in every profile "
+                    "(`trtflow init` writes them from the model)")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -300,11 +420,11 @@ def wrap(model: Any, config: Any) -> GenerationModel:
     parameters = inspect.signature(model.forward).parameters
     if "past_key_values" not in parameters and "cache" not in parameters:
         raise StageFailed(f"the {getattr(config, 'model_type', '?')!r} model's forward() takes no cache "
-                          "(past_key_values)", hint="export it with task: text-generation (no cache)")
+                          "(past_key_values)", hint=NO_CACHE_HINT)
     if getattr(config, "is_encoder_decoder", False):
         raise StageFailed(f"{TASK} exports decoder-only models; this {config.model_type!r} model is an "
                           "encoder-decoder", hint="export its encoder with task: feature-extraction")
-    layout = layout_of(config, "position_ids" in parameters)
+    layout = probe_layout(model, layout_of(config, "position_ids" in parameters))
     module = wrapper_class()(model, layout).eval()
     return GenerationModel(module, model, layout, layout.input_entries(), layout.output_names)
 

@@ -168,3 +168,32 @@ def test_the_throughput_chart_has_error_bars_and_the_selected_point_is_drawn_on_
     assert top["mark"]["size"] > accuracy["layer"][2]["mark"]["size"] and top["mark"]["stroke"]
     assert top["transform"] == [{"filter": "(datum.status === 'selected')"}]
     assert charts.throughput_batch(d.series).startswith("<svg")
+
+
+def test_a_generation_decision_shows_first_token_and_per_token_times_tokens_matched_and_flags():
+    """A generation recipe's decision: time to first token and per output token with their intervals, output
+    tokens per second and tokens matched, in the table (HTML and Markdown) and a chart; the benchmarks' flags in the
+    decision box; no inferences per second."""
+    from trtflow.report.decision import decision
+    from trtflow.report.documents import to_html, to_markdown
+
+    data = run_data(with_load=False)  # judged at p99
+    selection = data["nodes"][-1]["summary"]
+    for index, c in enumerate(selection["candidates"]):
+        c["benchmark"]["points"], c["benchmark"]["load"] = [], []
+        c["benchmark"]["generation"] = [{
+            "concurrency": 1, "ttft_ms": {"p99": 2.0 + index, "ci": {"p99": [1.9 + index, 2.1 + index]}},
+            "tpot_ms": {"p99": 0.5 + index, "ci": {"p99": [0.45 + index, 0.55 + index]}},
+            "output_tokens_per_s": 1000.0 / (0.5 + index), "flags": ["busy-host"] if index == 0 else []}]
+        c.setdefault("validation", {}).update(tokens_matched=16.0, tokens_until_difference=12.5)
+    made = decision("select", selection)
+    assert made.generation and made.rows[0]["ttft_ci"] == [1.9, 2.1] and made.rows[0]["tokens_per_s"] == 2000.0
+    page = to_html(data)
+    assert "time to first token p99 (ms)" in page and "output tokens/s" in page and "throughput (inf/s)" not in page
+    assert "2 (1.9-2.1)" in page and "tokens matched (mean per prompt)" in page
+    assert '<td class="num">12.5</td>' in page  # tokens until the first divergence
+    assert "<b>Benchmarks flagged</b>" in page and "busy-host (concurrency 1)" in page
+    assert 'aria-label="generation times"' in page
+    markdown = to_markdown(data)
+    assert "| time to first token p99 (ms) | time per output token p99 (ms) | output tokens/s |" in markdown
+    assert "**Benchmarks flagged**" in markdown

@@ -38,6 +38,14 @@ FAMILIES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {
         "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}),
+    # issue 34: Falcon with multi-query attention (one key/value head for 4 query heads), BLOOM (ALiBi: no position
+    # table, the recipe's profiles set the context)
+    "falcon_mqa": ("FalconConfig", "FalconForCausalLM", {
+        "vocab_size": 128, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "multi_query": True, "max_position_embeddings": 64, "bos_token_id": 0, "eos_token_id": 0}),
+    "bloom": ("BloomConfig", "BloomForCausalLM", {
+        "vocab_size": 128, "hidden_size": 32, "n_layer": 2, "n_head": 4, "bos_token_id": 0, "eos_token_id": 0,
+        "pad_token_id": 0}),
 }
 LLAMA = KvLayout(layers=2, kv_heads=2, head_dim=8, vocab_size=128, context_length=64, position_ids=True)
 

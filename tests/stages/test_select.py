@@ -361,7 +361,8 @@ def test_finalists_timed_together_see_a_10_percent_win_through_the_drift():
     # 2% apart: within the band with confidence; the preference (accuracy) decides
     close = decide(items, params, finalists=_rounds({"fp32": 1.02, "int8": 1.0}, 20, noise=0.01))
     assert close["selected"] == "fp32" and by_name(close)["fp32"]["paired"]["outcome"] == "within"
-    assert "the leader timed together, with fp32 within the preference band of it" in by_name(close)["int8"]["reason"]
+    assert "the fastest when the finalists were timed together, but fp32 was within the preference band of it" in \
+        by_name(close)["int8"]["reason"]
     assert "lost the tie-break on accuracy" in by_name(close)["int8"]["reason"]
     # why they were not timed together is said
     said = decide(items, params, finalists={"why": "the finalists were benchmarked with different devices"})

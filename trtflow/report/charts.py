@@ -182,3 +182,26 @@ def history_trend(points: Sequence[dict[str, Any]], changes: Sequence[dict[str, 
                        x=x, y=alt.value(4), text="label:N", color=color)]
     chart = alt.layer(*layers).properties(width=WIDTH, height=HEIGHT, title=title)
     return render_svg(chart)
+
+
+def generation_times(rows: Sequence[dict[str, Any]], stat: str) -> str:
+    """Time to first token and time per output token of each candidate (generation), side by side, each with its
+    95% interval as an error bar; the selected candidate in green."""
+    points = [{"candidate": r["name"], "status": r["status"], "figure": figure, "ms": r[key],
+               **_bounds(r.get(f"{key}_ci"), r[key])}
+              for r in rows for key, figure in (("ttft", "time to first token"), ("tpot", "time per output token"))
+              if r.get(key) is not None]
+    if not points:
+        return ""
+    alt = _altair()
+    base = alt.Chart(alt.Data(values=points)).encode(
+        x=alt.X("candidate:N", title=None, sort=[r["name"] for r in rows], axis=alt.Axis(labelAngle=0)))
+    dots = base.mark_point(filled=True, size=80).encode(
+        y=alt.Y("ms:Q", title=f"{stat} (ms)", scale=alt.Scale(zero=False, nice=True)), color=_status_color(alt),
+        tooltip=["candidate:N", "figure:N", "ms:Q", "low:Q", "high:Q"])
+    bars = base.mark_rule().encode(y="low:Q", y2="high:Q", color=_status_color(alt))
+    chart = (bars + dots).properties(width=WIDTH // 2 - 20, height=HEIGHT).facet(
+        column=alt.Column("figure:N", title=None, header=alt.Header(labelFontSize=12, labelLimit=0)),
+    ).resolve_scale(y="independent").properties(
+        title=alt.TitleParams(f"generation: {stat} times with 95% intervals", anchor="start"))
+    return render_svg(chart)

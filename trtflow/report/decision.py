@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from trtflow.digits import decimals_apart
 from trtflow.storage.records import benchmark_of, selection_of
@@ -34,9 +34,11 @@ class Decision:
     tied: list[str] = field(default_factory=list)  # candidates tied within noise with the best (the tie-breakers chose)
     note: str = ""  # how the winner was chosen when it was a tie within noise
     cosine_format: str = "%.6f"  # enough decimals to tell the candidates' cosine similarities apart
+    generation: bool = False  # judged on generation: time to first token and per output token, tokens matched
+    flags: dict[str, list[str]] = field(default_factory=dict)  # per benchmark node, its flags (`benchmark_flags`)
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -74,6 +76,7 @@ def decision(node: str, summary: SelectionSummary) -> Decision:
             "speedup": c.get("speedup"), "tie": bool(c.get("tie")),
             "pareto": bool(c.get("pareto")), "reason": c.get("reason") or "",
             "backend": " ".join(filter(None, [bench.get("backend"), bench.get("device")])),
+            **_generation_row(bench, validation, stat),
         })
         for p in bench.get("points", []):
             latency = p.get("latency_ms") or {}
@@ -93,7 +96,29 @@ def decision(node: str, summary: SelectionSummary) -> Decision:
                     percentile=stat, constraints=[c.get("text", str(c)) for c in summary.get("constraints") or []],
                     baseline=summary.get("baseline"), rows=rows, batch_sizes=batches, series=series, load=load,
                     tied=tied, note=(winner.get("reason") or "").removeprefix("selected: ") if len(tied) > 1 else "",
-                    cosine_format=f"%.{decimals}f")
+                    cosine_format=f"%.{decimals}f", generation=any(r["ttft"] is not None for r in rows),
+                    flags=benchmark_flags(summary))
+
+
+def _generation_row(bench: Mapping[str, Any], validation: Mapping[str, Any], stat: str) -> dict[str, Any]:
+    """A candidate's generation figures at its first level (the lowest concurrency): time to first token and per
+    output token at ``stat`` with their 95% intervals, output tokens per second, and the tokens it matched."""
+    levels = bench.get("generation") or []
+    level = levels[0] if levels else {}
+
+    def figure(which: str) -> tuple[float | None, list[float] | None]:
+        figures = level.get(which) or {}
+        value = figures.get(stat)
+        interval = (figures.get("ci") or {}).get(stat)
+        return (float(value) if _number(value) else None,
+                list(interval) if isinstance(interval, (list, tuple)) and len(interval) == 2 else None)
+
+    ttft, ttft_ci = figure("ttft_ms")
+    tpot, tpot_ci = figure("tpot_ms")
+    return {"ttft": ttft, "ttft_ci": ttft_ci, "tpot": tpot, "tpot_ci": tpot_ci,
+            "tokens_per_s": level.get("output_tokens_per_s") if _number(level.get("output_tokens_per_s")) else None,
+            "concurrency": level.get("concurrency"), "tokens_matched": validation.get("tokens_matched"),
+            "tokens_until_difference": validation.get("tokens_until_difference")}
 
 
 def benchmark_series(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -172,8 +172,10 @@ def to_html(data: dict[str, Any], history: Any = None) -> str:
     context["history"] = html_sections(history) if history is not None else []
     context["history_note"] = history.note if history is not None else ""
     for d in context["decisions"]:
-        latency_title = f"{d.percentile} latency (ms) at the operating point"
+        latency_title = f"{d.percentile} time per output token (ms)" if d.generation else \
+            f"{d.percentile} latency (ms) at the operating point"
         d.charts = [(title, svg) for title, svg in (
+            ("generation times", charts.generation_times(d.rows, d.percentile) if d.generation else ""),
             ("accuracy against latency", charts.accuracy_latency(d.rows, latency_title)),
             ("latency against batch size", charts.latency_batch(d.series, d.percentile)),
             ("throughput against batch size", charts.throughput_batch(d.series)),
