@@ -48,14 +48,15 @@ def test_imports_reads_and_failed_lookups_inside_the_project_are_recorded(projec
     result, reads = readtrace.observed(run, lambda p: True, {})
     deps = depfile.Deps.from_json(result)
     assert deps is not None
-    depfile.add_reads(deps, reads, environ={"HOME": "/h"})
+    depfile.add_reads(deps, reads, environ={"HOME": "/h", "LANG": "C.UTF-8"})
     files = {f for f in deps.files if not f.startswith(depfile.ENV_LABEL)}
     assert files == {str(project / p) for p in ("helper.py", "pkg/__init__.py", "pkg/inner.py", "data.txt")}
     assert deps.files[str(project / "helper.py")] == hash_file_content(project / "helper.py")
     assert str(project / "optional_thing") in deps.absent
     assert sys.modules["json"].__file__ not in deps.files  # a library: the environment's business
-    assert deps.files["env:HOME"] == depfile.env_digest("env:HOME", {"HOME": "/h"})
-    assert deps.files["env:PATH"] == depfile.MISSING
+    assert deps.files["env:LANG"] == depfile.env_digest("env:LANG", {"LANG": "C.UTF-8"})
+    assert deps.files["env:TZ"] == depfile.MISSING
+    assert "env:HOME" not in deps.files and "env:PATH" not in deps.files  # search paths: their files are keyed
 
 
 def test_a_file_changed_while_the_code_ran_cannot_vouch_for_it(project: Path) -> None:

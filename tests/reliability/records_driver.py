@@ -284,6 +284,16 @@ def direct(work: Path, name: str, variant: str) -> None:
         assert fraction is None and message == ""
 
 
+def _peak_mb() -> int:
+    """This process's peak resident memory in MB: the high-water mark of its own memory (VmHWM). Not getrusage's
+    ru_maxrss, which Linux keeps across exec: launched from a test worker that had grown to 2 GB, it said 2 GB."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) // 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+
+
 def pristine(work: Path) -> Path:
     """A project run twice (so the no-op record exists), with a baseline file, copied for each case."""
     base = work / "pristine"
@@ -347,7 +357,7 @@ def main() -> None:
                 found = CONTROL.findall(text.replace("\n", "").replace("\t", ""))
                 print(json.dumps({"kind": name, "variant": variant, "command": " ".join(args[:3]), "rc": code,
                                   "seconds": round(time.monotonic() - started, 3),
-                                  "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+                                  "maxrss_mb": _peak_mb(),
                                   "controls": "".join(found)[:80], "tail": text[-300:] if code == 70 else ""}),
                       flush=True)
 

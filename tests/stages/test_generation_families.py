@@ -223,8 +223,8 @@ def test_falcon_mqa_and_bloom_export_from_their_init_recipe(family, tmp_path):
     from tests.stages.test_generation import save_family
     from trtflow.testing import run_stage
     from trtflow_stages import export
-    from trtflow_stages.cli.init import _flow
     from trtflow_stages.cli.init_generation import scaffold
+    from trtflow_stages.cli.init_recipe import flow
 
     save_family(tmp_path, family)
     dims = {"sequence_length": (1, 8, 24)} if family == "bloom" else {}
@@ -232,7 +232,7 @@ def test_falcon_mqa_and_bloom_export_from_their_init_recipe(family, tmp_path):
     assert plan.layout.kv_heads == (1 if family == "falcon_mqa" else 4)
     assert plan.context == (24 if family == "bloom" else 64) and plan.layout.context_length == (0 if family ==
                                                                                                    "bloom" else 64)
-    recipe = yaml.safe_load(plan.render("schema.json", _flow))
+    recipe = yaml.safe_load(plan.render("schema.json", flow))
     params = recipe["nodes"][0]["params"]
     profiles = [{"name": name, "shapes": shapes} for name, shapes in recipe["profiles"].items()]
     result = run_stage(export.stage, {**params, "profiles": profiles}, workdir=tmp_path / "work",
