@@ -29,7 +29,9 @@ def canonical_json(value: Any) -> str:
 
 
 def hash_text(text: str) -> str:
-    return xxhash.xxh3_128_hexdigest(text.encode("utf-8"))
+    """The digest of ``text`` as UTF-8; a lone surrogate (a file or link name that was not UTF-8, as os.readlink and
+    os.listdir decode it) is hashed as its code point, never an error (the same bytes for every valid string)."""
+    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
 
 
 def hash_value(value: Any) -> str:

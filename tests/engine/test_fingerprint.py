@@ -87,3 +87,18 @@ def test_directory_digest_covers_names_and_contents(tmp_path):
 def test_diff_values_names_the_changed_path():
     assert diff_values({"a": {"b": 1}, "c": 2}, {"a": {"b": 2}, "d": 3}) == [
         "a.b changed 1 -> 2", "c removed (was 2)", "d added (3)"]
+
+
+def test_a_link_whose_target_is_not_utf8_is_keyed_not_an_internal_error(tmp_path) -> None:
+    """os.readlink decodes a non-UTF-8 target with surrogates: its digest (a python: node's link, the freshness
+    differential's retargets) must be a digest, not a UnicodeEncodeError in the worker."""
+    import os
+
+    from trtflow.depfile import LINK, path_digest
+    from trtflow.fingerprint import hash_text
+
+    link = tmp_path / "link"
+    os.symlink(b"target-\xff\xfe", os.fsencode(link))
+    digest = path_digest(link)
+    assert digest.startswith(LINK) and digest == LINK + hash_text(os.readlink(link))
+    assert hash_text("plain") != hash_text(os.fsdecode(b"plain\xff"))
