@@ -117,6 +117,8 @@ def _environment(params: Params) -> list[str]:
         facts.append("onnxruntime")
     if params.backend == "torch":
         facts.append("torch")
+        if params.generation is not None:
+            facts.append("transformers")
     return facts
 
 
@@ -124,6 +126,8 @@ def _files(params: Params) -> list[str]:
     from trtflow.callables import callable_files
 
     files = data_files(params.data)
+    if params.hf_model:
+        files.append(params.hf_model)
     if params.torch_model:
         files += callable_files(params.torch_model)
     return files
@@ -268,33 +272,73 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> Benchmark
 
 def _generation(ctx: StageContext, params: Params, model: Path | None, device: str, watch: Any
                 ) -> BenchmarkSummary:
-    """Time to first token and per output token at each concurrency (`measure.serving.generation`)."""
-    from .accuracy.recovery import runtime_options
+    """Time to first token and per output token at each concurrency (`measure.serving.generation`): an ONNX model
+    with its cache on ONNX Runtime, or a Hugging Face causal LM on PyTorch (`runtimes.torch_generation`)."""
     from .measure.serving.generation import level_line, measure_generation
-    from .measure.timing.calls import ort_providers
-    from .runtimes.generation import OrtDecoder
-    from .runtimes.ort import create_session
 
-    assert model is not None and params.generation is not None
-    with ctx.native_step("onnxruntime", f"creating a session for {model.name}"):
-        session = create_session(model, runtime_options(model, params.onnxruntime, ctx.log).options,
-                                 ort_providers(device))
-    decoder = OrtDecoder(session)
-    with ctx.native_step("onnxruntime", "timing greedy generation"):
+    assert params.generation is not None
+    backend = params.backend if params.backend == "torch" else "onnxruntime"
+    decoder, runs_on = (_torch_decoder(ctx, params, device) if backend == "torch" else
+                        _ort_decoder(ctx, params, model, device))
+    with ctx.native_step(backend, "timing greedy generation"):
         levels = measure_generation(decoder, params.generation, params.window_plan(),
-                                    progress=lambda text: ctx.progress(0.5, text))
+                                    progress=lambda text: ctx.progress(0.5, text), device=device)
     for level in levels:
         ctx.log.info("%s", level_line(level))
-    method = _method(params, "onnxruntime", device, f"onnxruntime {session.get_providers()[0]}")
+    method = _method(params, backend, device, runs_on)
     method.update(timing="host clock from a request's start to each token on the host",
                   generation=params.generation.model_dump())
-    metrics: dict[str, Any] = {"backend": "onnxruntime", "device": device, "method": method,
+    if backend == "torch":
+        method["torch"] = decoder.describe()
+        ctx.log.info("PyTorch generation: %s", method["torch"])
+    metrics: dict[str, Any] = {"backend": backend, "device": device, "method": method,
                                "host": watch.report(), "points": [], "generation": levels}
     summary = summary_of(metrics, ctx.facts, params)
     summary["generation"] = levels
     ctx.output("metrics").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     ctx.progress(1.0, "done")
     return summary
+
+
+def _ort_decoder(ctx: StageContext, params: Params, model: Path | None, device: str) -> tuple[Any, str]:
+    from .accuracy.recovery import runtime_options
+    from .measure.timing.calls import ort_providers
+    from .runtimes.generation import OrtDecoder
+    from .runtimes.ort import create_session
+
+    assert model is not None
+    with ctx.native_step("onnxruntime", f"creating a session for {model.name}"):
+        session = create_session(model, runtime_options(model, params.onnxruntime, ctx.log).options,
+                                 ort_providers(device))
+    return OrtDecoder(session), f"onnxruntime {session.get_providers()[0]}"
+
+
+def _torch_decoder(ctx: StageContext, params: Params, device: str) -> tuple[Any, str]:
+    """The causal LM (hf_model, or torch_model's factory) in torch_dtype on ``device``, with a static cache of the
+    benchmark's length and one slot per client, its decode steps captured as CUDA graphs on a GPU."""
+    from trtflow.callables import load_callable
+
+    from .runtimes.torch_generation import load_causal_lm, open_decoder, prepare_model
+
+    assert params.generation is not None
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise StageSkipped("device cuda for backend torch but this PyTorch sees no CUDA device",
+                               needs="a CUDA build of PyTorch on a GPU machine, or device: cpu")
+    dtype = params.torch_dtype
+    if params.hf_model is not None:
+        with ctx.native_step("torch", f"loading {params.hf_model} in {dtype}"):
+            model = load_causal_lm(ctx.resolve(params.hf_model), dtype, device, params.hf_model)
+    else:
+        assert params.torch_model is not None
+        model = prepare_model(load_callable(params.torch_model, ctx.resolve, "torch_model")(), dtype, device)
+    bench = params.generation
+    with ctx.native_step("torch", "the static cache and the decode steps' CUDA graphs"):
+        decoder = open_decoder(model, device, bench.context_length + bench.new_tokens,
+                               params.generation_cuda_graphs, max(bench.concurrency))
+    return decoder, f"torch {device} {dtype}"
 
 
 def _first_profile(manifest: Mapping[str, Any] | None) -> Mapping[str, Any] | None:

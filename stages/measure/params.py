@@ -35,7 +35,19 @@ class Params(TimingFields, LoadFields, GateFields):
     torch_cuda_graphs: bool = Field(
         False, description="For backend torch on CUDA, under serving load: each instance replays its forward as "
         "one CUDA graph per batch size (captured while it warms up), instead of launching every kernel from "
-        "Python. Eager launches make a small model's latency tail depend on the host (see bench/serving_load.md)."
+        "Python. Eager launches make a small model's latency tail depend on the host (see bench/serving_load.md). "
+        "With generation, each decode step is replayed as a CUDA graph unless this is set to false (on by "
+        "default there; a model whose step cannot be captured runs eagerly and the metrics say why)."
+    )
+    hf_model: str | None = Field(
+        None, description="For backend torch with generation: a Hugging Face folder of a decoder-only causal LM "
+        "(relative to the recipe; config.json and weights as save_pretrained writes them, nothing downloaded, no "
+        "code of its own run), run by PyTorch with a static KV cache (`runtimes.torch_generation`). Or "
+        "torch_model: a factory returning such a model."
+    )
+    torch_dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        "float32", description="For backend torch with generation: the dtype the model's weights and activations "
+        "run in (the fp32/fp16/bf16 candidates of one model)."
     )
     onnxruntime: OrtOptions = Field(
         default_factory=OrtOptions, description="ONNX Runtime session options (optimisation level, disabled "
@@ -97,7 +109,9 @@ class Params(TimingFields, LoadFields, GateFields):
         None, description="Time greedy generation of a causal LM exported with its KV cache (task "
         "text-generation-with-past) instead of fixed batches: time to first token and time per output token per "
         "request, at context_length prompt tokens and each concurrency, timed in windows like any point (repeats, "
-        "min_iterations requests, min_duration_s, precision_percent, max_duration_s); backend onnxruntime.",
+        "min_iterations requests, min_duration_s, precision_percent, max_duration_s): backend onnxruntime (the model "
+        "input, exported with task text-generation-with-past), or backend torch (hf_model or torch_model on PyTorch, "
+        "device cpu or cuda, in torch_dtype, decode steps as CUDA graphs on cuda).",
     )
 
     @field_validator("batch_sizes")
@@ -124,9 +138,10 @@ class Params(TimingFields, LoadFields, GateFields):
         if self.torch_model and self.backend != "torch":
             raise ValueError(f"torch_model is only used by backend torch, not {self.backend}")
         engine = self.backend in (*TRT_FLAVOURS, "auto")
-        if self.torch_cuda_graphs and not (self.backend == "torch" and self.device == "cuda" and self.has_load):
+        if self.torch_cuda_graphs and not (self.backend == "torch" and self.device == "cuda" and
+                                           (self.has_load or self.generation is not None)):
             raise ValueError("torch_cuda_graphs applies to backend torch on device cuda under serving load "
-                             "(concurrency, arrival_rate_qps or scenarios)")
+                             "(concurrency, arrival_rate_qps or scenarios) or with generation")
         if max(self.stream_counts) > 1 and not engine and not self.has_load:
             raise ValueError(f"streams > 1 for backend {self.backend} applies to serving load only: give "
                              "concurrency or arrival_rate_qps")
@@ -150,13 +165,30 @@ class Params(TimingFields, LoadFields, GateFields):
         if self.scenarios and self.load_generator == "trtflow":
             raise ValueError(f"scenarios {self.scenarios} are run by MLPerf LoadGen: set load_generator to auto "
                              "or loadgen")
-        if self.generation is not None and (self.backend not in ("auto", "onnxruntime") or self.has_load or
+        if self.generation is not None and (self.backend not in ("auto", "onnxruntime", "torch") or self.has_load or
                                             self.batch_sizes or self.profile_layers or self.profile_kernels):
-            raise ValueError("generation times an ONNX model with its KV cache on ONNX Runtime; backend, serving "
-                             "load, batch_sizes and profiles do not apply (generation.concurrency sets the load)")
+            raise ValueError("generation times an ONNX model with its KV cache on ONNX Runtime, or a Hugging Face "
+                             "causal LM on PyTorch (backend torch); other backends, serving load, batch_sizes and "
+                             "profiles do not apply (generation.concurrency sets the load)")
+        self._torch_generation_fields()
         if self.max_duration_s is not None and self.max_duration_s < self.min_duration_s:
             raise ValueError(f"max_duration_s {self.max_duration_s:g} is below min_duration_s {self.min_duration_s:g}")
         return self
+
+    def _torch_generation_fields(self) -> None:
+        torch_generation = self.backend == "torch" and self.generation is not None
+        if (self.hf_model or self.torch_dtype != "float32") and not torch_generation:
+            raise ValueError("hf_model and torch_dtype apply to backend torch with generation")
+        if torch_generation and (self.hf_model is None) == (self.torch_model is None):
+            raise ValueError("backend torch with generation needs the causal LM: hf_model (a Hugging Face folder) or "
+                             "torch_model (a factory returning one), not both" if self.hf_model else
+                             "backend torch with generation needs the causal LM: hf_model (a Hugging Face folder) "
+                             "or torch_model (a factory returning one)")
+
+    @property
+    def generation_cuda_graphs(self) -> bool:
+        """Generation on PyTorch replays its decode steps as CUDA graphs unless torch_cuda_graphs is set false."""
+        return self.torch_cuda_graphs if "torch_cuda_graphs" in self.model_fields_set else True
 
 
 GATE_PARAMS = tuple(GateFields.model_fields)  # judged on the summary, left out of the node key
