@@ -234,10 +234,14 @@ def _time_finalists(ctx: StageContext, params: Params, selection: Mapping[str, A
                                             plan["warmup_ms"], ctx.log, plan["data"], ctx.resolve)
             from .measure.serving.traffic import steady_interpreter
 
-            with steady_interpreter():
-                record = measure_round_robin(timers, plan["batch_size"], plan["figure"],
-                                             params.tie_breakers.tolerance_percent, plan["window_s"],
-                                             plan["max_seconds"])
+            try:
+                with steady_interpreter():
+                    record = measure_round_robin(timers, plan["batch_size"], plan["figure"],
+                                                 params.tie_breakers.tolerance_percent, plan["window_s"],
+                                                 plan["max_seconds"])
+            finally:
+                for timer in timers.values():
+                    getattr(timer, "close", lambda: None)()  # generation's clients: their threads end
     except Exception as error:  # an optional refinement: the stored figures still decide, and say so
         detail = getattr(error, "message", None) or f"{type(error).__name__}: {error}"
         why = f"timing them here failed ({detail}); the stored figures decided"

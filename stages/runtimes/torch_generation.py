@@ -233,7 +233,6 @@ class StaticDecoder:
             if free:
                 return free.pop()
         import torch
-
         from transformers import StaticCache
 
         cache = StaticCache(config=self.model.config, max_cache_len=self.max_length)

@@ -75,73 +75,124 @@ def _figures(windows: Sequence[Window]) -> dict[str, Any]:
             "precision_percent": {k: v for k, v in found.precision_percent.items() if k != "throughput"}}
 
 
-def _window(decoder: Any, prompts: Sequence[Any], new_tokens: int, clients: int, seconds: float,
-            clock: Callable[[], int]) -> tuple[Window, Window, int]:
-    """One window of closed-loop requests from ``clients`` threads: (TTFT window, TPOT window, tokens)."""
-    from ...runtimes.generation import greedy
+class Clients:
+    """``count`` closed-loop client threads that live for a whole level: each warms up on its own thread, then runs
+    requests in every window it is given (`window`). A runtime keeps state per thread (cuBLAS handles, the graphs
+    cuDNN's attention builds per shape, a thread's first CUDA call), so clients made afresh for each window paid
+    for it in the timed requests: a PyTorch decoder in fp16 measured 5-10 times slower per token than in fp32
+    (bench/results/generation/figures.md), while the same decoder warmed on the thread that times it does not."""
 
-    lock = threading.Lock()
-    ttft: list[float] = []
-    tpot: list[float] = []
-    errors: list[BaseException] = []
-    begin = clock()
-    deadline = begin + int(seconds * 1e9)
+    def __init__(self, decoder: Any, prompts: Sequence[Any], new_tokens: int, count: int,
+                 clock: Callable[[], int] = time.perf_counter_ns, warmup_requests: int = 1) -> None:
+        self.decoder, self.prompts, self.new_tokens, self.count, self.clock = decoder, prompts, new_tokens, count, clock
+        self.warmup_requests = max(warmup_requests, 0)
+        self.barrier = threading.Barrier(count + 1)
+        self.lock = threading.Lock()
+        self.errors: list[BaseException] = []
+        self.deadline = 0
+        self.stopping = False
+        self.ttft: list[float] = []
+        self.tpot: list[float] = []
+        self.threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(count)]
+        for thread in self.threads:
+            thread.start()
 
-    def client(index: int) -> None:
-        count = 0
+    def _client(self, index: int) -> None:
+        from ...runtimes.generation import greedy
+
         try:
-            while count == 0 or clock() < deadline:
-                prompt = prompts[(index + count * clients) % len(prompts)]
-                run = greedy(decoder, prompt, new_tokens, keep_logits=False, clock=clock)
-                count += 1
-                with lock:
-                    ttft.append(run.first_token_ms)
-                    tpot.append(run.per_token_ms or 0.0)
+            for request in range(self.warmup_requests):
+                greedy(self.decoder, self.prompts[(index + request * self.count) % len(self.prompts)],
+                       self.new_tokens, keep_logits=False)
+            served = 0
+            while True:
+                self.barrier.wait()  # a window starts (or the level ends)
+                if self.stopping:
+                    return
+                done = 0
+                while done == 0 or self.clock() < self.deadline:
+                    prompt = self.prompts[(index + served * self.count) % len(self.prompts)]
+                    run = greedy(self.decoder, prompt, self.new_tokens, keep_logits=False, clock=self.clock)
+                    done += 1
+                    served += 1
+                    with self.lock:
+                        self.ttft.append(run.first_token_ms)
+                        self.tpot.append(run.per_token_ms or 0.0)
+                self.barrier.wait()  # the window ends when every client's last request has
+        except threading.BrokenBarrierError:
+            return
         except BaseException as error:  # reported in the caller's thread
-            errors.append(error)
+            self.errors.append(error)
+            self.barrier.abort()
 
-    wait_before = thread_wait_ns()
-    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall_ms = (clock() - begin) / 1e6
-    wait_after = thread_wait_ns()
-    if errors:
-        raise errors[0]
-    waited = (wait_after - wait_before) / 1e6 if wait_before is not None and wait_after is not None else None
-    return Window(ttft, wall_ms, waited), Window(tpot, wall_ms, waited), len(ttft) * new_tokens
+    def _meet(self) -> None:
+        try:
+            self.barrier.wait()
+        except threading.BrokenBarrierError:
+            raise (self.errors[0] if self.errors else RuntimeError("a generation client stopped")) from None
+
+    def window(self, seconds: float) -> tuple[Window, Window, int]:
+        """One window of closed-loop requests: (TTFT window, TPOT window, tokens)."""
+        with self.lock:
+            self.ttft, self.tpot = [], []
+        wait_before = thread_wait_ns()
+        begin = self.clock()
+        self.deadline = begin + int(seconds * 1e9)
+        self._meet()
+        self._meet()
+        wall_ms = (self.clock() - begin) / 1e6
+        wait_after = thread_wait_ns()
+        waited = (wait_after - wait_before) / 1e6 if wait_before is not None and wait_after is not None else None
+        with self.lock:
+            ttft, tpot = list(self.ttft), list(self.tpot)
+        return Window(ttft, wall_ms, waited), Window(tpot, wall_ms, waited), len(ttft) * self.new_tokens
+
+    def close(self) -> None:
+        self.stopping = True
+        try:
+            self.barrier.wait(timeout=60.0)
+        except threading.BrokenBarrierError:
+            pass
+        for thread in self.threads:
+            thread.join(timeout=60.0)
+
+    def __enter__(self) -> Clients:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:
+            self.barrier.abort()
+            return
+        self.close()
 
 
 def measure_level(decoder: Any, prompts: Sequence[Any], new_tokens: int, clients: int, plan: WindowPlan,
                   warmup_requests: int = 1, clock: Callable[[], int] = time.perf_counter_ns,
                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """One concurrency level, timed in windows until both medians are precise enough (or the cap)."""
-    from ...runtimes.generation import greedy
-
-    for index in range(max(warmup_requests, 0) * clients):
-        greedy(decoder, prompts[index % len(prompts)], new_tokens, keep_logits=False)
+    """One concurrency level, timed in windows until both medians are precise enough (or the cap), by clients
+    that live for the whole level and warmed up on their own threads (`Clients`)."""
     first: list[Window] = []
     per_token: list[Window] = []
     tokens = 0
     spent_s = 0.0
     unmet: list[str] = []
-    while True:
-        ttft_window, tpot_window, produced = _window(decoder, prompts, new_tokens, clients, plan.window_s, clock)
-        first.append(ttft_window)
-        per_token.append(tpot_window)
-        tokens += produced
-        spent_s += ttft_window.wall_ms / 1000.0
-        requests = sum(len(w.latencies_ms) for w in first)
-        if progress is not None:
-            progress(f"concurrency {clients}: {requests} requests in {len(first)} window(s)")
-        if len(first) < plan.repeats or spent_s < plan.min_duration_s or requests < plan.min_iterations:
-            continue
-        unmet = [f"time to first token {text}" for text in plan.precision.unmet(window_uncertainty(first, 1))]
-        unmet += [f"time per output token {text}" for text in plan.precision.unmet(window_uncertainty(per_token, 1))]
-        if not unmet or spent_s >= plan.max_duration_s:
-            break
+    with Clients(decoder, prompts, new_tokens, clients, clock, warmup_requests) as team:
+        while True:
+            ttft_window, tpot_window, produced = team.window(plan.window_s)
+            first.append(ttft_window)
+            per_token.append(tpot_window)
+            tokens += produced
+            spent_s += ttft_window.wall_ms / 1000.0
+            requests = sum(len(w.latencies_ms) for w in first)
+            if progress is not None:
+                progress(f"concurrency {clients}: {requests} requests in {len(first)} window(s)")
+            if len(first) < plan.repeats or spent_s < plan.min_duration_s or requests < plan.min_iterations:
+                continue
+            unmet = [f"time to first token {text}" for text in plan.precision.unmet(window_uncertainty(first, 1))]
+            unmet += [f"time per output token {text}"
+                      for text in plan.precision.unmet(window_uncertainty(per_token, 1))]
+            if not unmet or spent_s >= plan.max_duration_s:
+                break
     wall_ms = sum(w.wall_ms for w in first)
     rates = [len(w.latencies_ms) * new_tokens / w.wall_ms * 1000.0 for w in first if w.wall_ms > 0]
     waits = [w.wait_ms for w in first]
@@ -237,7 +288,7 @@ def generation_timers(models: Mapping[str, Path], requests: Mapping[str, Any], o
     on an ONNX Runtime session with the benchmark's ``options`` on ``device`` and returns the requests' times per
     output token (`measure.timing.finalists.measure_round_robin` takes their statistics per round)."""
     from ...accuracy.recovery import runtime_options
-    from ...runtimes.generation import OrtDecoder, greedy
+    from ...runtimes.generation import OrtDecoder
     from ...runtimes.ort import OrtOptions, create_session
     from ..timing.calls import ort_providers
 
@@ -249,10 +300,18 @@ def generation_timers(models: Mapping[str, Path], requests: Mapping[str, Any], o
         decoder = OrtDecoder(create_session(model, settings, ort_providers(device)))
         prompts = random_prompts(max(8, clients), int(requests["context_length"]), decoder.layout.vocab_size,
                                  int(requests.get("seed") or 0))
-        greedy(decoder, prompts[0], new_tokens, keep_logits=False)  # warm-up
-
-        def timer(seconds: float, index: int, decoder: Any = decoder, prompts: Any = prompts) -> Window:
-            return _window(decoder, prompts, new_tokens, clients, seconds, time.perf_counter_ns)[1]
-
-        timers[name] = timer
+        timers[name] = TeamTimer(Clients(decoder, prompts, new_tokens, clients))
     return timers
+
+
+class TeamTimer:
+    """A finalist's window timer over its `Clients` (the same threads every round); `close` ends them."""
+
+    def __init__(self, team: Clients) -> None:
+        self.team = team
+
+    def __call__(self, seconds: float, index: int) -> Window:
+        return self.team.window(seconds)[1]
+
+    def close(self) -> None:
+        self.team.close()
