@@ -302,8 +302,9 @@ class StaticDecoder:
             slot.eager_reason = f"capture failed: {type(error).__name__}: {' '.join(str(error).split())[:200]}"
             torch.cuda.synchronize()
         finally:
-            for counter, value in zip(counters, saved, strict=True):
-                counter.copy_(value)
+            with torch.inference_mode():  # the cache's tensors were made in inference mode
+                for counter, value in zip(counters, saved, strict=True):
+                    counter.copy_(value)
             slot.position.copy_(position)
 
 
