@@ -214,6 +214,46 @@ def profile_steps(decoder: Any, prompt: Any, device: str) -> str:
     return str(profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
 
 
+# -- cudnn: eager steps on a warmed thread, cuDNN's attention on and off --------------------------------------
+def cudnn(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
+    """Per output token on the (warmed) main thread, eager: the old decoder and the static one without graphs, with
+    PyTorch's cuDNN attention on and off, and a profile of the static decoder's warmed eager steps."""
+    import numpy as np
+    import torch
+
+    from trtflow_stages.formats.generation import layout_of
+    from trtflow_stages.runtimes.generation import TorchDecoder
+    from trtflow_stages.runtimes.torch_generation import open_decoder
+
+    rows = []
+    for name in ("gpt2-124m", "llama-gqa-124m"):
+        for dtype in DTYPES:
+            model = build(name, args.tiny).to(args.device, getattr(torch, dtype))
+            layout = layout_of(model.config, True)
+            rng = np.random.default_rng(0)
+            prompts = [rng.integers(0, layout.vocab_size, size=(1, args.context)) for _ in range(6)]
+            decoders = {"old (DynamicCache)": TorchDecoder(model, layout, args.device),
+                        "static, eager": open_decoder(model, args.device, args.context + args.new_tokens, False, 1)}
+            row: dict[str, Any] = {"model": name, "dtype": dtype}
+            for label, decoder in decoders.items():
+                for on in (True, False):
+                    torch.backends.cuda.enable_cudnn_sdp(on)
+                    per_token_ms(decoder, prompts[0], args.new_tokens)  # warm-up on this thread
+                    row[f"{label}, cudnn {'on' if on else 'off'}"] = statistics.median(
+                        per_token_ms(decoder, p, args.new_tokens) for p in prompts[1:])
+                torch.backends.cuda.enable_cudnn_sdp(True)
+            if name == "llama-gqa-124m" and dtype == "float16":
+                row["profile_static_eager_warmed"] = profile_steps(decoders["static, eager"], prompts[1], args.device)
+            log(f"{name} {dtype} per output token ms (warmed thread): " + json.dumps(
+                {k: round(v, 3) for k, v in row.items() if isinstance(v, float)}))
+            if "profile_static_eager_warmed" in row:
+                log(row["profile_static_eager_warmed"])
+            rows.append(row)
+            del decoders, model
+            torch.cuda.empty_cache()
+    return rows
+
+
 # -- figures --------------------------------------------------------------------------------------------------
 def stage_levels(folder: Path, dtype: str, args: argparse.Namespace, work: Path, graphs: bool | None,
                  concurrency: list[int]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -392,7 +432,8 @@ def table(rows: list[dict[str, Any]], log: Any) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", nargs="+", choices=["diagnose", "figures"], default=["diagnose", "figures"])
+    parser.add_argument("--sections", nargs="+", choices=["diagnose", "cudnn", "figures"],
+                        default=["diagnose", "figures"])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=32)
@@ -420,6 +461,8 @@ def main() -> None:
     if "diagnose" in args.sections:
         result["diagnose"] = diagnose(args, log)
         log(f"diagnose done at {time.perf_counter() - started:.0f} s")
+    if "cudnn" in args.sections:
+        result["cudnn"] = cudnn(args, log)
     if "figures" in args.sections:
         result["rows"] = figures(args, log)
         table(result["rows"], log)
