@@ -18,7 +18,6 @@ from tests.stages.test_generation import FAMILIES, save_family
 from trtflow.testing import run_stage
 from trtflow_stages import benchmark
 
-
 #: Saved and loaded through `load_causal_lm` (BLOOM: transformers has no SDPA attention for it, the loader falls
 #: back to its eager attention); the other families are built in memory, as fast.
 SAVED = ("llama", "bloom")
@@ -158,3 +157,20 @@ def test_generation_clients_live_for_the_level_and_warm_up_on_their_own_threads(
     assert len(clients) == 2 and threading.get_ident() not in clients  # the same two threads in every window
     assert len(decoder.threads) == level["requests"] + 2 * 2  # the warm-up requests ran on those threads
     assert not [thread for thread in threading.enumerate() if thread.ident in clients]  # ended with the level
+
+
+def test_a_client_that_fails_stops_the_level_with_its_error():
+    from trtflow_stages.measure.serving.generation import measure_level, random_prompts
+    from trtflow_stages.measure.statistics.intervals import Precision
+    from trtflow_stages.measure.timing.windows import WindowPlan
+
+    class Failing(_Recording):
+        def prefill(self, ids):
+            if len(self.threads) >= 5:
+                raise RuntimeError("the runtime broke")
+            return super().prefill(ids)
+
+    decoder = Failing()
+    with pytest.raises(RuntimeError, match="the runtime broke"):
+        measure_level(decoder, random_prompts(4, 4, 16, 0), 3, 2, WindowPlan(50, 8, 1.0, 2.0, Precision(5.0)))
+    assert not [thread for thread in threading.enumerate() if thread.ident in set(decoder.threads)]
