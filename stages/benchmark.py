@@ -20,6 +20,10 @@ Serving load (`measure.serving.traffic`, `measure.serving.instances`, `measure.s
 model instances, and ``gpus`` (one replica process per GPU, aggregate throughput and scaling efficiency against one
 GPU). Latency counts from each request's arrival, so queueing is included.
 
+Generation (``generation:``, `measure.serving.generation`): time to first token and per output token of greedy
+requests, on an ONNX model exported with its KV cache (ONNX Runtime) or on a Hugging Face causal LM itself (backend
+``torch``: `runtimes.torch_generation`, a static cache and each decode step replayed as a CUDA graph on a GPU).
+
 The recipe's parameters are `measure.params`; the fixed-batch points and the gate point's pairs with the reference,
 `measure.points`.
 
