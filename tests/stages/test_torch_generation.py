@@ -174,3 +174,19 @@ def test_a_client_that_fails_stops_the_level_with_its_error():
     with pytest.raises(RuntimeError, match="the runtime broke"):
         measure_level(decoder, random_prompts(4, 4, 16, 0), 3, 2, WindowPlan(50, 8, 1.0, 2.0, Precision(5.0)))
     assert not [thread for thread in threading.enumerate() if thread.ident in set(decoder.threads)]
+
+
+def test_a_torch_model_factory_must_return_a_causal_lm(tmp_path):
+    from trtflow.stage import StageFailed
+    from trtflow_stages.runtimes.generation import greedy
+    from trtflow_stages.runtimes.torch_generation import open_decoder, prepare_model
+
+    (tmp_path / "factory.py").write_text("import torch\n\ndef make():\n    return torch.nn.Linear(2, 2)\n")
+    params = {"backend": "torch", "torch_model": "python:factory.py:make",
+              "generation": {"context_length": 4, "new_tokens": 2}}
+    with pytest.raises(StageFailed, match="returned a Linear, not a Hugging Face causal LM"):
+        run_stage(benchmark.stage, params, workdir=tmp_path / "w", recipe_dir=tmp_path)
+    model = prepare_model(family_model({}, "gpt2"), "bfloat16", "cpu")  # a factory's model: moved to its dtype
+    assert next(model.parameters()).dtype.is_floating_point and str(next(model.parameters()).dtype) == "torch.bfloat16"
+    run = greedy(open_decoder(model, "cpu", 8, cuda_graphs=True, slots=1), np.zeros((1, 4), dtype=np.int64), 3)
+    assert run.tokens.shape == (1, 3)
