@@ -78,7 +78,7 @@ def load_causal_lm(folder: Path, dtype: str, device: str, shown: str) -> Any:
         raise StageFailed(f"transformers cannot load {shown!r} as a causal LM: {' '.join(str(error).split())[:400]}",
                           hint="give a Hugging Face folder of a decoder-only model (config.json and safetensors "
                           "weights, as save_pretrained writes them)") from error
-    return model.to(device).eval()
+    return model.to(device=device, dtype=torch_dtype(dtype)).eval()  # transformers 4 reads `dtype` as torch_dtype
 
 
 def prepare_model(model: Any, dtype: str, device: str) -> Any:
@@ -232,10 +232,15 @@ class StaticDecoder:
             free = self._free.setdefault(batch, [])
             if free:
                 return free.pop()
+        import inspect
+
         import torch
         from transformers import StaticCache
 
-        cache = StaticCache(config=self.model.config, max_cache_len=self.max_length)
+        sizes: dict[str, Any] = {}
+        if "max_batch_size" in inspect.signature(StaticCache.__init__).parameters:  # transformers 4 allocates eagerly
+            sizes = {"max_batch_size": batch, "device": self.device, "dtype": self.dtype}
+        cache = StaticCache(config=self.model.config, max_cache_len=self.max_length, **sizes)
         slot = _Slot(batch, cache, torch.zeros((batch, 1), dtype=torch.int64, device=self.device),
                      torch.zeros((1,), dtype=torch.int64, device=self.device))
         with self._lock:
