@@ -50,10 +50,12 @@ def run_benchmark(params: dict[str, Any], name: str) -> dict[str, Any]:
     from trtflow_stages import benchmark
 
     started = time.perf_counter()
+    began = time.strftime("%H:%M:%S", time.gmtime())
     workdir = Path(tempfile.mkdtemp(prefix=f"serving-{name}-"))
     result = run_stage(benchmark.stage, params, {}, workdir=workdir, recipe_dir=HERE)
     metrics = json.loads(result.outputs["metrics"].read_text())
     metrics["bench_wall_s"] = round(time.perf_counter() - started, 1)
+    metrics["bench_started_utc"] = began
     return metrics
 
 
@@ -247,7 +249,7 @@ def _capacity_line(label: str, metrics: dict[str, Any]) -> str:
             f"{confirmation.get('meets_qps')} and {confirmation.get('miss_above_qps')}; settled {top.get('settled')}, "
             f"search {top['search_rate_qps']}, bracket {top['bracket_qps']}, search levels {top['level_s']:g} s, "
             f"confirmation levels {top.get('confirm_level_s')} s x {confirmation.get('levels')}; "
-            f"{metrics['bench_wall_s']} s)\n"
+            f"{metrics['bench_wall_s']} s from {metrics.get('bench_started_utc')} UTC)\n"
             f"    search: {levels}\n" + (f"    confirmation: {confirmed}\n    per rate: {pooled}" if confirmed
                                           else "    no confirmation"))
 
