@@ -1,8 +1,10 @@
 #!/bin/bash
 # The serving-capacity series of bench/serving_load.md section 9, as run on the lent H100 (`run` tool): the branch
 # and its missing cp312 wheels carried in .whl/ (git-ignored), GPU telemetry sampled every second beside it.
-# Usage (on the device, in the repository root): bash bench/serving_capacity_device.sh [RUNS] [STEPS]
+# Usage (on the device): bash PATH/bench/serving_capacity_device.sh [RUNS] [STEPS], with PATH/.whl holding the wheels
+# (the branch's own, `pip wheel --no-deps -w .whl .`, among them) and PATH/bench this folder's serving_*.py.
 set -u
+cd "$(dirname "$0")/.." || exit 1
 RUNS=${1:-5}
 STEPS=${2:-7}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
