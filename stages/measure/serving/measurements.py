@@ -487,6 +487,13 @@ def measure_load(ctx: StageContext, params: ServingParams, backend: str, device:
                                  entry["arrival_rate_qps"], generator, entry["duration_s"], entry["throughput_qps"],
                                  entry["latency_ms"]["p99"], "meets the budget" if entry.get("meets_budget")
                                  else "misses the budget")
+                if confirmation.get("rate_qps") is not None:
+                    ctx.log.info("serving capacity %.1f requests/s (90%% interval %s), between %g/s (meets) and %g/s "
+                                 "(misses), %d levels of up to %.3g s%s", confirmation["rate_qps"],
+                                 confirmation.get("interval_qps"), confirmation["meets_qps"],
+                                 confirmation["miss_above_qps"], confirmation["levels"], confirmation["level_s"],
+                                 "" if confirmation["settled"] else f", unsettled (fewer than "
+                                 f"{params.confirm_visits} levels a side)")
             if params.latency_budget_ms is not None and group:
                 best.append(capacity_entry(params, generator, streams, gpus, group, confirmation))
 
