@@ -50,10 +50,12 @@ def run_benchmark(params: dict[str, Any], name: str) -> dict[str, Any]:
     from trtflow_stages import benchmark
 
     started = time.perf_counter()
+    began = time.strftime("%H:%M:%S", time.gmtime())
     workdir = Path(tempfile.mkdtemp(prefix=f"serving-{name}-"))
     result = run_stage(benchmark.stage, params, {}, workdir=workdir, recipe_dir=HERE)
     metrics = json.loads(result.outputs["metrics"].read_text())
     metrics["bench_wall_s"] = round(time.perf_counter() - started, 1)
+    metrics["bench_started_utc"] = began
     return metrics
 
 
@@ -233,16 +235,22 @@ def _capacity_line(label: str, metrics: dict[str, Any]) -> str:
     searched = [p for p in metrics["open_loop"] if not p.get("confirmation")]
     confirmations = [p for p in metrics["open_loop"] if p.get("confirmation")]
     levels = ", ".join(f"{p['arrival_rate_qps']:g}/s {'ok' if p.get('meets_budget') else 'miss'}" for p in searched)
-    confirmed = ", ".join(f"{p['arrival_rate_qps']:.1f}/s {p['duration_s']:g} s: p99 {p['latency_ms']['p99']:.1f} ms, "
+    confirmed = ", ".join(f"{p['arrival_rate_qps']:.1f}/s {p['duration_s']:g} s: p99 {p['latency_ms']['p99']:.1f} ms "
+                          f"(bound {(p.get('latency_ci_ms') or {}).get('p99', [0, p['latency_ms']['p99']])[1]:.1f}), "
                           f"{p['late_requests']}/{p['queries']} late, service p50 {p['service_ms']['p50']:.3f} ms, "
                           f"{'VALID' if p.get('meets_budget') else 'INVALID'}" for p in confirmations)
     confirmation = top.get("confirmation") or {}
-    pooled = ", ".join(f"{row['rate_qps']:g}/s x{row['levels']}: {row['late_requests']}/{row['queries']} late "
-                       f"{'meets' if row['meets_budget'] else 'misses'}" for row in confirmation.get("pooled") or [])
-    return (f"  {label}: capacity {top['arrival_rate_qps']} (settled {top.get('settled')}, search "
-            f"{top['search_rate_qps']}, bracket {top['bracket_qps']}, search levels {top['level_s']:g} s, "
-            f"confirmation levels {top.get('confirm_level_s')} s; {metrics['bench_wall_s']} s)\n"
-            f"    search: {levels}\n" + (f"    confirmation: {confirmed}\n    pooled: {pooled}" if confirmed
+    pooled = ", ".join(f"{row['rate_qps']:g}/s x{row['levels']}: median p99 {row.get('median_p99_ms')} ms, fitted "
+                       f"{row.get('fitted_p99_ms')} ms {'meets' if row['meets_budget'] else 'misses'}, "
+                       f"{row['late_requests']}/{row['queries']} late (pooled LoadGen rule: "
+                       f"{'VALID' if row.get('pooled_meets_budget') else 'INVALID'})"
+                       for row in confirmation.get("pooled") or [])
+    return (f"  {label}: capacity {top['arrival_rate_qps']} (90% interval {top.get('interval_qps')}, between "
+            f"{confirmation.get('meets_qps')} and {confirmation.get('miss_above_qps')}; settled {top.get('settled')}, "
+            f"search {top['search_rate_qps']}, bracket {top['bracket_qps']}, search levels {top['level_s']:g} s, "
+            f"confirmation levels {top.get('confirm_level_s')} s x {confirmation.get('levels')}; "
+            f"{metrics['bench_wall_s']} s from {metrics.get('bench_started_utc')} UTC)\n"
+            f"    search: {levels}\n" + (f"    confirmation: {confirmed}\n    per rate: {pooled}" if confirmed
                                           else "    no confirmation"))
 
 
@@ -448,7 +456,7 @@ def main() -> int:
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="serve CUDA graph replays of the model (benchmark param torch_cuda_graphs)")
     parser.add_argument("--confirm-s", type=float, default=10.0, help="capacity: confirm_duration_s of the stage")
-    parser.add_argument("--confirm-steps", type=int, default=8, help="capacity: confirm_steps of the stage")
+    parser.add_argument("--confirm-steps", type=int, default=7, help="capacity: confirm_steps of the stage")
     parser.add_argument("--confirm-visits", type=int, default=2, help="capacity: confirm_visits of the stage")
     parser.add_argument("--confirm-step", type=float, default=2.5, help="capacity: confirm_step_percent")
     parser.add_argument("--reference-levels", type=int, default=5, help="capacity: LoadGen reference runs")

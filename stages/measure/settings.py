@@ -98,19 +98,20 @@ class LoadFields(StageParams):
     confirm_duration_s: float = Field(
         10.0, ge=0, description="After a rate search (rate_search_probes), confirm the rate it found in both "
         "directions with levels at least this long (and long enough for the queue to settle: 30 of its relaxation "
-        "times at that rate, up to 2x this; at least the queries the p99 needs): a staircase on a geometric grid of "
-        "confirm_step_percent steps up one grid rate while the rate's levels, pooled, meet the budget and down one "
-        "while they miss, until the rate that meets and the one above it that misses have confirm_visits levels "
-        "each. The serving capacity is that rate, so it does not depend on load_duration_s or on where the search "
-        "stopped. 0: no confirmation (the figure is the search's, at load_duration_s).")
-    confirm_steps: int = Field(10, ge=1, le=40, description="The most confirmation levels; when they run out before "
-                               "the boundary has confirm_visits levels a side, the capacity is reported unsettled "
-                               "(or none, with no miss above a rate that met).")
+        "times at that rate, up to 2x this; at least the queries the p99 needs): confirm_steps levels, an "
+        "up-and-down staircase on a geometric grid of confirm_step_percent (up one grid rate after a level whose "
+        "p99 meets the budget, down one after a miss). The serving capacity is where the median level's p99 per "
+        "rate, made non-decreasing in the rate, crosses the budget, interpolated between the grid rate below it "
+        "(meets) and the one above (misses), with an interval; so it does not depend on load_duration_s, on where "
+        "the search stopped, or on one lucky level. 0: no confirmation (the figure is the search's, at "
+        "load_duration_s).")
+    confirm_steps: int = Field(8, ge=1, le=40, description="Confirmation levels (all are run: the capacity is "
+                               "read off all of them). Fewer than confirm_visits a side of the crossing: the capacity "
+                               "is reported unsettled; none that met below one that missed: none, only a lower bound.")
     confirm_step_percent: float = Field(2.5, gt=0, lt=50, description="The confirmation grid's step: each rate is "
                                         "this much above the one below it.")
-    confirm_visits: int = Field(2, ge=1, le=10, description="Levels the confirmation needs at the capacity and at "
-                                "the grid rate above it before it stops (pooled: more levels, more queries, a "
-                                "verdict less at the mercy of one stall).")
+    confirm_visits: int = Field(2, ge=1, le=10, description="Levels the confirmation needs at or below the rate "
+                                "that meets and at or above the one that misses for the capacity to be settled.")
     load_duration_s: float = Field(3.0, gt=0, description="Measured time per load level.")
     load_warmup_s: float = Field(0.5, ge=0, description="Unmeasured time at the start of each load level.")
     gpus: Literal["all"] | int = Field(

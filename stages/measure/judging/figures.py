@@ -68,7 +68,8 @@ def point_figures(point: Mapping[str, Any], primary_stats: set[str], primary_thr
 
 
 def capacity_figure(entry: Mapping[str, Any]) -> Figure | None:
-    """The serving capacity of one Server search: the highest arrival rate confirmed to meet the p99 budget."""
+    """The serving capacity of one Server search: where the confirmation's typical level meets the p99 budget
+    (`measure.serving.capacity`), with its interval."""
     rate = _number(entry.get("arrival_rate_qps"))
     if rate is None:
         return None
@@ -78,10 +79,11 @@ def capacity_figure(entry: Mapping[str, Any]) -> Figure | None:
     if confirmation:
         context["confirmation_s"] = confirmation.get("duration_s")
         context.update({key: confirmation[key] for key in ("levels", "settled", "step_percent", "visits",
-                                                          "miss_above_qps") if key in confirmation})
+                                                          "meets_qps", "miss_above_qps") if key in confirmation})
     name = (f"serving capacity (p99 <= {entry.get('latency_budget_ms'):g} ms), {entry.get('streams', 1)} stream(s), "
             f"{entry.get('gpus', 1)} GPU(s)")
-    return Figure(name, rate, "requests/s", "higher", n=int(queries) if isinstance(queries, int) else None,
+    low, high = _bounds(entry.get("interval_qps"))
+    return Figure(name, rate, "requests/s", "higher", low, high, n=int(queries) if isinstance(queries, int) else None,
                   primary=True, context=context)
 
 

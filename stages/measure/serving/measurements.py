@@ -8,12 +8,13 @@ process per GPU (`measure.serving.replicas`) when ``gpus`` > 1, drives each leve
 MultiStream through LoadGen), ``max_rate_meeting_budget`` and ``scaling`` sections.
 
 The serving capacity (``max_rate_meeting_budget``) is searched with short levels (``load_duration_s``: doubling,
-then bisecting) and then confirmed in both directions with long levels (`confirm_capacity`, `CONFIRM_RULE`): near
-saturation a short level can end before its queue shows the p99 a longer run sees, and one long level passes or
-fails by the stalls it happens to see, so the confirmation walks a fixed grid of rates up and down around the knee,
-pooling the levels it runs at each rate, until the rate that meets the budget and the one above it that misses
-each have ``confirm_visits`` levels. The entry records both level lengths, the search's answer and bracket, the
-pooled evidence per rate and every level.
+then bisecting) and then confirmed in both directions with long levels (`confirm_capacity`): near saturation a short
+level can end before its queue shows the p99 a longer run sees, and one long level passes or fails by the queue
+excursions it happens to see, so the confirmation runs an up-and-down staircase of long levels on a fixed grid of
+rates around the knee and reads the capacity off all of them (`capacity.crossing`, `capacity.CONFIRM_RULE`): where
+the median level's p99, made non-decreasing in the rate, crosses the budget, between a grid rate that meets and
+the one above it that misses. The entry records both level lengths, the search's answer and bracket, the
+capacity's interval, the evidence per rate and every level.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from trtflow.stage import RecipeError, StageContext, StageSkipped
 
 from ...data import InputSpec
 from ..timing.feeds import FeedParams
+from .capacity import CONFIRM_RULE, capacity_interval, crossing, fitted_p99, level_meets, level_p99_ms, settled
 from .instances import ExecutorSpec, available_cpus, open_executor
 from .levels import Level, run_level
 from .loadgen import Scenario, ScenarioSpec, early_stopping_queries, unavailable
@@ -259,69 +261,30 @@ def server_level(params: ServingParams, rate: float, generator: str, duration_s:
     return Level("loadgen", rate, 1, params.load_warmup_s, duration, params.seed, scenario)
 
 
-#: The most grid steps one confirmation level moves while nothing is known on the other side: the search's answer
-#: is near the knee, and a level far past it costs a level back (2 x 2.5%: 5%).
-MAX_STRIDE = 2
-
-#: The confirmation's rule, as the summary states it.
-CONFIRM_RULE = ("levels of confirm_duration_s on a geometric grid of confirm_step_percent (anchored at 1/s), from "
-                "the grid rate at or below the search's answer: a rate whose levels so far, pooled, meet the budget "
-                "(LoadGen's early-stopping rule on their queries) steps up, one that misses steps down (1, then 2 "
-                "grid rates while nothing is known on the other side), then the gap between the highest rate that "
-                "meets and the lowest that misses is bisected; it stops when those two are adjacent grid rates "
-                "with confirm_visits levels each. The capacity is the rate that meets: it met the budget and the "
-                "next grid rate did not")
-
-
-def _boundary(evidence: Mapping[int, Sequence[Mapping[str, Any]]],
-              verdict: Callable[[Sequence[Mapping[str, Any]]], bool]) -> tuple[int | None, int | None]:
-    """(the highest grid index that meets below the lowest that misses, that lowest miss) of the pooled evidence;
-    the first is None when none below it met, the second when none missed."""
-    passing = sorted(k for k, levels in evidence.items() if verdict(levels))
-    misses = sorted(k for k in evidence if k not in passing)
-    low = misses[0] if misses else None
-    below = [k for k in passing if low is None or k < low]
-    return (below[-1] if below else None), low
-
-
-def _next_index(evidence: Mapping[int, Sequence[Mapping[str, Any]]], index: int, pooled: bool, stride: int,
-                meets: int | None, misses: int | None) -> tuple[int, int]:
-    """The grid index of the next confirmation level (and the stride): up from a rate that meets, down from one
-    that misses, doubling the stride (up to `MAX_STRIDE`) while no rate on the other side is known; once one is,
-    bisect the gap
-    between the highest rate that meets and the lowest that misses; once they are adjacent, run whichever of the
-    two has fewer levels (the one just run, pooled, decides a tie: the other)."""
-    if meets is None or misses is None:
-        return index + (stride if pooled else -stride), min(stride * 2, MAX_STRIDE)
-    if misses - meets > 1:
-        return (meets + misses) // 2, 1
-    if len(evidence[meets]) != len(evidence[misses]):
-        return (meets if len(evidence[meets]) < len(evidence[misses]) else misses), 1
-    return (misses if index == meets else meets), 1
+#: The most grid steps one confirmation level moves while only one side of the budget has been seen (1, 2, then
+#: this: 4 x 2.5%, 10%): a 2 s search can stop 20% off the knee, and a level far past it costs a level back.
+MAX_STRIDE = 4
 
 
 def confirm_capacity(serve: Callable[[Level], LoadRun], params: ServingParams, generator: str, found: Mapping[str, Any],
                      streams: int, gpus: int,
                      on_level: Callable[[Level], None] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Confirm, in both directions, the rate a search ``found`` (`CONFIRM_RULE`): levels of
-    `load.confirmation_seconds` on the grid rates around it, at most ``confirm_steps`` levels. Returns the open-loop
-    entries measured and the confirmation: ``rate_qps`` (None: no rate met the budget with a miss above it, or the
-    levels ran out first), ``settled`` (the boundary has ``confirm_visits`` levels on each side), ``level_s``, the
-    pooled ``queries`` / ``late_requests`` at the answer, ``pooled`` per grid rate and every ``attempts``."""
+    """Confirm, in both directions, the rate a search ``found`` (`capacity.CONFIRM_RULE`): ``confirm_steps`` levels
+    of `load.confirmation_seconds` on the grid rates around it, an up-and-down staircase, read by
+    `capacity.crossing`. Returns the open-loop entries measured and the confirmation: ``rate_qps`` (None: no rate
+    met the budget below one that missed), its ``interval_qps``, the grid rates around it (``meets_qps``,
+    ``miss_above_qps``), ``settled``, ``level_s``, the pooled ``queries`` / ``late_requests`` at the rate that
+    meets, ``pooled`` per grid rate (its levels, their median and fitted p99, LoadGen's rule on their summed
+    queries) and every ``attempts``."""
     step = params.confirm_step_percent
-    visits = params.confirm_visits
+    budget = float(params.latency_budget_ms or 0.0)
     min_queries = params.loadgen_min_queries or early_stopping_queries(0.99)
     with_confidence = generator == "loadgen"
-
-    def verdict(levels: Sequence[Mapping[str, Any]]) -> bool:
-        return pooled_meets_budget(levels, with_confidence=with_confidence)
-
     index = grid_index(float(found["arrival_rate_qps"]), step)
-    evidence: dict[int, list[dict[str, Any]]] = {}
     entries: list[dict[str, Any]] = []
     attempts: list[dict[str, Any]] = []
-    settled = False
     durations: list[float] = []
+    seen: set[bool] = set()
     stride = 1
     for _ in range(params.confirm_steps):
         rate = grid_rate(index, step)
@@ -334,32 +297,36 @@ def confirm_capacity(serve: Callable[[Level], LoadRun], params: ServingParams, g
         entry = dict(_open_entry(summary, rate, streams, gpus), generator=generator, searched=True, confirmation=True,
                      duration_s=round(duration, 3))
         entries.append(entry)
-        evidence.setdefault(index, []).append(entry)
-        pooled = verdict(evidence[index])
+        met = level_meets(entry, budget)
         attempts.append({"rate_qps": rate, "duration_s": round(duration, 3), "queries": entry.get("queries"),
-                         "p99_ms": entry["latency_ms"]["p99"], "late_requests": entry.get("late_requests"),
-                         "meets_budget": bool(entry.get("meets_budget")), "pooled_meets_budget": pooled})
-        meets, misses = _boundary(evidence, verdict)
-        if meets is not None and misses == meets + 1 and min(len(evidence[meets]), len(evidence[misses])) >= visits:
-            settled = True
-            break
-        index, stride = _next_index(evidence, index, pooled, stride, meets, misses)
-    meets, misses = _boundary(evidence, verdict)
-    table = [{"rate_qps": grid_rate(k, step), "levels": len(levels),
-              "queries": sum(int(x.get("queries") or 0) for x in levels),
-              "late_requests": sum(int(x.get("late_requests") or 0) for x in levels),
-              "meets_budget": verdict(levels)} for k, levels in sorted(evidence.items())]
+                         "p99_ms": entry["latency_ms"]["p99"], "p99_bound_ms": round(level_p99_ms(entry, budget), 3),
+                         "late_requests": entry.get("late_requests"), "meets_budget": met,
+                         "loadgen_valid": bool(entry.get("meets_budget"))})
+        seen.add(met)
+        index += stride if met else -stride
+        stride = 1 if len(seen) == 2 else min(stride * 2, MAX_STRIDE)
+    rate_qps, meets, misses = crossing(entries, budget)
+    table = []
+    for rate, count, median, fitted in fitted_p99(entries, budget):
+        levels = [x for x in entries if x["arrival_rate_qps"] == rate]
+        table.append({"rate_qps": rate, "levels": count, "median_p99_ms": round(median, 3),
+                      "fitted_p99_ms": round(fitted, 3), "meets_budget": fitted <= budget,
+                      "queries": sum(int(x.get("queries") or 0) for x in levels),
+                      "late_requests": sum(int(x.get("late_requests") or 0) for x in levels),
+                      "pooled_meets_budget": pooled_meets_budget(levels, with_confidence=with_confidence)})
     result: dict[str, Any] = {
-        "rule": CONFIRM_RULE, "step_percent": step, "visits": visits, "settled": settled, "levels": len(entries),
+        "rule": CONFIRM_RULE, "step_percent": step, "visits": params.confirm_visits,
+        "settled": settled(entries, meets, misses, params.confirm_visits), "levels": len(entries),
         "level_s": max(durations) if durations else None, "duration_s": max(durations) if durations else None,
-        "miss_above_qps": grid_rate(misses, step) if misses is not None else None, "pooled": table,
-        "attempts": attempts}
-    if meets is None or misses is None:
+        "meets_qps": meets, "miss_above_qps": misses, "pooled": table, "attempts": attempts}
+    if rate_qps is None or meets is None:
         # no miss above a rate that met: a lower bound at best, not a capacity
-        result.update(rate_qps=None, lower_bound_qps=grid_rate(meets, step) if meets is not None else None)
+        result.update(rate_qps=None, lower_bound_qps=meets)
         return entries, result
-    answer = evidence[meets]
-    result.update(rate_qps=grid_rate(meets, step), queries=sum(int(x.get("queries") or 0) for x in answer),
+    interval, missing = capacity_interval(entries, budget, params.seed)
+    answer = [x for x in entries if x["arrival_rate_qps"] == meets]
+    result.update(rate_qps=round(rate_qps, 1), interval_qps=interval, interval_without_crossing=missing,
+                  queries=sum(int(x.get("queries") or 0) for x in answer),
                   late_requests=sum(int(x.get("late_requests") or 0) for x in answer),
                   p99_ms=max(x["latency_ms"]["p99"] for x in answer))
     return entries, result
@@ -385,13 +352,16 @@ def capacity_entry(params: ServingParams, generator: str, streams: int, gpus: in
                      p99_ms=top["latency_ms"]["p99"] if top else None)
         return entry
     rate = confirmation.get("rate_qps")
-    points = [p for p in group if p.get("confirmation") and rate is not None and p["arrival_rate_qps"] == rate]
+    below = confirmation.get("meets_qps")
+    # the levels at the grid rate below the capacity, which met: their throughput per offered request, scaled
+    points = [p for p in group if p.get("confirmation") and rate is not None and p["arrival_rate_qps"] == below]
     entry["confirmed"] = rate is not None
     entry["settled"] = bool(confirmation.get("settled"))
     entry["confirm_level_s"] = confirmation.get("level_s")
     entry["confirmation"] = dict(confirmation)
-    entry.update(arrival_rate_qps=rate,
-                 throughput_qps=sum(p["throughput_qps"] for p in points) / len(points) if points else None,
+    entry.update(arrival_rate_qps=rate, interval_qps=confirmation.get("interval_qps"),
+                 throughput_qps=rate * sum(p["throughput_qps"] / p["arrival_rate_qps"] for p in points) / len(points)
+                 if points and rate is not None else None,
                  p99_ms=max(p["latency_ms"]["p99"] for p in points) if points else None)
     return entry
 
@@ -517,6 +487,13 @@ def measure_load(ctx: StageContext, params: ServingParams, backend: str, device:
                                  entry["arrival_rate_qps"], generator, entry["duration_s"], entry["throughput_qps"],
                                  entry["latency_ms"]["p99"], "meets the budget" if entry.get("meets_budget")
                                  else "misses the budget")
+                if confirmation.get("rate_qps") is not None:
+                    ctx.log.info("serving capacity %.1f requests/s (90%% interval %s), between %g/s (meets) and %g/s "
+                                 "(misses), %d levels of up to %.3g s%s", confirmation["rate_qps"],
+                                 confirmation.get("interval_qps"), confirmation["meets_qps"],
+                                 confirmation["miss_above_qps"], confirmation["levels"], confirmation["level_s"],
+                                 "" if confirmation["settled"] else f", unsettled (fewer than "
+                                 f"{params.confirm_visits} levels a side)")
             if params.latency_budget_ms is not None and group:
                 best.append(capacity_entry(params, generator, streams, gpus, group, confirmation))
 
