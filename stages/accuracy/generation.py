@@ -91,11 +91,49 @@ def torch_reference(model: Any, prompts: Sequence[Any], new_tokens: int) -> list
     return results
 
 
+def seq2seq_reference(model: Any, sources: Sequence[Any], new_tokens: int) -> list[tuple[Any, Any]]:
+    """Per source, the tokens and raw logits of transformers' greedy generation for an encoder-decoder (the base
+    ``GenerationMixin.generate``: Whisper's own generate adds language detection and timestamps), from the
+    decoder's start token, without end-of-sequence stop or logit processors."""
+    import numpy as np
+    import torch
+    import transformers
+    from transformers.generation.utils import GenerationMixin
+
+    from ..formats.seq2seq import layout_of
+
+    layout = layout_of(model)
+    config = transformers.GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=new_tokens,
+                                           min_new_tokens=None, eos_token_id=None, pad_token_id=0,
+                                           decoder_start_token_id=layout.decoder_start, forced_bos_token_id=None,
+                                           forced_eos_token_id=None, output_logits=True,
+                                           return_dict_in_generate=True)
+    saved, model.generation_config = model.generation_config, config
+    results = []
+    try:
+        for source in sources:
+            array = np.asarray(source)[None, ...]
+            if layout.speech:
+                feed = {"input_features": torch.from_numpy(array.astype(np.float32))}
+            else:
+                ids = torch.from_numpy(array.astype(np.int64))
+                feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+            with torch.inference_mode():
+                out = GenerationMixin.generate(model, **feed, generation_config=config)
+            tokens = out.sequences[0, 1:].numpy()
+            if tokens.shape[0] != new_tokens:
+                raise StageFailed(f"transformers' generate stopped after {tokens.shape[0]} of {new_tokens} tokens")
+            results.append((tokens, torch.stack(list(out.logits), dim=1)[0].float().numpy()))
+    finally:
+        model.generation_config = saved
+    return results
+
+
 def decoder_reference(decoder: Any, prompts: Sequence[Any], new_tokens: int) -> list[tuple[Any, Any]]:
     """Per prompt, the tokens and logits of free greedy generation with a decoder (`runtimes.generation`)."""
     from ..runtimes.generation import greedy
 
-    runs = [greedy(decoder, prompt.reshape(1, -1), new_tokens) for prompt in prompts]
+    runs = [greedy(decoder, prompt[None, ...], new_tokens) for prompt in prompts]
     return [(run.tokens[0], run.logits[0] if run.logits is not None else None) for run in runs]
 
 
@@ -160,7 +198,7 @@ def forced_candidate(decoder: Any, prompts: Sequence[Any],
 
     results = []
     for prompt, (tokens, _) in zip(prompts, reference, strict=True):
-        run = greedy(decoder, prompt.reshape(1, -1), len(tokens), forced=tokens.reshape(1, -1))
+        run = greedy(decoder, prompt[None, ...], len(tokens), forced=tokens.reshape(1, -1))
         results.append((run.tokens[0], run.logits[0] if run.logits is not None else None))
     return results
 
@@ -169,7 +207,7 @@ def free_candidate(decoder: Any, prompts: Sequence[Any], new_tokens: int) -> lis
     """Per prompt, the tokens the candidate generates freely (greedy, its own tokens fed back)."""
     from ..runtimes.generation import greedy
 
-    return [greedy(decoder, prompt.reshape(1, -1), new_tokens, keep_logits=False).tokens[0] for prompt in prompts]
+    return [greedy(decoder, prompt[None, ...], new_tokens, keep_logits=False).tokens[0] for prompt in prompts]
 
 
 def compare_prompt(reference: tuple[Any, Any], candidate: tuple[Any, Any], allowance: float) -> dict[str, Any]:
