@@ -221,7 +221,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> Benchmark
     device = "cuda" if backend in TRT_FLAVOURS else params.device
     watch = HostWatch()
     if params.generation is not None:
-        return _generation(ctx, params, model, device, watch)
+        return _generation(ctx, params, model, device, watch, inputs.get("encoder"))
 
     specs = _input_specs(params, candidate)
     host_model = open_host_model(ctx, params, backend, model)
@@ -266,20 +266,23 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> Benchmark
     return summary
 
 
-def _generation(ctx: StageContext, params: Params, model: Path | None, device: str, watch: Any
-                ) -> BenchmarkSummary:
+def _generation(ctx: StageContext, params: Params, model: Path | None, device: str, watch: Any,
+                encoder_path: Path | None = None) -> BenchmarkSummary:
     """Time to first token and per output token at each concurrency (`measure.serving.generation`)."""
     from .accuracy.recovery import runtime_options
     from .measure.serving.generation import level_line, measure_generation
     from .measure.timing.calls import ort_providers
-    from .runtimes.generation import OrtDecoder
     from .runtimes.ort import create_session
+    from .runtimes.seq2seq import open_decoder
 
     assert model is not None and params.generation is not None
     with ctx.native_step("onnxruntime", f"creating a session for {model.name}"):
         session = create_session(model, runtime_options(model, params.onnxruntime, ctx.log).options,
                                  ort_providers(device))
-    decoder = OrtDecoder(session)
+        # an encoder-decoder: its encoder runs in each request's first step (time to first token includes it)
+        encoder = create_session(encoder_path, runtime_options(encoder_path, params.onnxruntime, ctx.log).options,
+                                 ort_providers(device)) if encoder_path is not None else None
+    decoder = open_decoder(session, encoder)
     with ctx.native_step("onnxruntime", "timing greedy generation"):
         levels = measure_generation(decoder, params.generation, params.window_plan(),
                                     progress=lambda text: ctx.progress(0.5, text))
@@ -351,6 +354,8 @@ stage = Stage(
         "model": Input((ONNX, ENGINE), "the engine or ONNX model to time (optional for backend torch)",
                        optional=True),
         "provenance": Input(METRICS, "engine.json of an engine (from the build stage)", optional=True),
+        "encoder": Input(ONNX, "generation with an encoder-decoder: its exported encoder, run in each request's "
+                         "first step", optional=True),
     },
     outputs={
         "metrics": Output(METRICS, "benchmark.json", "latency percentiles, throughput, flags per batch; load "

@@ -154,23 +154,28 @@ def informative_enough(distinct: int, new_tokens: int) -> bool:
 EXTRA_ROUNDS = 3
 
 
-def informative_reference(spec: Any, vocab_size: int, new_tokens: int, generate: Any,
-                          resolve: Any = None) -> tuple[list[Any], list[tuple[Any, Any]], dict[str, Any]]:
+def informative_reference(spec: Any, vocab_size: int, new_tokens: int, generate: Any, resolve: Any = None,
+                          load: Any = None) -> tuple[list[Any], list[tuple[Any, Any]], dict[str, Any]]:
     """The prompts, their greedy reference (``generate(prompts, new_tokens)``) and a record of how informative it is.
     Random prompts whose reference repeats few tokens are replaced: up to `EXTRA_ROUNDS` rounds of ``count`` more
     prompts are drawn from the same seeded generator (the first ``count`` are the recipe's) and the ``count`` whose
     references hold the most distinct tokens are kept, in the order drawn. Prompts from a file are kept as given.
-    Either way the record says when the reference stays degenerate (``degenerate_prompts``, a ``note``)."""
+    Either way the record says when the reference stays degenerate (``degenerate_prompts``, a ``note``).
+    ``load`` (a spec -> its prompts) draws an encoder-decoder's sources (`accuracy.seq2seq.source_loader`)."""
     from ..data.prompts import load_prompts
 
-    prompts = load_prompts(spec, vocab_size, resolve)
+    if load is None:
+        def load(chosen: Any) -> list[Any]:
+            return load_prompts(chosen, vocab_size, resolve)
+
+    prompts = load(spec)
     reference = generate(prompts, new_tokens)
     drawn = len(prompts)
     if spec.path is None:
         rounds = 0
         while rounds < EXTRA_ROUNDS and not all(informative_enough(d, new_tokens) for d in distinct_tokens(reference)):
             rounds += 1
-            more = load_prompts(spec.model_copy(update={"count": spec.count * (rounds + 1)}), vocab_size)[drawn:]
+            more = load(spec.model_copy(update={"count": spec.count * (rounds + 1)}))[drawn:]
             prompts, reference = prompts + more, reference + generate(more, new_tokens)
             drawn = len(prompts)
         if drawn > spec.count:
@@ -266,7 +271,7 @@ def compare_generation(prompts: Sequence[Any], reference: Sequence[tuple[Any, An
     for index, (prompt, ref, cand) in enumerate(zip(prompts, reference, candidate, strict=True)):
         row = compare_prompt(ref, cand, allowance)
         row["prompt"] = index
-        row["prompt_length"] = len(prompt)
+        row["prompt_length"] = int(prompt.shape[-1])
         rows.append(row)
     record = {
         "prompts": len(rows),

@@ -193,6 +193,12 @@ class GenerationScaffold:
                   "    params: {profiles: [prefill, decode], max_batch_size: 0, instance_kind: gpu}"]
         return "\n".join(lines) + "\n"
 
+    def headline(self) -> str:
+        layout = self.layout
+        return (f"generation with a KV cache ({layout.layers} layers, {layout.kv_heads} key/value heads of "
+                f"{layout.head_dim}); context {self.context}" + ("" if layout.context_length else
+                " (no position table: --dim sequence_length=MIN:OPT:MAX sets it)"))
+
     def describe(self) -> list[str]:
         return [f"profile 'prefill': prompt 1..{self.context} (opt {self.prompt[1]}), past 0, batch "
                 f"{self.batch[0]}..{self.batch[2]}",

@@ -36,7 +36,7 @@ from typing import Any
 
 from trtflow.stage import StageFailed
 
-from .generation import BATCH, PAST, PREFILL, DECODE, SEQUENCE, TOTAL, cache_keyword, cache_tensors, dynamic_cache
+from .generation import BATCH, DECODE, PAST, PREFILL, SEQUENCE, TOTAL, cache_keyword, cache_tensors, dynamic_cache
 
 #: Optimum's task names: text sources (T5, BART, Marian, ...), audio sources (Whisper).
 TEXT_TASK, SPEECH_TASK = "text2text-generation-with-past", "automatic-speech-recognition-with-past"

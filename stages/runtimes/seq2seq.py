@@ -144,3 +144,22 @@ def torch_encoder(module: Any) -> Callable[[Any], list[Any]]:
             return [t.numpy() for t in module(*tensors)]
 
     return encode
+
+
+def open_decoder(session: Any, encoder: Any | None = None) -> Any:
+    """The decoder of an exported model: an encoder-decoder's (`OrtSeq2SeqDecoder`, fed by the ``encoder`` session)
+    or a decoder-only model's (`runtimes.generation.OrtDecoder`); an encoder-decoder's decoder without its encoder
+    is refused by name."""
+    from trtflow.stage import StageFailed
+
+    from .generation import OrtDecoder
+
+    seq2seq = any(".decoder.key" in i.name for i in session.get_inputs())
+    if seq2seq and encoder is None:
+        raise StageFailed("the model is an encoder-decoder's decoder: generating with it needs its encoder, which "
+                          "computes the cross-attention cache", hint="wire the encoder's export node as the "
+                          "`encoder` input (`trtflow init` writes it)")
+    if encoder is not None and not seq2seq:
+        raise StageFailed("an `encoder` input is wired but the model is no encoder-decoder's decoder (it takes no "
+                          "past_key_values.{i}.decoder/encoder inputs)", hint="remove the `encoder` input")
+    return OrtSeq2SeqDecoder.from_sessions(session, encoder) if seq2seq else OrtDecoder(session)
