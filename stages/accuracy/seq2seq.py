@@ -56,7 +56,7 @@ def check_seq2seq_against_torch(onnx_path: Any, wrapped: Any, check: GenerationC
     if layout.context_length and check.new_tokens + 1 > layout.context_length:
         raise StageFailed(f"the generation check needs {check.new_tokens + 1} decoder positions (the start token and "
                           f"new tokens) but the model has {layout.context_length}", hint="use fewer new_tokens")
-    decoder = OrtSeq2SeqDecoder(create_session(onnx_path), torch_encoder(wrap(wrapped.model, "encoder").module),
+    decoder = OrtSeq2SeqDecoder(create_session(onnx_path), torch_encoder(wrap(wrapped.model, "encoder", layout).module),
                                 layout)
     sources, reference, informative = informative_reference(
         check.prompts, layout.vocab_size, check.new_tokens,

@@ -359,18 +359,20 @@ def wrapper_classes() -> tuple[Any, Any]:
             super().__init__()
             self.model = model
             self.layout = layout
-            self.keyword = cache_keyword(model.get_decoder())
+            self.keyword = cache_keyword(model)
 
         def forward(self, *tensors: Any) -> Any:
             from transformers import DynamicCache, EncoderDecoderCache
 
             feed = dict(zip(self.layout.encoder_inputs, tensors, strict=True))
-            encoded = self.model.get_encoder()(**feed, return_dict=True)["last_hidden_state"]
+            encoded = self.model.get_encoder()(**feed, return_dict=True)[0]
             cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
             start = torch.zeros((encoded.shape[0], 1), dtype=torch.long, device=encoded.device)
-            options = {"encoder_attention_mask": feed["attention_mask"]} if "attention_mask" in feed else {}
-            self.model.get_decoder()(input_ids=start, encoder_hidden_states=encoded, use_cache=True,
-                                     return_dict=True, **{self.keyword: cache}, **options)
+            options = {"attention_mask": feed["attention_mask"]} if "attention_mask" in feed else {}
+            # one decoder step on an empty cache: its cross-attention layers fill the cross-attention cache (what
+            # the graph returns); the step's other work reaches no output and is dropped from the graph
+            self.model(encoder_outputs=(encoded,), decoder_input_ids=start, decoder_attention_mask=torch.ones_like(
+                start), use_cache=True, return_dict=True, **{self.keyword: cache}, **options)
             return tuple(cache_tensors(cache.cross_attention_cache))
 
     class DecoderWrapper(torch.nn.Module):
@@ -381,8 +383,7 @@ def wrapper_classes() -> tuple[Any, Any]:
             self.model = model
             self.layout = layout
             self.keyword = cache_keyword(model)
-            self.hidden = int(model.get_encoder().config.d_model if hasattr(model.get_encoder().config, "d_model")
-                              else model.config.hidden_size)
+            self.hidden = _config_int(model.config, "d_model", "hidden_size")
 
         def forward(self, *tensors: Any) -> Any:
             ids, rest = tensors[0], tensors[1:]
@@ -425,9 +426,9 @@ class Seq2SeqModel:
                 "trtflow.seq2seq.context_length": str(layout.context_length)}
 
 
-def wrap(model: Any, part: str | None) -> Seq2SeqModel:
+def wrap(model: Any, part: str | None, layout: Seq2SeqLayout | None = None) -> Seq2SeqModel:
     """The encoder-decoder ``model`` wrapped as one of its two graphs (default: the encoder)."""
-    layout = layout_of(model)
+    layout = layout or layout_of(model)
     encoder_class, decoder_class = wrapper_classes()
     if part in (None, "encoder"):
         return Seq2SeqModel(encoder_class(model, layout).eval(), model, layout, "encoder", layout.encoder_entries(),
