@@ -243,16 +243,33 @@ def sample_source(model: Any, source: str, batch: int, length: int) -> dict[str,
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
+def decoder_start(model: Any) -> int | None:
+    """The token generation starts the decoder from, as transformers' generate picks it: the generation config's
+    ``decoder_start_token_id``, else its ``bos_token_id`` (then the model config's, for a model without one)."""
+    for source in (getattr(model, "generation_config", None), model.config):
+        for key in (START_KEY, "bos_token_id"):
+            value = getattr(source, key, None)
+            if isinstance(value, int):
+                return value
+    return None
+
+
+def check_encoder_decoder(config: Any) -> None:
+    """Refuses, by name, a config that is no encoder-decoder (the seq2seq mappings also hold decoder-only LMs with
+    an audio tower)."""
+    if not getattr(config, "is_encoder_decoder", False):
+        raise StageFailed(f"a {_model_type(config)!r} model is not an encoder-decoder (config.is_encoder_decoder is "
+                          f"not set): {TEXT_TASK} exports encoder-decoders",
+                          hint="a decoder-only LM: task: text-generation-with-past")
+
+
 def layout_of(model: Any) -> Seq2SeqLayout:
     """The layout of an encoder-decoder from the cache its own forward() returns (an ``EncoderDecoderCache`` of one
     key and one value per layer in both its caches); refuses any other model by name."""
     import torch
 
     config = model.config
-    if not getattr(config, "is_encoder_decoder", False):
-        raise StageFailed(f"a {_model_type(config)!r} model is not an encoder-decoder (config.is_encoder_decoder is "
-                          f"not set): {TEXT_TASK} exports encoder-decoders",
-                          hint="a decoder-only LM: task: text-generation-with-past")
+    check_encoder_decoder(config)
     source = _source_of(model)
     feed = sample_source(model, source, 1, SAMPLE_SOURCE)
     try:
@@ -289,11 +306,11 @@ def layout_of(model: Any) -> Seq2SeqLayout:
                           f"{cross_layers} cross-attention cache layers", hint=NO_CACHE_HINT)
     decoder = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     vocab = int(result["logits"].shape[-1])
-    start = getattr(getattr(model, "generation_config", None), START_KEY, None)
-    start = start if isinstance(start, int) else getattr(config, START_KEY, None)
-    if not isinstance(start, int):
-        raise StageFailed(f"the {_model_type(config)!r} model's config gives no decoder_start_token_id",
-                          hint="set decoder_start_token_id in config.json (the token the decoder starts from)")
+    start = decoder_start(model)
+    if start is None:
+        raise StageFailed(f"the {_model_type(config)!r} model's config gives no decoder_start_token_id or "
+                          "bos_token_id (one token the decoder starts from)",
+                          hint="set decoder_start_token_id in config.json or generation_config.json")
     if source == "input_features":
         length = 2 * _config_int(config, "max_source_positions")
         mask = False
@@ -303,8 +320,29 @@ def layout_of(model: Any) -> Seq2SeqLayout:
         length = sequence_limit(config).high or 0
         mask = True
     context = _config_int(decoder, "max_target_positions", "max_position_embeddings", "n_positions")
-    return Seq2SeqLayout(int(layers), int(heads), int(head_dim), int(cross_heads), int(cross_dim), vocab, context,
-                         source, int(length), _config_int(config, "num_mel_bins"), mask, int(start))
+    layout = Seq2SeqLayout(int(layers), int(heads), int(head_dim), int(cross_heads), int(cross_dim), vocab, context,
+                           source, int(length), _config_int(config, "num_mel_bins"), mask, int(start))
+    _probe_graphs(model, layout, feed)
+    return layout
+
+
+def _probe_graphs(model: Any, layout: Seq2SeqLayout, feed: Mapping[str, Any]) -> None:
+    """Both wrapped graphs run once (the encoder, then a decoder step on its cache): a family whose model code
+    does not take the layout's inputs (an output object of its own, a cache it keeps elsewhere) is refused here,
+    by name, rather than failing inside the exporter."""
+    import torch
+
+    encoder_class, decoder_class = wrapper_classes()
+    try:
+        with torch.no_grad():
+            cross = encoder_class(model, layout)(*feed.values())
+            own = [torch.zeros((1, layout.kv_heads, 0, layout.head_dim))] * len(layout.self_names)
+            mask = [torch.ones((1, cross[0].shape[2]), dtype=torch.long)] if layout.encoder_mask else []
+            decoder_class(model, layout)(torch.zeros((1, 1), dtype=torch.long), *mask, *own, *cross)
+    except Exception as error:  # the model's own code: any exception type
+        raise StageFailed(f"the {_model_type(model.config)!r} encoder-decoder does not run with its caches as "
+                          f"inputs: {type(error).__name__}: {' '.join(str(error).split())[:200]}",
+                          hint=NO_CACHE_HINT) from None
 
 
 def layout_from_io(decoder_inputs: Mapping[str, Sequence[Any]], input_types: Mapping[str, str],
@@ -351,6 +389,7 @@ def encoder_decoder_cache(own: Sequence[Any], cross: Sequence[Any]) -> Any:
 
 def wrapper_classes() -> tuple[Any, Any]:
     import torch
+    from transformers.modeling_outputs import BaseModelOutput
 
     class EncoderWrapper(torch.nn.Module):
         """forward(source...) -> (cross key, cross value, ... per decoder layer)."""
@@ -371,7 +410,7 @@ def wrapper_classes() -> tuple[Any, Any]:
             options = {"attention_mask": feed["attention_mask"]} if "attention_mask" in feed else {}
             # one decoder step on an empty cache: its cross-attention layers fill the cross-attention cache (what
             # the graph returns); the step's other work reaches no output and is dropped from the graph
-            self.model(encoder_outputs=(encoded,), decoder_input_ids=start, decoder_attention_mask=torch.ones_like(
+            self.model(encoder_outputs=BaseModelOutput(last_hidden_state=encoded), decoder_input_ids=start, decoder_attention_mask=torch.ones_like(
                 start), use_cache=True, return_dict=True, **{self.keyword: cache}, **options)
             return tuple(cache_tensors(cache.cross_attention_cache))
 
@@ -396,7 +435,8 @@ def wrapper_classes() -> tuple[Any, Any]:
             encoded = cross[0].new_zeros((cross[0].shape[0], cross[0].shape[2], self.hidden))
             past = own[0].shape[2]
             mask = torch.ones((ids.shape[0], past + ids.shape[1]), dtype=torch.long, device=ids.device)
-            result = self.model(decoder_input_ids=ids, decoder_attention_mask=mask, encoder_outputs=(encoded,),
+            result = self.model(decoder_input_ids=ids, decoder_attention_mask=mask,
+                                encoder_outputs=BaseModelOutput(last_hidden_state=encoded),
                                 use_cache=True, return_dict=True,
                                 **{self.keyword: encoder_decoder_cache(own, cross)}, **options)
             cache = result.get("past_key_values", result.get("cache"))
