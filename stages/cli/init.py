@@ -28,12 +28,14 @@ from .init_recipe import Scaffold, flow, render, schema_reference
 
 #: The tasks export knows (formats.huggingface.TASKS; a test keeps them equal): spelled out so that `trtflow --help`
 #: does not import transformers' mappings.
-TASK_NAMES = ("text2text-generation", "fill-mask", "text-classification", "token-classification",
+TASK_NAMES = ("text2text-generation", "text2text-generation-with-past", "fill-mask", "text-classification",
+              "token-classification",
               "question-answering", "text-generation", "text-generation-with-past", "image-classification",
               "object-detection",
               "semantic-segmentation", "image-segmentation", "universal-segmentation", "depth-estimation",
               "zero-shot-image-classification", "image-feature-extraction", "text-feature-extraction",
-              "audio-classification", "automatic-speech-recognition", "feature-extraction")
+              "audio-classification", "automatic-speech-recognition", "automatic-speech-recognition-with-past",
+              "feature-extraction")
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 

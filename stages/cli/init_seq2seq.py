@@ -262,10 +262,11 @@ def scaffold(folder: Path, task: str, model_ref: str, source_name: str, name: st
         if ENCODER_SEQUENCE in dims:
             raise UsageError(f"--dim {ENCODER_SEQUENCE}: a speech encoder takes a fixed {layout.source_length} "
                              "frames of log-mel features", hint=f"leave --dim {ENCODER_SEQUENCE} out")
-        source = (layout.source_length,) * 3
+        source: tuple[int, int, int] = (layout.source_length, layout.source_length, layout.source_length)
     else:
         top = layout.source_length
-        source = dims.get(ENCODER_SEQUENCE) or tuple(min(v, top) if top else v for v in DEFAULT_SOURCE)
+        low, opt, high = (min(v, top) if top else v for v in DEFAULT_SOURCE)
+        source = dims.get(ENCODER_SEQUENCE) or (low, opt, high)
         if top and source[2] > top:
             raise UsageError(f"--dim {ENCODER_SEQUENCE}: {source[2]} token ids exceed the encoder's {top} positions",
                              hint=f"keep MAX <= {top}")

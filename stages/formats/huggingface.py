@@ -32,10 +32,12 @@ from typing import Any
 from trtflow.stage import RecipeMismatch, StageFailed
 
 from .generation import TASK as GENERATION_TASK
+from .hf_limits import Limit, _sub, audio_limit, decoder_sequence_limit, sequence_limit
 from .hf_tasks import _TOWERS, TASKS, Task, _mapping, architecture_task, supported_tasks, task_of
 from .seq2seq import TASKS as SEQ2SEQ_TASKS
 
-__all__ = ["TASKS", "Task", "architecture_task", "supported_tasks", "task_of"]  # defined in hf_tasks
+__all__ = ["TASKS", "Limit", "Task", "architecture_task", "audio_limit", "decoder_sequence_limit",  # defined in
+           "sequence_limit", "supported_tasks", "task_of"]  # hf_tasks and hf_limits
 
 
 #: The parts an encoder-decoder model exports as.
@@ -49,20 +51,6 @@ _AUDIO_SAMPLES = 4000
 _DROPPED_OUTPUTS = ("past_key_values", "hidden_states", "attentions", "encoder_hidden_states", "cross_attentions",
                     "decoder_hidden_states", "decoder_attentions", "encoder_attentions", "auxiliary_outputs",
                     "loss", "loss_dict")
-#: Model types whose position ids start after the padding index (RoBERTa's ``create_position_ids_from_input_ids``):
-#: they take ``max_position_embeddings - pad_token_id - 1`` tokens.
-_PADDING_OFFSET_TYPES = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text", "longformer",
-                         "ibert", "luke", "mpnet", "markuplm", "roberta-prelayernorm", "xmod", "bridgetower",
-                         "lilt", "layoutlmv3", "ernie_m", "esm", "clap")
-
-
-@dataclass(frozen=True)
-class Limit:
-    """How small and how large a dynamic dim may be, and why (for a message)."""
-
-    low: int
-    high: int | None
-    why: str
 
 
 @dataclass
@@ -95,12 +83,6 @@ def _size(value: Any) -> tuple[int, int]:
     return int(value), int(value)
 
 
-def _sub(config: Any, name: str) -> Any:
-    """A sub-config (``text_config``, ``vision_config``) if the model has one, else the config itself."""
-    sub = getattr(config, name, None)
-    return sub if sub is not None and not isinstance(sub, dict) else config
-
-
 def _image_size(config: Any, preprocessor: dict[str, Any]) -> tuple[int, int]:
     vision = _sub(config, "vision_config")
     for source in (getattr(vision, "image_size", None), getattr(config, "image_size", None),
@@ -108,43 +90,6 @@ def _image_size(config: Any, preprocessor: dict[str, Any]) -> tuple[int, int]:
         if source:
             return _size(source)
     return 224, 224
-
-
-def sequence_limit(config: Any) -> Limit:
-    """How many tokens a text model takes: its position embeddings (less RoBERTa's padding offset), if any."""
-    text = _sub(config, "text_config")
-    model_type = str(getattr(text, "model_type", "") or getattr(config, "model_type", ""))
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx"):
-        value = getattr(text, key, None)
-        if isinstance(value, int) and value > 0:
-            if model_type in _PADDING_OFFSET_TYPES:
-                offset = int(getattr(text, "pad_token_id", 1) or 0) + 1
-                return Limit(1, value - offset, f"{key} {value} less the padding offset {offset} (position ids "
-                             "start after the padding index)")
-            return Limit(1, value, f"{key} {value}")
-    return Limit(1, None, "relative positions: no fixed limit")
-
-
-def decoder_sequence_limit(config: Any) -> Limit:
-    for key in ("max_target_positions", "max_position_embeddings", "n_positions"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return Limit(1, value, f"{key} {value}")
-    return Limit(1, None, "relative positions: no fixed limit")
-
-
-def audio_limit(config: Any) -> Limit:
-    """The shortest raw audio a convolutional feature encoder (wav2vec2, HuBERT, WavLM...) turns into one frame."""
-    kernels = getattr(config, "conv_kernel", None)
-    strides = getattr(config, "conv_stride", None)
-    if not kernels or not strides:
-        return Limit(1, None, "no feature encoder")
-    field_size, step = 1, 1
-    for kernel, stride in zip(kernels, strides, strict=False):
-        field_size += (int(kernel) - 1) * step
-        step *= int(stride)
-    return Limit(field_size, None, f"the feature encoder's receptive field (conv_kernel {list(kernels)}, "
-                 f"conv_stride {list(strides)}) is {field_size} samples")
 
 
 def _text_entries(text: Any, accepts: set[str], limit: Limit, names: tuple[str, str] = ("input_ids", "attention_mask"),

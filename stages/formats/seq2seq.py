@@ -315,7 +315,7 @@ def layout_of(model: Any) -> Seq2SeqLayout:
         length = 2 * _config_int(config, "max_source_positions")
         mask = False
     else:
-        from .huggingface import sequence_limit
+        from .hf_limits import sequence_limit
 
         length = sequence_limit(config).high or 0
         mask = True
@@ -410,8 +410,9 @@ def wrapper_classes() -> tuple[Any, Any]:
             options = {"attention_mask": feed["attention_mask"]} if "attention_mask" in feed else {}
             # one decoder step on an empty cache: its cross-attention layers fill the cross-attention cache (what
             # the graph returns); the step's other work reaches no output and is dropped from the graph
-            self.model(encoder_outputs=BaseModelOutput(last_hidden_state=encoded), decoder_input_ids=start, decoder_attention_mask=torch.ones_like(
-                start), use_cache=True, return_dict=True, **{self.keyword: cache}, **options)
+            self.model(encoder_outputs=BaseModelOutput(last_hidden_state=encoded), decoder_input_ids=start,
+                       decoder_attention_mask=torch.ones_like(start), use_cache=True, return_dict=True,
+                       **{self.keyword: cache}, **options)
             return tuple(cache_tensors(cache.cross_attention_cache))
 
     class DecoderWrapper(torch.nn.Module):
