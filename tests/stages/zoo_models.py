@@ -102,8 +102,8 @@ ZOO: dict[str, tuple[str, str, str, dict[str, Any], tuple[str, ...]]] = {
 PREPROCESSOR_SIZE = {"resnet": 64, "detr": 64, "segformer": 64}
 #: What the test suite runs by default (CI): the recipes whose names the test checks in the Triton repository
 #: (DETR's boxes; T5's encoder and its decoder with the KV cache, generation validated and benchmarked). RoBERTa's
-#: limits from its position offset are checked by tests/stages/test_formats.py. The whole zoo (TRTFLOW_ZOO=all) takes at least 8 minutes on an idle 2-core
-#: machine, more than CI can give one test.
+#: limits from its position offset are checked by tests/stages/test_formats.py. The whole zoo (TRTFLOW_ZOO=all)
+#: takes at least 8 minutes on an idle 2-core machine, more than CI can give one test.
 CI_SUBSET = ("detr", "t5")
 #: Extra recipes: one tower of a vision-text model, by task (name -> (folder, task)).
 TOWERS = {"clip-text": ("clip", "text-feature-extraction"), "clip-vision": ("clip", "image-feature-extraction")}
