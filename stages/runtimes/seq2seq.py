@@ -28,12 +28,15 @@ def _metadata(session: Any) -> dict[str, str]:
         return {}
 
 
-def session_layout(decoder: Any, encoder: Any | None) -> Seq2SeqLayout:
+def session_layout(decoder: Any, encoder: Any | None, need_start: bool = True) -> Seq2SeqLayout:
     """The layout of an exported decoder session, with what the graphs' metadata say of the source (the decoder's
-    own metadata first: a conversion may drop it; the encoder's, exported alongside, then)."""
+    own metadata first; a conversion may drop it: the encoder's, exported alongside, then). ``need_start`` False:
+    timing only, any start token will do (0 where neither graph records one)."""
     from trtflow.stage import StageFailed
 
     meta = {**(_metadata(encoder) if encoder is not None else {}), **_metadata(decoder)}
+    if START_KEY not in meta and not need_start:
+        meta[START_KEY] = "0"
     if START_KEY not in meta:
         raise StageFailed("neither graph records the decoder's start token (metadata decoder_start_token_id): they "
                           "were not exported by trtflow's encoder-decoder export",
@@ -67,15 +70,18 @@ def ort_encoder(session: Any) -> Callable[[Any], list[Any]]:
     return encode
 
 
-def synthetic_encoder(layout: Seq2SeqLayout, seed: int = 0) -> Callable[[Any], list[Any]]:
-    """A stand-in for the encoder when only the decoder is timed (select's finalists, time per output token): a
-    cross-attention cache of the right shape, random values (a decoder step's time does not depend on them)."""
+def synthetic_encoder(layout: Seq2SeqLayout, session: Any, seed: int = 0) -> Callable[[Any], list[Any]]:
+    """A stand-in for the encoder when only the decoder ``session`` is timed (select's finalists, time per output
+    token): a cross-attention cache of the right shape (the decoder's own fixed length where it has one, as
+    Whisper's), random values (a decoder step's time does not depend on them)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
+    shape = next(list(i.shape) for i in session.get_inputs() if i.name == layout.cross_names[0])
+    fixed = shape[2] if isinstance(shape[2], int) else None
 
     def encode(source: Any) -> list[Any]:
-        length = layout.encoder_length(source.shape[-1])
+        length = fixed or layout.encoder_length(source.shape[-1])
         shape = (source.shape[0], layout.cross_heads, length, layout.cross_head_dim)
         return [rng.standard_normal(shape).astype(np.float32) for _ in layout.cross_names]
 

@@ -266,8 +266,8 @@ def generation_timers(models: Mapping[str, Path], requests: Mapping[str, Any], o
         if any(".decoder.key" in i.name for i in session.get_inputs()):
             # an encoder-decoder's decoder: time per output token does not depend on the cross-attention cache's
             # values, so a random one of its shape stands in for the encoder (not timed here)
-            layout = session_layout(session, None)
-            decoder = OrtSeq2SeqDecoder(session, synthetic_encoder(layout), layout)
+            layout = session_layout(session, None, need_start=False)
+            decoder = OrtSeq2SeqDecoder(session, synthetic_encoder(layout, session), layout)
         else:
             decoder = OrtDecoder(session)
         prompts = random_prompts(max(8, clients), int(requests["context_length"]), decoder.layout,
