@@ -354,7 +354,7 @@ def _validate_generation(ctx: StageContext, inputs: dict[str, Path], params: Par
     )
     from .accuracy.ort_fixes import fix_for_onnxruntime
     from .accuracy.passes import ort_hint, ort_repro, ort_settings
-    from .accuracy.seq2seq import source_loader
+    from .accuracy.seq2seq import describe_sources, source_loader
     from .runtimes.ort import create_session
     from .runtimes.seq2seq import open_decoder
 
@@ -394,7 +394,7 @@ def _validate_generation(ctx: StageContext, inputs: dict[str, Path], params: Par
     allowance = check.near_tie_margin if check.near_tie_margin is not None else \
         resolved_tolerance(params, "logits", expected_precision(params.expect, origin))["atol"]
     record, joined_reference, joined_candidate = compare_generation(prompts, reference, candidate, allowance, free)
-    record["prompts_from"] = check.prompts.describe()
+    record["prompts_from"] = describe_sources(check.prompts, layout)
     record["reference_informative"] = informative
     ctx.progress(0.9, f"tokens matched per prompt: {record['tokens_matched']} of {check.new_tokens}")
     return {

@@ -44,6 +44,14 @@ def source_loader(layout: Any, resolve: Any = None) -> Callable[[Any], list[Any]
     return load
 
 
+def describe_sources(spec: Any, layout: Any) -> str:
+    """What the generation check's sources are, for records and messages."""
+    if getattr(layout, "speech", False):
+        return (f"{spec.count} random log-mel input(s) of {layout.mel_bins} bins x {layout.source_length} frames "
+                f"(seed {spec.seed})")
+    return str(spec.describe())
+
+
 def check_seq2seq_against_torch(onnx_path: Any, wrapped: Any, check: GenerationCheck, atol: float, rtol: float,
                                 resolve: Any = None) -> tuple[dict[str, Any], list[str]]:
     """The exported decoder (ONNX Runtime; the cross-attention cache from the PyTorch encoder) teacher-forced on
@@ -66,8 +74,7 @@ def check_seq2seq_against_torch(onnx_path: Any, wrapped: Any, check: GenerationC
     allowance = atol if check.near_tie_margin is None else check.near_tie_margin
     free = free_candidate(decoder, sources, check.new_tokens) if check.allow_near_ties else None
     record, _, _ = compare_generation(sources, reference, candidate, allowance, free)
-    record["prompts_from"] = check.prompts.describe() if not layout.speech else \
-        f"{check.prompts.count} random log-mel inputs (seed {check.prompts.seed})"
+    record["prompts_from"] = describe_sources(check.prompts, layout)
     record["reference_informative"] = informative
     record["reference"] = "transformers generate (PyTorch, greedy)"
     failures = judge_generation(record, check) + logit_failures(record, reference, candidate, atol, rtol)

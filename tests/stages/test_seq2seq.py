@@ -7,9 +7,11 @@ exported encoder as their `encoder` input. T5 goes through `trtflow init` and `t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import onnx
 import pytest
+import yaml
 
 from trtflow.stage import StageFailed
 from trtflow.testing import run_stage
@@ -20,7 +22,7 @@ WHISPER = {"vocab_size": 96, "d_model": 32, "encoder_layers": 2, "decoder_layers
            "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "num_mel_bins": 8,
            "max_source_positions": 16, "max_target_positions": 32, "pad_token_id": 1, "bos_token_id": 0,
            "eos_token_id": 2, "decoder_start_token_id": 3}
-CHECK = {"prompts": {"count": 2, "seed": 0}, "new_tokens": 4}
+CHECK = {"prompts": {"count": 1, "seed": 0}, "new_tokens": 4}
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +66,8 @@ def test_whisper_exports_the_encoder_cache_and_a_decoder_that_takes_both_caches(
     assert {p.key: p.value for p in decoder.metadata_props}["decoder_start_token_id"] == "3"
     # the decoder's greedy generation equals transformers' generate, from random log-mel features
     check = whisper["decoder_summary"]["generation_check"]
-    assert check["tokens_matched"] == [4, 4] and check["max_abs_logit_error"] < 1e-4
-    assert check["prompts_from"] == "2 random log-mel inputs (seed 0)"
+    assert check["tokens_matched"] == [4] and check["max_abs_logit_error"] < 1e-4
+    assert check["prompts_from"] == "1 random log-mel input(s) of 8 bins x 32 frames (seed 0)"
 
 
 def test_validate_and_benchmark_run_the_decoder_with_its_encoder(whisper, tmp_path):
@@ -74,8 +76,9 @@ def test_validate_and_benchmark_run_the_decoder_with_its_encoder(whisper, tmp_pa
     same = run_stage(validate.stage, params, {"reference": model, "encoder": encoder, "candidate": model},
                      workdir=tmp_path / "validate")
     assert same.summary["passed"], same.summary["failures"]
-    assert same.summary["generation"]["tokens_matched"] == [4, 4]
-    assert same.summary["generation"]["free_running"]["tokens_until_difference"] == [4, 4]
+    assert same.summary["generation"]["tokens_matched"] == [4]
+    assert same.summary["generation"]["free_running"]["tokens_until_difference"] == [4]
+    assert same.summary["data"] == "1 random log-mel input(s) of 8 bins x 32 frames (seed 0)"
     from trtflow_stages.runtimes.ort import create_session
     from trtflow_stages.runtimes.seq2seq import open_decoder
 
@@ -91,3 +94,59 @@ def test_validate_and_benchmark_run_the_decoder_with_its_encoder(whisper, tmp_pa
     assert first["n"] == per["n"] == level["requests"] >= 3
     assert first["ci"]["p50"][0] <= first["p50"] <= first["ci"]["p50"][1]
     assert per["p50"] > 0 and level["output_tokens_per_s"] > 0
+
+
+def _exit(result: Any) -> tuple[int, str]:
+    """The exit code the CLI gives (a TrtflowError's own; CliRunner leaves it raised) and the message."""
+    error = result.exception
+    code = getattr(error, "exit_code", result.exit_code) if error is not None else result.exit_code
+    return code, f"{getattr(error, 'message', error)} / hint: {getattr(error, 'hint', '')}" if error else result.output
+
+
+def _init(folder: Path, *arguments: str) -> Any:
+    """``trtflow init`` in this process (transformers is imported already)."""
+    import os
+
+    from typer.testing import CliRunner
+
+    from trtflow.cli.app import add_plugin_commands, app
+
+    add_plugin_commands(["init"])
+    previous = Path.cwd()
+    os.chdir(folder)
+    try:
+        return CliRunner().invoke(app, ["init", *arguments])
+    finally:
+        os.chdir(previous)
+
+
+def test_init_writes_the_encoder_decoder_recipe_and_refuses_a_family_by_name(whisper, tmp_path):
+    import torch
+    import transformers
+
+    project = whisper["folder"].parent
+    (project / "pyproject.toml").touch()
+    result = _init(project, "whisper", "-o", "whisper.yaml", "--force", "--batch", "1:1:2")
+    assert _exit(result)[0] == 0, _exit(result)
+    recipe = yaml.safe_load((project / "whisper.yaml").read_text())
+    nodes = {node["name"]: node for node in recipe["nodes"]}
+    assert list(nodes) == ["export-encoder", "export", "simplify", "convert", "quantize", "validate", "benchmark",
+                           "select", "build", "build-encoder"]
+    assert nodes["export"]["params"]["task"] == SPEECH_TASK and nodes["export"]["params"]["part"] == "decoder"
+    assert nodes["validate"]["inputs"]["encoder"] == nodes["benchmark"]["inputs"]["encoder"] == "export-encoder"
+    assert recipe["profiles"]["encoder"]["input_features"]["max"] == [2, 8, 32]  # fixed frames
+    assert recipe["profiles"]["decode"]["past_key_values.1.decoder.key"]["max"] == [2, 2, 31, 16]
+    wrong = _init(project, "whisper", "-o", "w2.yaml", "--dim", "encoder_sequence_length=1:8:16")
+    code, message = _exit(wrong)
+    assert code == 2 and "a speech encoder takes a fixed 32 frames" in message, message
+    # a family whose model code does not run with its caches as inputs: refused by name, exit 2, the hint applies
+    config = transformers.AutoConfig.for_model("nllb-moe", d_model=32, encoder_layers=1, decoder_layers=1,
+                                               encoder_attention_heads=2, decoder_attention_heads=2, vocab_size=64,
+                                               encoder_ffn_dim=32, decoder_ffn_dim=32, num_experts=2,
+                                               decoder_start_token_id=2)
+    torch.manual_seed(0)
+    transformers.AutoModelForSeq2SeqLM.from_config(config).save_pretrained(project / "nllb")
+    code, message = _exit(_init(project, "nllb", "-o", "nllb.yaml"))
+    assert code == 2, message
+    assert "'nllb-moe' encoder-decoder does not run with its caches as inputs" in message
+    assert "hint: export it without a cache: task: text2text-generation" in message
