@@ -62,6 +62,11 @@ def read_layout(folder: Path) -> Any:
 
     try:
         config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        if getattr(config, "is_encoder_decoder", False):
+            raise UsageError(f"a {getattr(config, 'model_type', '?')!r} model is an encoder-decoder; "
+                             "text-generation-with-past exports decoder-only LMs",
+                             hint="--task text2text-generation-with-past (speech: automatic-speech-recognition-"
+                             "with-past), or leave --task out")
         with torch.device("meta"):
             model = transformers.AutoModelForCausalLM.from_config(config)
         return layout_of(config, "position_ids" in inspect.signature(model.forward).parameters)

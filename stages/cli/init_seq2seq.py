@@ -66,9 +66,12 @@ def read_layout(folder: Path, task: str) -> Any:
         model_type = str(getattr(config, "model_type", ""))
         autos = [auto for auto, constant in TASKS[task].autos if model_type in _mapping(constant)]
         if not autos:
+            decoder_only = not getattr(config, "is_encoder_decoder", False)
             raise UsageError(f"a {model_type!r} model cannot do task {task} (transformers has no "
-                             f"{TASKS[task].autos[0][0]} for it)",
-                             hint="leave --task out to take the task from config.json's architectures")
+                             f"{TASKS[task].autos[0][0]} for it)" + (": it is no encoder-decoder" if decoder_only
+                                                                       else ""),
+                             hint="a decoder-only LM: --task text-generation-with-past" if decoder_only else
+                             "leave --task out to take the task from config.json's architectures")
         with no_init_weights():
             model = getattr(transformers, autos[0]).from_config(config, attn_implementation="eager").eval()
         return layout_of(model)
