@@ -25,13 +25,23 @@ WHISPER = {"vocab_size": 96, "d_model": 32, "encoder_layers": 2, "decoder_layers
 CHECK = {"prompts": {"count": 1, "seed": 0}, "new_tokens": 4}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Any:
+    """Tiny models: one thread (a pool of threads only thrashes a shared host), restored after the module."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def whisper(tmp_path_factory) -> dict[str, Path]:
     """The tiny Whisper's folder and its two exported graphs (the export stage, in this process)."""
     import torch
     import transformers
 
-    torch.set_num_threads(1)  # tiny models: a pool of threads only thrashes a shared host
     folder = tmp_path_factory.mktemp("whisper")
     torch.manual_seed(0)
     model = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**WHISPER)).eval()
