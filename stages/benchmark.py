@@ -229,7 +229,7 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> Benchmark
     device = "cuda" if backend in TRT_FLAVOURS else params.device
     watch = HostWatch()
     if params.generation is not None:
-        return _generation(ctx, params, model, device, watch)
+        return _generation(ctx, params, model, device, watch, inputs.get("encoder"))
 
     specs = _input_specs(params, candidate)
     host_model = open_host_model(ctx, params, backend, model)
@@ -274,16 +274,17 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> Benchmark
     return summary
 
 
-def _generation(ctx: StageContext, params: Params, model: Path | None, device: str, watch: Any
-                ) -> BenchmarkSummary:
+def _generation(ctx: StageContext, params: Params, model: Path | None, device: str, watch: Any,
+                encoder_path: Path | None = None) -> BenchmarkSummary:
     """Time to first token and per output token at each concurrency (`measure.serving.generation`): an ONNX model
-    with its cache on ONNX Runtime, or a Hugging Face causal LM on PyTorch (`runtimes.torch_generation`)."""
+    with its cache on ONNX Runtime (an encoder-decoder's encoder runs in each request's first step: time to
+    first token includes it), or a Hugging Face causal LM on PyTorch (`runtimes.torch_generation`)."""
     from .measure.serving.generation import level_line, measure_generation
 
     assert params.generation is not None
     backend = params.backend if params.backend == "torch" else "onnxruntime"
     decoder, runs_on = (_torch_decoder(ctx, params, device) if backend == "torch" else
-                        _ort_decoder(ctx, params, model, device))
+                        _ort_decoder(ctx, params, model, device, encoder_path))
     with ctx.native_step(backend, "timing greedy generation"):
         levels = measure_generation(decoder, params.generation, params.window_plan(),
                                     progress=lambda text: ctx.progress(0.5, text), device=device)
@@ -304,17 +305,20 @@ def _generation(ctx: StageContext, params: Params, model: Path | None, device: s
     return summary
 
 
-def _ort_decoder(ctx: StageContext, params: Params, model: Path | None, device: str) -> tuple[Any, str]:
+def _ort_decoder(ctx: StageContext, params: Params, model: Path | None, device: str,
+                 encoder_path: Path | None) -> tuple[Any, str]:
     from .accuracy.recovery import runtime_options
     from .measure.timing.calls import ort_providers
-    from .runtimes.generation import OrtDecoder
     from .runtimes.ort import create_session
+    from .runtimes.seq2seq import open_decoder
 
     assert model is not None
     with ctx.native_step("onnxruntime", f"creating a session for {model.name}"):
         session = create_session(model, runtime_options(model, params.onnxruntime, ctx.log).options,
                                  ort_providers(device))
-    return OrtDecoder(session), f"onnxruntime {session.get_providers()[0]}"
+        encoder = create_session(encoder_path, runtime_options(encoder_path, params.onnxruntime, ctx.log).options,
+                                 ort_providers(device)) if encoder_path is not None else None
+    return open_decoder(session, encoder), f"onnxruntime {session.get_providers()[0]}"
 
 
 def _torch_decoder(ctx: StageContext, params: Params, device: str) -> tuple[Any, str]:
@@ -399,6 +403,8 @@ stage = Stage(
         "model": Input((ONNX, ENGINE), "the engine or ONNX model to time (optional for backend torch)",
                        optional=True),
         "provenance": Input(METRICS, "engine.json of an engine (from the build stage)", optional=True),
+        "encoder": Input(ONNX, "generation with an encoder-decoder: its exported encoder, run in each request's "
+                         "first step", optional=True),
     },
     outputs={
         "metrics": Output(METRICS, "benchmark.json", "latency percentiles, throughput, flags per batch; load "

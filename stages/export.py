@@ -71,13 +71,16 @@ class Params(StageParams):
     task: str | None = Field(
         default=None, description="Hugging Face folders: the task whose head to export (feature-extraction, "
         "text-classification, fill-mask, question-answering, text-generation, text-generation-with-past (a KV cache "
-        "in and out, for generation), text2text-generation, "
+        "in and out, for generation), text2text-generation, text2text-generation-with-past and "
+        "automatic-speech-recognition-with-past (an encoder-decoder for generation: the decoder's KV cache in and "
+        "out), "
         "image-classification, object-detection, semantic-segmentation, zero-shot-image-classification, "
         "image-feature-extraction, text-feature-extraction, audio-classification, automatic-speech-recognition, "
         "...; README lists them). Default: the one config.json's architectures name.")
     part: Literal["encoder", "decoder"] | None = Field(
         default=None, description="Hugging Face encoder-decoder models (T5, BART, Whisper): which part to export, "
-        "the encoder or the decoder (fed the encoder's hidden states; no KV cache). Default: the encoder.")
+        "the encoder or the decoder (fed the encoder's hidden states, no KV cache; with a -with-past task the encoder "
+        "returns the cross-attention cache and the decoder takes both caches). Default: the encoder.")
     trust_code: bool = Field(
         default=False, description="Trust the model file's own program, as a python: factory is trusted. TorchScript "
         "archives, .pt2 programs, TensorFlow SavedModels and Keras files run code of their own when read or traced "
@@ -150,9 +153,11 @@ class Params(StageParams):
 
     @model_validator(mode="after")
     def _generation_for_its_task(self) -> Params:
-        if self.generation is not None and self.task != "text-generation-with-past":
-            raise ValueError("generation (the greedy-generation check) applies to task text-generation-with-past, "
-                             f"not {self.task or 'the default task'}")
+        from .formats.seq2seq import TASKS as SEQ2SEQ_TASKS
+
+        if self.generation is not None and self.task not in ("text-generation-with-past", *SEQ2SEQ_TASKS):
+            raise ValueError("generation (the greedy-generation check) applies to tasks text-generation-with-past, "
+                             f"{', '.join(SEQ2SEQ_TASKS)} (part: decoder), not {self.task or 'the default task'}")
         return self
 
     @model_validator(mode="after")

@@ -354,8 +354,9 @@ def _validate_generation(ctx: StageContext, inputs: dict[str, Path], params: Par
     )
     from .accuracy.ort_fixes import fix_for_onnxruntime
     from .accuracy.passes import ort_hint, ort_repro, ort_settings
-    from .runtimes.generation import OrtDecoder
+    from .accuracy.seq2seq import describe_sources, source_loader
     from .runtimes.ort import create_session
+    from .runtimes.seq2seq import open_decoder
 
     assert params.generation is not None
     if "reference" not in inputs:
@@ -372,16 +373,20 @@ def _validate_generation(ctx: StageContext, inputs: dict[str, Path], params: Par
     check = params.generation
     with ctx.native_step("onnxruntime", "generating with the reference model",
                          repro=ort_repro(reference_options, "reference")):
-        reference_decoder = OrtDecoder(create_session(inputs["reference"], reference_options))
+        # an encoder-decoder's decoders share the exported encoder (`encoder` input): its cross-attention cache
+        encoder = create_session(inputs["encoder"], reference_options) if "encoder" in inputs else None
+        reference_decoder = open_decoder(create_session(inputs["reference"], reference_options), encoder)
+        layout = reference_decoder.layout
         ctx.progress(0.1, f"reference: greedy generation from {check.prompts.describe()}")
         prompts, reference, informative = informative_reference(
-            check.prompts, reference_decoder.layout.vocab_size, check.new_tokens,
-            lambda chosen, tokens: decoder_reference(reference_decoder, chosen, tokens), ctx.resolve)
+            check.prompts, layout.vocab_size, check.new_tokens,
+            lambda chosen, tokens: decoder_reference(reference_decoder, chosen, tokens), ctx.resolve,
+            load=source_loader(layout, ctx.resolve) if getattr(layout, "seq2seq", False) else None)
     with ctx.native_step("onnxruntime", "running the candidate model on the reference's tokens",
                          repro=ort_repro(candidate_options, "candidate"), hint=ort_hint(candidate_path,
                                                                                       candidate_options)):
         ctx.progress(0.5, "candidate: fed the reference's tokens (teacher forcing)")
-        decoder = OrtDecoder(create_session(fixed_path, candidate_options))
+        decoder = open_decoder(create_session(fixed_path, candidate_options), encoder)
         candidate = forced_candidate(decoder, prompts, reference)
         ctx.progress(0.7, "candidate: generating freely (its own tokens fed back)")
         free = free_candidate(decoder, prompts, check.new_tokens)
@@ -389,7 +394,7 @@ def _validate_generation(ctx: StageContext, inputs: dict[str, Path], params: Par
     allowance = check.near_tie_margin if check.near_tie_margin is not None else \
         resolved_tolerance(params, "logits", expected_precision(params.expect, origin))["atol"]
     record, joined_reference, joined_candidate = compare_generation(prompts, reference, candidate, allowance, free)
-    record["prompts_from"] = check.prompts.describe()
+    record["prompts_from"] = describe_sources(check.prompts, layout)
     record["reference_informative"] = informative
     ctx.progress(0.9, f"tokens matched per prompt: {record['tokens_matched']} of {check.new_tokens}")
     return {
@@ -420,6 +425,8 @@ stage = Stage(
     run=run,
     inputs={
         "reference": Input(ONNX, "the reference model, run with ONNX Runtime on the CPU", optional=True),
+        "encoder": Input(ONNX, "generation with an encoder-decoder: its exported encoder (the cross-attention cache "
+                         "both decoders are fed)", optional=True),
         "candidate": Input((ONNX, ENGINE), "the model to check: an ONNX model or a TensorRT engine"),
         "provenance": Input(METRICS, "engine.json of an engine candidate (from the build stage)", optional=True),
     },

@@ -91,11 +91,49 @@ def torch_reference(model: Any, prompts: Sequence[Any], new_tokens: int) -> list
     return results
 
 
+def seq2seq_reference(model: Any, sources: Sequence[Any], new_tokens: int) -> list[tuple[Any, Any]]:
+    """Per source, the tokens and raw logits of transformers' greedy generation for an encoder-decoder (the base
+    ``GenerationMixin.generate``: Whisper's own generate adds language detection and timestamps), from the
+    decoder's start token, without end-of-sequence stop or logit processors."""
+    import numpy as np
+    import torch
+    import transformers
+    from transformers.generation.utils import GenerationMixin
+
+    from ..formats.seq2seq import layout_of
+
+    layout = layout_of(model)
+    config = transformers.GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=new_tokens,
+                                           min_new_tokens=None, eos_token_id=None, pad_token_id=0,
+                                           decoder_start_token_id=layout.decoder_start, forced_bos_token_id=None,
+                                           forced_eos_token_id=None, output_logits=True,
+                                           return_dict_in_generate=True)
+    saved, model.generation_config = model.generation_config, config
+    results = []
+    try:
+        for source in sources:
+            array = np.asarray(source)[None, ...]
+            if layout.speech:
+                feed = {"input_features": torch.from_numpy(array.astype(np.float32))}
+            else:
+                ids = torch.from_numpy(array.astype(np.int64))
+                feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+            with torch.inference_mode():
+                out = GenerationMixin.generate(model, **feed, generation_config=config)
+            tokens = out.sequences[0, 1:].numpy()
+            if tokens.shape[0] != new_tokens:
+                raise StageFailed(f"transformers' generate stopped after {tokens.shape[0]} of {new_tokens} tokens")
+            results.append((tokens, torch.stack(list(out.logits), dim=1)[0].float().numpy()))
+    finally:
+        model.generation_config = saved
+    return results
+
+
 def decoder_reference(decoder: Any, prompts: Sequence[Any], new_tokens: int) -> list[tuple[Any, Any]]:
     """Per prompt, the tokens and logits of free greedy generation with a decoder (`runtimes.generation`)."""
     from ..runtimes.generation import greedy
 
-    runs = [greedy(decoder, prompt.reshape(1, -1), new_tokens) for prompt in prompts]
+    runs = [greedy(decoder, prompt[None, ...], new_tokens) for prompt in prompts]
     return [(run.tokens[0], run.logits[0] if run.logits is not None else None) for run in runs]
 
 
@@ -116,23 +154,28 @@ def informative_enough(distinct: int, new_tokens: int) -> bool:
 EXTRA_ROUNDS = 3
 
 
-def informative_reference(spec: Any, vocab_size: int, new_tokens: int, generate: Any,
-                          resolve: Any = None) -> tuple[list[Any], list[tuple[Any, Any]], dict[str, Any]]:
+def informative_reference(spec: Any, vocab_size: int, new_tokens: int, generate: Any, resolve: Any = None,
+                          load: Any = None) -> tuple[list[Any], list[tuple[Any, Any]], dict[str, Any]]:
     """The prompts, their greedy reference (``generate(prompts, new_tokens)``) and a record of how informative it is.
     Random prompts whose reference repeats few tokens are replaced: up to `EXTRA_ROUNDS` rounds of ``count`` more
     prompts are drawn from the same seeded generator (the first ``count`` are the recipe's) and the ``count`` whose
     references hold the most distinct tokens are kept, in the order drawn. Prompts from a file are kept as given.
-    Either way the record says when the reference stays degenerate (``degenerate_prompts``, a ``note``)."""
+    Either way the record says when the reference stays degenerate (``degenerate_prompts``, a ``note``).
+    ``load`` (a spec -> its prompts) draws an encoder-decoder's sources (`accuracy.seq2seq.source_loader`)."""
     from ..data.prompts import load_prompts
 
-    prompts = load_prompts(spec, vocab_size, resolve)
+    if load is None:
+        def load(chosen: Any) -> list[Any]:
+            return load_prompts(chosen, vocab_size, resolve)
+
+    prompts = load(spec)
     reference = generate(prompts, new_tokens)
     drawn = len(prompts)
     if spec.path is None:
         rounds = 0
         while rounds < EXTRA_ROUNDS and not all(informative_enough(d, new_tokens) for d in distinct_tokens(reference)):
             rounds += 1
-            more = load_prompts(spec.model_copy(update={"count": spec.count * (rounds + 1)}), vocab_size)[drawn:]
+            more = load(spec.model_copy(update={"count": spec.count * (rounds + 1)}))[drawn:]
             prompts, reference = prompts + more, reference + generate(more, new_tokens)
             drawn = len(prompts)
         if drawn > spec.count:
@@ -160,7 +203,7 @@ def forced_candidate(decoder: Any, prompts: Sequence[Any],
 
     results = []
     for prompt, (tokens, _) in zip(prompts, reference, strict=True):
-        run = greedy(decoder, prompt.reshape(1, -1), len(tokens), forced=tokens.reshape(1, -1))
+        run = greedy(decoder, prompt[None, ...], len(tokens), forced=tokens.reshape(1, -1))
         results.append((run.tokens[0], run.logits[0] if run.logits is not None else None))
     return results
 
@@ -169,7 +212,7 @@ def free_candidate(decoder: Any, prompts: Sequence[Any], new_tokens: int) -> lis
     """Per prompt, the tokens the candidate generates freely (greedy, its own tokens fed back)."""
     from ..runtimes.generation import greedy
 
-    return [greedy(decoder, prompt.reshape(1, -1), new_tokens, keep_logits=False).tokens[0] for prompt in prompts]
+    return [greedy(decoder, prompt[None, ...], new_tokens, keep_logits=False).tokens[0] for prompt in prompts]
 
 
 def compare_prompt(reference: tuple[Any, Any], candidate: tuple[Any, Any], allowance: float) -> dict[str, Any]:
@@ -228,7 +271,7 @@ def compare_generation(prompts: Sequence[Any], reference: Sequence[tuple[Any, An
     for index, (prompt, ref, cand) in enumerate(zip(prompts, reference, candidate, strict=True)):
         row = compare_prompt(ref, cand, allowance)
         row["prompt"] = index
-        row["prompt_length"] = len(prompt)
+        row["prompt_length"] = int(prompt.shape[-1])
         rows.append(row)
     record = {
         "prompts": len(rows),

@@ -17,7 +17,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -28,12 +28,14 @@ from .init_recipe import Scaffold, flow, render, schema_reference
 
 #: The tasks export knows (formats.huggingface.TASKS; a test keeps them equal): spelled out so that `trtflow --help`
 #: does not import transformers' mappings.
-TASK_NAMES = ("text2text-generation", "fill-mask", "text-classification", "token-classification",
+TASK_NAMES = ("text2text-generation", "text2text-generation-with-past", "fill-mask", "text-classification",
+              "token-classification",
               "question-answering", "text-generation", "text-generation-with-past", "image-classification",
               "object-detection",
               "semantic-segmentation", "image-segmentation", "universal-segmentation", "depth-estimation",
               "zero-shot-image-classification", "image-feature-extraction", "text-feature-extraction",
-              "audio-classification", "automatic-speech-recognition", "feature-extraction")
+              "audio-classification", "automatic-speech-recognition", "automatic-speech-recognition-with-past",
+              "feature-extraction")
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -293,6 +295,10 @@ def init(
     if not model.startswith("python:") and Path(model).is_dir() and _is_generation(Path(model), task):
         _init_generation(model, output, data, batch or "1:1:4", dims or [], name, inputs or [])
         return
+    seq2seq = _seq2seq_task(Path(model), task) if not model.startswith("python:") and Path(model).is_dir() else None
+    if seq2seq is not None:
+        _init_generation(model, output, data, batch or "1:1:4", dims or [], name, inputs or [], seq2seq)
+        return
     chains = scaffold(model, output, data, inputs or [], outputs or None, batch or "1:8:32", dims or [], name, task,
                       trust_code)
     recipe_dir = output.absolute().parent
@@ -331,10 +337,18 @@ def _is_generation(folder: Path, task: str | None) -> bool:
     return is_generation(folder, task)
 
 
+def _seq2seq_task(folder: Path, task: str | None) -> str | None:
+    from .init_seq2seq import seq2seq_task
+
+    return seq2seq_task(folder, task)
+
+
 def _init_generation(model: str, output: Path, data: Path | None, batch: str, dims: list[str], name: str | None,
-                     inputs: list[str]) -> None:
-    """A generation recipe for a causal LM (`cli.init_generation`): prompts from --data, ranges from --dim."""
+                     inputs: list[str], seq2seq: str | None = None) -> None:
+    """A generation recipe for a causal LM (`cli.init_generation`) or, with ``seq2seq`` (its task), an
+    encoder-decoder (`cli.init_seq2seq`): prompts from --data, ranges from --dim."""
     from .init_generation import scaffold as generation_scaffold
+    from .init_seq2seq import scaffold as seq2seq_scaffold
 
     if inputs:
         raise UsageError("--input is for PyTorch factories and TorchScript archives; a Hugging Face folder "
@@ -358,20 +372,17 @@ def _init_generation(model: str, output: Path, data: Path | None, batch: str, di
                              "out for random prompts")
         _inside_project(data, output, "--data")
         prompts_ref = os.path.relpath(data.absolute(), recipe_dir)
-    plan = generation_scaffold(path, os.path.relpath(path.absolute(), recipe_dir), model,
-                               _recipe_name(name or path.absolute().name),
-                               (batch_range.min, batch_range.opt, batch_range.max), ranges, prompts_ref)
+    sizes = (os.path.relpath(path.absolute(), recipe_dir), model, _recipe_name(name or path.absolute().name),
+             (batch_range.min, batch_range.opt, batch_range.max), ranges, prompts_ref)
+    plan: Any = seq2seq_scaffold(path, seq2seq, *sizes) if seq2seq else generation_scaffold(path, *sizes)
     recipe_dir.mkdir(parents=True, exist_ok=True)
     schema, schema_file = schema_reference(recipe_dir)
     _write(plan.render(schema, flow), output, schema_file)
     err = sys.stderr
-    print(f"wrote {output}: generation with a KV cache ({plan.layout.layers} layers, {plan.layout.kv_heads} "
-          f"key/value heads of {plan.layout.head_dim}); context {plan.context}"
-          + ("" if plan.layout.context_length else " (no position table: --dim sequence_length=MIN:OPT:MAX sets it)"),
-          file=err)
+    print(f"wrote {output}: {plan.headline()}", file=err)
     for line in plan.describe():
         print(line, file=err)
-    print("WARNING: the int8 and fp16 candidates are calibrated on RANDOM token ids"
+    print("WARNING: the int8 and fp16 candidates are calibrated on RANDOM inputs"
           + ("" if prompts_ref else ", and the generation checks use random prompts") + "; see the recipe's header",
           file=err)
     print(f"next: trtflow run {output}", file=err)

@@ -62,6 +62,11 @@ def read_layout(folder: Path) -> Any:
 
     try:
         config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        if getattr(config, "is_encoder_decoder", False):
+            raise UsageError(f"a {getattr(config, 'model_type', '?')!r} model is an encoder-decoder; "
+                             "text-generation-with-past exports decoder-only LMs",
+                             hint="--task text2text-generation-with-past (speech: automatic-speech-recognition-"
+                             "with-past), or leave --task out")
         with torch.device("meta"):
             model = transformers.AutoModelForCausalLM.from_config(config)
         return layout_of(config, "position_ids" in inspect.signature(model.forward).parameters)
@@ -192,6 +197,12 @@ class GenerationScaffold:
                   "    inputs: {model: select}",
                   "    params: {profiles: [prefill, decode], max_batch_size: 0, instance_kind: gpu}"]
         return "\n".join(lines) + "\n"
+
+    def headline(self) -> str:
+        layout = self.layout
+        return (f"generation with a KV cache ({layout.layers} layers, {layout.kv_heads} key/value heads of "
+                f"{layout.head_dim}); context {self.context}" + ("" if layout.context_length else
+                " (no position table: --dim sequence_length=MIN:OPT:MAX sets it)"))
 
     def describe(self) -> list[str]:
         return [f"profile 'prefill': prompt 1..{self.context} (opt {self.prompt[1]}), past 0, batch "

@@ -40,4 +40,8 @@ def export_saved_torch(ctx: StageContext, params: ExportParams, fmt: str, source
     params = params.model_copy(update={"task": hf.task})  # the task resolved: messages speak of a Hugging Face folder
     if hf.generation is not None:
         return export_generation(ctx, params, hf.generation, target)
+    if hf.seq2seq is not None:
+        from .seq2seq import export_seq2seq
+
+        return export_seq2seq(ctx, params, hf.seq2seq, target)
     return export_pytorch(ctx, with_declared(params, hf.inputs, hf.outputs), target, hf.module, limits=hf.limits)[0]

@@ -423,7 +423,9 @@ def wrap(model: Any, config: Any) -> GenerationModel:
                           "(past_key_values)", hint=NO_CACHE_HINT)
     if getattr(config, "is_encoder_decoder", False):
         raise StageFailed(f"{TASK} exports decoder-only models; this {config.model_type!r} model is an "
-                          "encoder-decoder", hint="export its encoder with task: feature-extraction")
+                          "encoder-decoder", hint="task: text2text-generation-with-past (Whisper and other speech "
+                          "models: automatic-speech-recognition-with-past) exports its encoder and its decoder with "
+                          "the KV cache")
     layout = probe_layout(model, layout_of(config, "position_ids" in parameters))
     module = wrapper_class()(model, layout).eval()
     return GenerationModel(module, model, layout, layout.input_entries(), layout.output_names)

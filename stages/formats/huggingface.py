@@ -32,65 +32,16 @@ from typing import Any
 from trtflow.stage import RecipeMismatch, StageFailed
 
 from .generation import TASK as GENERATION_TASK
+from .hf_limits import Limit, _sub, audio_limit, decoder_sequence_limit, sequence_limit
+from .hf_tasks import _TOWERS, TASKS, Task, _mapping, architecture_task, supported_tasks, task_of
+from .seq2seq import TASKS as SEQ2SEQ_TASKS
+
+__all__ = ["TASKS", "Limit", "Task", "architecture_task", "audio_limit", "decoder_sequence_limit",  # defined in
+           "sequence_limit", "supported_tasks", "task_of"]  # hf_tasks and hf_limits
 
 
-@dataclass(frozen=True)
-class Task:
-    """A task: the transformers Auto classes that build its model (the first whose mapping knows the model type)."""
-
-    name: str
-    autos: tuple[tuple[str, str], ...]  # (Auto class, modeling_auto mapping constant)
-    what: str
-
-
-_TASK_LIST = (  # the seq2seq tasks first: BART's masked-LM mapping names BartForConditionalGeneration too
-    Task("text2text-generation", (("AutoModelForSeq2SeqLM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),),
-         "an encoder-decoder LM, as encoder and decoder"),
-    Task("fill-mask", (("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),), "masked-token logits"),
-    Task("text-classification", (("AutoModelForSequenceClassification",
-                                  "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),), "one label per text"),
-    Task("token-classification", (("AutoModelForTokenClassification", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),),
-         "one label per token"),
-    Task("question-answering", (("AutoModelForQuestionAnswering", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES"),),
-         "answer span logits (start_logits, end_logits)"),
-    Task("text-generation", (("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),),
-         "next-token logits of a causal LM over the whole sequence (no KV cache)"),
-    Task(GENERATION_TASK, (("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),),
-         "a causal LM with its KV cache in and out (Optimum's layout), for generation (formats.generation)"),
-    Task("image-classification", (("AutoModelForImageClassification",
-                                   "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),), "one label per image"),
-    Task("object-detection", (("AutoModelForObjectDetection", "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES"),),
-         "class logits and boxes (logits, pred_boxes)"),
-    Task("semantic-segmentation", (("AutoModelForSemanticSegmentation",
-                                    "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES"),), "per-pixel class logits"),
-    Task("image-segmentation", (("AutoModelForImageSegmentation", "MODEL_FOR_IMAGE_SEGMENTATION_MAPPING_NAMES"),),
-         "masks per query (pred_masks)"),
-    Task("universal-segmentation", (("AutoModelForUniversalSegmentation",
-                                     "MODEL_FOR_UNIVERSAL_SEGMENTATION_MAPPING_NAMES"),),
-         "class and mask logits per query"),
-    Task("depth-estimation", (("AutoModelForDepthEstimation", "MODEL_FOR_DEPTH_ESTIMATION_MAPPING_NAMES"),),
-         "a depth map (predicted_depth)"),
-    Task("zero-shot-image-classification", (("AutoModelForZeroShotImageClassification",
-                                             "MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES"),),
-         "both towers of a vision-text model (logits_per_image, text_embeds, image_embeds)"),
-    Task("image-feature-extraction", (("AutoModel", "MODEL_MAPPING_NAMES"),),
-         "the vision tower of a vision-text model (image_embeds), or a vision model's features"),
-    Task("text-feature-extraction", (("AutoModel", "MODEL_MAPPING_NAMES"),),
-         "the text tower of a vision-text model (text_embeds), or a text model's features"),
-    Task("audio-classification", (("AutoModelForAudioClassification",
-                                   "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES"),), "one label per clip"),
-    Task("automatic-speech-recognition", (("AutoModelForCTC", "MODEL_FOR_CTC_MAPPING_NAMES"),
-                                          ("AutoModelForSpeechSeq2Seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES")),
-         "CTC logits per frame, or an encoder-decoder (Whisper) as encoder and decoder"),
-    Task("feature-extraction", (("AutoModel", "MODEL_MAPPING_NAMES"),),
-         "the base model's hidden states (an encoder-decoder: encoder and decoder)"),
-)
-#: Task name -> Task, in the order an architecture is matched (the specific heads before feature-extraction).
-TASKS = {task.name: task for task in _TASK_LIST}
 #: The parts an encoder-decoder model exports as.
 PARTS = ("encoder", "decoder")
-_TOWERS = {"image-feature-extraction": ("get_image_features", "image_embeds", ("pixel_values",)),
-           "text-feature-extraction": ("get_text_features", "text_embeds", ("input_ids", "attention_mask"))}
 #: Input names a wrapped model accepts (keyword arguments of the wrapper's forward, in this order).
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids", "pixel_values", "input_features", "input_values",
                "encoder_hidden_states", "encoder_attention_mask")
@@ -100,20 +51,6 @@ _AUDIO_SAMPLES = 4000
 _DROPPED_OUTPUTS = ("past_key_values", "hidden_states", "attentions", "encoder_hidden_states", "cross_attentions",
                     "decoder_hidden_states", "decoder_attentions", "encoder_attentions", "auxiliary_outputs",
                     "loss", "loss_dict")
-#: Model types whose position ids start after the padding index (RoBERTa's ``create_position_ids_from_input_ids``):
-#: they take ``max_position_embeddings - pad_token_id - 1`` tokens.
-_PADDING_OFFSET_TYPES = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text", "longformer",
-                         "ibert", "luke", "mpnet", "markuplm", "roberta-prelayernorm", "xmod", "bridgetower",
-                         "lilt", "layoutlmv3", "ernie_m", "esm", "clap")
-
-
-@dataclass(frozen=True)
-class Limit:
-    """How small and how large a dynamic dim may be, and why (for a message)."""
-
-    low: int
-    high: int | None
-    why: str
 
 
 @dataclass
@@ -128,63 +65,11 @@ class HfModel:
     part: str | None = None
     limits: dict[str, Limit] = field(default_factory=dict)
     generation: Any = None  # text-generation-with-past: the formats.generation.GenerationModel
+    seq2seq: Any = None  # an encoder-decoder with its cache: the formats.seq2seq.Seq2SeqModel
 
 
 def read_config(folder: Path) -> dict[str, Any]:
     return json.loads((folder / "config.json").read_text(encoding="utf-8"))
-
-
-def _mapping(constant: str) -> dict[str, Any]:
-    from transformers.models.auto import modeling_auto
-
-    return dict(getattr(modeling_auto, constant, {}) or {})
-
-
-def _names(value: Any) -> tuple[str, ...]:
-    return tuple(value) if isinstance(value, (list, tuple)) else (str(value),) if value else ()
-
-
-def supported_tasks(config: dict[str, Any]) -> list[str]:
-    """The tasks transformers can build a model for from this config (its model type), in TASKS' order; the tower
-    tasks for a model with a vision and a text tower."""
-    model_type = str(config.get("model_type", ""))
-    found = [task.name for task in _TASK_LIST if task.name not in _TOWERS
-             and any(model_type in _mapping(constant) for _, constant in task.autos)]
-    if "feature-extraction" in found and "vision_config" in config and "text_config" in config:
-        found[found.index("feature-extraction"):0] = list(_TOWERS)
-    return found
-
-
-def task_of(config: dict[str, Any], task: str | None) -> str:
-    """The task: the ``task:`` param, else the one whose mapping names ``config.architectures``' class."""
-    if task is not None:
-        if task not in TASKS:
-            from trtflow.errors import did_you_mean
-
-            suggestion = did_you_mean(task, list(TASKS))
-            raise StageFailed(f"task {task!r} is not a task export knows" + (f"; {suggestion}" if suggestion else ""),
-                              hint=f"tasks: {', '.join(TASKS)}; leave task out to take it from config.json's "
-                              "architectures")
-        return task
-    found = architecture_task(config)
-    if found is not None:
-        return found
-    supported = supported_tasks(config)
-    if "feature-extraction" in supported or not supported:
-        return "feature-extraction"
-    return supported[0]
-
-
-def architecture_task(config: dict[str, Any]) -> str | None:
-    """The task whose transformers mapping names the class in ``config.architectures`` (None: no task does)."""
-    model_type = str(config.get("model_type", ""))
-    for architecture in config.get("architectures") or []:
-        for candidate in _TASK_LIST:
-            if candidate.name in _TOWERS:
-                continue
-            if any(architecture in _names(_mapping(constant).get(model_type)) for _, constant in candidate.autos):
-                return candidate.name
-    return None
 
 
 def _size(value: Any) -> tuple[int, int]:
@@ -198,12 +83,6 @@ def _size(value: Any) -> tuple[int, int]:
     return int(value), int(value)
 
 
-def _sub(config: Any, name: str) -> Any:
-    """A sub-config (``text_config``, ``vision_config``) if the model has one, else the config itself."""
-    sub = getattr(config, name, None)
-    return sub if sub is not None and not isinstance(sub, dict) else config
-
-
 def _image_size(config: Any, preprocessor: dict[str, Any]) -> tuple[int, int]:
     vision = _sub(config, "vision_config")
     for source in (getattr(vision, "image_size", None), getattr(config, "image_size", None),
@@ -211,43 +90,6 @@ def _image_size(config: Any, preprocessor: dict[str, Any]) -> tuple[int, int]:
         if source:
             return _size(source)
     return 224, 224
-
-
-def sequence_limit(config: Any) -> Limit:
-    """How many tokens a text model takes: its position embeddings (less RoBERTa's padding offset), if any."""
-    text = _sub(config, "text_config")
-    model_type = str(getattr(text, "model_type", "") or getattr(config, "model_type", ""))
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx"):
-        value = getattr(text, key, None)
-        if isinstance(value, int) and value > 0:
-            if model_type in _PADDING_OFFSET_TYPES:
-                offset = int(getattr(text, "pad_token_id", 1) or 0) + 1
-                return Limit(1, value - offset, f"{key} {value} less the padding offset {offset} (position ids "
-                             "start after the padding index)")
-            return Limit(1, value, f"{key} {value}")
-    return Limit(1, None, "relative positions: no fixed limit")
-
-
-def decoder_sequence_limit(config: Any) -> Limit:
-    for key in ("max_target_positions", "max_position_embeddings", "n_positions"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return Limit(1, value, f"{key} {value}")
-    return Limit(1, None, "relative positions: no fixed limit")
-
-
-def audio_limit(config: Any) -> Limit:
-    """The shortest raw audio a convolutional feature encoder (wav2vec2, HuBERT, WavLM...) turns into one frame."""
-    kernels = getattr(config, "conv_kernel", None)
-    strides = getattr(config, "conv_stride", None)
-    if not kernels or not strides:
-        return Limit(1, None, "no feature encoder")
-    field_size, step = 1, 1
-    for kernel, stride in zip(kernels, strides, strict=False):
-        field_size += (int(kernel) - 1) * step
-        step *= int(stride)
-    return Limit(field_size, None, f"the feature encoder's receptive field (conv_kernel {list(kernels)}, "
-                 f"conv_stride {list(strides)}) is {field_size} samples")
 
 
 def _text_entries(text: Any, accepts: set[str], limit: Limit, names: tuple[str, str] = ("input_ids", "attention_mask"),
@@ -350,7 +192,7 @@ def parts_of(config: Any, task: str) -> tuple[str, ...]:
     """The parts a model exports as: ("encoder", "decoder") for an encoder-decoder, else () (one graph)."""
     if not getattr(config, "is_encoder_decoder", False) or task in _TOWERS:
         return ()
-    if task in ("feature-extraction", "text2text-generation", "automatic-speech-recognition"):
+    if task in ("feature-extraction", "text2text-generation", "automatic-speech-recognition", *SEQ2SEQ_TASKS):
         return PARTS
     return ()
 
@@ -563,6 +405,12 @@ def load_model(folder: Path, task: str | None, shown: str, part: str | None = No
         generation = wrap(model, config)
         return HfModel(generation.module, chosen, str(getattr(config, "model_type", "")), generation.inputs,
                        generation.outputs, generation=generation)
+    if chosen in SEQ2SEQ_TASKS:
+        from .seq2seq import wrap as wrap_seq2seq
+
+        wrapped = wrap_seq2seq(model, part)
+        return HfModel(wrapped.module, chosen, str(getattr(config, "model_type", "")), wrapped.inputs,
+                       wrapped.outputs, wrapped.part, seq2seq=wrapped)
     module, kind, inputs = _describe(config, model, chosen, part, _preprocessor(folder))
     import inspect
 

@@ -58,7 +58,19 @@ class GenerationBench(StageParams):
             raise ValueError(f"concurrency levels must be between 1 and 256, got {levels}")
         return levels
 
-    def check_fits(self, context: int) -> None:
+    def check_fits(self, layout: Any) -> None:
+        """The requests fit the model: prompt and new tokens within its context; an encoder-decoder's source within
+        its encoder and the new tokens (after the start token) within its decoder."""
+        context = layout.context_length
+        if getattr(layout, "seq2seq", False):
+            if layout.source_length and not layout.speech and self.context_length > layout.source_length:
+                raise StageFailed(f"context_length {self.context_length} (the source's token ids) exceeds the "
+                                  f"encoder's {layout.source_length} positions",
+                                  hint=f"keep context_length <= {layout.source_length}")
+            if context and self.new_tokens + 1 > context:
+                raise StageFailed(f"new_tokens {self.new_tokens} and the start token exceed the decoder's "
+                                  f"{context} positions", hint=f"keep new_tokens <= {context - 1}")
+            return
         if context and self.context_length + self.new_tokens > context:
             raise StageFailed(f"context_length {self.context_length} + new_tokens {self.new_tokens} exceeds the "
                               f"model's context of {context} positions",
@@ -243,12 +255,15 @@ def judge_host(level: dict[str, Any], host: dict[str, Any], device: str) -> dict
     return level
 
 
-def random_prompts(count: int, length: int, vocab_size: int, seed: int) -> list[Any]:
-    """``count`` prompts of ``length`` random token ids, each ``[1, length]``."""
+def random_prompts(count: int, length: int, layout: Any, seed: int) -> list[Any]:
+    """``count`` prompts of ``length`` random token ids, each ``[1, length]``; an encoder-decoder's sources
+    (`formats.seq2seq.Seq2SeqLayout.sources`: token ids, or Whisper's log-mel features), each with a batch of 1."""
     import numpy as np
 
+    if getattr(layout, "seq2seq", False):
+        return [source[None, ...] for source in layout.sources(count, length, seed)]
     rng = np.random.default_rng(seed)
-    return [rng.integers(0, vocab_size, size=(1, length), dtype=np.int64) for _ in range(count)]
+    return [rng.integers(0, layout.vocab_size, size=(1, length), dtype=np.int64) for _ in range(count)]
 
 
 def measure_generation(decoder: Any, bench: GenerationBench, plan: WindowPlan,
@@ -258,9 +273,8 @@ def measure_generation(decoder: Any, bench: GenerationBench, plan: WindowPlan,
     from ..timing.interference import HostWatch
     from .traffic import steady_interpreter
 
-    bench.check_fits(decoder.layout.context_length)
-    prompts = random_prompts(max(8, max(bench.concurrency)), bench.context_length, decoder.layout.vocab_size,
-                             bench.seed)
+    bench.check_fits(decoder.layout)
+    prompts = random_prompts(max(8, max(bench.concurrency)), bench.context_length, decoder.layout, bench.seed)
     # no garbage collection while timing: a full collection in a process holding a model takes tens of ms, which
     # would land in some requests' figures (seen on a GPU before this was here: TPOT 46 ms instead of 5)
     levels = []
@@ -290,6 +304,7 @@ def generation_timers(models: Mapping[str, Path], requests: Mapping[str, Any], o
     from ...accuracy.recovery import runtime_options
     from ...runtimes.generation import OrtDecoder
     from ...runtimes.ort import OrtOptions, create_session
+    from ...runtimes.seq2seq import OrtSeq2SeqDecoder, session_layout, synthetic_encoder
     from ..timing.calls import ort_providers
 
     clients = int(requests["concurrency"])
@@ -297,8 +312,16 @@ def generation_timers(models: Mapping[str, Path], requests: Mapping[str, Any], o
     timers: dict[str, Callable[[float, int], Window]] = {}
     for name, model in models.items():
         settings = runtime_options(model, OrtOptions.model_validate(dict(options)), log).options
-        decoder = OrtDecoder(create_session(model, settings, ort_providers(device)))
-        prompts = random_prompts(max(8, clients), int(requests["context_length"]), decoder.layout.vocab_size,
+        session = create_session(model, settings, ort_providers(device))
+        decoder: Any
+        if any(".decoder.key" in i.name for i in session.get_inputs()):
+            # an encoder-decoder's decoder: time per output token does not depend on the cross-attention cache's
+            # values, so a random one of its shape stands in for the encoder (not timed here)
+            layout = session_layout(session, None, need_start=False)
+            decoder = OrtSeq2SeqDecoder(session, synthetic_encoder(layout, session), layout)
+        else:
+            decoder = OrtDecoder(session)
+        prompts = random_prompts(max(8, clients), int(requests["context_length"]), decoder.layout,
                                  int(requests.get("seed") or 0))
         timers[name] = TeamTimer(Clients(decoder, prompts, new_tokens, clients))
     return timers
