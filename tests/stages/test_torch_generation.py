@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -150,7 +151,7 @@ def test_generation_clients_live_for_the_level_and_warm_up_on_their_own_threads(
     from trtflow_stages.measure.timing.windows import WindowPlan
 
     decoder = _Recording()
-    prompts = random_prompts(8, 4, 16, 0)
+    prompts = random_prompts(8, 4, SimpleNamespace(vocab_size=16), 0)
     level = measure_level(decoder, prompts, 3, 2, WindowPlan(4, 8, 0.02, 0.04, Precision(5.0)), warmup_requests=2)
     assert level["windows"] >= 4 and level["requests"] >= 8
     clients = set(decoder.threads)
@@ -172,7 +173,8 @@ def test_a_client_that_fails_stops_the_level_with_its_error():
 
     decoder = Failing()
     with pytest.raises(RuntimeError, match="the runtime broke"):
-        measure_level(decoder, random_prompts(4, 4, 16, 0), 3, 2, WindowPlan(50, 8, 1.0, 2.0, Precision(5.0)))
+        measure_level(decoder, random_prompts(4, 4, SimpleNamespace(vocab_size=16), 0), 3, 2,
+                      WindowPlan(50, 8, 1.0, 2.0, Precision(5.0)))
     assert not [thread for thread in threading.enumerate() if thread.ident in set(decoder.threads)]
 
 

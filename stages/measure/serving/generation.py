@@ -122,7 +122,7 @@ class Clients:
                 if self.stopping:
                     return
                 done = 0
-                while done == 0 or self.clock() < self.deadline:
+                while not self.stopping and (done == 0 or self.clock() < self.deadline):
                     prompt = self.prompts[(index + served * self.count) % len(self.prompts)]
                     run = greedy(self.decoder, prompt, self.new_tokens, keep_logits=False, clock=self.clock)
                     done += 1
@@ -135,6 +135,7 @@ class Clients:
             return
         except BaseException as error:  # reported in the caller's thread
             self.errors.append(error)
+            self.stopping = True
             self.barrier.abort()
 
     def _meet(self) -> None:
@@ -172,8 +173,11 @@ class Clients:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if exc[0] is not None:
+        if exc[0] is not None:  # the others end after the request they are in: none outlives the level
+            self.stopping = True
             self.barrier.abort()
+            for thread in self.threads:
+                thread.join(timeout=60.0)
             return
         self.close()
 
