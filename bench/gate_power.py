@@ -175,18 +175,24 @@ def timer(host: Host, factor: float) -> Any:
     return lambda seconds, index: host.window(factor, seconds)
 
 
-def gate_trial(model: NoiseModel, change: float, seed: int, family: int = 1,
-               noise: NoiseClass | None = None) -> tuple[str, int, float]:
-    """One gated benchmark: the candidate ``change`` slower than the reference, beside ``noise``; returns its
-    primary verdict's outcome, the pairs it took and the seconds both sides were timed, over the seconds the
-    same point timed alone would take at its cap (the gated cost's bound is 2)."""
+def gate_trial(model: NoiseModel, change: float, seed: int, family: int = 1, noise: NoiseClass | None = None,
+               budget: float | None = None) -> tuple[str, int, float, int]:
+    """One gated benchmark: the candidate ``change`` slower than the reference, beside ``noise``, within the cost
+    budget ``budget`` (default the stage's, `COST_BUDGET`); returns its primary verdict's outcome, the pairs it
+    took, the seconds both sides were timed over the seconds the point times ungated at least (its
+    min_duration_s: the budget's unit) and the look it stopped at (1 the first; the budget's end counts as the
+    planned look it stood in for)."""
+    from bisect import bisect_left
+
     from trtflow_stages.measure.judging.gates import Comparison
     from trtflow_stages.measure.judging.reference import pair_plan
     from trtflow_stages.measure.params import Params
+    from trtflow_stages.measure.timing.ab import COST_BUDGET
 
     rng = random.Random(seed)
     params = Params.model_validate({"backend": "onnxruntime", "max_regression_percent": model.threshold})
-    plan = pair_plan(params, model.window_s, model.max_seconds / 3.0, model.max_seconds, family, 8, seed=seed)
+    plan = pair_plan(params, model.window_s, model.max_seconds / 3.0, family, 8, seed=seed,
+                     cost_budget=budget or COST_BUDGET)
     host = Host(model, rng, noise, pair_s=2 * plan.window_s)
     pairing = Pairing(plan, timer(host, 1.0))
     candidate = timer(host, 1.0 + change)
@@ -196,9 +202,9 @@ def gate_trial(model: NoiseModel, change: float, seed: int, family: int = 1,
         index += 1
     verdict = Comparison("regression", "the reference's", model.threshold, params, family).paired(
         pairing.record, "p50", "batch 8", primary=True)
-    found = pairing.summary()
-    cost = (found["seconds"] + found["reference_seconds"]) / model.max_seconds
-    return verdict.outcome, verdict.pairs or 0, cost
+    looks = pairing.record.looks
+    at = min(bisect_left(looks, verdict.pairs or 0) + 1, len(looks))
+    return verdict.outcome, verdict.pairs or 0, float(pairing.summary()["cost"]), at
 
 
 def select_trial(model: NoiseModel, faster: float, seed: int) -> bool:
@@ -215,13 +221,18 @@ def select_trial(model: NoiseModel, faster: float, seed: int) -> bool:
     return leader == "fast" and duels["accurate"]["outcome"] == "loses"
 
 
-def _row(outcomes: list[tuple[str, int, float]]) -> dict[str, Any]:
+def _row(outcomes: list[tuple[str, int, float, int]]) -> dict[str, Any]:
     count = len(outcomes)
-    return {"trials": count, "fail": sum(o == "fail" for o, _, _ in outcomes) / count,
-            "pass": sum(o == "pass" for o, _, _ in outcomes) / count,
-            "inconclusive": sum(o == "inconclusive" for o, _, _ in outcomes) / count,
-            "mean_pairs": sum(p for _, p, _ in outcomes) / count,
-            "max_cost": max(c for _, _, c in outcomes), "mean_cost": sum(c for _, _, c in outcomes) / count}
+    looks: dict[int, list[float]] = {}
+    for _, _, cost, at in outcomes:
+        looks.setdefault(at, []).append(cost)
+    return {"trials": count, "fail": sum(o[0] == "fail" for o in outcomes) / count,
+            "pass": sum(o[0] == "pass" for o in outcomes) / count,
+            "inconclusive": sum(o[0] == "inconclusive" for o in outcomes) / count,
+            "mean_pairs": sum(o[1] for o in outcomes) / count,
+            "max_cost": max(o[2] for o in outcomes), "mean_cost": sum(o[2] for o in outcomes) / count,
+            "looks": {str(at): {"share": len(costs) / count, "mean_cost": sum(costs) / len(costs),
+                                "max_cost": max(costs)} for at, costs in sorted(looks.items())}}
 
 
 def wilson(rate: float, count: int, z: float = 1.96) -> tuple[float, float]:
@@ -234,26 +245,29 @@ def wilson(rate: float, count: int, z: float = 1.96) -> tuple[float, float]:
 ROWS = (("unchanged", 0.0), ("at_threshold", 1.0), ("2x_threshold", 2.0))
 
 
-def _class_row(task: tuple[str, str, str, float, int, int]) -> tuple[str, str, str, dict[str, Any]]:
-    model, noise, label, multiple, trials, seed = task
+def _class_row(task: tuple[str, str, str, float, int, int, float | None]) -> tuple[str, str, str, dict[str, Any]]:
+    model, noise, label, multiple, trials, seed, budget = task
     host = MODELS[model]
     return model, noise, label, _row([gate_trial(host, multiple * host.threshold / 100.0, seed * 1_000_003 + i,
-                                                 noise=CLASSES[noise]) for i in range(trials)])
+                                                 noise=CLASSES[noise], budget=budget) for i in range(trials)])
 
 
-def _families(task: tuple[str, int, int]) -> tuple[str, dict[str, Any]]:
-    model, runs, seed = task
-    families = [[gate_trial(MODELS[model], 0.0, 7_000_003 * seed + 3 * i + k, family=3)[0] for k in range(3)]
+def _families(task: tuple[str, int, int, float | None]) -> tuple[str, dict[str, Any]]:
+    model, runs, seed, budget = task
+    families = [[gate_trial(MODELS[model], 0.0, 7_000_003 * seed + 3 * i + k, family=3, budget=budget)[0]
+                 for k in range(3)]
                 for i in range(runs)]
     return model, {"any_fail": sum("fail" in f for f in families) / runs, "runs": runs}
 
 
-def rates_all(trials: int, seed: int, classes: tuple[str, ...], select: bool, jobs: int = 1) -> dict[str, Any]:
+def rates_all(trials: int, seed: int, classes: tuple[str, ...], select: bool, jobs: int = 1,
+              budget: float | None = None, models: tuple[str, ...] = tuple(MODELS)) -> dict[str, Any]:
     """Per host model and noise class: an unchanged candidate, one exactly at the threshold and one at twice it,
     ``trials`` gated benchmarks each; a recipe of three unchanged gated nodes (benign noise); select's trials.
     ``jobs``: processes to spread the rows over."""
-    tasks = [(m, c, label, multiple, trials, seed) for m in MODELS for c in classes for label, multiple in ROWS]
-    family_tasks = [(m, max(trials // 3, 1), seed) for m in MODELS]
+    tasks = [(m, c, label, multiple, trials, seed, budget) for m in models for c in classes
+             for label, multiple in ROWS]
+    family_tasks = [(m, max(trials // 3, 1), seed, budget) for m in models]
     if jobs > 1:
         from multiprocessing import Pool
 

@@ -333,7 +333,17 @@ class PairedRecord:
     alpha_pass: float = ALPHA_PASS
     seed: int | None = None  # of the pairs' AB/BA orders (`ab_seed` replays the run)
     block_s: float | None = None  # each side's block in a pair (None: a window each, before rounds)
-    extended: bool = False  # went on past the point's cap, interference seen
+    extended: bool = False  # records of earlier versions: went on past the point's cap (now within the budget)
+    cost_budget: float | None = None  # both sides timed at most this many times ungated_s (None: earlier records)
+    ungated_s: float | None = None  # what the point times ungated at least (its min_duration_s)
+    timed_s: float | None = None  # both sides' timed seconds
+
+    @property
+    def cost(self) -> float | None:
+        """Both sides' timed seconds over the ungated point's (None when not recorded)."""
+        if self.timed_s is None or not self.ungated_s:
+            return None
+        return self.timed_s / self.ungated_s
 
     def add(self, order: str, reference: dict[str, float], candidate: dict[str, float]) -> None:
         self.pairs.append({"order": order, "reference": reference, "candidate": candidate})
@@ -382,7 +392,8 @@ class PairedRecord:
         return {"batch_size": self.batch_size, "streams": self.streams, "figure": self.figure, "pairs": self.pairs,
                 "looks": self.looks, "ended": self.ended, "alpha_fail": self.alpha_fail,
                 "alpha_pass": self.alpha_pass, "seed": self.seed, "block_s": self.block_s,
-                "extended": self.extended}
+                "extended": self.extended, "cost_budget": self.cost_budget, "ungated_s": self.ungated_s,
+                "timed_s": self.timed_s}
 
     @classmethod
     def from_dict(cls, data: Any) -> PairedRecord | None:
@@ -395,8 +406,12 @@ class PairedRecord:
                    looks or [max(len(pairs), 1)], bool(data.get("ended")),
                    float(data.get("alpha_fail", ALPHA_FAIL)), float(data.get("alpha_pass", ALPHA_PASS)),
                    data.get("seed") if isinstance(data.get("seed"), int) else None,
-                   float(data["block_s"]) if isinstance(data.get("block_s"), (int, float)) else None,
-                   bool(data.get("extended")))
+                   _number(data.get("block_s")), bool(data.get("extended")), _number(data.get("cost_budget")),
+                   _number(data.get("ungated_s")), _number(data.get("timed_s")))
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 # -- several candidates timed round-robin ------------------------------------------------------------------------

@@ -12,14 +12,17 @@ also spreads its runs over processes and Pinpoint over bots, which a run of one 
 is new every run unless the plan fixes one (``ab_seed``), and is recorded with the pairs, so a run can be replayed.
 
 The candidate's blocks are also its own measurement of that point (each `step` returns one ungated window's worth
-of them as one window). The verdict is looked at after planned numbers of pairs (`paired.Schedule`): the first
-when the candidate's side has been timed the point's ``min_duration_s``, the last at its ``max_duration_s``; the
-pairing stops when the verdict is decided, at the last look, or before a round would take the candidate's side
-past ``max_duration_s``. So a gated point costs at most twice the seconds of the same point ungated at its cap,
-the gated benchmark's stated budget (and about twice an ungated point that converges at ``min_duration_s``, when
-the verdict decides at its first look). Queries too slow for the planned rounds: the looks are planned again from
-the first round's measured length (the plan depends on the timer, never on the outcome), so a slow point still
-decides, or its verdict says how many pairs fitted.
+of them as one window). **The cost budget** (``cost_budget``, the recipe's ``gate_cost_budget``): both sides
+together are timed at most ``cost_budget`` times ``ungated_s``, the seconds the same point times ungated at least
+(its ``min_duration_s``, at least one window: what it costs when it converges, and no ungated point costs less), so
+a gated point costs at most that many times the ungated one, at every look. The budget is planned from the start
+(`round_schedule`): the first look when the candidate's side has been timed ``ungated_s`` (a gated point deciding
+there costs 2x), then looks every half of ``ungated_s`` more until the budget (at most `MAX_LOOKS`), the error
+rates split among them (`paired.sequential`); the pairing stops when the verdict decides, at the last look, or
+before a round would take both sides past the budget (the budget is met, not overrun, up to one round's
+difference from the last). Queries too slow for the planned rounds: the looks are planned again from the first
+round's measured length (the plan depends on the timer, never on the outcome), so a slow point still decides, or
+its verdict says how many pairs fitted and what budget would decide.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..statistics.intervals import Window
-from ..statistics.paired import Budget, Look, PairedRecord, Schedule, sequential
+from ..statistics.paired import MIN_PAIRS, Budget, Look, PairedRecord, Schedule, sequential
 from ..statistics.stats import grid_median, percentile
 
 TimeWindow = Callable[[float, int], Window]
@@ -59,20 +62,28 @@ class PairPlan:
     streams: int
     figure: str  # p50, p99, mean or throughput: what the stopping rule watches
     limit: float  # log of the threshold ratio (> 0: worse)
-    budget: Budget
+    budget: Budget  # the error rates
     schedule: Schedule  # in pairs (rounds)
-    max_seconds: float  # timed seconds of the candidate's side at most
     seed: int | None = None  # of the AB/BA orders; None: a new one each run (recorded)
     block_s: float = 0.0375  # each side of a round
     window_s: float = 0.6  # the candidate's blocks returned as one window per step
-    min_seconds: float = 3.0  # the candidate's side timed before the first look
-    extend: float = 1.0  # beside interference, the candidate's side may be timed up to extend x max_seconds
+    ungated_s: float = 3.0  # what the point times ungated at least (min_duration_s): the budget's unit
+    cost_budget: float = 2.0  # both sides timed at most this many times ungated_s
+
+    @property
+    def budget_s(self) -> float:
+        """Both sides' timed seconds at most."""
+        return self.cost_budget * self.ungated_s
 
 
-#: Beside interference (the rule for disturbed pairs set some aside), an undecided verdict at ``max_seconds``
-#: goes on to this many times it: the looks are planned to the extended cap from the start, and stopping at the
-#: nominal cap on a quiet host (undecided) can only lower the error rates.
-EXTEND = 2.0
+#: The gated point's timed seconds (both sides) at most this many times the ungated point's (`PairPlan`): the
+#: smallest budget that keeps the gate's power in every noise class of ``bench/gate_power.py`` (README's table).
+COST_BUDGET = 2.0
+#: The looks are planned again (`Pairing._replan`) when the blocks' measured length (the first block's, when it
+#: is over twice the planned length; else the median of the first `MIN_PAIRS`) is off the planned by more than this
+#: share: a block times whole queries, so it runs over its planned length by up to one query. The plan depends on
+#: the timer, never on the pairs' ratios.
+REPLAN = 0.1
 #: Rounds per ungated window, and the shortest block (a block times at least one query).
 ROUNDS_PER_WINDOW = 16
 MIN_BLOCK_S = 0.002
@@ -85,21 +96,17 @@ def block_length(window_s: float) -> float:
     return max(window_s / ROUNDS_PER_WINDOW, MIN_BLOCK_S)
 
 
-def round_schedule(min_seconds: float, max_seconds: float, block_s: float, budget: Budget,
-                   extend: float = EXTEND) -> Schedule:
+def round_schedule(ungated_s: float, cost_budget: float, block_s: float, budget: Budget) -> Schedule:
     """The looks of a paired point timed in blocks of ``block_s``: the first when the candidate's side has been
-    timed ``min_seconds`` (or the fewest pairs that can decide, if more), then evenly to ``max_seconds`` (the
-    last of them at or after it) and on to ``extend`` x ``max_seconds``."""
+    timed ``ungated_s`` (or the fewest pairs that can decide, if more), then one every half of ``ungated_s`` more
+    (at most `MAX_LOOKS`, evenly spread) until both sides together have been timed ``cost_budget`` x
+    ``ungated_s``."""
     from ..statistics.paired import MAX_LOOKS
 
-    first = max(budget.first_pairs(MAX_LOOKS), math.ceil(min_seconds / max(block_s, 1e-6)))
-    nominal = Schedule.up_to(int(max_seconds / max(block_s, 1e-6)), budget, first=first)
-    if extend <= 1.0 or len(nominal.looks) < 2:
-        return nominal
-    step = nominal.looks[-1] - nominal.looks[-2]
-    beyond = int(extend * max_seconds / max(block_s, 1e-6))
-    more = tuple(range(nominal.cap + step, beyond + 1, step))[: MAX_LOOKS - 1]
-    return Schedule(nominal.looks + more)
+    per = max(block_s, 1e-6)
+    count = min(MAX_LOOKS, 1 + max(round(cost_budget - 2.0), 0))  # a look per half ungated_s of candidate time
+    first = max(budget.first_pairs(count), math.ceil(ungated_s / per))
+    return Schedule.up_to(int(cost_budget / 2.0 * ungated_s / per), budget, count=count, first=first)
 
 
 def _compact(figures: dict[str, float]) -> dict[str, float]:
@@ -123,28 +130,31 @@ class Pairing:
     done: bool = False
     last: Look | None = None
     replanned: str | None = None  # why the looks were planned again (slow queries)
-    extended: bool = False  # went on past max_seconds (interference seen, `EXTEND`)
     _spent_s: float = 0.0
     _reference_s: float = 0.0
     _references: int = 0
     _schedule: Schedule = field(init=False)
+    _block_s: float = field(init=False)  # the block length the looks are planned for
+    _walls: list[float] = field(default_factory=list)  # the candidate's first blocks' seconds
 
     def __post_init__(self) -> None:
+        self._block_s = self.plan.block_s
         seed = self.plan.seed if self.plan.seed is not None else secrets.randbits(32)
         self._schedule = self.plan.schedule
         self.record = PairedRecord(self.plan.batch_size, self.plan.streams, self.plan.figure,
                                    looks=list(self._schedule.looks), alpha_fail=self.plan.budget.alpha_fail,
-                                   alpha_pass=self.plan.budget.alpha_pass, seed=seed, block_s=self.plan.block_s)
+                                   alpha_pass=self.plan.budget.alpha_pass, seed=seed, block_s=self.plan.block_s,
+                                   cost_budget=self.plan.cost_budget, ungated_s=self.plan.ungated_s)
         self._random = random.Random(seed)
 
-    def _replan(self, block_wall_s: float) -> None:
-        """The looks planned again when the first round's block took far longer than planned (slow queries)."""
-        if block_wall_s <= 2.0 * self.plan.block_s:
+    def _replan(self, block_wall_s: float, why: str) -> None:
+        """The looks planned again from the blocks' measured length (`REPLAN`)."""
+        if abs(block_wall_s / self._block_s - 1.0) <= REPLAN:
             return
-        self._schedule = round_schedule(self.plan.min_seconds, self.plan.max_seconds, block_wall_s,
-                                        self.plan.budget, self.plan.extend)
+        self._block_s = block_wall_s
+        self._schedule = round_schedule(self.plan.ungated_s, self.plan.cost_budget, block_wall_s, self.plan.budget)
         self.record.looks = list(self._schedule.looks)
-        self.replanned = (f"a block took {block_wall_s:.3g} s (planned {self.plan.block_s:.3g} s): looks planned "
+        self.replanned = (f"{why} took {block_wall_s:.3g} s (planned {self.plan.block_s:.3g} s): looks planned "
                           f"again at {', '.join(str(v) for v in self._schedule.looks)} pairs")
 
     def step(self, candidate: TimeWindow, seconds: float, index: int) -> Window:
@@ -162,26 +172,28 @@ class Pairing:
                 ours = candidate(self.plan.block_s, ours_index)
                 theirs = self.reference(self.plan.block_s, self._references)
             mine.append(ours)
+            if len(self._walls) < MIN_PAIRS:
+                self._walls.append(ours.wall_ms / 1000.0)
             self._references += 1
             self._spent_s += ours.wall_ms / 1000.0
             self._reference_s += theirs.wall_ms / 1000.0
+            self.record.timed_s = round(self._spent_s + self._reference_s, 4)
             self.record.add(order, _compact(window_figures(theirs, self.plan.batch_size)),
                             _compact(window_figures(ours, self.plan.batch_size)))
             count = len(self.record.pairs)
-            if count == 1:
-                self._replan(ours.wall_ms / 1000.0)
-            # stop before a round would take the candidate's side past its cap: the budget is met, not overrun
-            cap_s = self.plan.max_seconds * (self.plan.extend if self.extended else 1.0)
-            out_of_time = self._spent_s + ours.wall_ms / 1000.0 > cap_s
-            if self._schedule.is_look(count) or out_of_time:
-                ended = out_of_time or count >= self._schedule.cap
+            if count == 1 and ours.wall_ms / 1000.0 > 2.0 * self.plan.block_s:
+                self._replan(ours.wall_ms / 1000.0, "the first block")  # slow queries: before it is too late
+            elif count == MIN_PAIRS:
+                walls = sorted(self._walls)
+                self._replan(walls[len(walls) // 2], f"the median of the first {MIN_PAIRS} blocks")
+            # stop before a round like the last would take both sides past the budget: the budget is met
+            last_round_s = (ours.wall_ms + theirs.wall_ms) / 1000.0
+            out_of_budget = self._spent_s + self._reference_s + last_round_s > self.plan.budget_s
+            if self._schedule.is_look(count) or out_of_budget:
+                ended = out_of_budget or count >= self._schedule.cap
                 self.last = sequential(self.record.log_ratios(self.plan.figure), self._schedule, self.plan.limit,
                                        self.plan.budget, ended, waits=self.record.wait_shares())
-                if ended and self.last.outcome == "inconclusive" and not self.extended and \
-                        self.plan.extend > 1.0 and self.last.aside and count < self._schedule.cap:
-                    self.extended = True  # interference seen: on to the extended cap, as planned
-                    self.record.extended = True
-                elif self.last.outcome != "inconclusive" or ended:
+                if self.last.outcome != "inconclusive" or ended:
                     self.done = True
                     self.record.ended = ended
         return pooled(mine)
@@ -193,6 +205,8 @@ class Pairing:
                                 "ratio": self.last.ratio if math.isfinite(self.last.estimate) else None}
         found["seconds"] = round(self._spent_s, 3)
         found["reference_seconds"] = round(self._reference_s, 3)
+        found["cost"] = round((self._spent_s + self._reference_s) / self.plan.ungated_s, 3) \
+            if self.plan.ungated_s > 0 else None
         if self.replanned:
             found["replanned"] = self.replanned
         return found
