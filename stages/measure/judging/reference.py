@@ -145,4 +145,4 @@ def pair_plan(params: GateFields, window_s: float, min_seconds: float, family: i
     block = block_length(window_s)
     ungated = max(min_seconds, window_s)
     return PairPlan(batch, streams, params.gate_figure, math.log(allowed_ratio(percent, params.gate_figure)), budget,
-                    round_schedule(ungated, cost_budget, block, budget), seed, block, window_s, ungated, cost_budget)
+                    round_schedule(ungated, cost_budget, 2 * block, budget), seed, block, window_s, ungated, cost_budget)

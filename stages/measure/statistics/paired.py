@@ -164,21 +164,28 @@ class Budget:
 
 @dataclass(frozen=True)
 class Schedule:
-    """When the verdict is looked at: after these numbers of pairs (the last one is the cap)."""
+    """When the verdict is looked at: after these numbers of pairs (the last one is the cap), and how the error
+    rates are spent among the looks (`share`)."""
 
     looks: tuple[int, ...]
+    #: None: an even share at each look (alpha / K). A number rho: the power family of spending functions over the
+    #: information fractions t = pairs / cap (Kim and DeMets: alpha x t^rho spent by the look at t; rho 1 is close
+    #: to Pocock's boundaries, 3 to O'Brien and Fleming's), each look at its increment, Bonferroni (valid whatever
+    #: the looks' correlation, and for the signed-rank bounds, which are not normal).
+    spending: float | None = None
 
     @classmethod
-    def up_to(cls, cap: int, budget: Budget, count: int = MAX_LOOKS, first: int | None = None) -> Schedule:
+    def up_to(cls, cap: int, budget: Budget, count: int = MAX_LOOKS, first: int | None = None,
+              spending: float | None = None) -> Schedule:
         """At most ``count`` evenly spread looks from ``first`` (default: the first pair count that can decide)
         to ``cap``."""
         first = max(first or 0, budget.first_pairs(count))
         cap = max(cap, first)
         if cap == first:
-            return cls((first,))
+            return cls((first,), spending)
         steps = min(count, cap - first + 1)
         looks = sorted({round(first + (cap - first) * i / (steps - 1)) for i in range(steps)})
-        return cls(tuple(looks))
+        return cls(tuple(looks), spending)
 
     @property
     def cap(self) -> int:
@@ -186,6 +193,26 @@ class Schedule:
 
     def is_look(self, pairs: int) -> bool:
         return pairs in self.looks
+
+    def spent(self, pairs: int) -> float:
+        """The share of the error rates spent by the planned looks up to ``pairs`` pairs."""
+        taken = [n for n in self.looks if n <= pairs]
+        if not taken:
+            return 0.0
+        if self.spending is None:
+            return len(taken) / len(self.looks)
+        return min((taken[-1] / self.cap) ** self.spending, 1.0)
+
+    def share(self, pairs: int, final: bool = False) -> float:
+        """The share of the error rates a look after ``pairs`` pairs spends: a planned look its increment; a
+        ``final`` look off the plan (the measurement ended there) what the planned looks before it left (even
+        spending: one look's share, as before)."""
+        before = self.spent(pairs - 1)
+        if self.spending is None:
+            return 1.0 / len(self.looks)
+        if final and not self.is_look(pairs):
+            return max(1.0 - before, 0.0)
+        return max(self.spent(pairs) - before, 0.0)
 
 
 @dataclass(frozen=True)
@@ -203,6 +230,7 @@ class Look:
     aside: tuple[int, ...] = ()  # pairs set aside as disturbed (indices among the pairs looked at)
     waited: float | None = None  # the share of the pairs' time spent waiting for a CPU (None: not measured)
     unmeasurable: bool = False  # waited at least UNMEASURABLE_WAIT: judged as if the waiting had been work
+    share: float = 1.0  # of the error rates this look spent (`Schedule.share`)
 
     @property
     def ratio(self) -> float:
@@ -217,9 +245,9 @@ Waits = Sequence[tuple[float, float]]  # per pair: the candidate's and the refer
 
 
 def look(values: Sequence[float], limit: float, budget: Budget, looks: int, final: bool,
-         waits: Waits | None = None) -> Look:
-    """One look at ``values`` (pairs' log-ratios) against ``limit`` (the log threshold), spending 1 / ``looks`` of
-    the budget, on the pairs `set_aside` keeps. ``waits`` (aligned with ``values``): where the pairs waited for a
+         waits: Waits | None = None, share: float | None = None) -> Look:
+    """One look at ``values`` (pairs' log-ratios) against ``limit`` (the log threshold), spending ``share`` (default
+    1 / ``looks``) of the budget, on the pairs `set_aside` keeps. ``waits`` (aligned with ``values``): where the pairs waited for a
     CPU `UNMEASURABLE_WAIT` of their time or more, a fail must hold with each candidate side's waiting taken out
     of its latency, and a pass with each reference side's taken out."""
     kept, aside = set_aside(values)
@@ -232,11 +260,12 @@ def look(values: Sequence[float], limit: float, budget: Budget, looks: int, fina
         pass_values = [v - math.log(max(1.0 - r, 1e-9)) for v, (_, r) in zip(kept, kept_waits, strict=True)]
     else:
         fail_values = pass_values = kept
-    low = lower_bound(fail_values, budget.alpha_fail / looks)
-    high = upper_bound(pass_values, budget.alpha_pass / looks)
+    spent = share if share is not None else 1.0 / looks
+    low = lower_bound(fail_values, budget.alpha_fail * spent) if spent > 0 else -math.inf
+    high = upper_bound(pass_values, budget.alpha_pass * spent) if spent > 0 else math.inf
     outcome: Outcome = "fail" if low > limit else "pass" if high < limit else "inconclusive"
     return Look(len(values), hodges_lehmann(kept) if kept else 0.0, low, high, limit, outcome, final,
-                noise(kept), tuple(aside), waited, busy)
+                noise(kept), tuple(aside), waited, busy, spent)
 
 
 def sequential(values: Sequence[float], schedule: Schedule, limit: float, budget: Budget,
@@ -250,7 +279,8 @@ def sequential(values: Sequence[float], schedule: Schedule, limit: float, budget
 
     def at(pairs: int, final: bool) -> Look:
         return look(values[:pairs], limit, budget, count, final,
-                    waits[:pairs] if waits is not None and len(waits) == len(values) else None)
+                    waits[:pairs] if waits is not None and len(waits) == len(values) else None,
+                    schedule.share(pairs, final))
 
     for pairs in schedule.looks:
         if pairs > len(values):
@@ -293,9 +323,23 @@ class Power:
                 "pairs": self.pairs, "sigma": self.sigma}
 
 
-def power(sigma: float, pairs: int, limit: float, budget: Budget, looks: int, probability: float = POWER) -> Power:
+def deciding_pairs(found: Look, budget: Budget, share: float, probability: float = 0.5) -> float:
+    """About how many pairs would decide the comparison ``found`` looked at (``probability`` of the time, the
+    median by default), were the change at its estimate and the pairs' spread as measured, at a look spending
+    ``share`` of the error rates (normal approximation with the signed-rank test's efficiency); inf when the
+    estimate is on the threshold or the spread unknown."""
+    distance = abs(found.estimate - found.limit)
+    if distance <= 0 or not math.isfinite(found.sigma) or share <= 0:
+        return math.inf
+    normal = NormalDist()
+    alpha = budget.alpha_fail if found.estimate > found.limit else budget.alpha_pass
+    z = normal.inv_cdf(1 - alpha * share) + normal.inv_cdf(probability)
+    return (z * found.sigma / distance) ** 2 / EFFICIENCY
+
+
+def power(sigma: float, pairs: int, limit: float, budget: Budget, looks: float, probability: float = POWER) -> Power:
     """The smallest change (log scale ``limit``) failed and the largest passed ``probability`` of the time at the
-    last look, for pairs with spread ``sigma``."""
+    last look, for pairs with spread ``sigma``, the last look spending 1 / ``looks`` of the error rates."""
     normal = NormalDist()
     spread = sigma / math.sqrt(max(pairs, 1) * EFFICIENCY) if math.isfinite(sigma) else math.inf
     z_power = normal.inv_cdf(probability)
@@ -337,6 +381,7 @@ class PairedRecord:
     cost_budget: float | None = None  # both sides timed at most this many times ungated_s (None: earlier records)
     ungated_s: float | None = None  # what the point times ungated at least (its min_duration_s)
     timed_s: float | None = None  # both sides' timed seconds
+    spending: float | None = None  # how the looks spend the error rates (`Schedule.spending`)
 
     @property
     def cost(self) -> float | None:
@@ -372,7 +417,8 @@ class PairedRecord:
         return found
 
     def judge(self, figure: str, limit: float, budget: Budget) -> Look:
-        return sequential(self.log_ratios(figure), Schedule(tuple(self.looks)), limit, budget, self.ended,
+        return sequential(self.log_ratios(figure), Schedule(tuple(self.looks), self.spending), limit, budget,
+                          self.ended,
                           self.wait_shares(figure))
 
     def reference_spread(self, figure: str | None = None) -> float:
@@ -393,7 +439,7 @@ class PairedRecord:
                 "looks": self.looks, "ended": self.ended, "alpha_fail": self.alpha_fail,
                 "alpha_pass": self.alpha_pass, "seed": self.seed, "block_s": self.block_s,
                 "extended": self.extended, "cost_budget": self.cost_budget, "ungated_s": self.ungated_s,
-                "timed_s": self.timed_s}
+                "timed_s": self.timed_s, "spending": self.spending}
 
     @classmethod
     def from_dict(cls, data: Any) -> PairedRecord | None:
@@ -407,7 +453,7 @@ class PairedRecord:
                    float(data.get("alpha_fail", ALPHA_FAIL)), float(data.get("alpha_pass", ALPHA_PASS)),
                    data.get("seed") if isinstance(data.get("seed"), int) else None,
                    _number(data.get("block_s")), bool(data.get("extended")), _number(data.get("cost_budget")),
-                   _number(data.get("ungated_s")), _number(data.get("timed_s")))
+                   _number(data.get("ungated_s")), _number(data.get("timed_s")), _number(data.get("spending")))
 
 
 def _number(value: Any) -> float | None:

@@ -68,7 +68,7 @@ class PairPlan:
     block_s: float = 0.0375  # each side of a round
     window_s: float = 0.6  # the candidate's blocks returned as one window per step
     ungated_s: float = 3.0  # what the point times ungated at least (min_duration_s): the budget's unit
-    cost_budget: float = 2.0  # both sides timed at most this many times ungated_s
+    cost_budget: float = 8.0  # both sides timed at most this many times ungated_s (`COST_BUDGET`)
 
     @property
     def budget_s(self) -> float:
@@ -77,13 +77,18 @@ class PairPlan:
 
 
 #: The gated point's timed seconds (both sides) at most this many times the ungated point's (`PairPlan`): the
-#: smallest budget that keeps the gate's power in every noise class of ``bench/gate_power.py`` (README's table).
-COST_BUDGET = 2.0
-#: The looks are planned again (`Pairing._replan`) when the blocks' measured length (the first block's, when it
-#: is over twice the planned length; else the median of the first `MIN_PAIRS`) is off the planned by more than this
-#: share: a block times whole queries, so it runs over its planned length by up to one query. The plan depends on
-#: the timer, never on the pairs' ratios.
-REPLAN = 0.1
+#: smallest whole budget that keeps the gate's power (twice the threshold failed at least 9 times in 10) in every
+#: noise class of ``bench/gate_power.py``; 2 (one look) leaves a co-tenant switching within a pair at ~5 in 10, 6
+#: at ~8 in 10, 7 at ~9 in 10 (README's power table). A gated point deciding at its first look costs 2x.
+COST_BUDGET = 8.0
+#: How the looks spend the error rates (`paired.Schedule.spending`): alpha x t^SPENDING by the look at the
+#: information fraction t.
+SPENDING: float | None = 2.0
+#: The looks are planned in pairs from a round's length (both sides' blocks), first from the planned blocks, then
+#: again from the mean round of the first `MIN_PAIRS` (a block times whole queries, so it runs over its planned
+#: length by up to one query), or at once when the first round took over twice its planned length (slow queries).
+#: The plan depends on the timer, never on the pairs' ratios.
+SLOW_ROUND = 2.0
 #: Rounds per ungated window, and the shortest block (a block times at least one query).
 ROUNDS_PER_WINDOW = 16
 MIN_BLOCK_S = 0.002
@@ -96,17 +101,17 @@ def block_length(window_s: float) -> float:
     return max(window_s / ROUNDS_PER_WINDOW, MIN_BLOCK_S)
 
 
-def round_schedule(ungated_s: float, cost_budget: float, block_s: float, budget: Budget) -> Schedule:
-    """The looks of a paired point timed in blocks of ``block_s``: the first when the candidate's side has been
-    timed ``ungated_s`` (or the fewest pairs that can decide, if more), then one every half of ``ungated_s`` more
-    (at most `MAX_LOOKS`, evenly spread) until both sides together have been timed ``cost_budget`` x
-    ``ungated_s``."""
+def round_schedule(ungated_s: float, cost_budget: float, round_s: float, budget: Budget) -> Schedule:
+    """The looks of a paired point timed in rounds of ``round_s`` (both sides' blocks): the first when both sides
+    have been timed 2 x ``ungated_s`` (the candidate's side about ``ungated_s``; or the fewest pairs that can
+    decide, if more), then one every ``ungated_s`` more of both sides (at most `MAX_LOOKS`, evenly spread) until
+    they have been timed ``cost_budget`` x ``ungated_s``."""
     from ..statistics.paired import MAX_LOOKS
 
-    per = max(block_s, 1e-6)
-    count = min(MAX_LOOKS, 1 + max(round(cost_budget - 2.0), 0))  # a look per half ungated_s of candidate time
-    first = max(budget.first_pairs(count), math.ceil(ungated_s / per))
-    return Schedule.up_to(int(cost_budget / 2.0 * ungated_s / per), budget, count=count, first=first)
+    per = max(round_s, 1e-6)
+    count = min(MAX_LOOKS, 1 + max(round(cost_budget - 2.0), 0))
+    first = max(budget.first_pairs(count), int(2.0 * ungated_s / per))
+    return Schedule.up_to(int(cost_budget * ungated_s / per), budget, count=count, first=first, spending=SPENDING)
 
 
 def _compact(figures: dict[str, float]) -> dict[str, float]:
@@ -134,28 +139,27 @@ class Pairing:
     _reference_s: float = 0.0
     _references: int = 0
     _schedule: Schedule = field(init=False)
-    _block_s: float = field(init=False)  # the block length the looks are planned for
-    _walls: list[float] = field(default_factory=list)  # the candidate's first blocks' seconds
+    _walls: list[float] = field(default_factory=list)  # the first rounds' seconds (both sides)
 
     def __post_init__(self) -> None:
-        self._block_s = self.plan.block_s
         seed = self.plan.seed if self.plan.seed is not None else secrets.randbits(32)
         self._schedule = self.plan.schedule
         self.record = PairedRecord(self.plan.batch_size, self.plan.streams, self.plan.figure,
                                    looks=list(self._schedule.looks), alpha_fail=self.plan.budget.alpha_fail,
                                    alpha_pass=self.plan.budget.alpha_pass, seed=seed, block_s=self.plan.block_s,
-                                   cost_budget=self.plan.cost_budget, ungated_s=self.plan.ungated_s)
+                                   cost_budget=self.plan.cost_budget, ungated_s=self.plan.ungated_s,
+                                   spending=self._schedule.spending)
         self._random = random.Random(seed)
 
-    def _replan(self, block_wall_s: float, why: str) -> None:
-        """The looks planned again from the blocks' measured length (`REPLAN`)."""
-        if abs(block_wall_s / self._block_s - 1.0) <= REPLAN:
+    def _replan(self, round_s: float, why: str) -> None:
+        """The looks planned again from the rounds' measured length (`SLOW_ROUND`)."""
+        schedule = round_schedule(self.plan.ungated_s, self.plan.cost_budget, round_s, self.plan.budget)
+        if schedule.looks == self._schedule.looks:
             return
-        self._block_s = block_wall_s
-        self._schedule = round_schedule(self.plan.ungated_s, self.plan.cost_budget, block_wall_s, self.plan.budget)
-        self.record.looks = list(self._schedule.looks)
-        self.replanned = (f"{why} took {block_wall_s:.3g} s (planned {self.plan.block_s:.3g} s): looks planned "
-                          f"again at {', '.join(str(v) for v in self._schedule.looks)} pairs")
+        self._schedule = schedule
+        self.record.looks = list(schedule.looks)
+        self.replanned = (f"{why} took {round_s:.3g} s (planned {2 * self.plan.block_s:.3g} s): looks planned "
+                          f"at {', '.join(str(v) for v in schedule.looks)} pairs")
 
     def step(self, candidate: TimeWindow, seconds: float, index: int) -> Window:
         """Time rounds (a reference block and a candidate block each, in a random order) for about one ungated
@@ -173,7 +177,7 @@ class Pairing:
                 theirs = self.reference(self.plan.block_s, self._references)
             mine.append(ours)
             if len(self._walls) < MIN_PAIRS:
-                self._walls.append(ours.wall_ms / 1000.0)
+                self._walls.append((ours.wall_ms + theirs.wall_ms) / 1000.0)
             self._references += 1
             self._spent_s += ours.wall_ms / 1000.0
             self._reference_s += theirs.wall_ms / 1000.0
@@ -181,11 +185,10 @@ class Pairing:
             self.record.add(order, _compact(window_figures(theirs, self.plan.batch_size)),
                             _compact(window_figures(ours, self.plan.batch_size)))
             count = len(self.record.pairs)
-            if count == 1 and ours.wall_ms / 1000.0 > 2.0 * self.plan.block_s:
-                self._replan(ours.wall_ms / 1000.0, "the first block")  # slow queries: before it is too late
-            elif count == MIN_PAIRS:
-                walls = sorted(self._walls)
-                self._replan(walls[len(walls) // 2], f"the median of the first {MIN_PAIRS} blocks")
+            if count == 1 and self._walls[0] > SLOW_ROUND * 2.0 * self.plan.block_s:
+                self._replan(self._walls[0], "the first round")  # slow queries: before it is too late
+            elif count == MIN_PAIRS and self._schedule.looks[0] > count:
+                self._replan(sum(self._walls) / len(self._walls), f"a round of the first {MIN_PAIRS} (mean)")
             # stop before a round like the last would take both sides past the budget: the budget is met
             last_round_s = (ours.wall_ms + theirs.wall_ms) / 1000.0
             out_of_budget = self._spent_s + self._reference_s + last_round_s > self.plan.budget_s
