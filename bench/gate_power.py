@@ -180,8 +180,7 @@ def gate_trial(model: NoiseModel, change: float, seed: int, family: int = 1, noi
     """One gated benchmark: the candidate ``change`` slower than the reference, beside ``noise``, within the cost
     budget ``budget`` (default the stage's, `COST_BUDGET`); returns its primary verdict's outcome, the pairs it
     took, the seconds both sides were timed over the seconds the point times ungated at least (its
-    min_duration_s: the budget's unit) and the look it stopped at (1 the first; the budget's end counts as the
-    planned look it stood in for)."""
+    min_duration_s: the budget's unit) and the look it stopped at (1 the first, at 2x; the last at the budget)."""
     from bisect import bisect_left
 
     from trtflow_stages.measure.judging.gates import Comparison
@@ -202,8 +201,8 @@ def gate_trial(model: NoiseModel, change: float, seed: int, family: int = 1, noi
         index += 1
     verdict = Comparison("regression", "the reference's", model.threshold, params, family).paired(
         pairing.record, "p50", "batch 8", primary=True)
-    looks = pairing.record.looks
-    at = min(bisect_left(looks, verdict.pairs or 0) + 1, len(looks))
+    marks = [mark / plan.cost_budget for mark in plan.marks]
+    at = bisect_left(marks, (pairing.record.fractions or [1.0])[-1] - 1e-9) + 1
     return verdict.outcome, verdict.pairs or 0, float(pairing.summary()["cost"]), at
 
 
@@ -221,7 +220,10 @@ def select_trial(model: NoiseModel, faster: float, seed: int) -> bool:
     return leader == "fast" and duels["accurate"]["outcome"] == "loses"
 
 
-def _row(outcomes: list[tuple[str, int, float, int]]) -> dict[str, Any]:
+def _row(outcomes: list[tuple[str, int, float, int]], budget: float | None = None) -> dict[str, Any]:
+    from trtflow_stages.measure.timing.ab import COST_BUDGET, look_marks
+
+    marks = look_marks(budget or COST_BUDGET)
     count = len(outcomes)
     looks: dict[int, list[float]] = {}
     for _, _, cost, at in outcomes:
@@ -231,6 +233,7 @@ def _row(outcomes: list[tuple[str, int, float, int]]) -> dict[str, Any]:
             "inconclusive": sum(o[0] == "inconclusive" for o in outcomes) / count,
             "mean_pairs": sum(o[1] for o in outcomes) / count,
             "max_cost": max(o[2] for o in outcomes), "mean_cost": sum(o[2] for o in outcomes) / count,
+            "over_mark": max(o[2] / marks[o[3] - 1] for o in outcomes),  # 1: each look within its mark
             "looks": {str(at): {"share": len(costs) / count, "mean_cost": sum(costs) / len(costs),
                                 "max_cost": max(costs)} for at, costs in sorted(looks.items())}}
 
@@ -249,7 +252,8 @@ def _class_row(task: tuple[str, str, str, float, int, int, float | None]) -> tup
     model, noise, label, multiple, trials, seed, budget = task
     host = MODELS[model]
     return model, noise, label, _row([gate_trial(host, multiple * host.threshold / 100.0, seed * 1_000_003 + i,
-                                                 noise=CLASSES[noise], budget=budget) for i in range(trials)])
+                                                 noise=CLASSES[noise], budget=budget) for i in range(trials)],
+                                     budget)
 
 
 def _families(task: tuple[str, int, int, float | None]) -> tuple[str, dict[str, Any]]:
@@ -279,13 +283,13 @@ def rates_all(trials: int, seed: int, classes: tuple[str, ...], select: bool, jo
             families = pool.map(_families, family_tasks)
     else:
         rows, families = [_class_row(t) for t in tasks], [_families(t) for t in family_tasks]
-    found: dict[str, Any] = {m: {"model": MODELS[m].__dict__, "classes": {c: {} for c in classes}} for m in MODELS}
+    found: dict[str, Any] = {m: {"model": MODELS[m].__dict__, "classes": {c: {} for c in classes}} for m in models}
     for model, noise, label, row in rows:
         found[model]["classes"][noise][label] = row
     for model, row in families:
         found[model]["recipe_of_3_unchanged"] = row
     if select:
-        for model in MODELS:
+        for model in models:
             for label, faster in (("select_10", 0.10), ("select_20", 0.20), ("select_2", 0.02)):
                 wins = [select_trial(MODELS[model], faster, 13 * seed + i) for i in range(trials)]
                 found[model][label] = {"faster_wins": sum(wins) / trials}
@@ -295,7 +299,8 @@ def rates_all(trials: int, seed: int, classes: tuple[str, ...], select: bool, jo
 def check(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     classes = tuple(args.classes.split(",")) if args.classes else tuple(CLASSES)
-    results = rates_all(args.trials, args.seed, classes, not args.no_select, args.jobs)
+    models = tuple(args.models.split(",")) if args.models else tuple(MODELS)
+    results = rates_all(args.trials, args.seed, classes, not args.no_select, args.jobs, args.budget, models)
     margin = 1.96 * math.sqrt(0.01 * 0.99 / args.trials)  # sampling error of a 1% rate
     criteria = []
     for name, result in results.items():
@@ -308,6 +313,8 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
                  rows["at_threshold"]["fail"] <= 0.01 + margin),
                 (f"{name} {noise}: twice the threshold fails >= 90%", rows["2x_threshold"]["fail"] >= 0.90),
                 (f"{name} {noise}: twice the threshold never passes", rows["2x_threshold"]["pass"] == 0.0),
+                (f"{name} {noise}: every look within its cost mark (up to one round, 5%)",
+                 max(r["over_mark"] for r in rows.values()) <= 1.05),
             ]
         criteria.append((f"{name}: a recipe of 3 unchanged nodes fails <= 5% of runs",
                          result["recipe_of_3_unchanged"]["any_fail"] <= 0.05))
@@ -320,15 +327,19 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
         model = MODELS[name]
         print(f"{name} model, threshold {model.threshold:g}% ({args.trials} trials per row; red = fail or undecided):")
         print(f"  {'noise':12s} {'unchanged red':>22s} {'at threshold fail':>22s} {'2x fail':>22s} "
-              f"{'2x undecided':>13s} {'pairs':>6s} {'cost max':>9s}")
+              f"{'2x undecided':>13s} {'pairs':>6s}  cost, mean (unchanged / at / 2x) and max; share stopping at "
+              "each look (unchanged / 2x)")
         for noise, rows in result["classes"].items():
             red = rows["unchanged"]["fail"] + rows["unchanged"]["inconclusive"]
             cells = [(red, args.trials), (rows["at_threshold"]["fail"], args.trials),
                      (rows["2x_threshold"]["fail"], args.trials)]
             shown = [f"{v:.3f} [{wilson(v, n)[0]:.3f}, {wilson(v, n)[1]:.3f}]" for v, n in cells]
+            costs = " / ".join(f"{rows[label]['mean_cost']:.2f}" for label, _ in ROWS)
+            at_looks = " / ".join(",".join(f"{rows[label]['looks'].get(str(k), {}).get('share', 0.0):.2f}"
+                                           for k in range(1, 5)) for label in ("unchanged", "2x_threshold"))
             print(f"  {noise:12s} {shown[0]:>22s} {shown[1]:>22s} {shown[2]:>22s} "
-                  f"{rows['2x_threshold']['inconclusive']:>13.3f} {rows['2x_threshold']['mean_pairs']:>6.0f} "
-                  f"{max(r['max_cost'] for r in rows.values()):>9.2f}")
+                  f"{rows['2x_threshold']['inconclusive']:>13.3f} {rows['2x_threshold']['mean_pairs']:>6.0f}  "
+                  f"{costs}, max {max(r['max_cost'] for r in rows.values()):.2f}; {at_looks}")
         print(f"  recipe of 3 unchanged nodes: a false alarm in {result['recipe_of_3_unchanged']['any_fail']:.3f} "
               "of runs")
         if not args.no_select:
@@ -424,6 +435,9 @@ def main() -> int:
     parser.add_argument("--classes", default="", help="noise classes, comma-separated (default: all)")
     parser.add_argument("--no-select", action="store_true", help="leave select's trials out")
     parser.add_argument("--jobs", type=int, default=1, help="processes to spread the trials over")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="the gate's cost budget (default the stage's gate_cost_budget default)")
+    parser.add_argument("--models", default="", help="host models, comma-separated (default: all)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--window", type=float, default=0.06)

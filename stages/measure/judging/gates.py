@@ -228,8 +228,7 @@ class Comparison:
         """Undecided at the cost budget: about what budget would decide at the noise measured."""
         if record.cost_budget is None or record.timed_s is None or not record.ungated_s or look.pairs <= 0:
             return ""
-        schedule = Schedule(tuple(record.looks), record.spending)
-        needed = deciding_pairs(look, budget, schedule.share(schedule.cap, True))
+        needed = deciding_pairs(look, budget, look.share)
         wanted = math.ceil(max(needed / look.pairs, 1.0) * record.timed_s / record.ungated_s) if \
             math.isfinite(needed) else math.inf
         estimate = f"{(math.exp(look.estimate) - 1) * 100:+.1f}%"
@@ -239,6 +238,16 @@ class Comparison:
         return (f"; were the change {estimate} and the noise ±{look.sigma * 100:.2g}% per pair, gate_cost_budget "
                 f"{max(wanted, 2):g} would decide about half the time (more, more often)")
 
+    def able(self, record: PairedRecord, look: Any, limit: float) -> Any:
+        """What the verdict could detect at the end of its plan (the budget), at the noise it measured."""
+        if record.cost_budget is not None and record.timed_s and record.ungated_s and record.fractions:
+            pairs = round(len(record.pairs) * record.cost_budget * record.ungated_s / record.timed_s)
+            before = [f for f in record.fractions if f < 1.0]
+            share = 1.0 - (before[-1] ** record.spending if before and record.spending else 0.0)
+            return power(look.sigma, max(pairs, 1), limit, self.budget, 1.0 / max(share, 1e-9))
+        schedule = Schedule(tuple(record.looks or [look.pairs]))
+        return power(look.sigma, schedule.cap, limit, self.budget, len(schedule.looks))
+
     def paired(self, record: PairedRecord, figure: str, place: str, primary: bool) -> GateVerdict:
         limit = math.log(allowed_ratio(self.percent, figure))
         look = record.judge(figure, limit, self.budget)
@@ -246,9 +255,7 @@ class Comparison:
         ratio = math.exp(sign * look.estimate)
         bounds = sorted((math.exp(sign * look.low), math.exp(sign * look.high)))
         interval = (bounds[0], bounds[1])
-        schedule = Schedule(tuple(record.looks or [look.pairs]), record.spending)
-        able = power(look.sigma, schedule.cap, limit, self.budget, 1.0 / max(schedule.share(schedule.cap, True),
-                                                                               1e-9))
+        able = self.able(record, look, limit)
         what = FIGURE_TEXT.get(figure, figure)
         rounds = f" of {record.block_s * 1000:.3g} ms blocks" if record.block_s else ""
         detail = (f"paired A/B, {look.pairs} pairs{rounds}: ratio {ratio:.3f}, bounds {interval[0]:.3f}-"
@@ -274,17 +281,13 @@ class Comparison:
                       f"max_regression_percent {self.percent:g} with confidence ({detail})")
         else:
             first = record.looks[0] if record.looks else MIN_PAIRS
-            if look.pairs < first:
+            if look.pairs < first and record.cost_budget is None:  # a record of an earlier version
                 blocks = [float(p["candidate"].get("mean", 0)) * float(p["candidate"].get("queries", 1)) / 1000.0
                           for p in record.pairs]
                 block = sum(blocks) / len(blocks) if blocks else 0.0
-                cause = (f"only {look.pairs} pair(s) fitted: a block (at least one query) took {block:.3g} s and "
-                         f"the first look needs {first} pairs; ")
-                if record.cost_budget is not None and record.ungated_s:
-                    cause += (f"raise min_duration_s to {first * block * 1.2:.3g} s or gate_cost_budget to "
-                              f"{math.ceil(2.4 * first * block / record.ungated_s):g} or more to decide")
-                else:
-                    cause += f"raise max_duration_s to {first * block * 1.2:.3g} s or more to decide"
+                cause = (f"only {look.pairs} pair(s) fitted in max_duration_s: a block (at least one query) took "
+                         f"{block:.3g} s and the first look needs {first} pairs; raise max_duration_s to "
+                         f"{first * block * 1.2:.3g} s or more to decide")
             elif look.final and record.cost_budget is not None:
                 cause = "the cost budget" + self.to_decide(record, look, self.budget)
             elif look.final:

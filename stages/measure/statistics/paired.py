@@ -168,24 +168,24 @@ class Schedule:
     rates are spent among the looks (`share`)."""
 
     looks: tuple[int, ...]
-    #: None: an even share at each look (alpha / K). A number rho: the power family of spending functions over the
-    #: information fractions t = pairs / cap (Kim and DeMets: alpha x t^rho spent by the look at t; rho 1 is close
-    #: to Pocock's boundaries, 3 to O'Brien and Fleming's), each look at its increment, Bonferroni (valid whatever
-    #: the looks' correlation, and for the signed-rank bounds, which are not normal).
+    #: None: an even share at each look (alpha / K). A number rho: the power family of spending functions (Kim and
+    #: DeMets: alpha x t^rho spent by the look at information fraction t; rho 1 is close to Pocock's boundaries, 3
+    #: to O'Brien and Fleming's), each look spending its increment over the looks before it, Bonferroni (valid
+    #: whatever the looks' correlation, and for the signed-rank bounds, which are not normal).
     spending: float | None = None
+    #: Each look's information fraction (1: the last one the plan allows, the end of the budget); None: pairs / cap.
+    fractions: tuple[float, ...] | None = None
 
     @classmethod
-    def up_to(cls, cap: int, budget: Budget, count: int = MAX_LOOKS, first: int | None = None,
-              spending: float | None = None) -> Schedule:
+    def up_to(cls, cap: int, budget: Budget, count: int = MAX_LOOKS, first: int | None = None) -> Schedule:
         """At most ``count`` evenly spread looks from ``first`` (default: the first pair count that can decide)
-        to ``cap``."""
+        to ``cap``, each spending an even share."""
         first = max(first or 0, budget.first_pairs(count))
         cap = max(cap, first)
         if cap == first:
-            return cls((first,), spending)
+            return cls((first,))
         steps = min(count, cap - first + 1)
-        looks = sorted({round(first + (cap - first) * i / (steps - 1)) for i in range(steps)})
-        return cls(tuple(looks), spending)
+        return cls(tuple(sorted({round(first + (cap - first) * i / (steps - 1)) for i in range(steps)})))
 
     @property
     def cap(self) -> int:
@@ -194,22 +194,32 @@ class Schedule:
     def is_look(self, pairs: int) -> bool:
         return pairs in self.looks
 
-    def spent(self, pairs: int) -> float:
-        """The share of the error rates spent by the planned looks up to ``pairs`` pairs."""
-        taken = [n for n in self.looks if n <= pairs]
+    def fraction(self, pairs: int) -> float:
+        """The information fraction of the planned look at ``pairs`` pairs (or of the last one before it)."""
+        taken = [i for i, n in enumerate(self.looks) if n <= pairs]
         if not taken:
             return 0.0
+        if self.fractions is not None and len(self.fractions) == len(self.looks):
+            return min(self.fractions[taken[-1]], 1.0)
+        return min(self.looks[taken[-1]] / self.cap, 1.0)
+
+    def is_final(self, pairs: int) -> bool:
+        """Whether the look at ``pairs`` pairs is the last the plan allows."""
+        return self.fraction(pairs) >= 1.0 if self.fractions is not None else pairs == self.cap
+
+    def spent(self, pairs: int) -> float:
+        """The share of the error rates spent by the planned looks up to ``pairs`` pairs."""
         if self.spending is None:
-            return len(taken) / len(self.looks)
-        return min((taken[-1] / self.cap) ** self.spending, 1.0)
+            return sum(n <= pairs for n in self.looks) / len(self.looks)
+        return self.fraction(pairs) ** self.spending
 
     def share(self, pairs: int, final: bool = False) -> float:
         """The share of the error rates a look after ``pairs`` pairs spends: a planned look its increment; a
         ``final`` look off the plan (the measurement ended there) what the planned looks before it left (even
         spending: one look's share, as before)."""
-        before = self.spent(pairs - 1)
         if self.spending is None:
             return 1.0 / len(self.looks)
+        before = self.spent(pairs - 1)
         if final and not self.is_look(pairs):
             return max(1.0 - before, 0.0)
         return max(self.spent(pairs) - before, 0.0)
@@ -247,9 +257,9 @@ Waits = Sequence[tuple[float, float]]  # per pair: the candidate's and the refer
 def look(values: Sequence[float], limit: float, budget: Budget, looks: int, final: bool,
          waits: Waits | None = None, share: float | None = None) -> Look:
     """One look at ``values`` (pairs' log-ratios) against ``limit`` (the log threshold), spending ``share`` (default
-    1 / ``looks``) of the budget, on the pairs `set_aside` keeps. ``waits`` (aligned with ``values``): where the pairs waited for a
-    CPU `UNMEASURABLE_WAIT` of their time or more, a fail must hold with each candidate side's waiting taken out
-    of its latency, and a pass with each reference side's taken out."""
+    1 / ``looks``) of the budget, on the pairs `set_aside` keeps. ``waits`` (aligned with ``values``): where the
+    pairs waited for a CPU `UNMEASURABLE_WAIT` of their time or more, a fail must hold with each candidate side's
+    waiting taken out of its latency, and a pass with each reference side's taken out."""
     kept, aside = set_aside(values)
     kept_waits = [w for i, w in enumerate(waits) if i not in set(aside)] if waits is not None and \
         len(waits) == len(values) else None
@@ -285,7 +295,7 @@ def sequential(values: Sequence[float], schedule: Schedule, limit: float, budget
     for pairs in schedule.looks:
         if pairs > len(values):
             break
-        taken = at(pairs, pairs == schedule.cap)
+        taken = at(pairs, schedule.is_final(pairs))
         if taken.outcome != "inconclusive":
             return taken
     if ended and len(values) >= 2 and (taken is None or taken.pairs < len(values)):
@@ -334,7 +344,7 @@ def deciding_pairs(found: Look, budget: Budget, share: float, probability: float
     normal = NormalDist()
     alpha = budget.alpha_fail if found.estimate > found.limit else budget.alpha_pass
     z = normal.inv_cdf(1 - alpha * share) + normal.inv_cdf(probability)
-    return (z * found.sigma / distance) ** 2 / EFFICIENCY
+    return max((z * found.sigma / distance) ** 2 / EFFICIENCY, float(min_pairs(alpha * share)))
 
 
 def power(sigma: float, pairs: int, limit: float, budget: Budget, looks: float, probability: float = POWER) -> Power:
@@ -382,6 +392,11 @@ class PairedRecord:
     ungated_s: float | None = None  # what the point times ungated at least (its min_duration_s)
     timed_s: float | None = None  # both sides' timed seconds
     spending: float | None = None  # how the looks spend the error rates (`Schedule.spending`)
+    fractions: list[float] | None = None  # each look's information fraction (`Schedule.fractions`)
+
+    def schedule(self) -> Schedule:
+        """The looks the measurement planned (and, looked at by the cost they reached, took)."""
+        return Schedule(tuple(self.looks), self.spending, tuple(self.fractions) if self.fractions else None)
 
     @property
     def cost(self) -> float | None:
@@ -417,8 +432,7 @@ class PairedRecord:
         return found
 
     def judge(self, figure: str, limit: float, budget: Budget) -> Look:
-        return sequential(self.log_ratios(figure), Schedule(tuple(self.looks), self.spending), limit, budget,
-                          self.ended,
+        return sequential(self.log_ratios(figure), self.schedule(), limit, budget, self.ended,
                           self.wait_shares(figure))
 
     def reference_spread(self, figure: str | None = None) -> float:
@@ -439,7 +453,7 @@ class PairedRecord:
                 "looks": self.looks, "ended": self.ended, "alpha_fail": self.alpha_fail,
                 "alpha_pass": self.alpha_pass, "seed": self.seed, "block_s": self.block_s,
                 "extended": self.extended, "cost_budget": self.cost_budget, "ungated_s": self.ungated_s,
-                "timed_s": self.timed_s, "spending": self.spending}
+                "timed_s": self.timed_s, "spending": self.spending, "fractions": self.fractions}
 
     @classmethod
     def from_dict(cls, data: Any) -> PairedRecord | None:
@@ -453,7 +467,9 @@ class PairedRecord:
                    float(data.get("alpha_fail", ALPHA_FAIL)), float(data.get("alpha_pass", ALPHA_PASS)),
                    data.get("seed") if isinstance(data.get("seed"), int) else None,
                    _number(data.get("block_s")), bool(data.get("extended")), _number(data.get("cost_budget")),
-                   _number(data.get("ungated_s")), _number(data.get("timed_s")), _number(data.get("spending")))
+                   _number(data.get("ungated_s")), _number(data.get("timed_s")), _number(data.get("spending")),
+                   [float(v) for v in data["fractions"] if isinstance(v, (int, float))]
+                   if isinstance(data.get("fractions"), list) else None)
 
 
 def _number(value: Any) -> float | None:

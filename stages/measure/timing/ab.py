@@ -15,14 +15,14 @@ The candidate's blocks are also its own measurement of that point (each `step` r
 of them as one window). **The cost budget** (``cost_budget``, the recipe's ``gate_cost_budget``): both sides
 together are timed at most ``cost_budget`` times ``ungated_s``, the seconds the same point times ungated at least
 (its ``min_duration_s``, at least one window: what it costs when it converges, and no ungated point costs less), so
-a gated point costs at most that many times the ungated one, at every look. The budget is planned from the start
-(`round_schedule`): the first look when the candidate's side has been timed ``ungated_s`` (a gated point deciding
-there costs 2x), then looks every half of ``ungated_s`` more until the budget (at most `MAX_LOOKS`), the error
-rates split among them (`paired.sequential`); the pairing stops when the verdict decides, at the last look, or
-before a round would take both sides past the budget (the budget is met, not overrun, up to one round's
-difference from the last). Queries too slow for the planned rounds: the looks are planned again from the first
-round's measured length (the plan depends on the timer, never on the outcome), so a slow point still decides, or
-its verdict says how many pairs fitted and what budget would decide.
+a gated point costs at most that many times the ungated one. The looks are planned *by cost* (`look_marks`): the
+first when both sides have been timed 2 x ``ungated_s`` (a point deciding there costs 2x the ungated one), then
+evenly to the budget; each look is taken after the last round that keeps both sides within its mark (a round like
+the last would pass it), so the budget is met up to one round's difference from the last (a round's queries are
+never interrupted). The error rates are spent over the looks' information fractions (their cost over the budget,
+`SPENDING`). Looking by cost depends on the timer, never on the pairs' ratios; slow queries simply give fewer
+pairs, and a look with too few pairs for its share passes that share to the next, so a slow point still decides
+at the budget, or its verdict says what budget would.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..statistics.intervals import Window
-from ..statistics.paired import MIN_PAIRS, Budget, Look, PairedRecord, Schedule, sequential
+from ..statistics.paired import Budget, Look, PairedRecord, min_pairs, sequential
 from ..statistics.stats import grid_median, percentile
 
 TimeWindow = Callable[[float, int], Window]
@@ -63,7 +63,7 @@ class PairPlan:
     figure: str  # p50, p99, mean or throughput: what the stopping rule watches
     limit: float  # log of the threshold ratio (> 0: worse)
     budget: Budget  # the error rates
-    schedule: Schedule  # in pairs (rounds)
+    marks: tuple[float, ...]  # the looks: both sides' timed seconds, as multiples of ungated_s (`look_marks`)
     seed: int | None = None  # of the AB/BA orders; None: a new one each run (recorded)
     block_s: float = 0.0375  # each side of a round
     window_s: float = 0.6  # the candidate's blocks returned as one window per step
@@ -82,13 +82,11 @@ class PairPlan:
 #: at ~8 in 10, 7 at ~9 in 10 (README's power table). A gated point deciding at its first look costs 2x.
 COST_BUDGET = 8.0
 #: How the looks spend the error rates (`paired.Schedule.spending`): alpha x t^SPENDING by the look at the
-#: information fraction t.
-SPENDING: float | None = 2.0
-#: The looks are planned in pairs from a round's length (both sides' blocks), first from the planned blocks, then
-#: again from the mean round of the first `MIN_PAIRS` (a block times whole queries, so it runs over its planned
-#: length by up to one query), or at once when the first round took over twice its planned length (slow queries).
-#: The plan depends on the timer, never on the pairs' ratios.
-SLOW_ROUND = 2.0
+#: information fraction t (here the look's cost over the budget: rounds are of equal planned length). 2 spends
+#: little at the first look (where a quiet host decides anyway, with power to spare) and keeps most of it for the
+#: looks a noisy host needs; even shares (the earlier Bonferroni split) lost ~5 points of power at a co-tenant
+#: switching within a pair, 3 (O'Brien-Fleming-like) gained about 1 and costs more on average.
+SPENDING = 2.0
 #: Rounds per ungated window, and the shortest block (a block times at least one query).
 ROUNDS_PER_WINDOW = 16
 MIN_BLOCK_S = 0.002
@@ -101,17 +99,16 @@ def block_length(window_s: float) -> float:
     return max(window_s / ROUNDS_PER_WINDOW, MIN_BLOCK_S)
 
 
-def round_schedule(ungated_s: float, cost_budget: float, round_s: float, budget: Budget) -> Schedule:
-    """The looks of a paired point timed in rounds of ``round_s`` (both sides' blocks): the first when both sides
-    have been timed 2 x ``ungated_s`` (the candidate's side about ``ungated_s``; or the fewest pairs that can
-    decide, if more), then one every ``ungated_s`` more of both sides (at most `MAX_LOOKS`, evenly spread) until
-    they have been timed ``cost_budget`` x ``ungated_s``."""
+def look_marks(cost_budget: float) -> tuple[float, ...]:
+    """When a paired point is looked at, as both sides' timed seconds over the ungated point's: the first at 2 (the
+    candidate's side timed as long as the point ungated), then one every 1 more (at most `MAX_LOOKS`, evenly
+    spread) until the budget."""
     from ..statistics.paired import MAX_LOOKS
 
-    per = max(round_s, 1e-6)
     count = min(MAX_LOOKS, 1 + max(round(cost_budget - 2.0), 0))
-    first = max(budget.first_pairs(count), int(2.0 * ungated_s / per))
-    return Schedule.up_to(int(cost_budget * ungated_s / per), budget, count=count, first=first, spending=SPENDING)
+    if count == 1 or cost_budget <= 2.0:
+        return (cost_budget,)
+    return tuple(round(2.0 + (cost_budget - 2.0) * i / (count - 1), 6) for i in range(count))
 
 
 def _compact(figures: dict[str, float]) -> dict[str, float]:
@@ -134,32 +131,29 @@ class Pairing:
     record: PairedRecord = field(init=False)
     done: bool = False
     last: Look | None = None
-    replanned: str | None = None  # why the looks were planned again (slow queries)
     _spent_s: float = 0.0
     _reference_s: float = 0.0
     _references: int = 0
-    _schedule: Schedule = field(init=False)
-    _walls: list[float] = field(default_factory=list)  # the first rounds' seconds (both sides)
+    _next: int = 0  # the next look among the plan's marks
 
     def __post_init__(self) -> None:
         seed = self.plan.seed if self.plan.seed is not None else secrets.randbits(32)
-        self._schedule = self.plan.schedule
-        self.record = PairedRecord(self.plan.batch_size, self.plan.streams, self.plan.figure,
-                                   looks=list(self._schedule.looks), alpha_fail=self.plan.budget.alpha_fail,
-                                   alpha_pass=self.plan.budget.alpha_pass, seed=seed, block_s=self.plan.block_s,
-                                   cost_budget=self.plan.cost_budget, ungated_s=self.plan.ungated_s,
-                                   spending=self._schedule.spending)
+        self.record = PairedRecord(self.plan.batch_size, self.plan.streams, self.plan.figure, looks=[],
+                                   alpha_fail=self.plan.budget.alpha_fail, alpha_pass=self.plan.budget.alpha_pass,
+                                   seed=seed, block_s=self.plan.block_s, cost_budget=self.plan.cost_budget,
+                                   ungated_s=self.plan.ungated_s, spending=SPENDING, fractions=[])
         self._random = random.Random(seed)
 
-    def _replan(self, round_s: float, why: str) -> None:
-        """The looks planned again from the rounds' measured length (`SLOW_ROUND`)."""
-        schedule = round_schedule(self.plan.ungated_s, self.plan.cost_budget, round_s, self.plan.budget)
-        if schedule.looks == self._schedule.looks:
-            return
-        self._schedule = schedule
-        self.record.looks = list(schedule.looks)
-        self.replanned = (f"{why} took {round_s:.3g} s (planned {2 * self.plan.block_s:.3g} s): looks planned "
-                          f"at {', '.join(str(v) for v in schedule.looks)} pairs")
+    def _look_due(self, round_s: float) -> float | None:
+        """The information fraction of a look due now (the next round like the last would take both sides past
+        its mark; several marks passed at once: the latest), or None."""
+        due = None
+        timed = self._spent_s + self._reference_s
+        while self._next < len(self.plan.marks) and timed + round_s > self.plan.marks[self._next] * \
+                self.plan.ungated_s:
+            due = self.plan.marks[self._next] / self.plan.cost_budget
+            self._next += 1
+        return due
 
     def step(self, candidate: TimeWindow, seconds: float, index: int) -> Window:
         """Time rounds (a reference block and a candidate block each, in a random order) for about one ungated
@@ -176,29 +170,27 @@ class Pairing:
                 ours = candidate(self.plan.block_s, ours_index)
                 theirs = self.reference(self.plan.block_s, self._references)
             mine.append(ours)
-            if len(self._walls) < MIN_PAIRS:
-                self._walls.append((ours.wall_ms + theirs.wall_ms) / 1000.0)
             self._references += 1
             self._spent_s += ours.wall_ms / 1000.0
             self._reference_s += theirs.wall_ms / 1000.0
             self.record.timed_s = round(self._spent_s + self._reference_s, 4)
             self.record.add(order, _compact(window_figures(theirs, self.plan.batch_size)),
                             _compact(window_figures(ours, self.plan.batch_size)))
-            count = len(self.record.pairs)
-            if count == 1 and self._walls[0] > SLOW_ROUND * 2.0 * self.plan.block_s:
-                self._replan(self._walls[0], "the first round")  # slow queries: before it is too late
-            elif count == MIN_PAIRS and self._schedule.looks[0] > count:
-                self._replan(sum(self._walls) / len(self._walls), f"a round of the first {MIN_PAIRS} (mean)")
-            # stop before a round like the last would take both sides past the budget: the budget is met
-            last_round_s = (ours.wall_ms + theirs.wall_ms) / 1000.0
-            out_of_budget = self._spent_s + self._reference_s + last_round_s > self.plan.budget_s
-            if self._schedule.is_look(count) or out_of_budget:
-                ended = out_of_budget or count >= self._schedule.cap
-                self.last = sequential(self.record.log_ratios(self.plan.figure), self._schedule, self.plan.limit,
-                                       self.plan.budget, ended, waits=self.record.wait_shares())
-                if self.last.outcome != "inconclusive" or ended:
-                    self.done = True
-                    self.record.ended = ended
+            fraction = self._look_due((ours.wall_ms + theirs.wall_ms) / 1000.0)
+            if fraction is None:
+                continue
+            count, final = len(self.record.pairs), fraction >= 1.0
+            share = fraction ** SPENDING - (self.record.fractions or [0.0])[-1] ** SPENDING
+            if not final and count < min_pairs(min(self.plan.budget.alpha_fail, self.plan.budget.alpha_pass) * share):
+                continue  # too few pairs to decide at this look's share: it carries over to the next
+            self.record.looks.append(count)
+            assert self.record.fractions is not None
+            self.record.fractions.append(fraction)
+            self.last = sequential(self.record.log_ratios(self.plan.figure), self.record.schedule(),
+                                   self.plan.limit, self.plan.budget, final, waits=self.record.wait_shares())
+            if self.last.outcome != "inconclusive" or final:
+                self.done = True
+                self.record.ended = final
         return pooled(mine)
 
     def summary(self) -> dict[str, Any]:
@@ -208,8 +200,5 @@ class Pairing:
                                 "ratio": self.last.ratio if math.isfinite(self.last.estimate) else None}
         found["seconds"] = round(self._spent_s, 3)
         found["reference_seconds"] = round(self._reference_s, 3)
-        found["cost"] = round((self._spent_s + self._reference_s) / self.plan.ungated_s, 3) \
-            if self.plan.ungated_s > 0 else None
-        if self.replanned:
-            found["replanned"] = self.replanned
+        found["cost"] = round(self.record.cost, 3) if self.record.cost is not None else None
         return found
