@@ -58,6 +58,9 @@ LATENCY_GATES = {"max_latency_ms_p50": "p50", "max_latency_ms_p90": "p90", "max_
 DEFAULT_BASELINE_REGRESSION_PERCENT = 10.0
 FIGURE_TEXT = {"p50": "median latency", "p90": "p90 latency", "p95": "p95 latency", "p99": "p99 latency",
                "mean": "mean latency", "throughput": "throughput"}
+#: What decides an undecided paired verdict: more pairs (a larger budget, or a larger unit) or less noise.
+PAIRED_HINT = ("raise gate_cost_budget (or min_duration_s, the budget's unit) or measure on a quieter host to "
+               "decide")
 #: The largest gate_cost_budget a recipe may set (`measure.settings.TimingFields.gate_cost_budget`).
 MAX_COST_BUDGET = 100.0
 STORED_NOTE = "stored figures: drift between runs not cancelled"
@@ -294,9 +297,10 @@ class Comparison:
                 cause = "the cap"
             else:
                 cause = "the pairs measured before the node stopped (re-run it to measure more)"
+            hint = PAIRED_HINT if record.cost_budget is not None else NOISY_HINT
             reason = (f"{place}: inconclusive: {what} {_change(ratio, figure)} against {self.against}, neither "
                       f"beyond nor within max_regression_percent {self.percent:g} with confidence at {cause} "
-                      f"({detail}); {NOISY_HINT}")
+                      f"({detail}); {hint}")
         return self.verdict(look.outcome, reason, place, figure, ratio, interval, PAIRED, primary, look.pairs,
                             able.text(figure))
 
