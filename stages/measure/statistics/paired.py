@@ -84,9 +84,10 @@ def bound_rank(n: int, alpha: float) -> int | None:
     largest k with P(W+ <= k - 1) <= alpha. None when ``n`` pairs cannot reach that level (2^-n > alpha)."""
     if n < 1:
         return None
-    cdf = _signed_rank_cdf(n)
-    below = [w for w, p in enumerate(cdf) if p <= alpha]
-    return below[-1] + 1 if below else None
+    from bisect import bisect_right
+
+    found = bisect_right(_signed_rank_cdf(n), alpha)  # the cdf rises: the count of w with P(W+ <= w) <= alpha
+    return found if found else None
 
 
 def min_pairs(alpha: float) -> int:
@@ -100,7 +101,7 @@ def walsh_averages(values: Sequence[float]) -> list[float]:
 
     data = np.asarray(values, dtype=float)
     i, j = np.triu_indices(data.size)
-    return sorted(((data[i] + data[j]) / 2.0).tolist())
+    return np.sort((data[i] + data[j]) / 2.0).tolist()
 
 
 def hodges_lehmann(values: Sequence[float]) -> float:

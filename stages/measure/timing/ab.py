@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..statistics.intervals import Window
-from ..statistics.paired import Budget, Look, PairedRecord, min_pairs, sequential
+from ..statistics.paired import Budget, Look, PairedRecord, look, min_pairs
 from ..statistics.stats import grid_median, percentile
 
 TimeWindow = Callable[[float, int], Window]
@@ -186,8 +186,11 @@ class Pairing:
             self.record.looks.append(count)
             assert self.record.fractions is not None
             self.record.fractions.append(fraction)
-            self.last = sequential(self.record.log_ratios(self.plan.figure), self.record.schedule(),
-                                   self.plan.limit, self.plan.budget, final, waits=self.record.wait_shares())
+            # the looks before were undecided (else it would have stopped): the verdict is this look's
+            # (`paired.sequential` over the record, as the gate judges it again, finds the same)
+            schedule = self.record.schedule()
+            self.last = look(self.record.log_ratios(self.plan.figure), self.plan.limit, self.plan.budget,
+                             len(schedule.looks), final, self.record.wait_shares(), schedule.share(count, final))
             if self.last.outcome != "inconclusive" or final:
                 self.done = True
                 self.record.ended = final
