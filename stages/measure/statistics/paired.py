@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from statistics import NormalDist
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 Outcome = Literal["pass", "fail", "inconclusive"]
 
@@ -101,7 +101,7 @@ def walsh_averages(values: Sequence[float]) -> list[float]:
 
     data = np.asarray(values, dtype=float)
     i, j = np.triu_indices(data.size)
-    return np.sort((data[i] + data[j]) / 2.0).tolist()
+    return cast(list[float], np.sort((data[i] + data[j]) / 2.0).tolist())
 
 
 def hodges_lehmann(values: Sequence[float]) -> float:

@@ -70,11 +70,6 @@ class PairPlan:
     ungated_s: float = 3.0  # what the point times ungated at least (min_duration_s): the budget's unit
     cost_budget: float = 8.0  # both sides timed at most this many times ungated_s (`COST_BUDGET`)
 
-    @property
-    def budget_s(self) -> float:
-        """Both sides' timed seconds at most."""
-        return self.cost_budget * self.ungated_s
-
 
 #: The gated point's timed seconds (both sides) at most this many times the ungated point's (`PairPlan`): the
 #: smallest whole budget that keeps the gate's power (twice the threshold failed at least 9 times in 10) in every
@@ -101,8 +96,8 @@ def block_length(window_s: float) -> float:
 
 def look_marks(cost_budget: float) -> tuple[float, ...]:
     """When a paired point is looked at, as both sides' timed seconds over the ungated point's: the first at 2 (the
-    candidate's side timed as long as the point ungated), then one every 1 more (at most `MAX_LOOKS`, evenly
-    spread) until the budget."""
+    candidate's side timed as long as the point ungated), then evenly spread to the budget, about one per unit
+    of it (at most `MAX_LOOKS` in all: 2, 4, 6, 8 for a budget of 8)."""
     from ..statistics.paired import MAX_LOOKS
 
     count = min(MAX_LOOKS, 1 + max(round(cost_budget - 2.0), 0))
