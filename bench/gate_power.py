@@ -24,10 +24,13 @@ Checks (exit code 1 when one fails), per host model and noise class: an unchange
 verdicts and ends red (fail or undecided: CI red either way) at most 5%; one exactly at the threshold fails at
 most 1% (+ sampling error); one at twice the threshold fails at least 90% and never passes; a recipe of 3 unchanged
 gated nodes fails at most 5% of runs; select (unless --no-select) sees a 20% (cpu) / 10% (gpu) win at least 90% of
-the time, and within the 5% band the preference decides. Each row also gives the gated cost: the seconds both sides
-were timed over the ungated point's cap (its bound: 2, and 4 where the gate extended beside interference).
+the time, and within the 5% band the preference decides; every look within its cost mark. Each row also gives the
+gated cost: the seconds both sides were timed over what the point times ungated (its min_duration_s, a third of
+the model's cap), the mean and the largest, and the share of trials that stopped at each look (the marks 2x, 4x,
+6x, 8x of the default gate_cost_budget; ``--budget N`` tries another).
 
     python bench/gate_power.py check --trials 400             # the checks above, a table of rates (95% intervals)
+    python bench/gate_power.py check --budget 2 --no-select   # the same within another cost budget
     python bench/gate_power.py noise --seconds 60              # this machine's A/A pairs (quickstart CNN, ORT 1 thread)
 
 ``noise`` runs the benchmark's own window timers on two sessions of the same ONNX model (with ``--neighbours``

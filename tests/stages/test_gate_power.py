@@ -1,8 +1,9 @@
 """A reduced run of `bench/gate_power.py`: the gates' and select's own decision code on seeded models of a busy CPU
 host's and a GPU's noise, with interference the gate was not tuned on (a co-tenant switching on and off, bimodal
 windows, heavy tails, 5% window noise; no timing): unchanged candidates rarely end red, twice the threshold fails
-and never passes, the gated cost stays within its stated budget, select sees a 20% (CPU) / 10% (GPU) win. The full
-run (hundreds of trials per row, every noise class) is the bench script."""
+and never passes, the gated cost stays within its look's mark (2x at the first, the budget at the last), select
+sees a 20% (CPU) / 10% (GPU) win. The full run (hundreds of trials per row, every noise class) is the bench
+script."""
 
 from __future__ import annotations
 
