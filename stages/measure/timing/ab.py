@@ -72,9 +72,10 @@ class PairPlan:
 
 
 #: The gated point's timed seconds (both sides) at most this many times the ungated point's (`PairPlan`): the
-#: smallest whole budget that keeps the gate's power (twice the threshold failed at least 9 times in 10) in every
-#: noise class of ``bench/gate_power.py``; 2 (one look) leaves a co-tenant switching within a pair at ~5 in 10, 6
-#: at ~8 in 10, 7 at ~9 in 10 (README's power table). A gated point deciding at its first look costs 2x.
+#: smallest whole budget that keeps the gate's power (unchanged red at most 1 in 20, twice the threshold failed at
+#: least 9 in 10) in every noise class of ``bench/gate_power.py``: within 2 (one look) the gpu model keeps it, the
+#: cpu model beside a co-tenant switching within a pair does not (18% of unchanged runs red, 2x failed 37%); 6
+#: fails 2x ~85%, 7 ~90%, 8 94% there (README's power table). A point deciding at its first look costs 2x.
 COST_BUDGET = 8.0
 #: How the looks spend the error rates (`paired.Schedule.spending`): alpha x t^SPENDING by the look at the
 #: information fraction t (here the look's cost over the budget: rounds are of equal planned length). 2 spends
