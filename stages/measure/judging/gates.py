@@ -228,18 +228,26 @@ class Comparison:
 
     @staticmethod
     def to_decide(record: PairedRecord, look: Any, budget: Budget) -> str:
-        """Undecided at the cost budget: about what budget would decide at the noise measured."""
+        """Undecided at the cost budget: about what budget would decide at the noise measured (9 times in 10, were
+        the change at its estimate), or why none would."""
         if record.cost_budget is None or record.timed_s is None or not record.ungated_s or look.pairs <= 0:
             return ""
-        needed = deciding_pairs(look, budget, look.share)
+        if look.unmeasurable:
+            return (f"; no budget would decide: the pairs waited for a CPU {look.waited:.0%} of the time "
+                    "(unmeasurable), a quieter host would")
+        needed = deciding_pairs(look, budget, look.share, POWER)
         wanted = math.ceil(max(needed / look.pairs, 1.0) * record.timed_s / record.ungated_s) if \
             math.isfinite(needed) else math.inf
         estimate = f"{(math.exp(look.estimate) - 1) * 100:+.1f}%"
+        noise = f"the noise ±{look.sigma * 100:.2g}% per pair"
         if wanted > MAX_COST_BUDGET:
             return (f"; no budget up to gate_cost_budget {MAX_COST_BUDGET:g} would decide: the change ({estimate}) "
-                    f"is too close to the threshold for the noise (±{look.sigma * 100:.2g}% per pair)")
-        return (f"; were the change {estimate} and the noise ±{look.sigma * 100:.2g}% per pair, gate_cost_budget "
-                f"{max(wanted, 2):g} would decide about half the time (more, more often)")
+                    f"is too close to the threshold for {noise}")
+        if wanted <= record.cost_budget:
+            return (f"; this budget decides a change of {estimate} at {noise} 9 times in 10: re-run it (or raise "
+                    f"gate_cost_budget)")
+        return (f"; were the change {estimate} and {noise}, gate_cost_budget {wanted:g} would decide 9 times in "
+                "10")
 
     def able(self, record: PairedRecord, look: Any, limit: float) -> Any:
         """What the verdict could detect at the end of its plan (the budget), at the noise it measured."""
