@@ -24,22 +24,23 @@ from trtflow_stages.measure.timing.windows import WindowPlan, measure_interleave
 WINDOW_S, MIN_S = 0.06, 0.3  # the point's window and min_duration_s (the budget's unit)
 
 
-def _timer(factor: float, rng: random.Random, noise: float = 0.05, query_ms: float = 2.0):
+def _timer(factor: float, rng: random.Random, noise: float = 0.05, query_ms: float = 2.0, waited: float | None = None):
     def window(seconds: float, index: int) -> Window:
         latencies: list[float] = []
         while not latencies or sum(latencies) < seconds * 1000:
             latencies.append(query_ms * factor * math.exp(rng.gauss(0, noise)))
-        return Window(latencies, sum(latencies))
+        return Window(latencies, sum(latencies), None if waited is None else waited * sum(latencies))
     return window
 
 
-def _run(change: float, budget: float, seed: int = 1, noise: float = 0.05, query_ms: float = 2.0) -> Pairing:
+def _run(change: float, budget: float, seed: int = 1, noise: float = 0.05, query_ms: float = 2.0,
+         waited: float | None = None) -> Pairing:
     params = benchmark.Params.model_validate({"backend": "onnxruntime", "max_regression_percent": 10,
                                               "gate_cost_budget": budget})
     plan = pair_plan(params, WINDOW_S, MIN_S, 1, 4, seed=seed, cost_budget=params.gate_cost_budget)
     rng = random.Random(seed)
-    pairing = Pairing(plan, _timer(1.0, rng, noise, query_ms))
-    candidate = _timer(1.0 + change, rng, noise, query_ms)
+    pairing = Pairing(plan, _timer(1.0, rng, noise, query_ms, waited))
+    candidate = _timer(1.0 + change, rng, noise, query_ms, waited)
     index = 0
     while not pairing.done:
         pairing.step(candidate, WINDOW_S, index)
@@ -87,6 +88,9 @@ def test_the_budget_holds_through_the_benchmark_loop_and_slow_queries_still_deci
     assert slow.summary()["cost"] <= COST_BUDGET * 1.1 and len(slow.record.pairs) < 40
     verdict = _verdict(slow)
     assert verdict.outcome == "inconclusive" and "would decide" in verdict.reason
+    # pairs that waited for a CPU most of their time: no budget would decide, a quieter host would
+    busy = _verdict(_run(0.0, 3.0, waited=0.9))
+    assert busy.outcome == "inconclusive" and "no budget would decide: the pairs waited for a CPU 90%" in busy.reason
 
 
 def test_looks_spend_the_error_rates_over_their_cost_fractions():
