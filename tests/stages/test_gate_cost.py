@@ -111,3 +111,21 @@ def test_looks_spend_the_error_rates_over_their_cost_fractions():
     again = PairedRecord.from_dict(record.as_dict())
     assert again is not None and again.fractions == record.fractions and again.spending == record.spending
     assert again.cost == pytest.approx(record.cost) and again.cost_budget == COST_BUDGET
+
+
+def test_a_pairing_watching_other_figures_too_stops_when_all_of_them_are_decided():
+    import dataclasses
+
+    params = benchmark.Params.model_validate({"backend": "onnxruntime", "max_regression_percent": 10})
+    plan = pair_plan(params, WINDOW_S, MIN_S, 1, 4, seed=3)
+    rng = random.Random(3)
+    both = Pairing(dataclasses.replace(plan, also=("mean",)), _timer(1.0, rng))
+    alone = Pairing(plan, _timer(1.0, rng))
+    for pairing in (both, alone):
+        index = 0
+        while not pairing.done:
+            pairing.step(_timer(1.3, rng), WINDOW_S, index)
+            index += 1
+    figures = both.record.judge("mean", math.log(1.1), plan.budget), both.record.judge("p50", math.log(1.1),
+                                                                                        plan.budget)
+    assert all(found.outcome == "fail" for found in figures) and both.summary()["cost"] <= COST_BUDGET * 1.02

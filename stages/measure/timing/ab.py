@@ -69,6 +69,7 @@ class PairPlan:
     window_s: float = 0.6  # the candidate's blocks returned as one window per step
     ungated_s: float = 3.0  # what the point times ungated at least (min_duration_s): the budget's unit
     cost_budget: float = 8.0  # both sides timed at most this many times ungated_s (`COST_BUDGET`)
+    also: tuple[str, ...] = ()  # other figures that must be decided too before the pairing stops
 
 
 #: The gated point's timed seconds (both sides) at most this many times the ungated point's (`PairPlan`): the
@@ -183,11 +184,14 @@ class Pairing:
             assert self.record.fractions is not None
             self.record.fractions.append(fraction)
             # the looks before were undecided (else it would have stopped): the verdict is this look's
-            # (`paired.sequential` over the record, as the gate judges it again, finds the same)
+            # (`paired.sequential` over the record, as the gate judges it again, finds the same); with ``also``,
+            # it stops when every figure is decided (or at the budget)
             schedule = self.record.schedule()
-            self.last = look(self.record.log_ratios(self.plan.figure), self.plan.limit, self.plan.budget,
-                             len(schedule.looks), final, self.record.wait_shares(), schedule.share(count, final))
-            if self.last.outcome != "inconclusive" or final:
+            looks = [look(self.record.log_ratios(figure), self.plan.limit, self.plan.budget, len(schedule.looks),
+                          final, self.record.wait_shares(figure), schedule.share(count, final))
+                     for figure in (self.plan.figure, *self.plan.also)]
+            self.last = looks[0]
+            if all(found.outcome != "inconclusive" for found in looks) or final:
                 self.done = True
                 self.record.ended = final
         return pooled(mine)
