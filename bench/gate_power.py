@@ -24,10 +24,13 @@ Checks (exit code 1 when one fails), per host model and noise class: an unchange
 verdicts and ends red (fail or undecided: CI red either way) at most 5%; one exactly at the threshold fails at
 most 1% (+ sampling error); one at twice the threshold fails at least 90% and never passes; a recipe of 3 unchanged
 gated nodes fails at most 5% of runs; select (unless --no-select) sees a 20% (cpu) / 10% (gpu) win at least 90% of
-the time, and within the 5% band the preference decides. Each row also gives the gated cost: the seconds both sides
-were timed over the ungated point's cap (its bound: 2, and 4 where the gate extended beside interference).
+the time, and within the 5% band the preference decides; every look within its cost mark. Each row also gives the
+gated cost: the seconds both sides were timed over what the point times ungated (its min_duration_s, a third of
+the model's cap), the mean and the largest, and the share of trials that stopped at each look (the marks 2x, 4x,
+6x, 8x of the default gate_cost_budget; ``--budget N`` tries another).
 
     python bench/gate_power.py check --trials 400             # the checks above, a table of rates (95% intervals)
+    python bench/gate_power.py check --budget 2 --no-select   # the same within another cost budget
     python bench/gate_power.py noise --seconds 60              # this machine's A/A pairs (quickstart CNN, ORT 1 thread)
 
 ``noise`` runs the benchmark's own window timers on two sessions of the same ONNX model (with ``--neighbours``
@@ -175,18 +178,24 @@ def timer(host: Host, factor: float) -> Any:
     return lambda seconds, index: host.window(factor, seconds)
 
 
-def gate_trial(model: NoiseModel, change: float, seed: int, family: int = 1,
-               noise: NoiseClass | None = None) -> tuple[str, int, float]:
-    """One gated benchmark: the candidate ``change`` slower than the reference, beside ``noise``; returns its
-    primary verdict's outcome, the pairs it took and the seconds both sides were timed, over the seconds the
-    same point timed alone would take at its cap (the gated cost's bound is 2)."""
+def gate_trial(model: NoiseModel, change: float, seed: int, family: int = 1, noise: NoiseClass | None = None,
+               budget: float | None = None) -> tuple[str, int, float, int, float]:
+    """One gated benchmark: the candidate ``change`` slower than the reference, beside ``noise``, within the cost
+    budget ``budget`` (default the stage's, `COST_BUDGET`); returns its primary verdict's outcome, the pairs it
+    took, the seconds both sides were timed over the seconds the point times ungated at least (its
+    min_duration_s: the budget's unit), the look it stopped at (1 the first, at 2x; the last at the budget) and the
+    cost before the round that crossed that look's mark (a round's queries are never interrupted)."""
+    from bisect import bisect_left
+
     from trtflow_stages.measure.judging.gates import Comparison
     from trtflow_stages.measure.judging.reference import pair_plan
     from trtflow_stages.measure.params import Params
+    from trtflow_stages.measure.timing.ab import COST_BUDGET
 
     rng = random.Random(seed)
     params = Params.model_validate({"backend": "onnxruntime", "max_regression_percent": model.threshold})
-    plan = pair_plan(params, model.window_s, model.max_seconds / 3.0, model.max_seconds, family, 8, seed=seed)
+    plan = pair_plan(params, model.window_s, model.max_seconds / 3.0, family, 8, seed=seed,
+                     cost_budget=budget or COST_BUDGET)
     host = Host(model, rng, noise, pair_s=2 * plan.window_s)
     pairing = Pairing(plan, timer(host, 1.0))
     candidate = timer(host, 1.0 + change)
@@ -196,9 +205,12 @@ def gate_trial(model: NoiseModel, change: float, seed: int, family: int = 1,
         index += 1
     verdict = Comparison("regression", "the reference's", model.threshold, params, family).paired(
         pairing.record, "p50", "batch 8", primary=True)
-    found = pairing.summary()
-    cost = (found["seconds"] + found["reference_seconds"]) / model.max_seconds
-    return verdict.outcome, verdict.pairs or 0, cost
+    marks = [mark / plan.cost_budget for mark in plan.marks]
+    at = bisect_left(marks, (pairing.record.fractions or [1.0])[-1] - 1e-9) + 1
+    last = pairing.record.pairs[-1]
+    round_s = sum(float(last[side]["mean"]) * float(last[side]["queries"]) for side in ("reference", "candidate"))
+    cost = float(pairing.summary()["cost"])
+    return verdict.outcome, verdict.pairs or 0, cost, at, cost - round_s / 1000.0 / plan.ungated_s
 
 
 def select_trial(model: NoiseModel, faster: float, seed: int) -> bool:
@@ -215,13 +227,24 @@ def select_trial(model: NoiseModel, faster: float, seed: int) -> bool:
     return leader == "fast" and duels["accurate"]["outcome"] == "loses"
 
 
-def _row(outcomes: list[tuple[str, int, float]]) -> dict[str, Any]:
+def _row(outcomes: list[tuple[str, int, float, int, float]], budget: float | None = None) -> dict[str, Any]:
+    from trtflow_stages.measure.timing.ab import COST_BUDGET, look_marks
+
+    marks = look_marks(budget or COST_BUDGET)
     count = len(outcomes)
-    return {"trials": count, "fail": sum(o == "fail" for o, _, _ in outcomes) / count,
-            "pass": sum(o == "pass" for o, _, _ in outcomes) / count,
-            "inconclusive": sum(o == "inconclusive" for o, _, _ in outcomes) / count,
-            "mean_pairs": sum(p for _, p, _ in outcomes) / count,
-            "max_cost": max(c for _, _, c in outcomes), "mean_cost": sum(c for _, _, c in outcomes) / count}
+    looks: dict[int, list[float]] = {}
+    for _, _, cost, at, _ in outcomes:
+        looks.setdefault(at, []).append(cost)
+    return {"trials": count, "fail": sum(o[0] == "fail" for o in outcomes) / count,
+            "pass": sum(o[0] == "pass" for o in outcomes) / count,
+            "inconclusive": sum(o[0] == "inconclusive" for o in outcomes) / count,
+            "mean_pairs": sum(o[1] for o in outcomes) / count,
+            "max_cost": max(o[2] for o in outcomes), "mean_cost": sum(o[2] for o in outcomes) / count,
+            # each look within its mark but for the round that crossed it: at most 1
+            "over_mark": max(o[4] / marks[o[3] - 1] for o in outcomes),
+            "with_last_round": max(o[2] / marks[o[3] - 1] for o in outcomes),
+            "looks": {str(at): {"share": len(costs) / count, "mean_cost": sum(costs) / len(costs),
+                                "max_cost": max(costs)} for at, costs in sorted(looks.items())}}
 
 
 def wilson(rate: float, count: int, z: float = 1.96) -> tuple[float, float]:
@@ -234,26 +257,30 @@ def wilson(rate: float, count: int, z: float = 1.96) -> tuple[float, float]:
 ROWS = (("unchanged", 0.0), ("at_threshold", 1.0), ("2x_threshold", 2.0))
 
 
-def _class_row(task: tuple[str, str, str, float, int, int]) -> tuple[str, str, str, dict[str, Any]]:
-    model, noise, label, multiple, trials, seed = task
+def _class_row(task: tuple[str, str, str, float, int, int, float | None]) -> tuple[str, str, str, dict[str, Any]]:
+    model, noise, label, multiple, trials, seed, budget = task
     host = MODELS[model]
     return model, noise, label, _row([gate_trial(host, multiple * host.threshold / 100.0, seed * 1_000_003 + i,
-                                                 noise=CLASSES[noise]) for i in range(trials)])
+                                                 noise=CLASSES[noise], budget=budget) for i in range(trials)],
+                                     budget)
 
 
-def _families(task: tuple[str, int, int]) -> tuple[str, dict[str, Any]]:
-    model, runs, seed = task
-    families = [[gate_trial(MODELS[model], 0.0, 7_000_003 * seed + 3 * i + k, family=3)[0] for k in range(3)]
+def _families(task: tuple[str, int, int, float | None]) -> tuple[str, dict[str, Any]]:
+    model, runs, seed, budget = task
+    families = [[gate_trial(MODELS[model], 0.0, 7_000_003 * seed + 3 * i + k, family=3, budget=budget)[0]
+                 for k in range(3)]
                 for i in range(runs)]
     return model, {"any_fail": sum("fail" in f for f in families) / runs, "runs": runs}
 
 
-def rates_all(trials: int, seed: int, classes: tuple[str, ...], select: bool, jobs: int = 1) -> dict[str, Any]:
+def rates_all(trials: int, seed: int, classes: tuple[str, ...], select: bool, jobs: int = 1,
+              budget: float | None = None, models: tuple[str, ...] = tuple(MODELS)) -> dict[str, Any]:
     """Per host model and noise class: an unchanged candidate, one exactly at the threshold and one at twice it,
     ``trials`` gated benchmarks each; a recipe of three unchanged gated nodes (benign noise); select's trials.
     ``jobs``: processes to spread the rows over."""
-    tasks = [(m, c, label, multiple, trials, seed) for m in MODELS for c in classes for label, multiple in ROWS]
-    family_tasks = [(m, max(trials // 3, 1), seed) for m in MODELS]
+    tasks = [(m, c, label, multiple, trials, seed, budget) for m in models for c in classes
+             for label, multiple in ROWS]
+    family_tasks = [(m, max(trials // 3, 1), seed, budget) for m in models]
     if jobs > 1:
         from multiprocessing import Pool
 
@@ -265,13 +292,13 @@ def rates_all(trials: int, seed: int, classes: tuple[str, ...], select: bool, jo
             families = pool.map(_families, family_tasks)
     else:
         rows, families = [_class_row(t) for t in tasks], [_families(t) for t in family_tasks]
-    found: dict[str, Any] = {m: {"model": MODELS[m].__dict__, "classes": {c: {} for c in classes}} for m in MODELS}
+    found: dict[str, Any] = {m: {"model": MODELS[m].__dict__, "classes": {c: {} for c in classes}} for m in models}
     for model, noise, label, row in rows:
         found[model]["classes"][noise][label] = row
     for model, row in families:
         found[model]["recipe_of_3_unchanged"] = row
     if select:
-        for model in MODELS:
+        for model in models:
             for label, faster in (("select_10", 0.10), ("select_20", 0.20), ("select_2", 0.02)):
                 wins = [select_trial(MODELS[model], faster, 13 * seed + i) for i in range(trials)]
                 found[model][label] = {"faster_wins": sum(wins) / trials}
@@ -281,7 +308,8 @@ def rates_all(trials: int, seed: int, classes: tuple[str, ...], select: bool, jo
 def check(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     classes = tuple(args.classes.split(",")) if args.classes else tuple(CLASSES)
-    results = rates_all(args.trials, args.seed, classes, not args.no_select, args.jobs)
+    models = tuple(args.models.split(",")) if args.models else tuple(MODELS)
+    results = rates_all(args.trials, args.seed, classes, not args.no_select, args.jobs, args.budget, models)
     margin = 1.96 * math.sqrt(0.01 * 0.99 / args.trials)  # sampling error of a 1% rate
     criteria = []
     for name, result in results.items():
@@ -294,6 +322,8 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
                  rows["at_threshold"]["fail"] <= 0.01 + margin),
                 (f"{name} {noise}: twice the threshold fails >= 90%", rows["2x_threshold"]["fail"] >= 0.90),
                 (f"{name} {noise}: twice the threshold never passes", rows["2x_threshold"]["pass"] == 0.0),
+                (f"{name} {noise}: every look within its cost mark but for the round that crossed it",
+                 max(r["over_mark"] for r in rows.values()) <= 1.0 + 1e-3),
             ]
         criteria.append((f"{name}: a recipe of 3 unchanged nodes fails <= 5% of runs",
                          result["recipe_of_3_unchanged"]["any_fail"] <= 0.05))
@@ -306,15 +336,19 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
         model = MODELS[name]
         print(f"{name} model, threshold {model.threshold:g}% ({args.trials} trials per row; red = fail or undecided):")
         print(f"  {'noise':12s} {'unchanged red':>22s} {'at threshold fail':>22s} {'2x fail':>22s} "
-              f"{'2x undecided':>13s} {'pairs':>6s} {'cost max':>9s}")
+              f"{'2x undecided':>13s} {'pairs':>6s}  cost, mean (unchanged / at / 2x) and max; share stopping at "
+              "each look (unchanged / 2x)")
         for noise, rows in result["classes"].items():
             red = rows["unchanged"]["fail"] + rows["unchanged"]["inconclusive"]
             cells = [(red, args.trials), (rows["at_threshold"]["fail"], args.trials),
                      (rows["2x_threshold"]["fail"], args.trials)]
             shown = [f"{v:.3f} [{wilson(v, n)[0]:.3f}, {wilson(v, n)[1]:.3f}]" for v, n in cells]
+            costs = " / ".join(f"{rows[label]['mean_cost']:.2f}" for label, _ in ROWS)
+            at_looks = " / ".join(",".join(f"{rows[label]['looks'].get(str(k), {}).get('share', 0.0):.2f}"
+                                           for k in range(1, 5)) for label in ("unchanged", "2x_threshold"))
             print(f"  {noise:12s} {shown[0]:>22s} {shown[1]:>22s} {shown[2]:>22s} "
-                  f"{rows['2x_threshold']['inconclusive']:>13.3f} {rows['2x_threshold']['mean_pairs']:>6.0f} "
-                  f"{max(r['max_cost'] for r in rows.values()):>9.2f}")
+                  f"{rows['2x_threshold']['inconclusive']:>13.3f} {rows['2x_threshold']['mean_pairs']:>6.0f}  "
+                  f"{costs}, max {max(r['max_cost'] for r in rows.values()):.2f}; {at_looks}")
         print(f"  recipe of 3 unchanged nodes: a false alarm in {result['recipe_of_3_unchanged']['any_fail']:.3f} "
               "of runs")
         if not args.no_select:
@@ -410,6 +444,9 @@ def main() -> int:
     parser.add_argument("--classes", default="", help="noise classes, comma-separated (default: all)")
     parser.add_argument("--no-select", action="store_true", help="leave select's trials out")
     parser.add_argument("--jobs", type=int, default=1, help="processes to spread the trials over")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="the gate's cost budget (default the stage's gate_cost_budget default)")
+    parser.add_argument("--models", default="", help="host models, comma-separated (default: all)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--window", type=float, default=0.06)

@@ -120,8 +120,8 @@ def _pairings(ctx: StageContext, params: Params, backend: str, device: str, spec
         planned.why = f"the reference does not run here: {getattr(error, 'message', None) or error}"
         return {}
     settings = point_settings(params, device)
-    plan = pair_plan(params, settings.plan.window_s, settings.plan.min_duration_s, settings.plan.max_duration_s,
-                     ctx.gate_family, batch, seed=params.ab_seed)
+    plan = pair_plan(params, settings.plan.window_s, settings.plan.min_duration_s, ctx.gate_family, batch,
+                     seed=params.ab_seed, cost_budget=params.gate_cost_budget)
     return {index: Pairing(plan, host_timer(call, settings, backend == "torch" and device == "cuda"))}
 
 
@@ -153,8 +153,8 @@ def _engine_reference(ctx: StageContext, params: Params, backend: str, feeds: Se
         return None, None, None, None
     settings = point_settings(params, "cuda")
     streams = min(params.stream_counts)
-    plan = pair_plan(params, settings.plan.window_s, settings.plan.min_duration_s, settings.plan.max_duration_s,
-                     ctx.gate_family, batch, streams, seed=params.ab_seed)
+    plan = pair_plan(params, settings.plan.window_s, settings.plan.min_duration_s, ctx.gate_family, batch, streams,
+                     seed=params.ab_seed, cost_budget=params.gate_cost_budget)
     pinned, planned.settings = pinned_params(params, planned.params)
     return reference, (batch, streams), lambda window: Pairing(plan, window), point_settings(pinned, "cuda")
 

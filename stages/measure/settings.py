@@ -14,6 +14,7 @@ from trtflow.stage import StageParams
 from .serving.traffic import DynamicBatching
 from .statistics.intervals import Precision
 from .statistics.unpaired import RUN_TO_RUN_PERCENT
+from .timing.ab import COST_BUDGET
 from .timing.windows import WindowPlan
 
 DURATION_CAP_FACTOR = 3.0  # max_duration_s by default: three times the minimum
@@ -40,6 +41,13 @@ class TimingFields(StageParams):
     ab_seed: int | None = Field(
         None, description="Seed of the gate point's AB/BA orders (pairs with the reference). Unset: a new one "
         "each run, recorded in the summary's reference.paired.seed; set it to that number to replay a run's order.")
+    gate_cost_budget: float = Field(
+        COST_BUDGET, ge=2.0, le=100.0,
+        description="What a gated benchmark may cost: the gate point's timed seconds, the reference's and the "
+        "candidate's together, at most this many times what the point times ungated at least (min_duration_s, at "
+        "least one window), at every look. The verdict's looks are planned within it (the first at 2x, when the "
+        "candidate's side has been timed min_duration_s); undecided at the budget, the verdict says what budget "
+        "would decide at the noise it measured.")
 
     def window_plan(self) -> WindowPlan:
         cap = self.max_duration_s if self.max_duration_s is not None else DURATION_CAP_FACTOR * self.min_duration_s
@@ -163,9 +171,9 @@ class GateFields(StageParams):
         None, gt=0,
         description="Gate: compare with the pinned baseline (with baseline; default 10) or else the node's last "
         "accepted result: the reference artifact is re-measured beside the candidate in randomised, interleaved "
-        "A/B windows at the gate point (gate_batch_size, gate_figure), adding pairs until it can decide (or its "
-        "cap, twice the point's max_duration_s): fail when the change is beyond this many percent with "
-        "confidence, pass when within it with confidence, inconclusive only at the cap (see on_inconclusive). "
+        "A/B blocks at the gate point (gate_batch_size, gate_figure), adding pairs until it can decide (or its "
+        "cost budget, gate_cost_budget): fail when the change is beyond this many percent with "
+        "confidence, pass when within it with confidence, inconclusive only at the budget (see on_inconclusive). "
         "Where the reference cannot run here, stored figures are compared instead, and the verdict says so.")
     gate_batch_size: int | None = Field(
         None, ge=1, description="The point whose regression verdict decides the node (one stream): default the "

@@ -277,7 +277,7 @@ def _paired_run(change: float, seed: int | None, host_seed: int = 3) -> object:
 
     params = benchmark.Params.model_validate({"backend": "onnxruntime", "max_regression_percent": 10,
                                               "ab_seed": seed})
-    plan = pair_plan(params, 0.06, 0.3, 0.9, 1, 4, seed=params.ab_seed)
+    plan = pair_plan(params, 0.06, 0.3, 1, 4, seed=params.ab_seed, cost_budget=params.gate_cost_budget)
     pairing = Pairing(plan, timer(1.0))
     index = 0
     while not pairing.done:

@@ -32,6 +32,8 @@ from ..statistics.paired import (
     POWER,
     Budget,
     PairedRecord,
+    Schedule,
+    deciding_pairs,
     family_alpha,
     power,
 )
@@ -56,6 +58,11 @@ LATENCY_GATES = {"max_latency_ms_p50": "p50", "max_latency_ms_p90": "p90", "max_
 DEFAULT_BASELINE_REGRESSION_PERCENT = 10.0
 FIGURE_TEXT = {"p50": "median latency", "p90": "p90 latency", "p95": "p95 latency", "p99": "p99 latency",
                "mean": "mean latency", "throughput": "throughput"}
+#: What decides an undecided paired verdict: more pairs (a larger budget, or a larger unit) or less noise.
+PAIRED_HINT = ("raise gate_cost_budget (or min_duration_s, the budget's unit) or measure on a quieter host to "
+               "decide")
+#: The largest gate_cost_budget a recipe may set (`measure.settings.TimingFields.gate_cost_budget`).
+MAX_COST_BUDGET = 100.0
 STORED_NOTE = "stored figures: drift between runs not cancelled"
 _NORMAL = NormalDist()
 
@@ -206,9 +213,51 @@ class Comparison:
             seen.append(f"the reference's own blocks varied ±{spread * 100:.2g}%")
         if look.waited is not None and look.waited >= 0.05:
             seen.append(f"waited for a CPU {look.waited:.0%} of the time")
-        if record.extended:
+        if record.extended:  # a record of an earlier version, which extended past its cap
             seen.append("timed past max_duration_s (up to its extension) as the host was disturbed")
         return "; ".join(seen)
+
+    @staticmethod
+    def cost(record: PairedRecord) -> str:
+        """What the paired point cost: both sides' timed seconds over what the point times ungated at least."""
+        if record.cost is None or record.ungated_s is None or record.timed_s is None:
+            return ""
+        budget = f" (gate_cost_budget {record.cost_budget:g})" if record.cost_budget is not None else ""
+        return (f"cost: both sides timed {record.timed_s:.3g} s, {record.cost:.2f}x the {record.ungated_s:.3g} s "
+                f"the point times ungated{budget}")
+
+    @staticmethod
+    def to_decide(record: PairedRecord, look: Any, budget: Budget) -> str:
+        """Undecided at the cost budget: about what budget would decide at the noise measured (9 times in 10, were
+        the change at its estimate), or why none would."""
+        if record.cost_budget is None or record.timed_s is None or not record.ungated_s or look.pairs <= 0:
+            return ""
+        if look.unmeasurable:
+            return (f"; no budget would decide: the pairs waited for a CPU {look.waited:.0%} of the time "
+                    "(unmeasurable), a quieter host would")
+        needed = deciding_pairs(look, budget, look.share, POWER)
+        wanted = math.ceil(max(needed / look.pairs, 1.0) * record.timed_s / record.ungated_s) if \
+            math.isfinite(needed) else math.inf
+        estimate = f"{(math.exp(look.estimate) - 1) * 100:+.1f}%"
+        noise = f"the noise ±{look.sigma * 100:.2g}% per pair"
+        if wanted > MAX_COST_BUDGET:
+            return (f"; no budget up to gate_cost_budget {MAX_COST_BUDGET:g} would decide: the change ({estimate}) "
+                    f"is too close to the threshold for {noise}")
+        if wanted <= record.cost_budget:
+            return (f"; this budget decides a change of {estimate} at {noise} 9 times in 10: re-run it (or raise "
+                    f"gate_cost_budget)")
+        return (f"; were the change {estimate} and {noise}, gate_cost_budget {wanted:g} would decide 9 times in "
+                "10")
+
+    def able(self, record: PairedRecord, look: Any, limit: float) -> Any:
+        """What the verdict could detect at the end of its plan (the budget), at the noise it measured."""
+        if record.cost_budget is not None and record.timed_s and record.ungated_s and record.fractions:
+            pairs = round(len(record.pairs) * record.cost_budget * record.ungated_s / record.timed_s)
+            before = [f for f in record.fractions if f < 1.0]
+            share = 1.0 - (before[-1] ** record.spending if before and record.spending else 0.0)
+            return power(look.sigma, max(pairs, 1), limit, self.budget, 1.0 / max(share, 1e-9))
+        schedule = Schedule(tuple(record.looks or [look.pairs]))
+        return power(look.sigma, schedule.cap, limit, self.budget, len(schedule.looks))
 
     def paired(self, record: PairedRecord, figure: str, place: str, primary: bool) -> GateVerdict:
         limit = math.log(allowed_ratio(self.percent, figure))
@@ -217,17 +266,19 @@ class Comparison:
         ratio = math.exp(sign * look.estimate)
         bounds = sorted((math.exp(sign * look.low), math.exp(sign * look.high)))
         interval = (bounds[0], bounds[1])
-        able = power(look.sigma, record.looks[-1] if record.looks else look.pairs, limit, self.budget,
-                     max(len(record.looks), 1))
+        able = self.able(record, look, limit)
         what = FIGURE_TEXT.get(figure, figure)
         rounds = f" of {record.block_s * 1000:.3g} ms blocks" if record.block_s else ""
         detail = (f"paired A/B, {look.pairs} pairs{rounds}: ratio {ratio:.3f}, bounds {interval[0]:.3f}-"
-                  f"{interval[1]:.3f} (lower at {1 - self.budget.alpha_fail / max(len(record.looks), 1):.2%}, upper "
-                  f"at {1 - self.budget.alpha_pass / max(len(record.looks), 1):.2%} confidence; AB/BA seed "
+                  f"{interval[1]:.3f} (lower at {1 - self.budget.alpha_fail * look.share:.2%}, upper "
+                  f"at {1 - self.budget.alpha_pass * look.share:.2%} confidence; AB/BA seed "
                   f"{record.seed})")
         seen = self.interference(record, look)
         if seen:
             detail += f"; {seen}"
+        spent = self.cost(record)
+        if spent:
+            detail += f"; {spent}"
         if self.pinned:
             detail += f"; the reference ran with its pinned settings ({', '.join(self.pinned)})"
         if look.unmeasurable:
@@ -241,20 +292,23 @@ class Comparison:
                       f"max_regression_percent {self.percent:g} with confidence ({detail})")
         else:
             first = record.looks[0] if record.looks else MIN_PAIRS
-            if look.pairs < first:
+            if look.pairs < first and record.cost_budget is None:  # a record of an earlier version
                 blocks = [float(p["candidate"].get("mean", 0)) * float(p["candidate"].get("queries", 1)) / 1000.0
                           for p in record.pairs]
                 block = sum(blocks) / len(blocks) if blocks else 0.0
                 cause = (f"only {look.pairs} pair(s) fitted in max_duration_s: a block (at least one query) took "
                          f"{block:.3g} s and the first look needs {first} pairs; raise max_duration_s to "
                          f"{first * block * 1.2:.3g} s or more to decide")
+            elif look.final and record.cost_budget is not None:
+                cause = "the cost budget" + self.to_decide(record, look, self.budget)
             elif look.final:
                 cause = "the cap"
             else:
                 cause = "the pairs measured before the node stopped (re-run it to measure more)"
+            hint = PAIRED_HINT if record.cost_budget is not None else NOISY_HINT
             reason = (f"{place}: inconclusive: {what} {_change(ratio, figure)} against {self.against}, neither "
                       f"beyond nor within max_regression_percent {self.percent:g} with confidence at {cause} "
-                      f"({detail}); {NOISY_HINT}")
+                      f"({detail}); {hint}")
         return self.verdict(look.outcome, reason, place, figure, ratio, interval, PAIRED, primary, look.pairs,
                             able.text(figure))
 

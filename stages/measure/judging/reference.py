@@ -24,7 +24,7 @@ from trtflow.stage import Pin, Reference
 
 from ..settings import GateFields
 from ..statistics.paired import ALPHA_PASS, Budget, family_alpha
-from ..timing.ab import EXTEND, PairPlan, block_length, round_schedule
+from ..timing.ab import COST_BUDGET, PairPlan, block_length, look_marks
 from .baseline import baseline_reference
 from .gates import allowed_ratio
 
@@ -134,15 +134,15 @@ def gate_batch(params: GateFields, batch_sizes: Sequence[int]) -> int | None:
     return max(batch_sizes)
 
 
-def pair_plan(params: GateFields, window_s: float, min_seconds: float, max_seconds: float, family: int, batch: int,
-              streams: int = 1, seed: int | None = None) -> PairPlan:
+def pair_plan(params: GateFields, window_s: float, min_seconds: float, family: int, batch: int, streams: int = 1,
+              seed: int | None = None, cost_budget: float = COST_BUDGET) -> PairPlan:
     """How the gate point is paired: the figure and threshold its stopping rule watches, the recipe's share of the
     error budget, each side's block in a round (`measure.timing.ab.block_length` of the point's window) and the
-    looks (`measure.timing.ab.round_schedule`: the first at ``min_seconds`` of the candidate's side, the last at
-    ``max_seconds``, the point's usual cap: a paired point times at most twice what it would alone at its cap)."""
+    looks (`measure.timing.ab.look_marks`) within the cost budget: both sides timed at most ``cost_budget``
+    times what the point times ungated at least (``min_seconds``, at least one window)."""
     percent = params.max_regression_percent or DEFAULT_PERCENT
     budget = Budget(family_alpha(family), ALPHA_PASS)
     block = block_length(window_s)
+    ungated = max(min_seconds, window_s)
     return PairPlan(batch, streams, params.gate_figure, math.log(allowed_ratio(percent, params.gate_figure)), budget,
-                    round_schedule(min_seconds, max_seconds, block, budget, EXTEND), max_seconds, seed, block,
-                    window_s, min_seconds, EXTEND)
+                    look_marks(cost_budget), seed, block, window_s, ungated, cost_budget)

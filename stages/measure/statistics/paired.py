@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from statistics import NormalDist
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 Outcome = Literal["pass", "fail", "inconclusive"]
 
@@ -84,9 +84,10 @@ def bound_rank(n: int, alpha: float) -> int | None:
     largest k with P(W+ <= k - 1) <= alpha. None when ``n`` pairs cannot reach that level (2^-n > alpha)."""
     if n < 1:
         return None
-    cdf = _signed_rank_cdf(n)
-    below = [w for w, p in enumerate(cdf) if p <= alpha]
-    return below[-1] + 1 if below else None
+    from bisect import bisect_right
+
+    found = bisect_right(_signed_rank_cdf(n), alpha)  # the cdf rises: the count of w with P(W+ <= w) <= alpha
+    return found if found else None
 
 
 def min_pairs(alpha: float) -> int:
@@ -100,7 +101,7 @@ def walsh_averages(values: Sequence[float]) -> list[float]:
 
     data = np.asarray(values, dtype=float)
     i, j = np.triu_indices(data.size)
-    return sorted(((data[i] + data[j]) / 2.0).tolist())
+    return cast(list[float], np.sort((data[i] + data[j]) / 2.0).tolist())
 
 
 def hodges_lehmann(values: Sequence[float]) -> float:
@@ -164,21 +165,28 @@ class Budget:
 
 @dataclass(frozen=True)
 class Schedule:
-    """When the verdict is looked at: after these numbers of pairs (the last one is the cap)."""
+    """When the verdict is looked at: after these numbers of pairs (the last one is the cap), and how the error
+    rates are spent among the looks (`share`)."""
 
     looks: tuple[int, ...]
+    #: None: an even share at each look (alpha / K). A number rho: the power family of spending functions (Kim and
+    #: DeMets: alpha x t^rho spent by the look at information fraction t; rho 1 is close to Pocock's boundaries, 3
+    #: to O'Brien and Fleming's), each look spending its increment over the looks before it, Bonferroni (valid
+    #: whatever the looks' correlation, and for the signed-rank bounds, which are not normal).
+    spending: float | None = None
+    #: Each look's information fraction (1: the last one the plan allows, the end of the budget); None: pairs / cap.
+    fractions: tuple[float, ...] | None = None
 
     @classmethod
     def up_to(cls, cap: int, budget: Budget, count: int = MAX_LOOKS, first: int | None = None) -> Schedule:
         """At most ``count`` evenly spread looks from ``first`` (default: the first pair count that can decide)
-        to ``cap``."""
+        to ``cap``, each spending an even share."""
         first = max(first or 0, budget.first_pairs(count))
         cap = max(cap, first)
         if cap == first:
             return cls((first,))
         steps = min(count, cap - first + 1)
-        looks = sorted({round(first + (cap - first) * i / (steps - 1)) for i in range(steps)})
-        return cls(tuple(looks))
+        return cls(tuple(sorted({round(first + (cap - first) * i / (steps - 1)) for i in range(steps)})))
 
     @property
     def cap(self) -> int:
@@ -186,6 +194,36 @@ class Schedule:
 
     def is_look(self, pairs: int) -> bool:
         return pairs in self.looks
+
+    def fraction(self, pairs: int) -> float:
+        """The information fraction of the planned look at ``pairs`` pairs (or of the last one before it)."""
+        taken = [i for i, n in enumerate(self.looks) if n <= pairs]
+        if not taken:
+            return 0.0
+        if self.fractions is not None and len(self.fractions) == len(self.looks):
+            return min(self.fractions[taken[-1]], 1.0)
+        return min(self.looks[taken[-1]] / self.cap, 1.0)
+
+    def is_final(self, pairs: int) -> bool:
+        """Whether the look at ``pairs`` pairs is the last the plan allows."""
+        return self.fraction(pairs) >= 1.0 if self.fractions is not None else pairs == self.cap
+
+    def spent(self, pairs: int) -> float:
+        """The share of the error rates spent by the planned looks up to ``pairs`` pairs."""
+        if self.spending is None:
+            return sum(n <= pairs for n in self.looks) / len(self.looks)
+        return self.fraction(pairs) ** self.spending
+
+    def share(self, pairs: int, final: bool = False) -> float:
+        """The share of the error rates a look after ``pairs`` pairs spends: a planned look its increment; a
+        ``final`` look off the plan (the measurement ended there) what the planned looks before it left (even
+        spending: one look's share, as before)."""
+        if self.spending is None:
+            return 1.0 / len(self.looks)
+        before = self.spent(pairs - 1)
+        if final and not self.is_look(pairs):
+            return max(1.0 - before, 0.0)
+        return max(self.spent(pairs) - before, 0.0)
 
 
 @dataclass(frozen=True)
@@ -203,6 +241,7 @@ class Look:
     aside: tuple[int, ...] = ()  # pairs set aside as disturbed (indices among the pairs looked at)
     waited: float | None = None  # the share of the pairs' time spent waiting for a CPU (None: not measured)
     unmeasurable: bool = False  # waited at least UNMEASURABLE_WAIT: judged as if the waiting had been work
+    share: float = 1.0  # of the error rates this look spent (`Schedule.share`)
 
     @property
     def ratio(self) -> float:
@@ -217,11 +256,11 @@ Waits = Sequence[tuple[float, float]]  # per pair: the candidate's and the refer
 
 
 def look(values: Sequence[float], limit: float, budget: Budget, looks: int, final: bool,
-         waits: Waits | None = None) -> Look:
-    """One look at ``values`` (pairs' log-ratios) against ``limit`` (the log threshold), spending 1 / ``looks`` of
-    the budget, on the pairs `set_aside` keeps. ``waits`` (aligned with ``values``): where the pairs waited for a
-    CPU `UNMEASURABLE_WAIT` of their time or more, a fail must hold with each candidate side's waiting taken out
-    of its latency, and a pass with each reference side's taken out."""
+         waits: Waits | None = None, share: float | None = None) -> Look:
+    """One look at ``values`` (pairs' log-ratios) against ``limit`` (the log threshold), spending ``share`` (default
+    1 / ``looks``) of the budget, on the pairs `set_aside` keeps. ``waits`` (aligned with ``values``): where the
+    pairs waited for a CPU `UNMEASURABLE_WAIT` of their time or more, a fail must hold with each candidate side's
+    waiting taken out of its latency, and a pass with each reference side's taken out."""
     kept, aside = set_aside(values)
     kept_waits = [w for i, w in enumerate(waits) if i not in set(aside)] if waits is not None and \
         len(waits) == len(values) else None
@@ -232,11 +271,12 @@ def look(values: Sequence[float], limit: float, budget: Budget, looks: int, fina
         pass_values = [v - math.log(max(1.0 - r, 1e-9)) for v, (_, r) in zip(kept, kept_waits, strict=True)]
     else:
         fail_values = pass_values = kept
-    low = lower_bound(fail_values, budget.alpha_fail / looks)
-    high = upper_bound(pass_values, budget.alpha_pass / looks)
+    spent = share if share is not None else 1.0 / looks
+    low = lower_bound(fail_values, budget.alpha_fail * spent) if spent > 0 else -math.inf
+    high = upper_bound(pass_values, budget.alpha_pass * spent) if spent > 0 else math.inf
     outcome: Outcome = "fail" if low > limit else "pass" if high < limit else "inconclusive"
     return Look(len(values), hodges_lehmann(kept) if kept else 0.0, low, high, limit, outcome, final,
-                noise(kept), tuple(aside), waited, busy)
+                noise(kept), tuple(aside), waited, busy, spent)
 
 
 def sequential(values: Sequence[float], schedule: Schedule, limit: float, budget: Budget,
@@ -250,12 +290,13 @@ def sequential(values: Sequence[float], schedule: Schedule, limit: float, budget
 
     def at(pairs: int, final: bool) -> Look:
         return look(values[:pairs], limit, budget, count, final,
-                    waits[:pairs] if waits is not None and len(waits) == len(values) else None)
+                    waits[:pairs] if waits is not None and len(waits) == len(values) else None,
+                    schedule.share(pairs, final))
 
     for pairs in schedule.looks:
         if pairs > len(values):
             break
-        taken = at(pairs, pairs == schedule.cap)
+        taken = at(pairs, schedule.is_final(pairs))
         if taken.outcome != "inconclusive":
             return taken
     if ended and len(values) >= 2 and (taken is None or taken.pairs < len(values)):
@@ -293,9 +334,23 @@ class Power:
                 "pairs": self.pairs, "sigma": self.sigma}
 
 
-def power(sigma: float, pairs: int, limit: float, budget: Budget, looks: int, probability: float = POWER) -> Power:
+def deciding_pairs(found: Look, budget: Budget, share: float, probability: float = 0.5) -> float:
+    """About how many pairs would decide the comparison ``found`` looked at (``probability`` of the time, the
+    median by default), were the change at its estimate and the pairs' spread as measured, at a look spending
+    ``share`` of the error rates (normal approximation with the signed-rank test's efficiency); inf when the
+    estimate is on the threshold or the spread unknown."""
+    distance = abs(found.estimate - found.limit)
+    if distance <= 0 or not math.isfinite(found.sigma) or share <= 0:
+        return math.inf
+    normal = NormalDist()
+    alpha = budget.alpha_fail if found.estimate > found.limit else budget.alpha_pass
+    z = normal.inv_cdf(1 - alpha * share) + normal.inv_cdf(probability)
+    return max((z * found.sigma / distance) ** 2 / EFFICIENCY, float(min_pairs(alpha * share)))
+
+
+def power(sigma: float, pairs: int, limit: float, budget: Budget, looks: float, probability: float = POWER) -> Power:
     """The smallest change (log scale ``limit``) failed and the largest passed ``probability`` of the time at the
-    last look, for pairs with spread ``sigma``."""
+    last look, for pairs with spread ``sigma``, the last look spending 1 / ``looks`` of the error rates."""
     normal = NormalDist()
     spread = sigma / math.sqrt(max(pairs, 1) * EFFICIENCY) if math.isfinite(sigma) else math.inf
     z_power = normal.inv_cdf(probability)
@@ -333,7 +388,23 @@ class PairedRecord:
     alpha_pass: float = ALPHA_PASS
     seed: int | None = None  # of the pairs' AB/BA orders (`ab_seed` replays the run)
     block_s: float | None = None  # each side's block in a pair (None: a window each, before rounds)
-    extended: bool = False  # went on past the point's cap, interference seen
+    extended: bool = False  # records of earlier versions: went on past the point's cap (now within the budget)
+    cost_budget: float | None = None  # both sides timed at most this many times ungated_s (None: earlier records)
+    ungated_s: float | None = None  # what the point times ungated at least (its min_duration_s)
+    timed_s: float | None = None  # both sides' timed seconds
+    spending: float | None = None  # how the looks spend the error rates (`Schedule.spending`)
+    fractions: list[float] | None = None  # each look's information fraction (`Schedule.fractions`)
+
+    def schedule(self) -> Schedule:
+        """The looks the measurement planned (and, looked at by the cost they reached, took)."""
+        return Schedule(tuple(self.looks), self.spending, tuple(self.fractions) if self.fractions else None)
+
+    @property
+    def cost(self) -> float | None:
+        """Both sides' timed seconds over the ungated point's (None when not recorded)."""
+        if self.timed_s is None or not self.ungated_s:
+            return None
+        return self.timed_s / self.ungated_s
 
     def add(self, order: str, reference: dict[str, float], candidate: dict[str, float]) -> None:
         self.pairs.append({"order": order, "reference": reference, "candidate": candidate})
@@ -362,7 +433,7 @@ class PairedRecord:
         return found
 
     def judge(self, figure: str, limit: float, budget: Budget) -> Look:
-        return sequential(self.log_ratios(figure), Schedule(tuple(self.looks)), limit, budget, self.ended,
+        return sequential(self.log_ratios(figure), self.schedule(), limit, budget, self.ended,
                           self.wait_shares(figure))
 
     def reference_spread(self, figure: str | None = None) -> float:
@@ -382,7 +453,8 @@ class PairedRecord:
         return {"batch_size": self.batch_size, "streams": self.streams, "figure": self.figure, "pairs": self.pairs,
                 "looks": self.looks, "ended": self.ended, "alpha_fail": self.alpha_fail,
                 "alpha_pass": self.alpha_pass, "seed": self.seed, "block_s": self.block_s,
-                "extended": self.extended}
+                "extended": self.extended, "cost_budget": self.cost_budget, "ungated_s": self.ungated_s,
+                "timed_s": self.timed_s, "spending": self.spending, "fractions": self.fractions}
 
     @classmethod
     def from_dict(cls, data: Any) -> PairedRecord | None:
@@ -395,8 +467,14 @@ class PairedRecord:
                    looks or [max(len(pairs), 1)], bool(data.get("ended")),
                    float(data.get("alpha_fail", ALPHA_FAIL)), float(data.get("alpha_pass", ALPHA_PASS)),
                    data.get("seed") if isinstance(data.get("seed"), int) else None,
-                   float(data["block_s"]) if isinstance(data.get("block_s"), (int, float)) else None,
-                   bool(data.get("extended")))
+                   _number(data.get("block_s")), bool(data.get("extended")), _number(data.get("cost_budget")),
+                   _number(data.get("ungated_s")), _number(data.get("timed_s")), _number(data.get("spending")),
+                   [float(v) for v in data["fractions"] if isinstance(v, (int, float))]
+                   if isinstance(data.get("fractions"), list) else None)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 # -- several candidates timed round-robin ------------------------------------------------------------------------

@@ -12,14 +12,17 @@ also spreads its runs over processes and Pinpoint over bots, which a run of one 
 is new every run unless the plan fixes one (``ab_seed``), and is recorded with the pairs, so a run can be replayed.
 
 The candidate's blocks are also its own measurement of that point (each `step` returns one ungated window's worth
-of them as one window). The verdict is looked at after planned numbers of pairs (`paired.Schedule`): the first
-when the candidate's side has been timed the point's ``min_duration_s``, the last at its ``max_duration_s``; the
-pairing stops when the verdict is decided, at the last look, or before a round would take the candidate's side
-past ``max_duration_s``. So a gated point costs at most twice the seconds of the same point ungated at its cap,
-the gated benchmark's stated budget (and about twice an ungated point that converges at ``min_duration_s``, when
-the verdict decides at its first look). Queries too slow for the planned rounds: the looks are planned again from
-the first round's measured length (the plan depends on the timer, never on the outcome), so a slow point still
-decides, or its verdict says how many pairs fitted.
+of them as one window). **The cost budget** (``cost_budget``, the recipe's ``gate_cost_budget``): both sides
+together are timed at most ``cost_budget`` times ``ungated_s``, the seconds the same point times ungated at least
+(its ``min_duration_s``, at least one window: what it costs when it converges, and no ungated point costs less), so
+a gated point costs at most that many times the ungated one. The looks are planned *by cost* (`look_marks`): the
+first when both sides have been timed 2 x ``ungated_s`` (a point deciding there costs 2x the ungated one), then
+evenly to the budget; each look is taken after the last round that keeps both sides within its mark (a round like
+the last would pass it), so the budget is met up to one round's difference from the last (a round's queries are
+never interrupted). The error rates are spent over the looks' information fractions (their cost over the budget,
+`SPENDING`). Looking by cost depends on the timer, never on the pairs' ratios; slow queries simply give fewer
+pairs, and a look with too few pairs for its share passes that share to the next, so a slow point still decides
+at the budget, or its verdict says what budget would.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..statistics.intervals import Window
-from ..statistics.paired import Budget, Look, PairedRecord, Schedule, sequential
+from ..statistics.paired import Budget, Look, PairedRecord, look, min_pairs
 from ..statistics.stats import grid_median, percentile
 
 TimeWindow = Callable[[float, int], Window]
@@ -59,20 +62,28 @@ class PairPlan:
     streams: int
     figure: str  # p50, p99, mean or throughput: what the stopping rule watches
     limit: float  # log of the threshold ratio (> 0: worse)
-    budget: Budget
-    schedule: Schedule  # in pairs (rounds)
-    max_seconds: float  # timed seconds of the candidate's side at most
+    budget: Budget  # the error rates
+    marks: tuple[float, ...]  # the looks: both sides' timed seconds, as multiples of ungated_s (`look_marks`)
     seed: int | None = None  # of the AB/BA orders; None: a new one each run (recorded)
     block_s: float = 0.0375  # each side of a round
     window_s: float = 0.6  # the candidate's blocks returned as one window per step
-    min_seconds: float = 3.0  # the candidate's side timed before the first look
-    extend: float = 1.0  # beside interference, the candidate's side may be timed up to extend x max_seconds
+    ungated_s: float = 3.0  # what the point times ungated at least (min_duration_s): the budget's unit
+    cost_budget: float = 8.0  # both sides timed at most this many times ungated_s (`COST_BUDGET`)
+    also: tuple[str, ...] = ()  # other figures that must be decided too before the pairing stops
 
 
-#: Beside interference (the rule for disturbed pairs set some aside), an undecided verdict at ``max_seconds``
-#: goes on to this many times it: the looks are planned to the extended cap from the start, and stopping at the
-#: nominal cap on a quiet host (undecided) can only lower the error rates.
-EXTEND = 2.0
+#: The gated point's timed seconds (both sides) at most this many times the ungated point's (`PairPlan`): the
+#: smallest whole budget that keeps the gate's power (unchanged red at most 1 in 20, twice the threshold failed at
+#: least 9 in 10) in every noise class of ``bench/gate_power.py``: within 2 (one look) the gpu model keeps it, the
+#: cpu model beside a co-tenant switching within a pair does not (18% of unchanged runs red, 2x failed 37%); 6
+#: fails 2x ~85%, 7 ~90%, 8 94% there (README's power table). A point deciding at its first look costs 2x.
+COST_BUDGET = 8.0
+#: How the looks spend the error rates (`paired.Schedule.spending`): alpha x t^SPENDING by the look at the
+#: information fraction t (here the look's cost over the budget: rounds are of equal planned length). 2 spends
+#: little at the first look (where a quiet host decides anyway, with power to spare) and keeps most of it for the
+#: looks a noisy host needs; even shares (the earlier Bonferroni split) lost ~5 points of power at a co-tenant
+#: switching within a pair, 3 (O'Brien-Fleming-like) gained about 1 and costs more on average.
+SPENDING = 2.0
 #: Rounds per ungated window, and the shortest block (a block times at least one query).
 ROUNDS_PER_WINDOW = 16
 MIN_BLOCK_S = 0.002
@@ -85,21 +96,16 @@ def block_length(window_s: float) -> float:
     return max(window_s / ROUNDS_PER_WINDOW, MIN_BLOCK_S)
 
 
-def round_schedule(min_seconds: float, max_seconds: float, block_s: float, budget: Budget,
-                   extend: float = EXTEND) -> Schedule:
-    """The looks of a paired point timed in blocks of ``block_s``: the first when the candidate's side has been
-    timed ``min_seconds`` (or the fewest pairs that can decide, if more), then evenly to ``max_seconds`` (the
-    last of them at or after it) and on to ``extend`` x ``max_seconds``."""
+def look_marks(cost_budget: float) -> tuple[float, ...]:
+    """When a paired point is looked at, as both sides' timed seconds over the ungated point's: the first at 2 (the
+    candidate's side timed as long as the point ungated), then evenly spread to the budget, about one per unit
+    of it (at most `MAX_LOOKS` in all: 2, 4, 6, 8 for a budget of 8)."""
     from ..statistics.paired import MAX_LOOKS
 
-    first = max(budget.first_pairs(MAX_LOOKS), math.ceil(min_seconds / max(block_s, 1e-6)))
-    nominal = Schedule.up_to(int(max_seconds / max(block_s, 1e-6)), budget, first=first)
-    if extend <= 1.0 or len(nominal.looks) < 2:
-        return nominal
-    step = nominal.looks[-1] - nominal.looks[-2]
-    beyond = int(extend * max_seconds / max(block_s, 1e-6))
-    more = tuple(range(nominal.cap + step, beyond + 1, step))[: MAX_LOOKS - 1]
-    return Schedule(nominal.looks + more)
+    count = min(MAX_LOOKS, 1 + max(round(cost_budget - 2.0), 0))
+    if count == 1 or cost_budget <= 2.0:
+        return (cost_budget,)
+    return tuple(round(2.0 + (cost_budget - 2.0) * i / (count - 1), 6) for i in range(count))
 
 
 def _compact(figures: dict[str, float]) -> dict[str, float]:
@@ -122,30 +128,29 @@ class Pairing:
     record: PairedRecord = field(init=False)
     done: bool = False
     last: Look | None = None
-    replanned: str | None = None  # why the looks were planned again (slow queries)
-    extended: bool = False  # went on past max_seconds (interference seen, `EXTEND`)
     _spent_s: float = 0.0
     _reference_s: float = 0.0
     _references: int = 0
-    _schedule: Schedule = field(init=False)
+    _next: int = 0  # the next look among the plan's marks
 
     def __post_init__(self) -> None:
         seed = self.plan.seed if self.plan.seed is not None else secrets.randbits(32)
-        self._schedule = self.plan.schedule
-        self.record = PairedRecord(self.plan.batch_size, self.plan.streams, self.plan.figure,
-                                   looks=list(self._schedule.looks), alpha_fail=self.plan.budget.alpha_fail,
-                                   alpha_pass=self.plan.budget.alpha_pass, seed=seed, block_s=self.plan.block_s)
+        self.record = PairedRecord(self.plan.batch_size, self.plan.streams, self.plan.figure, looks=[],
+                                   alpha_fail=self.plan.budget.alpha_fail, alpha_pass=self.plan.budget.alpha_pass,
+                                   seed=seed, block_s=self.plan.block_s, cost_budget=self.plan.cost_budget,
+                                   ungated_s=self.plan.ungated_s, spending=SPENDING, fractions=[])
         self._random = random.Random(seed)
 
-    def _replan(self, block_wall_s: float) -> None:
-        """The looks planned again when the first round's block took far longer than planned (slow queries)."""
-        if block_wall_s <= 2.0 * self.plan.block_s:
-            return
-        self._schedule = round_schedule(self.plan.min_seconds, self.plan.max_seconds, block_wall_s,
-                                        self.plan.budget, self.plan.extend)
-        self.record.looks = list(self._schedule.looks)
-        self.replanned = (f"a block took {block_wall_s:.3g} s (planned {self.plan.block_s:.3g} s): looks planned "
-                          f"again at {', '.join(str(v) for v in self._schedule.looks)} pairs")
+    def _look_due(self, round_s: float) -> float | None:
+        """The information fraction of a look due now (the next round like the last would take both sides past
+        its mark; several marks passed at once: the latest), or None."""
+        due = None
+        timed = self._spent_s + self._reference_s
+        while self._next < len(self.plan.marks) and timed + round_s > self.plan.marks[self._next] * \
+                self.plan.ungated_s:
+            due = self.plan.marks[self._next] / self.plan.cost_budget
+            self._next += 1
+        return due
 
     def step(self, candidate: TimeWindow, seconds: float, index: int) -> Window:
         """Time rounds (a reference block and a candidate block each, in a random order) for about one ungated
@@ -165,25 +170,30 @@ class Pairing:
             self._references += 1
             self._spent_s += ours.wall_ms / 1000.0
             self._reference_s += theirs.wall_ms / 1000.0
+            self.record.timed_s = round(self._spent_s + self._reference_s, 4)
             self.record.add(order, _compact(window_figures(theirs, self.plan.batch_size)),
                             _compact(window_figures(ours, self.plan.batch_size)))
-            count = len(self.record.pairs)
-            if count == 1:
-                self._replan(ours.wall_ms / 1000.0)
-            # stop before a round would take the candidate's side past its cap: the budget is met, not overrun
-            cap_s = self.plan.max_seconds * (self.plan.extend if self.extended else 1.0)
-            out_of_time = self._spent_s + ours.wall_ms / 1000.0 > cap_s
-            if self._schedule.is_look(count) or out_of_time:
-                ended = out_of_time or count >= self._schedule.cap
-                self.last = sequential(self.record.log_ratios(self.plan.figure), self._schedule, self.plan.limit,
-                                       self.plan.budget, ended, waits=self.record.wait_shares())
-                if ended and self.last.outcome == "inconclusive" and not self.extended and \
-                        self.plan.extend > 1.0 and self.last.aside and count < self._schedule.cap:
-                    self.extended = True  # interference seen: on to the extended cap, as planned
-                    self.record.extended = True
-                elif self.last.outcome != "inconclusive" or ended:
-                    self.done = True
-                    self.record.ended = ended
+            fraction = self._look_due((ours.wall_ms + theirs.wall_ms) / 1000.0)
+            if fraction is None:
+                continue
+            count, final = len(self.record.pairs), fraction >= 1.0
+            share = fraction ** SPENDING - (self.record.fractions or [0.0])[-1] ** SPENDING
+            if not final and count < min_pairs(min(self.plan.budget.alpha_fail, self.plan.budget.alpha_pass) * share):
+                continue  # too few pairs to decide at this look's share: it carries over to the next
+            self.record.looks.append(count)
+            assert self.record.fractions is not None
+            self.record.fractions.append(fraction)
+            # the looks before were undecided (else it would have stopped): the verdict is this look's
+            # (`paired.sequential` over the record, as the gate judges it again, finds the same); with ``also``,
+            # it stops when every figure is decided (or at the budget)
+            schedule = self.record.schedule()
+            looks = [look(self.record.log_ratios(figure), self.plan.limit, self.plan.budget, len(schedule.looks),
+                          final, self.record.wait_shares(figure), schedule.share(count, final))
+                     for figure in (self.plan.figure, *self.plan.also)]
+            self.last = looks[0]
+            if all(found.outcome != "inconclusive" for found in looks) or final:
+                self.done = True
+                self.record.ended = final
         return pooled(mine)
 
     def summary(self) -> dict[str, Any]:
@@ -193,6 +203,5 @@ class Pairing:
                                 "ratio": self.last.ratio if math.isfinite(self.last.estimate) else None}
         found["seconds"] = round(self._spent_s, 3)
         found["reference_seconds"] = round(self._reference_s, 3)
-        if self.replanned:
-            found["replanned"] = self.replanned
+        found["cost"] = round(self.record.cost, 3) if self.record.cost is not None else None
         return found
