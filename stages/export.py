@@ -132,7 +132,7 @@ class Params(StageParams):
     def _known_task(cls, value: str | None) -> str | None:
         from trtflow.errors import did_you_mean
 
-        from .formats.huggingface import TASKS
+        from .formats.hf_tasks import TASKS
 
         if value is not None and value not in TASKS:
             suggestion = did_you_mean(value, list(TASKS))

@@ -300,7 +300,7 @@ def test_init_with_a_missing_package_exits_3_with_the_install_hint(tmp_path):
 
 def test_init_task_names_are_export_tasks():
     from trtflow_stages.cli.init import TASK_NAMES
-    from trtflow_stages.formats.huggingface import TASKS
+    from trtflow_stages.formats.hf_tasks import TASKS
 
     assert tuple(TASKS) == TASK_NAMES
 

@@ -14,7 +14,7 @@ from tests.conftest import trtflow_cli as trtflow
 from tests.stages.test_generation import save_family
 from trtflow.errors import TrtflowError
 from trtflow_stages.cli.init import TASK_NAMES
-from trtflow_stages.formats.huggingface import TASKS
+from trtflow_stages.formats.hf_tasks import TASKS
 
 
 @pytest.fixture(scope="module")

@@ -199,7 +199,8 @@ def _saved_model_parts(model: str, inputs: list[str], output: Path, task: str | 
 
 def _architecture_note(folder: Path, task: str | None, chosen: str) -> str | None:
     """A note when config.json's architectures name a class no task maps (the base model's features are exported)."""
-    from ..formats.huggingface import architecture_task, read_config, supported_tasks
+    from ..formats.hf_tasks import architecture_task, supported_tasks
+    from ..formats.huggingface import read_config
 
     config = read_config(folder)
     if task is not None or architecture_task(config) is not None or not config.get("architectures"):

@@ -33,12 +33,8 @@ from trtflow.stage import RecipeMismatch, StageFailed
 
 from .generation import TASK as GENERATION_TASK
 from .hf_limits import Limit, _sub, audio_limit, decoder_sequence_limit, sequence_limit
-from .hf_tasks import _TOWERS, TASKS, Task, _mapping, architecture_task, supported_tasks, task_of
+from .hf_tasks import _TOWERS, TASKS, _mapping, supported_tasks, task_of
 from .seq2seq import TASKS as SEQ2SEQ_TASKS
-
-__all__ = ["TASKS", "Limit", "Task", "architecture_task", "audio_limit", "decoder_sequence_limit",  # defined in
-           "sequence_limit", "supported_tasks", "task_of"]  # hf_tasks and hf_limits
-
 
 #: The parts an encoder-decoder model exports as.
 PARTS = ("encoder", "decoder")

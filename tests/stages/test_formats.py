@@ -415,7 +415,7 @@ def test_hugging_face_configs_describe_tasks_parts_inputs_and_limits(tmp_path, n
 def test_the_audio_limit_is_the_feature_encoders_receptive_field():
     from types import SimpleNamespace
 
-    from trtflow_stages.formats.huggingface import audio_limit, sequence_limit
+    from trtflow_stages.formats.hf_limits import audio_limit, sequence_limit
 
     usual = SimpleNamespace(conv_kernel=[10, 3, 3, 3, 3, 2, 2], conv_stride=[5, 2, 2, 2, 2, 2, 2])
     assert audio_limit(usual).low == 400  # wav2vec2-base: 25 ms at 16 kHz
