@@ -493,7 +493,8 @@ def test_finalists_judged_on_time_per_token_are_timed_together(llama_export, tmp
     import logging
 
     from trtflow_stages.measure.serving.generation import generation_timers
-    from trtflow_stages.measure.timing.finalists import measure_round_robin, timing_plan
+    from trtflow_stages.measure.timing.finalist_plans import timing_plan
+    from trtflow_stages.measure.timing.finalists import measure_round_robin
 
     model = llama_export.outputs["model"]
     method = {"onnxruntime": {"intra_op_threads": 1}, "max_duration_s": 0.3, "min_duration_s": 0.1, "repeats": 3,

@@ -231,11 +231,15 @@ def level_line(level: dict[str, Any]) -> str:
 
 
 def generation_timers(models: Mapping[str, Path], requests: Mapping[str, Any], options: Mapping[str, Any],
-                      device: str, log: Any) -> dict[str, Callable[[float, int], Window]]:
-    """A window timer per ONNX model with its KV cache (select's finalists judged on time per output token): each
-    window runs the benchmark's closed-loop requests (``requests``: context_length, new_tokens, seed, concurrency)
-    on an ONNX Runtime session with the benchmark's ``options`` on ``device`` and returns the requests' times per
-    output token (`measure.timing.finalists.measure_round_robin` takes their statistics per round)."""
+                      device: str, log: Any, which: str = "tpot") -> dict[str, Callable[[float, int], Window]]:
+    """A window timer per ONNX model with its KV cache (select's finalists judged on generation): each window runs
+    the benchmark's closed-loop requests (``requests``: context_length, new_tokens, seed, concurrency) on an ONNX
+    Runtime session with the benchmark's ``options`` on ``device`` and returns the requests' times per output token
+    (``which`` "tpot") or to first token ("ttft") (`measure.timing.finalists.measure_round_robin` takes their
+    statistics per round)."""
+    if which not in ("tpot", "ttft"):
+        raise ValueError(f"which must be tpot or ttft, not {which!r}")
+    pick = 1 if which == "tpot" else 0
     from ...accuracy.recovery import runtime_options
     from ...runtimes.generation import OrtDecoder, greedy
     from ...runtimes.ort import OrtOptions, create_session
@@ -252,7 +256,8 @@ def generation_timers(models: Mapping[str, Path], requests: Mapping[str, Any], o
         greedy(decoder, prompts[0], new_tokens, keep_logits=False)  # warm-up
 
         def timer(seconds: float, index: int, decoder: Any = decoder, prompts: Any = prompts) -> Window:
-            return _window(decoder, prompts, new_tokens, clients, seconds, time.perf_counter_ns)[1]
+            first, per_token, _ = _window(decoder, prompts, new_tokens, clients, seconds, time.perf_counter_ns)
+            return per_token if pick else first
 
         timers[name] = timer
     return timers
