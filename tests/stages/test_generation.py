@@ -475,6 +475,29 @@ def test_a_generation_level_that_waited_for_a_cpu_is_flagged_and_not_ranked():
     assert selection["selected"] == "a"
 
 
+def test_select_takes_the_lowest_time_to_first_token_and_times_its_finalists_on_first_tokens():
+    from trtflow_stages.measure.timing.finalist_plans import timing_plan
+
+    candidates = [_candidate("fp32", _level(1, 20.0, 10.0), _level(4, 30.0, 11.0)),
+                  _candidate("int8", _level(1, 12.0, 30.0), _level(4, 19.0, 31.0))]
+    params = SelectParams.model_validate({"objective": {"goal": "min_time_to_first_token", "concurrency": 4}})
+    selection = decide(candidates, params)
+    rows = {row["name"]: row for row in selection["candidates"]}
+    assert selection["selected"] == "int8" and rows["int8"]["objective_value"] == 19.0
+    assert selection["objective"]["description"] == "lowest p50 time to first token at concurrency 4"
+    assert "first_token" not in rows["int8"]  # the objective is the first token itself
+    with pytest.raises(ValidationError, match="which judges the time to first token itself"):
+        SelectParams.model_validate({"objective": {"goal": "min_time_to_first_token", "max_ttft_ms": 5}})
+    # tied on stored figures (the 15% run-to-run allowance): the finalists are timed together on first tokens
+    close = [_candidate("a", _level(1, 12.0, 3.0)), _candidate("b", _level(1, 12.5, 3.0))]
+    for candidate in close:
+        candidate.benchmark["backend"], candidate.benchmark["device"] = "onnxruntime", "cpu"
+        candidate.benchmark["method"] = {"generation": {"context_length": 8, "new_tokens": 4, "seed": 0}}
+    stored = decide(close, SelectParams.model_validate({"objective": {"goal": "min_time_to_first_token"}}))
+    tied = [row for row in stored["candidates"] if row["tie"]]
+    plan = timing_plan(tied, stored["objective"], {"a": Path("a.onnx"), "b": Path("b.onnx")}, None, None)
+    assert isinstance(plan, dict) and plan["which"] == "ttft" and plan["generation"]["concurrency"] == 1
+
 def test_select_judges_the_asked_concurrency_and_says_what_is_missing():
     candidates = [_candidate("a", _level(1, 5.0, 4.0), _level(4, 9.0, 5.0)), _candidate("b", _level(1, 5.0, 2.0))]
     params = SelectParams.model_validate({"objective": {"goal": "min_time_per_token", "concurrency": 4}})
@@ -516,3 +539,9 @@ def test_finalists_judged_on_time_per_token_are_timed_together(llama_export, tmp
     assert len(record["rounds"]) >= 2 and all(r["a"]["p50"] > 0 and r["b"]["p50"] > 0 for r in record["rounds"])
     together = decide(candidates, params, finalists=record)
     assert together["finalists"]["measured"] and {r["basis"] for r in together["candidates"]} == {"paired A/B"}
+    # time to first token: the same requests' first tokens, a window's worth of them per round
+    first = generation_timers(plan["models"], plan["generation"], plan["options"], "cpu", logging.getLogger(), "ttft")
+    window = first["a"](0.02, 0)
+    assert window.latencies_ms and all(0 < v < 1e4 for v in window.latencies_ms)
+    with pytest.raises(ValueError, match="which must be tpot or ttft"):
+        generation_timers(plan["models"], plan["generation"], plan["options"], "cpu", logging.getLogger(), "e2e")

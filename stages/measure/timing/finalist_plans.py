@@ -84,9 +84,15 @@ def timing_plan(rows: Sequence[Mapping[str, Any]], objective: Mapping[str, Any],
     cap = max_seconds or finalist_cap(min(float(m.get("max_duration_s") or 3.0) for m in methods))
     uniform = len(set(batches.values())) == 1
     return {**plan, "figure": figure, "batch_size": next(iter(batches.values())) if uniform else batches,
-            "shapes": shapes, "warmup_ms": float(methods[0].get("warmup_ms") or 200.0), "window_s": window,
+            "shapes": shapes, "warmup_ms": _warmup_ms(methods[0]), "window_s": window,
             "max_seconds": cap, "models": {name: models[name] for name in points},
             **({"load_rule": LOAD_RULE} if load else {})}
+
+
+def _warmup_ms(method: Mapping[str, Any]) -> float:
+    """The benchmark's warm-up (0 is a warm-up of nothing, not a missing one; absent: the benchmark's default)."""
+    value = method.get("warmup_ms")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 200.0
 
 
 def _onnxruntime_settings(benches: Mapping[str, Mapping[str, Any]], gpu: int | None) -> dict[str, Any] | str:
