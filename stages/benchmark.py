@@ -50,6 +50,7 @@ from trtflow.stage import (
     Resources,
     Stage,
     StageContext,
+    StageFailed,
     StageSkipped,
 )
 from trtflow.summaries import BenchmarkSummary
@@ -268,33 +269,88 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> Benchmark
 
 def _generation(ctx: StageContext, params: Params, model: Path | None, device: str, watch: Any
                 ) -> BenchmarkSummary:
-    """Time to first token and per output token at each concurrency (`measure.serving.generation`)."""
-    from .accuracy.recovery import runtime_options
+    """Time to first token and per output token at each concurrency (`measure.serving.generation`); gated, the first
+    level is timed in A/B rounds with the reference (`_generation_pairing`)."""
+    from .measure.judging.reference import planned as planned_reference
     from .measure.serving.generation import level_line, measure_generation
-    from .measure.timing.calls import ort_providers
-    from .runtimes.generation import OrtDecoder
-    from .runtimes.ort import create_session
 
     assert model is not None and params.generation is not None
-    with ctx.native_step("onnxruntime", f"creating a session for {model.name}"):
-        session = create_session(model, runtime_options(model, params.onnxruntime, ctx.log).options,
-                                 ort_providers(device))
-    decoder = OrtDecoder(session)
+    decoder = _decoder(ctx, params, model, device)
+    reference = planned_reference(params, ctx.reference, ctx.resolve, ctx.node)
+    pairing = _generation_pairing(ctx, params, decoder, device, reference)
     with ctx.native_step("onnxruntime", "timing greedy generation"):
         levels = measure_generation(decoder, params.generation, params.window_plan(),
-                                    progress=lambda text: ctx.progress(0.5, text))
+                                    progress=lambda text: ctx.progress(0.5, text), device=device, pairing=pairing)
     for level in levels:
         ctx.log.info("%s", level_line(level))
-    method = _method(params, "onnxruntime", device, f"onnxruntime {session.get_providers()[0]}")
+    method = _method(params, "onnxruntime", device, f"onnxruntime {decoder.session.get_providers()[0]}")
     method.update(timing="host clock from a request's start to each token on the host",
                   generation=params.generation.model_dump())
     metrics: dict[str, Any] = {"backend": "onnxruntime", "device": device, "method": method,
                                "host": watch.report(), "points": [], "generation": levels}
+    if reference is not None:
+        paired = None
+        if pairing is not None:
+            from .measure.serving.generation import gate_level
+
+            paired = dict(pairing.summary(), concurrency=gate_level(params.generation))
+        metrics["reference"] = reference.summary(paired)
     summary = summary_of(metrics, ctx.facts, params)
     summary["generation"] = levels
     ctx.output("metrics").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     ctx.progress(1.0, "done")
     return summary
+
+
+def _decoder(ctx: StageContext, params: Params, model: Path, device: str) -> Any:
+    """An ONNX Runtime decoder (`runtimes.generation.OrtDecoder`) of ``model`` with ``params``' session options."""
+    from .accuracy.recovery import runtime_options
+    from .measure.timing.calls import ort_providers
+    from .runtimes.generation import OrtDecoder
+    from .runtimes.ort import create_session
+
+    with ctx.native_step("onnxruntime", f"creating a session for {model.name}"):
+        session = create_session(model, runtime_options(model, params.onnxruntime, ctx.log).options,
+                                 ort_providers(device))
+    return OrtDecoder(session)
+
+
+def _generation_pairing(ctx: StageContext, params: Params, decoder: Any, device: str, planned: Any) -> Any:
+    """The gate level's A/B rounds with the reference (`measure.timing.ab.Pairing` on
+    `measure.serving.generation.request_window`): the reference model opened with its pinned settings, fed the same
+    prompts, its stopping rule watching the time per output token and the time to first token at the gate
+    statistic (``gate_figure``; throughput: p50); or None, ``planned.why`` saying why."""
+    import dataclasses
+    import math
+
+    from .formats.onnx_model import candidate_kind
+    from .measure.judging.gates import allowed_ratio
+    from .measure.judging.reference import DEFAULT_PERCENT, pair_plan, pinned_params
+    from .measure.serving.generation import bench_prompts, gate_level, request_window
+    from .measure.timing.ab import Pairing
+
+    if planned is None or planned.why is not None or ctx.reference is None or params.generation is None:
+        return None
+    model = ctx.reference.inputs.get("model")
+    if model is None or candidate_kind(model) != "onnx":
+        planned.why = "the reference is not an ONNX model, which this generation benchmark times"
+        return None
+    pinned, planned.settings = pinned_params(params, planned.params)
+    try:
+        theirs = _decoder(ctx, pinned, model, device)
+    except (RecipeError, StageFailed, OSError) as error:
+        planned.why = f"the reference does not run here: {getattr(error, 'message', None) or error}"
+        return None
+    bench = params.generation
+    run = request_window(theirs, bench_prompts(decoder, bench), bench.new_tokens, gate_level(bench))
+    window = params.window_plan()
+    stat = params.gate_figure if params.gate_figure != "throughput" else "p50"
+    plan = pair_plan(params, window.window_s, window.min_duration_s, window.max_duration_s, ctx.gate_family, 1,
+                     gate_level(bench), seed=params.ab_seed)
+    percent = params.max_regression_percent or DEFAULT_PERCENT
+    plan = dataclasses.replace(plan, figure=f"tpot_{stat}", also=(f"ttft_{stat}",),
+                               limit=math.log(allowed_ratio(percent, stat)))
+    return Pairing(plan, run)
 
 
 def _first_profile(manifest: Mapping[str, Any] | None) -> Mapping[str, Any] | None:

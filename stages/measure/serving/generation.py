@@ -114,10 +114,25 @@ def _window(decoder: Any, prompts: Sequence[Any], new_tokens: int, clients: int,
     return Window(ttft, wall_ms, waited), Window(tpot, wall_ms, waited), len(ttft) * new_tokens
 
 
+def request_window(decoder: Any, prompts: Sequence[Any], new_tokens: int, clients: int,
+                   clock: Callable[[], int] = time.perf_counter_ns) -> Callable[[float, int], Window]:
+    """A window timer of closed-loop requests whose window holds both figures: its latencies are the requests' times
+    per output token, its ``first_tokens_ms`` their times to first token (`measure.timing.ab.window_figures` makes
+    ``ttft_*`` and ``tpot_*`` pair figures of it): what a gated generation level is paired on."""
+    def timer(seconds: float, index: int) -> Window:
+        first, per_token, _ = _window(decoder, prompts, new_tokens, clients, seconds, clock)
+        return Window(per_token.latencies_ms, per_token.wall_ms, per_token.wait_ms, first.latencies_ms)
+
+    return timer
+
+
 def measure_level(decoder: Any, prompts: Sequence[Any], new_tokens: int, clients: int, plan: WindowPlan,
                   warmup_requests: int = 1, clock: Callable[[], int] = time.perf_counter_ns,
-                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """One concurrency level, timed in windows until both medians are precise enough (or the cap)."""
+                  progress: Callable[[str], None] | None = None, pairing: Any = None) -> dict[str, Any]:
+    """One concurrency level, timed in windows until both medians are precise enough (or the cap). ``pairing``
+    (a `measure.timing.ab.Pairing` with the reference's `request_window`): each window is rounds of blocks of the
+    reference's requests and the candidate's in a random order, until the pairing is done too (its record holds
+    both figures per block)."""
     from ...runtimes.generation import greedy
 
     for index in range(max(warmup_requests, 0) * clients):
@@ -127,8 +142,15 @@ def measure_level(decoder: Any, prompts: Sequence[Any], new_tokens: int, clients
     tokens = 0
     spent_s = 0.0
     unmet: list[str] = []
+    ours = request_window(decoder, prompts, new_tokens, clients, clock) if pairing is not None else None
     while True:
-        ttft_window, tpot_window, produced = _window(decoder, prompts, new_tokens, clients, plan.window_s, clock)
+        if ours is not None and not pairing.done:
+            both = pairing.step(ours, plan.window_s, len(first))
+            ttft_window = Window(both.first_tokens_ms or [], both.wall_ms, both.wait_ms)
+            tpot_window = Window(both.latencies_ms, both.wall_ms, both.wait_ms)
+            produced = len(both.latencies_ms) * new_tokens
+        else:
+            ttft_window, tpot_window, produced = _window(decoder, prompts, new_tokens, clients, plan.window_s, clock)
         first.append(ttft_window)
         per_token.append(tpot_window)
         tokens += produced
@@ -140,7 +162,7 @@ def measure_level(decoder: Any, prompts: Sequence[Any], new_tokens: int, clients
             continue
         unmet = [f"time to first token {text}" for text in plan.precision.unmet(window_uncertainty(first, 1))]
         unmet += [f"time per output token {text}" for text in plan.precision.unmet(window_uncertainty(per_token, 1))]
-        if not unmet or spent_s >= plan.max_duration_s:
+        if (not unmet or spent_s >= plan.max_duration_s) and (pairing is None or pairing.done):
             break
     wall_ms = sum(w.wall_ms for w in first)
     rates = [len(w.latencies_ms) * new_tokens / w.wall_ms * 1000.0 for w in first if w.wall_ms > 0]
@@ -166,6 +188,11 @@ def measure_level(decoder: Any, prompts: Sequence[Any], new_tokens: int, clients
     if unmet:
         level["not_converged_because"] = unmet
     return level
+
+
+def gate_level(bench: GenerationBench) -> int:
+    """The concurrency a gated generation benchmark pairs with its reference and judges: its first level."""
+    return bench.concurrency[0]
 
 
 def judge_host(level: dict[str, Any], host: dict[str, Any], device: str) -> dict[str, Any]:
@@ -200,23 +227,30 @@ def random_prompts(count: int, length: int, vocab_size: int, seed: int) -> list[
     return [rng.integers(0, vocab_size, size=(1, length), dtype=np.int64) for _ in range(count)]
 
 
+def bench_prompts(decoder: Any, bench: GenerationBench) -> list[Any]:
+    """The prompts every level of ``bench`` draws its requests from (and a gated level's reference too)."""
+    return random_prompts(max(8, max(bench.concurrency)), bench.context_length, decoder.layout.vocab_size, bench.seed)
+
+
 def measure_generation(decoder: Any, bench: GenerationBench, plan: WindowPlan,
-                       progress: Callable[[str], None] | None = None, device: str = "cpu") -> list[dict[str, Any]]:
+                       progress: Callable[[str], None] | None = None, device: str = "cpu",
+                       pairing: Any = None) -> list[dict[str, Any]]:
     """Every concurrency level of ``bench`` on ``decoder`` (`runtimes.generation`), in order, each judged for a
-    busy host and CPU waiting (`judge_host`) over what else ran while it was timed."""
+    busy host and CPU waiting (`judge_host`) over what else ran while it was timed. ``pairing``: the gate level
+    (the first, `gate_level`) is timed in A/B rounds with the reference (`measure_level`)."""
     from ..timing.interference import HostWatch
     from .traffic import steady_interpreter
 
     bench.check_fits(decoder.layout.context_length)
-    prompts = random_prompts(max(8, max(bench.concurrency)), bench.context_length, decoder.layout.vocab_size,
-                             bench.seed)
+    prompts = bench_prompts(decoder, bench)
     # no garbage collection while timing: a full collection in a process holding a model takes tens of ms, which
     # would land in some requests' figures (seen on a GPU before this was here: TPOT 46 ms instead of 5)
     levels = []
     with steady_interpreter():
         for clients in bench.concurrency:
             watch = HostWatch()
-            level = measure_level(decoder, prompts, bench.new_tokens, clients, plan, progress=progress)
+            level = measure_level(decoder, prompts, bench.new_tokens, clients, plan, progress=progress,
+                                  pairing=pairing if clients == gate_level(bench) else None)
             levels.append(judge_host(level, watch.report(), device))
     return levels
 

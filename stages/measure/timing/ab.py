@@ -38,14 +38,26 @@ from ..statistics.stats import grid_median, percentile
 TimeWindow = Callable[[float, int], Window]
 
 
+#: The prefixes of a generation window's figures: time to first token and time per output token (``ttft_p50``...).
+GENERATION_PREFIXES = ("ttft_", "tpot_")
+
+
+def _statistics(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {"p50": grid_median(ordered), "p90": percentile(ordered, 90.0), "p95": percentile(ordered, 95.0),
+            "p99": percentile(ordered, 99.0), "mean": sum(ordered) / len(ordered)}
+
+
 def window_figures(window: Window, batch_size: int) -> dict[str, float]:
     """One window's figures for a pair: median (read between the ticks of a coarse timer, `grid_median`, so pairs
     on one tick do not tie), p99 (trtexec's), mean latency, throughput, and the share of its time its threads
-    waited for a CPU."""
-    ordered = sorted(window.latencies_ms)
-    figures = {"p50": grid_median(ordered), "p90": percentile(ordered, 90.0), "p95": percentile(ordered, 95.0),
-               "p99": percentile(ordered, 99.0), "mean": sum(ordered) / len(ordered),
-               "throughput": window.throughput(batch_size), "queries": float(len(ordered))}
+    waited for a CPU; a generation window's (`Window.first_tokens_ms`) also as ``ttft_<statistic>`` and
+    ``tpot_<statistic>`` (its latencies are the times per output token), so one pair judges both."""
+    latency = _statistics(window.latencies_ms)
+    figures = {**latency, "throughput": window.throughput(batch_size), "queries": float(len(window.latencies_ms))}
+    if window.first_tokens_ms:
+        figures.update({f"ttft_{key}": value for key, value in _statistics(window.first_tokens_ms).items()})
+        figures.update({f"tpot_{key}": value for key, value in latency.items()})
     if window.wait_ms is not None and window.wall_ms > 0:
         figures["wait_share"] = min(window.wait_ms / window.wall_ms, 1.0)
     return figures
@@ -67,6 +79,7 @@ class PairPlan:
     window_s: float = 0.6  # the candidate's blocks returned as one window per step
     min_seconds: float = 3.0  # the candidate's side timed before the first look
     extend: float = 1.0  # beside interference, the candidate's side may be timed up to extend x max_seconds
+    also: tuple[str, ...] = ()  # other figures that must be decided too before the pairing stops (generation: TTFT)
 
 
 #: Beside interference (the rule for disturbed pairs set some aside), an undecided verdict at ``max_seconds``
@@ -109,8 +122,10 @@ def _compact(figures: dict[str, float]) -> dict[str, float]:
 def pooled(windows: list[Window]) -> Window:
     """Blocks of one side as one window (latencies in order, wall and wait times summed)."""
     waits = [w.wait_ms for w in windows]
+    firsts = [w.first_tokens_ms for w in windows]
     return Window([v for w in windows for v in w.latencies_ms], sum(w.wall_ms for w in windows),
-                  None if any(v is None for v in waits) else sum(v for v in waits if v is not None))
+                  None if any(v is None for v in waits) else sum(v for v in waits if v is not None),
+                  None if any(not f for f in firsts) else [v for f in firsts if f for v in f])
 
 
 @dataclass
@@ -175,13 +190,16 @@ class Pairing:
             out_of_time = self._spent_s + ours.wall_ms / 1000.0 > cap_s
             if self._schedule.is_look(count) or out_of_time:
                 ended = out_of_time or count >= self._schedule.cap
-                self.last = sequential(self.record.log_ratios(self.plan.figure), self._schedule, self.plan.limit,
-                                       self.plan.budget, ended, waits=self.record.wait_shares())
-                if ended and self.last.outcome == "inconclusive" and not self.extended and \
-                        self.plan.extend > 1.0 and self.last.aside and count < self._schedule.cap:
+                looks = [sequential(self.record.log_ratios(figure), self._schedule, self.plan.limit,
+                                    self.plan.budget, ended, waits=self.record.wait_shares(figure))
+                         for figure in (self.plan.figure, *self.plan.also)]
+                self.last = looks[0]
+                undecided = any(found.outcome == "inconclusive" for found in looks)
+                if ended and undecided and not self.extended and self.plan.extend > 1.0 and \
+                        any(found.aside for found in looks) and count < self._schedule.cap:
                     self.extended = True  # interference seen: on to the extended cap, as planned
                     self.record.extended = True
-                elif self.last.outcome != "inconclusive" or ended:
+                elif not undecided or ended:
                     self.done = True
                     self.record.ended = ended
         return pooled(mine)
