@@ -412,6 +412,66 @@ def test_benchmark_times_first_token_and_per_token_with_intervals(llama_export, 
     assert written["generation"] == levels and written["method"]["generation"]["context_length"] == 16
 
 
+class _Doubled:
+    """A decoder doing each prefill and decode step twice: a regression of twice the work on both figures."""
+
+    def __init__(self, decoder, prefill: int = 2, step: int = 2) -> None:
+        self.decoder, self.times = decoder, {"prefill": prefill, "step": step}
+
+    def __getattr__(self, name):
+        found = getattr(self.decoder, name)
+        if name not in self.times:
+            return found
+
+        def repeated(*args):
+            for _ in range(self.times[name] - 1):
+                found(*args)
+            return found(*args)
+        return repeated
+
+
+@pytest.mark.slow  # uses the tiny Llama's export (a module fixture)
+@pytest.mark.parametrize("slower", ["none", "both"])
+def test_a_gated_generation_benchmark_pairs_its_first_level_and_gates_ttft_and_tpot(llama_export, tmp_path,
+                                                                                      monkeypatch, slower):
+    """Gated on the last accepted result, the first level is timed in A/B rounds of each side's requests (a seed per
+    run, both orders, both figures per block) and both its time to first token and its time per output token are
+    primary verdicts on those pairs: unchanged, neither fails; twice the work in prefill and decode, both fail."""
+    from trtflow.stage import GateContext, Reference
+    from trtflow.verdicts import PAIRED
+
+    model = llama_export.outputs["model"]
+    real = benchmark._decoder
+    opened = []
+
+    def decoder(ctx, params, path, device):
+        opened.append(path)
+        found = real(ctx, params, path, device)
+        return _Doubled(found) if slower == "both" and len(opened) == 1 else found  # the candidate's is opened first
+
+    monkeypatch.setattr(benchmark, "_decoder", decoder)
+    params = {"generation": {"context_length": 8, "new_tokens": 4, "concurrency": [1]}, "repeats": 3,
+              "min_duration_s": 0.2, "max_duration_s": 0.4, "min_iterations": 3, "warmup_ms": 0,
+              "max_regression_percent": 10, "onnxruntime": {"intra_op_threads": 1}}
+    reference = Reference("the last accepted result", {"model": model}, {}, {"summary": {"points": []}})
+    result = run_stage(benchmark.stage, params, {"model": model}, workdir=tmp_path, reference=reference)
+    assert len(opened) == 2
+    paired = result.summary["reference"]["paired"]
+    assert result.summary["reference"]["basis"] == "paired A/B" and paired["concurrency"] == 1
+    assert isinstance(paired["seed"], int) and paired["figure"] == "tpot_p50"
+    assert all({"ttft_p50", "tpot_p50", "wait_share"} <= set(pair["candidate"]) for pair in paired["pairs"])
+    verdicts = benchmark.stage.judge(benchmark.Params.model_validate(params), result.summary, GateContext())
+    primary = {v.figure: v for v in verdicts if v.primary}
+    assert set(primary) == {"p50 time per output token", "p50 time to first token"}
+    assert {v.basis for v in primary.values()} == {PAIRED}
+    for verdict in primary.values():
+        # this shared host may leave a verdict undecided at the cap (its CPU-wait rule, its disturbed pairs: said in
+        # the reason); it never decides the wrong way (`test_generation_gates_judge_ttft_and_tpot_on_given_pairs`
+        # decides on given pairs)
+        assert verdict.outcome in (("fail", "inconclusive") if slower == "both" else ("pass", "inconclusive")), \
+            verdict.reason
+        assert f"AB/BA seed {paired['seed']}" in verdict.reason
+
 def test_benchmark_generation_refuses_what_does_not_apply():
     with pytest.raises(ValidationError, match="generation times an ONNX model"):
         benchmark.Params.model_validate({"generation": {}, "batch_sizes": [1, 2]})
