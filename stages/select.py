@@ -221,10 +221,10 @@ def _timers(ctx: StageContext, plan: Mapping[str, Any]) -> Iterator[dict[str, An
     from .measure.timing.finalists import engine_timers, onnxruntime_timers
 
     if plan["runtime"] == "generation":
-        from .measure.serving.generation import generation_timers
+        from .measure.serving.generation import generation_timers, lockstep_timer
 
-        yield generation_timers(plan["models"], plan["generation"], plan["options"], plan["device"], ctx.log,
-                                plan["which"])
+        opener = lockstep_timer if plan["generation"]["concurrency"] == 1 else generation_timers
+        yield opener(plan["models"], plan["generation"], plan["options"], plan["device"], ctx.log, plan["which"])
     elif plan["runtime"] == "onnxruntime":
         yield onnxruntime_timers(plan["models"], plan["shapes"], plan["options"], plan["device"], plan["warmup_ms"],
                                  ctx.log, plan["data"], ctx.resolve)

@@ -575,7 +575,7 @@ def test_select_judges_the_asked_concurrency_and_says_what_is_missing():
 def test_finalists_judged_on_time_per_token_are_timed_together(llama_export, tmp_path):
     import logging
 
-    from trtflow_stages.measure.serving.generation import generation_timers
+    from trtflow_stages.measure.serving.generation import generation_timers, lockstep_timer
     from trtflow_stages.measure.timing.finalist_plans import timing_plan
     from trtflow_stages.measure.timing.finalists import measure_round_robin
 
@@ -594,12 +594,23 @@ def test_finalists_judged_on_time_per_token_are_timed_together(llama_export, tmp
     rows = [row for row in stored["candidates"] if row["tie"]]
     plan = timing_plan(rows, stored["objective"], {"a": model, "b": model}, None, None)
     assert isinstance(plan, dict) and plan["generation"]["concurrency"] == 1 and plan["max_seconds"] == 0.6
-    timers = generation_timers(plan["models"], plan["generation"], plan["options"], "cpu", logging.getLogger())
-    record = measure_round_robin(timers, 1, plan["figure"], 5.0, 0.02, 0.3)
+    # concurrency 1: one request of each per round, interleaved token by token
+    together = lockstep_timer(plan["models"], plan["generation"], plan["options"], "cpu", logging.getLogger())
+    assert plan["window_s"] == pytest.approx(0.02)
+    record = measure_round_robin(together, 1, plan["figure"], 5.0, plan["window_s"], 0.3)
     assert len(record["rounds"]) >= 2 and all(r["a"]["p50"] > 0 and r["b"]["p50"] > 0 for r in record["rounds"])
-    together = decide(candidates, params, finalists=record)
-    assert together["finalists"]["measured"] and {r["basis"] for r in together["candidates"]} == {"paired A/B"}
-    # time to first token: the same requests' first tokens, a window's worth of them per round
+    assert {tuple(order) for order in record["orders"]} <= {("a", "b"), ("b", "a")}
+    chosen = decide(candidates, params, finalists=record)
+    assert chosen["finalists"]["measured"] and {r["basis"] for r in chosen["candidates"]} == {"paired A/B"}
+    # the step-by-step interleaving itself: both decoders generate the same tokens as alone, each step timed
+    from trtflow_stages.measure.serving.generation import _decoders, lockstep
+
+    opened = _decoders({"a": model, "b": model}, plan["generation"], plan["options"], "cpu", logging.getLogger())
+    decoders = {name: decoder for name, (decoder, _) in opened.items()}
+    ticks = iter(range(0, 10**9, 1_000_000))  # a clock of 1 ms ticks: every timed call takes exactly 1 ms
+    timed = lockstep(decoders, opened["a"][1][0], 4, ["b", "a"], clock=lambda: next(ticks))
+    assert timed == {"a": (1.0, 1.0), "b": (1.0, 1.0)}
+    # above concurrency 1, and for time to first token: a window of each one's closed-loop requests per round
     first = generation_timers(plan["models"], plan["generation"], plan["options"], "cpu", logging.getLogger(), "ttft")
     window = first["a"](0.02, 0)
     assert window.latencies_ms and all(0 < v < 1e4 for v in window.latencies_ms)

@@ -264,34 +264,99 @@ def level_line(level: dict[str, Any]) -> str:
             f"{level['output_tokens_per_s']:.4g} tokens/s" + ("" if level["converged"] else " (not converged)"))
 
 
-def generation_timers(models: Mapping[str, Path], requests: Mapping[str, Any], options: Mapping[str, Any],
-                      device: str, log: Any, which: str = "tpot") -> dict[str, Callable[[float, int], Window]]:
-    """A window timer per ONNX model with its KV cache (select's finalists judged on generation): each window runs
-    the benchmark's closed-loop requests (``requests``: context_length, new_tokens, seed, concurrency) on an ONNX
-    Runtime session with the benchmark's ``options`` on ``device`` and returns the requests' times per output token
-    (``which`` "tpot") or to first token ("ttft") (`measure.timing.finalists.measure_round_robin` takes their
-    statistics per round)."""
-    if which not in ("tpot", "ttft"):
-        raise ValueError(f"which must be tpot or ttft, not {which!r}")
-    pick = 1 if which == "tpot" else 0
+def _decoders(models: Mapping[str, Path], requests: Mapping[str, Any], options: Mapping[str, Any], device: str,
+              log: Any) -> dict[str, tuple[Any, list[Any]]]:
+    """Per ONNX model with its KV cache: a decoder on an ONNX Runtime session with the benchmark's ``options`` on
+    ``device``, warmed by one request, and the benchmark's prompts for it."""
     from ...accuracy.recovery import runtime_options
     from ...runtimes.generation import OrtDecoder, greedy
     from ...runtimes.ort import OrtOptions, create_session
     from ..timing.calls import ort_providers
 
-    clients = int(requests["concurrency"])
-    new_tokens = int(requests["new_tokens"])
-    timers: dict[str, Callable[[float, int], Window]] = {}
+    found = {}
     for name, model in models.items():
         settings = runtime_options(model, OrtOptions.model_validate(dict(options)), log).options
         decoder = OrtDecoder(create_session(model, settings, ort_providers(device)))
-        prompts = random_prompts(max(8, clients), int(requests["context_length"]), decoder.layout.vocab_size,
-                                 int(requests.get("seed") or 0))
-        greedy(decoder, prompts[0], new_tokens, keep_logits=False)  # warm-up
+        prompts = random_prompts(max(8, int(requests["concurrency"])), int(requests["context_length"]),
+                                 decoder.layout.vocab_size, int(requests.get("seed") or 0))
+        greedy(decoder, prompts[0], int(requests["new_tokens"]), keep_logits=False)  # warm-up
+        found[name] = (decoder, prompts)
+    return found
 
+
+def lockstep(decoders: Mapping[str, Any], prompt: Any, new_tokens: int, order: Sequence[str],
+             clock: Callable[[], int] = time.perf_counter_ns) -> dict[str, tuple[float, float]]:
+    """One greedy request of ``prompt`` on every decoder, interleaved token by token: the prefills in ``order``, then
+    each decode step of every decoder in turn (the order reversed every step, so neither side always goes first);
+    per decoder (its time to first token, its time per output token), in ms. Each step of one is timed next to the
+    same step of the others, milliseconds apart: a co-tenant switching on and off slows both alike."""
+    import numpy as np
+
+    state: dict[str, list[Any]] = {}
+    for name in order:
+        decoder = decoders[name]
+        start = clock()
+        logits, cache = decoder.prefill(prompt)
+        chosen = decoder.pick(logits)
+        state[name] = [chosen, cache, (clock() - start) / 1e6, 0.0]
+    turn = list(order)
+    for _ in range(new_tokens - 1):
+        for name in turn:
+            decoder, held = decoders[name], state[name]
+            start = clock()
+            logits, held[1] = decoder.step(np.asarray(held[0], dtype=np.int64), held[1])
+            held[0] = decoder.pick(logits)
+            held[3] += (clock() - start) / 1e6
+        turn.reverse()
+    return {name: (held[2], held[3] / max(new_tokens - 1, 1)) for name, held in state.items()}
+
+
+def lockstep_timer(models: Mapping[str, Path], requests: Mapping[str, Any], options: Mapping[str, Any], device: str,
+                   log: Any, which: str = "tpot") -> Any:
+    """Select's generation finalists at concurrency 1, timed together (`measure.timing.finalists.Together`): each
+    round's window is requests of the benchmark's prompts, one on every finalist at a time, in `lockstep`; each
+    finalist's window holds its requests' times per output token (``which`` "tpot") or to first token ("ttft")."""
+    from ..timing.finalists import Together
+
+    if which not in ("tpot", "ttft"):
+        raise ValueError(f"which must be tpot or ttft, not {which!r}")
+    opened = _decoders(models, requests, options, device, log)
+    decoders = {name: decoder for name, (decoder, _) in opened.items()}
+    prompts = next(iter(opened.values()))[1]
+    new_tokens = int(requests["new_tokens"])
+    count = [0]
+
+    def run(order: Sequence[str], seconds: float) -> dict[str, Window]:
+        times: dict[str, list[float]] = {name: [] for name in order}
+        walls = dict.fromkeys(order, 0.0)
+        begin = time.perf_counter_ns()
+        while not times[order[0]] or (time.perf_counter_ns() - begin) / 1e9 < seconds:
+            found = lockstep(decoders, prompts[count[0] % len(prompts)], new_tokens, order)
+            count[0] += 1
+            for name, (first, per_token) in found.items():
+                times[name].append(first if which == "ttft" else per_token)
+                walls[name] += first + per_token * (new_tokens - 1)
+        return {name: Window(times[name], walls[name]) for name in order}
+
+    return Together(list(models), run)
+
+
+def generation_timers(models: Mapping[str, Path], requests: Mapping[str, Any], options: Mapping[str, Any],
+                      device: str, log: Any, which: str = "tpot") -> dict[str, Callable[[float, int], Window]]:
+    """A window timer per ONNX model with its KV cache (select's finalists judged on generation at a concurrency
+    above 1; at 1, `lockstep_timer`): each window runs the benchmark's closed-loop requests (``requests``:
+    context_length, new_tokens, seed, concurrency) on an ONNX Runtime session with the benchmark's ``options`` on
+    ``device`` and returns the requests' times per output token (``which`` "tpot") or to first token ("ttft")
+    (`measure.timing.finalists.measure_round_robin` takes their statistics per round)."""
+    if which not in ("tpot", "ttft"):
+        raise ValueError(f"which must be tpot or ttft, not {which!r}")
+    clients = int(requests["concurrency"])
+    new_tokens = int(requests["new_tokens"])
+    timers: dict[str, Callable[[float, int], Window]] = {}
+    for name, (decoder, prompts) in _decoders(models, requests, options, device, log).items():
         def timer(seconds: float, index: int, decoder: Any = decoder, prompts: Any = prompts) -> Window:
             first, per_token, _ = _window(decoder, prompts, new_tokens, clients, seconds, time.perf_counter_ns)
-            return per_token if pick else first
+            return per_token if which == "tpot" else first
 
         timers[name] = timer
     return timers

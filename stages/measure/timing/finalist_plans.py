@@ -15,9 +15,11 @@ finalist in a random order, judged by `decision.ties.paired_ties`); a plan says 
   select must see through would land inside rounds. The service rate at the level's batch is what a level's
   throughput is made of; the latency bound (which levels qualify) stays judged on the stored figures, and the
   selection says both (``load_rule``);
-- **generation** (``min_time_per_token``, ``min_time_to_first_token``): windows of the benchmarks' closed-loop requests
-  at the judged concurrency (`measure.serving.generation.generation_timers`), the figure the time per output token
-  or the time to first token of the window's requests;
+- **generation** (``min_time_per_token``, ``min_time_to_first_token``): at concurrency 1, one request of each finalist
+  per round, interleaved token by token (`measure.serving.generation.lockstep_timer`: each decode step of one next to
+  the same step of the other, so a co-tenant switching every ~100 ms, shorter than a request, slows both alike);
+  above 1, windows of the benchmarks' closed-loop requests per finalist (`generation_timers`); the figure the time
+  per output token or the time to first token of the requests;
 - **engines** (TensorRT candidates benchmarked on a TensorRT backend): fixed-batch windows on one execution
   context per engine, opened through the TensorRT runtime interface (`runtimes.trt_runtime.open_engine`: provenance,
   GPU and digest checked) and timed with the cuda-python harness (`measure.timing.fixed.EngineWindows`).
@@ -170,7 +172,9 @@ def generation_plan(rows: Sequence[Mapping[str, Any]], objective: Mapping[str, A
     from .finalists import finalist_cap
     from .windows import MIN_WINDOW_S
 
-    window = max(MIN_WINDOW_S, 2.0 * longest / 1000.0)
+    # concurrency 1: one request of each finalist per round, in lockstep (`generation.lockstep_timer`); above: each
+    # window long enough for two requests of the slowest finalist's clients
+    window = MIN_WINDOW_S if clients == 1 else max(MIN_WINDOW_S, 2.0 * longest / 1000.0)
     cap = max_seconds or finalist_cap(min(float(m.get("max_duration_s") or 3.0) for m in methods))
     return {"runtime": "generation", "generation": {**requests[0], "concurrency": clients},
             "which": GENERATION_GOALS[str(objective.get("goal"))], "figure": stat, "batch_size": 1,

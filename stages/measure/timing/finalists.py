@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..statistics.intervals import Window
 from ..statistics.paired import Budget, Look, Schedule, log_ratio, look, select_budget
 from ..statistics.stats import median
 from .ab import TimeWindow, window_figures
@@ -117,15 +118,25 @@ def judge_rounds(rounds: Sequence[Mapping[str, Mapping[str, float]]], names: Seq
     return leader, looks, aside
 
 
-def measure_round_robin(timers: Mapping[str, TimeWindow], batch_size: int | Mapping[str, int], figure: str,
-                        tolerance_percent: float, window_s: float, max_seconds: float,
+@dataclass(frozen=True)
+class Together:
+    """Finalists timed in one window together rather than one window each: ``run(order, seconds)`` interleaves them
+    in ``order`` at a finer grain than a window (generation at concurrency 1: one request each, token by token,
+    `measure.serving.generation.lockstep`) and returns each one's window."""
+
+    names: Sequence[str]
+    run: Callable[[Sequence[str], float], Mapping[str, Window]]
+
+
+def measure_round_robin(timers: Mapping[str, TimeWindow] | Together, batch_size: int | Mapping[str, int],
+                        figure: str, tolerance_percent: float, window_s: float, max_seconds: float,
                         seed: int | None = None) -> dict[str, Any]:
     """Rounds of one window per candidate until the leader's comparisons are decided or the cap; returns the
     record `decision.ties.paired_ties` judges (every round's window figures and order, the seed the orders were
     drawn from, the looks, the time spent). ``batch_size``: the batch of every window, or each finalist's (load
     objectives judge each at its own level's batch, `finalist_plans`). ``seed``: None draws a new one (recorded,
     so the run can be replayed)."""
-    names = list(timers)
+    names = list(timers.names) if isinstance(timers, Together) else list(timers)
     batches = dict(batch_size) if isinstance(batch_size, Mapping) else dict.fromkeys(names, batch_size)
     budget = select_budget(len(names))
     schedule = Schedule.up_to(int(max_seconds / max(window_s, 1e-6)), budget)
@@ -141,8 +152,9 @@ def measure_round_robin(timers: Mapping[str, TimeWindow], batch_size: int | Mapp
         order = list(names)
         draw.shuffle(order)
         row = {}
+        together = timers.run(order, window_s) if isinstance(timers, Together) else {}
         for name in order:
-            window = timers[name](window_s, counts[name])
+            window = together[name] if isinstance(timers, Together) else timers[name](window_s, counts[name])
             counts[name] += 1
             spent[name] += window.wall_ms / 1000.0
             row[name] = window_figures(window, batches[name])
