@@ -139,16 +139,25 @@ class Host:
         on_time += (end - at) if self.on else 0.0
         return on_time / seconds if seconds > 0 else 0.0
 
-    def _multiplier(self, seconds: float) -> float:
-        """The host's slowdown over the next window of ``seconds``: its wandering level, the window's noise, a
-        bimodal window, the co-tenant's share of it."""
+    def _level(self) -> float:
+        """The host's slowdown for the next window, before the co-tenant: its wandering level (one AR(1) step a
+        window), the window's noise, a bimodal window."""
         s, n = self.scale, self.noise
         innovation = s.drift * math.sqrt(1.0 - s.correlation ** 2)
         self.level = s.correlation * self.level + self.rng.normal(0.0, innovation)
         level = self.level + (self.rng.normal(0.0, n.window_sigma) if n.window_sigma else 0.0)
         if n.bimodal_rate and self.rng.random() < n.bimodal_rate:
             level += math.log(n.bimodal_factor)
-        return math.exp(level) * (1.0 + n.switch_slowdown * self._tenant_share(seconds))
+        return math.exp(level)
+
+    def _tenant(self, seconds: float) -> float:
+        """The co-tenant's slowdown over the next ``seconds`` (advancing its switches and the clock)."""
+        share = self._tenant_share(seconds)
+        return 1.0 + self.noise.switch_slowdown * share
+
+    def _multiplier(self, seconds: float) -> float:
+        """The host's slowdown over the next window of ``seconds``: its level and the co-tenant's share of it."""
+        return self._level() * self._tenant(seconds)
 
     def _queries(self, base: float, count: int) -> np.ndarray:
         """``count`` query times around ``base`` ms: query noise, stalls, heavy tails."""
@@ -184,6 +193,30 @@ class Host:
         self.clock += wall / 1000.0
         return Window(tokens, wall, first_tokens_ms=firsts)
 
+    def lockstep(self, gen: Generation, slower: dict[str, tuple[float, float]],
+                 order: list[str]) -> dict[str, tuple[float, float]]:
+        """One request of each finalist interleaved token by token (`measure.serving.generation.lockstep`): the
+        prefills in ``order``, then each decode step of each in turn (reversed every step); ``slower``: per name its
+        (first, per-token) factors. The co-tenant's state is drawn per step, the host's level once per request.
+        Per name: (time to first token, time per output token), ms."""
+        level = self._level()
+        found = {}
+        for name in order:
+            first_factor = slower[name][0]
+            base = gen.ttft_ms * first_factor * level
+            value = float(self._queries(base * self._tenant(base / 1000.0), 1)[0])
+            self.clock += value / 1000.0
+            found[name] = [value, 0.0]
+        turn = list(order)
+        for _ in range(gen.new_tokens - 1):
+            for name in turn:
+                base = gen.tpot_ms * slower[name][1] * level
+                value = float(self._queries(base * self._tenant(base / 1000.0), 1)[0])
+                self.clock += value / 1000.0
+                found[name][1] += value
+            turn.reverse()
+        return {name: (first, total / (gen.new_tokens - 1)) for name, (first, total) in found.items()}
+
 
 def trial(scale: Scale, noise: Noise, faster: float, seed: int, objective: str = "latency") -> tuple[bool, int]:
     """One selection between two finalists timed together; (was the faster one chosen, rounds timed).
@@ -191,7 +224,7 @@ def trial(scale: Scale, noise: Noise, faster: float, seed: int, objective: str =
     windows, their throughput), tpot / ttft (generation windows of requests: their times per output token, or to
     first token, the other figure unchanged), each window sized as select's `finalist_plans` sizes it."""
     from trtflow_stages.decision.ties import paired_ties
-    from trtflow_stages.measure.timing.finalists import finalist_cap, finalist_window, measure_round_robin
+    from trtflow_stages.measure.timing.finalists import Together, finalist_cap, finalist_window, measure_round_robin
     from trtflow_stages.measure.timing.windows import MIN_WINDOW_S
 
     host = Host(scale, noise, seed)
@@ -199,17 +232,15 @@ def trial(scale: Scale, noise: Noise, faster: float, seed: int, objective: str =
     if objective in ("tpot", "ttft"):
         gen = GENERATION[scale.name]
         slow_first, slow_token = (1.0 + faster, 1.0) if objective == "ttft" else (1.0, 1.0 + faster)
-        pick = "first_tokens_ms" if objective == "ttft" else "latencies_ms"
+        slower = {"accurate": (slow_first, slow_token), "fast": (1.0, 1.0)}
 
-        def timer(first: float, token: float) -> Any:
-            def run(seconds: float, index: int) -> Window:
-                found = host.requests(gen, first, token, seconds)
-                return Window(getattr(found, pick), found.wall_ms)
-            return run
+        def run(order: Any, seconds: float) -> dict[str, Window]:  # one request each per round, as select's
+            found = host.lockstep(gen, slower, list(order))           # lockstep_timer at concurrency 1
+            return {name: Window([first if objective == "ttft" else token],
+                                 first + token * (gen.new_tokens - 1)) for name, (first, token) in found.items()}
 
-        timers = {"accurate": timer(slow_first, slow_token), "fast": timer(1.0, 1.0)}
-        longest = gen.ttft_ms * slow_first + gen.tpot_ms * slow_token * (gen.new_tokens - 1)
-        window = MIN_WINDOW_S  # EXPERIMENT
+        timers = Together(["accurate", "fast"], run)
+        window = MIN_WINDOW_S  # generation_plan's window at concurrency 1: one request each
         record = measure_round_robin(timers, 1, "p50", 5.0, window, cap, seed=seed)
     else:
         timers = {"accurate": lambda seconds, index: host.window(1.0 + faster, seconds),
