@@ -451,7 +451,7 @@ def test_a_gated_generation_benchmark_pairs_its_first_level_and_gates_ttft_and_t
 
     monkeypatch.setattr(benchmark, "_decoder", decoder)
     params = {"generation": {"context_length": 8, "new_tokens": 4, "concurrency": [1]}, "repeats": 3,
-              "min_duration_s": 0.2, "max_duration_s": 0.4, "min_iterations": 3, "warmup_ms": 0,
+              "min_duration_s": 0.15, "max_duration_s": 0.3, "min_iterations": 3, "warmup_ms": 0,
               "max_regression_percent": 10, "onnxruntime": {"intra_op_threads": 1}}
     reference = Reference("the last accepted result", {"model": model}, {}, {"summary": {"points": []}})
     result = run_stage(benchmark.stage, params, {"model": model}, workdir=tmp_path, reference=reference)
@@ -610,9 +610,5 @@ def test_finalists_judged_on_time_per_token_are_timed_together(llama_export, tmp
     ticks = iter(range(0, 10**9, 1_000_000))  # a clock of 1 ms ticks: every timed call takes exactly 1 ms
     timed = lockstep(decoders, opened["a"][1][0], 4, ["b", "a"], clock=lambda: next(ticks))
     assert timed == {"a": (1.0, 1.0), "b": (1.0, 1.0)}
-    # above concurrency 1, and for time to first token: a window of each one's closed-loop requests per round
-    first = generation_timers(plan["models"], plan["generation"], plan["options"], "cpu", logging.getLogger(), "ttft")
-    window = first["a"](0.02, 0)
-    assert window.latencies_ms and all(0 < v < 1e4 for v in window.latencies_ms)
     with pytest.raises(ValueError, match="which must be tpot or ttft"):
         generation_timers(plan["models"], plan["generation"], plan["options"], "cpu", logging.getLogger(), "e2e")
