@@ -455,11 +455,13 @@ def test_select_times_engine_finalists_together_fake_trt(monkeypatch, tiny_cnn_o
         sources["benchmarks"].append({"node": f"benchmark-{name}", "inputs": {"model": [name]}})
     params = SelectParams.model_validate({"constraints": {"validation": "not_required"}})
 
-    def run(folder: Path) -> dict:
+    def run(folder: Path, gpu: int | None = 0) -> dict:
         ctx = StageContext("select", folder / "scratch", folder, select.stage.outputs, folder / "cache",
-                           input_sources=sources)
+                           input_sources=sources, gpu=gpu)
         return select.run(ctx, inputs, params)
 
+    assert run(tmp_path / "no-gpu", gpu=None)["finalists"] == {
+        "measured": False, "why": "they are engines, and this node has no GPU (give select `resources: {gpu: 1}`)"}
     summary = run(tmp_path / "run")
     finalists = summary["finalists"]
     assert finalists["measured"] and finalists["runtime"] == "tensorrt-rtx" and finalists["figure"] == "p50"

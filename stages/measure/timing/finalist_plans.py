@@ -127,6 +127,8 @@ def _engine_settings(benches: Mapping[str, Mapping[str, Any]], gpu: int | None) 
         return "the engines were benchmarked with different timing settings or data (" + \
             ", ".join(ENGINE_SETTINGS) + ")"
     flavour = str(backends.pop())
+    if gpu is None:
+        return "they are engines, and this node has no GPU (give select `resources: {gpu: 1}`)"
     reason = runtime_available(flavour, gpu, need_cuda_python=True)
     if reason:
         return f"their engines do not run here ({reason}; {runtime_needs(flavour)})"
