@@ -54,6 +54,7 @@ from trtflow.stage import (
     Resources,
     Stage,
     StageContext,
+    StageFailed,
     StageSkipped,
 )
 from trtflow.summaries import BenchmarkSummary
@@ -279,15 +280,23 @@ def _generation(ctx: StageContext, params: Params, model: Path | None, device: s
     """Time to first token and per output token at each concurrency (`measure.serving.generation`): an ONNX model
     with its cache on ONNX Runtime (an encoder-decoder's encoder runs in each request's first step: time to
     first token includes it), or a Hugging Face causal LM on PyTorch (`runtimes.torch_generation`)."""
+    from .measure.judging.reference import planned as planned_reference
     from .measure.serving.generation import level_line, measure_generation
 
     assert params.generation is not None
     backend = params.backend if params.backend == "torch" else "onnxruntime"
     decoder, runs_on = (_torch_decoder(ctx, params, device) if backend == "torch" else
                         _ort_decoder(ctx, params, model, device, encoder_path))
-    with ctx.native_step(backend, "timing greedy generation"):
-        levels = measure_generation(decoder, params.generation, params.window_plan(),
-                                    progress=lambda text: ctx.progress(0.5, text), device=device)
+    reference = planned_reference(params, ctx.reference, ctx.resolve, ctx.node)
+    pairing = _generation_pairing(ctx, params, decoder, device, reference)
+    try:
+        with ctx.native_step(backend, "timing greedy generation"):
+            levels = measure_generation(decoder, params.generation, params.window_plan(),
+                                        progress=lambda text: ctx.progress(0.5, text), device=device,
+                                        pairing=pairing)
+    finally:
+        if pairing is not None:
+            pairing.reference.close()  # the reference's clients: their threads end
     for level in levels:
         ctx.log.info("%s", level_line(level))
     method = _method(params, backend, device, runs_on)
@@ -298,6 +307,13 @@ def _generation(ctx: StageContext, params: Params, model: Path | None, device: s
         ctx.log.info("PyTorch generation: %s", method["torch"])
     metrics: dict[str, Any] = {"backend": backend, "device": device, "method": method,
                                "host": watch.report(), "points": [], "generation": levels}
+    if reference is not None:
+        paired = None
+        if pairing is not None:
+            from .measure.serving.generation import gate_level
+
+            paired = dict(pairing.summary(), concurrency=gate_level(params.generation))
+        metrics["reference"] = reference.summary(paired)
     summary = summary_of(metrics, ctx.facts, params)
     summary["generation"] = levels
     ctx.output("metrics").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
@@ -347,6 +363,46 @@ def _torch_decoder(ctx: StageContext, params: Params, device: str) -> tuple[Any,
         decoder = open_decoder(model, device, bench.context_length + bench.new_tokens,
                                params.generation_cuda_graphs, max(bench.concurrency))
     return decoder, f"torch {device} {dtype}"
+def _generation_pairing(ctx: StageContext, params: Params, decoder: Any, device: str, planned: Any) -> Any:
+    """The gate level's A/B rounds with the reference (`measure.timing.ab.Pairing` on
+    `measure.serving.generation.request_window`): the reference model opened with its pinned settings, fed the same
+    prompts, its stopping rule watching the time per output token and the time to first token at the gate
+    statistic (``gate_figure``; throughput: p50); or None, ``planned.why`` saying why."""
+    import dataclasses
+    import math
+
+    from .formats.onnx_model import candidate_kind
+    from .measure.judging.gates import allowed_ratio
+    from .measure.judging.reference import DEFAULT_PERCENT, pair_plan, pinned_params
+    from .measure.serving.generation import bench_prompts, gate_level, request_window
+    from .measure.timing.ab import Pairing
+
+    if planned is None or planned.why is not None or ctx.reference is None or params.generation is None:
+        return None
+    if params.backend == "torch":
+        planned.why = "generation on PyTorch is not paired with its reference yet: the stored figures decide"
+        return None
+    model = ctx.reference.inputs.get("model")
+    if model is None or candidate_kind(model) != "onnx":
+        planned.why = "the reference is not an ONNX model, which this generation benchmark times"
+        return None
+    pinned, planned.settings = pinned_params(params, planned.params)
+    encoder = ctx.reference.inputs.get("encoder")
+    try:
+        theirs, _ = _ort_decoder(ctx, pinned, model, device, encoder)
+    except (RecipeError, StageFailed, OSError) as error:
+        planned.why = f"the reference does not run here: {getattr(error, 'message', None) or error}"
+        return None
+    bench = params.generation
+    run = request_window(theirs, bench_prompts(decoder, bench), bench.new_tokens, gate_level(bench))
+    window = params.window_plan()
+    stat = params.gate_figure if params.gate_figure != "throughput" else "p50"
+    plan = pair_plan(params, window.window_s, window.min_duration_s, ctx.gate_family, 1, gate_level(bench),
+                     seed=params.ab_seed, cost_budget=params.gate_cost_budget)
+    percent = params.max_regression_percent or DEFAULT_PERCENT
+    plan = dataclasses.replace(plan, figure=f"tpot_{stat}", also=(f"ttft_{stat}",),
+                               limit=math.log(allowed_ratio(percent, stat)))
+    return Pairing(plan, run)
 
 
 def _first_profile(manifest: Mapping[str, Any] | None) -> Mapping[str, Any] | None:

@@ -19,8 +19,10 @@ Constraints exclude candidates (validation passed, latency, throughput, size); t
 candidates within ``tie_breakers.tolerance_percent`` of it (a preference band) are ties broken in the stated order.
 The finalists, the candidates not clearly beaten on their stored benchmark figures, are timed again together in
 round-robin windows (`measure.timing.finalists`, ``finalists``), so a 10% difference is seen even when the host's speed
-moved by more than that between their benchmarks; where they cannot be timed here, the stored figures decide and
-the selection says so. Every
+moved by more than that between their benchmarks: for latency, throughput, load objectives (on their service at the
+level's batch), time per output token and time to first token, ONNX models and engines alike
+(`measure.timing.finalist_plans` says what each objective's windows run); where they cannot be timed here, the
+stored figures decide and the selection says so. Every
 candidate's metrics and the reason it won, lost or was excluded go to selection.json; the winner's artifact
 and its companions (external weights, engine.json) are copied beside it. When no candidate qualifies, the
 selection is still written (the report shows it) and the node's gate fails with the table.
@@ -33,7 +35,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -205,11 +208,46 @@ def materialize_selected(ctx: StageContext, path: Path, kind: str) -> list[str]:
     return written
 
 
+def _cuda_timer() -> Any:
+    """The cuda-python harness engine finalists are timed on (the tests' TensorRT fakes replace it)."""
+    from .measure.timing.cuda_timing import CudaTimer
+
+    return CudaTimer(device=0)  # the runner narrows CUDA_VISIBLE_DEVICES to the node's GPU
+
+
+@contextmanager
+def _timers(ctx: StageContext, plan: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """The finalists' window timers for ``plan`` (`measure.timing.finalist_plans`), open for the ``with`` block."""
+    from .measure.timing.finalists import engine_timers, onnxruntime_timers
+
+    if plan["runtime"] == "generation":
+        from .measure.serving.generation import generation_timers, lockstep_timer
+
+        opener = lockstep_timer if plan["generation"]["concurrency"] == 1 else generation_timers
+        timers = opener(plan["models"], plan["generation"], plan["options"], plan["device"], ctx.log, plan["which"])
+        try:
+            yield timers
+        finally:  # generation's clients: their threads end
+            for timer in (timers.values() if isinstance(timers, Mapping) else ()):
+                getattr(timer, "close", lambda: None)()
+    elif plan["runtime"] == "onnxruntime":
+        yield onnxruntime_timers(plan["models"], plan["shapes"], plan["options"], plan["device"], plan["warmup_ms"],
+                                 ctx.log, plan["data"], ctx.resolve)
+    else:
+        batches = plan["batch_size"] if isinstance(plan["batch_size"], Mapping) else \
+            dict.fromkeys(plan["models"], plan["batch_size"])
+        with engine_timers(plan["models"], plan["shapes"], batches, plan, _cuda_timer, ctx.log,
+                           ctx.resolve) as timers:
+            yield timers
+
+
 def _time_finalists(ctx: StageContext, params: Params, selection: Mapping[str, Any],
                     paths: Mapping[str, Path]) -> dict[str, Any] | None:
-    """The finalists (eligible, not clearly beaten on stored figures) timed together (`measure.timing.finalists`), or
-    why they could not be; None when there is nothing to time (one finalist, or finalists.measure off)."""
-    from .measure.timing.finalists import measure_round_robin, onnxruntime_timers, timing_plan
+    """The finalists (eligible, not clearly beaten on stored figures) timed together (`measure.timing.finalists`,
+    planned per objective and runtime by `measure.timing.finalist_plans`), or why they could not be; None when there
+    is nothing to time (one finalist, or finalists.measure off)."""
+    from .measure.timing.finalist_plans import timing_plan
+    from .measure.timing.finalists import measure_round_robin
 
     rows = [row for row in selection["candidates"] if row.get("eligible") and row.get("tie")]
     if not params.finalists.measure or len(rows) < 2:
@@ -219,34 +257,25 @@ def _time_finalists(ctx: StageContext, params: Params, selection: Mapping[str, A
         ctx.log.info("finalists not timed together: %s", plan)
         return {"why": plan}
     names = ", ".join(plan["models"])
+    batch = plan["batch_size"]
     where = f"concurrency {plan['generation']['concurrency']}" if "generation" in plan else \
-        f"batch {plan['batch_size']}"
+        f"batch {batch}" if not isinstance(batch, Mapping) else \
+        "batch " + ", ".join(f"{b} ({n})" for n, b in batch.items())
     ctx.progress(0.0, f"timing the finalists {names} together at {where}")
+    native = "onnxruntime" if plan["runtime"] in ("onnxruntime", "generation") else plan["runtime"]
     try:
-        with ctx.native_step("onnxruntime", f"timing the finalists {names} together"):
-            if "generation" in plan:
-                from .measure.serving.generation import generation_timers
-
-                timers = generation_timers(plan["models"], plan["generation"], plan["options"], plan["device"],
-                                           ctx.log)
-            else:
-                timers = onnxruntime_timers(plan["models"], plan["shapes"], plan["options"], plan["device"],
-                                            plan["warmup_ms"], ctx.log, plan["data"], ctx.resolve)
+        with ctx.native_step(native, f"timing the finalists {names} together"), _timers(ctx, plan) as timers:
             from .measure.serving.traffic import steady_interpreter
 
-            try:
-                with steady_interpreter():
-                    record = measure_round_robin(timers, plan["batch_size"], plan["figure"],
-                                                 params.tie_breakers.tolerance_percent, plan["window_s"],
-                                                 plan["max_seconds"])
-            finally:
-                for timer in timers.values():
-                    getattr(timer, "close", lambda: None)()  # generation's clients: their threads end
+            with steady_interpreter():
+                record = measure_round_robin(timers, batch, plan["figure"], params.tie_breakers.tolerance_percent,
+                                             plan["window_s"], plan["max_seconds"])
     except Exception as error:  # an optional refinement: the stored figures still decide, and say so
         detail = getattr(error, "message", None) or f"{type(error).__name__}: {error}"
         why = f"timing them here failed ({detail}); the stored figures decided"
         ctx.log.warning("finalists not timed together: %s", why)
         return {"why": why}
+    record.update({key: plan[key] for key in ("runtime", "which", "load_rule") if key in plan})
     ctx.log.info("finalists %s timed together: %d rounds", names, len(record["rounds"]))
     return record
 

@@ -1,4 +1,5 @@
-"""select's figures for generation: time per output token under a first-token budget, from a benchmark's
+"""select's figures for generation: time per output token under a first-token budget, or time to first token, from a
+benchmark's
 ``generation`` levels (`measure.serving.generation`: one per concurrency, each with ``ttft_ms`` and ``tpot_ms``
 statistics, their sample count ``n`` and 95% intervals ``ci``).
 
@@ -12,6 +13,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 GOAL = "min_time_per_token"
+#: The lowest time to first token at a concurrency.
+TTFT_GOAL = "min_time_to_first_token"
+GOALS = (GOAL, TTFT_GOAL)
 
 
 def levels_of(benchmark_json: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -35,9 +39,10 @@ def figure(level: Mapping[str, Any], which: str, stat: str) -> tuple[float | Non
 
 
 def pick_level(levels: Sequence[Mapping[str, Any]], stat: str, concurrency: int | None,
-               max_ttft_ms: float | None) -> tuple[Mapping[str, Any] | None, str]:
-    """The level a candidate is judged at: the one at ``concurrency`` (default: the lowest measured), if its time to
-    first token (at ``stat``) is within ``max_ttft_ms``; else None and why."""
+               max_ttft_ms: float | None, judged: str = "tpot_ms") -> tuple[Mapping[str, Any] | None, str]:
+    """The level a candidate is judged at: the one at ``concurrency`` (default: the lowest measured) with a
+    ``judged`` figure (tpot_ms or ttft_ms), if its time to first token (at ``stat``) is within ``max_ttft_ms``; else
+    None and why."""
     if not levels:
         return None, "the benchmark has no generation figures (benchmark params: generation)"
     by_level = {level.get("concurrency"): level for level in levels}
@@ -46,9 +51,10 @@ def pick_level(levels: Sequence[Mapping[str, Any]], stat: str, concurrency: int 
         measured = ", ".join(str(c) for c in sorted(c for c in by_level if isinstance(c, int)))
         return None, f"not benchmarked at concurrency {chosen} (measured: {measured})"
     level = by_level[chosen]
-    tpot, _ = figure(level, "tpot_ms", stat)
-    if tpot is None:
-        return None, f"no {stat} time per output token at concurrency {chosen}"
+    value, _ = figure(level, judged, stat)
+    if value is None:
+        what = "time per output token" if judged == "tpot_ms" else "time to first token"
+        return None, f"no {stat} {what} at concurrency {chosen}"
     if max_ttft_ms is not None:
         ttft, interval = figure(level, "ttft_ms", stat)
         if ttft is None:
@@ -60,13 +66,13 @@ def pick_level(levels: Sequence[Mapping[str, Any]], stat: str, concurrency: int 
     return level, ""
 
 
-def point_source(level: Mapping[str, Any], stat: str) -> dict[str, Any]:
-    """The level as a latency point (the time per output token is the latency judged), for
-    `measure.statistics.unpaired`."""
-    tpot, tpot_ci = figure(level, "tpot_ms", stat)
+def point_source(level: Mapping[str, Any], stat: str, judged: str = "tpot_ms") -> dict[str, Any]:
+    """The level as a latency point (the ``judged`` figure, time per output token or to first token, is the latency
+    judged), for `measure.statistics.unpaired`."""
+    value, value_ci = figure(level, judged, stat)
     ttft, ttft_ci = figure(level, "ttft_ms", stat)
-    return {"concurrency": level.get("concurrency"), "latency_ms": {stat: tpot},
-            "latency_ci_ms": {stat: tpot_ci} if tpot_ci else {}, "ttft_ms": ttft, "ttft_ci_ms": ttft_ci,
+    return {"concurrency": level.get("concurrency"), "latency_ms": {stat: value},
+            "latency_ci_ms": {stat: value_ci} if value_ci else {}, "ttft_ms": ttft, "ttft_ci_ms": ttft_ci,
             "requests": level.get("requests"), "throughput_qps": level.get("output_tokens_per_s"),
             "unmeasurable": level.get("unmeasurable")}
 

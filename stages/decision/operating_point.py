@@ -11,8 +11,8 @@ from trtflow.digits import finite
 
 from ..measure.statistics.unpaired import latency_figure, throughput_figure
 from .candidates import Candidate
-from .generation import GOAL as GENERATION_GOAL
-from .generation import pick_level, point_source
+from .generation import GOALS as GENERATION_GOALS
+from .generation import TTFT_GOAL, pick_level, point_source
 from .params import TIME_GOALS, Objective, Params
 
 
@@ -58,12 +58,13 @@ def operating_point(candidate: Candidate, objective: Objective, batch: int | Non
     if candidate.benchmark is None:
         return None, "no benchmark result"
     goal = objective.goal
-    if goal == GENERATION_GOAL:
+    if goal in GENERATION_GOALS:
+        judged = "ttft_ms" if goal == TTFT_GOAL else "tpot_ms"
         level, problem = pick_level(candidate.benchmark.get("generation") or [], stat, objective.concurrency,
-                                    objective.max_ttft_ms)
+                                    objective.max_ttft_ms, judged)
         if level is None:
             return None, problem
-        source = point_source(level, stat)
+        source = point_source(level, stat, judged)
         return OperatingPoint(None, source["concurrency"], source["latency_ms"][stat], source["throughput_qps"],
                               source["latency_ci_ms"].get(stat), None, source), ""
     if goal == "max_throughput_under_latency":

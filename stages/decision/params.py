@@ -10,8 +10,11 @@ from trtflow.stage import StageParams
 
 from ..measure.statistics.unpaired import RUN_TO_RUN_PERCENT
 from .generation import GOAL as GENERATION_GOAL
+from .generation import GOALS as GENERATION_GOALS
+from .generation import TTFT_GOAL
 
-Goal = Literal["min_latency", "max_throughput", "min_size", "max_throughput_under_latency", "min_time_per_token"]
+Goal = Literal["min_latency", "max_throughput", "min_size", "max_throughput_under_latency", "min_time_per_token",
+               "min_time_to_first_token"]
 Statistic = Literal["p50", "p90", "p95", "p99", "mean"]
 TieBreaker = Literal["accuracy", "size", "latency", "throughput"]
 DEFAULT_ORDER: tuple[TieBreaker, ...] = ("accuracy", "size")
@@ -22,9 +25,10 @@ GOAL_TEXT = {
     "min_size": "smallest size",
     "max_throughput_under_latency": "highest throughput with {stat} latency <= {budget:g} ms",
     "min_time_per_token": "lowest {stat} time per output token",
+    "min_time_to_first_token": "lowest {stat} time to first token",
 }
 #: Goals judged on a time (lower is better, in ms).
-TIME_GOALS = ("min_latency", "min_time_per_token")
+TIME_GOALS = ("min_latency", "min_time_per_token", "min_time_to_first_token")
 
 
 class Objective(StageParams):
@@ -38,7 +42,8 @@ class Objective(StageParams):
         "throughput among the operating points (load levels of the benchmark's `load` sweep when present, "
         "else batch sizes) whose latency stays within `latency_budget_ms`; 'min_time_per_token': the lowest time "
         "per output token of greedy generation (benchmark params: generation) at `concurrency`, among candidates "
-        "whose time to first token (same statistic) is within `max_ttft_ms`.",
+        "whose time to first token (same statistic) is within `max_ttft_ms`; 'min_time_to_first_token': the lowest "
+        "time to first token of greedy generation at `concurrency`.",
     )
     percentile: Statistic = Field("p50", description="The latency statistic judged: p50, p90, p95, p99 or mean.")
     batch_size: int | None = Field(
@@ -53,8 +58,8 @@ class Objective(StageParams):
         None, gt=0, description="For min_time_per_token: the time to first token (at `percentile`) a candidate may "
         "take at most.")
     concurrency: int | None = Field(
-        None, ge=1, description="For min_time_per_token: the generation benchmark's concurrency level to judge "
-        "(default: the lowest measured).")
+        None, ge=1, description="For min_time_per_token and min_time_to_first_token: the generation benchmark's "
+        "concurrency level to judge (default: the lowest measured).")
 
     @model_validator(mode="after")
     def _budget_for_its_goal(self) -> Objective:
@@ -63,13 +68,15 @@ class Objective(StageParams):
         if self.goal != "max_throughput_under_latency" and self.latency_budget_ms is not None:
             raise ValueError(f"latency_budget_ms is only used by goal max_throughput_under_latency; for goal "
                              f"{self.goal} limit latency with constraints.max_latency_ms")
-        if self.goal != GENERATION_GOAL and (self.max_ttft_ms is not None or self.concurrency is not None):
-            raise ValueError(f"max_ttft_ms and concurrency are used by goal {GENERATION_GOAL}, not {self.goal}")
+        if (self.goal != GENERATION_GOAL and self.max_ttft_ms is not None) or \
+                (self.goal not in GENERATION_GOALS and self.concurrency is not None):
+            raise ValueError(f"max_ttft_ms and concurrency are used by goal {GENERATION_GOAL} (concurrency also by "
+                             f"{TTFT_GOAL}, which judges the time to first token itself), not {self.goal}")
         return self
 
     def describe(self) -> str:
         text = GOAL_TEXT[self.goal].format(stat=self.percentile, budget=self.latency_budget_ms or 0)
-        if self.goal == GENERATION_GOAL:
+        if self.goal in GENERATION_GOALS:
             budget = f" with {self.percentile} time to first token <= {self.max_ttft_ms:g} ms" if self.max_ttft_ms \
                 else ""
             return text + budget + (f" at concurrency {self.concurrency}" if self.concurrency else "")
@@ -134,9 +141,11 @@ class Finalists(StageParams):
     measure: bool = Field(
         True, description="Time the finalists (eligible candidates not clearly beaten on their stored benchmark "
         "figures) again together at the operating point, one window each per round in a random order, until each "
-        "one's ratio to the leader is decided against tolerance_percent or the cap. It needs their runtime here: "
-        "ONNX models benchmarked on ONNX Runtime (CPU, or CUDA with a GPU given to this node); otherwise, and for "
-        "objectives on load levels, the stored figures decide and the selection says so.")
+        "one's ratio to the leader is decided against tolerance_percent or the cap, for every objective but size "
+        "(load levels: on their service at the level's batch, `measure.timing.finalist_plans`). It needs their "
+        "runtime here: ONNX models benchmarked on ONNX Runtime (CPU, or CUDA with a GPU given to this node), or "
+        "engines benchmarked on one TensorRT backend (a GPU they run on given to this node); otherwise the stored "
+        "figures decide and the selection says so.")
     max_duration_s: float | None = Field(
         None, gt=0, description="Timed seconds per finalist at most (default: twice its benchmark's "
         "max_duration_s: short rounds under a co-tenant need more rounds than one benchmark point needs windows).")

@@ -183,7 +183,8 @@ def _finalists_note(finalists: Mapping[str, Any] | None) -> dict[str, Any] | Non
     return {"measured": True, "names": finalists["names"], "rounds": len(finalists["rounds"]),
             "seconds": finalists.get("seconds"), "figure": finalists["figure"],
             "batch_size": finalists["batch_size"], "ended": finalists["ended"],
-            **{key: finalists[key] for key in ("seed", "window_s", "orders") if key in finalists}}
+            **{key: finalists[key] for key in ("seed", "window_s", "orders", "runtime", "which", "load_rule")
+               if key in finalists}}
 
 
 def _add_speedups(rows: list[dict[str, Any]], params: Params, baseline: Mapping[str, Any] | None,

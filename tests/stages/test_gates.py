@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 
 import pytest
 
@@ -390,3 +391,73 @@ def test_the_history_tracks_the_gate_point_not_batch_1():
     figures = benchmark.figures(benchmark.Params.model_validate({}), summary(point(1.0, batch=1), point(4.0, batch=8)))
     primary = [f.name for f in figures.figures if f.primary]
     assert primary == ["p50 latency, batch 8", "throughput, batch 8"]
+
+
+def _generation_pairs(ttft: float, tpot: float, count: int = 30, disturbed: int = 0, waits: float = 0.05,
+                      seed: int = 0) -> dict:
+    """A gated generation level's record: per pair both figures (``ttft`` and ``tpot`` slower by these), the first
+    ``disturbed`` pairs with a co-tenant's spell on the candidate's side only, each side waiting ``waits``."""
+    rng = random.Random(seed)
+    record = PairedRecord(1, 1, "tpot_p50", looks=list(Schedule.up_to(count, Budget()).looks))
+    for index in range(count):
+        base = math.exp(rng.gauss(0.0, 0.05))
+        spell = 2.0 if index < disturbed else 1.0
+
+        def side(change_first: float, change_token: float, factor: float = 1.0, base: float = base) -> dict:
+            first = 20.0 * base * change_first * factor * math.exp(rng.gauss(0.0, 0.02))
+            token = 5.0 * base * change_token * factor * math.exp(rng.gauss(0.0, 0.02))
+            return {"ttft_p50": first, "tpot_p50": token, "p50": token, "wait_share": waits}
+
+        record.add("AB" if index % 2 else "BA", side(1.0, 1.0), side(1.0 + ttft, 1.0 + tpot, spell))
+    record.ended = True
+    return {"name": "the last accepted result", "basis": PAIRED, "points": [],
+            "paired": dict(record.as_dict(), concurrency=1)}
+
+
+def _level(concurrency: int, ttft: float, tpot: float) -> dict:
+    def figure(value: float) -> dict:
+        return {"p50": value, "ci": {"p50": [value * 0.98, value * 1.02]}}
+    return {"concurrency": concurrency, "requests": 40, "ttft_ms": figure(ttft), "tpot_ms": figure(tpot)}
+
+
+def test_generation_gates_judge_ttft_and_tpot_on_given_pairs():
+    """A gated generation benchmark's first level: its time to first token and its time per output token are both
+    primary verdicts on the pairs, by the latency gate's rules: a regression of either fails; disturbed pairs are
+    set aside (the verdict says how many); a host that kept both sides waiting for a CPU most of the time leaves a
+    small change undecided; the other levels are reported, not judged; without pairs the stored levels decide."""
+    params = {"generation": {"concurrency": [1, 4]}, "max_regression_percent": 10}
+    levels = [_level(1, 20.0, 5.0), _level(4, 30.0, 6.0)]
+
+    def judged(reference: dict, now: list | None = None) -> dict:
+        found = _judge(params, dict(summary(reference=reference), points=[], generation=now or levels))
+        assert not any(v.primary for v in found if v.where == "concurrency 4")  # reported at most
+        return {v.figure: v for v in found if v.primary}
+
+    same = judged(_generation_pairs(0.0, 0.0))
+    assert set(same) == {"p50 time to first token", "p50 time per output token"}
+    assert {(v.outcome, v.basis, v.where) for v in same.values()} == {("pass", PAIRED, "concurrency 1")}
+    slower_tokens = judged(_generation_pairs(0.0, 0.20))
+    assert slower_tokens["p50 time per output token"].outcome == "fail"
+    assert slower_tokens["p50 time to first token"].outcome == "pass"
+    slower_first = judged(_generation_pairs(0.20, 0.0))
+    assert slower_first["p50 time to first token"].outcome == "fail"
+    assert "p50 time to first token +" in slower_first["p50 time to first token"].reason
+    # a co-tenant's spells on the candidate's side in 4 of 30 pairs: set aside, said, and an unchanged model passes
+    spells = judged(_generation_pairs(0.0, 0.0, disturbed=4))
+    assert {v.outcome for v in spells.values()} == {"pass"}
+    assert re.search(r"[1-4] of \d+ pairs set aside as disturbed", spells["p50 time per output token"].reason)
+    # waiting for a CPU 70% of the time: a 3% change cannot be told from the waiting (undecided, said so)
+    busy = judged(_generation_pairs(0.0, 0.03, waits=0.7))
+    assert busy["p50 time per output token"].outcome == "inconclusive"
+    assert "unmeasurable" in busy["p50 time per output token"].reason
+    # not re-measured: the reference's stored levels decide (with the host's run-to-run allowance)
+    stored = judged({"name": "the last accepted result", "basis": STORED, "paired": None, "points": [],
+                     "why": "the reference does not run here",
+                     "generation": [_level(1, 10.0, 5.0), _level(4, 30.0, 6.0)]})
+    assert {v.basis for v in stored.values()} == {STORED}
+    reported = _judge(params, dict(summary(reference={"name": "r", "paired": None, "points": [],
+                                                      "generation": [_level(4, 30.0, 6.0)]}), points=[],
+                                   generation=levels))
+    assert [(v.where, v.primary) for v in reported] == [("concurrency 4", False)] * 2
+    assert stored["p50 time to first token"].outcome == "fail" and stored["p50 time per output token"].outcome == \
+        "pass"

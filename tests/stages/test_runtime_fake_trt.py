@@ -418,3 +418,66 @@ def test_benchmark_times_the_reference_engine_in_pairs_fake_trt(monkeypatch, tin
     assert "the reference does not run here" in stored.summary["reference"]["why"]
     judged = benchmark.stage.judge(benchmark.Params.model_validate(params), stored.summary, GateContext())
     assert [v.basis for v in judged if v.primary] == [STORED]
+
+
+def test_select_times_engine_finalists_together_fake_trt(monkeypatch, tiny_cnn_onnx, engine_files, tmp_path):
+    """select's engine finalists are timed together like ONNX ones: each engine opened through the TensorRT runtime
+    interface (its engine.json and digest checked before the fake deserialisation), one context each on the
+    cuda-python harness, rounds of short windows in a random order; the decision rests on the pairs. Without a
+    runtime for them here, the stored figures decide and the selection says why."""
+    import shutil
+
+    from trtflow.stage import StageContext
+    from trtflow_stages import select
+    from trtflow_stages.decision.params import Params as SelectParams
+
+    engine, provenance = engine_files
+    opened = _fake_runtime(monkeypatch, tiny_cnn_onnx)
+    FakeTimer.instances.clear()
+    monkeypatch.setattr(select, "_cuda_timer", FakeTimer)
+    inputs: dict = {"candidates": [], "benchmarks": []}
+    sources: dict = {"candidates": [], "benchmarks": []}
+    method = {"spin_wait": True, "use_cuda_graph": False, "include_host_transfers": False, "min_duration_s": 0.1,
+              "repeats": 5, "max_duration_s": 0.2, "warmup_ms": 0.0}
+    for name in ("fp16", "int8"):
+        folder = tmp_path / "candidates" / name
+        folder.mkdir(parents=True)
+        shutil.copy(engine, folder / "model.engine")
+        shutil.copy(provenance, folder / "engine.json")
+        inputs["candidates"].append(folder / "model.engine")
+        sources["candidates"].append({"node": name, "template": name, "matrix": {}, "inputs": {}})
+        bench = tmp_path / "benchmarks" / name / "benchmark.json"
+        bench.parent.mkdir(parents=True)
+        bench.write_text(json.dumps({"backend": "tensorrt-rtx", "device": "cuda", "method": method, "points": [
+            {"batch_size": 2, "shapes": {"input": [2, 3, 32, 32]},
+             "report": {"latency_ms": {"p50": 0.5, "p99": 0.9}, "throughput_qps": 4000.0, "flags": []}}]}))
+        inputs["benchmarks"].append(bench)
+        sources["benchmarks"].append({"node": f"benchmark-{name}", "inputs": {"model": [name]}})
+    params = SelectParams.model_validate({"constraints": {"validation": "not_required"}})
+
+    def run(folder: Path, gpu: int | None = 0) -> dict:
+        ctx = StageContext("select", folder / "scratch", folder, select.stage.outputs, folder / "cache",
+                           input_sources=sources, gpu=gpu)
+        return select.run(ctx, inputs, params)
+
+    assert run(tmp_path / "no-gpu", gpu=None)["finalists"] == {
+        "measured": False, "why": "they are engines, and this node has no GPU (give select `resources: {gpu: 1}`)"}
+    summary = run(tmp_path / "run")
+    finalists = summary["finalists"]
+    assert finalists["measured"] and finalists["runtime"] == "tensorrt-rtx" and finalists["figure"] == "p50"
+    assert finalists["names"] == ["fp16", "int8"] and finalists["rounds"] >= 8 and finalists["batch_size"] == 2
+    assert {row["basis"] for row in summary["candidates"]} == {"paired A/B"}
+    assert summary["selected"] in ("fp16", "int8") and all(row["tie"] for row in summary["candidates"])
+    digest = json.loads(provenance.read_text())["engine_digest"]
+    assert opened == [("model.engine", "tensorrt-rtx", digest)] * 2  # both through open_engine's checks
+    (timer,) = FakeTimer.instances  # one harness; one context and stream per engine
+    assert len(timer.streams) == 2 and timer.options.min_iterations == 8 and not timer.options.use_cuda_graph
+    (last,) = timer.work  # a window times one engine's context at a time
+    assert last.enqueue.__self__.prepared == {"input": (2, 3, 32, 32)}
+
+    # an engine whose bytes no longer match its engine.json is refused before deserialising: stored figures decide
+    bad = inputs["candidates"][1]
+    bad.write_bytes(bad.read_bytes() + b"!")
+    stored = run(tmp_path / "changed")
+    assert stored["finalists"]["measured"] is False and "does not match its provenance" in stored["finalists"]["why"]
+    assert {row["basis"] for row in stored["candidates"]} == {"stored figures"}

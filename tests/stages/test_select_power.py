@@ -41,3 +41,14 @@ def test_the_finalists_window_is_short_and_the_rounds_record_their_seed():
     assert isinstance(record["seed"], int) and len(record["orders"]) == len(record["rounds"])
     again = measure_round_robin(timers, 8, "p50", 5.0, 0.02, 1.0, seed=record["seed"])
     assert again["orders"] == record["orders"][:len(again["orders"])]  # the seed replays the orders
+
+
+@pytest.mark.parametrize(("objective", "scale", "noise"), [("tpot", "gpu", "switch_fast"), ("ttft", "cpu", "switch_3"),
+                                                          ("throughput", "cpu", "bimodal")])
+def test_generation_and_load_objectives_see_a_real_difference_beside_a_co_tenant(objective, scale, noise):
+    """The same finalist rounds for the other objectives: generation windows of requests (time per output token, time
+    to first token) and load objectives' service (throughput)."""
+    faster = 0.10 if scale == "gpu" else 0.20
+    chosen = sum(trial(SCALES[scale], NOISE[noise], faster, 7 * 1_000_003 + i, objective)[0] for i in range(TRIALS))
+    assert chosen >= 0.9 * TRIALS
+    assert not trial(SCALES[scale], NOISE[noise], 0.02, 11, objective)[0]  # inside the band: the preference stands

@@ -288,6 +288,7 @@ class BaselineBenchmark(TypedDict, total=False):
     facts: Strings
     points: Required[list[BaselinePoint]]
     load: list[Json]
+    generation: list[Json]  # a generation benchmark's levels (TTFT, TPOT), which its gates judge
     artifact: Json
     identity: str
     params: Json

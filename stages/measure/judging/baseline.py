@@ -57,11 +57,23 @@ def benchmark_entry(summary: BenchmarkSummary, facts: Mapping[str, str],
         ],
         "load": [dict(p) for p in summary.get("load", []) if isinstance(p, Mapping)],
     }
+    levels = [generation_entry(level) for level in summary.get("generation") or [] if isinstance(level, Mapping)]
+    if levels:
+        entry["generation"] = levels
     if artifact:
         entry["artifact"] = dict(artifact["artifact"])
         entry["identity"] = artifact["identity"]
         entry["params"] = dict(artifact.get("params") or {})
     return entry
+
+
+#: What a baseline keeps of a generation level (`measure.serving.generation`): what its gates judge.
+GENERATION_KEPT = ("concurrency", "requests", "ttft_ms", "tpot_ms", "output_tokens_per_s", "cpu_wait_share",
+                   "unmeasurable", "flags")
+
+
+def generation_entry(level: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: level[key] for key in GENERATION_KEPT if key in level}
 
 
 def validate_entry(summary: ValidateSummary, facts: Mapping[str, str],
@@ -231,6 +243,7 @@ def baseline_reference(baseline: str | None, node: str | None, resolve: Any, nam
     if pin is None:
         return None
     return dict(pin.describe(), record={"params": dict(entry.get("params") or {}), "points": entry.get("points", []),
+                                        "generation": entry.get("generation") or [],
                                         "facts": dict(entry.get("facts") or {}), "baseline": str(path)})
 
 

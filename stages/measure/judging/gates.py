@@ -63,6 +63,9 @@ PAIRED_HINT = ("raise gate_cost_budget (or min_duration_s, the budget's unit) or
                "decide")
 #: The largest gate_cost_budget a recipe may set (`measure.settings.TimingFields.gate_cost_budget`).
 MAX_COST_BUDGET = 100.0
+FIGURE_TEXT.update({f"{prefix}_{stat}": f"{stat} {name}" for prefix, name in
+                    (("ttft", "time to first token"), ("tpot", "time per output token"))
+                    for stat in ("p50", "p90", "p95", "p99", "mean")})  # a generation level's (`generation_gates`)
 STORED_NOTE = "stored figures: drift between runs not cancelled"
 _NORMAL = NormalDist()
 
@@ -429,6 +432,13 @@ def regression_verdicts(comparison: Comparison, summary: Mapping[str, Any], old_
     return found
 
 
+def _paired_level(reference: Mapping[str, Any]) -> int | None:
+    """The concurrency a generation benchmark's pairs timed (None: not paired)."""
+    level = (reference.get("paired") or {}).get("concurrency") if isinstance(reference.get("paired"), Mapping) \
+        else None
+    return level if isinstance(level, int) else None
+
+
 def reference_of(summary: Mapping[str, Any]) -> Mapping[str, Any]:
     """What the node measured its candidate against (written by the benchmark stage, `reference_summary`)."""
     found = summary.get("reference")
@@ -455,6 +465,11 @@ def baseline_verdicts(params: GateFields, summary: Mapping[str, Any], gate_ctx: 
             return [comparison.refusal(refused)]
     why = str(reference.get("why") or ("the baseline pins no artifact (saved by an older trtflow): pin it again"
                                        if identity is None else "its artifact was not re-measured"))
+    if summary.get("generation"):
+        from .generation_gates import generation_verdicts
+
+        return generation_verdicts(comparison, summary, entry.get("generation") or [], paired,
+                                   _paired_level(reference), why, missing=f"baseline {path} has no such level")
     return regression_verdicts(comparison, summary, entry.get("points", []), paired, why,
                                missing=f"baseline {path} has no such point")
 
@@ -473,6 +488,13 @@ def previous_run_verdicts(summary: Mapping[str, Any], params: GateFields,
     paired = PairedRecord.from_dict(reference.get("paired"))
     old_points = [p for p in reference.get("points") or [] if isinstance(p, Mapping)]
     why = str(reference.get("why") or "the reference was not re-measured")
+    if summary.get("generation"):
+        from .generation_gates import generation_verdicts
+
+        old_levels = [level for level in reference.get("generation") or [] if isinstance(level, Mapping)]
+        if not old_levels and paired is None:
+            return []  # nothing accepted to compare with yet: this result becomes the reference once it passes
+        return generation_verdicts(comparison, summary, old_levels, paired, _paired_level(reference), why)
     if not old_points and paired is None:
         if not previous or not previous.get("points"):
             return []  # nothing accepted yet: this result becomes the reference once its gates pass

@@ -85,6 +85,14 @@ class Planned:
         return [dict(p) for p in points or [] if isinstance(p, Mapping)]
 
     @property
+    def generation(self) -> list[dict[str, Any]]:
+        """The reference's stored generation levels (a baseline entry's, or the accepted result's summary's)."""
+        levels = self.record.get("generation")
+        if levels is None:
+            levels = (self.record.get("summary") or {}).get("generation")
+        return [dict(level) for level in levels or [] if isinstance(level, Mapping)]
+
+    @property
     def params(self) -> Mapping[str, Any]:
         return self.record.get("params") or {}
 
@@ -92,7 +100,8 @@ class Planned:
         """What the node's summary records of its reference (the gate reads it back)."""
         return {"name": self.name, "identity": self.identity, "basis": "paired A/B" if paired else "stored figures",
                 "why": None if paired else self.why, "paired": dict(paired) if paired else None,
-                "points": self.points, "facts": dict(self.record.get("facts") or
+                "points": self.points, **({"generation": self.generation} if self.generation else {}),
+                "facts": dict(self.record.get("facts") or
                                                      (self.record.get("summary") or {}).get("hardware") or {}),
                 "key": self.record.get("key"), "settings": list(self.settings)}
 

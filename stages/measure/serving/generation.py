@@ -182,19 +182,57 @@ class Clients:
         self.close()
 
 
+class TeamTimer:
+    """A window timer over `Clients` (the same threads in every window, ended by `close`): each window's requests'
+    times per output token (``which`` "tpot"), to first token ("ttft"), or both ("both": latencies per output token,
+    ``first_tokens_ms`` to first token; `measure.timing.ab.window_figures` makes ``ttft_*`` and ``tpot_*`` pair
+    figures of it: what a gated generation level is paired on)."""
+
+    def __init__(self, team: Clients, which: str = "tpot") -> None:
+        if which not in ("tpot", "ttft", "both"):
+            raise ValueError(f"which must be tpot, ttft or both, not {which!r}")
+        self.team, self.which = team, which
+
+    def __call__(self, seconds: float, index: int) -> Window:
+        first, per_token, _ = self.team.window(seconds)
+        if self.which == "both":
+            return Window(per_token.latencies_ms, per_token.wall_ms, per_token.wait_ms, first.latencies_ms)
+        return per_token if self.which == "tpot" else first
+
+    def close(self) -> None:
+        self.team.close()
+
+
+def request_window(decoder: Any, prompts: Sequence[Any], new_tokens: int, clients: int,
+                   clock: Callable[[], int] = time.perf_counter_ns) -> TeamTimer:
+    """The reference's side of a gated generation level: a `TeamTimer` of both figures over its own clients (warmed
+    up on their threads); the caller closes it."""
+    return TeamTimer(Clients(decoder, prompts, new_tokens, clients, clock), "both")
+
+
 def measure_level(decoder: Any, prompts: Sequence[Any], new_tokens: int, clients: int, plan: WindowPlan,
                   warmup_requests: int = 1, clock: Callable[[], int] = time.perf_counter_ns,
-                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                  progress: Callable[[str], None] | None = None, pairing: Any = None) -> dict[str, Any]:
     """One concurrency level, timed in windows until both medians are precise enough (or the cap), by clients
-    that live for the whole level and warmed up on their own threads (`Clients`)."""
+    that live for the whole level and warmed up on their own threads (`Clients`). ``pairing`` (a
+    `measure.timing.ab.Pairing` with the reference's `request_window`): each window is rounds of blocks of the
+    reference's requests and the candidate's in a random order, until the pairing is done too (its record holds
+    both figures per block)."""
     first: list[Window] = []
     per_token: list[Window] = []
     tokens = 0
     spent_s = 0.0
     unmet: list[str] = []
     with Clients(decoder, prompts, new_tokens, clients, clock, warmup_requests) as team:
+        ours = TeamTimer(team, "both")
         while True:
-            ttft_window, tpot_window, produced = team.window(plan.window_s)
+            if pairing is not None and not pairing.done:
+                both = pairing.step(ours, plan.window_s, len(first))
+                ttft_window = Window(both.first_tokens_ms or [], both.wall_ms, both.wait_ms)
+                tpot_window = Window(both.latencies_ms, both.wall_ms, both.wait_ms)
+                produced = len(both.latencies_ms) * new_tokens
+            else:
+                ttft_window, tpot_window, produced = team.window(plan.window_s)
             first.append(ttft_window)
             per_token.append(tpot_window)
             tokens += produced
@@ -207,7 +245,7 @@ def measure_level(decoder: Any, prompts: Sequence[Any], new_tokens: int, clients
             unmet = [f"time to first token {text}" for text in plan.precision.unmet(window_uncertainty(first, 1))]
             unmet += [f"time per output token {text}"
                       for text in plan.precision.unmet(window_uncertainty(per_token, 1))]
-            if not unmet or spent_s >= plan.max_duration_s:
+            if (not unmet or spent_s >= plan.max_duration_s) and (pairing is None or pairing.done):
                 break
     wall_ms = sum(w.wall_ms for w in first)
     rates = [len(w.latencies_ms) * new_tokens / w.wall_ms * 1000.0 for w in first if w.wall_ms > 0]
@@ -233,6 +271,11 @@ def measure_level(decoder: Any, prompts: Sequence[Any], new_tokens: int, clients
     if unmet:
         level["not_converged_because"] = unmet
     return level
+
+
+def gate_level(bench: GenerationBench) -> int:
+    """The concurrency a gated generation benchmark pairs with its reference and judges: its first level."""
+    return bench.concurrency[0]
 
 
 def judge_host(level: dict[str, Any], host: dict[str, Any], device: str) -> dict[str, Any]:
@@ -270,22 +313,30 @@ def random_prompts(count: int, length: int, layout: Any, seed: int) -> list[Any]
     return [rng.integers(0, layout.vocab_size, size=(1, length), dtype=np.int64) for _ in range(count)]
 
 
+def bench_prompts(decoder: Any, bench: GenerationBench) -> list[Any]:
+    """The prompts every level of ``bench`` draws its requests from (and a gated level's reference too)."""
+    return random_prompts(max(8, max(bench.concurrency)), bench.context_length, decoder.layout, bench.seed)
+
+
 def measure_generation(decoder: Any, bench: GenerationBench, plan: WindowPlan,
-                       progress: Callable[[str], None] | None = None, device: str = "cpu") -> list[dict[str, Any]]:
+                       progress: Callable[[str], None] | None = None, device: str = "cpu",
+                       pairing: Any = None) -> list[dict[str, Any]]:
     """Every concurrency level of ``bench`` on ``decoder`` (`runtimes.generation`), in order, each judged for a
-    busy host and CPU waiting (`judge_host`) over what else ran while it was timed."""
+    busy host and CPU waiting (`judge_host`) over what else ran while it was timed. ``pairing``: the gate level
+    (the first, `gate_level`) is timed in A/B rounds with the reference (`measure_level`)."""
     from ..timing.interference import HostWatch
     from .traffic import steady_interpreter
 
     bench.check_fits(decoder.layout)
-    prompts = random_prompts(max(8, max(bench.concurrency)), bench.context_length, decoder.layout, bench.seed)
+    prompts = bench_prompts(decoder, bench)
     # no garbage collection while timing: a full collection in a process holding a model takes tens of ms, which
     # would land in some requests' figures (seen on a GPU before this was here: TPOT 46 ms instead of 5)
     levels = []
     with steady_interpreter():
         for clients in bench.concurrency:
             watch = HostWatch()
-            level = measure_level(decoder, prompts, bench.new_tokens, clients, plan, progress=progress)
+            level = measure_level(decoder, prompts, bench.new_tokens, clients, plan, progress=progress,
+                                  pairing=pairing if clients == gate_level(bench) else None)
             levels.append(judge_host(level, watch.report(), device))
     return levels
 
@@ -299,46 +350,103 @@ def level_line(level: dict[str, Any]) -> str:
             f"{level['output_tokens_per_s']:.4g} tokens/s" + ("" if level["converged"] else " (not converged)"))
 
 
-def generation_timers(models: Mapping[str, Path], requests: Mapping[str, Any], options: Mapping[str, Any],
-                      device: str, log: Any) -> dict[str, Callable[[float, int], Window]]:
-    """A window timer per ONNX model with its KV cache (select's finalists judged on time per output token): each
-    window runs the benchmark's closed-loop requests (``requests``: context_length, new_tokens, seed, concurrency)
-    on an ONNX Runtime session with the benchmark's ``options`` on ``device`` and returns the requests' times per
-    output token (`measure.timing.finalists.measure_round_robin` takes their statistics per round)."""
+def _decoders(models: Mapping[str, Path], requests: Mapping[str, Any], options: Mapping[str, Any], device: str,
+              log: Any) -> dict[str, tuple[Any, list[Any]]]:
+    """Per ONNX model with its KV cache: a decoder on an ONNX Runtime session with the benchmark's ``options`` on
+    ``device``, warmed by one request, and the benchmark's prompts for it. An encoder-decoder's decoder: time per
+    output token does not depend on the cross-attention cache's values, so a random one of its shape stands in for
+    the encoder (not timed here)."""
     from ...accuracy.recovery import runtime_options
-    from ...runtimes.generation import OrtDecoder
+    from ...runtimes.generation import OrtDecoder, greedy
     from ...runtimes.ort import OrtOptions, create_session
     from ...runtimes.seq2seq import OrtSeq2SeqDecoder, session_layout, synthetic_encoder
     from ..timing.calls import ort_providers
 
-    clients = int(requests["concurrency"])
-    new_tokens = int(requests["new_tokens"])
-    timers: dict[str, Callable[[float, int], Window]] = {}
+    found = {}
     for name, model in models.items():
         settings = runtime_options(model, OrtOptions.model_validate(dict(options)), log).options
         session = create_session(model, settings, ort_providers(device))
         decoder: Any
         if any(".decoder.key" in i.name for i in session.get_inputs()):
-            # an encoder-decoder's decoder: time per output token does not depend on the cross-attention cache's
-            # values, so a random one of its shape stands in for the encoder (not timed here)
             layout = session_layout(session, None, need_start=False)
             decoder = OrtSeq2SeqDecoder(session, synthetic_encoder(layout, session), layout)
         else:
             decoder = OrtDecoder(session)
-        prompts = random_prompts(max(8, clients), int(requests["context_length"]), decoder.layout,
-                                 int(requests.get("seed") or 0))
-        timers[name] = TeamTimer(Clients(decoder, prompts, new_tokens, clients))
-    return timers
+        prompts = random_prompts(max(8, int(requests["concurrency"])), int(requests["context_length"]),
+                                 decoder.layout, int(requests.get("seed") or 0))
+        greedy(decoder, prompts[0], int(requests["new_tokens"]), keep_logits=False)  # warm-up
+        found[name] = (decoder, prompts)
+    return found
 
 
-class TeamTimer:
-    """A finalist's window timer over its `Clients` (the same threads every round); `close` ends them."""
+def lockstep(decoders: Mapping[str, Any], prompt: Any, new_tokens: int, order: Sequence[str],
+             clock: Callable[[], int] = time.perf_counter_ns) -> dict[str, tuple[float, float]]:
+    """One greedy request of ``prompt`` on every decoder, interleaved token by token: the prefills in ``order``, then
+    each decode step of every decoder in turn (the order reversed every step, so neither side always goes first);
+    per decoder (its time to first token, its time per output token), in ms. Each step of one is timed next to the
+    same step of the others, milliseconds apart: a co-tenant switching on and off slows both alike."""
+    import numpy as np
 
-    def __init__(self, team: Clients) -> None:
-        self.team = team
+    state: dict[str, list[Any]] = {}
+    for name in order:
+        decoder = decoders[name]
+        start = clock()
+        logits, cache = decoder.prefill(prompt)
+        chosen = decoder.pick(logits)
+        state[name] = [chosen, cache, (clock() - start) / 1e6, 0.0]
+    turn = list(order)
+    for _ in range(new_tokens - 1):
+        for name in turn:
+            decoder, held = decoders[name], state[name]
+            start = clock()
+            logits, held[1] = decoder.step(np.asarray(held[0], dtype=np.int64), held[1])
+            held[0] = decoder.pick(logits)
+            held[3] += (clock() - start) / 1e6
+        turn.reverse()
+    return {name: (held[2], held[3] / max(new_tokens - 1, 1)) for name, held in state.items()}
 
-    def __call__(self, seconds: float, index: int) -> Window:
-        return self.team.window(seconds)[1]
 
-    def close(self) -> None:
-        self.team.close()
+def lockstep_timer(models: Mapping[str, Path], requests: Mapping[str, Any], options: Mapping[str, Any], device: str,
+                   log: Any, which: str = "tpot") -> Any:
+    """Select's generation finalists at concurrency 1, timed together (`measure.timing.finalists.Together`): each
+    round's window is requests of the benchmark's prompts, one on every finalist at a time, in `lockstep`; each
+    finalist's window holds its requests' times per output token (``which`` "tpot") or to first token ("ttft")."""
+    from ..timing.finalists import Together
+
+    if which not in ("tpot", "ttft"):
+        raise ValueError(f"which must be tpot or ttft, not {which!r}")
+    opened = _decoders(models, requests, options, device, log)
+    decoders = {name: decoder for name, (decoder, _) in opened.items()}
+    prompts = next(iter(opened.values()))[1]
+    new_tokens = int(requests["new_tokens"])
+    count = [0]
+
+    def run(order: Sequence[str], seconds: float) -> dict[str, Window]:
+        times: dict[str, list[float]] = {name: [] for name in order}
+        walls = dict.fromkeys(order, 0.0)
+        begin = time.perf_counter_ns()
+        while not times[order[0]] or (time.perf_counter_ns() - begin) / 1e9 < seconds:
+            found = lockstep(decoders, prompts[count[0] % len(prompts)], new_tokens, order)
+            count[0] += 1
+            for name, (first, per_token) in found.items():
+                times[name].append(first if which == "ttft" else per_token)
+                walls[name] += first + per_token * (new_tokens - 1)
+        return {name: Window(times[name], walls[name]) for name in order}
+
+    return Together(list(models), run)
+
+
+def generation_timers(models: Mapping[str, Path], requests: Mapping[str, Any], options: Mapping[str, Any],
+                      device: str, log: Any, which: str = "tpot") -> dict[str, Callable[[float, int], Window]]:
+    """A window timer per ONNX model with its KV cache (select's finalists judged on generation at a concurrency
+    above 1; at 1, `lockstep_timer`): each window runs the benchmark's closed-loop requests (``requests``:
+    context_length, new_tokens, seed, concurrency) on an ONNX Runtime session with the benchmark's ``options`` on
+    ``device``, by clients that live for all the rounds (`TeamTimer`, closed by the caller), and returns the
+    requests' times per output token (``which`` "tpot") or to first token ("ttft")
+    (`measure.timing.finalists.measure_round_robin` takes their statistics per round)."""
+    if which not in ("tpot", "ttft"):
+        raise ValueError(f"which must be tpot or ttft, not {which!r}")
+    clients = int(requests["concurrency"])
+    new_tokens = int(requests["new_tokens"])
+    return {name: TeamTimer(Clients(decoder, prompts, new_tokens, clients), which)
+            for name, (decoder, prompts) in _decoders(models, requests, options, device, log).items()}

@@ -142,6 +142,8 @@ class Window:
     latencies_ms: list[float]
     wall_ms: float
     wait_ms: float | None = None  # time this process's threads waited for a CPU meanwhile (None: unknown)
+    #: a generation window's requests' times to first token (its latencies are their times per output token)
+    first_tokens_ms: list[float] | None = None
 
     def throughput(self, batch_size: int) -> float:
         return len(self.latencies_ms) * batch_size / self.wall_ms * 1000.0 if self.wall_ms > 0 else math.inf

@@ -41,14 +41,26 @@ from ..statistics.stats import grid_median, percentile
 TimeWindow = Callable[[float, int], Window]
 
 
+#: The prefixes of a generation window's figures: time to first token and time per output token (``ttft_p50``...).
+GENERATION_PREFIXES = ("ttft_", "tpot_")
+
+
+def _statistics(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {"p50": grid_median(ordered), "p90": percentile(ordered, 90.0), "p95": percentile(ordered, 95.0),
+            "p99": percentile(ordered, 99.0), "mean": sum(ordered) / len(ordered)}
+
+
 def window_figures(window: Window, batch_size: int) -> dict[str, float]:
     """One window's figures for a pair: median (read between the ticks of a coarse timer, `grid_median`, so pairs
     on one tick do not tie), p99 (trtexec's), mean latency, throughput, and the share of its time its threads
-    waited for a CPU."""
-    ordered = sorted(window.latencies_ms)
-    figures = {"p50": grid_median(ordered), "p90": percentile(ordered, 90.0), "p95": percentile(ordered, 95.0),
-               "p99": percentile(ordered, 99.0), "mean": sum(ordered) / len(ordered),
-               "throughput": window.throughput(batch_size), "queries": float(len(ordered))}
+    waited for a CPU; a generation window's (`Window.first_tokens_ms`) also as ``ttft_<statistic>`` and
+    ``tpot_<statistic>`` (its latencies are the times per output token), so one pair judges both."""
+    latency = _statistics(window.latencies_ms)
+    figures = {**latency, "throughput": window.throughput(batch_size), "queries": float(len(window.latencies_ms))}
+    if window.first_tokens_ms:
+        figures.update({f"ttft_{key}": value for key, value in _statistics(window.first_tokens_ms).items()})
+        figures.update({f"tpot_{key}": value for key, value in latency.items()})
     if window.wait_ms is not None and window.wall_ms > 0:
         figures["wait_share"] = min(window.wait_ms / window.wall_ms, 1.0)
     return figures
@@ -115,8 +127,10 @@ def _compact(figures: dict[str, float]) -> dict[str, float]:
 def pooled(windows: list[Window]) -> Window:
     """Blocks of one side as one window (latencies in order, wall and wait times summed)."""
     waits = [w.wait_ms for w in windows]
+    firsts = [w.first_tokens_ms for w in windows]
     return Window([v for w in windows for v in w.latencies_ms], sum(w.wall_ms for w in windows),
-                  None if any(v is None for v in waits) else sum(v for v in waits if v is not None))
+                  None if any(v is None for v in waits) else sum(v for v in waits if v is not None),
+                  None if any(not f for f in firsts) else [v for f in firsts if f for v in f])
 
 
 @dataclass

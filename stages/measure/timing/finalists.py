@@ -1,5 +1,8 @@
 """Timing select's finalists together: round-robin windows in a random order, until the decision is clear.
 
+What the windows run, per objective and runtime, is planned in `measure.timing.finalist_plans`; this module is the
+one machinery that times and judges them, for every objective.
+
 Candidates benchmarked by separate nodes were measured minutes apart, and the host's speed moves by more than a
 10% difference between them in that time. The finalists (the candidates not clearly beaten on their stored
 figures) are therefore timed again side by side, in *rounds*: one window of each, in an order drawn at random each
@@ -9,18 +12,21 @@ error budget, at planned looks (at most four), until every comparison is decided
 ``max_seconds`` (its benchmark's own cap).
 
 `onnxruntime_timers` opens ONNX candidates the way their benchmark ran them (the same ONNX Runtime options and
-device, random inputs in the benchmarked shapes).
+device, random inputs in the benchmarked shapes); `engine_timers` opens engines through the TensorRT runtime
+interface and times them with the cuda-python harness, as the benchmark's engine points are.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..statistics.intervals import Window
 from ..statistics.paired import Budget, Look, Schedule, log_ratio, look, select_budget
 from ..statistics.stats import median
 from .ab import TimeWindow, window_figures
@@ -112,12 +118,26 @@ def judge_rounds(rounds: Sequence[Mapping[str, Mapping[str, float]]], names: Seq
     return leader, looks, aside
 
 
-def measure_round_robin(timers: Mapping[str, TimeWindow], batch_size: int, figure: str, tolerance_percent: float,
-                        window_s: float, max_seconds: float, seed: int | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Together:
+    """Finalists timed in one window together rather than one window each: ``run(order, seconds)`` interleaves them
+    in ``order`` at a finer grain than a window (generation at concurrency 1: one request each, token by token,
+    `measure.serving.generation.lockstep`) and returns each one's window."""
+
+    names: Sequence[str]
+    run: Callable[[Sequence[str], float], Mapping[str, Window]]
+
+
+def measure_round_robin(timers: Mapping[str, TimeWindow] | Together, batch_size: int | Mapping[str, int],
+                        figure: str, tolerance_percent: float, window_s: float, max_seconds: float,
+                        seed: int | None = None) -> dict[str, Any]:
     """Rounds of one window per candidate until the leader's comparisons are decided or the cap; returns the
     record `decision.ties.paired_ties` judges (every round's window figures and order, the seed the orders were
-    drawn from, the looks, the time spent). ``seed``: None draws a new one (recorded, so the run can be replayed)."""
-    names = list(timers)
+    drawn from, the looks, the time spent). ``batch_size``: the batch of every window, or each finalist's (load
+    objectives judge each at its own level's batch, `finalist_plans`). ``seed``: None draws a new one (recorded,
+    so the run can be replayed)."""
+    names = list(timers.names) if isinstance(timers, Together) else list(timers)
+    batches = dict(batch_size) if isinstance(batch_size, Mapping) else dict.fromkeys(names, batch_size)
     budget = select_budget(len(names))
     schedule = Schedule.up_to(int(max_seconds / max(window_s, 1e-6)), budget)
     limit = math.log(1.0 + tolerance_percent / 100.0)
@@ -132,11 +152,12 @@ def measure_round_robin(timers: Mapping[str, TimeWindow], batch_size: int, figur
         order = list(names)
         draw.shuffle(order)
         row = {}
+        together = timers.run(order, window_s) if isinstance(timers, Together) else {}
         for name in order:
-            window = timers[name](window_s, counts[name])
+            window = together[name] if isinstance(timers, Together) else timers[name](window_s, counts[name])
             counts[name] += 1
             spent[name] += window.wall_ms / 1000.0
-            row[name] = window_figures(window, batch_size)
+            row[name] = window_figures(window, batches[name])
         rounds.append(row)
         orders.append(order)
         count = len(rounds)
@@ -195,88 +216,33 @@ def onnxruntime_timers(models: Mapping[str, Path], shapes: Mapping[str, Mapping[
     return timers
 
 
-def timing_plan(rows: Sequence[Mapping[str, Any]], objective: Mapping[str, Any], models: Mapping[str, Path],
-                gpu: int | None, max_seconds: float | None) -> dict[str, Any] | str:
-    """How select can time its finalists (``rows``: their selection rows, each with its benchmark and operating
-    point) together here: the figure, batch, shapes, ONNX Runtime options and device, window and cap; or why it
-    cannot (said in the selection, which then rests on the stored figures)."""
-    goal = objective.get("goal")
-    if goal == "min_time_per_token":
-        return generation_plan(rows, objective, models, gpu, max_seconds)
-    if goal not in ("min_latency", "max_throughput"):
-        return f"objective {goal} is judged on load levels or sizes, which are not re-timed"
-    figure = objective.get("percentile", "p50") if goal == "min_latency" else "throughput"
-    points = {row["name"]: row.get("operating_point") or {} for row in rows}
-    if any(point.get("concurrency") is not None for point in points.values()):
-        return "the operating points are load levels, which are not re-timed"
-    benches = {row["name"]: row.get("benchmark") or {} for row in rows}
-    if any(row.get("kind") != "onnx" or benches[row["name"]].get("backend") != "onnxruntime" for row in rows):
-        return "only ONNX models benchmarked on ONNX Runtime are timed together so far (engines: stored figures)"
-    methods = [benches[name].get("method") or {} for name in benches]
-    devices = {benches[name].get("device") for name in benches}
-    options = [m.get("onnxruntime") for m in methods]
-    data = [m.get("data") for m in methods]
-    if len(devices) != 1 or any(o != options[0] for o in options) or any(d != data[0] for d in data):
-        return "the finalists were benchmarked with different devices, ONNX Runtime options or data"
-    device = devices.pop() or "cpu"
-    if device == "cuda" and gpu is None:
-        return "they ran on CUDA, and this node has no GPU (give select `resources: {gpu: 1}`)"
-    shapes = {}
-    for name, point in points.items():
-        batch = point.get("batch_size")
-        measured = {p.get("batch_size"): p for p in benches[name].get("points") or []}
-        if batch not in measured or not measured[batch].get("shapes"):
-            return f"{name}'s benchmark does not record the shapes of batch {batch}"
-        shapes[name] = measured[batch]["shapes"]
-    batch = next(iter(points.values())).get("batch_size")
-    benchmark_window = min(max(float(m.get("min_duration_s") or 1.0) / max(int(m.get("repeats") or 1), 1), 0.02)
-                           for m in methods) if methods else 0.2
-    latencies = [float(p["latency_ms"]) for p in points.values() if isinstance(p.get("latency_ms"), (int, float))]
-    window = finalist_window(max(latencies) if latencies else None, benchmark_window)
-    cap = max_seconds or finalist_cap(min(float(m.get("max_duration_s") or 3.0) for m in methods))
-    return {"figure": figure, "batch_size": batch, "shapes": shapes, "options": options[0] or {}, "device": device,
-            "data": data[0],
-            "warmup_ms": float(methods[0].get("warmup_ms") or 200.0), "window_s": window, "max_seconds": cap,
-            "models": {name: models[name] for name in points}}
+@contextmanager
+def engine_timers(models: Mapping[str, Path], shapes: Mapping[str, Mapping[str, list[int]]],
+                  batches: Mapping[str, int], plan: Mapping[str, Any], timer_factory: Callable[[], Any],
+                  log: Any, resolve: Any = Path) -> Iterator[dict[str, TimeWindow]]:
+    """A window timer per engine, open for the ``with`` block: each engine opened through the TensorRT runtime
+    interface (`runtimes.trt_runtime.open_engine`: its engine.json's version, GPU and digest checked before it is
+    deserialised), one execution context on one stream, fed in its benchmarked ``shapes`` from the benchmark's
+    data, and timed on one cuda-python harness (``timer_factory``, `measure.timing.cuda_timing.CudaTimer`) with the
+    benchmark's settings (``plan["settings"]``: spin_wait, use_cuda_graph, include_host_transfers); each window holds
+    at least `WINDOW_QUERIES` queries."""
+    from ...data import DataSource
+    from ...runtimes.trt_runtime import open_engine, provenance_for
+    from .feeds import make_feed
+    from .fixed import EngineWindows, PointSettings
+    from .windows import WindowPlan
 
-
-def generation_plan(rows: Sequence[Mapping[str, Any]], objective: Mapping[str, Any], models: Mapping[str, Path],
-                    gpu: int | None, max_seconds: float | None) -> dict[str, Any] | str:
-    """How select times finalists judged on time per output token together (`measure.serving.generation
-    .generation_timers`): the benchmarks' requests (prompt length, new tokens, seed) at the judged concurrency,
-    each window long enough for two requests of the slowest finalist; or why it cannot."""
-    benches = {row["name"]: row.get("benchmark") or {} for row in rows}
-    if any(row.get("kind") != "onnx" or benches[row["name"]].get("backend") != "onnxruntime" for row in rows):
-        return "only ONNX models benchmarked on ONNX Runtime are timed together so far"
-    methods = [benches[name].get("method") or {} for name in benches]
-    requests: list[dict[str, Any]] = [
-        {k: (m.get("generation") or {}).get(k) for k in ("context_length", "new_tokens", "seed")} for m in methods]
-    devices = {benches[name].get("device") for name in benches}
-    options = [m.get("onnxruntime") for m in methods]
-    if len(devices) != 1 or any(o != options[0] for o in options) or any(r != requests[0] for r in requests) \
-            or not requests[0].get("new_tokens"):
-        return "the finalists were benchmarked with different devices, ONNX Runtime options or requests"
-    device = devices.pop() or "cpu"
-    if device == "cuda" and gpu is None:
-        return "they ran on CUDA, and this node has no GPU (give select `resources: {gpu: 1}`)"
-    concurrency = {(row.get("operating_point") or {}).get("concurrency") for row in rows}
-    if len(concurrency) != 1 or not isinstance(next(iter(concurrency)), int):
-        return "the finalists are judged at different concurrencies"
-    clients = concurrency.pop()
-    stat = objective.get("percentile", "p50")
-    new_tokens = int(requests[0]["new_tokens"])
-    longest = 0.0
-    for name, bench in benches.items():
-        level: Mapping[str, Any] = next(
-            (g for g in bench.get("generation") or [] if g.get("concurrency") == clients), {})
-        ttft, tpot = (level.get("ttft_ms") or {}).get(stat), (level.get("tpot_ms") or {}).get(stat)
-        if not isinstance(ttft, (int, float)) or not isinstance(tpot, (int, float)):
-            return f"{name}'s benchmark has no {stat} time to first token and per output token at concurrency {clients}"
-        longest = max(longest, ttft + tpot * (new_tokens - 1))
-    from .windows import MIN_WINDOW_S
-
-    window = max(MIN_WINDOW_S, 2.0 * longest / 1000.0)
-    cap = max_seconds or finalist_cap(min(float(m.get("max_duration_s") or 3.0) for m in methods))
-    return {"generation": {**requests[0], "concurrency": clients}, "figure": stat, "batch_size": 1,
-            "options": options[0] or {}, "device": device, "window_s": window, "max_seconds": cap,
-            "models": {name: models[name] for name in benches}}
+    source = DataSource.model_validate(dict(plan["data"])) if plan.get("data") else None
+    settings = PointSettings(WindowPlan(repeats=1, min_iterations=WINDOW_QUERIES, min_duration_s=plan["window_s"]),
+                             float(plan.get("warmup_ms") or 0.0), device="cuda", **plan["settings"])
+    with ExitStack() as stack:
+        timer = stack.enter_context(timer_factory())
+        timers: dict[str, TimeWindow] = {}
+        for name, engine in models.items():
+            session = stack.enter_context(open_engine(engine, provenance_for(engine), plan["runtime"],
+                                                      plan.get("gpu")))
+            feed = make_feed(session.input_specs(), shapes[name], _Feed(shapes[name], data=source), resolve, log)
+            windows = EngineWindows(session, feed, batches[name], 1, settings, timer)
+            stack.callback(windows.close)
+            timers[name] = windows.window
+        yield timers
