@@ -24,21 +24,18 @@ from __future__ import annotations
 
 import base64
 import functools
-import getpass
 import hashlib
 import os
 import re
-import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from typing import TYPE_CHECKING, Any
 
 from trtflow.errors import TrtflowError, UsageError
+
+if TYPE_CHECKING:  # cryptography loads where a key signs or a signature is checked, not on a no-op run's path
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 PROJECT_FILE = "trtflow-trust.yaml"
 USER_FILE = "trust.yaml"
@@ -81,6 +78,8 @@ class PublicKey:
         return f"{self.name}:{base64.b64encode(self.raw).decode()}"
 
     def verifies(self, signature: bytes, data: bytes) -> bool:
+        from cryptography.exceptions import InvalidSignature
+
         try:
             _loaded(self.raw).verify(signature, data)
         except (InvalidSignature, ValueError):
@@ -103,6 +102,8 @@ class PublicKey:
 
 @functools.lru_cache(maxsize=256)
 def _loaded(raw: bytes) -> Ed25519PublicKey:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     return Ed25519PublicKey.from_public_bytes(raw)
 
 
@@ -116,6 +117,8 @@ class Signer:
 
     @property
     def public(self) -> PublicKey:
+        from cryptography.hazmat.primitives import serialization
+
         raw = self.private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         return PublicKey(self.name, raw)
 
@@ -125,6 +128,8 @@ class Signer:
     @property
     def secret_text(self) -> str:
         """``NAME:BASE64`` of the 32-byte seed: what a CI secret holds (TRTFLOW_SIGNING_KEY)."""
+        from cryptography.hazmat.primitives import serialization
+
         seed = self.private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
                                           serialization.NoEncryption())
         return f"{self.name}:{base64.b64encode(seed).decode()}"
@@ -132,6 +137,9 @@ class Signer:
 
 def parse_secret(text: str, where: str) -> Signer:
     """A private key from ``NAME:BASE64SEED`` or a PKCS#8 PEM (whose name is ``where``'s file name)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     text = text.strip()
     if text.startswith("-----BEGIN"):
         try:
@@ -162,7 +170,7 @@ def _read_small(path: Path) -> str:
     return data.decode("utf-8", "replace")
 
 
-def _private_folder() -> Path:
+def private_folder() -> Path:
     folder = keys_dir()
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(folder, 0o700)
@@ -171,8 +179,11 @@ def _private_folder() -> Path:
 
 def create_key(name: str, *, make_default: bool | None = None) -> Signer:
     """Create the key ``name`` in the user's key store (0600); the default key if asked, or if there is none."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     check_name(name)
-    folder = _private_folder()
+    folder = private_folder()
     private = Ed25519PrivateKey.generate()
     pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
@@ -227,7 +238,7 @@ def own_public_keys() -> list[PublicKey]:
 
 def set_default(name: str) -> None:
     load_key(name)  # it exists and is usable
-    tmp = _private_folder() / f".default.{os.getpid()}"
+    tmp = private_folder() / f".default.{os.getpid()}"
     tmp.write_text(name + "\n")
     os.replace(tmp, keys_dir() / "default")
 
@@ -315,6 +326,9 @@ def _first_key() -> Signer:
 
 
 def _default_identity(suffix: bool = True) -> str:
+    import getpass
+    import socket
+
     try:
         user = getpass.getuser()
     except (KeyError, OSError):

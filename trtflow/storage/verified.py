@@ -1,0 +1,148 @@
+"""Signatures verified once: that a trusted key signed a result's exact bytes, remembered between runs in a form
+that whoever may write the store cannot forge.
+
+A run that plans checks the signature of every result it would reuse (`signing.signature_problem`): an ed25519
+check per node (0.1 ms) and, first, the import of `cryptography` (20-30 ms), for the same bytes run after run. A
+success is remembered as one row of the store's stat cache (the journal, `fingerprint.StatCache`):
+
+    row    "\\0verified:" + ID + ":" + hex sha256(MATERIAL)
+    value  hex HMAC-SHA256(SECRET, "trtflow-verified-v1\\0" + MATERIAL)
+    MATERIAL = the signer's full public key (32 bytes) + the signature (64) + sha256(the signed statement)
+
+SECRET is 32 random bytes of this user (``keys_dir()/verified.secret``: mode 0600, in the 0700 folder of the
+private keys, made on first use); ID (16 hex digits of an HMAC under it) keeps the rows of users who share a
+store apart. A row is believed only when its value is the HMAC this user's SECRET gives for the public key, the
+signature and the statement at hand (compared in constant time); otherwise the signature is checked in full.
+
+Why a store's writer cannot forge it: rows are readable and writable by anyone who may write the store (a shared
+folder, a cloned ``.trtflow/``), but a value that checks needs SECRET, which lives beside the private keys, outside
+the store (the threat model trusts ``~/.config/trtflow``: whoever may write it may add a trusted key anyway). A
+changed manifest (any field, its outputs' sha256, its key, its summary) is another statement, so another
+MATERIAL: its row is one nobody with SECRET wrote, and a value copied from another row is the HMAC of other
+bytes. Only the fact "this public key signed these bytes" is remembered, which nothing later can make false;
+trust (trusted, revoked, which key an id names) is decided by the policy on every run before a row is looked at,
+so a revocation takes effect at once. Only successes are remembered. A secret file that others may read (group or
+other permission bits, another owner) or that is not 32 bytes is not used: the check is then made in full. A
+deleted or damaged row costs one full check, never a verdict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import stat
+import threading
+from pathlib import Path
+from typing import Any
+
+from trtflow.fingerprint import StatCache
+
+ROW = "\0verified:"
+DOMAIN = b"trtflow-verified-v1\0"
+SECRET_FILE = "verified.secret"
+NO_STAT = (0, 0, 0, 0)  # a row of no file: its "signature" never changes
+
+_lock = threading.Lock()
+_secrets: dict[str, tuple[bytes, str]] = {}
+_unwritable: set[str] = set()
+_last: list[Any] = [None, None]  # (XDG_CONFIG_HOME, HOME) -> the secret's path, as last resolved
+
+
+def verifies(key: Any, signature: bytes, data: bytes, cache: StatCache | None) -> bool:
+    """Whether ``signature`` is ``key``'s (`keys.PublicKey`) ed25519 signature of ``data``: a row of ``cache``
+    this user wrote says so, else the full check (whose success is remembered in ``cache``)."""
+    if cache is None:
+        return bool(key.verifies(signature, data))
+    material = bytes(key.raw) + signature + hashlib.sha256(data).digest()
+    secret = _secret(create=False)
+    if secret is not None:
+        row, tag = entry(secret, material)
+        found = cache.get(row, NO_STAT)
+        if found is not None and hmac.compare_digest(found, tag):
+            return True
+    if not key.verifies(signature, data):
+        return False
+    secret = secret or _secret(create=True)
+    if secret is not None:
+        row, tag = entry(secret, material)
+        cache.put(row, NO_STAT, tag)
+    return True
+
+
+def entry(secret: tuple[bytes, str], material: bytes) -> tuple[str, str]:
+    """(the row, the value) that remember ``material`` under ``secret`` (its bytes, its id)."""
+    key, ident = secret
+    row = f"{ROW}{ident}:{hashlib.sha256(material).hexdigest()}"
+    return row, hmac.new(key, DOMAIN + material, hashlib.sha256).hexdigest()
+
+
+def secret_path() -> Path:
+    from trtflow.keys import keys_dir
+
+    return keys_dir() / SECRET_FILE
+
+
+def _secret(create: bool) -> tuple[bytes, str] | None:
+    """This user's secret and its id (read once per process); ``create``: made when there is none."""
+    home = (os.environ.get("XDG_CONFIG_HOME"), os.environ.get("HOME"))  # what keys_dir() depends on
+    with _lock:
+        if home == _last[0] and _last[1] in _secrets:
+            return _secrets[_last[1]]
+    path = secret_path()
+    where = str(path)
+    with _lock:
+        _last[:] = [home, where]
+        if where in _secrets:
+            return _secrets[where]
+        raw = _read(path)
+        if raw is None and create and where not in _unwritable:
+            raw = _make(path)
+            if raw is None:
+                _unwritable.add(where)
+        if raw is None:
+            return None
+        _secrets[where] = (raw, hmac.new(raw, b"trtflow-verified-id", hashlib.sha256).hexdigest()[:16])
+        return _secrets[where]
+
+
+def _read(path: Path) -> bytes | None:
+    """The secret's 32 bytes; None when absent, not a private regular file of this user, or not 32 bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077 or st.st_uid != os.getuid():
+            return None
+        data = os.read(fd, 33)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) == 32 else None
+
+
+def _make(path: Path) -> bytes | None:
+    """Write a new secret (whole, put-if-absent: two processes making it at once read the same one)."""
+    from trtflow.keys import private_folder
+
+    try:
+        folder = private_folder()
+        tmp = folder / f".{SECRET_FILE}.{os.getpid()}.{os.urandom(4).hex()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(32))
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+        finally:
+            os.unlink(tmp)
+    except OSError:
+        return None
+    return _read(path)
