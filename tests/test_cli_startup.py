@@ -21,8 +21,9 @@ SHORTCUT_DENY = HEAVY | {"pydantic", "pydantic_core", "typer", "rich", "yaml", "
 #: Planning validates the recipe (stage params are pydantic models), so pydantic may load; the CLI layer may not;
 #: nor, once a plan has checked the results' signatures, `cryptography` (`trtflow.storage.verified` remembers them).
 PLANNING_DENY = HEAVY | {"typer", "rich", "cryptography"}
-#: `--help` lists every command (typer and rich draw it) but loads no model library and no recipe schema.
-HELP_DENY = HEAVY | {"pydantic", "pydantic_core"}
+#: `--help` lists every command (typer and rich draw it) but loads no model library, no recipe schema and no
+#: `cryptography` (`trtflow keys` is listed, not run).
+HELP_DENY = HEAVY | {"pydantic", "pydantic_core", "cryptography"}
 
 _IMPORTED = ("import runpy, sys\nsys.argv = ['trtflow', *sys.argv[1:]]\n"
              "try:\n    runpy.run_module('trtflow.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
