@@ -27,6 +27,7 @@ import functools
 import hashlib
 import os
 import re
+import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,7 +171,7 @@ def _read_small(path: Path) -> str:
     return data.decode("utf-8", "replace")
 
 
-def private_folder() -> Path:
+def _private_folder() -> Path:
     folder = keys_dir()
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(folder, 0o700)
@@ -183,7 +184,7 @@ def create_key(name: str, *, make_default: bool | None = None) -> Signer:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     check_name(name)
-    folder = private_folder()
+    folder = _private_folder()
     private = Ed25519PrivateKey.generate()
     pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
@@ -221,6 +222,49 @@ def _write_public(pub: PublicKey) -> None:
     os.replace(tmp, folder / f"{pub.name}.pub")
 
 
+def private_secret(path: Path, create: bool = False) -> bytes | None:
+    """The 32 random bytes of the user's secret file ``path`` (in the private key folder; `storage.verified`'s
+    secret); made (0600, whole, put-if-absent) when absent and ``create``. None when absent, not a regular file of
+    this user that only this user may read, not 32 bytes, or not makeable (a read-only configuration)."""
+    data = _read_secret(path)
+    if data is None and create:
+        try:
+            tmp = _private_folder() / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(os.urandom(32))
+                    f.flush()
+                    os.fsync(f.fileno())
+                try:
+                    os.link(tmp, path)  # two processes making it at once both read the one that won
+                except FileExistsError:
+                    pass
+            finally:
+                os.unlink(tmp)
+        except OSError:
+            return None
+        data = _read_secret(path)
+    return data
+
+
+def _read_secret(path: Path) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077 or st.st_uid != os.getuid():
+            return None
+        data = os.read(fd, 33)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) == 32 else None
+
+
 def own_public_keys() -> list[PublicKey]:
     """The public keys of the user's key store (a key made before they were kept is added on reading it)."""
     found = []
@@ -238,7 +282,7 @@ def own_public_keys() -> list[PublicKey]:
 
 def set_default(name: str) -> None:
     load_key(name)  # it exists and is usable
-    tmp = private_folder() / f".default.{os.getpid()}"
+    tmp = _private_folder() / f".default.{os.getpid()}"
     tmp.write_text(name + "\n")
     os.replace(tmp, keys_dir() / "default")
 

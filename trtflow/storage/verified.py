@@ -31,12 +31,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import stat
 import threading
 from pathlib import Path
 from typing import Any
 
 from trtflow.fingerprint import StatCache
+from trtflow.keys import keys_dir, private_secret
 
 ROW = "\0verified:"
 DOMAIN = b"trtflow-verified-v1\0"
@@ -78,8 +78,6 @@ def entry(secret: tuple[bytes, str], material: bytes) -> tuple[str, str]:
 
 
 def secret_path() -> Path:
-    from trtflow.keys import keys_dir
-
     return keys_dir() / SECRET_FILE
 
 
@@ -95,54 +93,10 @@ def _secret(create: bool) -> tuple[bytes, str] | None:
         _last[:] = [home, where]
         if where in _secrets:
             return _secrets[where]
-        raw = _read(path)
-        if raw is None and create and where not in _unwritable:
-            raw = _make(path)
-            if raw is None:
-                _unwritable.add(where)
+        raw = private_secret(path, create=create and where not in _unwritable)
+        if raw is None and create:
+            _unwritable.add(where)
         if raw is None:
             return None
         _secrets[where] = (raw, hmac.new(raw, b"trtflow-verified-id", hashlib.sha256).hexdigest()[:16])
         return _secrets[where]
-
-
-def _read(path: Path) -> bytes | None:
-    """The secret's 32 bytes; None when absent, not a private regular file of this user, or not 32 bytes."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077 or st.st_uid != os.getuid():
-            return None
-        data = os.read(fd, 33)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return data if len(data) == 32 else None
-
-
-def _make(path: Path) -> bytes | None:
-    """Write a new secret (whole, put-if-absent: two processes making it at once read the same one)."""
-    from trtflow.keys import private_folder
-
-    try:
-        folder = private_folder()
-        tmp = folder / f".{SECRET_FILE}.{os.getpid()}.{os.urandom(4).hex()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(os.urandom(32))
-                f.flush()
-                os.fsync(f.fileno())
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                pass
-        finally:
-            os.unlink(tmp)
-    except OSError:
-        return None
-    return _read(path)
