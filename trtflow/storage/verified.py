@@ -11,8 +11,9 @@ success is remembered as one row of the store's stat cache (the journal, `finger
 
 SECRET is 32 random bytes of this user (``keys_dir()/verified.secret``: mode 0600, in the 0700 folder of the
 private keys, made on first use; read and made by `keys.private_secret`, the owner of that folder); ID (16
-hex digits of an HMAC under it) keeps the rows of users who share a store apart. A row is believed only when its value is the HMAC this user's SECRET gives for the public key, the
-signature and the statement at hand (compared in constant time); otherwise the signature is checked in full.
+hex digits of an HMAC under it) keeps the rows of users who share a store apart. A row is believed only when its
+value is the HMAC this user's SECRET gives for the public key, the signature and the statement at hand (compared
+in constant time); otherwise the signature is checked in full.
 
 Why a store's writer cannot forge it: rows are readable and writable by anyone who may write the store (a shared
 folder, a cloned ``.trtflow/``), but a value that checks needs SECRET, which lives beside the private keys, outside
