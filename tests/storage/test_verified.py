@@ -154,3 +154,48 @@ def test_a_secret_others_may_read_is_not_used(world) -> None:
     del w["checks"][:]
     assert _verdicts(w, w["journal"]) == full
     assert len(w["checks"]) == full_checks  # every signature checked in full
+
+
+def test_a_signed_results_bytes_swapped_with_forged_stat_cache_rows_are_refused(tmp_path, monkeypatch) -> None:
+    """The store's writer replaces a signed output's bytes and writes the stat-cache rows (xxh3 and sha256) that
+    match the new file: refused, as a full re-hash refuses it. An honest result is reused without re-hashing."""
+    from types import SimpleNamespace
+
+    from tests.storage.conftest import node_key
+    from trtflow.fingerprint import signature
+    from trtflow.plan import usable
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    verified._secrets.clear()
+    keys.create_key("victim")
+    store = make_store(tmp_path / "store")
+    journal = store.journal()
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "engine.bin").write_bytes(b"engine bytes" * 100)
+    (out_dir / "log.bin").write_bytes(b"log")
+    manifest = store.commit(node_key("swap"), {"stage": "synth", "node": "n"}, out_dir,
+                            {"engine": ("engine.bin", "blob"), "log": ("log.bin", "blob")}, stat_cache=journal)
+    hashed: list[int] = []
+    full_hash = signing.stream_digests
+
+    def counted(*args: Any) -> Any:
+        hashed.append(1)
+        return full_hash(*args)
+
+    monkeypatch.setattr(signing, "stream_digests", counted)
+
+    def verdict(cache: Any) -> bool:
+        return usable(store, manifest, SimpleNamespace(project_root=tmp_path, memo={}, stat_cache=cache,
+                                                       evidence=None))
+
+    assert verdict(journal) and not hashed  # put_object remembered its sha256: reused without re-hashing
+    assert verdict(None) and len(hashed) == 2  # the full check (no stat cache) agrees
+    out = manifest["outputs"]["engine"]
+    path = store.shown(store.object_rel(out["digest"]))
+    os.chmod(path, 0o644)
+    path.write_bytes(b"X" * len(b"engine bytes" * 100))
+    st = os.lstat(path)
+    journal.put(str(path), signature(st), out["digest"])  # the forged rows: plain digests for the new stat
+    journal.put(str(path) + signing.SHA256_ENTRY, signature(st), out["sha256"])
+    assert verdict(None) is False and verdict(journal) is False

@@ -71,6 +71,30 @@ def verifies(key: Any, signature: bytes, data: bytes, cache: StatCache | None) -
     return True
 
 
+def remember(cache: StatCache | None, path: str, sig: tuple[int, int, int, int], value: str) -> None:
+    """Put the stat cache's entry ``path`` (a file's, with its signature ``sig``) as ``value`` (a digest the caller
+    computed from the file's bytes), valued by an HMAC under this user's secret: `remembered` believes only what
+    this user put (the sha256 a signed result's bytes are checked by, `signing.object_sha256_matches`)."""
+    secret = _secret(create=True) if cache is not None else None
+    if cache is not None and secret is not None:
+        cache.put(path, sig, _tag(secret, path, sig, value))
+
+
+def remembered(cache: StatCache | None, path: str, sig: tuple[int, int, int, int], value: str) -> bool:
+    """Whether this user put ``path``'s entry as ``value`` for the signature ``sig`` (`remember`)."""
+    secret = _secret(create=False) if cache is not None else None
+    if cache is None or secret is None:
+        return False
+    found = cache.get(path, sig)
+    return found is not None and hmac.compare_digest(found, _tag(secret, path, sig, value))
+
+
+def _tag(secret: tuple[bytes, str], path: str, sig: tuple[int, int, int, int], value: str) -> str:
+    text = "\0".join((path, *(str(n) for n in sig), value))
+    return hmac.new(secret[0], b"trtflow-file-digest-v1\0" + text.encode("utf-8", "surrogatepass"),
+                    hashlib.sha256).hexdigest()
+
+
 def entry(secret: tuple[bytes, str], material: bytes) -> tuple[str, str]:
     """(the row, the value) that remember ``material`` under ``secret`` (its bytes, its id)."""
     key, ident = secret
