@@ -24,21 +24,19 @@ from __future__ import annotations
 
 import base64
 import functools
-import getpass
 import hashlib
 import os
 import re
-import socket
+import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from typing import TYPE_CHECKING, Any
 
 from trtflow.errors import TrtflowError, UsageError
+
+if TYPE_CHECKING:  # cryptography loads where a key signs or a signature is checked, not on a no-op run's path
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 PROJECT_FILE = "trtflow-trust.yaml"
 USER_FILE = "trust.yaml"
@@ -81,6 +79,8 @@ class PublicKey:
         return f"{self.name}:{base64.b64encode(self.raw).decode()}"
 
     def verifies(self, signature: bytes, data: bytes) -> bool:
+        from cryptography.exceptions import InvalidSignature
+
         try:
             _loaded(self.raw).verify(signature, data)
         except (InvalidSignature, ValueError):
@@ -103,6 +103,8 @@ class PublicKey:
 
 @functools.lru_cache(maxsize=256)
 def _loaded(raw: bytes) -> Ed25519PublicKey:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     return Ed25519PublicKey.from_public_bytes(raw)
 
 
@@ -116,6 +118,8 @@ class Signer:
 
     @property
     def public(self) -> PublicKey:
+        from cryptography.hazmat.primitives import serialization
+
         raw = self.private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         return PublicKey(self.name, raw)
 
@@ -125,6 +129,8 @@ class Signer:
     @property
     def secret_text(self) -> str:
         """``NAME:BASE64`` of the 32-byte seed: what a CI secret holds (TRTFLOW_SIGNING_KEY)."""
+        from cryptography.hazmat.primitives import serialization
+
         seed = self.private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
                                           serialization.NoEncryption())
         return f"{self.name}:{base64.b64encode(seed).decode()}"
@@ -132,6 +138,9 @@ class Signer:
 
 def parse_secret(text: str, where: str) -> Signer:
     """A private key from ``NAME:BASE64SEED`` or a PKCS#8 PEM (whose name is ``where``'s file name)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     text = text.strip()
     if text.startswith("-----BEGIN"):
         try:
@@ -171,6 +180,9 @@ def _private_folder() -> Path:
 
 def create_key(name: str, *, make_default: bool | None = None) -> Signer:
     """Create the key ``name`` in the user's key store (0600); the default key if asked, or if there is none."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     check_name(name)
     folder = _private_folder()
     private = Ed25519PrivateKey.generate()
@@ -208,6 +220,49 @@ def _write_public(pub: PublicKey) -> None:
     tmp = folder / f".{pub.name}.{os.getpid()}.{os.urandom(4).hex()}"
     tmp.write_text(pub.text + "\n")
     os.replace(tmp, folder / f"{pub.name}.pub")
+
+
+def private_secret(path: Path, create: bool = False) -> bytes | None:
+    """The 32 random bytes of the user's secret file ``path`` (in the private key folder; `storage.verified`'s
+    secret); made (0600, whole, put-if-absent) when absent and ``create``. None when absent, not a regular file of
+    this user that only this user may read, not 32 bytes, or not makeable (a read-only configuration)."""
+    data = _read_secret(path)
+    if data is None and create:
+        try:
+            tmp = _private_folder() / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(os.urandom(32))
+                    f.flush()
+                    os.fsync(f.fileno())
+                try:
+                    os.link(tmp, path)  # two processes making it at once both read the one that won
+                except FileExistsError:
+                    pass
+            finally:
+                os.unlink(tmp)
+        except OSError:
+            return None
+        data = _read_secret(path)
+    return data
+
+
+def _read_secret(path: Path) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077 or st.st_uid != os.getuid():
+            return None
+        data = os.read(fd, 33)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) == 32 else None
 
 
 def own_public_keys() -> list[PublicKey]:
@@ -315,6 +370,9 @@ def _first_key() -> Signer:
 
 
 def _default_identity(suffix: bool = True) -> str:
+    import getpass
+    import socket
+
     try:
         user = getpass.getuser()
     except (KeyError, OSError):

@@ -22,8 +22,6 @@ from typing import Any
 from trtflow.environment import Environment
 from trtflow.execution.context import RunContext
 from trtflow.execution.ledger import Ledger, Produced
-from trtflow.execution.lifecycle import Lifecycle, gate_hint
-from trtflow.execution.loop import Loop
 from trtflow.execution.observers import HistoryObserver, HooksObserver, JournalObserver, Observers, RefsObserver
 from trtflow.execution.progress import ProgressBoard
 from trtflow.execution.protocol import Executor
@@ -108,7 +106,11 @@ class Runner:
                         self._stop_if_cancelled()
                         summary.cleared = self._retract_outdated(pending)
                         self._stop_if_cancelled()
-                        Loop(self.ctx, Lifecycle(self.ctx), ledger, self.board).run(pending, results)
+                        if pending:  # a no-op run loads no scheduler, no node lifecycle
+                            from trtflow.execution.lifecycle import Lifecycle
+                            from trtflow.execution.loop import Loop
+
+                            Loop(self.ctx, Lifecycle(self.ctx), ledger, self.board).run(pending, results)
                     except KeyboardInterrupt:  # a signal (see signals) or Ctrl-C inside a library
                         summary.interrupted = True
                     summary.interrupted = summary.interrupted or self.ctx.cancel.is_set()
@@ -160,6 +162,11 @@ class Runner:
             ledger.record(name, Produced.from_manifest(manifest, list(step.gate_failures) if has_gate else None))
             outputs: dict[str, Path] = {}
             error = "; ".join(step.gate_failures) or None
+            hint = None
+            if error:
+                from trtflow.execution.lifecycle import gate_hint
+
+                hint = gate_hint(step.verdicts)
             if self.options.output_dir is not None:
                 try:
                     outputs = self.store.materialize(manifest, self.options.output_dir / name,
@@ -167,7 +174,7 @@ class Runner:
                 except OSError as exc:
                     self.notes.problem(materialize_error(name, self.options.output_dir / name, exc).message)
             res = NodeResult(name, step.node.stage, GATE_FAILED if error else FRESH, step.reason, step.key,
-                             error=error, hint=gate_hint(step.verdicts) if error else None, outputs=outputs,
+                             error=error, hint=hint, outputs=outputs,
                              summary=manifest.get("summary", {}), verdicts=list(step.verdicts))
             results[name] = res
             done.append(res)

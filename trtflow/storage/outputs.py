@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import stat
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
@@ -82,16 +83,23 @@ def made_by_us(folder: Tree, name: object, record: Any) -> bool:
     """``name`` (a plain relative name) is a regular file in ``folder``, reached through real folders, with the
     size, mtime, ctime and inode the index recorded when trtflow made it (a copy edited in place with its size and
     mtime restored has another ctime: it is the user's now)."""
+    return ours(folder, name, record) is not None
+
+
+def ours(folder: Tree, name: object, record: Any) -> os.stat_result | None:
+    """The status of ``name`` when `made_by_us` holds (one stat), else None."""
     if not isinstance(record, Mapping) or not safe_relative_name(name):
-        return False
+        return None
     assert isinstance(name, str)
     try:
         st = folder.stat(name)
     except OSError:
-        return False
-    return st is not None and stat.S_ISREG(st.st_mode) and (
-        st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) == (
-        record.get("size"), record.get("mtime_ns"), record.get("ctime_ns"), record.get("ino"))
+        return None
+    if st is not None and stat.S_ISREG(st.st_mode) and (
+            st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) == (
+            record.get("size"), record.get("mtime_ns"), record.get("ctime_ns"), record.get("ino")):
+        return st
+    return None
 
 
 def materialize(manifest: Mapping[str, Any], dest: Path, base: Path | None,
@@ -119,9 +127,8 @@ def materialize(manifest: Mapping[str, Any], dest: Path, base: Path | None,
         for name, out in manifest.get("outputs", {}).items():
             filename = out["filename"]
             paths[name] = dest / filename
-            if same_key and made_by_us(folder, filename, recorded.get(filename)):
-                st = folder.stat(filename)
-            else:
+            st = ours(folder, filename, recorded.get(filename)) if same_key else None
+            if st is None:
                 with open_object(out["digest"]) as source:
                     folder.copy_in(filename, source, durable=False)
                 st = folder.stat(filename)  # after the rename, which changes the ctime the index must hold

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.fingerprint import StatCache, signature, stream_digests
+from trtflow.storage import verified
 
 DOMAIN = b"trtflow-result-v1\0"
 FIELDS = ("signer", "signer_name", "signature", "trtflow", "source_commit")
@@ -98,8 +99,10 @@ def is_signed(manifest: Mapping[str, Any]) -> bool:
     return "signature" in manifest or "signer" in manifest
 
 
-def signature_problem(manifest: Mapping[str, Any], policy: Any) -> str | None:
-    """Why the manifest's signature does not make it reusable under ``policy`` (`keys.Policy`); bytes unchecked."""
+def signature_problem(manifest: Mapping[str, Any], policy: Any, stat_cache: StatCache | None = None) -> str | None:
+    """Why the manifest's signature does not make it reusable under ``policy`` (`keys.Policy`); bytes unchecked.
+    With ``stat_cache`` (the store's), a signature this user verified before is not checked again
+    (`trtflow.storage.verified`: trust is still decided here, every time)."""
     if not is_signed(manifest):
         return UNSIGNED
     signer, sig = manifest.get("signer"), manifest.get("signature")
@@ -120,7 +123,7 @@ def signature_problem(manifest: Mapping[str, Any], policy: Any) -> str | None:
         data = statement(manifest, from_json=True)  # a dict that is not JSON's own fails to verify: refused
     except (TypeError, ValueError):
         return "its signature does not verify (not reused)"
-    if len(raw) != 64 or not policy.trusted[signer].verifies(raw, data):
+    if len(raw) != 64 or not verified.verifies(policy.trusted[signer], raw, data, stat_cache):
         return f"its signature does not verify against the key of {signer} ({policy.describe(signer)}): forged " \
                "or altered (not reused)"
     return None
@@ -143,7 +146,7 @@ def object_sha256_matches(store: Any, digest: str, sha256: str, stat_cache: Stat
     if st is None or not stat.S_ISREG(st.st_mode):
         return False
     path = str(store.shown(rel)) + SHA256_ENTRY
-    if stat_cache is not None and stat_cache.get(path, signature(st)) == sha256:
+    if verified.remembered(stat_cache, path, signature(st), sha256):  # an entry this user put: unforgeable
         return True
     try:
         with store.tree.open_read(rel) as f:
@@ -153,8 +156,8 @@ def object_sha256_matches(store: Any, digest: str, sha256: str, stat_cache: Stat
         return False
     if fast != digest or strong != sha256 or opened.st_ino != st.st_ino:
         return False
-    if stat_cache is not None and signature(opened) == signature(st):
-        stat_cache.put(path, signature(st), sha256)
+    if signature(opened) == signature(st):
+        verified.remember(stat_cache, path, signature(st), sha256)
     return True
 
 
@@ -195,7 +198,7 @@ def trust_problem(store: Any, manifest: Mapping[str, Any], kctx: Any, *, check_b
         policy = policy_for(kctx)
     except TrtflowError as exc:
         return f"trust cannot be decided: {exc.message}"
-    problem = signature_problem(manifest, policy)
+    problem = signature_problem(manifest, policy, kctx.stat_cache)
     if problem is None and check_bytes:
         problem = bytes_problem(store, manifest, kctx.stat_cache)
     return problem

@@ -39,7 +39,7 @@ from typing import Any
 
 from trtflow.errors import StoreError, TrtflowError
 from trtflow.fingerprint import StatCache, hash_stream, signature
-from trtflow.storage import outputs, records, signing
+from trtflow.storage import outputs, records, signing, verified
 from trtflow.storage.confined.names import Refused, check_name, check_relative
 from trtflow.storage.confined.tree import Tree, as_tree
 from trtflow.storage.manifest import FORMAT as MANIFEST_FORMAT
@@ -363,7 +363,8 @@ class Store:
             if placed is not None:
                 stat_cache.put(str(self.shown(target)), signature(placed), digest)
                 if strong is not None:  # its sha256 too (signing.py checks a signed result's bytes by it)
-                    stat_cache.put(str(self.shown(target)) + signing.SHA256_ENTRY, signature(placed), strong)
+                    verified.remember(stat_cache, str(self.shown(target)) + signing.SHA256_ENTRY, signature(placed),
+                                      strong)
         return digest, size, strong
 
     def commit(self, key: str, manifest: dict[str, Any], out_dir: Tree | Path,

@@ -125,7 +125,8 @@ class Walker:
                            "and files there: remove the link", hint="remove the link")
         return Refused(shown, "is not a folder", hint="remove it")
 
-    def _open_dir(self, folder: int, name: str, shown: Path, create: bool) -> int:
+    def _open_dir(self, folder: int, name: str, parts: Sequence[str], create: bool) -> int:
+        """A descriptor of the folder ``name`` in ``folder`` (``parts``: its path below the tree, for messages)."""
         try:
             return os.open(name, DIR_FLAGS, dir_fd=folder)
         except FileNotFoundError:
@@ -133,7 +134,7 @@ class Walker:
                 raise
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise self._describe(shown, folder, name) from None
+                raise self._describe(self.shown(parts), folder, name) from None
             raise
         with contextlib.suppress(FileExistsError):
             os.mkdir(name, 0o777, dir_fd=folder)
@@ -141,7 +142,7 @@ class Walker:
             return os.open(name, DIR_FLAGS, dir_fd=folder)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise self._describe(shown, folder, name) from None
+                raise self._describe(self.shown(parts), folder, name) from None
             raise
 
     @contextlib.contextmanager
@@ -151,7 +152,7 @@ class Walker:
         opened = -1
         try:
             for i, part in enumerate(parts):
-                inner = self._open_dir(current, part, self.shown(parts[: i + 1]), create)
+                inner = self._open_dir(current, part, parts[: i + 1], create)
                 if opened >= 0:
                     os.close(opened)
                 current = opened = inner

@@ -28,7 +28,7 @@ from typing import Any
 
 from trtflow.errors import TrtflowError
 from trtflow.fingerprint import StatCache, signature, stream_digests
-from trtflow.storage import records
+from trtflow.storage import records, verified
 from trtflow.storage.confined import kinds
 from trtflow.storage.confined.names import check_relative
 from trtflow.storage.confined.tree import Tree, as_tree
@@ -260,7 +260,8 @@ class RemoteCache:
             if stat_cache is not None and st is not None:
                 stat_cache.put(str(store.shown(target)), signature(st), out["digest"])
                 if out.get("sha256"):  # checked while pulling: the reuse that follows need not read it again
-                    stat_cache.put(str(store.shown(target)) + SHA256_ENTRY, signature(st), out["sha256"])
+                    verified.remember(stat_cache, str(store.shown(target)) + SHA256_ENTRY, signature(st),
+                                      out["sha256"])
             copied += 1
             nbytes += out["size"]
         return Transfer(objects=copied, bytes=nbytes, present=present)
