@@ -441,15 +441,16 @@ def test_a_gated_generation_benchmark_pairs_its_first_level_and_gates_ttft_and_t
     from trtflow.verdicts import PAIRED
 
     model = llama_export.outputs["model"]
-    real = benchmark._decoder
+    real = benchmark._ort_decoder
     opened = []
 
-    def decoder(ctx, params, path, device):
+    def decoder(ctx, params, path, device, encoder):
         opened.append(path)
-        found = real(ctx, params, path, device)
-        return _Doubled(found) if slower == "both" and len(opened) == 1 else found  # the candidate's is opened first
+        found, runs_on = real(ctx, params, path, device, encoder)
+        # the candidate's is opened first
+        return (_Doubled(found) if slower == "both" and len(opened) == 1 else found), runs_on
 
-    monkeypatch.setattr(benchmark, "_decoder", decoder)
+    monkeypatch.setattr(benchmark, "_ort_decoder", decoder)
     params = {"generation": {"context_length": 8, "new_tokens": 4, "concurrency": [1]}, "repeats": 3,
               "min_duration_s": 0.15, "max_duration_s": 0.3, "min_iterations": 3, "warmup_ms": 0,
               "max_regression_percent": 10, "onnxruntime": {"intra_op_threads": 1}}
