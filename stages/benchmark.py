@@ -304,8 +304,8 @@ def _first_profile(manifest: Mapping[str, Any] | None) -> Mapping[str, Any] | No
 
 #: What the summary (the node's manifest, gates, baselines, selection) keeps of each point.
 SUMMARY_LATENCY = ("p50", "p90", "p95", "p99", "mean")
-SUMMARY_UNCERTAINTY = ("queries", "latency_ci_ms", "throughput_ci_qps", "open_intervals", "converged",
-                     "cpu_wait_ms_per_query")
+SUMMARY_UNCERTAINTY = ("queries", "latency_ci_ms", "throughput_ci_qps", "open_intervals", "converged", "stopped",
+                       "cpu_wait_ms_per_query")
 
 
 def summary_of(metrics: Mapping[str, Any], facts: Mapping[str, str], params: Params) -> BenchmarkSummary:

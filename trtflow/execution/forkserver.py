@@ -11,6 +11,11 @@ stdin (a ``SOCK_SEQPACKET`` socket) with two descriptors (``SCM_RIGHTS``): the n
 both opened by the runner (the node never opens either by name: see `trtflow.storage.confined.folders`); the
 server answers on stdout (JSON lines) ``{"id", "pid"}`` after forking and ``{"id", "exit", "maxrss"}`` when the
 child has been reaped (``exit``: exit code, or minus the signal number).
+
+``{"op": "prefetch", "modules"}`` (no descriptors): modules the run's later nodes will preload, in the order they
+are needed. The server imports them one at a time while it has nothing else to do (no request waiting), so the
+imports run on an idle core while the first nodes work instead of in front of each node's start; a spawn request
+waits at most for the one import in progress. What a spawn needs and is not imported yet it still imports first.
 """
 
 from __future__ import annotations
@@ -56,8 +61,13 @@ def serve() -> None:
     selector = selectors.DefaultSelector()
     selector.register(control.fileno(), selectors.EVENT_READ, "control")
     selector.register(wake_r, selectors.EVENT_READ, "child")
+    ahead: list[str] = []  # modules to import while idle (`prefetch`)
     while True:
-        for key, _ in selector.select():
+        ready = selector.select(timeout=0 if ahead else None)
+        if not ready and ahead:
+            _preload([ahead.pop(0)])
+            continue
+        for key, _ in ready:
             if key.data == "child":
                 try:
                     os.read(wake_r, 4096)
@@ -74,6 +84,8 @@ def serve() -> None:
                 message = json.loads(packet)
                 if message.get("op") == "spawn" and len(fds) == 2:
                     _spawn(message, fds, children, [0, control.fileno(), wake_r, wake_w])
+                elif message.get("op") == "prefetch":
+                    ahead += [str(name) for name in message.get("modules") or [] if name not in ahead]
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -263,6 +275,15 @@ class ForkServerClient:
         if child.pid is None:
             raise ServerGone("the fork server stopped before starting the node")
         return child
+
+    def prefetch(self, modules: list[str]) -> None:
+        """Have the server import ``modules`` (the later nodes' preloads, in the order needed) while it is idle.
+        Best effort: a server that is gone is found out by the next spawn."""
+        with self._lock:
+            try:
+                self._control.send(json.dumps({"op": "prefetch", "modules": modules}).encode())
+            except OSError:
+                pass
 
     def _read(self) -> None:
         assert self._proc.stdout is not None
