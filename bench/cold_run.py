@@ -174,8 +174,9 @@ def breakdown(pairs: list[dict[str, Any]]) -> list[str]:
     for node in tool[0]["nodes"]:
         lines.append(f"{node:20s} " + " ".join(cell(_median_of(tool, "nodes", node, key)) for key in (
             "wall_s", "before_s", "stage_s", "after_s")) + " " + cell(_median_of(script, "steps_s", node)))
-    lines.append(f"{'(sum of nodes)':20s} {cell(statistics.median(sum(n['wall_s'] for n in t['nodes'].values()) for t in tool))}"
-                 f"{'':24s} {cell(statistics.median(sum(s['steps_s'].values()) for s in script))}")
+    tool_sum = statistics.median(sum(n["wall_s"] for n in t["nodes"].values()) for t in tool)
+    lines.append(f"{'(sum of nodes)':20s} {cell(tool_sum)}{'':24s} "
+                 f"{cell(statistics.median(sum(s['steps_s'].values()) for s in script))}")
     outside = [p["trtflow"]["wall_s"] - p["trtflow"]["journal"]["run_s"] for p in pairs]
     lines.append(f"trtflow outside its run (start-up, planning, report): {statistics.median(outside):.2f} s; "
                  f"run span {_median_of(tool, 'run_s'):.2f} s; script set-up {_median_of(script, 'setup_s'):.2f} s")

@@ -432,5 +432,6 @@ stage = Stage(
     gate=gate,
     gate_params=GATE_PARAMS,
     memory=memory,
-    preload=("polygraphy", "onnxruntime", "numpy", "torch"),
+    preload=("polygraphy", "polygraphy.backend.onnxrt", "polygraphy.comparator", "onnxruntime", "numpy", "torch",
+             "scipy.stats"),
 )
