@@ -124,7 +124,8 @@ class LocalExecutor:
         scratch_fd = job.held.scratch.fd()
         if self._server is not None and self._server.alive:
             try:
-                child = self._server.spawn(scratch_fd, job.held.log_fd, env, job.preload, job.stage)
+                child = self._server.spawn(scratch_fd, job.held.log_fd, env, job.preload, job.stage,
+                                           alone=job.ran_alone)
                 return _ServerHandle(child)
             except ServerGone:
                 pass
