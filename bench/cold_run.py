@@ -16,6 +16,7 @@ stopped timing (converged, cap, busy host) on both sides.
 
     python bench/cold_run.py                          # pipelines/quickstart.yaml, 5 alternating pairs
     python bench/cold_run.py --recipe pipelines/quickstart.yaml --repeat 9 --json bench/results/cold/run.json
+    python bench/cold_run.py --summarize bench/results/cold/after-*.json   # each file's ratio, the pooled breakdown
 """
 
 from __future__ import annotations
@@ -183,13 +184,38 @@ def breakdown(pairs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def summarize(files: list[Path]) -> None:
+    """Each bench run's ratio (median of its pairs, 95% interval) and the breakdown over all their pairs."""
+    pooled: list[dict[str, Any]] = []
+    for path in files:
+        pairs = json.loads(path.read_text())["pairs"]
+        pooled += pairs
+        loads = [value for p in pairs for value in p["load_average"]]
+        ratios = [p["trtflow"]["wall_s"] / p["script"]["wall_s"] for p in pairs]
+        print(f"{path.name}: trtflow {statistics.median(p['trtflow']['wall_s'] for p in pairs):.1f} s, script "
+              f"{statistics.median(p['script']['wall_s'] for p in pairs):.1f} s, ratio {ratio_interval(ratios)}, "
+              f"load average {min(loads):.1f}-{max(loads):.1f}")
+    stops: dict[str, Counter[str]] = {"trtflow": Counter(), "script": Counter()}
+    for pair in pooled:
+        for side in stops:
+            stops[side].update(pair[side]["benchmark_stops"])
+    ratios = [p["trtflow"]["wall_s"] / p["script"]["wall_s"] for p in pooled]
+    print(f"all {len(pooled)} pairs: ratio {ratio_interval(ratios)}; benchmark points stopped: trtflow "
+          f"{dict(stops['trtflow'])}, script {dict(stops['script'])}")
+    print("\n".join(breakdown(pooled)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", type=Path, default=REPO / "pipelines" / "quickstart.yaml")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--script", type=Path, help="Run only the hand-written equivalent, writing here.")
     parser.add_argument("--json", type=Path, help="Also write every pair's raw figures here.")
+    parser.add_argument("--summarize", type=Path, nargs="+", help="Summarize files --json wrote, and stop.")
     args = parser.parse_args()
+    if args.summarize:
+        summarize(args.summarize)
+        return
     recipe = args.recipe.resolve()
     if args.script:
         by_hand(recipe, args.script.resolve())
