@@ -81,13 +81,19 @@ def trtflow_cmd() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "trtflow.cli"]
 
 
-def timed(cmd: list[str], cwd: Path) -> float:
+def timed(cmd: list[str], cwd: Path) -> tuple[float, float]:
+    """Wall seconds, and CPU seconds (user + system) of the command and every process it and its descendants
+    waited for: the work done, which a busy host's other programs do not inflate as much as the wall time."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    return elapsed
+    return elapsed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def _log_times(log: Path) -> tuple[float | None, float | None]:
@@ -192,9 +198,10 @@ def summarize(files: list[Path]) -> None:
         pooled += pairs
         loads = [value for p in pairs for value in p["load_average"]]
         ratios = [p["trtflow"]["wall_s"] / p["script"]["wall_s"] for p in pairs]
+        cpu = [p["trtflow"]["cpu_s"] / p["script"]["cpu_s"] for p in pairs if "cpu_s" in p["script"]]
         print(f"{path.name}: trtflow {statistics.median(p['trtflow']['wall_s'] for p in pairs):.1f} s, script "
               f"{statistics.median(p['script']['wall_s'] for p in pairs):.1f} s, ratio {ratio_interval(ratios)}, "
-              f"load average {min(loads):.1f}-{max(loads):.1f}")
+              f"load average {min(loads):.1f}-{max(loads):.1f}" + (f"; CPU ratio {ratio_interval(cpu)}" if cpu else ""))
     stops: dict[str, Counter[str]] = {"trtflow": Counter(), "script": Counter()}
     for pair in pooled:
         for side in stops:
@@ -234,17 +241,19 @@ def main() -> None:
                         "--output-dir", str(run_dir / "out")]
             script_cmd = [sys.executable, __file__, "--recipe", str(recipe), "--script", str(script_dir)]
             if first_tool:
-                tool_s, script_s = timed(tool_cmd, run_dir), timed(script_cmd, root)
+                (tool_s, tool_cpu), (script_s, script_cpu) = timed(tool_cmd, run_dir), timed(script_cmd, root)
             else:
-                script_s, tool_s = timed(script_cmd, root), timed(tool_cmd, run_dir)
+                (script_s, script_cpu), (tool_s, tool_cpu) = timed(script_cmd, root), timed(tool_cmd, run_dir)
             pair = {"load_average": [load, os.getloadavg()[0]], "trtflow_first": first_tool,
-                    "trtflow": {"wall_s": tool_s, "journal": journal_times(run_dir / "store"),
+                    "trtflow": {"wall_s": tool_s, "cpu_s": tool_cpu, "journal": journal_times(run_dir / "store"),
                                 "benchmark_stops": stop_reasons(run_dir / "out")},
-                    "script": {"wall_s": script_s, "timings": json.loads((script_dir / TIMINGS).read_text()),
+                    "script": {"wall_s": script_s, "cpu_s": script_cpu,
+                               "timings": json.loads((script_dir / TIMINGS).read_text()),
                                "benchmark_stops": stop_reasons(script_dir)}}
             pairs.append(pair)
-            print(f"  pair {i + 1} (load {load:.1f}): trtflow run {tool_s:6.2f} s | one-process script "
-                  f"{script_s:6.2f} s | {tool_s / script_s:.2f}x | benchmark points stopped: trtflow "
+            print(f"  pair {i + 1} (load {load:.1f}): trtflow run {tool_s:6.2f} s ({tool_cpu:.1f} s CPU) | "
+                  f"one-process script {script_s:6.2f} s ({script_cpu:.1f} s CPU) | {tool_s / script_s:.2f}x | "
+                  "benchmark points stopped: trtflow "
                   f"{dict(pair['trtflow']['benchmark_stops'])}, script {dict(pair['script']['benchmark_stops'])}",
                   flush=True)
         count, differ = same_onnx(root / "script-0", root / "trtflow-0" / "out")
@@ -255,6 +264,7 @@ def main() -> None:
               f"one-process script {statistics.median(script):.2f} s (min {min(script):.2f}, max {max(script):.2f})"
               f" | ratio {ratio_interval([a / b for a, b in zip(tool, script, strict=True)])}; load average "
               f"{min(loads):.1f}-{max(loads):.1f}")
+        print(f"CPU: ratio {ratio_interval([p['trtflow']['cpu_s'] / p['script']['cpu_s'] for p in pairs])}")
         print("\n".join(breakdown(pairs)))
         print(f"ONNX artifacts compared: {count}, differing: {', '.join(differ) if differ else 'none'} (a chooser's "
               "output, e.g. select's, differs when noisy timings picked another candidate)")
