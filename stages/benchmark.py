@@ -10,10 +10,11 @@ Fixed-batch points (trtexec's method), per batch size (`measure.timing.fixed`):
 - ``torch``: an eager PyTorch model from a factory, timed with CUDA events on a GPU or the host clock on CPU.
 Each point is timed in ``repeats`` windows or more (`measure.timing.windows`): at least ``min_iterations`` queries and
 ``min_duration_s``, then more windows until the 95% interval of its median is within ``precision_percent`` (and
-p99's within ``tail_precision_percent`` if set) or ``max_duration_s`` is spent; a point that stopped at the cap is
-flagged ``not-converged``. Statistics follow trtexec (`measure.statistics.stats`), over all timed queries; every figure
-has its interval (`measure.statistics.intervals`: ``queries``, ``latency_ci_ms``, ``throughput_ci_qps``), and each point
-records what else ran on the host meanwhile (`measure.timing.interference`).
+p99's within ``tail_precision_percent`` if set) or ``max_duration_s`` is spent, or the host is too busy (its threads
+waited for a CPU 20% of the time); a point that stopped at the cap or on a busy host is flagged ``not-converged``,
+and its report says why it stopped (``stopped``). Statistics follow trtexec (`measure.statistics.stats`), over all
+timed queries; every figure has its interval (`measure.statistics.intervals`: ``queries``, ``latency_ci_ms``,
+``throughput_ci_qps``), and each point records what else ran on the host meanwhile (`measure.timing.interference`).
 
 Serving load (`measure.serving.traffic`, `measure.serving.instances`, `measure.serving.replicas`): closed-loop
 ``concurrency`` levels, open-loop Poisson ``arrival_rate_qps`` levels with an optional dynamic batcher, ``streams``
@@ -412,8 +413,8 @@ def _first_profile(manifest: Mapping[str, Any] | None) -> Mapping[str, Any] | No
 
 #: What the summary (the node's manifest, gates, baselines, selection) keeps of each point.
 SUMMARY_LATENCY = ("p50", "p90", "p95", "p99", "mean")
-SUMMARY_UNCERTAINTY = ("queries", "latency_ci_ms", "throughput_ci_qps", "open_intervals", "converged",
-                     "cpu_wait_ms_per_query")
+SUMMARY_UNCERTAINTY = ("queries", "latency_ci_ms", "throughput_ci_qps", "open_intervals", "converged", "stopped",
+                       "cpu_wait_ms_per_query")
 
 
 def summary_of(metrics: Mapping[str, Any], facts: Mapping[str, str], params: Params) -> BenchmarkSummary:
@@ -474,7 +475,7 @@ stage = Stage(
     environment=_environment,
     files=_files,
     check=_check,
-    preload=("onnxruntime", "numpy"),
+    preload=("onnxruntime", "numpy", "scipy.stats"),  # scipy: the intervals (measure.statistics)
     gate=gate,
     gate_params=GATE_PARAMS,
     compares=_compares,

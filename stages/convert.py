@@ -371,5 +371,5 @@ stage = Stage(
     files=modelopt_files,
     check=check,
     memory=convert_memory,
-    preload=("modelopt.onnx.autocast", "onnxruntime", "numpy"),
+    preload=("modelopt.onnx.autocast", "polygraphy.backend.onnx.util", "onnxruntime", "numpy"),
 )

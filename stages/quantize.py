@@ -466,5 +466,5 @@ stage = Stage(
     check=check,
     memory=quantize_memory,
     # Not modelopt: importing it initialises CUDA, and a forked node (nvfp4, mxfp8) then sees no CUDA device.
-    preload=("onnxruntime", "numpy"),
+    preload=("modelopt.onnx.quantization", "onnxruntime", "numpy"),
 )

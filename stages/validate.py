@@ -439,5 +439,6 @@ stage = Stage(
     gate=gate,
     gate_params=GATE_PARAMS,
     memory=memory,
-    preload=("polygraphy", "onnxruntime", "numpy", "torch"),
+    preload=("polygraphy", "polygraphy.backend.onnxrt", "polygraphy.comparator", "polygraphy.cuda", "onnxruntime",
+             "numpy", "torch", "scipy.stats"),  # polygraphy.cuda loads libcudart only when first used, never here
 )

@@ -217,7 +217,9 @@ def fixed_points(ctx: StageContext, params: Params, backend: str, device: str, s
         ctx.log.info("batch %d, %d stream(s): median %.4g ms [%.4g, %.4g], p99 %.4g ms, %.1f qps, %d queries in %d "
                      "windows%s, flags %s", point["batch_size"], point["streams"], report["latency_ms"]["median"],
                      *ci["p50"], report["latency_ms"]["p99"], report["throughput_qps"], report["queries"],
-                     len(report["repeats"]), "" if report["converged"] else " (not converged)", report["flags"])
+                     len(report["repeats"]),
+                     "" if report["converged"] else f" (not converged: stopped at {report['stopped']})",
+                     report["flags"])
     batch_size, _, feed = feeds[0]
     if params.profile_kernels:
         from .timing.kernel_profile import timed_call_kernels

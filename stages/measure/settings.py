@@ -37,7 +37,8 @@ class TimingFields(StageParams):
         "queries to exist at all). Unset: p99's interval is reported, not waited for.")
     max_duration_s: float | None = Field(
         None, gt=0, description="Timed seconds per point at most while the precision is not reached (default: "
-        "3 x min_duration_s); a point that stops here is flagged not-converged.")
+        "3 x min_duration_s), plus one window; a point that stops here is flagged not-converged (stopped: cap). "
+        "Past its minimums, a point whose threads waited for a CPU 20% of the time stops there (stopped: busy-host).")
     ab_seed: int | None = Field(
         None, description="Seed of the gate point's AB/BA orders (pairs with the reference). Unset: a new one "
         "each run, recorded in the summary's reference.paired.seed; set it to that number to replay a run's order.")

@@ -105,13 +105,20 @@ def test_onnxruntime_cnn_benchmark_with_batch_sweep(tiny_cnn_onnx, tmp_path):
         assert report["throughput_ci_qps"][0] <= report["throughput_qps"] <= report["throughput_ci_qps"][1]
         assert isinstance(report["converged"], bool)
         assert ("not-converged" in report["flags"]) == (not report["converged"])
+        assert report["stopped"] in ("converged", "cap", "busy-host")  # why it stopped timing, in its report
+        assert (report["stopped"] == "converged") == report["converged"]
+        # the stated bound: the cap (or the minimum windows, if longer) plus one window, each window overrunning
+        # its length by at most the query in flight
+        plan = benchmark.Params(**SHORT).window_plan()
+        bound_s = max(plan.max_duration_s, plan.repeats * plan.window_s) + plan.window_s
+        assert report["wall_time_ms"] <= bound_s * 1000 + len(report["repeats"]) * report["latency_ms"]["max"]
         assert report["host"]["seconds"] > 0 and report["cpu_wait_ms_per_query"] >= 0
     resources = benchmark.stage.resources_for(benchmark.Params())
     assert resources.gpu == 0 and resources.exclusive
     summary = result.summary
     assert summary["hardware"]["cpu"] and [p["batch_size"] for p in summary["points"]] == [1, 4]
     assert set(summary["points"][0]["latency_ms"]) == {"p50", "p90", "p95", "p99", "mean"}
-    assert {"queries", "latency_ci_ms", "throughput_ci_qps", "converged"} <= set(summary["points"][0])
+    assert {"queries", "latency_ci_ms", "throughput_ci_qps", "converged", "stopped"} <= set(summary["points"][0])
     assert "verdicts" not in summary and "reference" not in summary  # the engine records verdicts, not the stage
 
 

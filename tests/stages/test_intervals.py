@@ -80,18 +80,17 @@ def test_windows_stop_when_precise_or_at_the_cap_and_say_so():
     plan = _windows.WindowPlan(repeats=3, min_iterations=10, min_duration_s=0.0, max_duration_s=1.0,
                                precision=Precision(5.0))
     steady = iter(_windows_of([1.0] * 50))
-    windows, unmet = _windows.measure_windows(lambda seconds, index: next(steady), plan,
-                                              _windows.assessor(1, plan.precision))
-    assert len(windows) == 3 and unmet == []  # converged as soon as the minimum was met
+    found = _windows.measure_windows(lambda seconds, index: next(steady), plan, _windows.assessor(1, plan.precision))
+    assert len(found.windows) == 3 and found.unmet == [] and found.stopped == "converged"  # at the minimum
 
     # windows whose medians jump by 2x: the median's interval stays wide until the cap (1 s: windows of 0.22 s
     # and 0.44 s alternate, so the fourth one crosses it)
     noisy = iter(_windows_of([1.0, 2.0] * 25, seed=1))
-    windows, unmet = _windows.measure_windows(lambda seconds, index: next(noisy), plan,
-                                              _windows.assessor(1, plan.precision))
-    assert len(windows) == 4 and unmet and unmet[0].startswith("p50 ±")
-    report = _windows.report_windows(windows, 1, 2.5, "cpu", plan, unmet)
-    assert report["converged"] is False and "not-converged" in report["flags"]
+    found = _windows.measure_windows(lambda seconds, index: next(noisy), plan, _windows.assessor(1, plan.precision))
+    windows, unmet = found.windows, found.unmet
+    assert len(windows) == 4 and unmet and unmet[0].startswith("p50 ±") and found.stopped == "cap"
+    report = _windows.report_windows(windows, 1, 2.5, "cpu", plan, unmet, found.stopped)
+    assert report["converged"] is False and report["stopped"] == "cap" and "not-converged" in report["flags"]
     assert "raise max_duration_s (now 1 s)" in next(w["message"] for w in report["warnings"]
                                                      if w["flag"] == "not-converged")
     assert [w["queries"] for w in report["repeats"]] == [200] * 4
@@ -109,11 +108,41 @@ def test_points_take_turns_and_each_stops_on_its_own_terms():
             return next(windows)
         return window
 
-    (calm, calm_unmet), (jumpy, jumpy_unmet) = _windows.measure_interleaved(
+    calm, jumpy = _windows.measure_interleaved(
         [timer("a", steady), timer("b", noisy)], plan, [_windows.assessor(1, plan.precision)] * 2)
     # one window each per round; the steady point is done after its third, the noisy one goes on to the cap
     assert order == ["a0", "b0", "a1", "b1", "a2", "b2", "b3"]
-    assert (len(calm), calm_unmet) == (3, []) and len(jumpy) == 4 and jumpy_unmet
+    assert (len(calm.windows), calm.unmet, calm.stopped) == (3, [], "converged")
+    assert len(jumpy.windows) == 4 and jumpy.unmet and jumpy.stopped == "cap"
+
+
+def test_a_busy_host_stops_an_imprecise_point_at_its_minimums_and_says_so():
+    """Past the minimums, a point whose threads waited for a CPU a fifth of the time or more stops (flagged
+    busy-host, not converged) instead of timing the neighbours up to the cap; a little waiting does not stop it."""
+    plan = _windows.WindowPlan(repeats=3, min_iterations=10, min_duration_s=0.0, max_duration_s=3.0,
+                               precision=Precision(5.0))
+
+    def waiting(share: float) -> Iterator[Window]:
+        return iter(Window(w.latencies_ms, w.wall_ms, w.wall_ms * share) for w in _windows_of([1.0, 2.0] * 25, seed=1))
+
+    for share, stopped, count in ((0.25, "busy-host", 3), (0.05, "cap", 10)):
+        windows = waiting(share)
+        found = _windows.measure_windows(lambda seconds, index, w=windows: next(w), plan,
+                                         _windows.assessor(1, plan.precision))
+        assert (found.stopped, len(found.windows)) == (stopped, count) and found.unmet
+    report = _windows.report_windows(found.windows, 1, 2.5, "cpu", plan, found.unmet, "busy-host")
+    assert report["stopped"] == "busy-host" and "stopped early: the host was busy" in next(
+        w["message"] for w in report["warnings"] if w["flag"] == "not-converged")
+
+
+def test_the_stopping_rule_computes_only_what_it_reads_exactly_as_the_report_does():
+    windows = _windows_of([1.0, 1.3, 0.9, 1.1, 1.2], size=60)
+    for precision in (Precision(5.0), Precision(5.0, tail_percent=20.0)):
+        full, cheap = _windows.window_uncertainty(windows, 4), _windows.window_uncertainty(windows, 4, precision.keys)
+        assert set(cheap.latency_ci_ms) == set(precision.keys)
+        assert {k: full.latency_ci_ms[k] for k in precision.keys} == cheap.latency_ci_ms
+        assert precision.unmet(cheap) == precision.unmet(full) and cheap.open == [k for k in full.open
+                                                                                   if k in precision.keys]
 
 
 def test_the_tail_can_be_part_of_the_stopping_rule():

@@ -96,6 +96,7 @@ class Builder:
                       log_path=str(log_path), facts=parts.facts,
                       allowed_roots=[str(p) for p in ctx.kctx.allowed_roots], device=device_list(allocation),
                       previous_summary=previous_summary, timeout=node.timeout, preload=list(stage.preload),
+                      ran_alone=allocation.exclusive,
                       parent_pid=os.getpid(), input_objects=input_objects,
                       input_sources=self._judged_sources(node.name, upstream),
                       reference=reference.as_json() if reference is not None else None,

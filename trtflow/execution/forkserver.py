@@ -11,6 +11,13 @@ stdin (a ``SOCK_SEQPACKET`` socket) with two descriptors (``SCM_RIGHTS``): the n
 both opened by the runner (the node never opens either by name: see `trtflow.storage.confined.folders`); the
 server answers on stdout (JSON lines) ``{"id", "pid"}`` after forking and ``{"id", "exit", "maxrss"}`` when the
 child has been reaped (``exit``: exit code, or minus the signal number).
+
+``{"op": "prefetch", "modules"}`` (no descriptors): modules the run's later nodes will preload, in the order they
+are needed. The server imports them one at a time while it has nothing else to do (no request waiting), so the
+imports run on an idle core while the first nodes work instead of in front of each node's start; a spawn request
+waits at most for the one import in progress. What a spawn needs and is not imported yet it still imports first.
+While a node that runs alone (``"alone": true`` in its spawn: an exclusive node, e.g. a benchmark) is running, the
+server imports nothing ahead: it would be the work beside it that exclusive rules out.
 """
 
 from __future__ import annotations
@@ -56,8 +63,16 @@ def serve() -> None:
     selector = selectors.DefaultSelector()
     selector.register(control.fileno(), selectors.EVENT_READ, "control")
     selector.register(wake_r, selectors.EVENT_READ, "child")
+    ahead: list[str] = []  # modules to import while idle (`prefetch`)
+    alone: set[int] = set()  # children that run alone: nothing is imported ahead beside them
     while True:
-        for key, _ in selector.select():
+        alone.intersection_update(children)  # those reaped run no more
+        idle = bool(ahead) and not alone
+        ready = selector.select(timeout=0 if idle else None)
+        if not ready and idle:
+            _preload([ahead.pop(0)])
+            continue
+        for key, _ in ready:
             if key.data == "child":
                 try:
                     os.read(wake_r, 4096)
@@ -73,7 +88,11 @@ def serve() -> None:
             try:
                 message = json.loads(packet)
                 if message.get("op") == "spawn" and len(fds) == 2:
-                    _spawn(message, fds, children, [0, control.fileno(), wake_r, wake_w])
+                    pid = _spawn(message, fds, children, [0, control.fileno(), wake_r, wake_w])
+                    if message.get("alone"):
+                        alone.add(pid)
+                elif message.get("op") == "prefetch":
+                    ahead += [str(name) for name in message.get("modules") or [] if name not in ahead]
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -120,7 +139,7 @@ def _preload(modules: list[str]) -> None:
             print(f"trtflow fork server: preloading {name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
-def _spawn(message: dict[str, Any], fds: list[int], children: dict[int, int], server_fds: list[int]) -> None:
+def _spawn(message: dict[str, Any], fds: list[int], children: dict[int, int], server_fds: list[int]) -> int:
     scratch_fd, log_fd = fds
     _preload(list(message.get("preload") or []))
     _load_stage(message.get("stage"))
@@ -142,6 +161,7 @@ def _spawn(message: dict[str, Any], fds: list[int], children: dict[int, int], se
             exit_now(code)
     children[pid] = message["id"]
     _reply({"id": message["id"], "pid": pid, "base_rss": _own_rss()})
+    return pid
 
 
 def _become_node(message: dict[str, Any], log: int, server_fds: list[int]) -> None:
@@ -245,13 +265,15 @@ class ForkServerClient:
         return self._proc.poll() is None
 
     def spawn(self, scratch_fd: int, log_fd: int, env: dict[str, str | None], preload: list[str],
-              stage: str | None = None) -> Child:
-        """Start a node in a fork of the server, handing it the descriptors of its scratch folder and its log."""
+              stage: str | None = None, alone: bool = False) -> Child:
+        """Start a node in a fork of the server, handing it the descriptors of its scratch folder and its log
+        (``alone``: the node runs alone; the server imports nothing ahead while it runs)."""
         with self._lock:
             self._next += 1
             child = Child(self._next)
             self._children[child.id] = child
-            message = {"op": "spawn", "id": child.id, "env": env, "preload": preload, "stage": stage}
+            message = {"op": "spawn", "id": child.id, "env": env, "preload": preload, "stage": stage,
+                       "alone": alone}
             try:
                 socket.send_fds(self._control, [json.dumps(message).encode()], [scratch_fd, log_fd])
             except (BrokenPipeError, OSError, ValueError):
@@ -263,6 +285,15 @@ class ForkServerClient:
         if child.pid is None:
             raise ServerGone("the fork server stopped before starting the node")
         return child
+
+    def prefetch(self, modules: list[str]) -> None:
+        """Have the server import ``modules`` (the later nodes' preloads, in the order needed) while it is idle.
+        Best effort: a server that is gone is found out by the next spawn."""
+        with self._lock:
+            try:
+                self._control.send(json.dumps({"op": "prefetch", "modules": modules}).encode())
+            except OSError:
+                pass
 
     def _read(self) -> None:
         assert self._proc.stdout is not None

@@ -71,6 +71,12 @@ class LocalExecutor:
     def pid_of(self, node: str) -> int | None:
         return self._pids.get(node)
 
+    def prefetch(self, modules: list[str]) -> None:
+        """The modules the run's nodes will preload, in the order they are needed: the fork server imports them
+        while idle (`forkserver` protocol), instead of in front of each node's start."""
+        if self._server is not None and self._server.alive and modules:
+            self._server.prefetch(modules)
+
     def execute(self, job: Job, cancel: threading.Event) -> Outcome:
         if job.held is None:
             return Outcome(FAILED, error="a node's scratch folder was not handed to the local executor",
@@ -118,7 +124,8 @@ class LocalExecutor:
         scratch_fd = job.held.scratch.fd()
         if self._server is not None and self._server.alive:
             try:
-                child = self._server.spawn(scratch_fd, job.held.log_fd, env, job.preload, job.stage)
+                child = self._server.spawn(scratch_fd, job.held.log_fd, env, job.preload, job.stage,
+                                           alone=job.ran_alone)
                 return _ServerHandle(child)
             except ServerGone:
                 pass

@@ -73,6 +73,7 @@ class Loop:
                         if not started_executor:
                             ctx.executor.start()
                             started_executor = True
+                            self._prefetch(pending)
                         upstream = self.ledger.upstream(self.graph.upstream(step.node.name))
                         running[pool.submit(self.lifecycle.process, step, verdict, upstream)] = (step, verdict)
                     if not running:
@@ -103,6 +104,16 @@ class Loop:
                     except Exception:  # an observer failing again must not hide the first error
                         results[finished.result.node] = finished.result
                 raise
+
+    def _prefetch(self, pending: list[Step]) -> None:
+        """Tell an executor that can import ahead (the fork server's) what the nodes to run will preload, in
+        the order they run: their stages' ``preload`` modules, each once."""
+        prefetch = getattr(self.ctx.executor, "prefetch", None)
+        if prefetch is None:
+            return
+        modules = [name for step in pending if step.status != SKIP and step.node.stage in self.graph.stages
+                   for name in self.graph.stages[step.node.stage].preload]
+        prefetch(list(dict.fromkeys(modules)))
 
     def _record(self, finished: Finished, results: dict[str, NodeResult]) -> bool:
         """Record a node's end; True if it stops the run (fail-fast)."""

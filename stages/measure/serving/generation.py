@@ -242,9 +242,11 @@ def measure_level(decoder: Any, prompts: Sequence[Any], new_tokens: int, clients
                 progress(f"concurrency {clients}: {requests} requests in {len(first)} window(s)")
             if len(first) < plan.repeats or spent_s < plan.min_duration_s or requests < plan.min_iterations:
                 continue
-            unmet = [f"time to first token {text}" for text in plan.precision.unmet(window_uncertainty(first, 1))]
+            keys = plan.precision.keys  # the stopping rule computes only the intervals it reads
+            unmet = [f"time to first token {text}"
+                     for text in plan.precision.unmet(window_uncertainty(first, 1, keys))]
             unmet += [f"time per output token {text}"
-                      for text in plan.precision.unmet(window_uncertainty(per_token, 1))]
+                      for text in plan.precision.unmet(window_uncertainty(per_token, 1, keys))]
             if (not unmet or spent_s >= plan.max_duration_s) and (pairing is None or pairing.done):
                 break
     wall_ms = sum(w.wall_ms for w in first)

@@ -166,9 +166,10 @@ class Uncertainty:
 
 
 def uncertainty(windows: Sequence[Window], latency: Mapping[str, float], throughput: float, batch_size: int,
-                confidence: float = CONFIDENCE) -> Uncertainty:
+                confidence: float = CONFIDENCE, only: Sequence[str] | None = None) -> Uncertainty:
     """The intervals of a point measured in ``windows`` whose pooled figures are ``latency`` (``p50``...,
-    ``mean``) and ``throughput``."""
+    ``mean``) and ``throughput``. ``only``: just these percentiles' intervals (what a stopping rule reads, e.g.
+    ``Precision.keys``), computed exactly as in the full set; no mean or throughput interval."""
     import numpy as np
 
     ordered = [np.sort(np.asarray(w.latencies_ms, dtype=float)) for w in windows]
@@ -179,7 +180,7 @@ def uncertainty(windows: Sequence[Window], latency: Mapping[str, float], through
     intervals: dict[str, list[float]] = {}
     open_bounds = []
     for key, quantile in QUANTILES.items():
-        if key not in latency:
+        if key not in latency or (only is not None and key not in only):
             continue
         low, high, bounded = quantile_interval(pooled, quantile, confidence)
         if not bounded:
@@ -191,6 +192,9 @@ def uncertainty(windows: Sequence[Window], latency: Mapping[str, float], through
         intervals[key] = _hull(latency[key], (low, high), spread)
         if key == "p50" and "median" in latency:  # trtexec's p50 (a sample) and the median (a midpoint) alike
             intervals[key] = _hull(latency["median"], intervals[key])
+    if only is not None:
+        precision = {key: round(relative_half_width(latency[key], intervals[key]) * 100.0, 3) for key in intervals}
+        return Uncertainty(int(pooled.size), intervals, [], open_bounds, precision)
     in_order = [value for w in windows for value in w.latencies_ms]
     mean = latency.get("mean", float(pooled.mean()))
     spread = window_interval([float(o.mean()) for o in ordered], mean, confidence) if several else None
@@ -213,6 +217,11 @@ class Precision:
 
     central_percent: float = 5.0  # the median
     tail_percent: float | None = None  # p99; None: not part of the stopping rule
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The percentiles whose intervals `unmet` reads."""
+        return ("p50",) if self.tail_percent is None else ("p50", "p99")
 
     def unmet(self, found: Uncertainty) -> list[str]:
         """What is not yet precise enough (empty: converged)."""

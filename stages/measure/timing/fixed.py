@@ -63,8 +63,8 @@ def host_points(calls: Sequence[Callable[[], Any]], batch_sizes: Sequence[int], 
     watch = HostWatch()
     measured = measure_interleaved([host_timer(call, settings, cuda_events) for call in calls], settings.plan,
                                    [assessor(batch, settings.plan.precision) for batch in batch_sizes], pairings)
-    reports = [report_windows(windows, batch, settings.unstable_cv_percent, settings.device, settings.plan, unmet)
-               for (windows, unmet), batch in zip(measured, batch_sizes, strict=True)]
+    reports = [report_windows(found.windows, batch, settings.unstable_cv_percent, settings.device, settings.plan,
+                              found.unmet, found.stopped) for found, batch in zip(measured, batch_sizes, strict=True)]
     host = watch.report()
     return [_with_host(report, host, settings.device) for report in reports]
 
@@ -151,16 +151,15 @@ def engine_point(session: Any, feed: Mapping[str, Any], batch: int, streams: int
             if theirs is not None and pair is not None:
                 pairing = pair(theirs.window)
                 pairings[0] = pairing
-            ((windows, unmet),) = measure_interleaved([timed.window], plan, [assessor(batch, plan.precision)],
-                                                      pairings)
+            (measured,) = measure_interleaved([timed.window], plan, [assessor(batch, plan.precision)], pairings)
         finally:
             timed.close()
             if theirs is not None:
                 theirs.close()
     report = report_traces(timed.traces, timed.skipped, batch, streams,
                            unstable_cv_percent=settings.unstable_cv_percent)
-    found = uncertainty(windows, report["latency_ms"], report["throughput_qps"], batch)
-    add_uncertainty(report, found, unmet, plan, windows_record(windows, batch))
+    found = uncertainty(measured.windows, report["latency_ms"], report["throughput_qps"], batch)
+    add_uncertainty(report, found, measured.unmet, plan, windows_record(measured.windows, batch), measured.stopped)
     report["cuda_graph"] = all(timed.graphs)
     report["cuda_graph_failures"] = timed.failures
     for failure in timed.failures:
