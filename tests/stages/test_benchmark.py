@@ -280,10 +280,11 @@ def test_open_loop_with_dynamic_batching_on_onnxruntime(tiny_mlp_onnx, tmp_path)
               "confirm_steps": 1, "dynamic_batching": {"max_batch_size": 8, "max_queue_delay_ms": 5}}
     result = run_stage(benchmark.stage, params, {"model": tiny_mlp_onnx}, workdir=tmp_path)
     metrics = json.loads(result.outputs["metrics"].read_text())
-    listed, *searched, confirmed = metrics["open_loop"]
+    listed, *searched, confirmed, extended = metrics["open_loop"]
     assert listed["arrival_rate_qps"] == 500 and not listed["searched"]
     # a budget of a second is met at every rate: the search doubles twice, and the confirmation's one level (on
-    # its grid, at or below 2000/s) meets too
+    # its grid, at or below 2000/s) meets too, and so does the one more it goes on to (the fit brackets nothing)
+    assert extended["confirmation"] and extended["arrival_rate_qps"] > confirmed["arrival_rate_qps"]
     assert [p["arrival_rate_qps"] for p in searched] == [1000, 2000] and all(p["searched"] for p in searched)
     assert confirmed["confirmation"] and 1950 < confirmed["arrival_rate_qps"] <= 2000 and confirmed["meets_budget"]
     point = searched[-1]
@@ -294,7 +295,7 @@ def test_open_loop_with_dynamic_batching_on_onnxruntime(tiny_mlp_onnx, tmp_path)
     (best,) = metrics["max_rate_meeting_budget"]
     # no rate missed above it: a lower bound, not a capacity
     assert best["arrival_rate_qps"] is None and best["latency_budget_ms"] == 1000 and not best["confirmed"]
-    assert best["confirmation"]["lower_bound_qps"] == confirmed["arrival_rate_qps"] and best["search_rate_qps"] == 2000
+    assert best["confirmation"]["lower_bound_qps"] == extended["arrival_rate_qps"] and best["search_rate_qps"] == 2000
     assert metrics["load_settings"]["dynamic_batching"]["max_batch_size"] == 8
 
 

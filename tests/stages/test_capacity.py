@@ -207,7 +207,9 @@ def test_the_confirmed_capacity_does_not_depend_on_the_level_length() -> None:
 
 def test_no_capacity_without_a_rate_that_meets_below_one_that_misses() -> None:
     entries, confirmation = _confirm(_params(confirm_steps=2), 1500.0)
-    assert confirmation["rate_qps"] is None and len(entries) == 2 and not confirmation["settled"]
+    # the fit brackets nothing: on down, confirm_steps more levels at the most, and still every one misses
+    assert confirmation["rate_qps"] is None and len(entries) == 4 and not confirmation["settled"]
+    assert confirmation["extended_levels"] == 2
     entry = capacity_entry(_params(), "trtflow", 1, 1, [{"arrival_rate_qps": 1500.0, "meets_budget": True,
                                                          "throughput_qps": 1.0, "latency_ms": {"p99": 1.0}},
                                                         *entries], confirmation)
@@ -215,7 +217,31 @@ def test_no_capacity_without_a_rate_that_meets_below_one_that_misses() -> None:
     assert capacity_figure(entry) is None
     _, rising = _confirm(_params(confirm_steps=3), 300.0)  # every level meets: a lower bound, not a capacity
     assert rising["rate_qps"] is None and rising["lower_bound_qps"] == rising["attempts"][-1]["rate_qps"]
-    assert [a["rate_qps"] for a in rising["attempts"]] == [grid_rate(grid_index(300, 2.5) + k, 2.5) for k in (0, 1, 3)]
+    assert [a["rate_qps"] for a in rising["attempts"]] == [grid_rate(grid_index(300, 2.5) + k, 2.5)
+                                                           for k in (0, 1, 3, 4, 6, 10)]  # then beyond the highest
+
+
+def test_every_grid_rate_is_its_own_index() -> None:
+    for step in (1.0, 2.5, 5.0):
+        for index in range(1, 400):
+            assert grid_index(grid_rate(index, step), step) == index, (step, index)
+        assert grid_index(grid_rate(200, step) + 0.004, step) == 200 and grid_index(grid_rate(200, step) - 0.01,
+                                                                                    step) == 199
+
+
+def test_a_staircase_the_fit_does_not_bracket_goes_on_until_it_does() -> None:
+    # on the H100 one run in five had every rate's median level miss after its 7 levels (the host slowed during
+    # the staircase) and reported no capacity; now the staircase goes on below the lowest rate visited
+    params = _params(confirm_steps=3)
+    draws = itertools.count(7)
+    found = {"arrival_rate_qps": 1100.0, "service_ms": {"p50": 1.0}, "mean_batch_size": 1.0}
+    entries, confirmation = confirm_capacity(lambda level: queueing(level, next(draws)), params, "trtflow", found, 1,
+                                             1)
+    first = [a["meets_budget"] for a in confirmation["attempts"][:3]]
+    assert first == [False, False, False], "the three levels of the staircase all missed"
+    assert 1 <= confirmation["extended_levels"] <= 3 and len(entries) == 3 + confirmation["extended_levels"]
+    answer, meets, misses = confirmation["rate_qps"], confirmation["meets_qps"], confirmation["miss_above_qps"]
+    assert answer is not None and meets < answer <= misses and 800 < answer < 1000, confirmation
 
 
 def test_the_pooled_verdict_is_loadgens_early_stopping_rule() -> None:
@@ -248,7 +274,7 @@ def test_the_stage_confirms_around_the_rate_its_search_found(tiny_mlp_onnx, tmp_
               "confirm_steps": 1, "load_generator": "trtflow"}
     result = run_stage(benchmark.stage, params, {"model": tiny_mlp_onnx}, workdir=tmp_path)
     metrics = json.loads(result.outputs["metrics"].read_text())
-    listed, searched, confirmed = metrics["open_loop"]
+    listed, searched, confirmed, extended = metrics["open_loop"]  # the one level met: one more above it
     assert (listed["arrival_rate_qps"], searched["arrival_rate_qps"]) == (50, 100)
     grid = grid_rate(grid_index(100, 2.5), 2.5)
     assert confirmed["confirmation"] and confirmed["arrival_rate_qps"] == grid and confirmed["duration_s"] >= 0.5
@@ -256,7 +282,9 @@ def test_the_stage_confirms_around_the_rate_its_search_found(tiny_mlp_onnx, tmp_
     (best,) = result.summary["max_rate_meeting_budget"]
     # one level that met, none that missed above it: a lower bound, not a capacity, and said so
     assert not best["confirmed"] and best["arrival_rate_qps"] is None and best["search_rate_qps"] == 100
-    assert best["confirmation"]["lower_bound_qps"] == grid and best["level_s"] == 0.2
+    assert extended["arrival_rate_qps"] == grid_rate(grid_index(100, 2.5) + 1, 2.5) and extended["meets_budget"]
+    assert best["confirmation"]["extended_levels"] == 1
+    assert best["confirmation"]["lower_bound_qps"] == extended["arrival_rate_qps"] and best["level_s"] == 0.2
     assert best["confirm_level_s"] >= 0.5 and "grid" in best["confirmation"]["rule"]
     assert not [f for f in benchmark.figures(benchmark.Params.model_validate(params), result.summary).figures
                 if f.name.startswith("serving capacity")]

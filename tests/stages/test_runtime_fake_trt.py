@@ -467,7 +467,9 @@ def test_select_times_engine_finalists_together_fake_trt(monkeypatch, tiny_cnn_o
     assert finalists["measured"] and finalists["runtime"] == "tensorrt-rtx" and finalists["figure"] == "p50"
     assert finalists["names"] == ["fp16", "int8"] and finalists["rounds"] >= 8 and finalists["batch_size"] == 2
     assert {row["basis"] for row in summary["candidates"]} == {"paired A/B"}
-    assert summary["selected"] in ("fp16", "int8") and all(row["tie"] for row in summary["candidates"])
+    # the same engine twice, timed on the host clock through the fake: which one wins is this host's noise (a busy
+    # host can tell them apart by chance), so only that one was chosen on the pairs
+    assert summary["selected"] in ("fp16", "int8")
     digest = json.loads(provenance.read_text())["engine_digest"]
     assert opened == [("model.engine", "tensorrt-rtx", digest)] * 2  # both through open_engine's checks
     (timer,) = FakeTimer.instances  # one harness; one context and stream per engine

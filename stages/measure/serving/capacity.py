@@ -38,7 +38,10 @@ CONFIRM_RULE = ("confirm_steps levels of confirm_duration_s on a geometric grid 
                 "grid rate the median of its levels' p99, made non-decreasing in the rate (pool-adjacent-violators, "
                 "levels as weights), interpolated (log-log) where it crosses the budget between the grid rate "
                 "below, which meets, and the one above, which misses; its interval from the levels resampled. "
-                "Settled: confirm_visits levels at or below the rate that meets and at or above the one that misses")
+                "Settled: confirm_visits levels at or below the rate that meets and at or above the one that misses. "
+                "Where the fit brackets nothing after those levels (every rate misses, or every one meets), up to "
+                "confirm_steps more levels beyond the lowest (highest) rate visited, the stride doubling, until it "
+                "does")
 
 
 def level_p99_ms(level: Mapping[str, Any], budget_ms: float) -> float:

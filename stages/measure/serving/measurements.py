@@ -285,8 +285,8 @@ def confirm_capacity(serve: Callable[[Level], LoadRun], params: ServingParams, g
     attempts: list[dict[str, Any]] = []
     durations: list[float] = []
     seen: set[bool] = set()
-    stride = 1
-    for _ in range(params.confirm_steps):
+
+    def visit(index: int) -> bool:
         rate = grid_rate(index, step)
         duration = confirmation_seconds(rate, found, streams, params.confirm_duration_s, min_queries)
         durations.append(round(duration, 3))
@@ -302,9 +302,28 @@ def confirm_capacity(serve: Callable[[Level], LoadRun], params: ServingParams, g
                          "p99_ms": entry["latency_ms"]["p99"], "p99_bound_ms": round(level_p99_ms(entry, budget), 3),
                          "late_requests": entry.get("late_requests"), "meets_budget": met,
                          "loadgen_valid": bool(entry.get("meets_budget"))})
+        return met
+
+    stride = 1
+    for _ in range(params.confirm_steps):
+        met = visit(index)
         seen.add(met)
         index += stride if met else -stride
         stride = 1 if len(seen) == 2 else min(stride * 2, MAX_STRIDE)
+    # The fit does not bracket the budget (every rate's median level misses, or every one meets: the host changed
+    # during the staircase, or it started far off): on beyond the lowest (highest) rate visited, the stride
+    # doubling, up to confirm_steps more levels, until it does. Without it a run could report no capacity at all
+    # (seen on the H100: 1 run in 5, bench/results/serving/2026-11-27/h100-d).
+    extended = 0
+    stride = 1
+    while extended < params.confirm_steps:
+        _, meets, misses = crossing(entries, budget)
+        if meets is not None and misses is not None:
+            break
+        visited = [grid_index(float(x["arrival_rate_qps"]), step) for x in entries]
+        visit(min(visited) - stride if meets is None else max(visited) + stride)
+        stride = min(stride * 2, MAX_STRIDE)
+        extended += 1
     rate_qps, meets, misses = crossing(entries, budget)
     table = []
     for rate, count, median, fitted in fitted_p99(entries, budget):
@@ -317,6 +336,7 @@ def confirm_capacity(serve: Callable[[Level], LoadRun], params: ServingParams, g
     result: dict[str, Any] = {
         "rule": CONFIRM_RULE, "step_percent": step, "visits": params.confirm_visits,
         "settled": settled(entries, meets, misses, params.confirm_visits), "levels": len(entries),
+        "extended_levels": extended,
         "level_s": max(durations) if durations else None, "duration_s": max(durations) if durations else None,
         "meets_qps": meets, "miss_above_qps": misses, "pooled": table, "attempts": attempts}
     if rate_qps is None or meets is None:

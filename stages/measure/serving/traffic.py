@@ -521,8 +521,14 @@ def grid_index(rate_qps: float, step_percent: float) -> int:
     (1 + step_percent/100) ** k requests/s, anchored at 1/s, so every run of a search confirms the same rates."""
     if rate_qps <= 0:
         raise ValueError(f"a confirmation needs a positive rate, not {rate_qps}")
-    # a grid rate rounded to 0.01/s (`grid_rate`) is still its own index
-    return math.floor(math.log(rate_qps) / math.log1p(step_percent / 100.0) + 1e-3)
+    index = math.floor(math.log(rate_qps) / math.log1p(step_percent / 100.0) + 1e-3)
+    # a grid rate rounded to 0.01/s (`grid_rate`) is still its own index: rounding down can put it below the
+    # exact power by more than the tolerance above
+    while grid_rate(index + 1, step_percent) <= rate_qps:
+        index += 1
+    while index > 0 and grid_rate(index, step_percent) > rate_qps:
+        index -= 1
+    return index
 
 
 def grid_rate(index: int, step_percent: float) -> float:
