@@ -117,3 +117,26 @@ def test_a_run_stopped_by_a_failing_hook_ends_as_failed_and_keeps_its_refs(tmp_p
     again = _run(loaded, graph, store)
     assert again.ok and again.results["a"].status == "fresh" and again.results["b"].status == "fresh"
     assert again.results["c"].status == "done"
+
+
+def test_a_runs_folders_are_made_under_the_store_lock_not_before(tmp_path: Path) -> None:
+    """A run makes `logs/<run>` and `tmp/<run>` only once it holds the store lock: made before (the fork server's log
+    folder, when the runner was built), gc holding the lock meanwhile removed it as an old run's logs and the run
+    then failed with an internal error (seen once in CI: test_gc_in_a_tight_loop_beside_a_40_node_run)."""
+    from trtflow.storage.gc import collect_garbage
+
+    loaded, graph, store = _setup(tmp_path, """\
+        name: folders
+        nodes:
+          - name: a
+            stage: source
+            params: {value: "1"}
+        """)
+    identity = identity_of(loaded.path, loaded.recipe.name)
+    journal = Journal(store.db_path)
+    try:
+        runner = Runner(graph, store, ENV, identity, journal, RunOptions(jobs=1))  # the default (local) executor
+        assert not (store.root / "logs" / runner.run_id).exists() and not (store.root / "tmp" / runner.run_id).exists()
+        collect_garbage(store, wait_s=5.0)  # takes the lock the run has not taken yet
+    finally:
+        journal.close()

@@ -31,7 +31,7 @@ from trtflow.execution.protocol import (
 )
 from trtflow.storage import records
 from trtflow.storage.confined.folders import RunFolders
-from trtflow.storage.confined.tree import Tree, locate
+from trtflow.storage.confined.tree import locate
 
 POLL_S = 0.1
 
@@ -43,7 +43,9 @@ class LocalExecutor:
                  server_log: Path | None = None) -> None:
         self.store_root = store_root
         self.server_log = server_log or store_root / "logs" / "fork-server.log"
-        self.log_folder: Tree | None = None  # the run's log folder, held (`use_folders`)
+        # the run's folders, held (`use_folders`); its log folder is made on first use, in `start`: under the store
+        # lock the run holds (made before it, gc could remove it as an old run's logs while the run waits for it)
+        self.folders: RunFolders | None = None
         self.kill_grace = kill_grace
         if use_fork_server is None:
             use_fork_server = sys.platform.startswith("linux") and not os.environ.get("TRTFLOW_NO_FORK_SERVER")
@@ -56,12 +58,12 @@ class LocalExecutor:
 
     def use_folders(self, folders: RunFolders) -> None:
         """The run's folders, held by the runner: the fork server's log goes in its log folder."""
-        self.log_folder = folders.logs
+        self.folders = folders
 
     def start(self) -> None:
         if self.use_fork_server and self._server is None:
-            if self.log_folder is not None:
-                fd = self.log_folder.open_append_fd(self.server_log.name)
+            if self.folders is not None:
+                fd = self.folders.logs.open_append_fd(self.server_log.name)
             else:
                 tree, rel = locate(self.server_log, self.store_root)
                 fd = tree.open_append_fd(rel)
