@@ -68,3 +68,47 @@ def test_help_imports_no_model_library_and_no_schema(tmp_path: Path) -> None:
     assert "typer" in modules
     assert not modules & HELP_DENY, f"`trtflow --help` imports {sorted(modules & HELP_DENY)}"
 
+
+
+_COLLECTOR = ("import gc, runpy, sys\nimport trtflow.execution.observers as o\nseen = []\n"
+              "started = o.HooksObserver.node_started\n"
+              "def node_started(self, start):\n    seen.append(gc.isenabled())\n    started(self, start)\n"
+              "o.HooksObserver.node_started = node_started\nsys.argv = ['trtflow', *sys.argv[1:]]\n"
+              "try:\n    runpy.run_module('trtflow.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+              "print('COLLECTOR', all(seen), len(seen), gc.isenabled())")
+
+
+def test_nodes_run_with_the_cyclic_collector_on(tmp_path: Path) -> None:
+    """Start-up loads with Python's cyclic collector off (cli/startup.py); it is on again for every node's start
+    and after the command, whatever the command."""
+    (tmp_path / "r.yaml").write_text("name: gc\nnodes:\n  - {name: a, stage: synth, params: {text: a}}\n"
+                                     "  - {name: b, stage: synth, params: {text: b}, inputs: {source: a}}\n")
+    for args in (("run", "-q", "r.yaml"), ("plan", "r.yaml"), ("status",), ("run", "-q", "missing.yaml")):
+        proc = subprocess.run([sys.executable, "-c", _COLLECTOR, *args], cwd=tmp_path, capture_output=True,
+                              text=True, env=dict(os.environ, TRTFLOW_STORE=str(tmp_path / "store")), timeout=120)
+        line = next((x for x in proc.stdout.splitlines() if x.startswith("COLLECTOR ")), None)
+        assert line is not None, proc.stdout + proc.stderr
+        nodes_on, nodes, on_after = line.split()[1:4]
+        assert nodes_on == "True" and on_after == "True", (args, line)
+        assert int(nodes) == (2 if args[0] == "run" and args[2] == "r.yaml" else 0), (args, line)
+
+
+def test_the_collector_someone_else_turned_off_stays_off() -> None:
+    import gc
+
+    from trtflow.cli import startup
+
+    try:
+        gc.disable()
+        startup.collector_off()
+        startup.collector_on()
+        assert not gc.isenabled()
+        gc.enable()
+        startup.collector_off()
+        assert not gc.isenabled()
+        startup.collector_on()
+        assert gc.isenabled()
+        startup.collector_on()  # once
+        assert gc.isenabled()
+    finally:
+        gc.enable()

@@ -6,8 +6,7 @@ import os
 import sys
 
 from trtflow import __version__
-from trtflow.cli.console import rich_console
-from trtflow.cli.run import COMMANDS, call
+from trtflow.cli.startup import collector_off, collector_on
 from trtflow.errors import EXIT_INTERRUPTED, TrtflowError
 
 
@@ -15,13 +14,19 @@ def main() -> None:
     """Console-script entry point: maps errors to documented exit codes."""
     # pydantic scans every installed distribution for its plugins on first use; a CLI run needs none.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    collector_off()  # what the command imports loads with the cyclic collector off (cli/startup.py)
     from trtflow.terminal import guard
 
-    with guard():  # every printer writes without control characters (trtflow/terminal.py)
-        _main_guarded()
+    try:
+        with guard():  # every printer writes without control characters (trtflow/terminal.py)
+            _main_guarded()
+    finally:
+        collector_on()
 
 
 def _main_guarded() -> None:
+    from trtflow.cli.run import COMMANDS, call
+
     argv = sys.argv[1:]
     try:
         if argv and argv[0] in COMMANDS:  # run and plan start without typer (and so without pydantic)
@@ -29,10 +34,12 @@ def _main_guarded() -> None:
         from trtflow.cli.app import add_plugin_commands, app
 
         add_plugin_commands(argv)
+        collector_on()  # every module the command needs is loaded: the command's own work with the collector on
         app(standalone_mode=True)
     except TrtflowError as exc:
         from rich.markup import escape
 
+        from trtflow.cli.console import rich_console
         from trtflow.redact import hide
 
         console = rich_console(stderr=True)

@@ -80,8 +80,14 @@ def run(recipe: Path, targets: tuple[str, ...], store: str | None, set_: tuple[s
         remote_read_namespace: tuple[str, ...], memory: str | None, no_push: bool, ray_transfer: str | None,
         quiet: bool, rerun: tuple[str, ...]) -> None:
     from trtflow import api
+    from trtflow.cli.startup import collector_on
     from trtflow.execution.results import RunOptions, resume_command
     from trtflow.report.console import ConsoleHooks
+
+    class _StartedHooks(ConsoleHooks):
+        def on_run_start(self, run_id: str, steps: list[Any]) -> None:
+            collector_on()  # planned: the nodes run with the cyclic collector on (cli/startup.py)
+            super().on_run_start(run_id, steps)
 
     if executor not in ("local", "ray", "inline"):
         raise UsageError(f"unknown executor {executor!r}", hint="choose local, ray or inline")
@@ -105,7 +111,7 @@ def run(recipe: Path, targets: tuple[str, ...], store: str | None, set_: tuple[s
     )
     if jobs:
         options.jobs = jobs
-    hooks = ConsoleHooks(rich_console, quiet=quiet)
+    hooks = _StartedHooks(rich_console, quiet=quiet)
     try:
         steps: list[Any] = []
         summary = api.run_unchanged(recipe, targets or (), set_ or (), store, options, hooks)
