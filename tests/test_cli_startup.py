@@ -93,6 +93,22 @@ def test_nodes_run_with_the_cyclic_collector_on(tmp_path: Path) -> None:
         assert int(nodes) == (2 if args[0] == "run" and args[2] == "r.yaml" else 0), (args, line)
 
 
+def test_a_forked_node_runs_with_the_collector_on_and_the_servers_objects_frozen(tmp_path: Path) -> None:
+    """The fork server imports with the collector off and freezes what it holds before each fork; the node process
+    turns the collector on before its stage runs."""
+    import json
+
+    from tests.reliability.plugins import subprocess_env, write_plugin_distribution
+
+    (tmp_path / "r.yaml").write_text("name: forked\nnodes:\n  - {name: p, stage: probe, params: {gpus: 0}}\n")
+    env = subprocess_env(write_plugin_distribution(tmp_path / "plugins"), dict(os.environ))
+    proc = subprocess.run([sys.executable, "-m", "trtflow.cli", "run", "-q", "r.yaml"], cwd=tmp_path, env=dict(
+        env, TRTFLOW_STORE=str(tmp_path / "store")), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = json.loads((tmp_path / "build" / "forked" / "p" / "devices.json").read_text())
+    assert seen["gc_enabled"] is True and seen["gc_frozen"] > 10_000, seen
+
+
 def test_the_collector_someone_else_turned_off_stays_off() -> None:
     import gc
 

@@ -18,10 +18,16 @@ imports run on an idle core while the first nodes work instead of in front of ea
 waits at most for the one import in progress. What a spawn needs and is not imported yet it still imports first.
 While a node that runs alone (``"alone": true`` in its spawn: an exclusive node, e.g. a benchmark) is running, the
 server imports nothing ahead: it would be the work beside it that exclusive rules out.
+
+The server runs with Python's cyclic collector off (importing a library makes objects that live as long as the
+server, in few cycles) and freezes what it holds before each fork (``gc.freeze``): a node's collections never scan
+the libraries it was forked with, and the pages it shares with the server stay shared. The node turns the collector
+on before its stage runs.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import selectors
@@ -35,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 # `python -c` puts the working directory first on sys.path: take it off before importing anything else.
-BOOTSTRAP = ("import sys\nif sys.path and sys.path[0] == '': del sys.path[0]\n"
+BOOTSTRAP = ("import gc, sys\ngc.disable()\nif sys.path and sys.path[0] == '': del sys.path[0]\n"
              "from trtflow.execution.forkserver import serve\nserve()")
 # The same isolation for a node process started directly (no fork server).
 WORKER_BOOTSTRAP = ("import sys\nif sys.path and sys.path[0] == '': del sys.path[0]\n"
@@ -145,6 +151,7 @@ def _spawn(message: dict[str, Any], fds: list[int], children: dict[int, int], se
     _load_stage(message.get("stage"))
     sys.stdout.flush()
     sys.stderr.flush()
+    gc.freeze()  # what the server holds is never scanned by the node's collections
     pid = os.fork()
     if pid == 0:
         code = 70
@@ -190,6 +197,7 @@ def _become_node(message: dict[str, Any], log: int, server_fds: list[int]) -> No
 
     gpus.cache_clear()  # the node may see another set of GPUs than the server
     die_with_parent(server_pid)
+    gc.enable()  # off in the server only
 
 
 def _own_rss() -> int:

@@ -2,12 +2,15 @@
 
 ``probe`` asks for ``gpus`` GPUs and returns, in its summary and its output file, the ``CUDA_VISIBLE_DEVICES`` its
 process got and the devices `trtflow.environment.gpus()` lists there: what a multi-GPU stage (a benchmark serving
-from every GPU it is given) would see. ``copy`` reads a data file or folder that its parameters name, and appends
-what a ``python:`` callable returns: a stage whose key depends on project files and code.
+from every GPU it is given) would see; and whether Python's cyclic collector is on in its process, and how many
+objects it was forked with frozen (the fork server's start-up, `trtflow.execution.forkserver`).
+``copy`` reads a data file or folder that its parameters name, and appends what a ``python:`` callable returns: a
+stage whose key depends on project files and code.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from pathlib import Path
@@ -26,7 +29,8 @@ def run(ctx: StageContext, inputs: dict[str, Path], params: Params) -> dict[str,
     from trtflow.environment import gpus
 
     seen = {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "devices": [g.visible_id for g in gpus()], "ctx_gpu": ctx.gpu}
+            "devices": [g.visible_id for g in gpus()], "ctx_gpu": ctx.gpu,
+            "gc_enabled": gc.isenabled(), "gc_frozen": gc.get_freeze_count()}
     ctx.output("devices").write_text(json.dumps(seen))
     return seen
 
