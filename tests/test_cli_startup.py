@@ -114,6 +114,7 @@ def test_the_collector_someone_else_turned_off_stays_off() -> None:
 
     from trtflow.cli import startup
 
+    frozen_before = gc.get_freeze_count()
     try:
         gc.disable()
         startup.collector_off()
@@ -123,7 +124,7 @@ def test_the_collector_someone_else_turned_off_stays_off() -> None:
         startup.collector_off()
         assert not gc.isenabled()
         startup.collector_on()
-        assert gc.isenabled()
+        assert gc.isenabled() and gc.get_freeze_count() > frozen_before  # what start-up made: never scanned again
         startup.collector_on()  # once
         assert gc.isenabled()
     finally:
