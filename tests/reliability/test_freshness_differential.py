@@ -19,19 +19,20 @@ shortcuts are exercised for real (files older than the racy window, here 50 ms, 
 
 Slow: ``python -m pytest -m slow tests/reliability/test_freshness_differential.py``.
 
-BUDGET (issue 35: CI within 20 minutes on the shared 2-core machine): 250 sequences of one edit, about 40 s of
-CPU on that machine (a checked edit costs about 0.15 s of CPU: a plan, a run, the shortcut's decision, a cold
-rebuild whenever the state is new, a second run after a build; about 3 s more to start). Before issue 35 the test
-walked 500 edits (75 s of CPU, 118-127 s of wall time beside the other CI worker). What the halving gives up is
-length only: the walk covers fewer of the project's states and fewer orders of edits per CI run; every kind of
-edit is still drawn (21 kinds, about 12 of each in 250), and every property (the shortcut never answers where the
-planner finds a node stale; fresh nodes have a cold rebuild's outputs; the run delivers exactly those) is checked
-after every edit, as before. The longer walk: ``TRTFLOW_DIFFERENTIAL_SEQUENCES=500`` (or more) with
-``python -m pytest -m slow tests/reliability/test_freshness_differential.py``. History: before issue 31 the test
-cost 46 s of CPU for 500 sequences of 1-3 edits; issue 31's observed child (a fork and a subprocess per python:
-node) and its new edits made a checked edit cost about 75 ms of CPU (was 40), so a sequence became one edit (the
-project carries on from sequence to sequence and ``check`` runs after each edit, so the sequences are one random
-walk whatever their grouping; only Hypothesis's shrinking unit changed).
+BUDGET (issue 35: CI within 20 minutes on the shared 2-core machine): 250 sequences of one edit, about 27 s of
+CPU on that machine (a checked edit costs about 0.09 s of CPU: a plan, a run, the shortcut's decision, a cold
+rebuild whenever the state is new, a second run after a build; about 3 s more to start). Before issue 35 the
+test walked 500 edits (45 s of CPU measured on a loaded machine, 118-127 s of wall time beside the other CI
+worker). What the halving gives up is length only: the walk covers fewer of the project's states and fewer orders
+of edits per CI run; every kind of edit is still drawn (21 kinds, about 12 of each in 250: the test asserts each
+was), and every property (the shortcut never answers where the planner finds a node stale; fresh nodes have a
+cold rebuild's outputs; the run delivers exactly those) is checked after every edit, as before. The longer walk:
+``TRTFLOW_DIFFERENTIAL_SEQUENCES=500`` (or more) with ``python -m pytest -m slow
+tests/reliability/test_freshness_differential.py``. History: before issue 31 the test cost 46 s of CPU for 500
+sequences of 1-3 edits; issue 31's observed child (a fork and a subprocess per python: node) and its new edits
+made a checked edit cost more, so a sequence became one edit (the project carries on from sequence to sequence
+and ``check`` runs after each edit, so the sequences are one random walk whatever their grouping; only
+Hypothesis's shrinking unit changed).
 """
 
 from __future__ import annotations
