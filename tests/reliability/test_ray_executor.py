@@ -23,7 +23,7 @@ from trtflow.execution.results import RunOptions, RunSummary
 from trtflow.storage.store import Store
 from trtflow.storage.verify import verify_store
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray"),  # one worker: the module's cluster starts once
               pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray (trtflow[ray])")]
 
 CHAIN = """\
