@@ -408,5 +408,6 @@ def test_the_fast_paths_agree_with_the_planner_and_a_cold_rebuild(world: World) 
     print(f"differential: {dict(counts)}")
     assert counts["sequences"] >= SEQUENCES
     drawn = Counter(step.rsplit(" ", 1)[0] for step in world.history)
-    assert set(drawn) == set(EDITS), f"edits never drawn (see BUDGET): {sorted(set(EDITS) - set(drawn))}"
+    if SEQUENCES >= 250:  # the budget's walk draws every kind of edit (a shorter one, for debugging, need not)
+        assert set(drawn) == set(EDITS), f"edits never drawn (see BUDGET): {sorted(set(EDITS) - set(drawn))}"
     assert counts["shortcut answered"] >= SEQUENCES // 5 and counts["stale"] >= SEQUENCES // 10, counts
