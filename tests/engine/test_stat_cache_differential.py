@@ -12,14 +12,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.settle import TEST_WINDOW_NS, short_racy_window
+from tests.settle import short_racy_window, wait_settled
 from trtflow.fingerprint import hash_file, hash_file_content
 from trtflow.storage.confined.tree import Tree
 from trtflow.storage.journal import Journal
@@ -54,8 +53,8 @@ def _apply(path: Path, step: str, value: int) -> None:
         link = path.with_name("link")
         os.link(path, link)
         link.unlink()
-    elif step == "age":
-        time.sleep(TEST_WINDOW_NS * 1.5 / 1e9)
+    elif step == "age":  # until the file is older than the racy window, observing the clock
+        wait_settled(path)
 
 
 @settings(max_examples=100, deadline=None, derandomize=True, database=None,
@@ -112,7 +111,7 @@ def test_a_store_object_is_intact_exactly_when_its_bytes_match_its_name(steps: l
                 os.link(path, link)
                 link.unlink()
             elif step == "age":
-                time.sleep(TEST_WINDOW_NS * 1.5 / 1e9)
+                wait_settled(path)
             truth = hash_file_content(path) == digest
             assert store.object_intact(digest, size, journal) == truth, (step, value)
             assert store.object_intact(digest, size, journal) == truth, (step, value)

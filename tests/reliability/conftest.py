@@ -28,15 +28,22 @@ TRTFLOW = [sys.executable, "-m", "trtflow.cli"]
 
 
 @pytest.fixture
-def trtflow(tmp_path: Path, plugin_env: dict[str, str]) -> Callable[..., subprocess.CompletedProcess]:
-    """Run `trtflow ARGS` in tmp_path (store in tmp_path/store unless --store is given); capture output."""
+def trtflow_home(tmp_path: Path) -> Path:
+    """The folder the `trtflow` fixture runs in: tmp_path (a module may name another, e.g. a project it restores)."""
+    return tmp_path
+
+
+@pytest.fixture
+def trtflow(trtflow_home: Path, plugin_env: dict[str, str]) -> Callable[..., subprocess.CompletedProcess]:
+    """Run `trtflow ARGS` in trtflow_home, tmp_path (store in trtflow_home/store unless --store is given); capture
+    output."""
 
     def call(*args: str, timeout: float = 120, cwd: Path | None = None,
              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         argv = [*TRTFLOW, *args]
         if args and args[0] in ("run", "plan", "verify", "status", "show", "gc", "report") and "--store" not in args:
-            argv += ["--store", str(tmp_path / "store")]
-        return subprocess.run(argv, cwd=cwd or tmp_path, env=env or plugin_env, capture_output=True, text=True,
+            argv += ["--store", str(trtflow_home / "store")]
+        return subprocess.run(argv, cwd=cwd or trtflow_home, env=env or plugin_env, capture_output=True, text=True,
                               timeout=timeout)
 
     return call

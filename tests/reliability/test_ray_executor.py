@@ -1,18 +1,29 @@
 """The Ray executor on a local Ray cluster: same artifacts as the local executor, retries when a worker dies
-mid-node (never committing half a node), and a second store sharing the remote cache builds nothing."""
+mid-node (never committing half a node), and a second store sharing the remote cache builds nothing.
+
+Cost (issue 35): starting a local Ray cluster is most of a Ray run's time (5-7 s of wall time on the 2-core CI
+machine). The first test runs `trtflow run --executor ray` as a user does (its own local cluster, started and shut
+down by the command); the others run the same executor in this process on one local cluster per module
+(``ray_cluster``), which the executor finds started (it then neither starts nor shuts one down), so the cluster
+starts twice per module, not six times.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from trtflow import api
+from trtflow.execution.results import RunOptions, RunSummary
 from trtflow.storage.store import Store
 from trtflow.storage.verify import verify_store
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray"),  # one worker: the module's cluster starts once
               pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray (trtflow[ray])")]
 
 CHAIN = """\
@@ -34,6 +45,36 @@ def _recipe(tmp_path: Path, mode: str = "ok") -> Path:
 
 def _outputs(folder: Path) -> dict[str, bytes]:
     return {n: (folder / n / "data.bin").read_bytes() for n in "abcd"}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(plugin_paths: list[str]) -> Iterator[None]:
+    """One local Ray cluster for this module's in-process runs; its workers find the test stages (PYTHONPATH, as
+    the `trtflow` subprocesses of the tests are given it)."""
+    import ray
+
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([*plugin_paths, *filter(None, [saved])])
+    try:
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, namespace="trtflow")
+        yield
+    finally:
+        ray.shutdown()
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
+def ray_run(recipe: Path, store: Path, output_dir: Path, **options) -> RunSummary:
+    """`trtflow run RECIPE --executor ray --store STORE --output-dir OUTPUT_DIR` (with ``options``: remote, push,
+    ray_transfer), in this process on the module's cluster."""
+    _, _, summary = api.run(recipe, store=store, options=RunOptions(executor="ray", output_dir=output_dir, **options))
+    return summary
+
+
+def built(summary: RunSummary) -> list[str]:
+    return sorted(n for n, r in summary.results.items() if r.status == "done")
 
 
 def test_ray_gives_the_local_executors_artifacts_and_a_shared_remote_serves_a_fresh_store(tmp_path, trtflow):
@@ -58,10 +99,10 @@ def test_ray_gives_the_local_executors_artifacts_and_a_shared_remote_serves_a_fr
     assert verify_store(Store(tmp_path / "second")).problems == []
 
 
-def test_a_worker_that_dies_mid_node_is_retried_and_the_node_committed_once(tmp_path, trtflow):
+def test_a_worker_that_dies_mid_node_is_retried_and_the_node_committed_once(tmp_path, trtflow, ray_cluster):
     recipe = _recipe(tmp_path, mode="kill_parent_once")
-    proc = trtflow("run", str(recipe), "--executor", "ray", "--store", str(tmp_path / "store"), timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = ray_run(recipe, tmp_path / "store", tmp_path / "build" / "chain")
+    assert summary.ok and built(summary) == ["a", "b", "c", "d"], summary.results
     assert (tmp_path / "attempt.marker").exists(), "the first attempt did not run"
     store = Store(tmp_path / "store")
     nodes = sorted(m["node"] for _, m in store.iter_manifests())
@@ -74,16 +115,15 @@ def test_a_worker_that_dies_mid_node_is_retried_and_the_node_committed_once(tmp_
         (tmp_path / "ref-out" / "d" / "data.bin").read_bytes()
 
 
-def test_a_result_missing_a_required_output_is_not_committed(tmp_path, trtflow):
+def test_a_result_missing_a_required_output_is_not_committed(tmp_path, trtflow, ray_cluster):
     """A worker's stage that ends well without writing its output fails its node: nothing is committed, cached or
     pushed (issue 20.4; the local executor always did so)."""
     recipe = _recipe(tmp_path, mode="forget")
     remote = tmp_path / "remote"
     remote.mkdir()
-    proc = trtflow("run", str(recipe), "--executor", "ray", "--remote", str(remote), "--store",
-                   str(tmp_path / "store"), timeout=300)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "finished without writing outputs ['data']" in proc.stdout
+    summary = ray_run(recipe, tmp_path / "store", tmp_path / "out", remote=str(remote))
+    assert not summary.ok and summary.results["d"].status == "failed", summary.results
+    assert "finished without writing outputs ['data']" in (summary.results["d"].error or ""), summary.results["d"]
     import sqlite3
 
     from trtflow.storage.remote import RemoteCache
@@ -96,16 +136,14 @@ def test_a_result_missing_a_required_output_is_not_committed(tmp_path, trtflow):
     assert {s["node"]: s["status"] for s in json.loads(again.stdout)}["d"] == "stale"
 
 
-def test_no_push_leaves_the_remote_cache_untouched(tmp_path, trtflow):
+def test_no_push_leaves_the_remote_cache_untouched(tmp_path, ray_cluster):
     """--no-push only reads the cache: the workers' inputs and outputs travel through a transfer area of their
     own, and nothing (no manifest, no object, no format file) is written to the cache (issue 20.5)."""
     recipe = _recipe(tmp_path)
     remote = tmp_path / "remote"
     remote.mkdir()
-    proc = trtflow("run", str(recipe), "--executor", "ray", "--remote", str(remote), "--no-push", "--store",
-                   str(tmp_path / "store"), timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "4 built" in proc.stdout
+    summary = ray_run(recipe, tmp_path / "store", tmp_path / "out", remote=str(remote), push=False)
+    assert summary.ok and built(summary) == ["a", "b", "c", "d"], summary.results
     assert sorted(str(p.relative_to(remote)) for p in remote.rglob("*")) == []
     assert verify_store(Store(tmp_path / "store")).problems == []
 
@@ -148,17 +186,16 @@ def test_a_node_given_several_gpus_is_placed_on_their_machine(tmp_path):
 
 
 @pytest.mark.parametrize("where", ["in the store", "--ray-transfer"])
-def test_a_runs_own_transfer_area_is_removed_when_it_ends(tmp_path, trtflow, where):
+def test_a_runs_own_transfer_area_is_removed_when_it_ends(tmp_path, ray_cluster, where):
     """Under --no-push (and without a remote) the workers' artifacts travel through a folder of the run's own: in
     the store (ray-remote/<run>) or in --ray-transfer (<dir>/<run>); it is gone when the run ends, its results are
     in the store (issue 24: the transfer folder kept every artifact forever)."""
     recipe = _recipe(tmp_path)
     transfer = tmp_path / "transfer"
     transfer.mkdir()
-    extra = ["--ray-transfer", str(transfer)] if where == "--ray-transfer" else []
-    proc = trtflow("run", str(recipe), "--executor", "ray", "--store", str(tmp_path / "store"), *extra, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "4 built" in proc.stdout
+    extra = {"ray_transfer": str(transfer)} if where == "--ray-transfer" else {}
+    summary = ray_run(recipe, tmp_path / "store", tmp_path / "out", **extra)
+    assert summary.ok and built(summary) == ["a", "b", "c", "d"], summary.results
     assert list((tmp_path / "store" / "ray-remote").glob("*")) == []
     assert list(transfer.iterdir()) == []
     assert verify_store(Store(tmp_path / "store")).problems == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from typing import Any
@@ -102,7 +103,10 @@ def _detail(node: dict[str, Any]) -> str:
     return text
 
 
+@functools.cache
 def _template(name: str, autoescape: bool) -> Any:
+    """The report template, compiled once per process (a new environment per call compiled it for every
+    report rendered in process: 60 ms for Markdown, 200 ms for HTML)."""
     try:
         import jinja2
     except ImportError:
