@@ -50,7 +50,7 @@ def pytest_collection_finish(session) -> None:
 
 
 #: The suite's slowest tests as pytest's --durations prints them ("12.34s call     tests/...::test"), refreshed
-#: from a CI log: `python -m pytest -q -n 2 --dist loadgroup --durations=150 | grep -E '^[0-9.]+s ' > FILE`.
+#: from a CI log (CI prints 150): `grep -E '^[0-9.]+s (setup|call|teardown) ' CI_LOG > tests/durations.txt`.
 DURATIONS = Path(__file__).with_name("durations.txt")
 
 
