@@ -59,14 +59,34 @@ def pytest_collection_modifyitems(config, items) -> None:
     tests stay together and in their own order (module-scoped fixtures are made once per worker, and tests that
     build on each other keep doing so); files without a recorded test keep their order, after the others."""
     seconds = _recorded_seconds()
-    if not seconds:
-        return
+    if seconds:
+        _longest_files_first(items, seconds)
+    _restore_xdist_groups(config, items)
+
+
+def _longest_files_first(items, seconds: dict[str, float]) -> None:
     longest: dict[str, float] = {}
     for item in items:
         module = item.nodeid.split("::", 1)[0]
         longest[module] = max(longest.get(module, 0.0), seconds.get(item.nodeid, 0.0))
     first_seen = {module: i for i, module in enumerate(dict.fromkeys(i.nodeid.split("::", 1)[0] for i in items))}
     items.sort(key=lambda item: (-longest[item.nodeid.split("::", 1)[0]], first_seen[item.nodeid.split("::", 1)[0]]))
+
+
+def _restore_xdist_groups(config, items) -> None:
+    """`--dist loadgroup` (CI's) keeps the tests of one ``xdist_group`` on one worker (so a module-scoped fixture of
+    a grouped module is made once per run, not once per worker) only if their node ids end in ``@GROUP``:
+    pytest-xdist 3.8 writes that suffix to ``item._nodeid``, which pytest 9.2's structured node ids no longer read,
+    so the groups were silently ignored (pytest-dev/pytest-xdist#1386). Set it where pytest 9.2 reads it; a no-op
+    where xdist's own suffix took effect (older pytest), without xdist, and on the controller."""
+    if not config.getoption("loadgroup", default=False):
+        return
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})
+        suffix, node_id = f"@{'_'.join(groups)}", getattr(item, "_id", None)
+        if groups and node_id is not None and not item.nodeid.endswith(suffix):
+            item._id = type(node_id).parse(item.nodeid + suffix)
 
 
 def trtflow_cli(*args: str, cwd: Path, check: int | None = 0, timeout: float = 1200) -> subprocess.CompletedProcess:
