@@ -13,6 +13,9 @@ from tests.conftest import short_benchmarks, trtflow_cli
 from trtflow.errors import TrtflowError
 from trtflow_stages.cli.init_inputs import Range, dynamic_ranges, parse_input_option, read_onnx_inputs
 
+#: one worker (CI: `--dist loadgroup`): the module-scoped hf_bert and cnn_archive made once per run, not once per worker
+pytestmark = pytest.mark.xdist_group("init")
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -16,6 +16,9 @@ from trtflow.errors import TrtflowError
 from trtflow_stages.cli.init import TASK_NAMES
 from trtflow_stages.formats.hf_tasks import TASKS
 
+#: one worker (CI: `--dist loadgroup`): the module-scoped project made once per run, not once per worker
+pytestmark = pytest.mark.xdist_group("init_generation")
+
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:

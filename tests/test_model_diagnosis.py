@@ -15,6 +15,9 @@ from onnx import TensorProto, helper, numpy_helper
 from tests.conftest import trtflow_cli
 from trtflow.environment import module_available
 
+#: one worker (CI: `--dist loadgroup`): the module-scoped fp16_project and int8_project made once per run
+pytestmark = pytest.mark.xdist_group("model_diagnosis")
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -16,6 +16,9 @@ import pytest
 
 from tests.conftest import trtflow_cli
 
+#: one worker (CI: `--dist loadgroup`): the module-scoped project made once per run, not once per worker
+pytestmark = pytest.mark.xdist_group("cli_history")
+
 pytest.importorskip("otava.analysis", reason="the history extra (Apache Otava) is not installed")
 
 RECIPE = """\

@@ -20,6 +20,9 @@ import yaml
 from tests.conftest import trtflow_cli
 from trtflow.report.decision import headline
 
+#: one worker (CI: `--dist loadgroup`): the module-scoped front made once per run, not once per worker
+pytestmark = pytest.mark.xdist_group("decision_front")
+
 REPO = Path(__file__).resolve().parents[2]
 trtflow = trtflow_cli
 
