@@ -104,7 +104,12 @@ def trtflow_cli(*args: str, cwd: Path, check: int | None = 0, timeout: float = 1
 #: Init's `min_duration_s: 1.0` (3 s cap) on three batch sizes of three candidates, and the finalists that select
 #: times again for twice that cap, would be most of such a test's time; these tests check that every node works on
 #: the model, not what its latencies are on a CPU (tests/stages/zoo_models.py shortens the zoo's the same way).
-SHORT_BENCHMARK = ("min_duration_s=0.2", "max_duration_s=0.4", "warmup_ms=20")
+#: Each point still times real queries: `repeats` (5) windows of at least 20 ms (the stage's shortest window,
+#: `measure.timing.windows.MIN_WINDOW_S`) and `min_iterations` (10) queries at least (a generation level: 10
+#: requests), so every figure these tests read exists and has an interval. 0.1 s a point, where 0.2-0.4 s was
+#: (always to the cap: "not-converged"), cut ~1.3 s a benchmark node and ~1.3 s of select's finalists (twice the
+#: cap) on a tiny BERT: 8 s of a 32 s run. Tests that judge figures (gates, history, capacity) set their own.
+SHORT_BENCHMARK = ("min_duration_s=0.1", "max_duration_s=0.1", "warmup_ms=10")
 
 
 def short_benchmarks(recipe: Path) -> list[str]:

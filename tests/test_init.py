@@ -101,51 +101,57 @@ def test_onnx_dims_and_option_parsing(tiny_transformer_onnx):
 
 # -- every model format: init, then run the recipe as written ------------------------------------------------
 
-_FORMAT_MODELS = '''
-import os, sys
+#: The Keras model, saved in a process of its own (TensorFlow stays out of the test's process, which has torch).
+_KERAS_MODEL = '''
+import os
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-import torch
+import keras
 
-
-class Mlp(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(8, 4)
-
-    def forward(self, features):
-        return self.fc(features).relu()
-
-
-which = sys.argv[1]
-if which == "torchscript":
-    torch.jit.save(torch.jit.script(Mlp().eval()), "mlp.pt")
-elif which == "pt2":
-    batch = torch.export.Dim("batch")
-    torch.export.save(torch.export.export(Mlp().eval(), (torch.randn(2, 8),), dynamic_shapes=({0: batch},)),
-                      "mlp.pt2")
-elif which == "huggingface":
-    import transformers
-    config = transformers.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=32, num_labels=3)
-    transformers.BertForSequenceClassification(config).save_pretrained("bert")
-else:
-    import keras
-    inputs = keras.Input(shape=(8,), name="features")
-    model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Dense(16, activation="relu")(inputs)))
-    model.export("saved", verbose=False)
+inputs = keras.Input(shape=(8,), name="features")
+model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Dense(16, activation="relu")(inputs)))
+model.export("saved", verbose=False)
 '''
+
+
+def save_format_model(which: str, folder: Path) -> None:
+    """The model of one format in ``folder``: the PyTorch ones made in this process (torch and transformers are
+    imported once per worker, not once per model), the Keras one in a subprocess (`_KERAS_MODEL`)."""
+    import subprocess
+    import sys
+
+    if which == "tensorflow":
+        (folder / "make.py").write_text(_KERAS_MODEL)
+        subprocess.run([sys.executable, "make.py"], cwd=folder, check=True, capture_output=True, timeout=600)
+        return
+    import torch
+
+    class Mlp(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 4)
+
+        def forward(self, features):
+            return self.fc(features).relu()
+
+    if which == "torchscript":
+        torch.jit.save(torch.jit.script(Mlp().eval()), str(folder / "mlp.pt"))
+    elif which == "pt2":
+        batch = torch.export.Dim("batch")
+        torch.export.save(torch.export.export(Mlp().eval(), (torch.randn(2, 8),), dynamic_shapes=({0: batch},)),
+                          str(folder / "mlp.pt2"))
+    else:
+        import transformers
+
+        config = transformers.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                         intermediate_size=64, max_position_embeddings=32, num_labels=3)
+        transformers.BertForSequenceClassification(config).save_pretrained(folder / "bert")
 
 
 @pytest.fixture(scope="module")
 def hf_bert(tmp_path_factory) -> Path:
-    """The small BERT of `_FORMAT_MODELS` saved once for this module's tests (each copies it into its project)."""
-    import subprocess
-    import sys
-
+    """The small BERT saved once for this module's tests (each copies it into its project)."""
     folder = tmp_path_factory.mktemp("hf")
-    (folder / "make.py").write_text(_FORMAT_MODELS)
-    subprocess.run([sys.executable, "make.py", "huggingface"], cwd=folder, check=True, capture_output=True,
-                   timeout=600, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    save_format_model("huggingface", folder)
     return folder / "bert"
 
 
@@ -157,18 +163,13 @@ def hf_bert(tmp_path_factory) -> Path:
     ("pt2", "mlp.pt2", [], ["validate"]),
 ])
 def test_init_then_run_for_each_format(tmp_path, request, which, model, extra, targets):
-    import subprocess
-    import sys
-
     if which == "tensorflow":
         pytest.importorskip("tf2onnx")
     (tmp_path / "pyproject.toml").write_text("")
     if which == "huggingface":
         shutil.copytree(request.getfixturevalue("hf_bert"), tmp_path / "bert")
     else:
-        (tmp_path / "make.py").write_text(_FORMAT_MODELS)
-        subprocess.run([sys.executable, "make.py", which], cwd=tmp_path, check=True, capture_output=True,
-                       timeout=600)
+        save_format_model(which, tmp_path)
     proc = trtflow("init", model, "-o", "recipe.yaml", "--batch", "1:2:4", *extra, cwd=tmp_path)
     assert "next: trtflow run recipe.yaml" in proc.stderr
     recipe = yaml.safe_load((tmp_path / "recipe.yaml").read_text())
