@@ -100,6 +100,41 @@ def trtflow_cli(*args: str, cwd: Path, check: int | None = 0, timeout: float = 1
     return proc
 
 
+def trtflow_in_process(*args: str, cwd: Path, check: int | None = 0) -> subprocess.CompletedProcess:
+    """`trtflow_cli` through the console script's own entry point (`trtflow.cli.main.main`: the same argument
+    handling, printers and exit codes) in this process, for commands whose cost is importing torch and transformers,
+    which a test worker imports once (`trtflow init` on a PyTorch or Hugging Face model: ~6 CPU-seconds a process).
+    The command sees the environment `trtflow_cli` gives it, and cwd; both are restored after. Tests that run a
+    command as a user types it (README's, test_quickstart.py) keep `trtflow_cli`."""
+    import contextlib
+    import io
+
+    from trtflow.cli.main import main
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    before = Path.cwd(), sys.argv, dict(os.environ)
+    os.environ.update(COLUMNS="200", TRTFLOW_STORE=str(cwd / "store"))
+    try:
+        os.chdir(cwd)
+        sys.argv = ["trtflow", *args]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main()
+            except SystemExit as exc:
+                if isinstance(exc.code, str):
+                    print(exc.code, file=sys.stderr)
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        os.chdir(before[0])
+        sys.argv = before[1]
+        os.environ.clear()
+        os.environ.update(before[2])
+    proc = subprocess.CompletedProcess(["trtflow", *args], code, out.getvalue(), err.getvalue())
+    if check is not None:
+        assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
 #: What a test that runs a recipe `trtflow init` wrote overrides (--set) on its benchmark nodes: short measurements.
 #: Init's `min_duration_s: 1.0` (3 s cap) on three batch sizes of three candidates, and the finalists that select
 #: times again for twice that cap, would be most of such a test's time; these tests check that every node works on

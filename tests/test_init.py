@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import short_benchmarks, trtflow_cli
+from tests.conftest import short_benchmarks, trtflow_cli, trtflow_in_process
 from trtflow.errors import TrtflowError
 from trtflow_stages.cli.init_inputs import Range, dynamic_ranges, parse_input_option, read_onnx_inputs
 
@@ -170,7 +170,9 @@ def test_init_then_run_for_each_format(tmp_path, request, which, model, extra, t
         shutil.copytree(request.getfixturevalue("hf_bert"), tmp_path / "bert")
     else:
         save_format_model(which, tmp_path)
-    proc = trtflow("init", model, "-o", "recipe.yaml", "--batch", "1:2:4", *extra, cwd=tmp_path)
+    # init in this process where it imports only torch/transformers (the worker has them); Keras in its own
+    init = trtflow if which == "tensorflow" else trtflow_in_process
+    proc = init("init", model, "-o", "recipe.yaml", "--batch", "1:2:4", *extra, cwd=tmp_path)
     assert "next: trtflow run recipe.yaml" in proc.stderr
     recipe = yaml.safe_load((tmp_path / "recipe.yaml").read_text())
     export = recipe["nodes"][0]["params"]
@@ -190,7 +192,7 @@ def test_init_then_run_for_each_format(tmp_path, request, which, model, extra, t
 def test_init_hugging_face_task_option(tmp_path, hf_bert):
     (tmp_path / "pyproject.toml").write_text("")
     shutil.copytree(hf_bert, tmp_path / "bert")
-    trtflow("init", "bert", "--task", "feature-extraction", "-o", "recipe.yaml", cwd=tmp_path)
+    trtflow_in_process("init", "bert", "--task", "feature-extraction", "-o", "recipe.yaml", cwd=tmp_path)
     export = yaml.safe_load((tmp_path / "recipe.yaml").read_text())["nodes"][0]["params"]
     assert export == {"model": "bert", "task": "feature-extraction", "profiles": ["default"]}
     profile = yaml.safe_load((tmp_path / "recipe.yaml").read_text())["profiles"]["default"]
@@ -318,9 +320,10 @@ def test_an_architecture_no_task_maps_gets_a_note_naming_the_tasks(tmp_path):
     config.architectures = ["BertForNextSentencePrediction"]
     config.save_pretrained(tmp_path / "nsp")
     (tmp_path / "nsp" / "model.safetensors").write_bytes(b"not read by init")  # init builds on the meta device
-    proc = trtflow("init", "nsp", "-o", "r.yaml", cwd=tmp_path)
+    proc = trtflow_in_process("init", "nsp", "-o", "r.yaml", cwd=tmp_path)
     assert ("note: config.json's architectures (BertForNextSentencePrediction) name no task export knows; the "
             "recipe exports feature-extraction. Tasks this model can do: fill-mask, text-classification") in proc.stderr
-    proc = trtflow("init", "nsp", "--task", "object-detection", "-o", "r.yaml", "--force", cwd=tmp_path, check=2)
+    proc = trtflow_in_process("init", "nsp", "--task", "object-detection", "-o", "r.yaml", "--force", cwd=tmp_path,
+                              check=2)
     assert "a 'bert' model cannot do task 'object-detection'" in proc.stderr
     assert "tasks a 'bert' model can do: text2text-generation" not in proc.stderr and "fill-mask" in proc.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import short_benchmarks
+from tests.conftest import short_benchmarks, trtflow_in_process
 from tests.conftest import trtflow_cli as trtflow
 from tests.stages.test_generation import save_family
 from trtflow.errors import TrtflowError
@@ -32,14 +32,14 @@ def project(tmp_path_factory) -> Path:
 def generation_init(project):
     """`trtflow init llama` once for this module: its message and recipe are checked by one test and run,
     unedited, by another."""
-    return trtflow("init", "llama", "-o", "recipe.yaml", "--force", cwd=project)
+    return trtflow_in_process("init", "llama", "-o", "recipe.yaml", "--force", cwd=project)
 
 
 def test_the_task_list_is_the_exporters():
     assert tuple(TASKS) == TASK_NAMES  # init's help lists what export takes, without importing it
 
 
-@pytest.mark.slow  # two `trtflow init` processes, ~10 s each (the first shared with the run below)
+@pytest.mark.slow  # two `trtflow init` (the first shared with the run below)
 def test_a_causal_lm_gets_a_generation_recipe(project, generation_init):
     proc = generation_init
     assert "generation with a KV cache (2 layers, 2 key/value heads of 8); context 64" in proc.stderr
@@ -64,7 +64,7 @@ def test_a_causal_lm_gets_a_generation_recipe(project, generation_init):
     assert nodes["build"]["params"]["profiles"] == nodes["triton"]["params"]["profiles"] == ["prefill", "decode"]
     assert nodes["triton"]["params"]["max_batch_size"] == 0
     # the plain forward pass is still one --task away
-    trtflow("init", "llama", "--task", "text-generation", "-o", "plain.yaml", "--force", cwd=project)
+    trtflow_in_process("init", "llama", "--task", "text-generation", "-o", "plain.yaml", "--force", cwd=project)
     plain = yaml.safe_load((project / "plain.yaml").read_text())
     assert plain["nodes"][0]["params"]["task"] == "text-generation" and "prefill" not in plain.get("profiles", {})
 
@@ -92,7 +92,7 @@ def test_generation_mistakes_on_the_command_line_name_the_option(project):
     for args, message in (
             (["--task", "text-generation-with-pas"], "--task 'text-generation-with-pas' is not a task export knows"),
             (["--data", "pyproject.toml"], "a generation recipe takes prompts")):
-        proc = trtflow("init", "llama", "-o", "bad.yaml", "--force", *args, cwd=project, check=None)
+        proc = trtflow_in_process("init", "llama", "-o", "bad.yaml", "--force", *args, cwd=project, check=None)
         assert proc.returncode not in (0, 70) and message in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
 
