@@ -140,19 +140,25 @@ def trtflow_in_process(*args: str, cwd: Path, check: int | None = 0) -> subproce
 #: times again for twice that cap, would be most of such a test's time; these tests check that every node works on
 #: the model, not what its latencies are on a CPU (tests/stages/zoo_models.py shortens the zoo's the same way).
 #: Each point still times real queries: `repeats` (5) windows of at least 20 ms (the stage's shortest window,
-#: `measure.timing.windows.MIN_WINDOW_S`) and `min_iterations` (10) queries at least (a generation level: 10
-#: requests), so every figure these tests read exists and has an interval. 0.1 s a point, where 0.2-0.4 s was
-#: (always to the cap: "not-converged"), cut ~1.3 s a benchmark node and ~1.3 s of select's finalists (twice the
-#: cap) on a tiny BERT: 8 s of a 32 s run. Tests that judge figures (gates, history, capacity) set their own.
+#: `measure.timing.windows.MIN_WINDOW_S`) and `min_iterations` (10) queries at least, so every figure these tests
+#: read exists and has an interval. 0.1 s a point where 0.2-0.4 s was (always to the cap: "not-converged"): the
+#: tiny BERT's three benchmark nodes took 6.6 s instead of 7.7 s (means of 3 runs, alternated, on a loaded host).
+#: Tests that judge figures (gates, history, capacity) set their own.
 SHORT_BENCHMARK = ("min_duration_s=0.1", "max_duration_s=0.1", "warmup_ms=10")
+#: Generation benchmarks keep the former 0.2-0.4 s: with 0.1 s the zoo's T5 recipe took 6 s longer (twice: wider
+#: intervals leave more finalists for select to time token by token, each loading its encoder and decoder).
+SHORT_GENERATION_BENCHMARK = ("min_duration_s=0.2", "max_duration_s=0.4", "warmup_ms=20")
 
 
 def short_benchmarks(recipe: Path) -> list[str]:
-    """``--set`` arguments that shorten every benchmark node of ``recipe`` (`SHORT_BENCHMARK`)."""
+    """``--set`` arguments that shorten every benchmark node of ``recipe`` (`SHORT_BENCHMARK`; a generation
+    benchmark: `SHORT_GENERATION_BENCHMARK`)."""
     import yaml
 
     nodes = yaml.safe_load(recipe.read_text())["nodes"]
-    return [arg for node in nodes if node.get("stage") == "benchmark" for value in SHORT_BENCHMARK
+    return [arg for node in nodes if node.get("stage") == "benchmark"
+            for value in (SHORT_GENERATION_BENCHMARK if (node.get("params") or {}).get("generation")
+                          else SHORT_BENCHMARK)
             for arg in ("--set", f"nodes.{node['name']}.params.{value}")]
 
 

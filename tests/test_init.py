@@ -25,11 +25,11 @@ trtflow = trtflow_cli
 
 def test_init_onnx_writes_a_recipe_that_plans(tmp_path, tiny_cnn_onnx):
     (tmp_path / "cnn.onnx").write_bytes(tiny_cnn_onnx.read_bytes())
-    outside = trtflow("init", "cnn.onnx", "-o", "recipes/cnn.yaml", cwd=tmp_path, check=2)  # as run at plan
+    outside = trtflow_in_process("init", "cnn.onnx", "-o", "recipes/cnn.yaml", cwd=tmp_path, check=2)  # as run at plan
     assert "outside the project" in outside.stderr and "pyproject.toml" in outside.stderr
     assert not (tmp_path / "recipes" / "cnn.yaml").exists()
     (tmp_path / "pyproject.toml").write_text("")  # the folder holding model and recipes is the project
-    proc = trtflow("init", "cnn.onnx", "-o", "recipes/cnn.yaml", "--batch", "1:4:8", cwd=tmp_path)
+    proc = trtflow_in_process("init", "cnn.onnx", "-o", "recipes/cnn.yaml", "--batch", "1:4:8", cwd=tmp_path)
     assert "WARNING: no --data given" in proc.stderr and "next: trtflow run recipes/cnn.yaml" in proc.stderr
     text = (tmp_path / "recipes" / "cnn.yaml").read_text()
     assert text.startswith("# yaml-language-server: $schema=recipe.schema.json\n")
@@ -47,9 +47,9 @@ def test_init_onnx_writes_a_recipe_that_plans(tmp_path, tiny_cnn_onnx):
     # decisions measurable on a shared machine: one ONNX Runtime thread, finalists timed together (the default)
     assert nodes["benchmark"]["params"]["onnxruntime"] == {"intra_op_threads": 1}
     assert nodes["select"]["params"]["tie_breakers"] == {"tolerance_percent": 5, "order": ["accuracy", "size"]}
-    plan = trtflow("plan", "recipes/cnn.yaml", cwd=tmp_path).stdout
+    plan = trtflow_in_process("plan", "recipes/cnn.yaml", cwd=tmp_path).stdout
     assert "13 nodes: 0 fresh, 13 stale" in plan
-    again = trtflow("init", "cnn.onnx", "-o", "recipes/cnn.yaml", cwd=tmp_path, check=2)
+    again = trtflow_in_process("init", "cnn.onnx", "-o", "recipes/cnn.yaml", cwd=tmp_path, check=2)
     assert "exists" in again.stderr and "--force" in again.stderr
 
 
@@ -60,7 +60,7 @@ def test_init_with_data_and_a_shipped_schema(tmp_path, tiny_cnn_onnx):
     (project / "pyproject.toml").write_text("")
     (project / "cnn.onnx").write_bytes(tiny_cnn_onnx.read_bytes())
     (project / "samples.npz").write_bytes((REPO / "examples" / "data" / "cnn_calib.npz").read_bytes())
-    proc = trtflow("init", "cnn.onnx", "-o", "pipelines/cnn.yaml", "--data", "samples.npz", cwd=project)
+    proc = trtflow_in_process("init", "cnn.onnx", "-o", "pipelines/cnn.yaml", "--data", "samples.npz", cwd=project)
     assert "WARNING" not in proc.stderr
     text = (project / "pipelines" / "cnn.yaml").read_text()
     assert text.startswith("# yaml-language-server: $schema=../schema/recipe.schema.json\n") and "random" not in text
@@ -246,7 +246,7 @@ def cnn_archive(tmp_path_factory):
 def test_init_names_a_torchscript_input_mistake(cnn_archive, given, message, hint):
     import re
 
-    proc = trtflow("init", "cnn.pt", "--input", given, "-o", "r.yaml", "--force", cwd=cnn_archive, check=2)
+    proc = trtflow_in_process("init", "cnn.pt", "--input", given, "-o", "r.yaml", "--force", cwd=cnn_archive, check=2)
     assert re.search(message, proc.stderr), proc.stderr
     assert re.search(hint, proc.stderr), proc.stderr
     assert "Traceback" not in proc.stderr and "\x1b[" not in proc.stderr
@@ -254,7 +254,7 @@ def test_init_names_a_torchscript_input_mistake(cnn_archive, given, message, hin
 
 def test_init_without_input_suggests_the_archives_own_input_name(cnn_archive):
     """The hint names forward()'s argument (read from the archive), so following it works (issue 35)."""
-    proc = trtflow("init", "cnn.pt", "-o", "r.yaml", "--force", cwd=cnn_archive, check=2)
+    proc = trtflow_in_process("init", "cnn.pt", "-o", "r.yaml", "--force", cwd=cnn_archive, check=2)
     assert "--input image:batch,3,224,224:float32 (forward() takes image)" in proc.stderr, proc.stderr
     assert "--input input:" not in proc.stderr
 
@@ -275,7 +275,7 @@ def test_a_folder_without_config_json_is_named_at_plan_and_by_init(tmp_path):
     (tmp_path / "pyproject.toml").write_text("")
     (tmp_path / "bert").mkdir()
     (tmp_path / "bert" / "model.safetensors").write_bytes(b"weights")
-    init = trtflow("init", "bert", "-o", "r.yaml", cwd=tmp_path, check=2)
+    init = trtflow_in_process("init", "bert", "-o", "r.yaml", cwd=tmp_path, check=2)
     assert "the folder 'bert' is neither a Hugging Face model folder (no config.json)" in init.stderr
     (tmp_path / "r.yaml").write_text("name: r\nnodes:\n  - name: export\n    stage: export\n"
                                      "    params: {model: bert}\n")
