@@ -13,6 +13,9 @@ import pytest
 
 from tests.conftest import trtflow_cli
 
+#: one worker (CI: `--dist loadgroup`): the module-scoped built made once per run, not once per worker
+pytestmark = pytest.mark.xdist_group("cli")
+
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
 

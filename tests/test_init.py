@@ -4,14 +4,18 @@ written (running one end to end is in test_quickstart.py)."""
 from __future__ import annotations
 
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import short_benchmarks, trtflow_cli
+from tests.conftest import short_benchmarks, trtflow_cli, trtflow_in_process
 from trtflow.errors import TrtflowError
 from trtflow_stages.cli.init_inputs import Range, dynamic_ranges, parse_input_option, read_onnx_inputs
+
+#: one worker (CI: `--dist loadgroup`): the module-scoped hf_bert and cnn_archive made once per run, not once per worker
+pytestmark = pytest.mark.xdist_group("init")
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -21,11 +25,11 @@ trtflow = trtflow_cli
 
 def test_init_onnx_writes_a_recipe_that_plans(tmp_path, tiny_cnn_onnx):
     (tmp_path / "cnn.onnx").write_bytes(tiny_cnn_onnx.read_bytes())
-    outside = trtflow("init", "cnn.onnx", "-o", "recipes/cnn.yaml", cwd=tmp_path, check=2)  # as run at plan
+    outside = trtflow_in_process("init", "cnn.onnx", "-o", "recipes/cnn.yaml", cwd=tmp_path, check=2)  # as run at plan
     assert "outside the project" in outside.stderr and "pyproject.toml" in outside.stderr
     assert not (tmp_path / "recipes" / "cnn.yaml").exists()
     (tmp_path / "pyproject.toml").write_text("")  # the folder holding model and recipes is the project
-    proc = trtflow("init", "cnn.onnx", "-o", "recipes/cnn.yaml", "--batch", "1:4:8", cwd=tmp_path)
+    proc = trtflow_in_process("init", "cnn.onnx", "-o", "recipes/cnn.yaml", "--batch", "1:4:8", cwd=tmp_path)
     assert "WARNING: no --data given" in proc.stderr and "next: trtflow run recipes/cnn.yaml" in proc.stderr
     text = (tmp_path / "recipes" / "cnn.yaml").read_text()
     assert text.startswith("# yaml-language-server: $schema=recipe.schema.json\n")
@@ -43,9 +47,9 @@ def test_init_onnx_writes_a_recipe_that_plans(tmp_path, tiny_cnn_onnx):
     # decisions measurable on a shared machine: one ONNX Runtime thread, finalists timed together (the default)
     assert nodes["benchmark"]["params"]["onnxruntime"] == {"intra_op_threads": 1}
     assert nodes["select"]["params"]["tie_breakers"] == {"tolerance_percent": 5, "order": ["accuracy", "size"]}
-    plan = trtflow("plan", "recipes/cnn.yaml", cwd=tmp_path).stdout
+    plan = trtflow_in_process("plan", "recipes/cnn.yaml", cwd=tmp_path).stdout
     assert "13 nodes: 0 fresh, 13 stale" in plan
-    again = trtflow("init", "cnn.onnx", "-o", "recipes/cnn.yaml", cwd=tmp_path, check=2)
+    again = trtflow_in_process("init", "cnn.onnx", "-o", "recipes/cnn.yaml", cwd=tmp_path, check=2)
     assert "exists" in again.stderr and "--force" in again.stderr
 
 
@@ -56,7 +60,7 @@ def test_init_with_data_and_a_shipped_schema(tmp_path, tiny_cnn_onnx):
     (project / "pyproject.toml").write_text("")
     (project / "cnn.onnx").write_bytes(tiny_cnn_onnx.read_bytes())
     (project / "samples.npz").write_bytes((REPO / "examples" / "data" / "cnn_calib.npz").read_bytes())
-    proc = trtflow("init", "cnn.onnx", "-o", "pipelines/cnn.yaml", "--data", "samples.npz", cwd=project)
+    proc = trtflow_in_process("init", "cnn.onnx", "-o", "pipelines/cnn.yaml", "--data", "samples.npz", cwd=project)
     assert "WARNING" not in proc.stderr
     text = (project / "pipelines" / "cnn.yaml").read_text()
     assert text.startswith("# yaml-language-server: $schema=../schema/recipe.schema.json\n") and "random" not in text
@@ -98,51 +102,59 @@ def test_onnx_dims_and_option_parsing(tiny_transformer_onnx):
 
 # -- every model format: init, then run the recipe as written ------------------------------------------------
 
-_FORMAT_MODELS = '''
-import os, sys
+#: The Keras model, saved in a process of its own (TensorFlow stays out of the test's process, which has torch).
+_KERAS_MODEL = '''
+import os
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-import torch
+import keras
 
-
-class Mlp(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(8, 4)
-
-    def forward(self, features):
-        return self.fc(features).relu()
-
-
-which = sys.argv[1]
-if which == "torchscript":
-    torch.jit.save(torch.jit.script(Mlp().eval()), "mlp.pt")
-elif which == "pt2":
-    batch = torch.export.Dim("batch")
-    torch.export.save(torch.export.export(Mlp().eval(), (torch.randn(2, 8),), dynamic_shapes=({0: batch},)),
-                      "mlp.pt2")
-elif which == "huggingface":
-    import transformers
-    config = transformers.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=32, num_labels=3)
-    transformers.BertForSequenceClassification(config).save_pretrained("bert")
-else:
-    import keras
-    inputs = keras.Input(shape=(8,), name="features")
-    model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Dense(16, activation="relu")(inputs)))
-    model.export("saved", verbose=False)
+inputs = keras.Input(shape=(8,), name="features")
+model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Dense(16, activation="relu")(inputs)))
+model.export("saved", verbose=False)
 '''
+
+
+def save_format_model(which: str, folder: Path) -> None:
+    """The model of one format in ``folder``: the PyTorch ones made in this process (torch and transformers are
+    imported once per worker, not once per model), the Keras one in a subprocess (`_KERAS_MODEL`)."""
+    import subprocess
+    import sys
+
+    if which == "tensorflow":
+        (folder / "make.py").write_text(_KERAS_MODEL)
+        subprocess.run([sys.executable, "make.py"], cwd=folder, check=True, capture_output=True, timeout=600)
+        return
+    import torch
+
+    class Mlp(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 4)
+
+        def forward(self, features):
+            return self.fc(features).relu()
+
+    if which == "torchscript":
+        with warnings.catch_warnings():  # deprecated in favour of torch.export: still a format users have
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.jit.save(torch.jit.script(Mlp().eval()), str(folder / "mlp.pt"))
+    elif which == "pt2":
+        batch = torch.export.Dim("batch")
+        torch.export.save(torch.export.export(Mlp().eval(), (torch.randn(2, 8),), dynamic_shapes=({0: batch},)),
+                          str(folder / "mlp.pt2"))
+    else:
+        import transformers
+
+        config = transformers.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                         intermediate_size=64, max_position_embeddings=32, num_labels=3)
+        transformers.BertForSequenceClassification(config).save_pretrained(folder / "bert")
 
 
 @pytest.fixture(scope="module")
 def hf_bert(tmp_path_factory) -> Path:
-    """The small BERT of `_FORMAT_MODELS` saved once for this module's tests (each copies it into its project)."""
-    import subprocess
-    import sys
-
+    """The small BERT saved once for this module's tests (each copies it into its project)."""
     folder = tmp_path_factory.mktemp("hf")
-    (folder / "make.py").write_text(_FORMAT_MODELS)
-    subprocess.run([sys.executable, "make.py", "huggingface"], cwd=folder, check=True, capture_output=True,
-                   timeout=600, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    save_format_model("huggingface", folder)
     return folder / "bert"
 
 
@@ -154,19 +166,16 @@ def hf_bert(tmp_path_factory) -> Path:
     ("pt2", "mlp.pt2", [], ["validate"]),
 ])
 def test_init_then_run_for_each_format(tmp_path, request, which, model, extra, targets):
-    import subprocess
-    import sys
-
     if which == "tensorflow":
         pytest.importorskip("tf2onnx")
     (tmp_path / "pyproject.toml").write_text("")
     if which == "huggingface":
         shutil.copytree(request.getfixturevalue("hf_bert"), tmp_path / "bert")
     else:
-        (tmp_path / "make.py").write_text(_FORMAT_MODELS)
-        subprocess.run([sys.executable, "make.py", which], cwd=tmp_path, check=True, capture_output=True,
-                       timeout=600)
-    proc = trtflow("init", model, "-o", "recipe.yaml", "--batch", "1:2:4", *extra, cwd=tmp_path)
+        save_format_model(which, tmp_path)
+    # init in this process where it imports only torch/transformers (the worker has them); Keras in its own
+    init = trtflow if which == "tensorflow" else trtflow_in_process
+    proc = init("init", model, "-o", "recipe.yaml", "--batch", "1:2:4", *extra, cwd=tmp_path)
     assert "next: trtflow run recipe.yaml" in proc.stderr
     recipe = yaml.safe_load((tmp_path / "recipe.yaml").read_text())
     export = recipe["nodes"][0]["params"]
@@ -186,7 +195,7 @@ def test_init_then_run_for_each_format(tmp_path, request, which, model, extra, t
 def test_init_hugging_face_task_option(tmp_path, hf_bert):
     (tmp_path / "pyproject.toml").write_text("")
     shutil.copytree(hf_bert, tmp_path / "bert")
-    trtflow("init", "bert", "--task", "feature-extraction", "-o", "recipe.yaml", cwd=tmp_path)
+    trtflow_in_process("init", "bert", "--task", "feature-extraction", "-o", "recipe.yaml", cwd=tmp_path)
     export = yaml.safe_load((tmp_path / "recipe.yaml").read_text())["nodes"][0]["params"]
     assert export == {"model": "bert", "task": "feature-extraction", "profiles": ["default"]}
     profile = yaml.safe_load((tmp_path / "recipe.yaml").read_text())["profiles"]["default"]
@@ -237,7 +246,7 @@ def cnn_archive(tmp_path_factory):
 def test_init_names_a_torchscript_input_mistake(cnn_archive, given, message, hint):
     import re
 
-    proc = trtflow("init", "cnn.pt", "--input", given, "-o", "r.yaml", "--force", cwd=cnn_archive, check=2)
+    proc = trtflow_in_process("init", "cnn.pt", "--input", given, "-o", "r.yaml", "--force", cwd=cnn_archive, check=2)
     assert re.search(message, proc.stderr), proc.stderr
     assert re.search(hint, proc.stderr), proc.stderr
     assert "Traceback" not in proc.stderr and "\x1b[" not in proc.stderr
@@ -245,7 +254,7 @@ def test_init_names_a_torchscript_input_mistake(cnn_archive, given, message, hin
 
 def test_init_without_input_suggests_the_archives_own_input_name(cnn_archive):
     """The hint names forward()'s argument (read from the archive), so following it works (issue 35)."""
-    proc = trtflow("init", "cnn.pt", "-o", "r.yaml", "--force", cwd=cnn_archive, check=2)
+    proc = trtflow_in_process("init", "cnn.pt", "-o", "r.yaml", "--force", cwd=cnn_archive, check=2)
     assert "--input image:batch,3,224,224:float32 (forward() takes image)" in proc.stderr, proc.stderr
     assert "--input input:" not in proc.stderr
 
@@ -266,7 +275,7 @@ def test_a_folder_without_config_json_is_named_at_plan_and_by_init(tmp_path):
     (tmp_path / "pyproject.toml").write_text("")
     (tmp_path / "bert").mkdir()
     (tmp_path / "bert" / "model.safetensors").write_bytes(b"weights")
-    init = trtflow("init", "bert", "-o", "r.yaml", cwd=tmp_path, check=2)
+    init = trtflow_in_process("init", "bert", "-o", "r.yaml", cwd=tmp_path, check=2)
     assert "the folder 'bert' is neither a Hugging Face model folder (no config.json)" in init.stderr
     (tmp_path / "r.yaml").write_text("name: r\nnodes:\n  - name: export\n    stage: export\n"
                                      "    params: {model: bert}\n")
@@ -314,9 +323,10 @@ def test_an_architecture_no_task_maps_gets_a_note_naming_the_tasks(tmp_path):
     config.architectures = ["BertForNextSentencePrediction"]
     config.save_pretrained(tmp_path / "nsp")
     (tmp_path / "nsp" / "model.safetensors").write_bytes(b"not read by init")  # init builds on the meta device
-    proc = trtflow("init", "nsp", "-o", "r.yaml", cwd=tmp_path)
+    proc = trtflow_in_process("init", "nsp", "-o", "r.yaml", cwd=tmp_path)
     assert ("note: config.json's architectures (BertForNextSentencePrediction) name no task export knows; the "
             "recipe exports feature-extraction. Tasks this model can do: fill-mask, text-classification") in proc.stderr
-    proc = trtflow("init", "nsp", "--task", "object-detection", "-o", "r.yaml", "--force", cwd=tmp_path, check=2)
+    proc = trtflow_in_process("init", "nsp", "--task", "object-detection", "-o", "r.yaml", "--force", cwd=tmp_path,
+                              check=2)
     assert "a 'bert' model cannot do task 'object-detection'" in proc.stderr
     assert "tasks a 'bert' model can do: text2text-generation" not in proc.stderr and "fill-mask" in proc.stderr

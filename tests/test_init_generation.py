@@ -9,12 +9,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import short_benchmarks
+from tests.conftest import short_benchmarks, trtflow_in_process
 from tests.conftest import trtflow_cli as trtflow
 from tests.stages.test_generation import save_family
 from trtflow.errors import TrtflowError
 from trtflow_stages.cli.init import TASK_NAMES
 from trtflow_stages.formats.hf_tasks import TASKS
+
+#: one worker (CI: `--dist loadgroup`): the module-scoped project made once per run, not once per worker
+pytestmark = pytest.mark.xdist_group("init_generation")
 
 
 @pytest.fixture(scope="module")
@@ -25,16 +28,23 @@ def project(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def generation_init(project):
+    """`trtflow init llama` once for this module: its message and recipe are checked by one test and run,
+    unedited, by another."""
+    return trtflow_in_process("init", "llama", "-o", "recipe.yaml", "--force", cwd=project)
+
+
 def test_the_task_list_is_the_exporters():
     assert tuple(TASKS) == TASK_NAMES  # init's help lists what export takes, without importing it
 
 
-@pytest.mark.slow  # two `trtflow init` processes, ~10 s each
-def test_a_causal_lm_gets_a_generation_recipe(project):
-    proc = trtflow("init", "llama", "-o", "gen.yaml", "--force", cwd=project)
+@pytest.mark.slow  # two `trtflow init` (the first shared with the run below)
+def test_a_causal_lm_gets_a_generation_recipe(project, generation_init):
+    proc = generation_init
     assert "generation with a KV cache (2 layers, 2 key/value heads of 8); context 64" in proc.stderr
     assert "profile 'decode': one token after a past of 1..63 (opt 32), batch 1..4" in proc.stderr
-    recipe = yaml.safe_load((project / "gen.yaml").read_text())
+    recipe = yaml.safe_load((project / "recipe.yaml").read_text())
     nodes = {node["name"]: node for node in recipe["nodes"]}
     assert list(nodes) == ["export", "simplify", "convert", "quantize", "validate", "benchmark", "select", "build",
                            "triton"]
@@ -54,7 +64,7 @@ def test_a_causal_lm_gets_a_generation_recipe(project):
     assert nodes["build"]["params"]["profiles"] == nodes["triton"]["params"]["profiles"] == ["prefill", "decode"]
     assert nodes["triton"]["params"]["max_batch_size"] == 0
     # the plain forward pass is still one --task away
-    trtflow("init", "llama", "--task", "text-generation", "-o", "plain.yaml", "--force", cwd=project)
+    trtflow_in_process("init", "llama", "--task", "text-generation", "-o", "plain.yaml", "--force", cwd=project)
     plain = yaml.safe_load((project / "plain.yaml").read_text())
     assert plain["nodes"][0]["params"]["task"] == "text-generation" and "prefill" not in plain.get("profiles", {})
 
@@ -82,7 +92,7 @@ def test_generation_mistakes_on_the_command_line_name_the_option(project):
     for args, message in (
             (["--task", "text-generation-with-pas"], "--task 'text-generation-with-pas' is not a task export knows"),
             (["--data", "pyproject.toml"], "a generation recipe takes prompts")):
-        proc = trtflow("init", "llama", "-o", "bad.yaml", "--force", *args, cwd=project, check=None)
+        proc = trtflow_in_process("init", "llama", "-o", "bad.yaml", "--force", *args, cwd=project, check=None)
         assert proc.returncode not in (0, 70) and message in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
 
@@ -100,11 +110,10 @@ def test_a_model_that_is_no_causal_lm_is_refused_for_the_task(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_generation_recipe_runs_unedited(project):
+def test_the_generation_recipe_runs_unedited(project, generation_init):
     """export -> fp32/fp16/int8 candidates -> validated by generation, TTFT/TPOT on ONNX Runtime -> select -> an
     engine with both profiles (TensorRT-RTX on the CPU) and a Triton repository, the benchmarks shortened with --set
     (tests/conftest.py SHORT_BENCHMARK)."""
-    trtflow("init", "llama", "-o", "recipe.yaml", "--force", cwd=project)
     run = trtflow("run", "recipe.yaml", *short_benchmarks(project / "recipe.yaml"), cwd=project, timeout=1800)
     assert "Done" in run.stdout
     build = project / "build" / "llama"

@@ -12,8 +12,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.conftest import trtflow_cli
+from tests.conftest import trtflow_cli, trtflow_in_process
 from trtflow.environment import module_available
+
+#: one worker (CI: `--dist loadgroup`): the module-scoped fp16_project and int8_project made once per run
+pytestmark = pytest.mark.xdist_group("model_diagnosis")
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -178,7 +181,7 @@ def int8_project(tmp_path_factory) -> Path:
                                                          ("int8", "mm2", "to leave unquantized")])
 def test_debug_precision_finds_the_node_to_keep_and_the_recipe_change_works(request, dtype, culprit, stage_word):
     tmp_path = request.getfixturevalue(f"{dtype}_project")
-    proc = trtflow("debug", "precision", "r.yaml", "check", cwd=tmp_path)
+    proc = trtflow_in_process("debug", "precision", "r.yaml", "check", cwd=tmp_path)
     assert f"1 node(s) {stage_word}: {culprit}" in proc.stdout
     report = json.loads((tmp_path / "build" / "lowp" / "debug" / "check-precision.json").read_text())
     assert report["passed_before"] is False and report["passed_after"] is True
@@ -192,7 +195,7 @@ def test_debug_precision_finds_the_node_to_keep_and_the_recipe_change_works(requ
 @pytest.mark.slow
 def test_debug_layers_reports_where_the_error_starts(fp16_project):
     tmp_path = fp16_project
-    proc = trtflow("debug", "layers", "r.yaml", "lower", "--top", "3", cwd=tmp_path)
+    proc = trtflow_in_process("debug", "layers", "r.yaml", "lower", "--top", "3", cwd=tmp_path)
     assert "first layers above 0.01 relative error" in proc.stdout
     report = json.loads((tmp_path / "build" / "lowp" / "debug" / "lower-layers.json").read_text())
     first = report["first_above_threshold"][0]
@@ -204,7 +207,7 @@ def test_debug_layers_reports_where_the_error_starts(fp16_project):
 
 @pytest.mark.slow
 def test_debug_precision_explains_a_node_that_is_not_debuggable(fp16_project):
-    proc = trtflow("debug", "precision", "r.yaml", "export", cwd=fp16_project, check=1)
+    proc = trtflow_in_process("debug", "precision", "r.yaml", "export", cwd=fp16_project, check=1)
     assert "'export' runs the export stage; give a validate node" in proc.stderr
 
 
@@ -229,6 +232,6 @@ def test_debug_precision_prints_no_after_row_when_the_candidate_already_passes()
 def test_debug_precision_on_a_candidate_that_already_passes_says_so_without_an_after_row(fp16_project):
     keep = ["--set", 'nodes.lower.params.nodes_to_exclude=["shift_up$"]']
     trtflow("run", "r.yaml", *keep, cwd=fp16_project)
-    proc = trtflow("debug", "precision", "r.yaml", "check", *keep, cwd=fp16_project)
+    proc = trtflow_in_process("debug", "precision", "r.yaml", "check", *keep, cwd=fp16_project)
     assert "the candidate already passes its accuracy gate: nothing to change" in proc.stdout
     assert "after" not in proc.stdout and "nan" not in proc.stdout, proc.stdout

@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import trtflow_cli
+from tests.conftest import trtflow_cli, trtflow_in_process
+
+#: one worker (CI: `--dist loadgroup`): the module-scoped project made once per run, not once per worker
+pytestmark = pytest.mark.xdist_group("cli_history")
 
 pytest.importorskip("otava.analysis", reason="the history extra (Apache Otava) is not installed")
 
@@ -61,12 +64,12 @@ def _add_series(cwd: Path, figure: str, values: list[float]) -> None:
 
 
 def test_a_run_records_its_benchmark_figures_and_history_shows_them(project: Path) -> None:
-    proc = trtflow_cli("history", "recipe.yaml", cwd=project)
+    proc = trtflow_in_process("history", "recipe.yaml", cwd=project)
     assert "bench (benchmark): p50 latency, batch 1 [ms, lower is better, primary]: 1 run(s)" in proc.stdout
     assert "95% interval" in proc.stdout and "change points: none" in proc.stdout
-    assert "p50 latency, batch 1" in trtflow_cli("history", "recipe.yaml", "bench", cwd=project).stdout
-    assert "matches" in trtflow_cli("history", "recipe.yaml", "--figure", "nothing-like-it", cwd=project).stdout
-    every = json.loads(trtflow_cli("history", "recipe.yaml", "--all", "--json", cwd=project).stdout)
+    assert "p50 latency, batch 1" in trtflow_in_process("history", "recipe.yaml", "bench", cwd=project).stdout
+    assert "matches" in trtflow_in_process("history", "recipe.yaml", "--figure", "nothing-like-it", cwd=project).stdout
+    every = json.loads(trtflow_in_process("history", "recipe.yaml", "--all", "--json", cwd=project).stdout)
     figures = {s["figure"]: s for s in every["series"]}
     assert {"p50 latency, batch 1", "p99 latency, batch 1", "throughput, batch 1"} <= set(figures)
     point = figures["p50 latency, batch 1"]["points"][0]
@@ -76,7 +79,8 @@ def test_a_run_records_its_benchmark_figures_and_history_shows_them(project: Pat
     assert again.returncode == 0
 
     def points() -> list[dict]:
-        return json.loads(trtflow_cli("history", "recipe.yaml", "--json", cwd=project).stdout)["series"][0]["points"]
+        shown = trtflow_in_process("history", "recipe.yaml", "--json", cwd=project)
+        return json.loads(shown.stdout)["series"][0]["points"]
 
     assert len(points()) == 1
     nightly = trtflow_cli("run", "recipe.yaml", "--rerun", "bench", cwd=project)  # what a nightly job runs
@@ -91,23 +95,23 @@ def test_the_nightly_check_fails_on_a_step_and_the_report_draws_it(project: Path
     nights = [2.0, 2.04, 1.97, 2.01, 1.99, 2.03, 1.98, 2.0, 2.02, 1.96, 2.01, 1.99, 2.0, 2.03, 1.98,
               2.3, 2.34, 2.28]  # +15% for the last three nights
     _add_series(project, "p99 latency, batch 8", nights)
-    proc = trtflow_cli("history", "recipe.yaml", "--check", "--threshold", "10", cwd=project, check=1)
+    proc = trtflow_in_process("history", "recipe.yaml", "--check", "--threshold", "10", cwd=project, check=1)
     assert "history check FAILED: 1 regression(s) beyond 10%" in proc.stdout
     assert "bench: p99 latency, batch 8: +15" in proc.stdout and "night15" in proc.stdout
-    shown = trtflow_cli("history", "recipe.yaml", "--figure", "p99", "--runs", cwd=project).stdout
+    shown = trtflow_in_process("history", "recipe.yaml", "--figure", "p99", "--runs", cwd=project).stdout
     assert "change point at run night15" in shown and "regression" in shown and "<- change" in shown
     # the project's own figures have a run or two: too few for the check to pass (undecided, exit 5) until --min-runs
-    short = trtflow_cli("history", "recipe.yaml", "--check", "--threshold", "20", cwd=project, check=5).stdout
+    short = trtflow_in_process("history", "recipe.yaml", "--check", "--threshold", "20", cwd=project, check=5).stdout
     assert "history check undecided" in short and "p50 latency, batch 1 (" in short and "passed" not in short
-    assert "history check passed" in trtflow_cli("history", "recipe.yaml", "--check", "--threshold", "20",
+    assert "history check passed" in trtflow_in_process("history", "recipe.yaml", "--check", "--threshold", "20",
                                                  "--min-runs", "1", cwd=project).stdout
-    assert trtflow_cli("history", "recipe.yaml", "--check", "--latest", "2", "--min-runs", "1",
+    assert trtflow_in_process("history", "recipe.yaml", "--check", "--latest", "2", "--min-runs", "1",
                        cwd=project).returncode == 0
-    usage = trtflow_cli("history", "recipe.yaml", "--check", "--latest", "1", cwd=project, check=2)
+    usage = trtflow_in_process("history", "recipe.yaml", "--check", "--latest", "1", cwd=project, check=2)
     assert "--runs-after 2 exceeds --latest 1" in usage.stdout + usage.stderr
-    data = json.loads(trtflow_cli("history", "recipe.yaml", "--check", "--json", cwd=project, check=1).stdout)
+    data = json.loads(trtflow_in_process("history", "recipe.yaml", "--check", "--json", cwd=project, check=1).stdout)
     assert not data["check"]["passed"] and "night15" in data["check"]["regressions"][0]
-    html = trtflow_cli("report", "recipe.yaml", "-f", "html", cwd=project).stdout
+    html = trtflow_in_process("report", "recipe.yaml", "-f", "html", cwd=project).stdout
     assert "<h2>History</h2>" in html and "history of bench: p99 latency, batch 8" in html
     assert "night15" in html and "+15" in html and html.count("<svg") >= 1
 
@@ -135,5 +139,5 @@ def test_without_the_detector_history_shows_the_trend_and_the_check_refuses(proj
 
 def test_history_of_a_recipe_never_run_says_so(tmp_path: Path) -> None:
     (tmp_path / "recipe.yaml").write_text(textwrap.dedent(RECIPE))
-    proc = trtflow_cli("history", "recipe.yaml", cwd=tmp_path, check=1)
+    proc = trtflow_in_process("history", "recipe.yaml", cwd=tmp_path, check=1)
     assert "no runs recorded" in proc.stdout + proc.stderr

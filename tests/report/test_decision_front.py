@@ -17,8 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import trtflow_cli
+from tests.conftest import trtflow_cli, trtflow_in_process
 from trtflow.report.decision import headline
+
+#: one worker (CI: `--dist loadgroup`): the module-scoped front made once per run, not once per worker
+pytestmark = pytest.mark.xdist_group("decision_front")
 
 REPO = Path(__file__).resolve().parents[2]
 trtflow = trtflow_cli
@@ -107,7 +110,7 @@ def test_a_run_with_every_node_up_to_date_still_shows_the_decision(front):
 
 def test_status_off_a_terminal_prints_whole_run_ids_and_recipe_names(front):
     cwd = front["cwd"]
-    runs = json.loads(trtflow("status", "--json", cwd=cwd).stdout)["runs"]
+    runs = json.loads(trtflow_in_process("status", "--json", cwd=cwd).stdout)["runs"]
     env = dict(os.environ, COLUMNS="40", TRTFLOW_STORE=str(cwd / "store"))
     text = subprocess.run([sys.executable, "-m", "trtflow.cli", "status"], cwd=cwd, capture_output=True, text=True,
                           env=env, check=True).stdout
@@ -119,29 +122,29 @@ def test_status_off_a_terminal_prints_whole_run_ids_and_recipe_names(front):
 
 def test_show_prints_yaml_or_json_never_python_reprs(front):
     cwd = front["cwd"]
-    as_yaml = trtflow("show", "recipe.yaml", "select", cwd=cwd).stdout
-    as_json = json.loads(trtflow("show", "--format", "json", "recipe.yaml", "select", cwd=cwd).stdout)
-    assert yaml.safe_load(as_yaml) == as_json == json.loads(trtflow("show", "--json", "recipe.yaml", "select",
-                                                                    cwd=cwd).stdout)
+    as_yaml = trtflow_in_process("show", "recipe.yaml", "select", cwd=cwd).stdout
+    as_json = json.loads(trtflow_in_process("show", "--format", "json", "recipe.yaml", "select", cwd=cwd).stdout)
+    as_json_flag = trtflow_in_process("show", "--json", "recipe.yaml", "select", cwd=cwd).stdout
+    assert yaml.safe_load(as_yaml) == as_json == json.loads(as_json_flag)
     assert as_json["summary"]["selected"] == front["selection"]["selected"]
     assert "{'" not in as_yaml and "Pretty" not in as_yaml
-    bad = trtflow("show", "--format", "xml", "recipe.yaml", "select", cwd=cwd, check=2)
+    bad = trtflow_in_process("show", "--format", "xml", "recipe.yaml", "select", cwd=cwd, check=2)
     assert "expected yaml or json" in bad.stderr
 
 
 def test_reports_after_a_no_op_run_give_the_time_of_the_run_that_built_each_result(front):
     cwd = front["cwd"]
-    data = json.loads(trtflow("report", "-f", "json", "recipe.yaml", cwd=cwd).stdout)
-    first_run = json.loads(trtflow("status", "--json", "--runs", "2", cwd=cwd).stdout)["runs"][1]["id"]
+    data = json.loads(trtflow_in_process("report", "-f", "json", "recipe.yaml", cwd=cwd).stdout)
+    first_run = json.loads(trtflow_in_process("status", "--json", "--runs", "2", cwd=cwd).stdout)["runs"][1]["id"]
     assert data["run"]["id"] != first_run
     for node in data["nodes"]:
         assert node["status"] == "fresh" and node["built_in_run"] == first_run
         assert node["duration"] > 0 and not node["run_duration"]
-    markdown = trtflow("report", "recipe.yaml", cwd=cwd).stdout
+    markdown = trtflow_in_process("report", "recipe.yaml", cwd=cwd).stdout
     export = next(n for n in data["nodes"] if n["node"] == "export")
     assert f"| export | export | fresh | {export['duration']:.1f}s | up to date (reused from run {first_run}" \
         in markdown
-    suite = ET.fromstring(trtflow("report", "-f", "junit", "recipe.yaml", cwd=cwd).stdout)
+    suite = ET.fromstring(trtflow_in_process("report", "-f", "junit", "recipe.yaml", cwd=cwd).stdout)
     for case in suite:
         node = next(n for n in data["nodes"] if n["node"] == case.get("name"))
         assert case.get("time") == f"{node['duration']:.3f}" != "0.000"
@@ -150,7 +153,7 @@ def test_reports_after_a_no_op_run_give_the_time_of_the_run_that_built_each_resu
 
 
 def test_the_report_tells_the_candidates_cosine_similarities_apart(front):
-    markdown = trtflow("report", "recipe.yaml", cwd=front["cwd"]).stdout
+    markdown = trtflow_in_process("report", "recipe.yaml", cwd=front["cwd"]).stdout
     cosines = {c["name"]: c["validation"]["cosine_similarity"] for c in front["selection"]["candidates"]}
     shown = {}
     for line in markdown[:markdown.index("## Nodes")].splitlines():  # the decision table

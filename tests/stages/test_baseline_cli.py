@@ -11,6 +11,9 @@ import pytest
 
 from tests.conftest import trtflow_cli
 
+#: one worker (CI: `--dist loadgroup`): the module-scoped pinned run made once per run, not once per worker
+pytestmark = pytest.mark.xdist_group("baseline_cli")
+
 REPO = Path(__file__).resolve().parents[2]
 
 MODELS = """import torch
@@ -54,22 +57,33 @@ def _recipe(tmp_path: Path, factory: str = "build", extra: str = "") -> Path:
     return recipe
 
 
+@pytest.fixture(scope="module")
+def pinned(tmp_path_factory) -> dict:
+    """The recipe run, then pinned (`trtflow baseline pin`), once for this module: the project's folder, what pin
+    printed, and the baseline file's text as pinned (each test that edits it writes its own copy)."""
+    tmp_path = tmp_path_factory.mktemp("pinned")
+    recipe = _recipe(tmp_path)
+    refused = trtflow("baseline", "pin", str(recipe), cwd=tmp_path, check=1).stderr
+    trtflow("run", str(recipe), cwd=tmp_path)
+    pinned = trtflow("baseline", "pin", str(recipe), cwd=tmp_path).stdout
+    return {"cwd": tmp_path, "refused": refused, "pinned": pinned,
+            "document": (tmp_path / "baselines" / "pinned.json").read_text()}
+
+
 def _verdicts(recipe: Path, cwd: Path) -> list[dict]:
     report = json.loads(trtflow("report", str(recipe), "-f", "json", cwd=cwd).stdout)
     return next(n for n in report["nodes"] if n["node"] == "bench")["summary"].get("verdicts", [])
 
 
 @pytest.mark.slow
-def test_pin_a_baseline_and_gate_on_its_artifact(tmp_path):
-    recipe = _recipe(tmp_path)
-    assert "no benchmark or validate results" in trtflow("baseline", "pin", str(recipe), cwd=tmp_path,
-                                                         check=1).stderr
-    trtflow("run", str(recipe), cwd=tmp_path)
-    pinned = trtflow("baseline", "pin", str(recipe), cwd=tmp_path)
+def test_pin_a_baseline_and_gate_on_its_artifact(pinned):
+    tmp_path = pinned["cwd"]
+    recipe = tmp_path / "r.yaml"
+    assert "no benchmark or validate results" in pinned["refused"]  # before the first run
     path = tmp_path / "baselines" / "pinned.json"
-    assert "wrote" in pinned.stdout and "baseline: baselines/pinned.json" in pinned.stdout
-    assert "artifact" in pinned.stdout and "model.onnx" in pinned.stdout
-    document = json.loads(path.read_text())
+    assert "wrote" in pinned["pinned"] and "baseline: baselines/pinned.json" in pinned["pinned"]
+    assert "artifact" in pinned["pinned"] and "model.onnx" in pinned["pinned"]
+    document = json.loads(pinned["document"])
     entry = document["nodes"]["bench"]
     assert document["format"] == "trtflow-baseline/1" and entry["artifact"]["inputs"]["model"]["file"] == "model.onnx"
     assert entry["facts"]["cpu"] and entry["params"]["backend"] == "onnxruntime"
@@ -123,15 +137,15 @@ def test_previous_run_gating_compares_with_the_last_accepted_result(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_gate_that_cannot_decide_fails_with_its_own_exit_code_or_warns(tmp_path):
+def test_a_gate_that_cannot_decide_fails_with_its_own_exit_code_or_warns(pinned, tmp_path):
     """A pinned baseline without its artifact whose median is known only loosely (a wide interval): stored figures
     cannot tell the new run is within 10%, nor beyond. By default that fails the run with exit code 5 (JUnit: a
-    failure of type inconclusive); with on_inconclusive: warn, the run succeeds and console and JUnit say so."""
+    failure of type inconclusive); with on_inconclusive: warn, the run succeeds and console and JUnit say so.
+    The baseline is the module's pinned one (this machine's run, the recipe unchanged), copied here."""
     recipe = _recipe(tmp_path)
-    trtflow("run", str(recipe), cwd=tmp_path)
-    trtflow("baseline", "pin", str(recipe), cwd=tmp_path)
     path = tmp_path / "baselines" / "pinned.json"
-    document = json.loads(path.read_text())
+    path.parent.mkdir()
+    document = json.loads(pinned["document"])
     entry = document["nodes"]["bench"]
     del entry["artifact"]
     (point,) = entry["points"]

@@ -15,6 +15,9 @@ from trtflow_stages import convert, validate
 from trtflow_stages.accuracy import recovery
 from trtflow_stages.runtimes.ort import OrtOptions
 
+#: one worker (CI: `--dist loadgroup`): the module-scoped crasher made once per run, not once per worker
+pytestmark = pytest.mark.xdist_group("recovery")
+
 
 @pytest.fixture(scope="module")
 def crasher(tmp_path_factory) -> Path:
