@@ -128,12 +128,8 @@ class _Supervisor:
         self.listener = listener
         self.keep = keep
         self.reads = Reads()
-        self.mem: dict[int, int] = {}
 
     def close(self) -> None:
-        for fd in self.mem.values():
-            os.close(fd)
-        self.mem.clear()
         os.close(self.listener)
 
     def serve_one(self) -> None:
@@ -200,28 +196,25 @@ class _Supervisor:
         return _own_proc(path, pid)
 
     def _read(self, pid: int, address: int, size: int) -> bytes:
+        """``size`` bytes (up to the first NUL) at ``address`` in the caller's memory, through a descriptor opened
+        for this read: one kept from an earlier call could name other memory. A process started by ``vfork``
+        (`subprocess` does) shares its parent's memory until its ``execve``; a descriptor opened then still reads the
+        parent's memory after it (the parent keeps it alive): the paths of the child's later calls came out as the
+        parent's code (seen in CI: a node's reason with machine code for a file name)."""
+        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            return self._read_once(pid, address, size)
-        except OSError:  # a descriptor of the memory the process had before an execve: open it again
-            fd = self.mem.pop(pid, None)
-            if fd is not None:
-                os.close(fd)
-            return self._read_once(pid, address, size)
-
-    def _read_once(self, pid: int, address: int, size: int) -> bytes:
-        fd = self.mem.get(pid)
-        if fd is None:
-            fd = self.mem[pid] = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
-        data = b""
-        while len(data) < size:
-            page_left = 4096 - (address + len(data)) % 4096
-            chunk = os.pread(fd, min(page_left, size - len(data)), address + len(data))
-            if not chunk:
-                break
-            data += chunk
-            if b"\0" in chunk:
-                break
-        return data
+            data = b""
+            while len(data) < size:
+                page_left = 4096 - (address + len(data)) % 4096
+                chunk = os.pread(fd, min(page_left, size - len(data)), address + len(data))
+                if not chunk:
+                    break
+                data += chunk
+                if b"\0" in chunk:
+                    break
+            return data
+        finally:
+            os.close(fd)
 
     def _still_valid(self, ident: int) -> None:
         import fcntl

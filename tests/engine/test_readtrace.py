@@ -192,3 +192,27 @@ def test_a_module_loaded_from_its_cached_code_keys_its_source(tmp_path: Path) ->
     deps = depfile.Deps(roots=[str(tmp_path)])
     depfile.add_reads(deps, reads, environ={})
     assert deps.files[os.path.realpath(source)] == depfile.path_digest(source)
+
+
+def test_the_paths_of_a_vforked_programs_calls_are_its_own(tmp_path: Path) -> None:
+    """`subprocess` starts a program by ``vfork``: the child shares its parent's memory until its ``execve``. A
+    descriptor of the child's memory kept from then read the parent's memory afterwards, so the paths of the
+    program's own calls came out as whatever the parent had at those addresses (seen once in CI: machine code
+    recorded as a file name). Every path is read through a descriptor of its own: each file the programs read is
+    noted under its name, and nothing that was not a path."""
+    files = []
+    for i in range(20):
+        files.append(tmp_path / f"read-by-cat-{i}.txt")
+        files[-1].write_text(str(i))
+
+    def run() -> dict[str, object]:
+        for path in files:
+            subprocess.run(["cat", str(path)], check=True, capture_output=True)
+        return {}
+
+    _, reads = readtrace.observed(run, lambda p: True, {})
+    assert not reads.blind, reads.blind
+    noted = set(reads.files)
+    assert {str(p) for p in files} <= noted, sorted(noted)
+    for path in noted:  # every noted path was spelled by a program: printable, absolute, no undecodable bytes
+        assert path.startswith("/") and path.isprintable() and path.encode("utf-8"), repr(path)

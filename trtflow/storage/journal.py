@@ -214,7 +214,7 @@ class Journal:
 
     def _execute(self, doing: str, sql: str, args: Sequence[Any] = ()) -> _Rows | sqlite3.Cursor:
         with self.guard(doing):
-            cursor = self.conn.execute(sql, tuple(args))
+            cursor = self.conn.execute(sql, tuple(_storable(a) for a in args))
             if cursor.description is None:
                 return cursor
             return _Rows(cursor.description, cursor.fetchall())
@@ -518,3 +518,13 @@ def reset(tree: Tree, name: str = "trtflow.db") -> Path | None:
             tree.rename(name + suffix, aside + suffix)
     return tree.shown(aside)
 
+
+def _storable(value: Any) -> Any:
+    """``value`` as SQLite can store it: text with a file name's undecodable bytes (``os.fsdecode``'s surrogates,
+    which UTF-8 cannot encode) keeps them as backslash escapes (``\\udc90``) instead of failing the write."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
