@@ -214,7 +214,7 @@ class Journal:
 
     def _execute(self, doing: str, sql: str, args: Sequence[Any] = ()) -> _Rows | sqlite3.Cursor:
         with self.guard(doing):
-            cursor = self.conn.execute(sql, tuple(_storable(a) for a in args))
+            cursor = self.conn.execute(sql, _bound(args))
             if cursor.description is None:
                 return cursor
             return _Rows(cursor.description, cursor.fetchall())
@@ -259,7 +259,7 @@ class Journal:
             self.conn.execute("BEGIN")
             try:
                 self.conn.executemany("INSERT OR REPLACE INTO node_runs (run_id, node, stage, key, status, reason, "
-                                      "summary) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+                                      "summary) VALUES (?, ?, ?, ?, ?, ?, ?)", [_bound(r) for r in rows])
                 self.conn.execute("COMMIT")
             except BaseException:
                 self.conn.execute("ROLLBACK")
@@ -274,9 +274,10 @@ class Journal:
     def mark_dead(self, run_id: str) -> None:
         """Record that a run's process ended without recording its outcome (kill -9, power loss, full disk)."""
         with self.guard("recording a dead run"):
-            self.conn.execute("UPDATE runs SET ended = ?, status = 'killed' WHERE id = ?", (time.time(), run_id))
+            self.conn.execute("UPDATE runs SET ended = ?, status = 'killed' WHERE id = ?",
+                              _bound((time.time(), run_id)))
             self.conn.execute("UPDATE node_runs SET status = 'interrupted', reason = 'the run was killed' "
-                              "WHERE run_id = ? AND status = 'running'", (run_id,))
+                              "WHERE run_id = ? AND status = 'running'", _bound((run_id,)))
 
     def runs(self, limit: int = 10, recipe_id: str | None = None) -> list[dict[str, Any]]:
         query = f"SELECT {self._columns('runs')} FROM runs"
@@ -392,7 +393,7 @@ class Journal:
             self.conn.execute("BEGIN")
             try:
                 before = self.conn.total_changes
-                self.conn.executemany(sql, [tuple(row.get(c) for c in columns) for row in rows])
+                self.conn.executemany(sql, [_bound([row.get(c) for c in columns]) for row in rows])
                 added = self.conn.total_changes - before
                 self.conn.execute("COMMIT")
             except BaseException:
@@ -423,7 +424,7 @@ class Journal:
         try:
             with self._lock:
                 row = self.conn.execute("SELECT size, mtime_ns, ctime_ns, inode, digest FROM stat_cache "
-                                        "WHERE path = ?", (path,)).fetchone()
+                                        "WHERE path = ?", _bound((path,))).fetchone()
         except sqlite3.Error:
             return None
         except StoreError as exc:
@@ -442,7 +443,7 @@ class Journal:
         try:
             with self._lock:
                 self.conn.execute("INSERT OR REPLACE INTO stat_cache (path, size, mtime_ns, ctime_ns, inode, digest) "
-                                  "VALUES (?, ?, ?, ?, ?, ?)", (path, size, mtime_ns, ctime_ns, inode, digest))
+                                  "VALUES (?, ?, ?, ?, ?, ?)", _bound((path, size, mtime_ns, ctime_ns, inode, digest)))
         except (sqlite3.Error, StoreError):
             return
 
@@ -453,7 +454,8 @@ class Journal:
         try:
             with self._lock:
                 rows = self.conn.execute(f"SELECT {records.sql_capped(('deps',), caps=CAPS)} FROM dep_sets "
-                                         "WHERE pre = ? ORDER BY used DESC LIMIT ?", (pre, DEP_SETS_TRIED)).fetchall()
+                                         "WHERE pre = ? ORDER BY used DESC LIMIT ?",
+                                         _bound((pre, DEP_SETS_TRIED))).fetchall()
         except (sqlite3.Error, StoreError):
             return []
         found = []
@@ -472,7 +474,7 @@ class Journal:
         try:
             with self._lock:
                 self.conn.execute("INSERT OR REPLACE INTO dep_sets (pre, deps, used) VALUES (?, ?, ?)",
-                                  (pre, json.dumps([list(deps[0]), list(deps[1])]), time.time()))
+                                  _bound((pre, json.dumps([list(deps[0]), list(deps[1])]), time.time())))
         except (sqlite3.Error, StoreError):
             return
 
@@ -519,9 +521,16 @@ def reset(tree: Tree, name: str = "trtflow.db") -> Path | None:
     return tree.shown(aside)
 
 
+def _bound(values: Sequence[Any]) -> tuple[Any, ...]:
+    """The parameters of a statement as SQLite can take them: every statement of this module binds through here
+    (tests/storage/test_journal_text.py fails on one that does not)."""
+    return tuple(_storable(v) for v in values)
+
+
 def _storable(value: Any) -> Any:
     """``value`` as SQLite can store it: text with a file name's undecodable bytes (``os.fsdecode``'s surrogates,
-    which UTF-8 cannot encode) keeps them as backslash escapes (``\\udc90``) instead of failing the write."""
+    which UTF-8 cannot encode) keeps them as backslash escapes (``\\udc90``) instead of failing the write, and a
+    path looked up in the stat cache is escaped the same way (its signature, inode included, still decides)."""
     if isinstance(value, str):
         try:
             value.encode("utf-8")
