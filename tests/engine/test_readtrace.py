@@ -216,3 +216,39 @@ def test_the_paths_of_a_vforked_programs_calls_are_its_own(tmp_path: Path) -> No
     assert {str(p) for p in files} <= noted, sorted(noted)
     for path in noted:  # every noted path was spelled by a program: printable, absolute, no undecodable bytes
         assert path.startswith("/") and path.isprintable() and path.encode("utf-8"), repr(path)
+
+
+def test_no_descriptor_of_a_processs_memory_outlives_its_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The property the test above relies on chance to exercise, checked directly: every path is read through a
+    descriptor of the caller's memory opened for that read and closed after it, so no read can go through a
+    descriptor opened before the caller's ``execve`` (a kept one read the parent's memory after a ``vfork``)."""
+    listener = os.open(os.devnull, os.O_RDONLY)
+    supervisor = readtrace._Supervisor(listener, lambda p: True)
+    paths = [ctypes.create_string_buffer(f"/tmp/path-{i}".encode()) for i in range(3)]
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path: str, *args: object, **kwargs: object) -> int:
+        if str(path).endswith("/mem"):
+            opened.append(str(path))
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    def memory_descriptors() -> list[str]:
+        names = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                names.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:  # the listing's own descriptor, closed by now
+                pass
+        return [n for n in names if n.endswith("/mem")]
+
+    monkeypatch.setattr(os, "open", counting_open)
+    try:
+        for _ in range(2):  # the same addresses read again: a kept descriptor would be reused here
+            for i, buffer in enumerate(paths):
+                data = supervisor._read(os.getpid(), ctypes.addressof(buffer), 64)
+                assert data.split(b"\0")[0] == f"/tmp/path-{i}".encode()
+                assert memory_descriptors() == [], "a descriptor of the caller's memory outlived its read"
+        assert len(opened) == 2 * len(paths), opened  # one descriptor per read, none reused
+    finally:
+        supervisor.close()
