@@ -19,6 +19,9 @@ os.environ.pop("TRTFLOW_SIGNING_KEY_FILE", None)
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tests.checkout_guard import CheckoutGuard  # noqa: E402  (the checkout on the path first)
+from tests.checkout_guard import failure as checkout_failure  # noqa: E402
+
 
 def _ensure_example_plugin() -> None:
     """Install the example plugin (examples/plugin) the way a user installs a third-party stage package."""
@@ -34,6 +37,21 @@ def _ensure_example_plugin() -> None:
 
 def pytest_sessionstart(session) -> None:
     _ensure_example_plugin()
+    global _CHECKOUT
+    _CHECKOUT = CheckoutGuard(REPO)
+
+
+#: The checkout's files as this test process found them (tests/checkout_guard.py).
+_CHECKOUT: CheckoutGuard | None = None
+
+
+def pytest_runtest_teardown(item, nextitem) -> None:
+    """After the last test of each test file: no file of the checkout changed (the test file fails otherwise)."""
+    if _CHECKOUT is None or (nextitem is not None and nextitem.path == item.path):
+        return
+    changed = _CHECKOUT.changed()
+    if changed:
+        raise AssertionError(checkout_failure(changed, str(item.path.relative_to(REPO))))
 
 
 def pytest_collection_finish(session) -> None:

@@ -12,11 +12,13 @@ import json
 import os
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.reliability.plugins import activate_in_process
 from trtflow import api
 from trtflow.execution.results import RunOptions
 from trtflow.storage.store import Store
@@ -128,19 +130,39 @@ def test_the_shortcut_steps_aside_for_every_change_that_matters(project: Path,
     _changed(project, {"one", "tree"})
 
 
-def test_a_stage_whose_code_file_changed_is_judged_by_the_planner(project: Path) -> None:
-    import trtflow_test_probe
-
-    _full(project)
-    _settled_again(project)
-    module = Path(trtflow_test_probe.__file__)
-    before = module.stat()
+def test_a_stage_whose_code_file_changed_is_judged_by_the_planner(
+        project: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The stage's module is touched (same content, a new time): the shortcut steps aside, and the planner finds
+    everything up to date. The module is this test's own (a stage registered from a folder of its own): touching a
+    module of the source tree would send every other test process's shortcut aside while it ran (seen in CI), and
+    `tests/conftest.py` fails any test session in which a file of the checkout changed."""
+    name = f"edited_{uuid.uuid4().hex[:12]}"
+    plugins = tmp_path_factory.mktemp("edited_stage")
+    module = plugins / f"{name}_stage.py"
+    module.write_text("import dataclasses\n\nfrom trtflow_test_probe import copy_stage\n\n"
+                      f"stage = dataclasses.replace(copy_stage, name={name!r})\n")
+    info = plugins / f"{name}-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text(f"[trtflow.stages]\n{name} = {name}_stage:stage\n")
+    _settle(plugins)
+    activate_in_process([str(plugins)])  # the fixture restores sys.path; the registry is cleared at the end
     try:
-        os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+        (project / "recipe.yaml").write_text(f"name: edited\nnodes:\n  - {{name: one, stage: {name}, "
+                                             "params: {path: data.txt}}\n")
+        _settle(project / "recipe.yaml")
+        _full(project)
+        _settled_again(project)
+        old = time.time() - 5  # a new time, still older than the stat cache's racy window
+        os.utime(module, (old, old))
         assert not _shortcut(project)
         assert set(_full(project).values()) == {"fresh"}  # same content: the planner finds it up to date
     finally:
-        os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns))
+        sys.modules.pop(f"{name}_stage", None)
+        from trtflow import registry
+
+        registry.stage_entry_points.cache_clear()
+        registry.get_stage.cache_clear()
 
 
 def test_the_shortcut_steps_aside_when_the_store_lost_a_result(project: Path) -> None:
