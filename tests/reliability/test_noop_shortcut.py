@@ -135,7 +135,7 @@ def test_a_stage_whose_code_file_changed_is_judged_by_the_planner(
     """The stage's module is touched (same content, a new time): the shortcut steps aside, and the planner finds
     everything up to date. The module is this test's own (a stage registered from a folder of its own): touching a
     module of the source tree would send every other test process's shortcut aside while it ran (seen in CI), and
-    `tests/conftest.py` fails any test session in which a file of the checkout changed."""
+    the checkout guard (`tests/checkout_guard.py`) fails the test file after which a file of the checkout changed."""
     name = f"edited_{uuid.uuid4().hex[:12]}"
     plugins = tmp_path_factory.mktemp("edited_stage")
     module = plugins / f"{name}_stage.py"
