@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.checkout_guard import checkout_files
 from tests.conftest import short_benchmarks, trtflow_cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -27,10 +28,9 @@ def quickstart(tmp_path_factory) -> Path:
     """A fresh checkout (the files git tracks, as they are in the working tree) where README's first command ran:
     `trtflow run pipelines/quickstart.yaml`. One run, shared by every test of this module (one xdist group)."""
     checkout = tmp_path_factory.mktemp("checkout")
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
-    for name in filter(None, tracked.decode().split("\0")):
-        source = REPO / name
+    for source in checkout_files(REPO):
         if source.is_file() and not source.is_symlink():
+            name = source.relative_to(REPO)
             (checkout / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, checkout / name)
     proc = trtflow("run", QUICKSTART, cwd=checkout)

@@ -37,4 +37,3 @@ def collector_on() -> None:
         _off_for_start_up = False
         gc.freeze()
         gc.enable()
-
