@@ -16,6 +16,8 @@ code really imports are recorded while it runs (`trtflow.depfile`) and those dec
 from __future__ import annotations
 
 import ast
+import functools
+import os
 import re
 import sys
 from collections.abc import Iterable
@@ -26,6 +28,26 @@ from trtflow.fingerprint import StatCache, hash_file, hash_value
 
 _IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+\(?([^#\n]*)|import[ \t]+([^#\n]+))", re.M)
 _SKIP_DIRS = {"site-packages", "dist-packages", ".venv", "venv", ".tox", ".git", "__pycache__", "node_modules"}
+#: A folder holding one of these is a Python environment (a virtual environment, a conda one) whatever its name.
+_ENVIRONMENT_MARKERS = ("pyvenv.cfg", "conda-meta")
+
+
+def not_the_projects(root: str, below: Iterable[str]) -> bool:
+    """Whether a file in the folders ``below`` (names, outermost first) of the project folder ``root`` is not the
+    project's own: installed packages, a Python environment (by its usual names, or any folder with a
+    ``pyvenv.cfg`` or ``conda-meta``: ``python3 -m venv .v`` inside the project), version control, caches. The one
+    rule of the import scanner (here) and of the record of a node's reads (`depfile`)."""
+    folder = root
+    for name in below:
+        folder = os.path.join(folder, name)
+        if name in _SKIP_DIRS or _is_environment(folder):
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_environment(folder: str) -> bool:
+    return any(os.path.lexists(os.path.join(folder, marker)) for marker in _ENVIRONMENT_MARKERS)
 
 
 @dataclass(frozen=True)
@@ -106,7 +128,7 @@ def _within(path: Path, roots: Iterable[Path]) -> bool:
     folders above a root do not matter: a project may itself live in ``<venv>/src/``)."""
     for root in roots:
         if path == root or root in path.parents:
-            return not _SKIP_DIRS & set(path.relative_to(root).parts[:-1])
+            return not not_the_projects(str(root), path.relative_to(root).parts[:-1])
     return False
 
 

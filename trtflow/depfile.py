@@ -36,11 +36,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from trtflow.codehash import not_the_projects
 from trtflow.fingerprint import Sig, hash_file_content, signature
 
 CHANGED = "changed-while-running"
 MISSING = "missing"  # plan.MISSING: what a file that is not there hashes to
-_SKIP_DIRS = {"site-packages", "dist-packages", ".venv", "venv", ".tox", ".git", "__pycache__", "node_modules"}
 
 
 @dataclass
@@ -91,8 +91,7 @@ class _Recording:
             return False
         for root in self.roots:
             if path == root or path.startswith(root + os.sep):
-                below = os.path.relpath(path, root).split(os.sep)[:-1]
-                return not _SKIP_DIRS & set(below)
+                return not not_the_projects(root, os.path.relpath(path, root).split(os.sep)[:-1])
         return False
 
     def note(self, path: str) -> None:

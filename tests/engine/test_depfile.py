@@ -87,3 +87,34 @@ def test_a_module_with_a_made_up_file_name_is_not_a_project_file(project: Path, 
     with depfile.recording([project]) as deps:
         pass
     assert deps.files == {}
+
+
+def test_a_python_environment_inside_the_project_is_not_the_projects_whatever_its_name(project: Path) -> None:
+    """`python3 -m venv .v` in the project (README's setup with another name), and a conda environment: what the
+    interpreter reads of its own environment is not a file of the project (it was keyed, and then reported as "no
+    longer used" on every change: seen in a fresh clone). The import scanner (`codehash`) applies the same rule."""
+    import subprocess
+
+    from trtflow import codehash, readtrace
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(project / ".v")], check=True)
+    (project / "tools" / "conda-meta").mkdir(parents=True)
+    (project / "tools" / "lib.txt").write_text("a file of a conda environment")
+
+    def run() -> dict:
+        with depfile.recording([project]) as deps:
+            subprocess.run([str(project / ".v" / "bin" / "python"), "-c", "open('data.txt').read()"], cwd=project,
+                           check=True)
+            (project / "tools" / "lib.txt").read_text()
+        return deps.with_places()
+
+    result, reads = readtrace.observed(run, lambda p: True, {})
+    assert any(path.startswith(str(project / ".v")) for path in reads.files)  # the interpreter did read them
+    deps = depfile.Deps.from_json(result)
+    assert deps is not None
+    depfile.add_reads(deps, reads, environ={})
+    files = {f for f in deps.files if not f.startswith(depfile.ENV_LABEL)}
+    assert files == {str(project / "data.txt")}, files
+    assert codehash.not_the_projects(str(project), [".v", "lib"]) and codehash.not_the_projects(str(project), ["tools"])
+    assert not codehash.not_the_projects(str(project), ["pkg"])
+    assert depfile.not_the_projects is codehash.not_the_projects  # one rule for both
