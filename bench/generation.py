@@ -175,7 +175,7 @@ def gpu(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     from trtflow_stages.accuracy.generation import compare_generation, forced_candidate, torch_reference
     from trtflow_stages.data.prompts import Prompts, load_prompts
-    from trtflow_stages.formats.generation import layout_of
+    from trtflow_stages.formats.generation import model_layout
     from trtflow_stages.measure.serving.generation import GenerationBench, measure_generation
     from trtflow_stages.measure.statistics.intervals import Precision
     from trtflow_stages.measure.timing.windows import WindowPlan
@@ -189,7 +189,7 @@ def gpu(args: argparse.Namespace) -> list[dict[str, Any]]:
     bench = GenerationBench(context_length=args.context, new_tokens=args.new_tokens, concurrency=args.concurrency)
     for name in args.models or list(MODELS):
         model = build(name)
-        layout = layout_of(model.config, True)
+        layout = model_layout(model)[0]
         prompts = load_prompts(Prompts(count=4, length=32), layout.vocab_size)
         reference = torch_reference(model, prompts, args.check_tokens)  # fp32 on the CPU
         for dtype in args.dtypes:

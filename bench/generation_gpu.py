@@ -121,7 +121,7 @@ def diagnose(args: argparse.Namespace, log: Any) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from trtflow_stages.formats.generation import layout_of
+    from trtflow_stages.formats.generation import model_layout
     from trtflow_stages.runtimes.generation import TorchDecoder
 
     device = args.device
@@ -134,7 +134,7 @@ def diagnose(args: argparse.Namespace, log: Any) -> dict[str, Any]:
                         "math": torch.backends.cuda.math_sdp_enabled()})
     log(f"diagnose: {out}")
     base = build("gpt2-124m", args.tiny)
-    layout = layout_of(base.config, True)
+    layout = model_layout(base)[0]
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, layout.vocab_size, size=(1, args.context)) for _ in range(4)]
     rows = []
@@ -221,7 +221,7 @@ def cudnn(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
     import numpy as np
     import torch
 
-    from trtflow_stages.formats.generation import layout_of
+    from trtflow_stages.formats.generation import model_layout
     from trtflow_stages.runtimes.generation import TorchDecoder
     from trtflow_stages.runtimes.torch_generation import open_decoder
 
@@ -229,7 +229,7 @@ def cudnn(args: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
     for name in ("gpt2-124m", "llama-gqa-124m"):
         for dtype in DTYPES:
             model = build(name, args.tiny).to(args.device, getattr(torch, dtype))
-            layout = layout_of(model.config, True)
+            layout = model_layout(model)[0]
             rng = np.random.default_rng(0)
             prompts = [rng.integers(0, layout.vocab_size, size=(1, args.context)) for _ in range(6)]
             decoders = {"old (DynamicCache)": TorchDecoder(model, layout, args.device),

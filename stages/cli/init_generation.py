@@ -48,18 +48,16 @@ def is_generation(folder: Path, task: str | None) -> bool:
     return any(str(a).endswith(CAUSAL_SUFFIXES) for a in config.get("architectures") or [])
 
 
-def read_layout(folder: Path) -> Any:
-    """The folder's cache layout, from its config and its model's forward() (built on the meta device)."""
-    import inspect
-
+def read_layout(folder: Path) -> tuple[Any, str | None]:
+    """The folder's cache layout as its model's forward() returns it for a two-token prompt (the model built from
+    the config, its weights left uninitialised: only shapes are read), and how the config's own fields disagree,
+    where they do (`formats.generation.model_layout`)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
     import transformers
 
     from trtflow.errors import StageFailed
 
-    from ..formats.generation import layout_of
-
+    transformers.utils.logging.set_verbosity_error()
     try:
         config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
         if getattr(config, "is_encoder_decoder", False):
@@ -67,15 +65,26 @@ def read_layout(folder: Path) -> Any:
                              "text-generation-with-past exports decoder-only LMs",
                              hint="--task text2text-generation-with-past (speech: automatic-speech-recognition-"
                              "with-past), or leave --task out")
-        with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(config)
-        return layout_of(config, "position_ids" in inspect.signature(model.forward).parameters)
+        return layout_from_config(config)
     except (ValueError, KeyError, OSError) as error:
         raise UsageError(f"transformers cannot build a causal LM from {folder}/config.json: "
                            f"{' '.join(str(error).split())[:300]}",
                            hint="check config.json's model_type and architectures, or pass --task") from None
     except StageFailed as error:  # the model does not fit the task: a usage mistake (exit 2), as in `trtflow run`
         raise UsageError(error.message, hint=error.hint) from None
+
+
+def layout_from_config(config: Any) -> tuple[Any, str | None]:
+    """`read_layout` of a config already read: the causal LM built from it (weights uninitialised) and its cache read
+    from its forward() (`formats.generation.model_layout`)."""
+    import transformers
+    from transformers.initialization import no_init_weights
+
+    from ..formats.generation import model_layout
+
+    with no_init_weights():
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    return model_layout(model)
 
 
 @dataclass
@@ -88,6 +97,7 @@ class GenerationScaffold:
     prompt: tuple[int, int, int]  # prompt lengths: min, opt, max (= the context length)
     past_opt: int
     prompts_ref: str | None  # a recipe path of real prompts, or None for random ones
+    rule_disagrees: str | None = None  # how the config's fields differ from the model's cache, where they do
 
     @property
     def context(self) -> int:
@@ -119,6 +129,8 @@ class GenerationScaffold:
                      f"context {self.context} of the model's {layout.context_length} positions." if
                      layout.context_length else f"context {self.context}: the model has no position table "
                      "(ALiBi), the profiles set it (--dim sequence_length=MIN:OPT:MAX)."),
+                 *([f"# The cache layout is read from the model's forward(); {_disagreement_text(self)}"]
+                   if self.rule_disagrees else []),
                  "#",
                  "# WARNING: int8 and fp16 are calibrated on RANDOM token ids (`random:` below); for a",
                  "# quantization that means something, give real inputs (path: samples.npz with input_ids,",
@@ -208,7 +220,13 @@ class GenerationScaffold:
         return [f"profile 'prefill': prompt 1..{self.context} (opt {self.prompt[1]}), past 0, batch "
                 f"{self.batch[0]}..{self.batch[2]}",
                 f"profile 'decode': one token after a past of 1..{self.context - 1} (opt {self.past_opt}), batch "
-                f"{self.batch[0]}..{self.batch[2]}"]
+                f"{self.batch[0]}..{self.batch[2]}"] + (
+                    [f"cache layout read from the model's forward(); {_disagreement_text(self)}"]
+                    if self.rule_disagrees else [])
+
+
+def _disagreement_text(plan: GenerationScaffold) -> str:
+    return f"its config's fields say otherwise ({plan.rule_disagrees})"
 
 
 def scaffold(folder: Path, model_ref: str, source: str, name: str, batch: tuple[int, int, int],
@@ -220,7 +238,7 @@ def scaffold(folder: Path, model_ref: str, source: str, name: str, batch: tuple[
         raise UsageError(f"--dim names no dimension of a generation recipe: {', '.join(unknown)}",
                            hint=f"give {SEQUENCE}=MIN:OPT:MAX (prompt lengths; MAX is the context length) or "
                            f"{PAST}=MIN:OPT:MAX (the decode profile's pasts; OPT is its opt)")
-    layout = read_layout(folder)
+    layout, disagrees = read_layout(folder)
     limit = layout.context_length  # 0: no position table (ALiBi): the profiles set the context
     if SEQUENCE in dims:
         prompt = dims[SEQUENCE]
@@ -239,4 +257,4 @@ def scaffold(folder: Path, model_ref: str, source: str, name: str, batch: tuple[
             raise UsageError(f"--dim {PAST}: a past of {dims[PAST][2]} leaves no room for the next token in a "
                                f"context of {prompt[2]}", hint=f"keep MAX <= {prompt[2] - 1}")
         past_opt = dims[PAST][1]
-    return GenerationScaffold(name, model_ref, source, layout, batch, prompt, past_opt, prompts_ref)
+    return GenerationScaffold(name, model_ref, source, layout, batch, prompt, past_opt, prompts_ref, disagrees)

@@ -38,6 +38,10 @@ def export_generation(ctx: StageContext, params: ExportParams, generation: Any, 
     summary["kv_cache"] = {"layers": layout.layers, "kv_heads": layout.kv_heads, "head_dim": layout.head_dim,
                            "vocab_size": layout.vocab_size, "context_length": layout.context_length,
                            "position_ids": layout.position_ids}
+    if generation.rule_disagrees:
+        summary["kv_cache"]["config_rule_disagrees"] = generation.rule_disagrees
+        ctx.log.warning("the cache layout is read from the model's forward(); its config's fields say otherwise: %s",
+                        generation.rule_disagrees)
     if not params.check:
         return summary
     ctx.progress(0.92, "greedy generation: ONNX Runtime against transformers' generate")

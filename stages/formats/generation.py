@@ -30,7 +30,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from trtflow.stage import RecipeMismatch, StageFailed
@@ -184,14 +184,15 @@ def cache_layer_kinds(config: Any) -> set[str]:
 
 
 def kv_heads_of(text: Any) -> int:
-    """Key/value heads the cache holds, as the model's attention computes them. Falcon's flags: its new decoder
-    architecture broadcasts its ``num_kv_heads`` to every query head before caching, and ``multi_query`` (the older
-    architecture, and GPTBigCode's) caches one, ``multi_query: false`` one per query head (Falcon: its
-    ``num_kv_heads``); elsewhere transformers' ``num_key_value_heads`` (grouped-query attention; 1 is multi-query),
-    else one per query head."""
+    """Key/value heads the cache holds by the config's rule (a cross-check of `model_layout`, which reads them from
+    the model). Falcon's flags: its new decoder architecture caches its ``num_kv_heads`` (transformers 5.25; 5.24
+    broadcast them to every query head first), and ``multi_query`` (the older architecture, and GPTBigCode's) caches
+    one, ``multi_query: false`` one per query head (Falcon: its ``num_kv_heads``); elsewhere transformers'
+    ``num_key_value_heads`` (grouped-query attention; 1 is multi-query), else one per query head."""
     heads = int(text.num_attention_heads)
     if _field(text, "new_decoder_architecture"):
-        return heads
+        kv = _field(text, "num_kv_heads")
+        return kv if isinstance(kv, int) and kv > 0 else heads
     if isinstance(_field(text, "multi_query"), bool):  # Falcon's older architecture, GPTBigCode
         kv = _field(text, "num_kv_heads")
         return 1 if text.multi_query else kv if isinstance(kv, int) and kv > 0 else heads
@@ -211,7 +212,8 @@ def head_dims_of(text: Any) -> tuple[int, int]:
 
 
 def layout_of(config: Any, takes_position_ids: bool) -> KvLayout:
-    """The cache layout of a decoder-only model of this config, from its own fields (transformers' names and the
+    """The config's rule, a cross-check of `model_layout` only (what a model caches is read from its forward()): the
+    cache layout of a decoder-only model of this config, from its own fields (transformers' names and the
     aliases its configs map: n_layer, n_head, ...) and the cache transformers builds for it; refuses a model whose
     cache is not one key and one value of the same shape per layer."""
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
@@ -250,26 +252,75 @@ def layout_of(config: Any, takes_position_ids: bool) -> KvLayout:
     return KvLayout(int(layers), kv_heads, key_dim, int(text.vocab_size), context_limit(text), takes_position_ids)
 
 
-def probe_layout(model: Any, declared: KvLayout) -> KvLayout:
-    """``declared`` with the heads and head_dim the model's own forward() caches, run once on a two-token prompt: the
-    export declares what the model does, and a recipe whose profiles were written for other sizes fails by name
-    (`check_profiles`) rather than as a size mismatch inside the exporter."""
+def model_layout(model: Any) -> tuple[KvLayout, str | None]:
+    """The cache layout of a decoder-only model as its own forward() returns it for a two-token prompt (on the
+    model's device; weights may be uninitialised: only shapes are read): layers, key/value heads and head_dim from
+    the cache it returns, the vocabulary from its logits, the context from its config. The config's rule
+    (`layout_of`) is a cross-check only: transformers releases change how a family caches (5.25 caches Falcon's
+    ``num_kv_heads`` where 5.24 broadcast them to every query head), so where the rule disagrees, the model wins and
+    the second value says how they differ (None where they agree). Refuses a model whose cache is not one key and
+    one value of one shape per layer."""
+    config = model.config
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    takes_position_ids = "position_ids" in inspect.signature(model.forward).parameters
+    try:
+        rule: KvLayout | str = layout_of(config, takes_position_ids)
+    except StageFailed as error:
+        if "keeps a cache of" in error.message:  # transformers' own cache for the config says so
+            raise
+        rule = error.message
+    layers, heads, head_dim, vocab = _probe(model, takes_position_ids)
+    layout = KvLayout(layers, heads, head_dim, vocab, context_limit(text), takes_position_ids)
+    return layout, _disagreement(rule, layout)
+
+
+def _probe(model: Any, takes_position_ids: bool) -> tuple[int, int, int, int]:
+    """(layers, key/value heads, head_dim, vocabulary) of the cache and logits the model's forward() returns."""
     import torch
 
-    ids = torch.ones((1, 2), dtype=torch.long)
-    options: dict[str, Any] = {"position_ids": torch.arange(2).unsqueeze(0)} if declared.position_ids else {}
-    with torch.no_grad():
-        result = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, return_dict=True, **options)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    ids = torch.ones((1, 2), dtype=torch.long, device=device)
+    options: dict[str, Any] = {"position_ids": torch.arange(2, device=device).unsqueeze(0)} \
+        if takes_position_ids else {}
+    try:
+        with torch.no_grad():
+            result = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, return_dict=True,
+                           **options)
+    except Exception as error:  # the model's own code: any exception type
+        raise StageFailed(f"the {_model_type(model.config)!r} model fails on a two-token prompt: "
+                          f"{type(error).__name__}: {' '.join(str(error).split())[:200]}", hint=NO_CACHE_HINT) from None
     cache = result.get("past_key_values", result.get("cache"))
+    if cache is not None and not hasattr(cache, "layers") and not isinstance(cache, (tuple, list)):
+        raise StageFailed(f"the {_model_type(model.config)!r} model returns a {type(cache).__name__}, not one cache "
+                          "of one key and one value per layer (an encoder-decoder's or a decoder's with "
+                          "cross-attention)", hint=NO_CACHE_HINT)
+    kinds = sorted({type(layer).__name__ for layer in getattr(cache, "layers", [])} - set(ATTENTION_LAYERS))
+    if kinds:
+        raise StageFailed(f"the {_model_type(model.config)!r} model keeps a cache of {', '.join(kinds)} "
+                          "(state-space, linear-attention or hybrid layers), not one key and one value per layer, "
+                          f"the layout {TASK} exports", hint=NO_CACHE_HINT)
     tensors = cache_tensors(cache) if cache is not None else []
-    shapes = {tuple(t.shape[1:]) for t in tensors if getattr(t, "ndim", 0) == 4}
-    if len(tensors) != 2 * declared.layers or len(shapes) != 1:
+    shapes = {(t.shape[1], t.shape[3]) if getattr(t, "ndim", 0) == 4 else tuple(getattr(t, "shape", ()))
+              for t in tensors}
+    if not tensors or len(tensors) % 2 or len(shapes) != 1 or len(next(iter(shapes))) != 2:
         raise StageFailed(f"the {_model_type(model.config)!r} model's forward() returns no cache of one key and one "
-                          f"value [batch, heads, positions, head_dim] per layer (shapes "
+                          f"value [batch, heads, positions, head_dim] of one shape per layer (shapes "
                           f"{sorted({tuple(getattr(t, 'shape', ())) for t in tensors})[:4]})",
                           hint=NO_CACHE_HINT)
-    heads, _, head_dim = shapes.pop()
-    return replace(declared, kv_heads=int(heads), head_dim=int(head_dim))
+    heads, head_dim = shapes.pop()
+    return len(tensors) // 2, int(heads), int(head_dim), int(result["logits"].shape[-1])
+
+
+def _disagreement(rule: KvLayout | str, model: KvLayout) -> str | None:
+    """How the config's rule differs from what the model caches, in words; None where they agree."""
+    if isinstance(rule, str):
+        return f"the config's fields do not give the cache layout ({rule}); it is read from the model"
+    fields = [(name, getattr(rule, key), getattr(model, key)) for name, key in
+              (("layers", "layers"), ("key/value heads", "kv_heads"), ("head_dim", "head_dim"),
+               ("vocabulary", "vocab_size"))]
+    differ = [f"{name} {ours} by the config's fields, {theirs} in the model's cache" for name, ours, theirs in fields
+              if ours != theirs]
+    return "; ".join(differ) or None
 
 
 def layout_from_io(inputs: Mapping[str, Sequence[Any]], input_types: Mapping[str, str],
@@ -413,6 +464,7 @@ class GenerationModel:
     layout: KvLayout
     inputs: dict[str, dict[str, Any]]
     outputs: list[str]
+    rule_disagrees: str | None = None  # how the config's rule differs from the model's cache (`model_layout`)
 
 
 def wrap(model: Any, config: Any) -> GenerationModel:
@@ -426,9 +478,9 @@ def wrap(model: Any, config: Any) -> GenerationModel:
                           "encoder-decoder", hint="task: text2text-generation-with-past (Whisper and other speech "
                           "models: automatic-speech-recognition-with-past) exports its encoder and its decoder with "
                           "the KV cache")
-    layout = probe_layout(model, layout_of(config, "position_ids" in parameters))
+    layout, disagrees = model_layout(model)
     module = wrapper_class()(model, layout).eval()
-    return GenerationModel(module, model, layout, layout.input_entries(), layout.output_names)
+    return GenerationModel(module, model, layout, layout.input_entries(), layout.output_names, disagrees)
 
 
 def name_output_dims(path: Any, layout: KvLayout) -> None:

@@ -347,9 +347,9 @@ def counting_syncs() -> Iterator[dict[str, int]]:
 def open_decoder(model: Any, device: str, max_length: int, cuda_graphs: bool, slots: int) -> StaticDecoder:
     """A `StaticDecoder` over ``model`` (already in its dtype on ``device``) with ``slots`` cache slots made and,
     on CUDA with ``cuda_graphs``, their decode steps captured: ready to be timed."""
-    from ..formats.generation import layout_of
+    from ..formats.generation import model_layout
 
-    layout = layout_of(model.config, "position_ids" in _parameters(model))
+    layout = model_layout(model)[0]
     decoder = StaticDecoder(model, layout, device, max_length, cuda_graphs)
     decoder.warm(slots)
     return decoder

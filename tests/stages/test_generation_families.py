@@ -1,9 +1,12 @@
 """Every family of transformers' causal-LM mapping (the installed transformers', not a hand-picked list): the cache
-layout `trtflow init` derives from a tiny random config (`formats.generation.layout_of`: key/value heads, head_dim,
-layers, context) must be the one the model's own forward() returns, or the family must be refused by name (a cache
-that is not one key and one value per layer). A new family that transformers adds and that init misreads fails
-here. Falcon is also tried in each of its attention variants (multi-query, multi-head, the new decoder architecture,
-ALiBi)."""
+layout `trtflow init` reads for a tiny random config (`cli.init_generation.layout_from_config`: the model built with
+its weights uninitialised, its cache read from its forward()) must be the one the model's own forward() caches with
+initialised weights (read here through the cache's layers, not the code under test), or the family must be refused
+by name (a cache that is not one key and one value per layer). A new family that transformers adds and that init
+misreads fails here. The config's rule (`formats.generation.layout_of`) is only a cross-check: where it disagrees
+with the model (transformers 5.25 caches Falcon's ``num_kv_heads`` where 5.24 broadcast them), the survey reports it
+("ok; the config's rule differs: ..."), init says so, and the recipe follows the model. Falcon is also tried in each
+of its attention variants (multi-query, multi-head, the new decoder architecture, ALiBi)."""
 
 from __future__ import annotations
 
@@ -95,6 +98,19 @@ def _real_cache(config: Any) -> tuple[set[tuple[int, ...]], int] | str:
             for layer in layers}, len(layers)
 
 
+def _init_refuses(config: Any) -> str | None:
+    """Why init refuses this config (its message), or None where it reads a layout."""
+    from trtflow_stages.cli.init_generation import layout_from_config
+
+    try:
+        layout_from_config(config)
+    except StageFailed as error:
+        return error.message
+    except Exception:  # the model's own code fails for init too: init then says so by its own error path
+        return None
+    return None
+
+
 def families() -> list[str]:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -106,7 +122,8 @@ def survey(chosen: list[str] | None = None) -> list[tuple[str, str, str]]:
     "skip: ..." or a failure ("FAIL: ...")."""
     import transformers
 
-    from trtflow_stages.formats.generation import context_limit, layout_of
+    from trtflow_stages.cli.init_generation import layout_from_config
+    from trtflow_stages.formats.generation import context_limit
 
     transformers.logging.set_verbosity_error()
     rows = []
@@ -134,17 +151,9 @@ def survey(chosen: list[str] | None = None) -> list[tuple[str, str, str]]:
                 rows.append((family, variant, "skip: an encoder-decoder (issue 34 item 2)"))
                 continue
             try:
-                layout = layout_of(config, takes_position_ids=True)
-                derived: Any = None
-            except StageFailed as error:
-                layout, derived = None, error.message
-            if layout is None and "keeps a cache of" in str(derived):  # transformers' own cache says so
-                rows.append((family, variant, f"refused: {derived}"))
-                continue
-            try:
                 real = _real_cache(config)
                 decoder = getattr(config, "is_decoder", None)
-                if real == "no key/value layers" and layout is not None and decoder is False:
+                if real == "no key/value layers" and decoder is False:
                     # BERT-style encoders with a causal head cache only as decoders: a config that says so
                     config = _tiny_config(family, {**extra, "is_decoder": True})
                     variant = ",".join([variant, "is_decoder=True"]).strip(",")
@@ -153,30 +162,35 @@ def survey(chosen: list[str] | None = None) -> list[tuple[str, str, str]]:
                 rows.append((family, variant, f"skip: needs an extra package ({error})"))
                 continue
             except Exception as error:  # the model's own code
-                failed = f"FAIL: forward() at a tiny config: {type(error).__name__}: {str(error)[:120]}"
-                outcome = f"skip: {HARNESS[family]}" if family in HARNESS else \
-                    f"refused: {derived}" if layout is None else failed
+                refused = _init_refuses(config)
+                outcome = f"skip: {HARNESS[family]}" if family in HARNESS else f"refused: {refused}" if refused \
+                    else f"FAIL: forward() at a tiny config: {type(error).__name__}: {str(error)[:120]}"
                 rows.append((family, variant, outcome))
                 continue
             if real == "too large":
                 rows.append((family, variant, "skip: over 3M parameters at the generic tiny config (time)"))
                 continue
-            if layout is None:  # refused: right where transformers' cache for the config is no plain key/value one
+            try:
+                layout, rule = layout_from_config(config)
+            except StageFailed as error:
+                # refused: right only where the model caches no plain key/value of one shape per layer
                 plain = not isinstance(real, str) and len(real[0]) == 1 and \
                     (lambda s: s[0] == s[2] and s[1] == s[3])(next(iter(real[0])))
-                rows.append((family, variant, f"FAIL: refused ({derived}) but caches {real}"
-                             if plain and "keeps a cache of" not in str(derived) else f"refused: {derived}"))
+                # (or where transformers' own cache for the config holds other kinds of layer: "keeps a cache of")
+                wrong = plain and "keeps a cache of" not in error.message
+                rows.append((family, variant, f"FAIL: refused ({error.message}) but caches {real}" if wrong
+                             else f"refused: {error.message}"))
                 continue
-            if real == "no key/value layers":  # what probe_layout refuses by name at export
-                rows.append((family, variant, "refused at export: forward() returns no key/value cache"))
+            if real == "no key/value layers":
+                rows.append((family, variant, f"FAIL: init reads {layout} but forward() returns no key/value cache"))
                 continue
             want = ({(layout.kv_heads, layout.head_dim, layout.kv_heads, layout.head_dim)}, layout.layers)
             if real != want:
-                rows.append((family, variant, f"FAIL: init derives {want}, the model caches {real}"))
+                rows.append((family, variant, f"FAIL: init reads {want}, the model caches {real}"))
             elif layout.context_length != context_limit(config):
                 rows.append((family, variant, "FAIL: context"))
             else:
-                rows.append((family, variant, "ok"))
+                rows.append((family, variant, "ok" if rule is None else f"ok; the config's rule differs: {rule}"))
     return rows
 
 
@@ -192,20 +206,47 @@ def test_init_reads_every_causal_lm_familys_cache_as_its_model_does(shard):
     rows = survey(chosen)
     failures = [row for row in rows if row[2].startswith("FAIL")]
     assert not failures, "\n".join(map(str, failures))
-    ok = {family for family, _, outcome in rows if outcome == "ok"}
+    ok = {family for family, _, outcome in rows if outcome.startswith("ok")}
     # the families of issue 34 and the zoo's, by name: a survey that silently skipped them would prove nothing
     assert NAMED & set(chosen) <= ok, sorted(NAMED & set(chosen) - ok)
     assert len(ok) >= len(chosen) // 3, sorted(ok)
+    differ = [row for row in rows if row[2].startswith("ok; ")]
+    if differ:  # reported, not failed: the recipe follows the model (what init prints and writes says so too)
+        warnings.warn("the config's rule differs from the model's cache for " + "; ".join(map(str, differ)),
+                      stacklevel=1)
 
 
 def test_falcons_attention_flags_give_its_key_value_heads():
-    from trtflow_stages.formats.generation import kv_heads_of
+    """Each attention variant of Falcon is read as its model caches it, whichever rule the installed transformers
+    follows (5.24 broadcast the new decoder architecture's num_kv_heads to every query head, 5.25 caches them)."""
+    from trtflow_stages.cli.init_generation import layout_from_config
 
     rows = survey(["falcon"])
-    assert len(rows) == len(VARIANTS["falcon"]) and {outcome for _, _, outcome in rows} == {"ok"}, rows
-    for extra, heads in (({"multi_query": True}, 1), ({"multi_query": False}, 4),
-                         ({"new_decoder_architecture": True, "num_kv_heads": 2}, 4)):
-        assert kv_heads_of(_tiny_config("falcon", extra)) == heads, extra
+    assert len(rows) == len(VARIANTS["falcon"]) and all(outcome.startswith("ok") for _, _, outcome in rows), rows
+    for extra, heads in (({"multi_query": True}, {1}), ({"multi_query": False}, {4}),
+                         ({"new_decoder_architecture": True, "num_kv_heads": 2}, {2, 4})):
+        assert layout_from_config(_tiny_config("falcon", extra))[0].kv_heads in heads, extra
+
+
+def test_a_config_rule_that_disagrees_with_the_model_is_reported_and_the_model_followed(monkeypatch, tmp_path):
+    """A transformers release that changes how a family caches (the config's rule then reads the old layout):
+    `trtflow init` writes the model's layout, says how the rule differs, and the recipe's comment says it too."""
+    from tests.conftest import trtflow_in_process
+    from tests.stages.test_generation import save_family
+    from trtflow_stages.formats import generation
+
+    (tmp_path / "pyproject.toml").write_text("")
+    save_family(tmp_path, "llama")
+    right = generation.kv_heads_of
+    monkeypatch.setattr(generation, "kv_heads_of", lambda text: right(text) * 2)  # the rule of another release
+    proc = trtflow_in_process("init", "llama", "-o", "recipe.yaml", cwd=tmp_path)
+    said = "key/value heads 4 by the config's fields, 2 in the model's cache"
+    assert "(2 layers, 2 key/value heads of 8)" in proc.stderr and said in proc.stderr, proc.stderr
+    text = (tmp_path / "recipe.yaml").read_text()
+    assert f"# The cache layout is read from the model's forward(); its config's fields say otherwise ({said})" in text
+    import yaml
+
+    assert yaml.safe_load(text)["profiles"]["decode"]["past_key_values.0.key"]["max"][1] == 2
 
 
 def test_alibi_models_have_no_context_bound():
