@@ -30,7 +30,7 @@ def write_plugin_distribution(directory: Path) -> list[str]:
     info.mkdir(exist_ok=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: trtflow-reliability-plugins\nVersion: 0.0\n")
     lines = ["[trtflow.stages]", "faulty = trtflow_test_faults:stage", "probe = trtflow_test_probe:stage",
-             "copy = trtflow_test_probe:copy_stage"]
+             "copy = trtflow_test_probe:copy_stage", "hold = trtflow_test_probe:hold_stage"]
     if "synth" not in _installed_stage_names():
         lines.append("synth = trtflow_example_plugin:stage")
     (info / "entry_points.txt").write_text("\n".join(lines) + "\n")

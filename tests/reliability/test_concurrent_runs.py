@@ -98,8 +98,10 @@ def _wait_until_running(store: Path, node: str, proc: subprocess.Popen) -> None:
 
 
 def test_lock_timeout_bounds_the_wait_with_a_clear_message(tmp_path: Path, plugin_env: dict[str, str]) -> None:
+    # the first run's node holds until the test ends (not a sleep the second run might outlast on a loaded machine)
+    release = tmp_path / "release"
     recipe = tmp_path / "slow.yaml"
-    recipe.write_text("name: slow\nnodes:\n  - {name: slow, stage: synth, params: {sleep: 6}}\n")
+    recipe.write_text(f"name: slow\nnodes:\n  - {{name: slow, stage: hold, params: {{until: '{release}'}}}}\n")
     store = tmp_path / "store"
     first = _start(recipe, store, tmp_path / "out1", plugin_env)
     try:
@@ -115,21 +117,33 @@ def test_lock_timeout_bounds_the_wait_with_a_clear_message(tmp_path: Path, plugi
         first.kill()
         first.communicate()
     # The first run was killed while holding the lock: the lock dies with it and a new run builds the node.
-    third = subprocess.run([*TRTFLOW, "run", str(recipe), "--store", str(store), "--lock-timeout", "5",
-                            "--set", "nodes.slow.params.sleep=0"], cwd=tmp_path, env=plugin_env,
+    release.write_text("")
+    third = subprocess.run([*TRTFLOW, "run", str(recipe), "--store", str(store), "--lock-timeout", "5"],
+                           cwd=tmp_path, env=plugin_env,
                            capture_output=True, text=True, timeout=60)
     assert third.returncode == 0, third.stdout + third.stderr
     assert verify_store(Store(store)).problems == []
 
 
 def test_waiting_run_reuses_what_the_other_built(tmp_path: Path, plugin_env: dict[str, str]) -> None:
+    # the first run's node holds until the second run says it waits (not a fixed sleep: a loaded machine can take
+    # longer than any sleep to start the second run)
+    release = tmp_path / "release"
     recipe = tmp_path / "slow.yaml"
-    recipe.write_text("name: slow\nnodes:\n  - {name: slow, stage: synth, params: {sleep: 1.5}}\n")
+    recipe.write_text(f"name: slow\nnodes:\n  - {{name: slow, stage: hold, params: {{until: '{release}'}}}}\n")
     store = tmp_path / "store"
     first = _start(recipe, store, tmp_path / "out1", plugin_env)
     _wait_until_running(store, "slow", first)
-    second = _start(recipe, store, tmp_path / "out2", plugin_env, "--lock-timeout", "60")
-    out1, out2 = first.communicate(timeout=60)[0], second.communicate(timeout=60)[0]
+    second = _start(recipe, store, tmp_path / "out2", plugin_env, "--lock-timeout", "300")
+    assert second.stdout is not None
+    said = []
+    for line in second.stdout:  # the second run's lines as they come, until it says it waits
+        said.append(line)
+        if "another trtflow run is building it; waiting" in line:
+            break
+    release.write_text("")
+    out1, rest = first.communicate(timeout=300)[0], second.communicate(timeout=300)[0]
+    out2 = "".join(said) + rest
     assert first.returncode == 0 and second.returncode == 0, out1 + out2
     assert "another trtflow run is building it; waiting" in out2
     assert "reused: built meanwhile by another trtflow run" in out2

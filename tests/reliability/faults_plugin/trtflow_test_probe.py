@@ -6,6 +6,8 @@ from every GPU it is given) would see; and whether Python's cyclic collector is 
 objects it was forked with frozen (the fork server's start-up, `trtflow.execution.forkserver`).
 ``copy`` reads a data file or folder that its parameters name, and appends what a ``python:`` callable returns: a
 stage whose key depends on project files and code.
+``hold`` runs until a file it names appears (a test makes it once it has seen what it waits for), then writes its
+output: a node that stays running for as long as a test needs, however slow the machine, without a fixed sleep.
 """
 
 from __future__ import annotations
@@ -73,4 +75,34 @@ copy_stage = Stage(
     outputs={"data": Output(FILE, "data.bin", "The copied bytes.")},
     files=lambda p: [p.path],
     environment=("python",),
+)
+
+
+class HoldParams(StageParams):
+    until: str = Field(description="An absolute path: the node runs until a file appears there.")
+    limit_s: float = Field(default=300.0, gt=0, description="Fail after this long without the file.")
+
+
+def hold(ctx: StageContext, inputs: dict[str, Path], params: HoldParams) -> dict[str, Any]:
+    import time
+
+    from trtflow.stage import StageFailed
+
+    deadline = time.monotonic() + params.limit_s
+    while not os.path.exists(params.until):
+        if time.monotonic() > deadline:
+            raise StageFailed(f"{params.until} did not appear in {params.limit_s} s")
+        time.sleep(0.02)
+    ctx.output("data").write_bytes(b"held")
+    return {"held": True}
+
+
+hold_stage = Stage(
+    name="hold",
+    version="1",
+    description="Runs until a file appears (tests that need a node running while something else happens).",
+    params=HoldParams,
+    run=hold,
+    outputs={"data": Output(FILE, "data.bin", "Four bytes.")},
+    environment=(),
 )
