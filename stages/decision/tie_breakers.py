@@ -78,11 +78,11 @@ def compare_accuracy(ours: Mapping[str, Any] | None, theirs: Mapping[str, Any] |
     both = [figure for figure in ACCURACY_FIGURES if finite(ours.get(figure)) and finite(theirs.get(figure))]
     for figure in both:
         higher = ACCURACY_FIGURES[figure][0]
-        a, b = ours.get(figure), theirs.get(figure)
+        a, b = float(ours[figure]), float(theirs[figure])
         margin = _margin(ours, theirs, figure, len(both))
         difference = (a - b) if higher else (b - a)
         verdict = 1 if difference > margin else -1 if -difference > margin else 0
-        found.append(FigureComparison(figure, float(a), float(b), margin, verdict))
+        found.append(FigureComparison(figure, a, b, margin, verdict))
     return [_max_with_the_mean(c, found) for c in found]
 
 
