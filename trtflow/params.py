@@ -35,14 +35,18 @@ def validated_params(params_type: type[P], params: Mapping[str, Any]) -> P:
     return params_type.model_validate(params)
 
 
-def written_out(stage: str, model: BaseModel) -> dict[str, Any]:
-    """``model`` as a node carries it (JSON-ready, every default written), checked to read back
-    (`validated_params`) as the same parameters. A stage whose parameters do not is a bug of the stage, refused
-    when the recipe is planned, naming the field: its nodes would otherwise run, in a worker, on other parameters
-    than the recipe's."""
+M = TypeVar("M", bound=BaseModel)
+
+
+def written_out(stage: str, model: M) -> tuple[dict[str, Any], M]:
+    """``model`` as a node carries it (JSON-ready, every default written) and the parameters a node's process reads
+    from that (`validated_params`), checked to be the same. A stage whose parameters do not read back as written is
+    a bug of the stage, refused when the recipe is planned, naming the field: its nodes would otherwise run, in a
+    worker, on other parameters than the recipe's."""
     dump = model.model_dump(mode="json")
     try:
-        again = validated_params(type(model), dump).model_dump(mode="json")
+        read = validated_params(type(model), dump)
+        again = read.model_dump(mode="json")
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first.get("loc", ()))
@@ -53,4 +57,4 @@ def written_out(stage: str, model: BaseModel) -> dict[str, Any]:
         changed = sorted(key for key in dump.keys() | again.keys() if again.get(key) != dump.get(key))
         raise InternalError(f"stage {stage!r}: its parameters change when written out and read back "
                             f"({', '.join(changed)}): a stage's parameters must read back as written")
-    return dump
+    return dump, read

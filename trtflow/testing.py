@@ -41,7 +41,7 @@ def run_stage(
     workdir = Path(workdir or tempfile.mkdtemp(prefix="trtflow-stage-"))
     recipe_dir = Path(recipe_dir or workdir)
     # as a node's process reads them: written out in full and read back (trtflow.params), not as the test wrote them
-    validated = validated_params(stage.params, written_out(stage.name, validated_params(stage.params, params)))
+    validated = written_out(stage.name, validated_params(stage.params, params))[1]
     env = Environment(dict(facts or {}))
     ctx = StageContext(
         node=stage.name,

@@ -92,10 +92,10 @@ def expand(loaded: LoadedRecipe, stages: Any) -> list[ConcreteNode]:
                 for slot, ref in spec.inputs.items()
             }
             # what the node carries, and the model a worker reads from it (what the stage runs on, every process)
-            written = written_out(spec.stage, model)
+            written, read = written_out(spec.stage, model)
             out.append(ConcreteNode(
                 name=name, template=spec.name, stage=spec.stage,
-                params=written, params_model=validated_params(stage.params, written),
+                params=written, params_model=read,
                 input_refs=refs, explicit_inputs=bool(spec.inputs), matrix=combo,
                 timeout=spec.timeout, index=index, location=node_loc, description=spec.description,
                 resources=spec.resources.model_dump(exclude_none=True) if spec.resources else {},
