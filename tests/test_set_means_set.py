@@ -85,9 +85,10 @@ def test_a_stage_whose_parameters_do_not_read_back_is_refused_naming_it():
 
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in (REPO / "pipelines").glob("*.yaml")))
-def test_every_shipped_recipe_reads_back_as_written(recipe):
+def test_every_shipped_recipe_reads_back_as_written(recipe, tmp_path):
     """The differential check on the recipes the project ships: every node's written-out parameters, validated
-    again as a worker does, give the same parameters (expansion refuses a node whose do not)."""
+    again as a worker does, give the same parameters (expansion refuses a node whose do not); and the recipe with
+    every default written out in its file (the nodes without a matrix) plans the same parameters."""
     from trtflow.recipe.expand import expand
     from trtflow.recipe.load import load_recipe
     from trtflow.registry import get_stage
@@ -97,6 +98,14 @@ def test_every_shipped_recipe_reads_back_as_written(recipe):
     for node in nodes:
         again = validated_params(get_stage(node.stage).params, node.params)
         assert again.model_dump(mode="json") == node.params == node.params_model.model_dump(mode="json")
+    raw = yaml.safe_load((REPO / "pipelines" / recipe).read_text())
+    planned = {node.name: node.params for node in nodes}
+    written = [spec for spec in raw["nodes"] if not spec.get("matrix") and spec["name"] in planned]
+    for spec in written:
+        spec["params"] = planned[spec["name"]]
+    (tmp_path / recipe).write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert written and {node.name: node.params for node in expand(load_recipe(tmp_path / recipe), get_stage)
+                        } == planned
 
 
 # -- torch_cuda_graphs: null decides (generation on PyTorch: on), false turns them off ---------------------------
