@@ -20,6 +20,8 @@ from trtflow.errors import InternalError
 from trtflow.params import validated_params, written_out
 from trtflow.stage import StageParams
 
+#: one worker (CI: `--dist loadgroup`): the module-scoped project and its `trtflow init` made once per run
+pytestmark = pytest.mark.xdist_group("set_means_set")
 REPO = Path(__file__).resolve().parent.parent
 #: Where a stage's behaviour could rest on which fields a recipe wrote: pydantic's fields-set, read or dumped.
 FIELDS_SET = {"model_fields_set", "__pydantic_fields_set__", "__fields_set__", "exclude_unset", "exclude_defaults"}
@@ -148,6 +150,15 @@ def test_generation_on_pytorch_asks_for_cuda_graphs_unless_the_recipe_says_false
              for node in ("decide", "eager")}
     assert torch["decide"]["cuda_graphs_off"] == "not on a CUDA device"  # asked for; this machine has no GPU
     assert torch["eager"]["cuda_graphs_off"] == "not asked"
+
+
+def test_the_schema_says_null_for_decide(tmp_path):
+    """`trtflow schema`: the defaults that mean "decide for me" are null, and null may be written."""
+    trtflow_in_process("schema", "--builtin", "-o", "schema.json", cwd=tmp_path)
+    defs = json.loads((tmp_path / "schema.json").read_text())["$defs"]
+    for fields in (defs["benchmark_params"]["properties"]["torch_cuda_graphs"],
+                   *(defs["Prompts"]["properties"][name] for name in ("count", "length", "seed"))):
+        assert fields["default"] is None and {"type": "null"} in fields["anyOf"]
 
 
 def test_serving_load_on_pytorch_keeps_cuda_graphs_off_unless_asked():
