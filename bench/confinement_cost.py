@@ -76,7 +76,7 @@ def _child_unconfined(folder: Path, params: dict) -> dict:
 
     source = (folder / params["model"]).absolute()
     box = Path(tempfile.mkdtemp(dir=folder, prefix="work-")) / "confined"
-    request = {"node": "export", "params": export.Params(**params).model_dump(mode="json", exclude_unset=True),
+    request = {"node": "export", "params": export.Params(**params).model_dump(mode="json"),
                "format": detect(params["model"], source).name, "source": str(source)}
     answer = confinement.run("trtflow_stages.export:export_in_child", request, box, [source], confine_child=False)
     return {"model_code": "child", "checked": answer["check"]["checked"]}

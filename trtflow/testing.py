@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.environment import Environment
+from trtflow.params import validated_params, written_out
 from trtflow.stage import Reference, Stage, StageContext
 
 
@@ -39,7 +40,8 @@ def run_stage(
 
     workdir = Path(workdir or tempfile.mkdtemp(prefix="trtflow-stage-"))
     recipe_dir = Path(recipe_dir or workdir)
-    validated = stage.params.model_validate(dict(params))
+    # as a node's process reads them: written out in full and read back (trtflow.params), not as the test wrote them
+    validated = written_out(stage.name, validated_params(stage.params, params))[1]
     env = Environment(dict(facts or {}))
     ctx = StageContext(
         node=stage.name,

@@ -17,27 +17,51 @@ from pydantic import Field, model_validator
 
 from trtflow.stage import StageFailed, StageParams
 
+#: Random prompts when ``path`` is not given: count, length, seed.
+RANDOM = {"count": 4, "length": 8, "seed": 0}
+
 
 class Prompts(StageParams):
-    """Where the prompts come from: ``path`` (a file of token ids), else random ids from ``seed``."""
+    """Where the prompts come from: ``path`` (a file of token ids), else random ids from ``seed``.
+
+    ``count``, ``length`` and ``seed`` default to None, "not given": random prompts take `RANDOM` for those not
+    given (written out, a node's prompts say them), prompts from a file keep them null. Which is which rests on the
+    values, not on which fields a recipe wrote (`trtflow.params`): ``path`` with ``count: 4`` written is refused."""
 
     path: str | None = Field(None, description="A file of token-id prompts, relative to the recipe: .json (a list "
                              "of lists of ids), .npy (a 2-D integer array, one prompt per row) or .npz (an array "
                              "named input_ids). Without it, random ids are drawn (count, length, seed).")
-    count: int = Field(4, ge=1, le=10_000, description="Random prompts: how many.")
-    length: int = Field(8, ge=1, description="Random prompts: ids per prompt.")
-    seed: int = Field(0, description="Random prompts: seed of the generator.")
+    count: int | None = Field(None, ge=1, le=10_000, description="Random prompts: how many (without path: 4 "
+                              "unless given; with path: not given).")
+    length: int | None = Field(None, ge=1, description="Random prompts: ids per prompt (without path: 8 unless "
+                               "given; with path: not given).")
+    seed: int | None = Field(None, description="Random prompts: seed of the generator (without path: 0 unless "
+                             "given; with path: not given).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _random_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("path") is None:
+            return {**data, **{key: value for key, value in RANDOM.items() if data.get(key) is None}}
+        return data
 
     @model_validator(mode="after")
     def _one_source(self) -> Prompts:
-        if self.path is not None and {"count", "length", "seed"} & self.model_fields_set:
+        if self.path is not None and (self.count, self.length, self.seed) != (None, None, None):
             raise ValueError("give either path (prompts from a file) or count/length/seed (random prompts)")
         return self
+
+    @property
+    def random(self) -> tuple[int, int, int]:
+        """count, length, seed of random prompts (those of `RANDOM` for prompts from a file, which has none)."""
+        return (self.count or RANDOM["count"], self.length or RANDOM["length"],
+                RANDOM["seed"] if self.seed is None else self.seed)
 
     def describe(self) -> str:
         if self.path is not None:
             return f"prompts from {self.path}"
-        return f"{self.count} random prompt(s) of {self.length} token ids (seed {self.seed})"
+        count, length, seed = self.random
+        return f"{count} random prompt(s) of {length} token ids (seed {seed})"
 
     def files(self) -> list[str]:
         return [self.path] if self.path is not None else []
@@ -48,8 +72,9 @@ def load_prompts(spec: Prompts, vocab_size: int, resolve: Callable[[str], Path] 
     import numpy as np
 
     if spec.path is None:
-        rng = np.random.default_rng(spec.seed)
-        return [rng.integers(0, vocab_size, size=spec.length, dtype=np.int64) for _ in range(spec.count)]
+        count, length, seed = spec.random
+        rng = np.random.default_rng(seed)
+        return [rng.integers(0, vocab_size, size=length, dtype=np.int64) for _ in range(count)]
     path = resolve(spec.path) if resolve is not None else Path(spec.path)
     try:
         if path.suffix == ".json":

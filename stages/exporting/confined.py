@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from trtflow.params import validated_params
 from trtflow.stage import (
     Output,
     StageContext,
@@ -37,8 +38,7 @@ def export_confined(ctx: StageContext, params: ExportParams, fmt: str, source: P
 
     box = ctx.scratch / "confined"
     ctx.progress(0.05, "exporting in a confined child process")
-    # (only the fields the recipe set: which were set decides what the model's own declarations replace)
-    request = {"node": ctx.node, "params": params.model_dump(mode="json", exclude_unset=True), "format": fmt,
+    request = {"node": ctx.node, "params": params.model_dump(mode="json"), "format": fmt,
                "source": str(source.absolute())}
     answer = confinement.run(export_in_child, request, box, [source], log=ctx.log,
                              what=f"exporting {params.model} (in a confined child process)",
@@ -69,7 +69,7 @@ def in_child(request: dict[str, Any], params_type: type[ExportParams], outputs: 
     box = Path.cwd()
     ctx = StageContext(node=request["node"], scratch=box / "work", recipe_dir=box, outputs=outputs,
                        cache_dir=box / "cache", logger=logging.getLogger(f"trtflow.node.{request['node']}"))
-    params = params_type.model_validate(request["params"])
+    params = validated_params(params_type, request["params"])
     extra: dict[str, Any] = {}
     target = ctx.output("model")
     assert target == box / _CHILD_MODEL

@@ -59,7 +59,7 @@ def with_declared(params: ExportParams, inputs: dict[str, dict[str, Any]], outpu
     if not update:
         return params
     try:
-        return type(params).model_validate({**params.model_dump(exclude_unset=True), **update})
+        return type(params).model_validate({**params.model_dump(), **update})
     except ValueError as error:
         raise StageFailed(f"the inputs the model declares do not fit the recipe: {error}",
                           hint=f"the model's inputs: {inputs}") from error

@@ -32,12 +32,13 @@ class Params(TimingFields, LoadFields, GateFields):
         None, description="For backend torch: a factory returning a torch.nn.Module, "
         "'python:package.module:factory' or 'python:path/to/file.py:factory'. THIS RUNS YOUR CODE."
     )
-    torch_cuda_graphs: bool = Field(
-        False, description="For backend torch on CUDA, under serving load: each instance replays its forward as "
-        "one CUDA graph per batch size (captured while it warms up), instead of launching every kernel from "
-        "Python. Eager launches make a small model's latency tail depend on the host (see bench/serving_load.md). "
-        "With generation, each decode step is replayed as a CUDA graph unless this is set to false (on by "
-        "default there; a model whose step cannot be captured runs eagerly and the metrics say why)."
+    torch_cuda_graphs: bool | None = Field(
+        None, description="For backend torch on CUDA: replay the model as CUDA graphs instead of launching every "
+        "kernel from Python. Under serving load, each instance replays its forward as one CUDA graph per batch size "
+        "(captured while it warms up); eager launches make a small model's latency tail depend on the host (see "
+        "bench/serving_load.md). With generation, each decode step is replayed as a CUDA graph (a model whose step "
+        "cannot be captured runs eagerly and the metrics say why). Not given (null): trtflow decides: on for "
+        "generation, off under serving load; true or false decides it for both."
     )
     hf_model: str | None = Field(
         None, description="For backend torch with generation: a Hugging Face folder of a decoder-only causal LM "
@@ -187,8 +188,13 @@ class Params(TimingFields, LoadFields, GateFields):
 
     @property
     def generation_cuda_graphs(self) -> bool:
-        """Generation on PyTorch replays its decode steps as CUDA graphs unless torch_cuda_graphs is set false."""
-        return self.torch_cuda_graphs if "torch_cuda_graphs" in self.model_fields_set else True
+        """Generation on PyTorch replays its decode steps as CUDA graphs unless torch_cuda_graphs is false."""
+        return self.torch_cuda_graphs is not False
+
+    @property
+    def serving_cuda_graphs(self) -> bool:
+        """Serving load on PyTorch replays its forward as CUDA graphs when torch_cuda_graphs is true."""
+        return self.torch_cuda_graphs is True
 
 
 GATE_PARAMS = tuple(GateFields.model_fields)  # judged on the summary, left out of the node key

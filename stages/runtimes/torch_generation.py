@@ -148,6 +148,7 @@ class StaticDecoder:
         self.device = device
         self.max_length = max_length
         self.dtype = next(model.parameters()).dtype
+        self.graphs_asked = cuda_graphs
         self.cuda_graphs = cuda_graphs and device.startswith("cuda")
         self.keyword = cache_keyword(model)
         accepted = _parameters(model)
@@ -222,7 +223,7 @@ class StaticDecoder:
                                 "cuda_graphs": bool(self.cuda_graphs and captured and not reasons),
                                 "slots": len(self._slots), "captured_slots": captured}
         if not self.cuda_graphs:
-            info["cuda_graphs_off"] = "not asked" if self.device.startswith("cuda") else "not on a CUDA device"
+            info["cuda_graphs_off"] = "not asked" if not self.graphs_asked else "not on a CUDA device"
         elif reasons:
             info["cuda_graphs_off"] = "; ".join(reasons)
         return info

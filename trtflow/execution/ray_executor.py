@@ -132,10 +132,11 @@ class RayExecutor:
     def execute(self, job: Job, cancel: threading.Event) -> Outcome:
         self.start()
         ray = self._ray()
+        from trtflow.params import validated_params
         from trtflow.registry import get_stage
 
         stage = get_stage(job.stage)
-        resources = stage.resources_for(stage.params.model_validate(job.params))
+        resources = stage.resources_for(validated_params(stage.params, job.params))
         options: dict[str, Any] = {"num_cpus": resources.cpu, "num_gpus": resources.gpu,
                                    "max_retries": MAX_RETRIES, "retry_exceptions": False}
         node_id = self.placement(job.device)

@@ -81,6 +81,7 @@ def _run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: loggi
     from trtflow import depfile
     from trtflow.callables import code_references
     from trtflow.errors import GateFailed, StageSkipped, TrtflowError
+    from trtflow.params import validated_params
     from trtflow.stage import Reference, StageContext
 
     if get_stage is None:
@@ -90,7 +91,7 @@ def _run_job(job: Job, get_stage: Callable[[str], Any] | None = None, log: loggi
     log = log or logging.getLogger(f"trtflow.node.{job.node}")
     try:
         stage = get_stage(job.stage)
-        params = stage.params.model_validate(job.params)
+        params = validated_params(stage.params, job.params)
         ctx = StageContext(
             node=job.node, scratch=Path(job.scratch), recipe_dir=Path(job.recipe_dir), outputs=stage.outputs,
             scratch_tree=job.held.scratch if job.held is not None else None,

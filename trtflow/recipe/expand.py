@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtflow.errors import Location, RecipeError, did_you_mean
+from trtflow.params import validated_params, written_out
 from trtflow.recipe.load import LoadedRecipe, validation_error
 from trtflow.recipe.schema import NodeSpec, Recipe
 
@@ -28,7 +29,7 @@ class ConcreteNode:
     name: str
     template: str
     stage: str
-    params: dict[str, Any]  # validated and JSON-ready (model_dump(mode="json"))
+    params: dict[str, Any]  # validated and JSON-ready, every default written (trtflow.params.written_out)
     params_model: Any
     input_refs: dict[str, list[str]]
     explicit_inputs: bool
@@ -78,7 +79,7 @@ def expand(loaded: LoadedRecipe, stages: Any) -> list[ConcreteNode]:
             from pydantic import ValidationError
 
             try:
-                model = stage.params.model_validate(params)
+                model = validated_params(stage.params, params)
             except ValidationError as exc:
                 marks = _marks_with_defaults(loaded, index, spec.stage, spec.params)
                 raise validation_error(exc, marks, ("nodes", index, "params"), stage.params,
@@ -90,9 +91,11 @@ def expand(loaded: LoadedRecipe, stages: Any) -> list[ConcreteNode]:
                        for r in (ref if isinstance(ref, list) else [ref])]
                 for slot, ref in spec.inputs.items()
             }
+            # what the node carries, and the model a worker reads from it (what the stage runs on, every process)
+            written, read = written_out(spec.stage, model)
             out.append(ConcreteNode(
                 name=name, template=spec.name, stage=spec.stage,
-                params=model.model_dump(mode="json"), params_model=model,
+                params=written, params_model=read,
                 input_refs=refs, explicit_inputs=bool(spec.inputs), matrix=combo,
                 timeout=spec.timeout, index=index, location=node_loc, description=spec.description,
                 resources=spec.resources.model_dump(exclude_none=True) if spec.resources else {},

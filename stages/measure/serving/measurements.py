@@ -100,7 +100,7 @@ class ServingParams(FeedParams, Protocol):
     @property
     def torch_model(self) -> str | None: ...
     @property
-    def torch_cuda_graphs(self) -> bool: ...
+    def serving_cuda_graphs(self) -> bool: ...
     @property
     def onnxruntime(self) -> OrtOptions: ...
 
@@ -435,7 +435,7 @@ def measure_load(ctx: StageContext, params: ServingParams, backend: str, device:
     spec = ExecutorSpec(backend=backend, device=device, feed=feed, model=str(model) if model else None,
                         provenance=str(provenance) if provenance else None,
                         torch_model=_torch_reference(params.torch_model, ctx.resolve),
-                        onnxruntime=params.onnxruntime, min_batch=low, cuda_graphs=params.torch_cuda_graphs)
+                        onnxruntime=params.onnxruntime, min_batch=low, cuda_graphs=params.serving_cuda_graphs)
     devices = serving_gpus(params.gpus) if params.gpus != 1 else []
     gpu_count = max(len(devices), 1)
     generator, warnings = load_generator(params)
