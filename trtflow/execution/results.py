@@ -13,6 +13,7 @@ from trtflow.status import FRESH
 from trtflow.verdicts import GateVerdict
 
 if TYPE_CHECKING:
+    from trtflow.execution.outcome import Rejection, Shipment
     from trtflow.plan import Step
 
 DONE, CACHED, FAILED, GATE_FAILED, SKIPPED, BLOCKED, INTERRUPTED = (
@@ -42,6 +43,8 @@ class RunOptions:
     ray_transfer: str | None = None  # where Ray workers exchange artifacts (default: the remote cache, if pushing)
     memory_limit: int | None = None  # bytes the scheduler may hand out (default: what the machine has free)
     rerun: frozenset[str] = frozenset()  # nodes run again although their result is stored (--rerun)
+    #: The recipe's ``require_all_candidates``: a candidate a chooser rejected for a failed gate fails the run too
+    require_all_candidates: bool = False
 
 
 @dataclass
@@ -72,14 +75,23 @@ class RunSummary:
     cleared: list[str] = field(default_factory=list)  # output folders whose outdated files were removed
     problems: list[str] = field(default_factory=list)  # run-level problems (journal could not be written, ...)
     warnings: list[str] = field(default_factory=list)  # things the user should know that fail nothing
+    #: Nodes whose failed gate rejected a candidate a chooser did not pick (`execution.outcome.rejections`)
+    rejected: dict[str, list[Rejection]] = field(default_factory=dict)
+    require_all_candidates: bool = False  # the recipe's: rejected candidates fail the run too
+    shipped: list[Shipment] = field(default_factory=list)  # what each chooser picked, with what was made of it
 
     def count(self, *statuses: str) -> int:
         return sum(1 for r in self.results.values() if r.status in statuses)
 
+    def failures(self) -> list[NodeResult]:
+        """The nodes that fail the run: neither up to date, built, reused nor skipped, nor a candidate's evaluation
+        whose failed gate only rejected it (unless the recipe requires every candidate to pass)."""
+        return [r for r in self.results.values() if r.status not in SUCCESS and r.status != SKIPPED
+                and (self.require_all_candidates or r.node not in self.rejected)]
+
     @property
     def ok(self) -> bool:
-        return not self.interrupted and not self.problems and all(
-            r.status in SUCCESS or r.status == SKIPPED for r in self.results.values())
+        return not self.interrupted and not self.problems and not self.failures()
 
 
 @dataclass(frozen=True)
