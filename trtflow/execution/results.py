@@ -79,6 +79,7 @@ class RunSummary:
     rejected: dict[str, list[Rejection]] = field(default_factory=dict)
     require_all_candidates: bool = False  # the recipe's: rejected candidates fail the run too
     shipped: list[Shipment] = field(default_factory=list)  # what each chooser picked, with what was made of it
+    remote: str | None = None  # what the run pulled from and pushed to its remote cache (`RemoteTally.summary`)
 
     def count(self, *statuses: str) -> int:
         return sum(1 for r in self.results.values() if r.status in statuses)
@@ -153,6 +154,49 @@ class Notes:
     def warnings(self) -> list[str]:
         with self._lock:
             return list(dict.fromkeys(self._warnings))
+
+
+class RemoteTally:
+    """What a run took from and gave to its remote cache, added from the node threads: the nodes it pulled, those
+    it pushed, and the results it refused there, with why (`summary` makes the run's closing line of it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.pulled: list[str] = []
+        self.pushed: list[str] = []
+        self.present: list[str] = []  # pushed, but the remote had the result already
+        self.refused: list[tuple[str, str]] = []  # (node, why its remote result was not taken)
+
+    def pull(self, node: str) -> None:
+        with self._lock:
+            self.pulled.append(node)
+
+    def push(self, node: str, written: bool = True) -> None:
+        with self._lock:
+            (self.pushed if written else self.present).append(node)
+
+    def refuse(self, node: str, why: str) -> None:
+        with self._lock:
+            self.refused.append((node, why))
+
+    def summary(self, url: str, pushing: bool) -> str:
+        """One line: the remote (credentials hidden), what was pulled and pushed, what was refused and why."""
+        from trtflow.redact import url_for_display
+
+        with self._lock:
+            pulled, pushed, present = list(self.pulled), list(self.pushed), list(self.present)
+            refused = list(self.refused)
+        line = f"Remote cache {url_for_display(url)}: pulled {_nodes(pulled)}, " + (
+            f"pushed {_nodes(pushed)}" if pushing else "pushed nothing (--no-push)")
+        if present:
+            line += f", {_nodes(present)} already there"
+        if refused:
+            line += "; refused " + "; ".join(f"{node}'s result ({why})" for node, why in refused)
+        return line
+
+
+def _nodes(names: list[str]) -> str:
+    return f"{len(names)} ({', '.join(names)})" if names else "0"
 
 
 def new_run_id() -> str:

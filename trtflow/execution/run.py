@@ -126,6 +126,8 @@ class Runner:
                     self._end(status)
         summary.problems = self.notes.problems
         summary.warnings = self.notes.warnings
+        if self.ctx.cache is not None:
+            summary.remote = self.ctx.remote_tally.summary(self.ctx.cache.url, self.options.push)
         return summary
 
     def _end(self, status: str) -> None:

@@ -261,6 +261,8 @@ class ConsoleHooks(Hooks):
             self._plain(line)
         for line in outcome_lines(summary):
             self._plain(line)
+        if summary.remote is not None:
+            self._plain(summary.remote)
         if not summary.ok:
             self._print(f"Fix the problem above, then resume (finished nodes are kept):\n  {escape(resume)}")
         if output_dir is not None and not self.quiet and (done or reused):
