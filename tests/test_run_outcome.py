@@ -156,3 +156,28 @@ def test_a_select_that_chose_nothing_has_nothing_to_ship_and_fails(project):
     assert "Nothing to ship: select chose no candidate" in proc.stdout
     assert "Shipped: " not in proc.stdout and "Rejected: " not in proc.stdout
     assert "Fix the problem above" in proc.stdout
+
+
+def test_history_check_reports_a_newly_failing_candidate_and_a_changed_pick(project, tmp_path):
+    """Night 1: every candidate passes and select (smallest) picks fp16; night 2: fp16 fails its gate, select picks
+    fp32 and the run exits 0. `history --check` fails on the newly failing candidate and reports the pick."""
+    root, _ = project
+    night = tmp_path / "night"
+    shutil.copytree(root, night, ignore=shutil.ignore_patterns("build"))
+    smallest = ("--set", "nodes.select.params.objective.goal=min_size")
+    loose = ("--set", "nodes.validate-convert.params.tolerances.atol=1", "--set",
+             "nodes.validate-convert.params.tolerances.rtol=1")
+    passed = trtflow_cli("run", "r.yaml", *smallest, *loose, cwd=night)
+    assert "select: chose convert" in passed.stdout and "Rejected: " not in passed.stdout, passed.stdout
+    rejected = trtflow_cli("run", "r.yaml", *smallest, cwd=night)
+    assert "select: chose simplify" in rejected.stdout and "1 candidate rejected." in rejected.stdout
+    check = trtflow_cli("history", "r.yaml", "--check", cwd=night, check=1)
+    lines = check.stdout.splitlines()
+    newly = next(line for line in lines if line.startswith("history check FAILED: candidate convert"))
+    assert newly.startswith("history check FAILED: candidate convert (validate-convert): newly failing its gate "
+                            "(run "), newly
+    assert "elements exceed both atol 0 and rtol 0" in newly
+    assert any(line.startswith("history check note: select: the pick changed from convert to simplify (run ")
+               for line in lines), check.stdout
+    data = json.loads(trtflow_cli("history", "r.yaml", "--check", "--json", cwd=night, check=1).stdout)["check"]
+    assert data["passed"] is False and len(data["newly_failing"]) == 1 and len(data["pick_changes"]) == 1
