@@ -82,7 +82,8 @@ def test_a_candidate_select_rejected_is_an_outcome_exit_0_with_what_shipped(proj
     rejected = _rejected_line(first)
     assert rejected.startswith("Rejected: convert, not chosen by select: excluded: validation failed "
                                "(validate-convert): output: elements exceed both atol 0 and rtol 0"), rejected
-    assert "`require_all_candidates: true` in the recipe fails the run on it" in first
+    assert ("A rejected candidate is an outcome of the decision and fails nothing by itself; "
+            "`require_all_candidates: true` in the recipe fails the run on it.") in first
     # up to date: the same outcome, from the stored results
     again = trtflow_cli("run", "r.yaml", cwd=root)
     assert "1 candidate rejected." in again.stdout and _rejected_line(again.stdout) == rejected

@@ -124,7 +124,7 @@ class Lifecycle:
             reused = None if again else self._reuse(node, parts, "built meanwhile by another trtflow run", upstream)
             if reused is not None:
                 return reused
-            if not again and self._pull(node, key):
+            if not again and self._pull(node, key, step):
                 reused = self._reuse(node, parts, f"pulled from the remote cache {url_for_display(ctx.cache.url)}",
                                      upstream)
                 if reused is not None:
@@ -182,8 +182,9 @@ class Lifecycle:
                           error=f"waited {ctx.options.lock_timeout:g} s for another trtflow run building this node",
                           hint=f"check for a stuck run (`trtflow status`); its lock is {ctx.store.lock_path(key)}")
 
-    def _pull(self, node: ConcreteNode, key: str) -> bool:
-        """Fetch the node's result from the remote cache, verified; False if it has none (or a damaged one)."""
+    def _pull(self, node: ConcreteNode, key: str, step: Step) -> bool:
+        """Fetch the node's result from the remote cache, verified; False if it has none (or a damaged one). A
+        result the project does not trust is refused, and why is added to the step's reasons (the node's line)."""
         ctx = self.ctx
         if ctx.cache is None:
             return False
@@ -199,6 +200,7 @@ class Lifecycle:
                     ctx.notes.warning(f"{node.name}: not taken from the remote cache {url_for_display(layer.url)}: "
                                       f"{problem}")
                     ctx.remote_tally.refuse(node.name, problem)
+                    step.reasons = [*step.reasons, f"the remote cache's result was refused: {problem}"]
                     continue
                 ctx.observers.node_waiting(node.name, f"pulling from the remote cache {url_for_display(layer.url)}")
                 layer.pull(manifest, ctx.store, ctx.journal,  # a local result this project does not trust: replaced

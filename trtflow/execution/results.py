@@ -190,13 +190,22 @@ class RemoteTally:
             f"pushed {_nodes(pushed)}" if pushing else "pushed nothing (--no-push)")
         if present:
             line += f", {_nodes(present)} already there"
-        if refused:
-            line += "; refused " + "; ".join(f"{node}'s result ({why})" for node, why in refused)
+        reasons: dict[str, list[str]] = {}
+        for node, why in refused:
+            reasons.setdefault(why, []).append(node)
+        for why, nodes in reasons.items():  # one reason (an untrusted signer) usually refuses many results
+            line += f"; refused {_nodes(nodes)}: {why}"
         return line
 
 
+NAMED = 8  # nodes a count names before it says how many more
+
+
 def _nodes(names: list[str]) -> str:
-    return f"{len(names)} ({', '.join(names)})" if names else "0"
+    if not names:
+        return "0"
+    more = f" and {len(names) - NAMED} more" if len(names) > NAMED else ""
+    return f"{len(names)} ({', '.join(names[:NAMED])}{more})"
 
 
 def new_run_id() -> str:

@@ -305,8 +305,8 @@ def outcome_lines(summary: RunSummary) -> list[str]:
     if summary.rejected:
         lines.append("Rejected candidates fail this run: the recipe sets require_all_candidates: true"
                      if summary.require_all_candidates else
-                     "A rejected candidate is an outcome, not a failure (exit 0); `require_all_candidates: true` in "
-                     "the recipe fails the run on it.")
+                     "A rejected candidate is an outcome of the decision and fails nothing by itself; "
+                     "`require_all_candidates: true` in the recipe fails the run on it.")
     return lines
 
 
