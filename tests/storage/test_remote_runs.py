@@ -40,6 +40,7 @@ def test_a_fresh_store_sharing_the_remote_builds_nothing(tmp_path: Path, remote_
     first = _run(tmp_path, "a", remote_url)
     assert first.returncode == 0 and "3 built" in first.stdout, first.stdout + first.stderr
     assert f"\nRemote cache {remote_url}: pulled 0, pushed 3 (a, b, c)\n" in first.stdout, first.stdout
+    assert f"pushing to the remote cache {remote_url}" in first.stdout, first.stdout  # said as it happens
     second = _run(tmp_path, "b", remote_url)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "0 built, 3 reused" in second.stdout and "pulled from the remote cache" in second.stdout, second.stdout

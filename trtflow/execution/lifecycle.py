@@ -223,6 +223,7 @@ class Lifecycle:
         def untrusted(there: dict[str, Any]) -> bool:  # a remote result this project would not reuse: replaced
             return trust_problem(ctx.store, there, ctx.kctx, check_bytes=False) is not None
 
+        ctx.observers.node_waiting(node, f"pushing to the remote cache {url_for_display(ctx.cache.url)}")
         try:
             moved = ctx.cache.push(key, ctx.store, ctx.journal, replace_if=untrusted)
             ctx.remote_tally.push(node, bool(getattr(moved, "manifest_written", True)))
