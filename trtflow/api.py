@@ -52,6 +52,7 @@ def run(recipe: str | Path, targets: Sequence[str] = (), overrides: Sequence[str
     evidence = Evidence() if call is not None else None
     pipeline = load_pipeline(recipe, overrides, targets)
     options.rerun = rerun_nodes(pipeline, options.rerun)
+    options.require_all_candidates = pipeline.loaded.recipe.require_all_candidates
     st.ensure()
     journal = st.journal()
     try:

@@ -38,3 +38,17 @@ def hide(text: str) -> str:
         if value in text:
             text = text.replace(value, f"${{{name}}}")
     return text
+
+
+def url_for_display(url: str) -> str:
+    """A remote's URL as trtflow prints it: without user, password, query or fragment (where credentials or
+    signed tokens travel), and with noted values hidden (``hide``)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if not parts.scheme or not parts.netloc:
+        return hide(url)
+    netloc = parts.netloc.rpartition("@")[2]
+    if "@" in parts.netloc:
+        netloc = "***@" + netloc
+    return hide(urlunsplit((parts.scheme, netloc, parts.path, "", "")))

@@ -39,11 +39,25 @@ def _outputs(folder: Path) -> dict[str, bytes]:
 def test_a_fresh_store_sharing_the_remote_builds_nothing(tmp_path: Path, remote_url: str) -> None:
     first = _run(tmp_path, "a", remote_url)
     assert first.returncode == 0 and "3 built" in first.stdout, first.stdout + first.stderr
+    assert f"\nRemote cache {remote_url}: pulled 0, pushed 3 (a, b, c)\n" in first.stdout, first.stdout
+    assert f"pushing to the remote cache {remote_url}" in first.stdout, first.stdout  # said as it happens
     second = _run(tmp_path, "b", remote_url)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "0 built, 3 reused" in second.stdout and "pulled from the remote cache" in second.stdout, second.stdout
+    assert f"\nRemote cache {remote_url}: pulled 3 (a, b, c), pushed 0\n" in second.stdout, second.stdout
     assert _outputs(tmp_path / "out-b") == _outputs(tmp_path / "out-a")
     assert verify_store(Store(tmp_path / "b")).problems == []
+    third = _run(tmp_path, "c", remote_url, "--no-push", "--set", "nodes.c.params.text=c2")
+    assert f"\nRemote cache {remote_url}: pulled 2 (a, b), pushed nothing (--no-push)\n" in third.stdout, third.stdout
+
+
+def test_a_remote_url_is_printed_without_credentials() -> None:
+    from trtflow.redact import url_for_display
+
+    assert url_for_display("s3://bucket/team/cache") == "s3://bucket/team/cache"
+    assert url_for_display("/shared/cache") == "/shared/cache"
+    assert url_for_display("s3://AKIA123:s3cr3t@bucket/cache") == "s3://***@bucket/cache"
+    assert url_for_display("https://user:token@host:8443/c?X-Amz-Signature=abc#frag") == "https://***@host:8443/c"
 
 
 def test_a_corrupt_remote_object_is_never_used(tmp_path: Path, remote_url: str) -> None:

@@ -81,12 +81,20 @@ def _poisoned_remote(tmp_path: Path, remote: str, mate: bool) -> None:
     mallory = team.key_id("mallory")  # a writer of the remote the project does not trust: first to push
     first = team.run("mallory")
     assert "2 built" in first.stdout, first.stdout
+    assert f"Remote cache {remote}: pulled 0, pushed 2 (a, b)\n" in first.stdout, first.stdout
     victim = team.run("alice")
     assert "2 built" in victim.stdout, victim.stdout
     assert f"signed by a key this project does not trust: {mallory}" in victim.stdout, victim.stdout
+    started = " ".join(next(line for line in victim.stdout.splitlines() if line.startswith("▶ a ")).split())
+    assert started.startswith(f"▶ a never built; the remote cache's result was refused: signed by a key this "
+                              f"project does not trust: {mallory} (calling itself "), victim.stdout
+    [closing] = [line for line in victim.stdout.splitlines() if line.startswith("Remote cache ")]  # says it too
+    assert closing.startswith(f"Remote cache {remote}: pulled 0, pushed 2 (a, b); refused 2 (a, b): signed by a key "
+                              f"this project does not trust: {mallory} (calling itself "), closing
     if mate:  # alice's push replaced mallory's manifests: bob (trusted) reuses alice's results
         bob = team.run("bob")
         assert "0 built, 2 reused" in bob.stdout and "pulled from the remote cache" in bob.stdout, bob.stdout
+        assert f"Remote cache {remote}: pulled 2 (a, b), pushed 0\n" in bob.stdout, bob.stdout
 
 
 def test_an_untrusted_writer_of_a_directory_remote_is_never_reused(tmp_path: Path) -> None:

@@ -165,7 +165,9 @@ def history(
     runs: Annotated[bool, typer.Option("--runs", help="List every run of each figure.")] = False,
     check: Annotated[bool, typer.Option(
         "--check", help="Fail (exit 1) when a regression beyond --threshold starts among the --latest runs of a "
-        "primary figure (every figure with --all): the nightly CI gate. Needs the history extra.")] = False,
+        "primary figure (every figure with --all), or when a gate that passed in the run before fails in the "
+        "latest (a newly rejected candidate); a changed pick is reported: the nightly CI gate. Needs the history "
+        "extra.")] = False,
     threshold: Annotated[float, typer.Option(
         min=0, help="--check: the smallest change of a figure's mean, in percent, that fails.")] = 10.0,
     latest: Annotated[int, typer.Option(
@@ -178,6 +180,7 @@ def history(
 ) -> None:
     """The trend of each benchmark figure over the runs that measured it, with 95% intervals and change points."""
     from trtflow.history.changes import require
+    from trtflow.history.decisions import decision_changes
     from trtflow.history.trend import check as check_history
     from trtflow.history.trend import too_short
     from trtflow.pipeline import default_store, identity_of
@@ -201,15 +204,20 @@ def history(
             raise UsageError(f"--runs-after {runs_after} exceeds --latest {latest}: no change could ever fail",
                              hint="keep --runs-after at most --latest")
         require()  # the gate cannot judge without the detector: exit 3, not a silent pass
-    found = view.load(Journal(st.db_path, readonly=True), recipe_id, nodes or (), figure, last, all_figures)
+    journal = Journal(st.db_path, readonly=True)
+    found = view.load(journal, recipe_id, nodes or (), figure, last, all_figures)
     findings = check_history(found.series, threshold, latest, all_figures, runs_after) if check else []
     short = too_short(found.series, min_runs, all_figures) if check else []
+    decisions = decision_changes(journal, recipe_id, tuple(nodes or ())) if check else []
+    newly_failing = [d for d in decisions if d.fails]
     if as_json:
         data = view.as_json(found)
         if check:
             data["check"] = {"threshold_percent": threshold, "latest": latest, "runs_after": runs_after,
-                             "min_runs": min_runs, "passed": not findings and not short,
+                             "min_runs": min_runs, "passed": not findings and not short and not newly_failing,
                              "regressions": [f.message for f in findings],
+                             "newly_failing": [d.message for d in newly_failing],
+                             "pick_changes": [d.message for d in decisions if not d.fails],
                              "too_few_runs": [f"{s.node}: {s.figure} ({len(s.points)} run(s))" for s in short]}
         print(json.dumps(data, indent=1, default=str))
     else:
@@ -218,6 +226,9 @@ def history(
             console.print(line, markup=False, highlight=False)
         if check:
             judged = sum(1 for s in found.series if s.primary or all_figures)
+            for decision in decisions:  # since the run before: a gate that newly fails, a pick that changed
+                console.print(("history check FAILED: " if decision.fails else "history check note: ")
+                              + decision.message, markup=False, highlight=False)
             if findings:
                 console.print(f"history check FAILED: {len(findings)} regression(s) beyond {threshold:g}% among the "
                               f"latest {latest} run(s):", markup=False, style="bold red")
@@ -228,11 +239,11 @@ def history(
                               f"--min-runs {min_runs} runs, too few to tell a step from the runs before it: "
                               + ", ".join(f"{s.node}: {s.figure} ({len(s.points)})" for s in short),
                               markup=False, style="bold yellow")
-            else:
+            elif not newly_failing:
                 console.print(f"history check passed: no regression beyond {threshold:g}% starts among the latest "
                               f"{latest} run(s) of {judged} figure(s), each with at least {min_runs} runs",
                               markup=False)
-    if findings:
+    if findings or newly_failing:
         raise typer.Exit(EXIT_FAILED)
     if short:
         raise typer.Exit(EXIT_INCONCLUSIVE)

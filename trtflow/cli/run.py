@@ -123,23 +123,20 @@ def run(recipe: Path, targets: tuple[str, ...], store: str | None, set_: tuple[s
     if summary.interrupted:
         raise click.exceptions.Exit(EXIT_INTERRUPTED)
     if not summary.ok:
-        results = summary.results.values()
-        if summary.problems and all(r.status in ("fresh", "done", "cached", "skipped") for r in results):
+        failures = summary.failures()  # a candidate a chooser rejected is an outcome, not a failure (execution.outcome)
+        if summary.problems and not failures:
             raise click.exceptions.Exit(EXIT_STORE)
-        only_env = all(
-            r.status in ("fresh", "done", "cached") or (r.error and "--require-gpu" in r.error) or r.status == "blocked"
-            for r in results
-        )
+        only_env = all((r.error and "--require-gpu" in r.error) or r.status == "blocked" for r in failures)
         if require_gpu and only_env:
             raise click.exceptions.Exit(EXIT_ENVIRONMENT)
-        raise click.exceptions.Exit(EXIT_INCONCLUSIVE if _only_undecided(summary) else failed_exit_code(results))
+        raise click.exceptions.Exit(EXIT_INCONCLUSIVE if _only_undecided(summary) else failed_exit_code(failures))
 
 
 def _only_undecided(summary: Any) -> bool:
     """Every node that did not succeed failed only because a gate could not decide (and nothing else broke)."""
     from trtflow.verdicts import only_inconclusive
 
-    failed = [r for r in summary.results.values() if r.status not in ("fresh", "done", "cached", "skipped")]
+    failed = summary.failures()
     return not summary.problems and bool(failed) and all(
         (r.status == "gate_failed" and only_inconclusive(r.verdicts)) or r.status == "blocked" for r in failed) \
         and any(r.status == "gate_failed" for r in failed)

@@ -27,6 +27,7 @@ from trtflow.execution.scheduler import Allocation
 from trtflow.node_keys import KeyParts, key_parts
 from trtflow.plan import Step, explain, find_stored, judge, previous_manifest
 from trtflow.recipe.expand import ConcreteNode
+from trtflow.redact import url_for_display
 from trtflow.storage.signing import trust_problem
 from trtflow.storage.store import materialize_error
 from trtflow.verdicts import GateVerdict, accepted, only_inconclusive
@@ -123,8 +124,9 @@ class Lifecycle:
             reused = None if again else self._reuse(node, parts, "built meanwhile by another trtflow run", upstream)
             if reused is not None:
                 return reused
-            if not again and self._pull(node, key):
-                reused = self._reuse(node, parts, f"pulled from the remote cache {ctx.cache.url}", upstream)
+            if not again and self._pull(node, key, step):
+                reused = self._reuse(node, parts, f"pulled from the remote cache {url_for_display(ctx.cache.url)}",
+                                     upstream)
                 if reused is not None:
                     return reused
             built = self.builder.build(step, parts, key, allocation, upstream, previous, started)
@@ -180,8 +182,9 @@ class Lifecycle:
                           error=f"waited {ctx.options.lock_timeout:g} s for another trtflow run building this node",
                           hint=f"check for a stuck run (`trtflow status`); its lock is {ctx.store.lock_path(key)}")
 
-    def _pull(self, node: ConcreteNode, key: str) -> bool:
-        """Fetch the node's result from the remote cache, verified; False if it has none (or a damaged one)."""
+    def _pull(self, node: ConcreteNode, key: str, step: Step) -> bool:
+        """Fetch the node's result from the remote cache, verified; False if it has none (or a damaged one). A
+        result the project does not trust is refused, and why is added to the step's reasons (the node's line)."""
         ctx = self.ctx
         if ctx.cache is None:
             return False
@@ -194,11 +197,15 @@ class Lifecycle:
                     continue
                 problem = trust_problem(ctx.store, manifest, ctx.kctx, check_bytes=False)  # bytes: once pulled
                 if problem is not None:
-                    ctx.notes.warning(f"{node.name}: not taken from the remote cache {layer.url}: {problem}")
+                    ctx.notes.warning(f"{node.name}: not taken from the remote cache {url_for_display(layer.url)}: "
+                                      f"{problem}")
+                    ctx.remote_tally.refuse(node.name, problem)
+                    step.reasons = [*step.reasons, f"the remote cache's result was refused: {problem}"]
                     continue
-                ctx.observers.node_waiting(node.name, f"pulling from the remote cache {layer.url}")
+                ctx.observers.node_waiting(node.name, f"pulling from the remote cache {url_for_display(layer.url)}")
                 layer.pull(manifest, ctx.store, ctx.journal,  # a local result this project does not trust: replaced
                            replace_if=lambda m: trust_problem(ctx.store, m, ctx.kctx) is not None)
+                ctx.remote_tally.pull(node.name)
                 return True
             except RemoteError as exc:
                 ctx.notes.warning(f"{node.name}: not taken from the remote cache: {exc.message}")
@@ -216,8 +223,10 @@ class Lifecycle:
         def untrusted(there: dict[str, Any]) -> bool:  # a remote result this project would not reuse: replaced
             return trust_problem(ctx.store, there, ctx.kctx, check_bytes=False) is not None
 
+        ctx.observers.node_waiting(node, f"pushing to the remote cache {url_for_display(ctx.cache.url)}")
         try:
-            ctx.cache.push(key, ctx.store, ctx.journal, replace_if=untrusted)
+            moved = ctx.cache.push(key, ctx.store, ctx.journal, replace_if=untrusted)
+            ctx.remote_tally.push(node, bool(getattr(moved, "manifest_written", True)))
         except (RemoteError, TrtflowError) as exc:
             ctx.notes.warning(f"{node}: not pushed to the remote cache: {exc.message}")
         except OSError as exc:

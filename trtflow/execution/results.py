@@ -13,6 +13,7 @@ from trtflow.status import FRESH
 from trtflow.verdicts import GateVerdict
 
 if TYPE_CHECKING:
+    from trtflow.execution.outcome import Rejection, Shipment
     from trtflow.plan import Step
 
 DONE, CACHED, FAILED, GATE_FAILED, SKIPPED, BLOCKED, INTERRUPTED = (
@@ -42,6 +43,8 @@ class RunOptions:
     ray_transfer: str | None = None  # where Ray workers exchange artifacts (default: the remote cache, if pushing)
     memory_limit: int | None = None  # bytes the scheduler may hand out (default: what the machine has free)
     rerun: frozenset[str] = frozenset()  # nodes run again although their result is stored (--rerun)
+    #: The recipe's ``require_all_candidates``: a candidate a chooser rejected for a failed gate fails the run too
+    require_all_candidates: bool = False
 
 
 @dataclass
@@ -72,14 +75,24 @@ class RunSummary:
     cleared: list[str] = field(default_factory=list)  # output folders whose outdated files were removed
     problems: list[str] = field(default_factory=list)  # run-level problems (journal could not be written, ...)
     warnings: list[str] = field(default_factory=list)  # things the user should know that fail nothing
+    #: Nodes whose failed gate rejected a candidate a chooser did not pick (`execution.outcome.rejections`)
+    rejected: dict[str, list[Rejection]] = field(default_factory=dict)
+    require_all_candidates: bool = False  # the recipe's: rejected candidates fail the run too
+    shipped: list[Shipment] = field(default_factory=list)  # what each chooser picked, with what was made of it
+    remote: str | None = None  # what the run pulled from and pushed to its remote cache (`RemoteTally.summary`)
 
     def count(self, *statuses: str) -> int:
         return sum(1 for r in self.results.values() if r.status in statuses)
 
+    def failures(self) -> list[NodeResult]:
+        """The nodes that fail the run: neither up to date, built, reused nor skipped, nor a candidate's evaluation
+        whose failed gate only rejected it (unless the recipe requires every candidate to pass)."""
+        return [r for r in self.results.values() if r.status not in SUCCESS and r.status != SKIPPED
+                and (self.require_all_candidates or r.node not in self.rejected)]
+
     @property
     def ok(self) -> bool:
-        return not self.interrupted and not self.problems and all(
-            r.status in SUCCESS or r.status == SKIPPED for r in self.results.values())
+        return not self.interrupted and not self.problems and not self.failures()
 
 
 @dataclass(frozen=True)
@@ -141,6 +154,58 @@ class Notes:
     def warnings(self) -> list[str]:
         with self._lock:
             return list(dict.fromkeys(self._warnings))
+
+
+class RemoteTally:
+    """What a run took from and gave to its remote cache, added from the node threads: the nodes it pulled, those
+    it pushed, and the results it refused there, with why (`summary` makes the run's closing line of it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.pulled: list[str] = []
+        self.pushed: list[str] = []
+        self.present: list[str] = []  # pushed, but the remote had the result already
+        self.refused: list[tuple[str, str]] = []  # (node, why its remote result was not taken)
+
+    def pull(self, node: str) -> None:
+        with self._lock:
+            self.pulled.append(node)
+
+    def push(self, node: str, written: bool = True) -> None:
+        with self._lock:
+            (self.pushed if written else self.present).append(node)
+
+    def refuse(self, node: str, why: str) -> None:
+        with self._lock:
+            self.refused.append((node, why))
+
+    def summary(self, url: str, pushing: bool) -> str:
+        """One line: the remote (credentials hidden), what was pulled and pushed, what was refused and why."""
+        from trtflow.redact import url_for_display
+
+        with self._lock:
+            pulled, pushed, present = list(self.pulled), list(self.pushed), list(self.present)
+            refused = list(self.refused)
+        line = f"Remote cache {url_for_display(url)}: pulled {_nodes(pulled)}, " + (
+            f"pushed {_nodes(pushed)}" if pushing else "pushed nothing (--no-push)")
+        if present:
+            line += f", {_nodes(present)} already there"
+        reasons: dict[str, list[str]] = {}
+        for node, why in refused:
+            reasons.setdefault(why, []).append(node)
+        for why, nodes in reasons.items():  # one reason (an untrusted signer) usually refuses many results
+            line += f"; refused {_nodes(nodes)}: {why}"
+        return line
+
+
+NAMED = 8  # nodes a count names before it says how many more
+
+
+def _nodes(names: list[str]) -> str:
+    if not names:
+        return "0"
+    more = f" and {len(names) - NAMED} more" if len(names) > NAMED else ""
+    return f"{len(names)} ({', '.join(names[:NAMED])}{more})"
 
 
 def new_run_id() -> str:

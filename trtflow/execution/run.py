@@ -23,6 +23,7 @@ from trtflow.environment import Environment
 from trtflow.execution.context import RunContext
 from trtflow.execution.ledger import Ledger, Produced
 from trtflow.execution.observers import HistoryObserver, HooksObserver, JournalObserver, Observers, RefsObserver
+from trtflow.execution.outcome import rejections, shipments
 from trtflow.execution.progress import ProgressBoard
 from trtflow.execution.protocol import Executor
 from trtflow.execution.results import (
@@ -116,12 +117,17 @@ class Runner:
                     summary.interrupted = summary.interrupted or self.ctx.cancel.is_set()
                     if summary.interrupted:
                         self._interrupt_the_rest(steps, summary)
+                    summary.rejected = rejections(self.graph, results)
+                    summary.shipped = shipments(self.graph, results)
+                    summary.require_all_candidates = self.options.require_all_candidates
                     status = "interrupted" if summary.interrupted else (
                         "ok" if summary.ok and not self.notes.problems else "failed")
                 finally:
                     self._end(status)
         summary.problems = self.notes.problems
         summary.warnings = self.notes.warnings
+        if self.ctx.cache is not None:
+            summary.remote = self.ctx.remote_tally.summary(self.ctx.cache.url, self.options.push)
         return summary
 
     def _end(self, status: str) -> None:

@@ -28,6 +28,7 @@ _MARKS = {
     "failed": "[red]✗[/]", "gate_failed": "[red]✗[/]", "blocked": "[yellow]-[/]", "interrupted": "[yellow]![/]",
 }
 PLAIN_PROGRESS_EVERY_S = 15.0
+REASON_CHARS = 200  # a rejected candidate's reason in the closing summary, cut here (its node's line has it whole)
 
 
 def escape(text: str) -> str:
@@ -242,19 +243,26 @@ class ConsoleHooks(Hooks):
                     needs = f" (needs: {res.hint})" if res.hint else ""
                     print(hide(f"  - {res.node}: {res.error or res.reason}{needs}"), flush=True)
         else:
-            failed = summary.count("failed", "gate_failed")
+            failed = sum(1 for r in summary.failures() if r.status in ("failed", "gate_failed"))
             blocked = summary.count("blocked")
             parts = [f"{done} built", f"{reused} reused", f"{fresh} up to date"]
             if skipped:
                 parts.append(f"{skipped} skipped")
             if failed:
                 parts.append(f"[red]{failed} failed[/]")
+            rejected = len({(r.chooser, r.candidate) for found in summary.rejected.values() for r in found})
+            if rejected and not summary.require_all_candidates:
+                parts.append(f"{rejected} candidate{'s' if rejected > 1 else ''} rejected")
             if blocked:
                 parts.append(f"{blocked} not run")
             self._print(("[green]Done[/]" if summary.ok else "[red]Failed[/]") + f" in {seconds:.1f}s: "
                         + ", ".join(parts) + ".")
         for line in decision_lines(results.values()):
             self._plain(line)
+        for line in outcome_lines(summary):
+            self._plain(line)
+        if summary.remote is not None:
+            self._plain(summary.remote)
         if not summary.ok:
             self._print(f"Fix the problem above, then resume (finished nodes are kept):\n  {escape(resume)}")
         if output_dir is not None and not self.quiet and (done or reused):
@@ -272,6 +280,34 @@ def decision_lines(results: Iterable[NodeResult]) -> list[str]:
 
     return [headline(res.node, selection) for res in results
             if (selection := selection_of(res.summary)) is not None]
+
+
+def outcome_lines(summary: RunSummary) -> list[str]:
+    """What the run shipped and which candidates it rejected, and why (`execution.outcome`), when a candidate was
+    rejected or a chooser chose nothing; plain text."""
+    from trtflow.execution.outcome import nothing_to_ship
+
+    empty = nothing_to_ship(summary.results.values())
+    if not summary.rejected and not empty:
+        return []
+    lines = []
+    for shipment in summary.shipped:
+        made = "; ".join(f"{node}: {', '.join(_rel(p) for p in paths)}" if paths else node
+                         for node, paths in shipment.outputs.items())
+        lines.append(f"Shipped: {shipment.candidate}, chosen by {shipment.chooser} ({made})")
+    lines += [f"Nothing to ship: {node} chose no candidate (none qualifies; its table is above)" for node in empty]
+    for found in summary.rejected.values():
+        for r in found:  # the node's own line above has its whole message
+            why = r.reason if r.node in r.reason else f"{r.node}'s quality gate failed: {r.error}; {r.reason}"
+            why = " ".join(why.split())
+            lines.append(f"Rejected: {r.candidate}, not chosen by {r.chooser}: "
+                         + (why if len(why) <= REASON_CHARS else why[:REASON_CHARS].rstrip() + " ..."))
+    if summary.rejected:
+        lines.append("Rejected candidates fail this run: the recipe sets require_all_candidates: true"
+                     if summary.require_all_candidates else
+                     "A rejected candidate is an outcome of the decision and fails nothing by itself; "
+                     "`require_all_candidates: true` in the recipe fails the run on it.")
+    return lines
 
 
 def _log_tail(read: str | None, path: Path, lines: int, error: str = "") -> str:

@@ -198,8 +198,13 @@ def to_junit(data: dict[str, Any]) -> str:
     """One test case per node: failed and gate-failed nodes are failures (a gate that could not decide under
     ``on_inconclusive: fail`` is a ``<failure type="inconclusive">``), skipped ones are skipped; a primary gate
     that could not decide under ``on_inconclusive: warn`` fails nothing but is marked (a ``gate`` property
-    "inconclusive" and the verdict in system-out): never silently green."""
+    "inconclusive" and the verdict in system-out): never silently green. A gate-failed node of a run that ended ok
+    is a candidate select rejected (`execution.outcome`: the only gate failure an ok run holds): it fails nothing
+    and is marked (an ``outcome`` property "rejected" and its gate's message in system-out)."""
+    from trtflow.verdicts import failures as blocking
     from trtflow.verdicts import only_inconclusive, recorded
+
+    run_ok = (data.get("run") or {}).get("status") == "ok"
 
     cases = []
     failures = skipped = 0
@@ -209,7 +214,8 @@ def to_junit(data: dict[str, Any]) -> str:
                 f'time="{(n["duration"] or 0):.3f}"'
         message = xml_escape(n["error"] or n["reason"] or "", {'"': "&quot;"})
         verdicts = recorded(n.get("summary"))
-        if n["status"] in ("failed", "gate_failed"):
+        rejected = run_ok and n["status"] == "gate_failed"
+        if n["status"] in ("failed", "gate_failed") and not rejected:
             failures += 1
             kind = ' type="inconclusive"' if n["status"] == "gate_failed" and only_inconclusive(verdicts) else ""
             body = f'<failure message="{message}"{kind}>log: {xml_escape(n["log_path"] or "")}</failure>'
@@ -219,6 +225,10 @@ def to_junit(data: dict[str, Any]) -> str:
         else:
             body = ""
         properties, out = [], []
+        if rejected:
+            properties.append(("outcome", "rejected"))
+            why = n["error"] or "; ".join(blocking(verdicts))  # an up-to-date node's: its recorded verdicts'
+            out.append(f"rejected candidate (not chosen; the run passed): its quality gate failed: {why}")
         warned = [v.reason for v in verdicts if v.primary and v.outcome == "inconclusive" and not v.blocking]
         if warned:
             properties.append(("gate", "inconclusive"))
