@@ -235,7 +235,8 @@ PASSED_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
 #: keying their values would only rebuild every python: node when a virtual environment is activated.
 SEARCH_ENV = ("HOME", "PATH", "TMPDIR", "LD_LIBRARY_PATH", "PYTHONPATH")
 #: visible too, set by the executor for the node, not keyed: which GPU a node got is scheduling (the key has the
-#: facts of the device it runs on), TRTFLOW_* are trtflow's own settings
+#: facts of the device it runs on); so are trtflow's own settings that a node reads (`settings.NODE_SETTINGS`),
+#: and no other (the signing key is never there)
 EXECUTOR_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTHONUNBUFFERED")
 PASS_ENV = "TRTFLOW_PASS_ENV"
 
@@ -256,18 +257,24 @@ def named_in(params: Any) -> list[str]:
 
 def keyed_env_names(environ: Mapping[str, str] | None = None, named: Iterable[str] = ()) -> list[str]:
     """The environment variables a node's python: code sees, each keyed by its value: `PASSED_ENV`, those the
-    node's parameters spell (``named``) and those ``TRTFLOW_PASS_ENV`` names (comma-separated). trtflow's own
-    ``TRTFLOW_*`` settings and `EXECUTOR_ENV` are visible too, unkeyed."""
+    node's parameters spell (``named``) and those ``TRTFLOW_PASS_ENV`` names (comma-separated; trtflow's own
+    settings only where a node may see them: the signing key never). The settings of `settings.NODE_SETTINGS` and
+    `EXECUTOR_ENV` are visible too, unkeyed."""
+    from trtflow.settings import node_setting
+
     environ = os.environ if environ is None else environ
     passed = [n.strip() for n in environ.get(PASS_ENV, "").split(",") if n.strip()]
-    return sorted({*PASSED_ENV, *passed, *named})
+    return sorted(n for n in {*PASSED_ENV, *passed, *named} if node_setting(n))
 
 
 def code_environment(environ: Mapping[str, str] | None = None, named: Iterable[str] = ()) -> dict[str, str]:
-    """The keyed part of the environment the code runs with, and trtflow's own settings."""
+    """The keyed part of the environment the code runs with, and trtflow's settings that a node reads (an
+    allow-list: `settings.NODE_SETTINGS`)."""
+    from trtflow.settings import NODE_SETTINGS
+
     environ = os.environ if environ is None else environ
     shown = {n: environ[n] for n in keyed_env_names(environ, named) if n in environ}
-    shown.update({n: v for n, v in environ.items() if n.startswith("TRTFLOW_")})
+    shown.update({n: environ[n] for n in sorted(NODE_SETTINGS) if n in environ})
     return shown
 
 
@@ -279,12 +286,18 @@ def run_environment(code_env: Mapping[str, str], environ: Mapping[str, str] | No
 
 
 def env_digest(label: str, environ: Mapping[str, str] | None = None) -> str:
-    """The digest of an ``env:NAME`` label: the variable's value now (`MISSING`: unset). SHA-256, not the store's
-    fast hash: the value may be a secret passed to the code, and the digest is written into manifests."""
-    import hashlib
+    """The digest of an ``env:NAME`` label: the variable's value now (`MISSING`: unset), as a keyed digest
+    (`storage.verified.keyed_digest`: an HMAC under this user's secret, which is not in the store): the value may
+    be a secret passed to the code, and the digest is written into manifests, which whoever reads the store reads;
+    a plain hash of a short secret is undone by trying values. Without that secret (a configuration folder that
+    cannot be written), a digest no other call gives: such a node is rebuilt on every run, never reused."""
+    from trtflow.storage.verified import keyed_digest
 
-    value = (os.environ if environ is None else environ).get(label[len(ENV_LABEL):])
-    return MISSING if value is None else "sha256:" + hashlib.sha256(os.fsencode(value)).hexdigest()
+    name = label[len(ENV_LABEL):]
+    value = (os.environ if environ is None else environ).get(name)
+    if value is None:
+        return MISSING
+    return keyed_digest("env", name, value) or f"unkeyed:{os.urandom(16).hex()}"
 
 
 def path_digest(path: str | os.PathLike[str], stat_cache: Any = None) -> str:

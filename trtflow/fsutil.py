@@ -84,9 +84,16 @@ _VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
 
 
 def _note_variables(path: str) -> None:
-    """The values of the environment variables a path spells (``$VAR``, ``${VAR}``) are hidden where it is printed."""
+    """The values of the environment variables a path spells (``$VAR``, ``${VAR}``) are hidden where it is printed;
+    one a recipe may not read (the signing key: `settings.refused_in_recipe`) is refused."""
+    from trtflow.settings import refused_in_recipe
+
     for match in _VARIABLE.finditer(path):
         name = match.group(1) or match.group(2)
+        refused = refused_in_recipe(name)
+        if refused is not None:
+            raise TrtflowError(f"path {_shown(path)} cannot be used: {refused}",
+                               hint=f"remove ${name} from the path: trtflow reads its signing key itself")
         value = os.environ.get(name)
         if value:
             redact.note(name, value)

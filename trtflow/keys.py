@@ -34,13 +34,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtflow.errors import TrtflowError, UsageError
+from trtflow.settings import SIGNING_KEY, SIGNING_KEY_FILE
 
 if TYPE_CHECKING:  # cryptography loads where a key signs or a signature is checked, not on a no-op run's path
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 PROJECT_FILE = "trtflow-trust.yaml"
 USER_FILE = "trust.yaml"
-ENV_KEY, ENV_KEY_FILE = "TRTFLOW_SIGNING_KEY", "TRTFLOW_SIGNING_KEY_FILE"
+ENV_KEY, ENV_KEY_FILE = SIGNING_KEY, SIGNING_KEY_FILE  # withheld from nodes and recipes (`trtflow.settings`)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}")
 MAX_FILE = 1 << 20  # a trust file or key file larger than this is not read
 

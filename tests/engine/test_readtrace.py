@@ -135,13 +135,15 @@ def test_without_the_kernel_mechanism_no_run_is_trusted(monkeypatch: pytest.Monk
 
 
 def test_the_code_sees_only_named_variables_and_each_is_keyed() -> None:
-    environ = {"HOME": "/h", "SECRET_TOKEN": "x", "CALIB": "a.txt", "SCALE": "2", "TRTFLOW_PASS_ENV": "SCALE",
-               "TRTFLOW_JOBS": "2"}
+    environ = {"HOME": "/h", "SECRET_TOKEN": "x", "CALIB": "a.txt", "SCALE": "2",
+               "TRTFLOW_PASS_ENV": "SCALE,TRTFLOW_SIGNING_KEY", "TRTFLOW_JOBS": "2", "TRTFLOW_SIGNING_KEY": "k:k",
+               "TRTFLOW_ALLOWED_PATHS": "/data"}
     environ["CUDA_VISIBLE_DEVICES"] = "1"  # set by the executor for the node: visible, not keyed
     environ["LANG"] = "C.UTF-8"
-    shown = depfile.code_environment(environ, named=["CALIB"])
-    assert shown == {"LANG": "C.UTF-8", "CALIB": "a.txt", "SCALE": "2", "TRTFLOW_PASS_ENV": "SCALE",
-                     "TRTFLOW_JOBS": "2"}
+    shown = depfile.code_environment(environ, named=["CALIB", "TRTFLOW_SIGNING_KEY"])
+    # trtflow's settings only by the allow-list (settings.NODE_SETTINGS): never the signing key, even when named
+    assert shown == {"LANG": "C.UTF-8", "CALIB": "a.txt", "SCALE": "2",
+                     "TRTFLOW_PASS_ENV": "SCALE,TRTFLOW_SIGNING_KEY", "TRTFLOW_ALLOWED_PATHS": "/data"}
     # the search paths are visible, not keyed: activating a virtual environment rebuilds nothing
     assert depfile.run_environment(shown, environ) == {**shown, "CUDA_VISIBLE_DEVICES": "1", "HOME": "/h"}
     keyed = set(depfile.keyed_env_names(environ, named=["CALIB"]))

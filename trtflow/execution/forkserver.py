@@ -40,6 +40,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from trtflow.settings import node_environment
+
 # `python -c` puts the working directory first on sys.path: take it off before importing anything else.
 BOOTSTRAP = ("import gc, sys\ngc.disable()\nif sys.path and sys.path[0] == '': del sys.path[0]\n"
              "from trtflow.execution.forkserver import serve\nserve()")
@@ -255,7 +257,8 @@ class ForkServerClient:
     started it) and hands out children to runner threads."""
 
     def __init__(self, stderr: IO[Any] | int | None = None) -> None:
-        env = dict(os.environ, TRTFLOW_FORKSERVER_PARENT=str(os.getpid()))
+        env = dict(node_environment(), TRTFLOW_FORKSERVER_PARENT=str(os.getpid()))  # no signing key, no setting
+        # that is not a node's: the nodes it forks keep this environment, /proc/<pid>/environ included
         self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._proc = subprocess.Popen(isolated_python(BOOTSTRAP), stdin=theirs.fileno(), stdout=subprocess.PIPE,

@@ -29,6 +29,7 @@ from trtflow.execution.protocol import (
     Job,
     Outcome,
 )
+from trtflow.settings import node_environment
 from trtflow.storage import records
 from trtflow.storage.confined.folders import RunFolders
 from trtflow.storage.confined.tree import locate
@@ -131,7 +132,7 @@ class LocalExecutor:
                 return _ServerHandle(child)
             except ServerGone:
                 pass
-        full_env = dict(os.environ)
+        full_env: dict[str, str] = node_environment()  # no signing key, no setting that is not a node's
         for name, value in env.items():
             if value is None:
                 full_env.pop(name, None)

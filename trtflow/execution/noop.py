@@ -5,7 +5,8 @@ plan found every node up to date (and that qualifies, below) leaves a *no-op rec
 ``noop/<invocation>.json``, made from the plan's `Evidence` (what its decisions rested on) and confirmed on disk:
   - the invocation (recipe file, --set values, targets, output folder, working folder, --require-gpu), Python, its
     ``sys.path`` and the mtime of each of its folders, trtflow's own files, the environment variables the recipe
-    names (``${VAR}`` and ``$VAR``), ``HOME``, every ``TRTFLOW_*`` variable, ``CUDA_VISIBLE_DEVICES``, ``PYTHONPATH``;
+    names (``${VAR}`` and ``$VAR``), ``HOME``, every ``TRTFLOW_*`` variable, ``CUDA_VISIBLE_DEVICES``, ``PYTHONPATH``
+    (each by a keyed digest of its value, never the value: `storage.verified.keyed_digest`);
   - the recipe files' text (read and hashed again, never trusted on a stat), and each ``extends:`` as written;
   - every path as the recipe spells it (data files and folders, ``python:`` files) with what it resolved to, and
     each ``python:`` module name with the file it was found at: replayed by the planner's own resolver, so a link
@@ -120,11 +121,21 @@ def record_name(call: dict[str, Any]) -> str:
 
 
 def _environment(names: Iterable[str]) -> dict[str, str | None]:
+    """The variables a record rests on, each by a keyed digest of its value (None: unset), never the value (a
+    record is a file of the store, and a value may be a secret: `storage.verified.keyed_digest`)."""
     from trtflow.depfile import keyed_env_names
+    from trtflow.storage.verified import keyed_digest
 
     wanted = (set(names) | {"CUDA_VISIBLE_DEVICES", "PYTHONPATH", "HOME"} | set(keyed_env_names())
               | {n for n in os.environ if n.startswith("TRTFLOW_")})
-    return {name: os.environ.get(name) for name in sorted(wanted)}
+    found = {}
+    for name in sorted(wanted):
+        value = os.environ.get(name)
+        digest = None if value is None else keyed_digest("env", name, value)
+        if value is not None and digest is None:
+            raise Uncertain("no secret to key the environment's values with")
+        found[name] = digest
+    return found
 
 
 def _engine_files() -> dict[str, Sig]:
@@ -365,7 +376,11 @@ def _check_python(record: dict[str, Any], store: Store, journal: Any) -> bool:
 
 
 def _check_environment(record: dict[str, Any], store: Store, journal: Any) -> bool:
-    return record["environment"] == _environment(n for n in record["environment"] if not n.startswith("TRTFLOW_"))
+    try:
+        return record["environment"] == _environment(n for n in record["environment"]
+                                                     if not n.startswith("TRTFLOW_"))
+    except Uncertain:
+        return False
 
 
 def _check_recipe(record: dict[str, Any], store: Store, journal: Any) -> bool:

@@ -22,6 +22,7 @@ from trtflow.errors import Location, RecipeError, TrtflowError, did_you_mean
 from trtflow.fsutil import MAX_RECIPE_BYTES, allowed_roots_for, resolve_user_path
 from trtflow.recipe.schema import Recipe
 from trtflow.recipe.yaml_data import KEY, Budget, Path_, Place, YamlSyntaxError, compose, key_too_long
+from trtflow.settings import refused_in_recipe
 
 __all__ = ["KEY", "LoadedRecipe", "Marks", "apply_overrides", "load_recipe", "parse_yaml", "validation_error"]
 
@@ -92,6 +93,10 @@ def interpolate(text: str, where: Place) -> str:
         if match.group(0) == "$${":
             return "${"
         name, default = match.group(1), match.group(2)
+        refused = refused_in_recipe(name)
+        if refused is not None:
+            raise RecipeError(refused, Location(*where),
+                              hint=f"remove ${{{name}}} from the recipe: trtflow reads its signing key itself")
         value = os.environ.get(name)
         if value is None:
             if default is not None:

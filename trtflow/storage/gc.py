@@ -9,8 +9,8 @@ branch switch, a rename in progress or an unmounted share must not cost every re
 Besides results: scratch space and locks (no run is running while gc holds the lock), logs and crash folders of
 runs no kept result comes from, partial downloads, the transfer area of local Ray clusters (``ray-remote/``: what
 workers exchanged during runs, none of which is running), and no-op records (``noop/``) that can no longer hold (a
-result they name was removed, or they are unreadable) or that no run has written for ``NOOP_RECORD_DAYS`` (the next
-run of that command plans once and records it again).
+result they name was removed, or they are unreadable or an older trtflow's, which may hold variables' values) or
+that no run has written for ``NOOP_RECORD_DAYS`` (the next run of that command plans once and records it again).
 
 gc holds the store lock exclusively, so no run can commit (or be half-way through linking) while it decides and
 deletes: a run waits for gc, and gc waits for runs (or says "store busy"). Everything it reads and removes goes
@@ -217,7 +217,7 @@ def _collect_noop_records(store: Store, kept_keys: set[str], now: float, dry_run
         else:
             keys = store.noop_record_keys(name)
             if keys is None:
-                why = "unreadable"
+                why = "unreadable, or an older trtflow's"
             elif not set(keys) <= kept_keys:
                 why = "a result it rests on is no longer stored"
         if why is None:

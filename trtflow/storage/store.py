@@ -53,7 +53,7 @@ NOOP = "noop"  # no-op records (execution/noop.py)
 TRANSFER = "ray-remote"  # the transfer area of a local Ray cluster, a folder per run (execution/ray_executor.py)
 #: Folders trtflow deletes and writes in: each must be a real folder (never a link), checked before any work.
 REAL_FOLDERS = (*SUBDIRS, "crashes", "holders", TRANSFER)  # noop/ as a link only turns the shortcut off
-NOOP_ENVELOPE = 1
+NOOP_ENVELOPE = 2  # 2: variables by keyed digests; a record of 1 may hold their values (gc removes it)
 log = logging.getLogger("trtflow.storage")
 
 
@@ -420,7 +420,9 @@ class Store:
             envelope = records.read(self.tree, (NOOP, check_name(file_name)), records.NOOP_RECORD)
         except (OSError, ValueError):
             return None
-        keys = envelope.get("keys") if isinstance(envelope, dict) else None
+        if not isinstance(envelope, dict) or envelope.get("envelope") != NOOP_ENVELOPE:
+            return None  # an older trtflow's (unused, and gc removes it: it may hold variables' values)
+        keys = envelope.get("keys")
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             return None
         return keys

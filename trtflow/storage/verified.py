@@ -25,6 +25,12 @@ trust (trusted, revoked, which key an id names) is decided by the policy on ever
 so a revocation takes effect at once. Only successes are remembered. A secret file that others may read (group or
 other permission bits, another owner) or that is not 32 bytes is not used: the check is then made in full. A
 deleted or damaged row costs one full check, never a verdict.
+
+The same secret keys what trtflow records of a value that may itself be a secret (`keyed_digest`): an environment
+variable a node's ``python:`` code sees (its node's key and manifest), those a no-op record rests on. Such a value
+is never written; its digest is an HMAC under SECRET, which whoever reads the store or the record does not have, so
+trying values (a short token, a password) against it is no use. This user's digests agree with each other, run
+after run, in every process; another user's differ (a node with such variables is then rebuilt, not reused).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from trtflow.keys import keys_dir, private_secret
 
 ROW = "\0verified:"
 DOMAIN = b"trtflow-verified-v1\0"
+KEYED_DOMAIN = b"trtflow-keyed-v1\0"
 SECRET_FILE = "verified.secret"
 NO_STAT = (0, 0, 0, 0)  # a row of no file: its "signature" never changes
 
@@ -100,6 +107,17 @@ def entry(secret: tuple[bytes, str], material: bytes) -> tuple[str, str]:
     key, ident = secret
     row = f"{ROW}{ident}:{hashlib.sha256(material).hexdigest()}"
     return row, hmac.new(key, DOMAIN + material, hashlib.sha256).hexdigest()
+
+
+def keyed_digest(kind: str, name: str, value: str) -> str | None:
+    """The digest of ``value`` (of the ``kind`` called ``name``: ``env``, a variable's name) that may be written
+    where others read it: an HMAC under this user's secret (made on first use); None when there is none (a
+    configuration folder that cannot be written)."""
+    secret = _secret(create=True)
+    if secret is None:
+        return None
+    material = b"\0".join(os.fsencode(part) for part in (kind, name, value))
+    return "hmac-sha256:" + hmac.new(secret[0], KEYED_DOMAIN + material, hashlib.sha256).hexdigest()
 
 
 def secret_path() -> Path:
