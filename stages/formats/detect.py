@@ -23,7 +23,7 @@ from typing import Any
 
 from trtflow.stage import StageFailed
 from trtflow.storage import records
-from trtflow.storage.confined.outside import open_file, read_file
+from trtflow.userfiles import open_file, read_file
 
 TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".jit", ".torchscript")
 KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")

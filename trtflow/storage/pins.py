@@ -30,9 +30,9 @@ from typing import Any
 from trtflow.fingerprint import hash_text, hash_value
 from trtflow.storage import records
 from trtflow.storage.confined import kinds
-from trtflow.storage.confined.outside import read_file
 from trtflow.storage.confined.tree import Tree
 from trtflow.storage.manifest import is_digest, safe_relative_name
+from trtflow.userfiles import read_file
 
 FORMAT = "trtflow-pin/1"
 MAX_PIN_BYTES = kinds.PIN.cap

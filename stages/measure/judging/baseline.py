@@ -105,8 +105,8 @@ def make_baseline(recipe: str, results: Mapping[str, Mapping[str, Any]],
 
 def read_baseline(path: Path) -> dict[str, Any]:
     """The baseline file at ``path``, read bounded and checked against its declared type (`records.BASELINE`)."""
-    from trtflow.storage.confined.outside import read_file
     from trtflow.storage import records
+    from trtflow.userfiles import read_file
 
     try:
         document = records.parse(records.BASELINE, read_file(path, records.BASELINE.limits.bytes), str(path))
