@@ -330,14 +330,16 @@ def init(
 
 def _write(text: str, output: Path, schema_file: Path | None) -> None:
     """Check the recipe as `trtflow run` would load it, then write it (and the schema it names, when missing)."""
+    from trtflow.userfiles import write_file
+
     _check_recipe(text, output)
     if schema_file is not None and not schema_file.exists():
         import json
 
         from trtflow.schema_export import recipe_json_schema
 
-        schema_file.write_text(json.dumps(recipe_json_schema(), indent=2) + "\n", encoding="utf-8")
-    output.write_text(text, encoding="utf-8")
+        write_file(schema_file, json.dumps(recipe_json_schema(), indent=2) + "\n")
+    write_file(output, text)  # a random temporary file renamed over it: a link there is replaced, never followed
 
 
 def _is_generation(folder: Path, task: str | None) -> bool:
