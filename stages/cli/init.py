@@ -60,7 +60,8 @@ def _inside_project(path: Path, output: Path, what: str) -> None:
             raise UsageError(f"{what}: {exc.message}", hint=exc.hint) from None
         return
     raise UsageError(
-        f"{what} {path} is outside the project of {output} ({roots[0]}): a recipe may only read files inside its "
+        f"{what} {path}" + (f" (a link to {target})" if target != path.absolute() else "")
+        + f" is outside the project of {output} ({roots[0]}): a recipe may only read files inside its "
         "project (the nearest folder above the recipe holding a .git or a pyproject.toml; without one, the "
         "recipe's own folder)",
         hint=f"write the recipe beside the file or above it (e.g. -o {path.parent / output.name}), mark the "
