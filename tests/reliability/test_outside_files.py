@@ -63,7 +63,8 @@ def test_keys_create_and_trust_never_write_through_a_planted_link(tmp_path: Path
     trust = project / keys.PROJECT_FILE
     assert not trust.is_symlink() and "alice:" in trust.read_text()
     assert (keys.keys_dir() / "default").read_text() == "alice\n" and not (keys.keys_dir() / "default").is_symlink()
-    assert sorted(p.name for p in project.iterdir() if p.name.startswith(".")) == [".git", f".{keys.PROJECT_FILE}.{pid}"]
+    hidden = sorted(p.name for p in project.iterdir() if p.name.startswith("."))
+    assert hidden == [".git", f".{keys.PROJECT_FILE}.{pid}"]  # no temporary file left behind
 
 
 def test_a_trust_file_that_is_a_link_is_refused_and_the_file_it_names_is_left_alone(
