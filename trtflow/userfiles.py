@@ -75,6 +75,8 @@ def _open_regular(path: Path | str, follow: bool, owner_only: bool) -> tuple[int
         raise
     try:
         st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
         if not stat.S_ISREG(st.st_mode):
             raise Refused(path, NOT_REGULAR, hint="point at the file itself")
         if owner_only and (st.st_uid != os.geteuid() or st.st_mode & 0o077):
@@ -128,21 +130,21 @@ def write_all(fd: int, data: bytes) -> None:
 def write_in(folder: int, name: str, data: bytes | Callable[[int], None], *, mode: int | None = None,
              durable: bool = True, exclusive: bool = False) -> os.stat_result:
     """Replace ``name`` in the folder open as ``folder`` with ``data`` (bytes, or a function that writes into the
-    descriptor it is given): a temporary file of a random name made there with ``O_EXCL | O_NOFOLLOW``, fsynced
-    (``durable``), ``fchmod`` to ``mode`` if given, renamed over ``name`` (never followed) or, ``exclusive``, linked
-    to it (FileExistsError if an entry of that name exists). Returns the new file's status."""
+    descriptor it is given): a temporary file of a random name made there with ``O_EXCL | O_NOFOLLOW`` (``fchmod``
+    to ``mode`` first, if given), fsynced (``durable``), renamed over ``name`` (never followed) or, ``exclusive``,
+    linked to it (FileExistsError if an entry of that name exists). Returns the new file's status."""
     tmp = f".{name[:200]}.{secrets.token_hex(6)}.tmp"
     fd = os.open(tmp, NEW_FLAGS, 0o666, dir_fd=folder)
     try:
         try:
+            if mode is not None:  # before the content: a key is never readable by others, even for a moment
+                os.fchmod(fd, mode)
             if callable(data):
                 data(fd)
             else:
                 write_all(fd, data)
             if durable:
                 os.fsync(fd)
-            if mode is not None:
-                os.fchmod(fd, mode)
             st = os.fstat(fd)
         finally:
             os.close(fd)
