@@ -191,3 +191,66 @@ def test_init_and_plan_refuse_a_planted_model_file_with_exit_2(tmp_path: Path, c
                                      f"    params: {{model: {model}{inputs}}}\n")
     plan = trtflow_cli("plan", "r.yaml", cwd=tmp_path, check=2, timeout=HANG)
     assert expected in plan.stderr and "Traceback" not in plan.stderr, plan.stderr
+
+
+def test_a_trust_file_nested_past_python_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """YAML nested 100,000 deep in a committed trust file: `keys list` names the file (old: exit 70)."""
+    project = tmp_path / "clone"
+    (project / ".git").mkdir(parents=True)
+    (project / keys.PROJECT_FILE).write_text("trusted: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv(keys.ENV_KEY, raising=False)
+    out = trtflow_in_process("keys", "list", cwd=project, check=1)
+    assert f"the trust file {project / keys.PROJECT_FILE} nests deeper than" in out.stderr, out.stderr
+
+
+def test_an_output_named_with_o_replaces_a_link_there_and_never_writes_through_it(tmp_path: Path) -> None:
+    """`trtflow schema -o schema.json` where the clone committed schema.json as a link to a file outside: the link
+    is replaced by the file (old: the file it named was overwritten)."""
+    (tmp_path / "pyproject.toml").write_text("")
+    victim = _victim(tmp_path / "home", "bashrc")
+    (tmp_path / "schema.json").symlink_to(victim)
+    trtflow_in_process("schema", "-o", "schema.json", cwd=tmp_path)
+    assert victim.read_text() == "precious\n"
+    assert not (tmp_path / "schema.json").is_symlink() and '"$schema"' in (tmp_path / "schema.json").read_text()
+
+
+# ---------------------------------------------------------------------------------------- the module's rules
+def test_userfiles_reads_only_a_bounded_regular_file(tmp_path: Path) -> None:
+    from trtflow.userfiles import Refused, read_file
+
+    (tmp_path / "ok").write_bytes(b"x" * 10)
+    assert read_file(tmp_path / "ok", 10) == b"x" * 10
+    with pytest.raises(Refused, match="more than"):
+        read_file(tmp_path / "ok", 9)
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    (tmp_path / "link").symlink_to(tmp_path / "ok")
+    for name in ("fifo", "zero"):
+        with pytest.raises(Refused, match="is not a regular file"):
+            read_file(tmp_path / name, 1 << 20)
+    assert read_file(tmp_path / "link", 10) == b"x" * 10  # a file a recipe names: checked by input_path first
+    with pytest.raises(Refused, match="is a symbolic link"):
+        read_file(tmp_path / "link", 10, follow=False)
+    (tmp_path / "secret").write_bytes(b"s")
+    os.chmod(tmp_path / "secret", 0o644)
+    with pytest.raises(Refused, match="may be read by others"):
+        read_file(tmp_path / "secret", 10, owner_only=True)
+
+
+def test_userfiles_writes_through_a_random_exclusive_temporary_never_a_link(tmp_path: Path) -> None:
+    from trtflow.userfiles import write_file
+
+    victim = _victim(tmp_path / "home", "bashrc")
+    target = tmp_path / "out" / "file.txt"
+    target.parent.mkdir()
+    target.symlink_to(victim)
+    write_file(target, "new\n")
+    assert victim.read_text() == "precious\n" and not target.is_symlink() and target.read_text() == "new\n"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["file.txt"]  # no temporary left
+    with pytest.raises(FileExistsError):
+        write_file(target, "again\n", exclusive=True)
+    write_file(tmp_path / "out" / "key", b"k", mode=0o600, exclusive=True)
+    assert (tmp_path / "out" / "key").stat().st_mode & 0o777 == 0o600 and target.read_text() == "new\n"
+    write_file(tmp_path / "made" / "below" / "f", "x")  # missing folders are made
+    assert (tmp_path / "made" / "below" / "f").read_text() == "x"
