@@ -159,8 +159,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("trtflow/execution/scheduler.py", "_cgroup_room"): PROC,
     ("trtflow/execution/scheduler.py", "available_memory"): PROC,
     ("trtflow/readtrace.py", "_Supervisor._read"): "/proc/<pid>/mem of the observed child, read-only",
-    ("trtflow/storage/signing.py", "git_commit"): "the project's .git HEAD and refs (small text files), for the "
-                                                  "commit a result came from",
 }
 
 

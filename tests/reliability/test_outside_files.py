@@ -144,6 +144,21 @@ def test_a_trust_file_that_blocks_ends_plan_promptly_with_a_clear_error(tmp_path
     assert "a     synth  stale" in stdout, stdout
 
 
+@pytest.mark.parametrize("planted", ["fifo", "dev-zero"])
+def test_a_planted_git_head_never_stops_a_run(tmp_path: Path, planted: str) -> None:
+    """The commit a result came from is read from the clone's .git: a HEAD that is a named pipe or a link to
+    /dev/zero leaves it unknown (old: the run blocked on the pipe, or read /dev/zero until memory ran out)."""
+    project, env = _chain_project(tmp_path)
+    head = project / ".git" / "HEAD"
+    if planted == "fifo":
+        os.mkfifo(head)
+    else:
+        head.symlink_to("/dev/zero")
+    run = subprocess.run([sys.executable, "-m", "trtflow.cli", "run", "chain.yaml"], cwd=project, env=env,
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HANG)
+    assert run.returncode == 0 and "1 built" in run.stdout, run.stdout + run.stderr
+
+
 # ---------------------------------------------------------------------------------------- init's inputs
 def _deep(path: Path) -> None:
     path.write_text("[" * 100_000 + "]" * 100_000)
