@@ -62,9 +62,9 @@ def input_path(ref: str | Path, base: Path, allowed_roots: Sequence[Path]) -> Pa
     """The one check of a file or folder a recipe or `trtflow init` names as an input (a model, its data, a
     factory's file), made before anything opens it: resolved inside ``allowed_roots`` (`resolve_user_path`; a
     folder's entries by `check_folder`: regular files, no link out), present, and a regular file or a folder: a
-    named pipe (it would block its reader), a device (``/dev/zero`` never ends) or a socket is refused. Its
-    content is then read only through `trtflow.storage.confined.outside` (bounded, regular files only).
-    Raises TrtflowError naming ``ref``, the path and the fix."""
+    named pipe (it would block its reader), a device (``/dev/zero`` never ends) or a socket is refused. What
+    trtflow itself then reads of it (its digest, a model's configuration, an archive's listing) goes through
+    `trtflow.userfiles` (bounded, regular files only). Raises TrtflowError naming ``ref``, the path and the fix."""
     path = resolve_user_path(ref, base, allowed_roots)
     try:
         info = os.stat(path)

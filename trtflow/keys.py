@@ -165,7 +165,7 @@ def parse_secret(text: str, where: str) -> Signer:
 # ----------------------------------------------------------------------------- the user's key store
 def _read_small(path: Path, follow: bool = False) -> str:
     """A key or trust file trtflow finds by itself (the user's key store, the project's and the user's trust file):
-    a regular file, not a link, at most MAX_FILE bytes (`confined.outside.read_file`: a named pipe or a link to
+    a regular file, not a link, at most MAX_FILE bytes (`trtflow.userfiles.read_file`: a named pipe or a link to
     /dev/stdin is refused, never waited on). Raises OSError (`Refused`)."""
     return read_file(path, MAX_FILE, follow=follow).decode("utf-8", "replace")
 
