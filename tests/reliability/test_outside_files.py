@@ -269,3 +269,14 @@ def test_userfiles_writes_through_a_random_exclusive_temporary_never_a_link(tmp_
     assert (tmp_path / "out" / "key").stat().st_mode & 0o777 == 0o600 and target.read_text() == "new\n"
     write_file(tmp_path / "made" / "below" / "f", "x")  # missing folders are made
     assert (tmp_path / "made" / "below" / "f").read_text() == "x"
+
+
+def test_init_refuses_data_that_plan_would_refuse(tmp_path: Path, tiny_cnn_onnx: Path) -> None:
+    """`--data` is checked as plan checks `data:` (old: init wrote a recipe naming a named pipe, and exited 0)."""
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "cnn.onnx").write_bytes(tiny_cnn_onnx.read_bytes())
+    os.mkfifo(tmp_path / "samples.npz")
+    init = trtflow_cli("init", "cnn.onnx", "--data", "samples.npz", "-o", "r.yaml", cwd=tmp_path, check=2,
+                       timeout=HANG)
+    assert "--data: " in init.stderr and "is not a regular file or directory" in init.stderr, init.stderr
+    assert not (tmp_path / "r.yaml").exists()
