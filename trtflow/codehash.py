@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtflow.fingerprint import StatCache, hash_file, hash_value
+from trtflow.userfiles import read_file
 
 _IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+\(?([^#\n]*)|import[ \t]+([^#\n]+))", re.M)
 _SKIP_DIRS = {"site-packages", "dist-packages", ".venv", "venv", ".tox", ".git", "__pycache__", "node_modules"}
@@ -57,6 +58,7 @@ class CodeDigest:
 
 
 _DYNAMIC = {"import_module", "__import__"}
+MAX_SOURCE = 64 << 20  # a Python source larger than this is not scanned for imports (its digest still counts)
 _PARSED: dict[tuple[str, int, int, int, int], list[tuple[int, str, list[str]]]] = {}
 
 
@@ -64,7 +66,7 @@ def _imports(path: Path) -> list[tuple[int, str, list[str]]]:
     """(relative level, module, imported names) for every import in ``path`` (parsed once per file version)."""
     try:
         st = path.stat()
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = read_file(path, MAX_SOURCE).decode("utf-8", "replace")  # a regular file only, bounded
     except OSError:
         return []
     memo = (str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)

@@ -19,6 +19,8 @@ from typing import IO, Any, Protocol
 
 import xxhash
 
+from trtflow.userfiles import open_file
+
 CHUNK = 1 << 20
 RACY_WINDOW_NS = 2_000_000_000
 
@@ -39,7 +41,9 @@ def hash_value(value: Any) -> str:
 
 
 def hash_file_content(path: Path) -> str:
-    with open(path, "rb") as f:
+    """The digest of the regular file ``path`` (a file a recipe names: a named pipe or a device is refused, never
+    read; `trtflow.userfiles.open_file`)."""
+    with open_file(path) as f:
         return hash_stream(f)
 
 

@@ -1,4 +1,5 @@
-"""Paths a recipe names (the user's project): resolution inside the allowed roots, and bounded reads.
+"""Paths a recipe or `trtflow init` names (the user's project): resolution inside the allowed roots, and the one
+check of an input file (`input_path`) that `plan`, `run` and `init` make before anything opens it.
 
 Files under the store and build/ are never touched here: `trtflow.storage.confined` owns them."""
 
@@ -12,29 +13,6 @@ from pathlib import Path
 
 from trtflow import redact
 from trtflow.errors import TrtflowError
-
-
-def read_regular(path: str | Path, cap: int) -> bytes:
-    """The bytes of a project file (a recipe, an ``extends`` base), read only if it is a regular file of at most
-    ``cap`` bytes: a named pipe never blocks (opened without waiting, refused after ``fstat``), a device is
-    refused. Raises OSError (ValueError past ``cap``)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{path} is not a regular file")
-        if info.st_size > cap:
-            raise ValueError(f"{path} has more than {cap} bytes")
-        chunks, got = [], 0
-        while got <= cap and (chunk := os.read(fd, min(1 << 20, cap + 1 - got))):
-            chunks.append(chunk)
-            got += len(chunk)
-    finally:
-        os.close(fd)
-    if got > cap:
-        raise ValueError(f"{path} has more than {cap} bytes")
-    return b"".join(chunks)
-
 
 MAX_RECIPE_BYTES = 16 << 20  # a recipe file (or an extends base) larger than this is refused
 PROJECT_MARKERS = (".git", "pyproject.toml")
@@ -78,6 +56,27 @@ def resolve_user_path(path: str | Path, base: Path, allowed_roots: Sequence[Path
     if resolved.is_dir():
         check_folder(resolved, roots)
     return resolved
+
+
+def input_path(ref: str | Path, base: Path, allowed_roots: Sequence[Path]) -> Path:
+    """The one check of a file or folder a recipe or `trtflow init` names as an input (a model, its data, a
+    factory's file), made before anything opens it: resolved inside ``allowed_roots`` (`resolve_user_path`; a
+    folder's entries by `check_folder`: regular files, no link out), present, and a regular file or a folder: a
+    named pipe (it would block its reader), a device (``/dev/zero`` never ends) or a socket is refused. What
+    trtflow itself then reads of it (its digest, a model's configuration, an archive's listing) goes through
+    `trtflow.userfiles` (bounded, regular files only). Raises TrtflowError naming ``ref``, the path and the fix."""
+    path = resolve_user_path(ref, base, allowed_roots)
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise TrtflowError(f"file {str(ref)!r} not found (looked at {path})",
+                           hint="check the path; recipe paths are relative to the recipe file") from None
+    except OSError as exc:
+        raise TrtflowError(f"cannot read {str(ref)!r} ({path}): {exc.strerror or exc}", hint="check the path") from None
+    if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+        raise TrtflowError(f"{str(ref)!r} is not a regular file or directory ({path}: a named pipe, a device or a "
+                           "socket)", hint="point at the model or data file itself")
+    return path
 
 
 _VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")

@@ -27,7 +27,6 @@ import functools
 import hashlib
 import os
 import re
-import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtflow.errors import TrtflowError, UsageError
 from trtflow.settings import SIGNING_KEY, SIGNING_KEY_FILE
+from trtflow.userfiles import Refused, load_yaml, read_file, write_file
 
 if TYPE_CHECKING:  # cryptography loads where a key signs or a signature is checked, not on a no-op run's path
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -164,12 +164,11 @@ def parse_secret(text: str, where: str) -> Signer:
 
 
 # ----------------------------------------------------------------------------- the user's key store
-def _read_small(path: Path) -> str:
-    with open(path, "rb") as f:
-        data = f.read(MAX_FILE + 1)
-    if len(data) > MAX_FILE:
-        raise TrtflowError(f"{path} is larger than {MAX_FILE} bytes", hint="it is not a trtflow key or trust file")
-    return data.decode("utf-8", "replace")
+def _read_small(path: Path, follow: bool = False) -> str:
+    """A key or trust file trtflow finds by itself (the user's key store, the project's and the user's trust file):
+    a regular file, not a link, at most MAX_FILE bytes (`trtflow.userfiles.read_file`: a named pipe or a link to
+    /dev/stdin is refused, never waited on). Raises OSError (`Refused`)."""
+    return read_file(path, MAX_FILE, follow=follow).decode("utf-8", "replace")
 
 
 def _private_folder() -> Path:
@@ -190,19 +189,10 @@ def create_key(name: str, *, make_default: bool | None = None) -> Signer:
     pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
     path = folder / f"{name}.key"
-    tmp = folder / f".{name}.{os.getpid()}.{os.urandom(4).hex()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(pem)
-            os.fchmod(f.fileno(), 0o600)
-            f.flush()
-            os.fsync(f.fileno())
-        os.link(tmp, path)  # put-if-absent, whole: a concurrent reader never sees half a key
+    try:  # put-if-absent, whole: a concurrent reader never sees half a key
+        write_file(path, pem, mode=0o600, exclusive=True)
     except FileExistsError:
         raise UsageError(f"a key named {name!r} exists ({path})", hint="choose another name, or use it") from None
-    finally:
-        os.unlink(tmp)
     signer = Signer(name, private, str(path))
     _write_public(signer.public)
     if make_default or (make_default is None and default_name() is None):
@@ -216,11 +206,7 @@ def public_dir() -> Path:
 
 
 def _write_public(pub: PublicKey) -> None:
-    folder = public_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{pub.name}.{os.getpid()}.{os.urandom(4).hex()}"
-    tmp.write_text(pub.text + "\n")
-    os.replace(tmp, folder / f"{pub.name}.pub")
+    write_file(public_dir() / f"{pub.name}.pub", pub.text + "\n")
 
 
 def private_secret(path: Path, create: bool = False) -> bytes | None:
@@ -230,19 +216,10 @@ def private_secret(path: Path, create: bool = False) -> bytes | None:
     data = _read_secret(path)
     if data is None and create:
         try:
-            tmp = _private_folder() / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(os.urandom(32))
-                    f.flush()
-                    os.fsync(f.fileno())
-                try:
-                    os.link(tmp, path)  # two processes making it at once both read the one that won
-                except FileExistsError:
-                    pass
-            finally:
-                os.unlink(tmp)
+            _private_folder()
+            write_file(path, os.urandom(32), mode=0o600, exclusive=True)
+        except FileExistsError:
+            pass  # two processes making it at once both read the one that won
         except OSError:
             return None
         data = _read_secret(path)
@@ -251,18 +228,9 @@ def private_secret(path: Path, create: bool = False) -> bytes | None:
 
 def _read_secret(path: Path) -> bytes | None:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        data = read_file(path, 32, follow=False, owner_only=True)
     except OSError:
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077 or st.st_uid != os.getuid():
-            return None
-        data = os.read(fd, 33)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
     return data if len(data) == 32 else None
 
 
@@ -283,9 +251,7 @@ def own_public_keys() -> list[PublicKey]:
 
 def set_default(name: str) -> None:
     load_key(name)  # it exists and is usable
-    tmp = _private_folder() / f".default.{os.getpid()}"
-    tmp.write_text(name + "\n")
-    os.replace(tmp, keys_dir() / "default")
+    write_file(_private_folder() / "default", name + "\n")
 
 
 def default_name() -> str | None:
@@ -344,7 +310,7 @@ def current_signer() -> Signer:
             signer = parse_secret(env, ENV_KEY)
         elif env_file:
             try:
-                text = _read_small(Path(env_file))
+                text = _read_small(Path(env_file), follow=True)  # named by the user (a mounted secret is a link)
             except OSError as exc:
                 raise TrtflowError(f"{ENV_KEY_FILE}={env_file}: {exc.strerror or exc}",
                                    hint="point it at the key file CI wrote from its secret store") from None
@@ -402,14 +368,19 @@ class TrustFile:
             text = _read_small(path)
         except FileNotFoundError:
             return cls(path)
+        except Refused as exc:  # a link, a named pipe, a device (/dev/stdin), or too large: never waited on
+            raise TrtflowError(f"cannot read the trust file {path}: {exc.why}",
+                               hint=exc.hint or "make it a regular file (restore it from version control)") from None
         except OSError as exc:
             raise TrtflowError(f"cannot read the trust file {path}: {exc.strerror or exc}",
                                hint="fix its permissions") from None
         try:
-            data = yaml.safe_load(text) or {}
+            data = load_yaml(text, f"the trust file {path}") or {}
         except yaml.YAMLError as exc:
             raise TrtflowError(f"the trust file {path} is not valid YAML: {exc}".splitlines()[0],
                                hint="restore it from version control") from None
+        except Refused as exc:
+            raise TrtflowError(exc.message, hint="restore it from version control") from None
         if not isinstance(data, dict) or set(data) - {"trusted", "revoked"}:
             raise TrtflowError(f"the trust file {path} must be a mapping of `trusted:` and `revoked:` lists",
                                hint="write keys as `trtflow keys trust` does")
@@ -432,10 +403,7 @@ class TrustFile:
         text = ("# Public keys whose results trtflow reuses here (`trtflow keys trust`), and keys revoked for good\n"
                 "# (`trtflow keys revoke`): a revoked key's results are never reused, whatever their dates.\n"
                 + yaml.safe_dump(body, sort_keys=False, default_flow_style=False))
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, self.path)
+        write_file(self.path, text)  # a random temporary file made exclusively, renamed over it: no link followed
 
 
 def _entries(data: dict[str, Any], name: str, path: Path) -> list[str]:

@@ -28,7 +28,7 @@ from trtflow.environment import Environment, GpuInfo
 from trtflow.errors import RecipeError, TrtflowError
 from trtflow.evidence import Evidence
 from trtflow.fingerprint import StatCache, hash_file, hash_path, hash_value
-from trtflow.fsutil import allowed_roots_for, project_root, resolve_user_path
+from trtflow.fsutil import allowed_roots_for, input_path, project_root, resolve_user_path
 from trtflow.graph import Graph
 from trtflow.recipe.expand import ConcreteNode
 
@@ -69,8 +69,9 @@ class KeyContext:
         return cls(recipe_dir, project_root(recipe_dir) or recipe_dir, tuple(allowed_roots_for(recipe_dir)), env,
                    stat_cache, evidence=evidence)
 
-    def resolve(self, path: str) -> Path:
-        resolved = resolve_user_path(path, self.recipe_dir, self.allowed_roots)
+    def resolve(self, path: str, check: bool = False) -> Path:
+        """``path`` resolved inside the allowed roots; ``check``: an input file, checked by `fsutil.input_path`."""
+        resolved = (input_path if check else resolve_user_path)(path, self.recipe_dir, self.allowed_roots)
         if self.evidence is not None:
             self.evidence.paths[path] = str(resolved)
         return resolved
@@ -248,15 +249,9 @@ def key_parts(graph: Graph, node: ConcreteNode, output_digests: Mapping[tuple[st
     resolved: dict[str, Path] = {}
     for ref in refs:
         try:
-            path = kctx.resolve(ref)
+            path = kctx.resolve(ref, check=True)  # fsutil.input_path: the check init makes too
         except TrtflowError as exc:
             raise RecipeError(f"node {node.name!r}: {exc.message}", node.location, hint=exc.hint) from None
-        if not path.exists():
-            raise RecipeError(f"node {node.name!r}: file {ref!r} not found (looked at {path})", node.location,
-                              hint="check the path; recipe paths are relative to the recipe file")
-        if not (path.is_file() or path.is_dir()):
-            raise RecipeError(f"node {node.name!r}: {ref!r} is not a regular file or directory ({path})",
-                              node.location, hint="point at the model or data file itself")
         try:
             digest = hash_path(path, kctx.stat_cache)
         except OSError as exc:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,6 +25,7 @@ from typing import Annotated, Any
 import typer
 
 from trtflow.errors import TrtflowError, UsageError
+from trtflow.userfiles import open_file, read_file, write_file
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -45,7 +45,7 @@ def _iso(ts: Any) -> str | None:
 
 def _sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_file(path) as f:  # a regular file only: a named pipe or a device is refused, never waited on
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
@@ -139,10 +139,7 @@ def check(path: Path, policy: Any, artifacts: list[Path]) -> tuple[dict[str, Any
     one of its subjects; (statement, signer id). Raises TrtflowError naming what does not hold."""
     hint = "make it again with `trtflow provenance`; never ship what does not verify"
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_ENVELOPE + 1)
-        if len(raw) > MAX_ENVELOPE:
-            raise ValueError("too large")
+        raw = read_file(path, MAX_ENVELOPE)
         env = json.loads(raw)
         body = base64.b64decode(env["payload"], validate=True)
         sigs = [(s["keyid"], base64.b64decode(s["sig"], validate=True)) for s in env["signatures"]]
@@ -199,9 +196,7 @@ def command(
 
     signer = current_signer()
     stmt = statement(recipe, list(nodes or []), default_store(store), list(include or []))
-    tmp = output.with_name(f".{output.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(envelope(stmt, signer), indent=1) + "\n")
-    os.replace(tmp, output)
+    write_file(output, json.dumps(envelope(stmt, signer), indent=1) + "\n")  # a random temporary, never a link
     print(f"wrote {output}: {len(stmt['subject'])} subjects, signed by {signer.public.id} ({signer.public.name})")
     for s in stmt["subject"]:
         print(f"  {s['digest']['sha256']}  {s['name']}")

@@ -73,6 +73,7 @@ def pin(
     latest benchmark and validate figures, with the pinned artifacts' digests, to a baseline file."""
     from trtflow.api import latest_results, pin_latest
     from trtflow.recipe.load import load_recipe
+    from trtflow.userfiles import write_file
 
     from ..measure.judging.baseline import make_baseline
 
@@ -85,8 +86,7 @@ def pin(
         raise TrtflowError(f"no benchmark or validate results of {recipe} in the store",
                            hint=f"run `trtflow run {recipe}` first, then pin the baseline")
     target = output or Path(recipe).parent / "baselines" / f"{loaded.recipe.name}.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_file(target, json.dumps(document, indent=2, sort_keys=True) + "\n")  # never through a link
     for name, entry in document["nodes"].items():
         typer.echo("\n".join(_describe(name, entry)))
     try:

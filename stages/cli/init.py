@@ -45,16 +45,23 @@ def _recipe_name(text: str) -> str:
 
 
 def _inside_project(path: Path, output: Path, what: str) -> None:
-    """Refuse now what `trtflow run` would refuse later: a recipe reads files only inside its project."""
-    from trtflow.fsutil import allowed_roots_for
+    """Refuse now what `trtflow run` would refuse later: a recipe reads files only inside its project, and only
+    what `fsutil.input_path` (plan's and run's check of an input) lets through: no named pipe, no device, a folder
+    without such entries or links out of the project."""
+    from trtflow.fsutil import allowed_roots_for, input_path
 
     recipe_dir = output.absolute().parent
     target = path.resolve()
     roots = allowed_roots_for(recipe_dir)
     if any(target.is_relative_to(root) for root in roots):
+        try:
+            input_path(path.absolute(), recipe_dir, roots)
+        except TrtflowError as exc:
+            raise UsageError(f"{what}: {exc.message}", hint=exc.hint) from None
         return
     raise UsageError(
-        f"{what} {path} is outside the project of {output} ({roots[0]}): a recipe may only read files inside its "
+        f"{what} {path}" + (f" (a link to {target})" if target != path.absolute() else "")
+        + f" is outside the project of {output} ({roots[0]}): a recipe may only read files inside its "
         "project (the nearest folder above the recipe holding a .git or a pyproject.toml; without one, the "
         "recipe's own folder)",
         hint=f"write the recipe beside the file or above it (e.g. -o {path.parent / output.name}), mark the "
@@ -293,6 +300,8 @@ def init(
         suggestion = did_you_mean(task, list(TASK_NAMES))
         raise UsageError(f"--task {task!r} is not a task export knows" + (f"; {suggestion}" if suggestion else ""),
                          hint=f"tasks: {', '.join(TASK_NAMES)}")
+    if not model.startswith("python:") and os.path.lexists(model):
+        _inside_project(Path(model), output, "the model")  # before anything opens it
     if not model.startswith("python:") and Path(model).is_dir() and _is_generation(Path(model), task):
         _init_generation(model, output, data, batch or "1:1:4", dims or [], name, inputs or [])
         return
@@ -322,14 +331,16 @@ def init(
 
 def _write(text: str, output: Path, schema_file: Path | None) -> None:
     """Check the recipe as `trtflow run` would load it, then write it (and the schema it names, when missing)."""
+    from trtflow.userfiles import write_file
+
     _check_recipe(text, output)
     if schema_file is not None and not schema_file.exists():
         import json
 
         from trtflow.schema_export import recipe_json_schema
 
-        schema_file.write_text(json.dumps(recipe_json_schema(), indent=2) + "\n", encoding="utf-8")
-    output.write_text(text, encoding="utf-8")
+        write_file(schema_file, json.dumps(recipe_json_schema(), indent=2) + "\n")
+    write_file(output, text)  # a random temporary file renamed over it: a link there is replaced, never followed
 
 
 def _is_generation(folder: Path, task: str | None) -> bool:

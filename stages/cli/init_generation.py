@@ -35,13 +35,13 @@ def is_generation(folder: Path, task: str | None) -> bool:
 
     if task is not None:
         return task == TASK
-    if not (folder / "config.json").is_file():
-        return False
-    import json
+    from trtflow.errors import StageFailed
+
+    from ..formats.detect import read_json_config
 
     try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        config = read_json_config(folder)
+    except (OSError, StageFailed):
         return False  # the ordinary path reports it
     if config.get("is_encoder_decoder"):
         return False

@@ -16,7 +16,6 @@ Sizes: ``--dim sequence_length=MIN:OPT:MAX`` (decoder tokens; MAX is the decoder
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,9 +37,13 @@ def seq2seq_task(folder: Path, task: str | None) -> str | None:
 
     if task is not None:
         return task if task in TASKS else None
+    from trtflow.errors import StageFailed
+
+    from ..formats.detect import read_json_config
+
     try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        config = read_json_config(folder)
+    except (OSError, StageFailed):
         return None  # the ordinary path reports it
     if not config.get("is_encoder_decoder"):
         return None

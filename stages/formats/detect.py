@@ -19,8 +19,11 @@ from __future__ import annotations
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trtflow.stage import StageFailed
+from trtflow.storage import records
+from trtflow.userfiles import open_file, read_file
 
 TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".jit", ".torchscript")
 KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")
@@ -35,6 +38,13 @@ LABELS = {
 _KNOWN = ("an .onnx file, a TorchScript archive (.pt/.pth/.ts), a torch.export program (.pt2), a Hugging Face "
           "folder (config.json + weights), a TensorFlow SavedModel folder (saved_model.pb), a Keras file "
           "(.keras/.h5), or python:file.py:factory")
+
+
+#: A model folder's JSON configuration (config.json, preprocessor_config.json), read as a typed record: a mapping,
+#: at most 16 MiB, nested at most 32 deep (transformers' own configurations nest 4 or 5 deep).
+MODEL_CONFIG = records.RecordKind("model configuration", dict[str, Any],
+                                  limits=records.Limits(bytes=16 * records.MiB, depth=32),
+                                  fix="save the model again with model.save_pretrained(folder)")
 
 
 @dataclass(frozen=True)
@@ -96,21 +106,31 @@ def check_content(fmt: ModelFormat, path: Path, shown: str) -> None:
         _check_torch_archive(fmt, path, shown)
     elif fmt.name == "huggingface":
         _check_huggingface(path, shown)
-    elif fmt.name == "keras" and path.suffix == ".keras" and not zipfile.is_zipfile(path):
+    elif fmt.name == "keras" and path.suffix == ".keras" and not _is_zip(path, shown):
         raise StageFailed(f"{shown!r} is not a Keras file (.keras files are zip archives; this one is not, or it is "
                           "truncated)", hint="save it again with model.save('model.keras')")
 
 
+def _is_zip(path: Path, shown: str) -> bool:
+    """Whether the regular file ``path`` is a zip archive (a named pipe or a device is refused, never opened to
+    block or to read without end)."""
+    try:
+        with open_file(path) as f:
+            return zipfile.is_zipfile(f)
+    except OSError as error:
+        raise StageFailed(f"cannot read {shown!r}: {error}", hint="point at the model file itself") from None
+
+
 def _check_torch_archive(fmt: ModelFormat, path: Path, shown: str) -> None:
-    if not zipfile.is_zipfile(path):
+    if not _is_zip(path, shown):
         raise StageFailed(f"{shown!r} is not a {fmt.label}: not a zip archive (truncated, or another kind of file)",
                           hint="save it again with " + ("torch.export.save(program, path)"
                                                         if fmt.name == "exported_program" else "torch.jit.save"))
-    with zipfile.ZipFile(path) as archive:
-        try:
+    try:
+        with open_file(path) as f, zipfile.ZipFile(f) as archive:
             names = archive.namelist()
-        except zipfile.BadZipFile as error:
-            raise StageFailed(f"{shown!r} is a damaged zip archive: {error}") from error
+    except (OSError, zipfile.BadZipFile) as error:
+        raise StageFailed(f"{shown!r} is a damaged zip archive: {error}") from error
     scripted = any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
     exported = any("/models/" in n and n.endswith(".json") for n in names) or any(
         n.endswith("serialized_exported_program.json") for n in names)
@@ -129,15 +149,31 @@ def _check_torch_archive(fmt: ModelFormat, path: Path, shown: str) -> None:
                           + ("; it looks like a TorchScript archive: name it .pt" if scripted else ""))
 
 
-def _check_huggingface(path: Path, shown: str) -> None:
-    import json
-
+def read_json_config(folder: Path, name: str = "config.json", shown: str | None = None) -> dict[str, Any]:
+    """The JSON configuration ``name`` of the model folder ``folder``: a regular file (a named pipe or a link to a
+    device is refused, never read), at most 16 MiB, parsed as the typed record `MODEL_CONFIG` (a mapping nested at
+    most 32 deep). The one reader of a model's configuration: `trtflow init`, plan's checks and export all read it
+    here. Raises StageFailed naming the file, what is wrong and the fix (FileNotFoundError when it is absent)."""
+    where = f"{shown or folder}/{name}"
     try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
+        raw = read_file(folder / name, MODEL_CONFIG.limits.bytes)
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        raise StageFailed(f"cannot read {where}: {error}", hint=MODEL_CONFIG.fix) from None
+    try:
+        return dict(records.parse(MODEL_CONFIG, raw, where))
+    except records.Damaged as error:
+        raise StageFailed(error.message, hint=error.hint) from None
+
+
+def _check_huggingface(path: Path, shown: str) -> None:
+    try:
+        config = read_json_config(path, shown=shown)
+    except FileNotFoundError as error:
         raise StageFailed(f"{shown}/config.json is not readable JSON: {error}",
                           hint="save the model again with model.save_pretrained(folder)") from error
-    if not isinstance(config, dict) or "model_type" not in config:
+    if "model_type" not in config:
         raise StageFailed(f"{shown}/config.json has no model_type: not a transformers model configuration",
                           hint="save the model with model.save_pretrained(folder)")
     weights = [p for p in path.iterdir() if p.suffix in (".safetensors", ".bin")]

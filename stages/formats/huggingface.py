@@ -24,7 +24,6 @@ needs (a base model exported with a classification head) is refused rather than 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,7 +64,9 @@ class HfModel:
 
 
 def read_config(folder: Path) -> dict[str, Any]:
-    return json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    from .detect import read_json_config
+
+    return read_json_config(folder)
 
 
 def _size(value: Any) -> tuple[int, int]:
@@ -289,11 +290,12 @@ def _quiet_transformers() -> Any:
 
 
 def _preprocessor(folder: Path) -> dict[str, Any]:
+    from .detect import read_json_config
+
     try:
-        data = json.loads((folder / "preprocessor_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_json_config(folder, "preprocessor_config.json")
+    except (OSError, StageFailed):
         return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _auto_for(transformers: Any, config: Any, task: str) -> Any:

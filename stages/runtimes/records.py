@@ -22,6 +22,7 @@ from typing_extensions import TypedDict
 
 from trtflow.stage import StageFailed
 from trtflow.storage.records import Damaged, Limits, RecordKind, parse
+from trtflow.userfiles import read_file
 
 MiB = 1 << 20
 
@@ -137,9 +138,7 @@ def read_record(path: Path, kind: RecordKind) -> Any:
     """The record at ``path``, checked against ``kind`` (its caps, then its declared type, strictly); raises
     `StageFailed` naming the file and the fix when it cannot be read or breaks its type."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(kind.limits.bytes + 1)
-        return parse(kind, raw, str(path))
+        return parse(kind, read_file(path, kind.limits.bytes), str(path))  # a regular file, bounded
     except Damaged as error:
         raise StageFailed(error.message, hint=error.hint) from None
     except OSError as error:

@@ -28,15 +28,16 @@ from trtflow.storage.confined.tree import Tree
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: The confined layer: every module of this package may call the file system.
-LAYER = "trtflow/storage/confined/"
+#: The confined layer: every module of this package may call the file system, and its primitives for one file named
+#: by its path (trtflow/userfiles.py, which the store's trees use too).
+LAYER = ("trtflow/storage/confined/", "trtflow/userfiles.py")
 #: Other modules that may call the file system directly, and why: none is given a path under the store or build/.
+#: (Reading and writing one file by its path is `trtflow/userfiles.py`, part of the layer; the project's trust file,
+#: provenance, -o outputs, recipes and sources go through it.)
 ALLOWED = {
-    "trtflow/fsutil.py": "the user's project: resolving recipe paths, reading a project file bounded",
+    "trtflow/fsutil.py": "the user's project: resolving recipe paths, walking a folder a recipe names",
     "trtflow/fingerprint.py": "hashes the files a recipe names (store objects are hashed through confined's "
                               "descriptors)",
-    "trtflow/codehash.py": "reads the project's Python sources",
-    "trtflow/recipe/load.py": "reads recipe files",
     "trtflow/environment.py": "/proc/cpuinfo",
     "trtflow/execution/scheduler.py": "/proc/meminfo, cgroups, the host's GPU locks (/tmp/trtflow-gpu-locks)",
     "trtflow/execution/diagnosis.py": "/proc and cgroups",
@@ -44,12 +45,9 @@ ALLOWED = {
     "trtflow/readtrace.py": "/proc/<pid>/mem of the observed child, read-only; the paths it names: lstat and "
                             "readlink, never opened",
     "trtflow/execution/forkserver.py": "/proc/self/status, /dev/null",
-    "trtflow/cli/console.py": "writes the file the user names with -o",
     "trtflow/testing.py": "a temporary folder of its own for a stage test",
-    "trtflow/keys.py": "the builder's signing keys in the user's config folder (0600 files written aside and linked "
-                       "into place) and the trust files of the project and the user",
-    "trtflow/provenance.py": "reads the artifacts and the envelope the user names; writes the file named with -o",
-    "trtflow/storage/signing.py": "reads the project's .git (HEAD and refs) for the commit a result came from",
+    "trtflow/keys.py": "makes the user's key folder (0700) and lists it; its files are read and written through "
+                       "trtflow.userfiles",
     "trtflow/execution/noop.py": "stats and walks the user's code and data (its records, manifests and objects go "
                                  "through the store's confined tree)",
 }
@@ -113,7 +111,7 @@ def audit(path: Path, rel: str) -> list[str]:
         elif rel.startswith(LAYER):
             continue
         elif rel not in ALLOWED:
-            problems.append(f"{where}: {what} outside the confined layer ({LAYER})")
+            problems.append(f"{where}: {what} outside the confined layer ({LAYER[0]}, {LAYER[1]})")
         elif _names_store(call, STORE_WORDS):
             problems.append(f"{where}: {what} on a store or build/ path (use trtflow.storage.confined)")
     return problems

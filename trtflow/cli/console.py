@@ -24,8 +24,9 @@ def whole_lines_console() -> Any:
 def emit(text: str, output: Path | None) -> None:
     """Write ``text`` to ``output`` (saying so on stderr) or to stdout."""
     if output:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text, encoding="utf-8")
+        from trtflow.userfiles import write_file
+
+        write_file(output, text)  # a random temporary file renamed over it: a link there is replaced, not followed
         rich_console(stderr=True).print(f"wrote {output}")
     else:
         sys.stdout.write(text)

@@ -23,6 +23,7 @@ from trtflow.fsutil import MAX_RECIPE_BYTES, allowed_roots_for, resolve_user_pat
 from trtflow.recipe.schema import Recipe
 from trtflow.recipe.yaml_data import KEY, Budget, Path_, Place, YamlSyntaxError, compose, key_too_long
 from trtflow.settings import refused_in_recipe
+from trtflow.userfiles import read_file
 
 __all__ = ["KEY", "LoadedRecipe", "Marks", "apply_overrides", "load_recipe", "parse_yaml", "validation_error"]
 
@@ -133,9 +134,7 @@ def _read_text(path: Path, display: str) -> str:
         raise RecipeError(f"recipe {display} is {info.st_size} bytes, more than the {MAX_RECIPE_BYTES} a recipe "
                           "may have", hint="split it into several recipes")
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_RECIPE_BYTES + 1)
-        return raw.decode("utf-8")
+        return read_file(path, MAX_RECIPE_BYTES).decode("utf-8")  # a regular file only, bounded
     except (OSError, UnicodeDecodeError) as exc:
         raise RecipeError(f"cannot read recipe {display}: {exc}") from None
 

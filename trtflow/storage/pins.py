@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.fingerprint import hash_text, hash_value
-from trtflow.fsutil import read_regular
 from trtflow.storage import records
 from trtflow.storage.confined import kinds
 from trtflow.storage.confined.tree import Tree
 from trtflow.storage.manifest import is_digest, safe_relative_name
+from trtflow.userfiles import read_file
 
 FORMAT = "trtflow-pin/1"
 MAX_PIN_BYTES = kinds.PIN.cap
@@ -205,7 +205,7 @@ class PinStore:
                 raise ValueError(f"not a project-relative path: {relative!r}")
             staged = ("tmp", f".pin-{secrets.token_hex(8)}")
             try:
-                self.tree.write_bytes(staged, read_regular(source, MAX_PINNED_FILE_BYTES))
+                self.tree.write_bytes(staged, read_file(source, MAX_PINNED_FILE_BYTES))
                 digest, size = self.store.put_file(self.tree, staged)
             finally:
                 self.tree.unlink(staged)

@@ -33,6 +33,7 @@ from typing import Any
 
 from trtflow.fingerprint import StatCache, signature, stream_digests
 from trtflow.storage import verified
+from trtflow.userfiles import read_file
 
 DOMAIN = b"trtflow-result-v1\0"
 FIELDS = ("signer", "signer_name", "signature", "trtflow", "source_commit")
@@ -56,29 +57,33 @@ def git_commit(project_root: Path | None) -> str | None:
     if project_root is None:
         return None
     git = Path(project_root) / ".git"
-    try:
+    try:  # a cloned .git may hold a named pipe or a link to /dev/zero: read as bounded regular files only
         if git.is_file():  # a worktree or submodule: "gitdir: PATH"
-            text = git.read_text()[:4096].strip()
+            text = _git_text(git, 4096).strip()
             if text.startswith("gitdir:"):
                 git = (git.parent / text[7:].strip()).resolve()
-        head = (git / "HEAD").read_text()[:4096].strip()
+        head = _git_text(git / "HEAD", 4096).strip()
         if head.startswith("ref:"):
             ref = head[4:].strip()
             common = git
             if (git / "commondir").is_file():
-                common = (git / (git / "commondir").read_text().strip()).resolve()
+                common = (git / _git_text(git / "commondir", 4096).strip()).resolve()
             for base in (git, common):
                 if (base / ref).is_file():
-                    return (base / ref).read_text()[:64].strip() or None
+                    return _git_text(base / ref, 4096)[:64].strip() or None
             packed = common / "packed-refs"
             if packed.is_file():
-                for line in packed.read_text().splitlines():
+                for line in _git_text(packed, 64 << 20).splitlines():
                     if line.endswith(" " + ref):
                         return line.split()[0]
             return None
         return head if re.fullmatch(r"[0-9a-f]{40,64}", head) else None
     except OSError:
         return None
+
+
+def _git_text(path: Path, cap: int) -> str:
+    return read_file(path, cap).decode("utf-8", "replace")
 
 
 def sign(manifest: dict[str, Any], signer: Any = None) -> dict[str, Any]:

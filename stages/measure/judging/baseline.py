@@ -105,11 +105,11 @@ def make_baseline(recipe: str, results: Mapping[str, Mapping[str, Any]],
 
 def read_baseline(path: Path) -> dict[str, Any]:
     """The baseline file at ``path``, read bounded and checked against its declared type (`records.BASELINE`)."""
-    from trtflow.fsutil import read_regular
     from trtflow.storage import records
+    from trtflow.userfiles import read_file
 
     try:
-        document = records.parse(records.BASELINE, read_regular(path, records.BASELINE.limits.bytes), str(path))
+        document = records.parse(records.BASELINE, read_file(path, records.BASELINE.limits.bytes), str(path))
     except FileNotFoundError:
         raise RecipeError(f"baseline file {path} does not exist", field="baseline",
                           hint="pin one with `trtflow baseline pin RECIPE -o FILE` and commit it") from None

@@ -23,6 +23,10 @@ only within these rules, each enforced by this module (and no other module opens
   path only after `check_name` / `check_relative`: no ``/`` (for a name), no ``..`` or ``.``, no NUL, no empty
   part, at most 255 bytes per part.
 
+One file outside the store named by its path (the project's trust file, `-o` outputs, `init`'s recipe, the user's
+keys, the model files a recipe names) is read and written by the same rules in `trtflow.userfiles`, whose
+primitives (`Refused`, the exclusive temporary and rename of `write_in`, the bounded read) these trees use too.
+
 The modules, one job each: `names` (what may become a path part, and `Refused`), `kinds` (the caps of the files
 read), `walking` (a folder opened once and the walk below it; looking at entries), `reading`, `writing`,
 `changing` (removing, renaming, linking, chmod), `locking` (``flock``), `database` (SQLite files), and

@@ -4,26 +4,13 @@ error of everything the confined layer will not use."""
 
 from __future__ import annotations
 
-import errno
 from collections.abc import Sequence
-from pathlib import Path
+
+from trtflow.userfiles import Refused
+
+__all__ = ["Refused", "Rel", "check_name", "check_relative", "is_plain_name", "parts_of"]
 
 NAME_MAX = 255
-
-
-class Refused(OSError):
-    """An entry trtflow will not use: a symbolic link, not a regular file or folder, too large, not ours to
-    append to, or a name that would leave its folder. ``message`` names the path and says why."""
-
-    def __init__(self, path: Path | str, why: str, hint: str | None = None) -> None:
-        self.path = Path(path)
-        self.why = why
-        self.hint = hint
-        self.message = f"{path} {why}"
-        super().__init__(errno.EPERM, self.message)
-
-    def __str__(self) -> str:
-        return self.message
 
 
 # ------------------------------------------------------------------------------------------------ names

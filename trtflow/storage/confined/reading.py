@@ -11,9 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from trtflow.storage.confined.kinds import CHUNK, Kind
+from trtflow.storage.confined.kinds import Kind
 from trtflow.storage.confined.names import Refused, Rel, parts_of
 from trtflow.storage.confined.walking import READ_FLAGS, Walker
+from trtflow.userfiles import read_bounded
 
 
 class Reading(Walker):
@@ -27,18 +28,9 @@ class Reading(Walker):
         with self._folder(parts[:-1]) as folder:
             fd, st = self._file_fd(folder, parts[-1], shown)
         try:
-            if st.st_size > kind.cap:
-                raise Refused(shown, f"has {st.st_size} bytes, more than a {kind.name} may have ({kind.cap})")
-            chunks = []
-            got = 0
-            while got <= kind.cap and (chunk := os.read(fd, min(CHUNK, kind.cap + 1 - got))):
-                chunks.append(chunk)
-                got += len(chunk)
+            return read_bounded(fd, st, kind.cap, shown, f"a {kind.name}")
         finally:
             os.close(fd)
-        if got > kind.cap:
-            raise Refused(shown, f"has more bytes than a {kind.name} may have ({kind.cap})")
-        return b"".join(chunks)
 
     def read_text(self, rel: Rel, kind: Kind) -> str:
         return self.read_bytes(rel, kind).decode("utf-8", "replace")

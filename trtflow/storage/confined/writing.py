@@ -21,9 +21,9 @@ from typing import IO, Any
 from trtflow.storage.confined.kinds import CHUNK
 from trtflow.storage.confined.names import Refused, Rel, check_relative, parts_of
 from trtflow.storage.confined.walking import Walker
+from trtflow.userfiles import NEW_FLAGS, write_all, write_in
 
 log = logging.getLogger("trtflow.storage")
-NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -37,31 +37,7 @@ class Writing(Walker):
         renamed over the name. Returns the new file's status."""
         parts = parts_of(rel)
         with self._folder(parts[:-1], create=parents) as folder:
-            name = parts[-1]
-            tmp = f".{name[:200]}.{secrets.token_hex(6)}.tmp"
-            fd = os.open(tmp, NEW_FLAGS, 0o666, dir_fd=folder)
-            try:
-                try:
-                    if callable(data):
-                        data(fd)
-                    else:
-                        write_all(fd, data)
-                    if durable:
-                        os.fsync(fd)
-                    if mode is not None:
-                        os.fchmod(fd, mode)
-                    st = os.fstat(fd)
-                finally:
-                    os.close(fd)
-                os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp, dir_fd=folder)
-                raise
-            if durable:
-                with contextlib.suppress(OSError):
-                    os.fsync(folder)
-            return st
+            return write_in(folder, parts[-1], data, mode=mode, durable=durable)
 
     def write_text(self, rel: Rel, text: str, **kwargs: Any) -> os.stat_result:
         return self.write_bytes(rel, text.encode("utf-8"), **kwargs)
@@ -231,13 +207,6 @@ def reopen_for_writing(path: Path) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
-
-
-def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
 
 
 def copy_fd(src: int, dst: int, limit: int | None) -> int:
