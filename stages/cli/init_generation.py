@@ -59,7 +59,7 @@ def read_layout(folder: Path) -> tuple[Any, str | None]:
 
     transformers.utils.logging.set_verbosity_error()
     try:
-        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
         if getattr(config, "is_encoder_decoder", False):
             raise UsageError(f"a {getattr(config, 'model_type', '?')!r} model is an encoder-decoder; "
                              "text-generation-with-past exports decoder-only LMs",
@@ -80,10 +80,19 @@ def layout_from_config(config: Any) -> tuple[Any, str | None]:
     import transformers
     from transformers.initialization import no_init_weights
 
+    from trtflow.errors import StageFailed
+
     from ..formats.generation import model_layout
 
-    with no_init_weights():
-        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    try:
+        with no_init_weights():
+            model = transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=False,
+                                                                  attn_implementation="eager").eval()
+    except (RuntimeError, MemoryError) as error:  # sizes this machine cannot hold, or the model's own checks
+        raise StageFailed(f"transformers cannot build the {getattr(config, 'model_type', '?')!r} model of this "
+                          f"config to read its cache: {type(error).__name__}: {' '.join(str(error).split())[:200]}",
+                          hint="check config.json's sizes (vocab_size, hidden_size, num_hidden_layers): init builds "
+                          "the model, weights uninitialised, to run it once on two tokens") from None
     return model_layout(model)
 
 

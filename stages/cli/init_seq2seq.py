@@ -65,7 +65,7 @@ def read_layout(folder: Path, task: str) -> Any:
 
     transformers.utils.logging.set_verbosity_error()
     try:
-        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
         model_type = str(getattr(config, "model_type", ""))
         autos = [auto for auto, constant in TASKS[task].autos if model_type in _mapping(constant)]
         if not autos:
@@ -76,7 +76,8 @@ def read_layout(folder: Path, task: str) -> Any:
                              hint="a decoder-only LM: --task text-generation-with-past" if decoder_only else
                              "leave --task out to take the task from config.json's architectures")
         with no_init_weights():
-            model = getattr(transformers, autos[0]).from_config(config, attn_implementation="eager").eval()
+            model = getattr(transformers, autos[0]).from_config(config, attn_implementation="eager",
+                                                                trust_remote_code=False).eval()
         return layout_of(model)
     except (ValueError, KeyError, OSError) as error:
         raise UsageError(f"transformers cannot build an encoder-decoder from {folder}/config.json: "

@@ -345,7 +345,7 @@ def describe_folder(folder: Path, task: str | None, part: str | None = None) -> 
 
     _, config, chosen, auto, parts, part = _resolve(folder, task, part)
     with torch.device("meta"):
-        model = auto.from_config(config)
+        model = auto.from_config(config, trust_remote_code=False, attn_implementation="eager")
     _, _, inputs = _describe(config, model, chosen, part, _preprocessor(folder))
     return inputs, limits(config, inputs), chosen, parts
 
@@ -365,7 +365,7 @@ def _resolve(folder: Path, task: str | None, part: str | None) -> tuple[dict[str
 
 def _config(transformers: Any, folder: Path) -> Any:
     try:
-        return transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        return transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
     except (ValueError, KeyError, OSError) as error:
         raise StageFailed(f"transformers cannot read {folder.name}/config.json: {' '.join(str(error).split())[:300]}",
                           hint="save the model again with save_pretrained, or upgrade transformers if the model "
@@ -377,6 +377,7 @@ def load_model(folder: Path, task: str | None, shown: str, part: str | None = No
     raw, config, chosen, auto, _, part = _resolve(folder, task, part)
     try:
         model, info = auto.from_pretrained(str(folder), local_files_only=True, attn_implementation="eager",
+                                           trust_remote_code=False,
                                            output_loading_info=True)
     except (ValueError, KeyError, OSError, RuntimeError) as error:
         raise StageFailed(f"transformers cannot load {shown!r} for task {chosen}: {' '.join(str(error).split())[:400]}",

@@ -65,7 +65,8 @@ def load_causal_lm(folder: Path, dtype: str, device: str, shown: str) -> Any:
 
     def load(attention: str) -> Any:
         return transformers.AutoModelForCausalLM.from_pretrained(
-            str(folder), local_files_only=True, dtype=torch_dtype(dtype), attn_implementation=attention)
+            str(folder), local_files_only=True, dtype=torch_dtype(dtype), attn_implementation=attention,
+            trust_remote_code=False)
 
     try:
         try:
