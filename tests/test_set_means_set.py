@@ -229,3 +229,26 @@ def test_the_init_recipe_with_prompts_from_a_file_exports(project, init_with_pro
     assert run.returncode == 0 and "ValidationError" not in run.stderr, run.stderr
     checked = show(project, "recipe.yaml", "export")["summary"]["generation_check"]["per_prompt"]
     assert [prompt["prompt_length"] for prompt in checked] == [4, 5, 3]  # prompts.json's, not random ones
+
+
+def test_a_parameter_written_beside_its_matrix_is_refused_not_silently_kept(tmp_path):
+    """`matrix: {precision: [fp16, bf16]}` with `params: {precision: fp16}` (the default written out) made every
+    variant fp16 while leaving it out made convert-bf16 bf16: writing a default changed what ran. A written value
+    that contradicts the matrix is refused, naming the line; `${{ matrix.KEY }}` and an agreeing value still plan."""
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "m.py").write_text("def build():\n    raise NotImplementedError  # planned, never run\n")
+    body = ("name: mx\nnodes:\n  - name: export\n    stage: export\n    params: {model: 'python:m.py:build', "
+            "inputs: {input: {shape: [2, 16]}}}\n  - name: convert\n    stage: convert\n"
+            "    matrix: {precision: [fp16, bf16]}\n    inputs: {model: export}\n")
+    (tmp_path / "written.yaml").write_text(body + "    params: {precision: fp16}\n")
+    proc = trtflow_in_process("plan", "written.yaml", cwd=tmp_path, check=None)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "written.yaml:10" in proc.stderr and "params.precision is 'fp16' but its matrix sets precision to 'bf16'" \
+        in proc.stderr, proc.stderr
+    proc = trtflow_in_process("plan", "written.yaml", "--set", "nodes.convert.params.precision=bf16", cwd=tmp_path,
+                              check=None)
+    assert proc.returncode == 2 and "matrix sets precision to 'fp16'" in proc.stderr, proc.stderr
+    (tmp_path / "ref.yaml").write_text(body + "    params: {precision: '${{ matrix.precision }}'}\n")
+    (tmp_path / "left.yaml").write_text(body)
+    for recipe in ("ref.yaml", "left.yaml"):
+        assert show(tmp_path, recipe, "convert-bf16")["params"]["precision"] == "bf16"

@@ -75,6 +75,13 @@ def expand(loaded: LoadedRecipe, stages: Any) -> list[ConcreteNode]:
             for key, value in combo.items():
                 if key in field_names and key not in spec.params:
                     params[key] = value
+                elif key in field_names and params[key] != value:  # a value written beside the matrix: no winner
+                    raise RecipeError(
+                        f"node {spec.name!r}: params.{key} is {params[key]!r} but its matrix sets {key} to {value!r} "
+                        f"for variant {name!r}; a written parameter would silently replace the matrix's value",
+                        loaded.location("nodes", index, "params", key), f"nodes[{index}].params.{key}",
+                        hint=f"remove params.{key} (the matrix sets it per variant), or write "
+                        f"'${{{{ matrix.{key} }}}}'")
             params = _resolve_profiles(params, recipe, loaded, index)
             from pydantic import ValidationError
 
