@@ -52,7 +52,7 @@ from trtflow.stage import (
     Stage,
     StageContext,
 )
-from trtflow.summaries import SelectionSummary
+from trtflow.summaries import SelectionSummary, evaluated_candidates
 
 from .decision.candidates import Candidate, accuracy_of, performance_of
 from .decision.params import Params
@@ -102,8 +102,7 @@ def _owner(source: Mapping[str, Any], names: Sequence[str], evaluated_slots: Seq
     """The candidate a validation/benchmark node evaluated: the one candidate it takes through one of
     ``evaluated_slots``, never one it takes otherwise (a validation's reference is not what its gate judges)."""
     inputs = source.get("inputs") or {}
-    evaluated = list(dict.fromkeys(n for s, nodes in inputs.items() if s in evaluated_slots for n in nodes
-                                   if n in names))
+    evaluated = evaluated_candidates(inputs, names, evaluated_slots)
     if len(evaluated) == 1:
         return evaluated[0]
     owners = list(dict.fromkeys(n for nodes in inputs.values() for n in nodes if n in names))

@@ -23,6 +23,7 @@ from typing import Any
 from trtflow.execution.results import GATE_FAILED, SUCCESS, NodeResult
 from trtflow.graph import Graph
 from trtflow.storage.records import selection_of
+from trtflow.summaries import evaluated_candidates
 
 
 @dataclass(frozen=True)
@@ -82,9 +83,9 @@ def _chooser(graph: Graph, results: Mapping[str, NodeResult], node: str) -> _Cho
 
 def _evaluated(graph: Graph, node: str, chooser: _Chooser) -> str | None:
     """The one candidate of ``chooser`` that ``node`` takes through an evaluated slot (what its gate judges)."""
-    taken = {src for slot, refs in graph.nodes[node].upstream.items() if slot in chooser.evaluated_slots
-             for src, _ in refs if src in chooser.rows}
-    return taken.pop() if len(taken) == 1 else None
+    inputs = {slot: [src for src, _ in refs] for slot, refs in graph.nodes[node].upstream.items()}
+    taken = evaluated_candidates(inputs, chooser.rows, chooser.evaluated_slots)
+    return taken[0] if len(taken) == 1 else None
 
 
 def _rejects(graph: Graph, chooser: _Chooser, evaluation: str, candidate: str) -> bool:
