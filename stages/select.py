@@ -52,7 +52,7 @@ from trtflow.stage import (
     Stage,
     StageContext,
 )
-from trtflow.summaries import SelectionSummary
+from trtflow.summaries import SelectionSummary, evaluated_candidates
 
 from .decision.candidates import Candidate, accuracy_of, performance_of
 from .decision.params import Params
@@ -99,24 +99,26 @@ def _engine_facts(path: Path, matrix: Mapping[str, Any]) -> tuple[str | None, li
 
 
 def _owner(source: Mapping[str, Any], names: Sequence[str], evaluated_slots: Sequence[str], slot: str) -> str:
-    """The candidate a validation/benchmark node evaluated: the one candidate among its inputs."""
-    hits = [(s, n) for s, nodes in (source.get("inputs") or {}).items() for n in nodes if n in names]
-    owners = list(dict.fromkeys(n for _, n in hits))
-    if len(owners) == 1:
-        return owners[0]
-    consumed = ", ".join(f"{s}: {', '.join(nodes)}" for s, nodes in (source.get("inputs") or {}).items()) or "none"
+    """The candidate a validation/benchmark node evaluated: the one candidate it takes through one of
+    ``evaluated_slots``, never one it takes otherwise (a validation's reference is not what its gate judges)."""
+    inputs = source.get("inputs") or {}
+    evaluated = evaluated_candidates(inputs, names, evaluated_slots)
+    if len(evaluated) == 1:
+        return evaluated[0]
+    owners = list(dict.fromkeys(n for nodes in inputs.values() for n in nodes if n in names))
+    consumed = ", ".join(f"{s}: {', '.join(nodes)}" for s, nodes in inputs.items()) or "none"
     if not owners:
         raise RecipeError(
             f"node {source['node']!r} evaluated none of the candidates ({', '.join(names)}); its inputs: "
             f"{consumed}", field=f"inputs.{slot}",
             hint="list only nodes that take a candidate as input, or add the model it evaluated to candidates")
-    evaluated = list(dict.fromkeys(n for s, n in hits if s in evaluated_slots))
-    if len(evaluated) == 1:
-        return evaluated[0]
+    took = "several candidates" if len(owners) > 1 else f"candidate {owners[0]!r}"
     raise RecipeError(
-        f"node {source['node']!r} (in {slot}) took several candidates ({consumed}) and "
-        + ("none" if not evaluated else "more than one") + f" through evaluated_slots {list(evaluated_slots)}",
-        field="evaluated_slots", hint="name the slot through which that node takes the model it evaluates")
+        f"node {source['node']!r} (in {slot}) took {took} ({consumed}) and "
+        + ("none" if not evaluated else "more than one") + f" through evaluated_slots {list(evaluated_slots)}: "
+        "its result belongs only to the candidate it evaluates", field="evaluated_slots",
+        hint="wire the candidate into that node's evaluated slot (validate: candidate, benchmark: model), or "
+        "name the slot through which it takes the model it evaluates in evaluated_slots")
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:

@@ -113,10 +113,13 @@ def test_a_gate_on_the_shipped_model_still_fails_the_run(project):
     """A validation of what select shipped that fails its gate fails the run (exit 1), beside the rejected
     candidate: the CI gate on the shipped model."""
     root, _ = project
+    # the reference is an fp16 conversion of its own, not the candidate convert: a node taking the rejected
+    # candidate as its reference is a path from it to something other than a chooser, and fails the run by itself
     (root / "shipped.yaml").write_text(RECIPE + (
-        "  - name: validate-shipped      # the pick (fp32) against the fp16 candidate, exactly: fails\n"
+        "  - {name: convert-ref, stage: convert, inputs: {model: simplify}, params: {precision: fp16}}\n"
+        "  - name: validate-shipped      # the pick (fp32) against an fp16 conversion, exactly: fails\n"
         "    stage: validate\n"
-        "    inputs: {reference: convert, candidate: select}\n"
+        "    inputs: {reference: convert-ref, candidate: select}\n"
         "    params: {data: {random: {num_samples: 2}}, tolerances: {atol: 0, rtol: 0}}\n"))
     proc = trtflow_cli("run", "shipped.yaml", cwd=root, check=1)
     assert "validate-shipped quality gate failed" in " ".join(proc.stdout.split())
@@ -190,3 +193,101 @@ def test_history_check_reports_a_newly_failing_candidate_and_a_changed_pick(proj
                for line in lines), check.stdout
     data = json.loads(trtflow_cli("history", "r.yaml", "--check", "--json", cwd=night, check=1).stdout)["check"]
     assert data["passed"] is False and len(data["newly_failing"]) == 1 and len(data["pick_changes"]) == 1
+
+
+TRITON_CONVERT = """\
+  - {name: triton-convert, stage: triton, inputs: {model: convert}, params: {profile: batch1to4, instance_kind: cpu}}
+"""
+SELECT_SMALL = """\
+  - name: select-small
+    stage: select
+    inputs: {candidates: [export, convert]}
+    params: {objective: {goal: min_size}, constraints: {validation: not_required}, finalists: {measure: false}}
+  - {name: triton-small, stage: triton, inputs: {model: select-small}, params: {profile: batch1to4, instance_kind: cpu}}
+"""
+
+
+@pytest.mark.parametrize("extra, shipped", [(TRITON_CONVERT, None), (SELECT_SMALL, "select-small")],
+                         ids=["triton-on-the-candidate", "another-select-chose-it"])
+def test_a_gate_failed_candidate_that_ships_another_way_fails_the_run(project, extra, shipped):
+    """The candidate whose gate failed and that select did not choose also reaches a triton node, or a second select
+    that chose it: it ships, so its failed gate fails the run (exit 1), is no rejection, and JUnit counts it."""
+    import xml.etree.ElementTree as ET
+
+    root, _ = project
+    (root / "ships.yaml").write_text(RECIPE + extra)
+    proc = trtflow_cli("run", "ships.yaml", cwd=root, check=1)
+    assert "validate-convert quality gate failed" in " ".join(proc.stdout.split())
+    assert "Failed in " in proc.stdout and proc.stdout.count("1 failed.") == 1, proc.stdout
+    assert "Rejected: " not in proc.stdout and "candidate rejected" not in proc.stdout
+    assert "Fix the problem above" in proc.stdout
+    if shipped:
+        assert json.loads((root / "build" / "outcome" / shipped / "selection.json").read_text())["selected"] \
+            == "convert"
+    suite = ET.fromstring(trtflow_cli("report", "-f", "junit", "ships.yaml", cwd=root).stdout)
+    assert suite.get("failures") == "1"
+    [case] = [c for c in suite if c.get("name") == "validate-convert"]
+    assert case.find("failure") is not None and "outcome" not in {p.get("name") for p in case.iter("property")}
+
+
+def test_a_failed_gate_is_a_rejection_only_where_every_path_from_its_candidate_ends_at_a_chooser_that_did_not_pick_it(
+        project):
+    """The rule over the paths from the candidate (convert), on the run's real selection (select chose simplify):
+    a second chooser over it that picked another candidate keeps the rejection; one that picked it, failed or did
+    not run, a triton on it, or a node taking it as its reference (it evaluates another model) makes the failed gate
+    a failure."""
+    from trtflow.execution.outcome import rejections
+    from trtflow.execution.results import NodeResult
+    from trtflow.pipeline import load_pipeline
+
+    root, _ = project
+    selection = json.loads((root / "build" / "outcome" / "select" / "selection.json").read_text())
+
+    def small(selected: str) -> dict:  # select-small's selection over [export, convert]
+        rows = [dict(row, name="export" if row["name"] == "simplify" else row["name"], validation=None,
+                     benchmark=None) for row in selection["candidates"]]
+        return dict(selection, candidates=rows, selected=selected)
+
+    def judged(extra: str, **chooser: tuple[str, dict | None]) -> dict:
+        (root / "paths.yaml").write_text(RECIPE + extra)
+        graph = load_pipeline(root / "paths.yaml").graph
+        results = {name: NodeResult(name, node.stage, "done") for name, node in graph.nodes.items()}
+        results["validate-convert"] = NodeResult("validate-convert", "validate", "gate_failed", error="too far")
+        results["select"] = NodeResult("select", "select", "done", summary=selection)
+        for name, (status, summary) in chooser.items():
+            results[name.replace("_", "-")] = NodeResult(name.replace("_", "-"), "select", status,
+                                                         summary=summary or {})
+        if "select_small" in chooser and chooser["select_small"][0] == "absent":
+            del results["select-small"], results["triton-small"]
+        return rejections(graph, results)
+
+    [kept] = judged(SELECT_SMALL, select_small=("done", small("export")))["validate-convert"]
+    assert (kept.candidate, kept.chooser) == ("convert", "select")
+    assert judged("")["validate-convert"][0].candidate == "convert"
+    assert judged(SELECT_SMALL, select_small=("done", small("convert"))) == {}, "another chooser shipped it"
+    assert judged(SELECT_SMALL, select_small=("gate_failed", small("export"))) == {}, "a chooser that failed"
+    assert judged(SELECT_SMALL, select_small=("absent", None)) == {}, "a chooser that did not run"
+    assert judged(TRITON_CONVERT) == {}, "a triton on the candidate"
+    assert judged(TRITON_CONVERT + SELECT_SMALL, select_small=("done", small("export"))) == {}
+    assert judged("  - name: validate-against-convert\n    stage: validate\n"
+                  "    inputs: {reference: convert, candidate: simplify}\n"
+                  "    params: {data: {random: {num_samples: 2}}}\n") == {}, "the candidate as a reference"
+
+
+def test_a_gate_that_takes_a_candidate_only_as_its_reference_is_not_that_candidates(project):
+    """validate-hidden compares export (not a candidate) against convert: its failed gate is export's, never
+    convert's. Wired as select's validation, select refuses it with the fix, and nothing is called rejected."""
+    root, _ = project
+    hidden = RECIPE.replace("validations: [validate-simplify, validate-convert]",
+                            "validations: [validate-simplify, validate-hidden]") + (
+        "  - name: validate-hidden\n"
+        "    stage: validate\n"
+        "    inputs: {reference: convert, candidate: export}\n"
+        "    params: {data: {random: {num_samples: 2}}, tolerances: {atol: 0, rtol: 0}}\n")
+    (root / "hidden.yaml").write_text(hidden)
+    proc = trtflow_cli("run", "hidden.yaml", cwd=root, check=1)
+    out = " ".join(proc.stdout.split())
+    assert ("select failed: evaluated_slots: node 'validate-hidden' (in validations) took candidate 'convert' "
+            "(reference: convert, candidate: export) and none through evaluated_slots ['candidate', 'model']") in out
+    assert "wire the candidate into that node's evaluated slot (validate: candidate, benchmark: model)" in out
+    assert "Rejected: " not in proc.stdout and "candidate rejected" not in proc.stdout

@@ -17,6 +17,7 @@ only with ``profile_kernels``, ``load`` only with a load sweep, ...). A reader `
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Mapping
 from typing import (
     Any,
     Required,  # pydantic reads typing_extensions.TypedDict on Python < 3.12
@@ -214,3 +215,13 @@ def problems(summary: Any, declared: type) -> list[str]:
     except ValidationError as error:
         return [".".join(str(part) for part in e["loc"]) + ": " + e["msg"] for e in error.errors()]
     return []
+
+
+def evaluated_candidates(inputs: Mapping[str, Iterable[str]], candidates: Collection[str],
+                         evaluated_slots: Collection[str]) -> list[str]:
+    """The ``candidates`` that a validation or benchmark node (its ``inputs``: slot -> producer nodes) takes through
+    one of ``evaluated_slots``, each once: its result (and its gate) belongs to the one candidate found, never to
+    one it takes only otherwise, e.g. as its reference. The one rule of the ``select`` stage (which result is whose)
+    and of the run's outcome (`execution.outcome`: whose failed gate is a rejection)."""
+    return list(dict.fromkeys(n for slot, nodes in inputs.items() if slot in evaluated_slots for n in nodes
+                              if n in candidates))

@@ -163,6 +163,6 @@ class Params(StageParams):
     evaluated_slots: list[str] = Field(
         default_factory=lambda: ["candidate", "model"],
         description="Input slots through which a validation or benchmark node takes the model it evaluates "
-        "(validate: candidate, benchmark: model); used when such a node consumed several candidates (e.g. "
-        "one as its reference).",
+        "(validate: candidate, benchmark: model): a result belongs only to the candidate its node takes through "
+        "one of these, never to one it takes otherwise (e.g. as its reference).",
     )

@@ -171,10 +171,18 @@ def test_gather_associates_results_through_the_evaluated_slot(tmp_path, tiny_mlp
     assert [(c.name, c.kind, c.precision, c.validation["node"]) for c in found] == [
         ("simplify", "onnx", "fp32", "validate-simplify"), ("quantize", "onnx", "fp32", "validate-quantize")]
     assert found[0].size_bytes == tiny_mlp_onnx.stat().st_size
+    with pytest.raises(RecipeError, match=r"took candidate 'simplify' .* and none through evaluated_slots \[.model.\]"):
+        gather(inputs, sources, Params.model_validate({"evaluated_slots": ["model"]}))
+    sources["validations"][0]["inputs"] = {"model": ["simplify"]}
     with pytest.raises(RecipeError, match=r"took several candidates .* and none through evaluated_slots \[.model.\]"):
         gather(inputs, sources, Params.model_validate({"evaluated_slots": ["model"]}))
     sources["validations"][1]["inputs"] = {"reference": ["export"]}
     with pytest.raises(RecipeError, match="evaluated none of the candidates"):
+        gather(inputs, sources, Params())
+    # a candidate taken only as the reference is not what the node's gate judges: never its owner
+    sources["validations"][1]["inputs"] = {"reference": ["quantize"], "candidate": ["export"]}
+    with pytest.raises(RecipeError, match=r"took candidate 'quantize' \(reference: quantize, candidate: export\) "
+                       r"and none through evaluated_slots \['candidate', 'model'\]"):
         gather(inputs, sources, Params())
 
 

@@ -121,7 +121,8 @@ class Recipe(Strict):
     require_all_candidates: bool = Field(
         default=False,
         description="Fail the run (exit 1) when any candidate fails a quality gate, even one that select did not "
-        "choose. By default a candidate that fails its gate and is not chosen is an outcome of the decision: the run "
+        "choose. By default a candidate that fails its gate and is not chosen, and that reaches nothing but its own "
+        "validate/benchmark nodes and selects that chose another candidate, is an outcome of the decision: the run "
         "lists it as rejected, with its node and reason, and exits 0.",
     )
     nodes: list[NodeSpec] = Field(min_length=1, description="The pipeline's nodes, in a sensible order.")
