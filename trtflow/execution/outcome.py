@@ -18,12 +18,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtflow.execution.results import GATE_FAILED, SUCCESS, NodeResult
-from trtflow.graph import Graph
 from trtflow.storage.records import selection_of
 from trtflow.summaries import evaluated_candidates
+
+if TYPE_CHECKING:  # the graph (and the recipe's pydantic models under it) stays off the no-op shortcut's path
+    from trtflow.graph import Graph
 
 
 @dataclass(frozen=True)
