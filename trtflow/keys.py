@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtflow.errors import TrtflowError, UsageError
 from trtflow.settings import SIGNING_KEY, SIGNING_KEY_FILE
-from trtflow.userfiles import Refused, load_yaml, private_folder, read_file, write_file, write_in
+from trtflow.userfiles import Refused, load_yaml, own_folder, read_file, write_file, write_in
 
 if TYPE_CHECKING:  # cryptography loads where a key signs or a signature is checked, not on a no-op run's path
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -181,12 +181,12 @@ def _read_small(path: Path, follow: bool = False) -> str:
 @contextlib.contextmanager
 def key_folder(*, create: bool = False, public: bool = False) -> Iterator[int | None]:
     """The user's key folder (``public``: its ``public/`` folder) open as a descriptor, None when absent and not
-    ``create``: `trtflow.userfiles.private_folder` below `config_base` (each of trtflow/, keys/, public/ opened
+    ``create``: `trtflow.userfiles.own_folder` below `config_base` (each of trtflow/, keys/, public/ opened
     without following a link, this user's, writable by nobody else; keys/ and public/ set to 0700). Every file of
     the key store is read and written relative to it. A folder that is refused is an error naming it and the fix."""
     parts = ("trtflow", "keys", *(("public",) if public else ()))
     try:
-        with private_folder(config_base(), parts, create=create, private_from=1) as fd:
+        with own_folder(config_base(), parts, create=create, private_from=1) as fd:
             yield fd
     except Refused as exc:
         raise TrtflowError(f"the key folder: {exc.message}", hint=exc.hint) from None

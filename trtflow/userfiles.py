@@ -18,7 +18,7 @@ any of them, or a link or a named pipe in their place, so:
   opens the last component with ``O_NOFOLLOW``: a link there is refused. A file a recipe or `trtflow init` names
   (``follow=True``) was checked first by `trtflow.fsutil.input_path` (inside the project, a regular file or a
   folder). ``owner_only``: the file must be this user's, unreadable by others (a secret).
-- The user's key folder (`private_folder`): opened component by component below the configuration folder the user
+- The user's key folder (`own_folder`): opened component by component below the configuration folder the user
   named (XDG_CONFIG_HOME or ~/.config), each with ``O_NOFOLLOW | O_DIRECTORY`` (a link there is refused, never
   followed, never chmod-ed), this user's and writable by nobody else (else refused with the fix), made 0700 with
   ``fchmod`` on its descriptor; the files in it are read and written relative to that descriptor.
@@ -113,7 +113,7 @@ def read_file(path: Path | str, cap: int, *, follow: bool = True, owner_only: bo
               folder: int | None = None, shown: Path | str | None = None) -> bytes:
     """The bytes of the regular file ``path``, at most ``cap``; Refused for a link (``follow=False``), a named pipe,
     a device, a socket, a larger file, or (``owner_only``) a file others may read; FileNotFoundError when absent.
-    ``folder``: ``path`` is a name in the folder open as this descriptor (`private_folder`); ``shown``: its full
+    ``folder``: ``path`` is a name in the folder open as this descriptor (`own_folder`); ``shown``: its full
     path, in messages."""
     fd, st = _open_regular(path, follow, owner_only, folder, shown)
     try:
@@ -192,7 +192,7 @@ def write_file(path: Path | str, data: bytes | str, *, mode: int | None = None, 
 
 
 @contextlib.contextmanager
-def private_folder(start: Path, parts: tuple[str, ...], *, create: bool, private_from: int = 0
+def own_folder(start: Path, parts: tuple[str, ...], *, create: bool, private_from: int = 0
                    ) -> Iterator[int | None]:
     """The folder ``start/parts...`` open as a descriptor (None when absent and not ``create``): the user's own
     folder below a start the user named (`trtflow.keys.config_base`: XDG_CONFIG_HOME or ~/.config, whose own path

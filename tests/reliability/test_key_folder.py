@@ -1,6 +1,6 @@
 """The user's key folder ($XDG_CONFIG_HOME/trtflow/keys) is trtflow's own: opened component by component below the
 folder the user named, never through a link, this user's and writable by nobody else; what is in it is read and
-written relative to that descriptor (`trtflow.userfiles.private_folder`, `trtflow.keys.key_folder`). Through the
+written relative to that descriptor (`trtflow.userfiles.own_folder`, `trtflow.keys.key_folder`). Through the
 CLI: a link planted at the key folder (or at trtflow/) leaves what it points at alone (its mode, its contents) and is
 refused with the fix; a key folder others may write is refused with the fix."""
 
@@ -118,7 +118,7 @@ def test_only_the_key_module_touches_the_key_folder_and_the_environment_key() ->
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
-            if name in ("keys_dir", "public_dir", "config_dir", "_private_folder") and \
+            if name in ("keys_dir", "public_dir", "config_dir", "own_folder", "_private_folder") and \
                     (rel, name) not in allowed and rel != "trtflow/userfiles.py":
                 offenders.append(f"{rel}:{node.lineno}: {name}")
             if (isinstance(node, ast.Constant) and node.value == "TRTFLOW_SIGNING_KEY") or name in ("SIGNING_KEY",
