@@ -23,18 +23,20 @@ either file (a revoked key is never trusted, one's own included, whatever the da
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import hashlib
 import os
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtflow.errors import TrtflowError, UsageError
 from trtflow.settings import SIGNING_KEY, SIGNING_KEY_FILE
-from trtflow.userfiles import Refused, load_yaml, read_file, write_file
+from trtflow.userfiles import Refused, load_yaml, own_folder, read_file, write_file, write_in
 
 if TYPE_CHECKING:  # cryptography loads where a key signs or a signature is checked, not on a no-op run's path
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -46,9 +48,14 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}")
 MAX_FILE = 1 << 20  # a trust file or key file larger than this is not read
 
 
+def config_base() -> Path:
+    """Where the user keeps configuration, as the user named it (XDG_CONFIG_HOME, else ~/.config from HOME): links
+    in its own path are followed (the user chose it); below it, trtflow's folders are its own (`key_folder`)."""
+    return Path(os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config"))
+
+
 def config_dir() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "trtflow"
+    return config_base() / "trtflow"
 
 
 def keys_dir() -> Path:
@@ -171,11 +178,23 @@ def _read_small(path: Path, follow: bool = False) -> str:
     return read_file(path, MAX_FILE, follow=follow).decode("utf-8", "replace")
 
 
-def _private_folder() -> Path:
-    folder = keys_dir()
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(folder, 0o700)
-    return folder
+@contextlib.contextmanager
+def key_folder(*, create: bool = False, public: bool = False) -> Iterator[int | None]:
+    """The user's key folder (``public``: its ``public/`` folder) open as a descriptor, None when absent and not
+    ``create``: `trtflow.userfiles.own_folder` below `config_base` (each of trtflow/, keys/, public/ opened
+    without following a link, this user's, writable by nobody else; keys/ and public/ set to 0700). Every file of
+    the key store is read and written relative to it. A folder that is refused is an error naming it and the fix."""
+    parts = ("trtflow", "keys", *(("public",) if public else ()))
+    try:
+        with own_folder(config_base(), parts, create=create, private_from=1) as fd:
+            yield fd
+    except Refused as exc:
+        raise TrtflowError(f"the key folder: {exc.message}", hint=exc.hint) from None
+
+
+def _read_in(folder: int, name: str, shown: Path, cap: int = MAX_FILE, owner_only: bool = False) -> bytes:
+    """The file ``name`` of the key folder open as ``folder``: regular, not a link, at most ``cap`` bytes."""
+    return read_file(name, cap, follow=False, owner_only=owner_only, folder=folder, shown=shown)
 
 
 def create_key(name: str, *, make_default: bool | None = None) -> Signer:
@@ -184,13 +203,14 @@ def create_key(name: str, *, make_default: bool | None = None) -> Signer:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     check_name(name)
-    folder = _private_folder()
     private = Ed25519PrivateKey.generate()
     pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
-    path = folder / f"{name}.key"
+    path = keys_dir() / f"{name}.key"
     try:  # put-if-absent, whole: a concurrent reader never sees half a key
-        write_file(path, pem, mode=0o600, exclusive=True)
+        with key_folder(create=True) as folder:
+            assert folder is not None
+            write_in(folder, path.name, pem, mode=0o600, exclusive=True)
     except FileExistsError:
         raise UsageError(f"a key named {name!r} exists ({path})", hint="choose another name, or use it") from None
     signer = Signer(name, private, str(path))
@@ -206,29 +226,35 @@ def public_dir() -> Path:
 
 
 def _write_public(pub: PublicKey) -> None:
-    write_file(public_dir() / f"{pub.name}.pub", pub.text + "\n")
+    with key_folder(create=True, public=True) as folder:
+        assert folder is not None
+        write_in(folder, f"{pub.name}.pub", (pub.text + "\n").encode())
 
 
-def private_secret(path: Path, create: bool = False) -> bytes | None:
-    """The 32 random bytes of the user's secret file ``path`` (in the private key folder; `storage.verified`'s
-    secret); made (0600, whole, put-if-absent) when absent and ``create``. None when absent, not a regular file of
-    this user that only this user may read, not 32 bytes, or not makeable (a read-only configuration)."""
-    data = _read_secret(path)
-    if data is None and create:
-        try:
-            _private_folder()
-            write_file(path, os.urandom(32), mode=0o600, exclusive=True)
-        except FileExistsError:
-            pass  # two processes making it at once both read the one that won
-        except OSError:
-            return None
-        data = _read_secret(path)
+def private_secret(name: str, create: bool = False) -> bytes | None:
+    """The 32 random bytes of the user's secret file ``name`` in the key folder (`storage.verified`'s secret);
+    made (0600, whole, put-if-absent) when absent and ``create``. None when absent, not a regular file of this user
+    that only this user may read, not 32 bytes, or not makeable (a read-only configuration); a key folder that is
+    refused (a link, another user's, writable by others) is an error (`key_folder`)."""
+    try:
+        with key_folder(create=False) as folder:
+            data = None if folder is None else _read_secret(folder, name)
+        if data is None and create:
+            with key_folder(create=True) as folder:
+                assert folder is not None
+                with contextlib.suppress(FileExistsError):  # two processes making it at once read the one that won
+                    write_in(folder, name, os.urandom(32), mode=0o600, exclusive=True)
+                data = _read_secret(folder, name)
+    except TrtflowError:
+        raise
+    except OSError:
+        return None
     return data
 
 
-def _read_secret(path: Path) -> bytes | None:
+def _read_secret(folder: int, name: str) -> bytes | None:
     try:
-        data = read_file(path, 32, follow=False, owner_only=True)
+        data = _read_in(folder, name, keys_dir() / name, cap=32, owner_only=True)
     except OSError:
         return None
     return data if len(data) == 32 else None
@@ -236,55 +262,73 @@ def _read_secret(path: Path) -> bytes | None:
 
 def own_public_keys() -> list[PublicKey]:
     """The public keys of the user's key store (a key made before they were kept is added on reading it)."""
-    found = []
-    try:
-        names = sorted(p.name for p in public_dir().iterdir() if p.name.endswith(".pub"))
-    except OSError:
-        names = []
-    for name in names:
-        try:
-            found.append(PublicKey.parse(_read_small(public_dir() / name), str(public_dir() / name)))
-        except (OSError, TrtflowError):
-            continue
+    found: list[PublicKey] = []
+    with key_folder(public=True) as folder:
+        if folder is None:
+            return found
+        for name in sorted(n for n in os.listdir(folder) if n.endswith(".pub")):
+            try:
+                text = _read_in(folder, name, public_dir() / name).decode("utf-8", "replace")
+                found.append(PublicKey.parse(text, str(public_dir() / name)))
+            except (OSError, TrtflowError):
+                continue
     return found
 
 
 def set_default(name: str) -> None:
     load_key(name)  # it exists and is usable
-    write_file(_private_folder() / "default", name + "\n")
+    with key_folder(create=True) as folder:
+        assert folder is not None
+        write_in(folder, "default", (name + "\n").encode())
 
 
 def default_name() -> str | None:
-    try:
-        name = _read_small(keys_dir() / "default").strip()
-    except OSError:
-        return None
+    with key_folder() as folder:
+        try:
+            name = "" if folder is None else _read_in(folder, "default", keys_dir() / "default").decode(
+                "utf-8", "replace").strip()
+        except OSError:
+            return None
     return name if NAME.fullmatch(name) else None
 
 
 def load_key(name: str) -> Signer:
     path = keys_dir() / f"{check_name(name)}.key"
-    try:
-        st = os.lstat(path)
-        text = _read_small(path)
-    except OSError:
-        raise UsageError(f"no key named {name!r} in {keys_dir()}",
-                         hint="`trtflow keys list` shows your keys; `trtflow keys create NAME` makes one") from None
+    with key_folder() as folder:
+        try:
+            if folder is None:
+                raise FileNotFoundError(path)
+            st = os.stat(path.name, dir_fd=folder, follow_symlinks=False)
+            text = _read_in(folder, path.name, path).decode("utf-8", "replace")
+        except OSError:
+            raise UsageError(f"no key named {name!r} in {keys_dir()}",
+                             hint="`trtflow keys list` shows your keys; `trtflow keys create NAME` makes one"
+                             ) from None
     if st.st_mode & 0o077:
         raise TrtflowError(f"the key file {path} may be read by others (mode {st.st_mode & 0o777:o})",
                            hint=f"chmod 600 {path}; if others did read it, revoke the key (`trtflow keys revoke`)")
     signer = Signer(name, parse_secret(text, str(path)).private, str(path))
-    if not (public_dir() / f"{name}.pub").exists():
+    if not _exists(f"{name}.pub", public=True):
         _write_public(signer.public)
     return signer
 
 
+def _exists(name: str, public: bool = False) -> bool:
+    """Whether the key folder (``public``: its public/) has an entry ``name`` (a link counts; never followed)."""
+    with key_folder(public=public) as folder:
+        if folder is None:
+            return False
+        try:
+            os.stat(name, dir_fd=folder, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+    return True
+
+
 def own_keys() -> list[Signer]:
     """The user's keys (those whose file cannot be used are left out: `trtflow keys list` says why)."""
-    try:
-        names = sorted(p.name[:-4] for p in keys_dir().iterdir() if p.name.endswith(".key"))
-    except OSError:
-        return []
+    with key_folder() as folder:
+        names = [] if folder is None else sorted(n[:-4] for n in os.listdir(folder) if n.endswith(".key"))
     found = []
     for name in names:
         try:
@@ -296,12 +340,44 @@ def own_keys() -> list[Signer]:
 
 _signer_lock = threading.Lock()
 _signer_cache: dict[tuple[str, ...], Signer] = {}
+#: TRTFLOW_SIGNING_KEY as `take_signing_key` found it at the CLI's start (a list of one: taken; empty: not taken)
+_taken: list[str | None] = []
+
+
+def take_signing_key() -> str | None:
+    """Move TRTFLOW_SIGNING_KEY from the environment into this module's memory: the CLI's first act, before any
+    process (the fork server, a node, Ray) starts. It is removed from ``os.environ`` (no child inherits it) and its
+    value bytes in this process's original environment block are overwritten (`trtflow.procenv.erase`), so neither
+    ``/proc/<pid>/environ`` of this process nor that of a process forked from it holds it. Returns a warning when
+    the block could not be erased (the key is then still readable there by this user's processes)."""
+    from trtflow import procenv
+
+    value = os.environ.pop(ENV_KEY, None)
+    _taken[:] = [value]
+    if procenv.erase(ENV_KEY) or value is None:  # no key given: nothing to warn of, whatever /proc allows
+        return None
+    return (f"{ENV_KEY} could not be erased from this process's environment block: processes of this user (a "
+            f"node's code) may read it in /proc/{os.getpid()}/environ; give the key in a file instead "
+            f"({ENV_KEY_FILE})")
+
+
+def forget_signing_key() -> None:
+    """Drop what `take_signing_key` took (the CLI's end: a caller that runs it in its own process, a test, reads
+    the environment again afterwards)."""
+    _taken.clear()
+    with _signer_lock:
+        _signer_cache.clear()
+
+
+def _env_key() -> str | None:
+    """The signing key given in the environment: as `take_signing_key` took it, else as os.environ holds it."""
+    return _taken[0] if _taken else os.environ.get(ENV_KEY)
 
 
 def current_signer() -> Signer:
     """The key this process signs results with: TRTFLOW_SIGNING_KEY, TRTFLOW_SIGNING_KEY_FILE, the user's default
     key; made (``USER@HOST``) on first use when there is none."""
-    env, env_file = os.environ.get(ENV_KEY), os.environ.get(ENV_KEY_FILE)
+    env, env_file = _env_key(), os.environ.get(ENV_KEY_FILE)
     memo = (str(env), str(env_file), str(config_dir()))
     with _signer_lock:
         if memo in _signer_cache:
@@ -346,7 +422,7 @@ def _default_identity(suffix: bool = True) -> str:
         user = "user"
     name = re.sub(r"[^A-Za-z0-9._+-]", "-", f"{user}@{socket.gethostname().split('.')[0]}")[:64]
     name = name if NAME.fullmatch(name) else "builder"
-    if not suffix or not (keys_dir() / f"{name}.key").exists():
+    if not suffix or not _exists(f"{name}.key"):
         return name
     return f"{name}-{os.urandom(3).hex()}"
 
@@ -463,7 +539,7 @@ def load_policy(project_root: Path | None) -> Policy:
         revoked.update(tf.revoked)
         names.update(tf.revoked_names)
     own = own_public_keys()
-    if os.environ.get(ENV_KEY) or os.environ.get(ENV_KEY_FILE):
+    if _env_key() or os.environ.get(ENV_KEY_FILE):
         own.append(current_signer().public)
     for pub in own:
         trusted.setdefault(pub.id, pub)

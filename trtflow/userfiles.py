@@ -18,6 +18,10 @@ any of them, or a link or a named pipe in their place, so:
   opens the last component with ``O_NOFOLLOW``: a link there is refused. A file a recipe or `trtflow init` names
   (``follow=True``) was checked first by `trtflow.fsutil.input_path` (inside the project, a regular file or a
   folder). ``owner_only``: the file must be this user's, unreadable by others (a secret).
+- The user's key folder (`own_folder`): opened component by component below the configuration folder the user
+  named (XDG_CONFIG_HOME or ~/.config), each with ``O_NOFOLLOW | O_DIRECTORY`` (a link there is refused, never
+  followed, never chmod-ed), this user's and writable by nobody else (else refused with the fix), made 0700 with
+  ``fchmod`` on its descriptor; the files in it are read and written relative to that descriptor.
 - What such a file holds is parsed as a typed record (`trtflow.storage.records`, bounded depth, size and type) or,
   for YAML, with its nesting bounded (`load_yaml`).
 
@@ -62,25 +66,28 @@ class Refused(OSError):
 NOT_REGULAR = "is not a regular file (a named pipe, a device or a socket)"
 
 
-def _open_regular(path: Path | str, follow: bool, owner_only: bool) -> tuple[int, os.stat_result]:
+def _open_regular(path: Path | str, follow: bool, owner_only: bool, folder: int | None = None,
+                  shown: Path | str | None = None) -> tuple[int, os.stat_result]:
+    """``path`` open for reading (a name in the folder open as ``folder``, if given); ``shown``: its full path."""
+    where = path if shown is None else shown
     try:
-        fd = os.open(path, _READ | (0 if follow else os.O_NOFOLLOW))
+        fd = os.open(path, _READ | (0 if follow else os.O_NOFOLLOW), dir_fd=folder)
     except OSError as exc:
         if exc.errno == errno.ELOOP and not follow:
-            raise Refused(path, "is a symbolic link (trtflow reads this file only as a regular file, never through "
+            raise Refused(where, "is a symbolic link (trtflow reads this file only as a regular file, never through "
                           "a link)", hint=f"replace the link by the file itself: cp --remove-destination "
-                          f"\"$(readlink -f {path})\" {path}") from None
+                          f"\"$(readlink -f {where})\" {where}") from None
         if exc.errno == errno.ENXIO:  # a socket
-            raise Refused(path, NOT_REGULAR) from None
+            raise Refused(where, NOT_REGULAR) from None
         raise
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", str(where))
         if not stat.S_ISREG(st.st_mode):
-            raise Refused(path, NOT_REGULAR, hint="point at the file itself")
+            raise Refused(where, NOT_REGULAR, hint="point at the file itself")
         if owner_only and (st.st_uid != os.geteuid() or st.st_mode & 0o077):
-            raise Refused(path, "belongs to another user or may be read by others")
+            raise Refused(where, "belongs to another user or may be read by others")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -102,12 +109,15 @@ def read_bounded(fd: int, st: os.stat_result, cap: int, shown: Path | str, what:
     return b"".join(chunks)
 
 
-def read_file(path: Path | str, cap: int, *, follow: bool = True, owner_only: bool = False) -> bytes:
+def read_file(path: Path | str, cap: int, *, follow: bool = True, owner_only: bool = False,
+              folder: int | None = None, shown: Path | str | None = None) -> bytes:
     """The bytes of the regular file ``path``, at most ``cap``; Refused for a link (``follow=False``), a named pipe,
-    a device, a socket, a larger file, or (``owner_only``) a file others may read; FileNotFoundError when absent."""
-    fd, st = _open_regular(path, follow, owner_only)
+    a device, a socket, a larger file, or (``owner_only``) a file others may read; FileNotFoundError when absent.
+    ``folder``: ``path`` is a name in the folder open as this descriptor (`own_folder`); ``shown``: its full
+    path, in messages."""
+    fd, st = _open_regular(path, follow, owner_only, folder, shown)
     try:
-        return read_bounded(fd, st, cap, path)
+        return read_bounded(fd, st, cap, path if shown is None else shown)
     finally:
         os.close(fd)
 
@@ -179,6 +189,73 @@ def write_file(path: Path | str, data: bytes | str, *, mode: int | None = None, 
                  exclusive=exclusive)
     finally:
         os.close(folder)
+
+
+@contextlib.contextmanager
+def own_folder(start: Path, parts: tuple[str, ...], *, create: bool, private_from: int = 0
+                   ) -> Iterator[int | None]:
+    """The folder ``start/parts...`` open as a descriptor (None when absent and not ``create``): the user's own
+    folder below a start the user named (`trtflow.keys.config_base`: XDG_CONFIG_HOME or ~/.config, whose own path
+    may hold links: the user chose it). Below ``start`` each component is opened relative to the one above with
+    ``O_NOFOLLOW | O_DIRECTORY`` (a link is refused, never followed) and made (``create``, mode 0700) when absent;
+    each must belong to this user and be writable by nobody else, or it is `Refused` with the fix; the components
+    from index ``private_from`` on are set to mode 0700 through the descriptor (``fchmod``). What is in it is read
+    and written relative to the descriptor (`read_file` with ``folder``, `write_in`): no name is followed again."""
+    if create:
+        os.makedirs(start, exist_ok=True)
+    fd: int | None
+    try:
+        fd = os.open(start, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if create:
+            raise
+        yield None
+        return
+    try:
+        here = Path(start)
+        for index, part in enumerate(parts):
+            here = here / part
+            sub = _open_below(fd, part, here, create)
+            os.close(fd)
+            fd = sub
+            if fd is None:
+                break
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid():
+                raise Refused(here, f"belongs to another user (uid {st.st_uid}): trtflow keeps this user's keys "
+                              "only in a folder of this user", hint=f"move it away (mv {here} {here}.theirs); "
+                              "trtflow makes its own")
+            if st.st_mode & 0o022:
+                raise Refused(here, f"may be written by others (mode {st.st_mode & 0o777:o}): they could replace "
+                              "the keys in it", hint=f"chmod go-w {here} (check what is in it first)")
+            if index >= private_from and st.st_mode & 0o077:
+                os.fchmod(fd, 0o700)
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _open_below(parent: int, name: str, shown: Path, create: bool) -> int | None:
+    """The folder ``name`` in the folder open as ``parent``, never through a link (made 0700 when ``create``)."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(2):
+        try:
+            return os.open(name, flags, dir_fd=parent)
+        except FileNotFoundError:
+            if not create:
+                return None
+            with contextlib.suppress(FileExistsError):  # made meanwhile by another trtflow process: opened next
+                os.mkdir(name, 0o700, dir_fd=parent)
+        except (NotADirectoryError, OSError) as exc:
+            if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                raise
+            if stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+                raise Refused(shown, "is a symbolic link: trtflow keeps the user's keys only in a folder of its "
+                              "own, never through a link", hint=f"remove the link (rm {shown}); trtflow makes the "
+                              "folder itself") from None
+            raise Refused(shown, "is not a folder", hint=f"move it away (mv {shown} {shown}.old)") from None
+    raise Refused(shown, "could not be made")
 
 
 def load_yaml(text: str, shown: Path | str, max_depth: int = YAML_DEPTH) -> Any:

@@ -233,3 +233,74 @@ def test_no_process_is_started_with_trtflows_own_environment() -> None:
             assert "env=" in text[call.start():end], f"{path.name}: a process started without an explicit env"
     assert "node_environment()" in (package / "execution" / "forkserver.py").read_text()
     assert "node_environment()" in (package / "execution" / "local.py").read_text()
+
+
+# A node's code that reads the environment block of its own process and of every ancestor it can reach (walking
+# PPid in /proc/<pid>/status up to pid 1): the main trtflow process's among them. It writes what it read.
+ANCESTORS = """\
+import json, os
+
+
+def _ppid(pid):
+    with open(f'/proc/{pid}/status') as f:
+        return int(next(line for line in f if line.startswith('PPid:')).split()[1])
+
+
+def make():
+    read, pid = {}, os.getpid()
+    while pid > 1:
+        try:
+            with open(f'/proc/{pid}/environ', 'rb') as f:
+                read[str(pid)] = f.read().decode('latin-1')
+        except OSError as exc:
+            read[str(pid)] = f'(unreadable: {exc})'
+        pid = _ppid(pid)
+    return json.dumps(read)
+"""
+
+
+def test_no_process_environment_block_holds_the_signing_key(tmp_path: Path, toy_stages: list[str]) -> None:
+    """TRTFLOW_SIGNING_KEY given to `trtflow run` (a CI secret) is read into trtflow's memory at the CLI's start and
+    erased from the main process's environment block before any process starts: a ``python:`` node that reads
+    /proc/<pid>/environ of itself and every ancestor finds no trace of it (the key's name is a canary, its seed as
+    text, base64 or hex), though it does read the main process's block; and the run still signs with that key."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "ancestors.py").write_text(ANCESTORS)
+    (tmp_path / "recipe.yaml").write_text(
+        "name: r\nnodes:\n  - {name: code, stage: coder, params: {model: 'python:ancestors.py:make'}}\n")
+    canary = f"canary{os.urandom(8).hex()}"
+    key, seed = _key_text(canary)
+    mark = f"mark-{os.urandom(8).hex()}"  # a setting only the main process has (withheld from the nodes' processes)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRTFLOW_")}
+    env.update(PYTHONPATH=os.pathsep.join(toy_stages), COLUMNS="200", HOME=str(tmp_path / "home"),
+               XDG_CONFIG_HOME=str(tmp_path / "config"), TRTFLOW_SIGNING_KEY=key, TRTFLOW_CANARY_MARK=mark)
+
+    def cli(*args: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "trtflow.cli", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"{args}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        assert "warning" not in proc.stderr, proc.stderr
+        return proc.stdout
+
+    assert "1 built" in cli("run", "recipe.yaml")
+    blocks = json.loads((tmp_path / "build" / "r" / "code" / "out.txt").read_text())
+    main = [pid for pid, block in blocks.items() if f"TRTFLOW_CANARY_MARK={mark}" in block]
+    assert main, f"the node read no block of the main trtflow process: {sorted(blocks)}"
+    for pid, block in blocks.items():
+        for needle in (canary, *(s.decode("latin-1") for s in _spellings(seed))):
+            assert needle not in block, f"/proc/{pid}/environ holds the signing key ({needle[:10]}...)"
+    # it signs with that key: the results' records and the provenance name its id, and the envelope verifies
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from trtflow.keys import PublicKey, key_id
+    from trtflow.provenance import pae
+
+    public = Ed25519PrivateKey.from_private_bytes(seed).public_key().public_bytes(serialization.Encoding.Raw,
+                                                                                 serialization.PublicFormat.Raw)
+    cli("provenance", "recipe.yaml", "-o", "prov.json")
+    envelope = json.loads((tmp_path / "prov.json").read_text())
+    assert [s["keyid"] for s in envelope["signatures"]] == [key_id(public)]
+    assert key_id(public) in base64.b64decode(envelope["payload"]).decode()  # the node's result, signed by it
+    sig = base64.b64decode(envelope["signatures"][0]["sig"])
+    assert PublicKey(canary, public).verifies(sig, pae(envelope["payloadType"], base64.b64decode(envelope["payload"])))

@@ -12,6 +12,13 @@ from trtflow.errors import EXIT_INTERRUPTED, TrtflowError
 
 def main() -> None:
     """Console-script entry point: maps errors to documented exit codes."""
+    from trtflow.keys import forget_signing_key, take_signing_key
+
+    # First, before any process starts: the CI's key into trtflow.keys' memory, out of the environment and of this
+    # process's environment block (/proc/<pid>/environ), where a node's code could read it.
+    warning = take_signing_key()
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     # pydantic scans every installed distribution for its plugins on first use; a CLI run needs none.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     collector_off()  # what the command imports loads with the cyclic collector off (cli/startup.py)
@@ -21,6 +28,7 @@ def main() -> None:
         with guard():  # every printer writes without control characters (trtflow/terminal.py)
             _main_guarded()
     finally:
+        forget_signing_key()
         collector_on()
 
 

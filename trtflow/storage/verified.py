@@ -136,7 +136,7 @@ def _secret(create: bool) -> tuple[bytes, str] | None:
         _last[:] = [home, where]
         if where in _secrets:
             return _secrets[where]
-        raw = private_secret(path, create=create and where not in _unwritable)
+        raw = private_secret(SECRET_FILE, create=create and where not in _unwritable)
         if raw is None and create:
             _unwritable.add(where)
         if raw is None:
