@@ -82,20 +82,15 @@ def layout_from_config(config: Any) -> tuple[Any, str | None]:
 
     from trtflow.errors import StageFailed
 
-    from ..formats.generation import model_layout
+    from ..formats.generation import model_layout, sdpa_else_eager
 
-    def build(attention: str) -> Any:  # named here: a config's own choice (a Hub kernel) is never fetched
+    def build(attention: str) -> Any:
         with no_init_weights():
             return transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=False,
                                                                  attn_implementation=attention).eval()
 
     try:
-        try:
-            model = build("sdpa")
-        except ValueError as error:  # this model type has no SDPA attention in transformers: its eager one
-            if "sdpa" not in str(error).lower() and "scaled_dot_product" not in str(error).lower():
-                raise
-            model = build("eager")
+        model = sdpa_else_eager(build)
     except (RuntimeError, MemoryError) as error:  # sizes this machine cannot hold, or the model's own checks
         raise StageFailed(f"transformers cannot build the {getattr(config, 'model_type', '?')!r} model of this "
                           f"config to read its cache: {type(error).__name__}: {' '.join(str(error).split())[:200]}",

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from trtflow.stage import RecipeMismatch, StageFailed
 
@@ -42,6 +42,7 @@ PAST = "past_sequence_length"
 TOTAL = f"{PAST} + {SEQUENCE}"
 PREFILL, DECODE = "prefill", "decode"
 KINDS = ("key", "value")
+T = TypeVar("T")
 _PAST_NAME = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 #: The sample the model is traced at: sizes of 2 or more (a size of 1 hides broadcasting from the tracer), a past
 #: and a sequence of different lengths (a mix-up of the two shows).
@@ -250,6 +251,18 @@ def layout_of(config: Any, takes_position_ids: bool) -> KvLayout:
                           "head_dim for both, per key/value head",
                           hint=NO_CACHE_HINT)
     return KvLayout(int(layers), kv_heads, key_dim, int(text.vocab_size), context_limit(text), takes_position_ids)
+
+
+def sdpa_else_eager(build: Callable[[str], T]) -> T:
+    """``build(attention)`` with PyTorch's scaled-dot-product attention, or transformers' eager attention where it
+    has no SDPA one for this model type. The attention is always named by trtflow: a config's own choice (a Hub
+    kernel) is never fetched."""
+    try:
+        return build("sdpa")
+    except ValueError as error:  # this model type has no SDPA attention in transformers
+        if "sdpa" not in str(error).lower() and "scaled_dot_product" not in str(error).lower():
+            raise
+        return build("eager")
 
 
 def model_layout(model: Any) -> tuple[KvLayout, str | None]:

@@ -68,13 +68,10 @@ def load_causal_lm(folder: Path, dtype: str, device: str, shown: str) -> Any:
             str(folder), local_files_only=True, dtype=torch_dtype(dtype), attn_implementation=attention,
             trust_remote_code=False)
 
+    from ..formats.generation import sdpa_else_eager
+
     try:
-        try:
-            model = load("sdpa")
-        except ValueError as error:  # this model type has no SDPA attention in transformers
-            if "sdpa" not in str(error).lower() and "scaled_dot_product" not in str(error).lower():
-                raise
-            model = load("eager")
+        model = sdpa_else_eager(load)
     except (ValueError, KeyError, OSError, RuntimeError) as error:
         raise StageFailed(f"transformers cannot load {shown!r} as a causal LM: {' '.join(str(error).split())[:400]}",
                           hint="give a Hugging Face folder of a decoder-only model (config.json and safetensors "
